@@ -1,0 +1,262 @@
+#include "common/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace stemma {
+namespace {
+
+bool ValidLabelKey(absl::string_view key) {
+  if (key.empty() || key.size() > 63) return false;
+  for (char c : key) {
+    if (!absl::ascii_isalnum(c) && c != '-' && c != '_' && c != '.' && c != '/') return false;
+  }
+  return true;
+}
+
+// YAML scalar → JSON value. Quoted scalars stay strings; plain ones become numbers or
+// booleans when they read as such (protobuf's JSON parser accepts numbers as strings too).
+void AppendJson(const YAML::Node& node, std::string* out) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      *out += "null";
+      return;
+    case YAML::NodeType::Scalar: {
+      const std::string& s = node.Scalar();
+      if (node.Tag() != "!") {  // plain (unquoted)
+        if (s == "true" || s == "false") {
+          *out += s;
+          return;
+        }
+        char* end = nullptr;
+        std::strtod(s.c_str(), &end);
+        if (!s.empty() && end == s.c_str() + s.size() && s != "." && s != "-") {
+          *out += s;
+          return;
+        }
+      }
+      *out += '"';
+      for (char c : s) {
+        switch (c) {
+          case '"': *out += "\\\""; break;
+          case '\\': *out += "\\\\"; break;
+          case '\n': *out += "\\n"; break;
+          case '\t': *out += "\\t"; break;
+          case '\r': *out += "\\r"; break;
+          default:
+            if (static_cast<unsigned char>(c) < 0x20) {
+              char buf[8];
+              std::snprintf(buf, sizeof buf, "\\u%04x", c);
+              *out += buf;
+            } else {
+              *out += c;
+            }
+        }
+      }
+      *out += '"';
+      return;
+    }
+    case YAML::NodeType::Sequence: {
+      *out += '[';
+      bool first = true;
+      for (const auto& item : node) {
+        if (!first) *out += ',';
+        first = false;
+        AppendJson(item, out);
+      }
+      *out += ']';
+      return;
+    }
+    case YAML::NodeType::Map: {
+      *out += '{';
+      bool first = true;
+      for (const auto& kv : node) {
+        if (!first) *out += ',';
+        first = false;
+        YAML::Node key = kv.first;
+        key.SetTag("!");  // keys are always strings
+        AppendJson(key, out);
+        *out += ':';
+        AppendJson(kv.second, out);
+      }
+      *out += '}';
+      return;
+    }
+    default:
+      *out += "null";
+  }
+}
+
+absl::StatusOr<v1::JobSpec> SpecFromNode(const YAML::Node& node, absl::string_view where) {
+  if (!node.IsMap()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": a job must be a mapping"));
+  }
+  std::string json;
+  AppendJson(node, &json);
+  v1::JobSpec spec;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  auto st = google::protobuf::util::JsonStringToMessage(json, &spec, options);
+  if (!st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", st.message().ToString()));
+  }
+  return spec;
+}
+
+}  // namespace
+
+std::string JobKind(const v1::JobSpec& spec) {
+  switch (spec.kind_case()) {
+    case v1::JobSpec::kNoop: return "noop";
+    case v1::JobSpec::kExec: return "exec";
+    case v1::JobSpec::kEngine: return "engine";
+    default: return "";
+  }
+}
+
+std::string StateName(v1::JobState state) {
+  if (state == v1::JOB_STATE_UNSPECIFIED) return "UNSPECIFIED";
+  return v1::JobState_Name(state);
+}
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+void ApplyDefaults(v1::JobSpec* spec) {
+  if (spec->max_attempts() == 0) spec->set_max_attempts(3);
+  if (spec->nodes() == 0) spec->set_nodes(1);
+  auto* r = spec->mutable_resources();
+  if (r->cpus() == 0) r->set_cpus(1);
+  auto* b = spec->mutable_backoff();
+  if (b->initial_ms() == 0) b->set_initial_ms(1000);
+  if (b->max_ms() == 0) b->set_max_ms(300'000);
+  if (b->multiplier() == 0) b->set_multiplier(2);
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (spec.name().size() > kMaxNameLength) {
+    return bad("name: longer than ", kMaxNameLength, " characters");
+  }
+  for (char c : spec.name()) {
+    if (static_cast<unsigned char>(c) < 0x20) return bad("name: contains a control character");
+  }
+  const auto& r = spec.resources();
+  if (r.gpus() < 0 || r.gpus() > kMaxGpusPerPart) {
+    return bad("resources.gpus: ", r.gpus(), " is outside 0..", kMaxGpusPerPart);
+  }
+  if (!std::isfinite(r.cpus()) || r.cpus() < 0 || r.cpus() > kMaxCpusPerPart) {
+    return bad("resources.cpus: ", r.cpus(), " is outside 0..", kMaxCpusPerPart);
+  }
+  if (r.memory_mb() < 0 || r.memory_mb() > kMaxMemoryMbPerPart) {
+    return bad("resources.memory_mb: ", r.memory_mb(), " is outside 0..", kMaxMemoryMbPerPart);
+  }
+  if (spec.nodes() < 0 || spec.nodes() > kMaxNodes) {
+    return bad("nodes: ", spec.nodes(), " is outside 1..", kMaxNodes);
+  }
+  if (spec.max_attempts() < 0 || spec.max_attempts() > kMaxAttempts) {
+    return bad("max_attempts: ", spec.max_attempts(), " is outside 1..", kMaxAttempts);
+  }
+  if (spec.timeout_ms() < 0) return bad("timeout_ms: must not be negative");
+  const auto& b = spec.backoff();
+  if (b.initial_ms() < 0 || b.max_ms() < 0) return bad("backoff: delays must not be negative");
+  if (!std::isfinite(b.multiplier()) || b.multiplier() < 0 || b.multiplier() > 100) {
+    return bad("backoff.multiplier: ", b.multiplier(), " is outside 1..100");
+  }
+  if (spec.labels_size() > kMaxLabels) return bad("labels: more than ", kMaxLabels);
+  for (const auto& [k, v] : spec.labels()) {
+    if (!ValidLabelKey(k)) return bad("labels: bad key '", k, "' (use [A-Za-z0-9._/-], 1..63)");
+    if (v.size() > 253) return bad("labels.", k, ": value longer than 253 characters");
+  }
+  if (spec.depends_on_size() > kMaxDependencies) {
+    return bad("depends_on: more than ", kMaxDependencies, " dependencies");
+  }
+  switch (spec.kind_case()) {
+    case v1::JobSpec::kNoop:
+      if (spec.noop().duration_ms() < 0) return bad("noop.duration_ms: must not be negative");
+      if (spec.noop().exit_code() < 0 || spec.noop().exit_code() > 255) {
+        return bad("noop.exit_code: ", spec.noop().exit_code(), " is outside 0..255");
+      }
+      break;
+    case v1::JobSpec::kExec: {
+      const auto& e = spec.exec();
+      if (e.argv_size() == 0 || e.argv(0).empty()) return bad("exec.argv: must name a program");
+      if (e.argv_size() > kMaxArgv) return bad("exec.argv: more than ", kMaxArgv, " arguments");
+      for (const auto& a : e.argv()) {
+        if (a.find('\0') != std::string::npos) return bad("exec.argv: contains a NUL byte");
+      }
+      for (const auto& [k, v] : e.env()) {
+        bool ok = !k.empty() && (absl::ascii_isupper(k[0]) || k[0] == '_');
+        for (char c : k) ok = ok && (absl::ascii_isupper(c) || absl::ascii_isdigit(c) || c == '_');
+        if (!ok) return bad("exec.env: bad variable name '", k, "' (use [A-Z_][A-Z0-9_]*)");
+      }
+      break;
+    }
+    case v1::JobSpec::kEngine:
+      if (spec.engine().command().empty()) return bad("engine.command: must be set");
+      break;
+    default:
+      return bad("kind: set one of noop, exec, engine");
+  }
+  return absl::OkStatus();
+}
+
+int64_t BackoffMs(const v1::JobSpec& spec, int next_attempt) {
+  const auto& b = spec.backoff();
+  double delay = static_cast<double>(b.initial_ms());
+  double mult = b.multiplier() > 0 ? b.multiplier() : 1;
+  for (int i = 2; i < next_attempt && delay < b.max_ms(); ++i) delay *= mult;
+  int64_t cap = b.max_ms() > 0 ? b.max_ms() : static_cast<int64_t>(delay);
+  return std::min(static_cast<int64_t>(delay), cap);
+}
+
+absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
+                                                       absl::string_view source) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(std::string(text));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
+  }
+  std::vector<v1::JobSpec> specs;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    const YAML::Node& doc = docs[d];
+    if (doc.IsNull()) continue;
+    std::string where = docs.size() > 1 ? absl::StrCat(source, " document ", d + 1)
+                                        : std::string(source);
+    if (doc.IsMap() && doc["jobs"] && doc.size() == 1) {
+      const YAML::Node& jobs = doc["jobs"];
+      if (!jobs.IsSequence()) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": jobs must be a list"));
+      }
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        ASSIGN_OR_RETURN(auto spec, SpecFromNode(jobs[i], absl::StrCat(where, " jobs[", i, "]")));
+        specs.push_back(std::move(spec));
+      }
+    } else {
+      ASSIGN_OR_RETURN(auto spec, SpecFromNode(doc, where));
+      specs.push_back(std::move(spec));
+    }
+  }
+  if (specs.empty()) return absl::InvalidArgumentError(absl::StrCat(source, ": no jobs"));
+  return specs;
+}
+
+absl::StatusOr<std::vector<v1::JobSpec>> ReadJobsFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return ErrnoStatus(absl::StrCat("cannot read ", path), errno);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseJobsYaml(ss.str(), path);
+}
+
+}  // namespace stemma

@@ -1,0 +1,59 @@
+// Job specs: defaults, validation and the YAML form users write.
+//
+// The YAML form has exactly the proto's field names (snake_case), e.g.
+//
+//   name: prepare
+//   resources: {gpus: 1, cpus: 2}
+//   exec: {argv: [/usr/bin/env, python3, prep.py]}
+//   ---
+//   name: train
+//   depends_on: [prepare]
+//   noop: {duration_ms: 500}
+//
+// A file holds one job, several YAML documents, or a mapping with a `jobs:` list.
+// Unknown fields are errors that name the file, the document and the field.
+#pragma once
+
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stemma/v1/job.pb.h"
+
+namespace stemma {
+
+// Limits that make a spec "absurd" (checked by ValidateJobSpec).
+inline constexpr int kMaxGpusPerPart = 64;
+inline constexpr double kMaxCpusPerPart = 1024;
+inline constexpr int64_t kMaxMemoryMbPerPart = 16LL * 1024 * 1024;  // 16 TiB
+inline constexpr int kMaxNodes = 1024;
+inline constexpr int kMaxAttempts = 100;
+inline constexpr int kMaxNameLength = 253;
+inline constexpr int kMaxArgv = 4096;
+inline constexpr int kMaxLabels = 64;
+inline constexpr int kMaxDependencies = 10000;
+
+// "noop", "exec", "engine", or "" when no kind is set.
+std::string JobKind(const v1::JobSpec& spec);
+// "PENDING", "RUNNING", ...
+std::string StateName(v1::JobState state);
+bool IsTerminal(v1::JobState state);
+
+// Fills defaults in place: max_attempts 3, nodes 1, cpus 1, backoff 1 s ×2 up to 5 min.
+void ApplyDefaults(v1::JobSpec* spec);
+
+// INVALID_ARGUMENT naming the field for negative or absurd resources, a missing kind,
+// an empty argv, bad label keys, out-of-range attempts and the like. Does not look at
+// dependencies (they need the job table).
+absl::Status ValidateJobSpec(const v1::JobSpec& spec);
+
+// The delay before attempt number `next_attempt` (2 for the first retry).
+int64_t BackoffMs(const v1::JobSpec& spec, int next_attempt);
+
+// Parses a job file (see above). `source` names it in error messages.
+absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
+                                                       absl::string_view source);
+absl::StatusOr<std::vector<v1::JobSpec>> ReadJobsFile(const std::string& path);
+
+}  // namespace stemma

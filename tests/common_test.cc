@@ -1,0 +1,101 @@
+#include <gtest/gtest.h>
+
+#include "common/job_spec.h"
+
+namespace stemma {
+namespace {
+
+TEST(JobYaml, ParsesSeveralDocumentsWithTheProtoFieldNames) {
+  auto specs = ParseJobsYaml(R"(
+name: a
+resources: {gpus: 2, cpus: 1.5, memory_mb: 1024}
+noop: {duration_ms: 10, exit_code: 3}
+---
+name: b
+depends_on: [a]
+labels: {team: lang}
+exec: {argv: [/bin/echo, "hello; rm -rf /"]}
+)", "job.yaml");
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  ASSERT_EQ(specs->size(), 2u);
+  EXPECT_EQ((*specs)[0].resources().gpus(), 2);
+  EXPECT_DOUBLE_EQ((*specs)[0].resources().cpus(), 1.5);
+  EXPECT_EQ((*specs)[0].noop().exit_code(), 3);
+  EXPECT_EQ((*specs)[1].depends_on(0), "a");
+  EXPECT_EQ((*specs)[1].exec().argv(1), "hello; rm -rf /");
+  EXPECT_EQ((*specs)[1].labels().at("team"), "lang");
+}
+
+TEST(JobYaml, JobsListForm) {
+  auto specs = ParseJobsYaml("jobs:\n  - {name: x, noop: {}}\n  - {name: y, noop: {}}\n", "f");
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  EXPECT_EQ(specs->size(), 2u);
+}
+
+TEST(JobYaml, UnknownFieldIsNamed) {
+  auto specs = ParseJobsYaml("name: a\nresorces: {gpus: 1}\nnoop: {}\n", "job.yaml");
+  ASSERT_FALSE(specs.ok());
+  EXPECT_NE(specs.status().message().find("resorces"), std::string::npos) << specs.status();
+  EXPECT_NE(specs.status().message().find("job.yaml"), std::string::npos) << specs.status();
+}
+
+TEST(JobYaml, SyntaxErrorNamesTheFile) {
+  auto specs = ParseJobsYaml("name: [a\n", "broken.yaml");
+  ASSERT_FALSE(specs.ok());
+  EXPECT_NE(specs.status().message().find("broken.yaml"), std::string::npos);
+}
+
+struct BadCase {
+  const char* yaml;
+  const char* field;
+};
+
+class ValidateTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ValidateTest, RefusesNamingTheField) {
+  auto specs = ParseJobsYaml(GetParam().yaml, "t");
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  v1::JobSpec spec = (*specs)[0];
+  ApplyDefaults(&spec);
+  absl::Status st = ValidateJobSpec(spec);
+  ASSERT_FALSE(st.ok()) << GetParam().yaml;
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find(GetParam().field), std::string::npos) << st;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BadSpecs, ValidateTest,
+    ::testing::Values(BadCase{"noop: {}\nresources: {gpus: -1}", "resources.gpus"},
+                      BadCase{"noop: {}\nresources: {gpus: 100000}", "resources.gpus"},
+                      BadCase{"noop: {}\nresources: {cpus: -2}", "resources.cpus"},
+                      BadCase{"noop: {}\nresources: {memory_mb: 99999999999}", "resources.memory_mb"},
+                      BadCase{"noop: {}\nmax_attempts: 1000", "max_attempts"},
+                      BadCase{"noop: {}\nnodes: 5000", "nodes"},
+                      BadCase{"noop: {}\ntimeout_ms: -5", "timeout_ms"},
+                      BadCase{"name: x", "kind"},
+                      BadCase{"exec: {argv: []}", "exec.argv"},
+                      BadCase{"exec: {argv: [ls], env: {'bad-name': x}}", "exec.env"},
+                      BadCase{"noop: {}\nlabels: {'a b': x}", "labels"}));
+
+TEST(Validate, DefaultsAreValid) {
+  v1::JobSpec spec;
+  spec.mutable_noop();
+  ApplyDefaults(&spec);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  EXPECT_EQ(spec.max_attempts(), 3);
+  EXPECT_EQ(spec.nodes(), 1);
+}
+
+TEST(Backoff, GrowsAndCaps) {
+  v1::JobSpec spec;
+  spec.mutable_backoff()->set_initial_ms(100);
+  spec.mutable_backoff()->set_multiplier(2);
+  spec.mutable_backoff()->set_max_ms(350);
+  EXPECT_EQ(BackoffMs(spec, 2), 100);
+  EXPECT_EQ(BackoffMs(spec, 3), 200);
+  EXPECT_EQ(BackoffMs(spec, 4), 350);
+  EXPECT_EQ(BackoffMs(spec, 10), 350);
+}
+
+}  // namespace
+}  // namespace stemma
