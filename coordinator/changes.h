@@ -1,0 +1,25 @@
+// What one locked step of the coordinator changed: records to commit, watch events to
+// publish and messages to send to workers once the records are durable.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "coordinator/store/store.h"
+#include "stemma/v1/user_service.pb.h"
+#include "stemma/v1/worker_service.pb.h"
+
+namespace stemma::coordinator {
+
+struct OutgoingMessage {
+  std::string worker_id;
+  v1::CoordinatorMessage message;
+};
+
+struct Changes {
+  StoreBatch batch;
+  std::vector<v1::JobEvent> events;
+  std::vector<OutgoingMessage> messages;
+};
+
+}  // namespace stemma::coordinator

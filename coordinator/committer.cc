@@ -1,0 +1,106 @@
+#include "coordinator/committer.h"
+
+#include <chrono>
+
+#include "common/logging.h"
+
+namespace stemma::coordinator {
+
+Committer::Committer(Store* store, CommitObserver observer)
+    : store_(store), observer_(std::move(observer)), thread_([this] { Loop(); }) {}
+
+Committer::~Committer() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+uint64_t Committer::Add(StoreBatch batch) {
+  absl::MutexLock lock(&mu_);
+  for (auto& j : batch.jobs) {
+    std::string id = j.id();
+    jobs_[id] = std::move(j);
+  }
+  for (auto& w : batch.workers) {
+    std::string id = w.id();
+    workers_[id] = std::move(w);
+  }
+  for (auto& k : batch.idempotency_keys) keys_.push_back(std::move(k));
+  return ++added_;
+}
+
+uint64_t Committer::LastTicket() {
+  absl::MutexLock lock(&mu_);
+  return added_;
+}
+
+void Committer::Wait(uint64_t ticket) {
+  absl::MutexLock lock(&mu_);
+  struct Arg {
+    const uint64_t* durable;
+    uint64_t ticket;
+  } arg{&durable_, ticket};
+  mu_.Await(absl::Condition(+[](Arg* a) { return *a->durable >= a->ticket; }, &arg));
+}
+
+void Committer::Then(uint64_t ticket, std::function<void()> fn) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (durable_ < ticket) {
+      callbacks_.emplace_back(ticket, std::move(fn));
+      return;
+    }
+  }
+  fn();
+}
+
+void Committer::Loop() {
+  for (;;) {
+    StoreBatch batch;
+    uint64_t ticket;
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || added_ > durable_;
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (added_ == durable_ && stop_) return;
+      ticket = added_;
+      batch.jobs.reserve(jobs_.size());
+      for (auto& [id, j] : jobs_) batch.jobs.push_back(std::move(j));
+      for (auto& [id, w] : workers_) batch.workers.push_back(std::move(w));
+      batch.idempotency_keys = std::move(keys_);
+      jobs_.clear();
+      workers_.clear();
+      keys_.clear();
+    }
+    // Retry until the store takes it: the in-memory state is already ahead of the disk,
+    // and answering a caller before its change is durable would break the contract.
+    for (int tries = 0;; ++tries) {
+      auto start = std::chrono::steady_clock::now();
+      absl::Status st = store_->Commit(batch);
+      double secs =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (st.ok()) {
+        if (observer_) observer_(secs, batch.size());
+        break;
+      }
+      if (tries % 50 == 0) spdlog::error("store commit failed, retrying: {}", st.ToString());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    std::vector<std::function<void()>> ready;
+    {
+      absl::MutexLock lock(&mu_);
+      durable_ = ticket;
+      auto it = std::stable_partition(callbacks_.begin(), callbacks_.end(),
+                               [&](const auto& cb) { return cb.first > ticket; });
+      for (auto j = it; j != callbacks_.end(); ++j) ready.push_back(std::move(j->second));
+      callbacks_.erase(it, callbacks_.end());
+    }
+    for (auto& fn : ready) fn();
+  }
+}
+
+}  // namespace stemma::coordinator

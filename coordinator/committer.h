@@ -1,0 +1,55 @@
+// Group commit: every state change becomes durable in a store transaction, and bursts of
+// changes share one transaction (one fsync).
+//
+// Callers add records under their own lock (so records reach the store in the order the
+// changes were made) and get a ticket; they then wait for the ticket, or attach a callback
+// that runs once it is durable. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/store/store.h"
+
+namespace stemma::coordinator {
+
+class Committer {
+ public:
+  // Called after each transaction with its duration and number of records.
+  using CommitObserver = std::function<void(double seconds, size_t records)>;
+
+  Committer(Store* store, CommitObserver observer);
+  ~Committer();  // Stops after committing what was added.
+
+  // Queues records for the next transaction. Later records for the same key replace
+  // earlier ones that are not yet committed. Returns the ticket for these records.
+  uint64_t Add(StoreBatch batch);
+  // The ticket of everything added so far.
+  uint64_t LastTicket();
+  // Blocks until `ticket` is durable.
+  void Wait(uint64_t ticket);
+  // Runs `fn` on the committer thread once `ticket` is durable (at once if it is).
+  void Then(uint64_t ticket, std::function<void()> fn);
+
+ private:
+  void Loop();
+
+  Store* const store_;
+  CommitObserver observer_;
+  absl::Mutex mu_;
+  uint64_t added_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t durable_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, v1::Job> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, v1::WorkerInfo> workers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<std::string, std::vector<std::string>>> keys_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, std::function<void()>>> callbacks_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace stemma::coordinator

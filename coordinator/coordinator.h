@@ -1,0 +1,114 @@
+// The coordinator's domain core: jobs, workers, scheduling, leases and durability,
+// behind the UserHandler and WorkerHandler interfaces.
+//
+// Thread-safety: one mutex guards the job and worker tables. Every change made under it
+// is handed to the Committer in order; callers answer only after their change is durable,
+// and messages to workers and watch events go out only after the records behind them are
+// durable. A scheduler thread places jobs when kicked (submit, freed resources) and
+// checks leases on a short tick.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "coordinator/committer.h"
+#include "coordinator/event_hub.h"
+#include "coordinator/job_table.h"
+#include "coordinator/log_store.h"
+#include "coordinator/metrics.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/service_interfaces.h"
+#include "coordinator/worker_table.h"
+
+namespace stemma::coordinator {
+
+struct CoordinatorOptions {
+  std::string data_dir;            // holds logs/ (the store is opened by the caller)
+  int64_t lease_ms = 10000;        // a worker silent this long is lost
+  int64_t heartbeat_ms = 2000;     // interval workers are told to use
+  int64_t tick_ms = 50;            // lease checks and backoff wake-ups
+  SchedulerOptions scheduler;
+};
+
+class Coordinator final : public UserHandler, public WorkerHandler {
+ public:
+  // Does not take ownership of store, clock or metrics. Call Start() to load state and
+  // begin scheduling.
+  Coordinator(CoordinatorOptions options, Store* store, const Clock* clock,
+              CoordinatorMetrics* metrics);
+  ~Coordinator() override;
+
+  absl::Status Start();
+  void Stop();
+
+  // UserHandler
+  absl::StatusOr<v1::SubmitResponse> Submit(const v1::SubmitRequest& request) override;
+  absl::StatusOr<v1::Job> GetJob(const std::string& id) override;
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) override;
+  absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason) override;
+  absl::StatusOr<v1::Job> Retry(const std::string& id) override;
+  v1::ListWorkersResponse ListWorkers() override;
+  absl::StatusOr<v1::WorkerInfo> Drain(const std::string& worker_id, bool undrain) override;
+  std::shared_ptr<EventHub::Subscription> Watch(const v1::WatchRequest& request,
+                                                std::vector<v1::JobEvent>* initial) override;
+  void Unwatch(const std::shared_ptr<EventHub::Subscription>& sub) override;
+  const LogStore& logs() const override { return logs_; }
+
+  // WorkerHandler
+  absl::StatusOr<v1::Registered> Register(const v1::Register& request,
+                                          std::shared_ptr<WorkerChannel> channel,
+                                          uint64_t* session) override;
+  absl::StatusOr<v1::HeartbeatAck> Heartbeat(const std::string& worker_id, uint64_t session,
+                                             const v1::Heartbeat& heartbeat) override;
+  void Event(const std::string& worker_id, uint64_t session,
+             const v1::AttemptEvent& event) override;
+  void Disconnected(const std::string& worker_id, uint64_t session) override;
+
+  // One scheduling step (lease checks + placement), as the scheduler thread runs it.
+  // Tests with a FakeClock call it directly. Returns the number of jobs placed.
+  int RunSchedulerPass();
+
+ private:
+  // Hands `changes` to the committer (under mu_) and arranges for its events and messages
+  // to go out once durable. Returns the commit ticket.
+  uint64_t Finish(Changes&& changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the job's current attempt as failed: frees its parts, tells the workers of the
+  // other parts to stop them, and requeues or fails the job.
+  void EndAttempt(v1::Job* job, const std::string& result, int exit_code, bool retryable,
+                  const std::string& except_worker, Changes* changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees every unfinished part of the job's current attempt, sending cancellations.
+  void StopParts(const v1::Job& job, const std::string& reason, const std::string& except_worker,
+                 Changes* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireLeases(Changes* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int Place(Changes* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Assignment MakeAssignment(const v1::Job& job, int rank) const;
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Kick();
+  void SchedulerLoop();
+
+  const CoordinatorOptions options_;
+  Store* const store_;
+  const Clock* const clock_;
+  CoordinatorMetrics* const metrics_;
+  LogStore logs_;
+  EventHub hub_;
+  std::unique_ptr<Committer> committer_;
+
+  absl::Mutex mu_;
+  JobTable jobs_ ABSL_GUARDED_BY(mu_);
+  WorkerTable workers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<WorkerChannel>> channels_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 0;
+
+  absl::Mutex kick_mu_;
+  bool kicked_ ABSL_GUARDED_BY(kick_mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(kick_mu_) = false;
+  std::thread scheduler_;
+};
+
+}  // namespace stemma::coordinator

@@ -1,0 +1,400 @@
+#include "coordinator/job_table.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/job_spec.h"
+#include "common/status.h"
+
+namespace stemma::coordinator {
+namespace {
+
+std::string JobLabel(const v1::Job& job) {
+  return job.spec().name().empty() ? job.id() : absl::StrCat(job.id(), " (", job.spec().name(), ")");
+}
+
+}  // namespace
+
+void JobTable::Load(const StoreSnapshot& snapshot) {
+  for (const auto& job : snapshot.jobs) {
+    Entry& e = jobs_[job.id()];
+    e.job = job;
+    order_.push_back(job.id());
+    next_seq_ = std::max(next_seq_, job.seq() + 1);
+    if (job.state() == v1::QUEUED) {
+      queue_.emplace(-job.spec().priority(), job.seq(), job.id());
+    }
+  }
+  for (const auto& id : order_) {
+    for (const auto& dep : jobs_[id].job.spec().depends_on()) {
+      auto it = jobs_.find(dep);
+      if (it != jobs_.end()) it->second.dependents.push_back(id);
+    }
+  }
+  for (const auto& [key, ids] : snapshot.idempotency_keys) idempotency_[key] = ids;
+  if (observer_) {
+    for (const auto& id : order_) {
+      observer_(jobs_[id].job, v1::JOB_STATE_UNSPECIFIED, jobs_[id].job.state());
+    }
+  }
+}
+
+absl::StatusOr<JobTable::SubmitResult> JobTable::Submit(const v1::SubmitRequest& request,
+                                                        Changes* changes) {
+  if (!request.idempotency_key().empty()) {
+    if (request.idempotency_key().size() > 256) {
+      return absl::InvalidArgumentError("idempotency_key: longer than 256 characters");
+    }
+    auto it = idempotency_.find(request.idempotency_key());
+    if (it != idempotency_.end()) return SubmitResult{it->second, true};
+  }
+  if (request.jobs_size() == 0) return absl::InvalidArgumentError("jobs: nothing to submit");
+  if (request.jobs_size() > 100000) {
+    return absl::InvalidArgumentError("jobs: more than 100000 jobs in one request");
+  }
+
+  // Validate everything before changing anything.
+  std::vector<v1::JobSpec> specs(request.jobs().begin(), request.jobs().end());
+  absl::flat_hash_map<std::string, int> by_name;
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    ids.push_back(absl::StrCat("j-", next_seq_ + i));
+    ApplyDefaults(&specs[i]);
+    absl::Status st = ValidateJobSpec(specs[i]);
+    std::string who = specs[i].name().empty() ? absl::StrCat("jobs[", i, "]")
+                                              : absl::StrCat("job '", specs[i].name(), "'");
+    if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(who, ": ", st.message()));
+    if (!specs[i].name().empty()) {
+      auto [it, inserted] = by_name.emplace(specs[i].name(), i);
+      if (!inserted) it->second = -1;  // ambiguous: only an error if referenced
+    }
+  }
+  // Resolve dependencies: a name in this request, else an existing job id.
+  std::vector<std::vector<int>> local_deps(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    std::string who = specs[i].name().empty() ? absl::StrCat("jobs[", i, "]")
+                                              : absl::StrCat("job '", specs[i].name(), "'");
+    std::vector<std::string> resolved;
+    for (const auto& dep : specs[i].depends_on()) {
+      auto n = by_name.find(dep);
+      if (n != by_name.end()) {
+        if (n->second < 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              who, ": depends_on: name '", dep, "' is used by several jobs in this request"));
+        }
+        if (static_cast<size_t>(n->second) == i) {
+          return absl::InvalidArgumentError(absl::StrCat(who, ": depends_on: depends on itself"));
+        }
+        local_deps[i].push_back(n->second);
+        resolved.push_back(ids[n->second]);
+      } else if (jobs_.contains(dep)) {
+        resolved.push_back(dep);
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat(who, ": depends_on: unknown job '", dep, "'"));
+      }
+    }
+    std::sort(resolved.begin(), resolved.end());
+    resolved.erase(std::unique(resolved.begin(), resolved.end()), resolved.end());
+    specs[i].mutable_depends_on()->Assign(resolved.begin(), resolved.end());
+  }
+  // Cycles can only form inside one request (existing jobs cannot depend on new ones).
+  {
+    std::vector<int> color(specs.size(), 0);  // 0 new, 1 on the path, 2 done
+    std::vector<int> path;
+    std::function<bool(int)> visit = [&](int v) {
+      color[v] = 1;
+      path.push_back(v);
+      for (int w : local_deps[v]) {
+        if (color[w] == 1) {
+          path.push_back(w);
+          return true;
+        }
+        if (color[w] == 0 && visit(w)) return true;
+      }
+      path.pop_back();
+      color[v] = 2;
+      return false;
+    };
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (color[i] == 0 && visit(i)) {
+        std::vector<std::string> names;
+        auto start = std::find(path.begin(), path.end(), path.back());
+        for (auto it = start; it != path.end(); ++it) {
+          names.push_back(specs[*it].name().empty() ? ids[*it] : specs[*it].name());
+        }
+        return absl::InvalidArgumentError(
+            absl::StrCat("depends_on: dependency cycle: ", absl::StrJoin(names, " -> ")));
+      }
+    }
+  }
+
+  const int64_t now = clock_->WallMs();
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Entry& e = jobs_[ids[i]];
+    e.job.set_id(ids[i]);
+    e.job.set_seq(next_seq_++);
+    *e.job.mutable_spec() = std::move(specs[i]);
+    e.job.set_attempt_budget(e.job.spec().max_attempts());
+    e.job.set_created_ms(now);
+    e.job.set_updated_ms(now);
+    order_.push_back(ids[i]);
+    for (const auto& dep : e.job.spec().depends_on()) jobs_[dep].dependents.push_back(ids[i]);
+  }
+  for (size_t i = 0; i < specs.size(); ++i) Release(jobs_[ids[i]], changes);
+  if (!request.idempotency_key().empty()) {
+    idempotency_[request.idempotency_key()] = ids;
+    changes->batch.idempotency_keys.emplace_back(request.idempotency_key(), ids);
+  }
+  return SubmitResult{std::move(ids), false};
+}
+
+const v1::Job* JobTable::Find(const std::string& id) const {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second.job;
+}
+
+v1::Job* JobTable::FindCurrentAttempt(const std::string& attempt_id) {
+  auto dot = attempt_id.rfind('.');
+  if (dot == std::string::npos) return nullptr;
+  auto it = jobs_.find(attempt_id.substr(0, dot));
+  if (it == jobs_.end() || it->second.job.current().id() != attempt_id) return nullptr;
+  return &it->second.job;
+}
+
+absl::StatusOr<v1::ListJobsResponse> JobTable::List(const v1::ListJobsRequest& req) const {
+  int page_size = req.page_size() == 0 ? 100 : req.page_size();
+  if (page_size < 0 || page_size > 1000) {
+    return absl::InvalidArgumentError("page_size: must be within 1..1000");
+  }
+  uint64_t after = 0;
+  if (!req.page_token().empty() && !absl::SimpleAtoi(req.page_token(), &after)) {
+    return absl::InvalidArgumentError("page_token: not a token from a previous page");
+  }
+  auto matches = [&](const v1::Job& j) {
+    if (req.states_size() > 0 &&
+        std::find(req.states().begin(), req.states().end(), j.state()) == req.states().end()) {
+      return false;
+    }
+    if (!req.kind().empty() && JobKind(j.spec()) != req.kind()) return false;
+    if (!req.experiment().empty() && j.spec().experiment() != req.experiment()) return false;
+    for (const auto& [k, v] : req.labels()) {
+      auto it = j.spec().labels().find(k);
+      if (it == j.spec().labels().end() || it->second != v) return false;
+    }
+    return true;
+  };
+  v1::ListJobsResponse resp;
+  // Jobs are kept in submission order, so the token is the last sequence number seen.
+  auto start = std::upper_bound(order_.begin(), order_.end(), after,
+                                [this](uint64_t s, const std::string& id) {
+                                  return s < jobs_.at(id).job.seq();
+                                });
+  int64_t total = 0;
+  for (const auto& id : order_) total += matches(jobs_.at(id).job);
+  resp.set_total(total);
+  for (auto it = start; it != order_.end(); ++it) {
+    const v1::Job& j = jobs_.at(*it).job;
+    if (!matches(j)) continue;
+    if (resp.jobs_size() == page_size) {
+      resp.set_next_page_token(absl::StrCat(resp.jobs(resp.jobs_size() - 1).seq()));
+      break;
+    }
+    *resp.add_jobs() = j;
+  }
+  return resp;
+}
+
+void JobTable::Record(Entry& e, v1::JobState previous, Changes* changes) {
+  e.job.set_updated_ms(clock_->WallMs());
+  changes->batch.jobs.push_back(e.job);
+  v1::JobEvent ev;
+  *ev.mutable_job() = e.job;
+  ev.set_previous(previous);
+  changes->events.push_back(std::move(ev));
+}
+
+void JobTable::SetState(Entry& e, v1::JobState to, const std::string& reason,
+                        Changes* changes) {
+  v1::JobState from = e.job.state();
+  if (from == v1::QUEUED) queue_.erase({-e.job.spec().priority(), e.job.seq(), e.job.id()});
+  e.job.set_state(to);
+  e.job.set_reason(reason);
+  const int64_t now = clock_->WallMs();
+  if (to == v1::QUEUED) {
+    queue_.emplace(-e.job.spec().priority(), e.job.seq(), e.job.id());
+    e.job.set_queued_ms(now);
+  }
+  if (IsTerminal(to)) e.job.set_finished_ms(now);
+  Record(e, from, changes);
+  if (observer_) observer_(e.job, from, to);
+}
+
+void JobTable::Release(Entry& e, Changes* changes) {
+  bool waiting = false;
+  for (const auto& dep : e.job.spec().depends_on()) {
+    const v1::Job& d = jobs_.at(dep).job;
+    if (d.state() == v1::FAILED || d.state() == v1::CANCELLED) {
+      SetState(e, v1::FAILED,
+               absl::StrCat("dependency ", JobLabel(d),
+                            d.state() == v1::FAILED ? " failed" : " was cancelled",
+                            d.reason().empty() ? "" : ": ", d.reason()),
+               changes);
+      FailDependents(e, changes);
+      return;
+    }
+    if (d.state() != v1::SUCCEEDED) waiting = true;
+  }
+  if (waiting) {
+    SetState(e, v1::PENDING, "waiting for dependencies", changes);
+  } else {
+    e.job.set_not_before_ms(0);
+    SetState(e, v1::QUEUED, "", changes);
+  }
+}
+
+void JobTable::FailDependents(Entry& e, Changes* changes) {
+  for (const auto& id : e.dependents) {
+    Entry& d = jobs_.at(id);
+    if (d.job.state() == v1::PENDING) Release(d, changes);
+  }
+}
+
+void JobTable::WakeDependents(Entry& e, Changes* changes) {
+  for (const auto& id : e.dependents) {
+    Entry& d = jobs_.at(id);
+    if (d.job.state() == v1::PENDING) Release(d, changes);
+  }
+}
+
+v1::Job* JobTable::Assign(const std::string& id, std::vector<v1::AttemptPart> parts,
+                          const std::string& rendezvous, Changes* changes) {
+  Entry& e = jobs_.at(id);
+  int n = e.job.attempts() + 1;
+  e.job.set_attempts(n);
+  v1::Attempt* a = e.job.mutable_current();
+  a->Clear();
+  a->set_id(absl::StrCat(id, ".", n));
+  a->set_number(n);
+  a->set_assigned_ms(clock_->WallMs());
+  a->set_rendezvous(rendezvous);
+  for (auto& p : parts) *a->add_parts() = std::move(p);
+  e.job.clear_progress();
+  SetState(e, v1::ASSIGNED, "", changes);
+  return &e.job;
+}
+
+void JobTable::MarkStarted(v1::Job* job, int rank, Changes* changes) {
+  Entry& e = jobs_.at(job->id());
+  if (rank >= 0 && rank < e.job.current().parts_size()) {
+    e.job.mutable_current()->mutable_parts(rank)->set_running(true);
+  }
+  if (e.job.state() == v1::ASSIGNED) {
+    e.job.mutable_current()->set_started_ms(clock_->WallMs());
+    SetState(e, v1::RUNNING, "", changes);
+  } else {
+    Record(e, e.job.state(), changes);
+  }
+}
+
+void JobTable::SetProgress(v1::Job* job, const v1::Progress& progress, Changes* changes) {
+  Entry& e = jobs_.at(job->id());
+  *e.job.mutable_progress() = progress;
+  Record(e, e.job.state(), changes);
+}
+
+void JobTable::PartSucceeded(v1::Job* job, int rank,
+                             const google::protobuf::Map<std::string, std::string>& outputs,
+                             Changes* changes) {
+  Entry& e = jobs_.at(job->id());
+  v1::Attempt* a = e.job.mutable_current();
+  if (rank >= 0 && rank < a->parts_size()) {
+    a->mutable_parts(rank)->set_finished(true);
+    a->mutable_parts(rank)->set_running(false);
+    a->mutable_parts(rank)->set_exit_code(0);
+  }
+  for (const auto& [k, v] : outputs) (*e.job.mutable_outputs())[k] = v;
+  if (!IsLive(e.job)) {  // e.g. cancelled while it ran: only the part is recorded
+    Record(e, e.job.state(), changes);
+    return;
+  }
+  for (const auto& p : a->parts()) {
+    if (!p.finished()) {
+      Record(e, e.job.state(), changes);
+      return;
+    }
+  }
+  a->set_finished_ms(clock_->WallMs());
+  a->set_result("exit 0");
+  e.job.set_exit_code(0);
+  SetState(e, v1::SUCCEEDED, "", changes);
+  WakeDependents(e, changes);
+}
+
+void JobTable::AttemptFailed(v1::Job* job, const std::string& result, int exit_code,
+                             bool retryable, Changes* changes) {
+  Entry& e = jobs_.at(job->id());
+  v1::Attempt* a = e.job.mutable_current();
+  a->set_finished_ms(clock_->WallMs());
+  a->set_result(result);
+  for (auto& p : *a->mutable_parts()) p.set_running(false);
+  e.job.set_exit_code(exit_code);
+  std::string why = absl::StrCat("attempt ", a->number(), " failed: ", result);
+  if (retryable && e.job.attempts() < e.job.attempt_budget()) {
+    int64_t delay = BackoffMs(e.job.spec(), e.job.attempts() + 1);
+    e.job.set_not_before_ms(clock_->WallMs() + delay);
+    SetState(e, v1::QUEUED, absl::StrCat(why, "; retrying in ", delay, " ms"), changes);
+    return;
+  }
+  if (retryable) absl::StrAppend(&why, " (", e.job.attempts(), " of ", e.job.attempt_budget(), " attempts used)");
+  SetState(e, v1::FAILED, why, changes);
+  FailDependents(e, changes);
+}
+
+absl::Status JobTable::Cancel(const std::string& id, const std::string& reason,
+                              Changes* changes) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+  Entry& e = it->second;
+  if (IsTerminal(e.job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " has already ended (", StateName(e.job.state()), ")"));
+  }
+  if (IsLive(e.job)) {
+    e.job.mutable_current()->set_finished_ms(clock_->WallMs());
+    e.job.mutable_current()->set_result("cancelled");
+  }
+  SetState(e, v1::CANCELLED, reason.empty() ? "cancelled by user" : reason, changes);
+  FailDependents(e, changes);
+  return absl::OkStatus();
+}
+
+absl::Status JobTable::Retry(const std::string& id, Changes* changes) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
+  Entry& e = it->second;
+  if (e.job.state() != v1::FAILED && e.job.state() != v1::CANCELLED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", id, " is ", StateName(e.job.state()), "; only FAILED or CANCELLED jobs can be retried"));
+  }
+  e.job.set_attempt_budget(e.job.attempts() + e.job.spec().max_attempts());
+  e.job.set_finished_ms(0);
+  Release(e, changes);
+  // Dependents that failed only because of this job wait for it again.
+  std::vector<std::string> stack(e.dependents.begin(), e.dependents.end());
+  while (!stack.empty()) {
+    Entry& d = jobs_.at(stack.back());
+    stack.pop_back();
+    if (d.job.state() == v1::FAILED && d.job.attempts() == 0 &&
+        d.job.reason().rfind("dependency ", 0) == 0) {
+      d.job.set_finished_ms(0);
+      SetState(d, v1::PENDING, "waiting for dependencies", changes);
+      stack.insert(stack.end(), d.dependents.begin(), d.dependents.end());
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace stemma::coordinator

@@ -1,0 +1,112 @@
+// The job table: every job, its state machine, dependencies, the queue order and the
+// idempotency keys. Pure bookkeeping — it knows nothing of workers or RPCs; placements
+// are decided by the scheduler and resources are tracked by the worker table.
+//
+// Every method that changes a job appends the job's new record (and a watch event) to
+// `Changes`; the caller commits them. Not thread-safe: the coordinator's mutex guards it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_map.h"
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "coordinator/changes.h"
+#include "stemma/v1/job.pb.h"
+#include "stemma/v1/user_service.pb.h"
+
+namespace stemma::coordinator {
+
+class JobTable {
+ public:
+  // Called on every state change (for metrics).
+  using TransitionObserver =
+      std::function<void(const v1::Job& job, v1::JobState from, v1::JobState to)>;
+
+  explicit JobTable(const Clock* clock) : clock_(clock) {}
+
+  void SetObserver(TransitionObserver observer) { observer_ = std::move(observer); }
+
+  // Rebuilds the table from stored records (start-up).
+  void Load(const StoreSnapshot& snapshot);
+
+  struct SubmitResult {
+    std::vector<std::string> ids;
+    bool existing = false;
+  };
+  // Validates and adds jobs. Names in depends_on resolve within the request first, then
+  // as job ids. INVALID_ARGUMENT (naming the job and field) for a bad spec, an unknown
+  // dependency or a cycle; nothing is added then. A known idempotency key returns the
+  // jobs it created before.
+  absl::StatusOr<SubmitResult> Submit(const v1::SubmitRequest& request, Changes* changes);
+
+  const v1::Job* Find(const std::string& id) const;
+  // The job an attempt id ("j-12.3") belongs to, if that attempt is its current one.
+  v1::Job* FindCurrentAttempt(const std::string& attempt_id);
+
+  absl::StatusOr<v1::ListJobsResponse> List(const v1::ListJobsRequest& request) const;
+
+  // QUEUED jobs in scheduling order: priority (high first), then submission order.
+  using QueueKey = std::tuple<int, uint64_t, std::string>;  // (-priority, seq, id)
+  const std::set<QueueKey>& queue() const { return queue_; }
+
+  // QUEUED → ASSIGNED with a new attempt of these parts.
+  v1::Job* Assign(const std::string& id, std::vector<v1::AttemptPart> parts,
+                  const std::string& rendezvous, Changes* changes);
+  // ASSIGNED → RUNNING (first part started).
+  void MarkStarted(v1::Job* job, int rank, Changes* changes);
+  // Progress report of a running job.
+  void SetProgress(v1::Job* job, const v1::Progress& progress, Changes* changes);
+  // A part finished with exit code 0; the job succeeds when all parts have.
+  void PartSucceeded(v1::Job* job, int rank, const google::protobuf::Map<std::string, std::string>& outputs,
+                     Changes* changes);
+  // The current attempt failed: back to QUEUED after its backoff while the attempt
+  // budget lasts (and `retryable`), else FAILED; FAILED spreads to dependents.
+  void AttemptFailed(v1::Job* job, const std::string& result, int exit_code, bool retryable,
+                     Changes* changes);
+  // Ends the job as CANCELLED. FAILED_PRECONDITION when it has already ended.
+  absl::Status Cancel(const std::string& id, const std::string& reason, Changes* changes);
+  // Gives a FAILED or CANCELLED job a fresh attempt budget; dependents that failed
+  // because of it wait again.
+  absl::Status Retry(const std::string& id, Changes* changes);
+
+  bool IsLive(const v1::Job& job) const {
+    return job.state() == v1::ASSIGNED || job.state() == v1::RUNNING;
+  }
+  size_t size() const { return jobs_.size(); }
+
+  // Visits every job (for rebuilding resource allocations and metrics).
+  template <typename F>
+  void ForEach(F&& f) const {
+    for (const auto& [id, e] : jobs_) f(e.job);
+  }
+
+ private:
+  struct Entry {
+    v1::Job job;
+    std::vector<std::string> dependents;
+  };
+
+  void SetState(Entry& e, v1::JobState to, const std::string& reason, Changes* changes);
+  void Record(Entry& e, v1::JobState previous, Changes* changes);
+  // PENDING or QUEUED depending on the dependencies; FAILED if one has failed.
+  void Release(Entry& e, Changes* changes);
+  void FailDependents(Entry& e, Changes* changes);
+  void WakeDependents(Entry& e, Changes* changes);
+
+  const Clock* clock_;
+  TransitionObserver observer_;
+  absl::node_hash_map<std::string, Entry> jobs_;  // stable addresses
+  std::vector<std::string> order_;  // ids in submission order
+  std::set<QueueKey> queue_;
+  absl::flat_hash_map<std::string, std::vector<std::string>> idempotency_;
+  uint64_t next_seq_ = 1;
+};
+
+}  // namespace stemma::coordinator

@@ -1,0 +1,94 @@
+#include "coordinator/log_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/status.h"
+
+namespace stemma::coordinator {
+
+std::string LogStore::Path(const std::string& job_id, int attempt) const {
+  return absl::StrCat(dir_, "/", job_id, "/", attempt, ".log");
+}
+
+absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t offset,
+                              const std::string& data) {
+  if (job_id.find('/') != std::string::npos || job_id.find("..") != std::string::npos) {
+    return absl::InvalidArgumentError("log: bad job id");
+  }
+  absl::MutexLock lock(&mu_);
+  std::string dir = absl::StrCat(dir_, "/", job_id);
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    return ErrnoStatus(absl::StrCat("mkdir ", dir), errno);
+  }
+  std::string path = Path(job_id, attempt);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
+  struct stat st;
+  ::fstat(fd, &st);
+  int64_t size = st.st_size;
+  absl::Status result;
+  if (offset > size) {
+    result = absl::OutOfRangeError(absl::StrCat(path, ": chunk at ", offset, " after end ", size));
+  } else if (offset + static_cast<int64_t>(data.size()) > size) {
+    const char* p = data.data() + (size - offset);
+    size_t n = data.size() - (size - offset);
+    while (n > 0) {
+      ssize_t w = ::write(fd, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        result = ErrnoStatus(absl::StrCat("write ", path), errno);
+        break;
+      }
+      p += w;
+      n -= w;
+    }
+    ++generation_;
+  }
+  ::close(fd);
+  return result;
+}
+
+int64_t LogStore::Size(const std::string& job_id, int attempt) const {
+  struct stat st;
+  if (::stat(Path(job_id, attempt).c_str(), &st) != 0) return 0;
+  return st.st_size;
+}
+
+absl::StatusOr<std::string> LogStore::Read(const std::string& job_id, int attempt,
+                                           int64_t offset, int64_t max) const {
+  std::string path = Path(job_id, attempt);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return std::string();
+    return ErrnoStatus(absl::StrCat("open ", path), errno);
+  }
+  std::string out(max, '\0');
+  ssize_t n = ::pread(fd, out.data(), max, offset);
+  int err = errno;
+  ::close(fd);
+  if (n < 0) return ErrnoStatus(absl::StrCat("read ", path), err);
+  out.resize(n);
+  return out;
+}
+
+uint64_t LogStore::WaitForAppend(uint64_t generation, int64_t timeout_ms) const {
+  absl::MutexLock lock(&mu_);
+  struct Arg {
+    const uint64_t* gen;
+    uint64_t seen;
+  } arg{&generation_, generation};
+  mu_.AwaitWithTimeout(absl::Condition(+[](Arg* a) { return *a->gen != a->seen; }, &arg),
+                       absl::Milliseconds(timeout_ms));
+  return generation_;
+}
+
+uint64_t LogStore::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+}  // namespace stemma::coordinator

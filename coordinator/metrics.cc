@@ -1,0 +1,96 @@
+#include "coordinator/metrics.h"
+
+#include "common/job_spec.h"
+
+namespace stemma::coordinator {
+namespace {
+
+prometheus::Histogram::BucketBoundaries LatencyBuckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+          0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30,    60,   300};
+}
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  using namespace prometheus;
+  jobs_ = &BuildGauge().Name("stemma_coordinator_jobs").Help("Jobs by state and kind").Register(*registry_);
+  transitions_ = &BuildCounter()
+                      .Name("stemma_coordinator_job_transitions_total")
+                      .Help("Job state transitions")
+                      .Register(*registry_);
+  rpc_ = &BuildHistogram()
+              .Name("stemma_rpc_server_handling_seconds")
+              .Help("Time to handle a unary RPC or one session message, by method")
+              .Register(*registry_);
+  attempts_ = &BuildCounter()
+                   .Name("stemma_coordinator_attempts_ended_total")
+                   .Help("Attempts that ended, by result")
+                   .Register(*registry_);
+  submitted_ = &BuildCounter()
+                    .Name("stemma_coordinator_jobs_submitted_total")
+                    .Help("Jobs accepted by Submit")
+                    .Register(*registry_)
+                    .Add({});
+  queue_wait_ = &BuildHistogram()
+                     .Name("stemma_scheduler_queue_wait_seconds")
+                     .Help("Time from QUEUED to ASSIGNED")
+                     .Register(*registry_)
+                     .Add({}, LatencyBuckets());
+  scheduling_latency_ = &BuildHistogram()
+                             .Name("stemma_scheduler_latency_seconds")
+                             .Help("Time from a job being placeable to its assignment being sent")
+                             .Register(*registry_)
+                             .Add({}, LatencyBuckets());
+  scheduler_pass_ = &BuildHistogram()
+                         .Name("stemma_scheduler_pass_seconds")
+                         .Help("Duration of one scheduling pass")
+                         .Register(*registry_)
+                         .Add({}, LatencyBuckets());
+  store_txn_ = &BuildHistogram()
+                    .Name("stemma_store_transaction_seconds")
+                    .Help("SQLite transaction time (including fsync)")
+                    .Register(*registry_)
+                    .Add({}, LatencyBuckets());
+  store_batch_ = &BuildHistogram()
+                      .Name("stemma_store_transaction_records")
+                      .Help("Records per transaction (group commit)")
+                      .Register(*registry_)
+                      .Add({}, Histogram::BucketBoundaries{1, 2, 5, 10, 20, 50, 100, 200, 500,
+                                                           1000, 5000, 20000});
+  heartbeat_age_ = &BuildHistogram()
+                        .Name("stemma_coordinator_heartbeat_age_seconds")
+                        .Help("Time since a worker's previous heartbeat, at each heartbeat")
+                        .Register(*registry_)
+                        .Add({}, LatencyBuckets());
+  stale_reports_ = &BuildCounter()
+                        .Name("stemma_coordinator_stale_reports_total")
+                        .Help("Reports refused because they came from a stale attempt")
+                        .Register(*registry_)
+                        .Add({});
+  auto& workers = BuildGauge().Name("stemma_coordinator_workers").Help("Workers by state").Register(*registry_);
+  workers_alive_ = &workers.Add({{"state", "alive"}});
+  workers_draining_ = &workers.Add({{"state", "draining"}});
+  workers_lost_ = &workers.Add({{"state", "lost"}});
+  auto& gpus = BuildGauge().Name("stemma_coordinator_gpus").Help("GPUs on live workers").Register(*registry_);
+  gpus_free_ = &gpus.Add({{"state", "free"}});
+  gpus_allocated_ = &gpus.Add({{"state", "allocated"}});
+}
+
+void CoordinatorMetrics::Transition(const std::string& kind, v1::JobState from, v1::JobState to) {
+  if (from != v1::JOB_STATE_UNSPECIFIED) {
+    jobs_->Add({{"state", StateName(from)}, {"kind", kind}}).Decrement();
+    transitions_->Add({{"from", StateName(from)}, {"to", StateName(to)}}).Increment();
+  }
+  jobs_->Add({{"state", StateName(to)}, {"kind", kind}}).Increment();
+}
+
+prometheus::Histogram& CoordinatorMetrics::Rpc(const std::string& method) {
+  return rpc_->Add({{"method", method}}, LatencyBuckets());
+}
+
+void CoordinatorMetrics::AttemptEnded(const std::string& result) {
+  attempts_->Add({{"result", result}}).Increment();
+}
+
+}  // namespace stemma::coordinator

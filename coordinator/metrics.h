@@ -1,0 +1,70 @@
+// Every Prometheus metric of the coordinator, defined in one place and injected.
+// Names follow stemma_<subsystem>_<name>_<unit>; labels are bounded (states, kinds,
+// methods), never job or worker ids. Thread-safe (prometheus-cpp metrics are).
+#pragma once
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <array>
+#include <memory>
+#include <string>
+
+#include "stemma/v1/job.pb.h"
+
+namespace stemma::coordinator {
+
+class CoordinatorMetrics {
+ public:
+  CoordinatorMetrics();
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // A job moved between states (from UNSPECIFIED when it is loaded or created).
+  void Transition(const std::string& kind, v1::JobState from, v1::JobState to);
+  void Submitted(int n) { submitted_->Increment(n); }
+  void QueueWait(double seconds) { queue_wait_->Observe(seconds); }
+  void SchedulingLatency(double seconds) { scheduling_latency_->Observe(seconds); }
+  void SchedulerPass(double seconds) { scheduler_pass_->Observe(seconds); }
+  prometheus::Histogram& Rpc(const std::string& method);
+  void StoreCommit(double seconds, size_t records) {
+    store_txn_->Observe(seconds);
+    store_batch_->Observe(static_cast<double>(records));
+  }
+  void HeartbeatAge(double seconds) { heartbeat_age_->Observe(seconds); }
+  void StaleReport() { stale_reports_->Increment(); }
+  void WorkerCounts(int alive, int draining, int lost) {
+    workers_alive_->Set(alive);
+    workers_draining_->Set(draining);
+    workers_lost_->Set(lost);
+  }
+  void Gpus(int free, int allocated) {
+    gpus_free_->Set(free);
+    gpus_allocated_->Set(allocated);
+  }
+  void AttemptEnded(const std::string& result);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>* jobs_;
+  prometheus::Family<prometheus::Counter>* transitions_;
+  prometheus::Family<prometheus::Histogram>* rpc_;
+  prometheus::Family<prometheus::Counter>* attempts_;
+  prometheus::Counter* submitted_;
+  prometheus::Histogram* queue_wait_;
+  prometheus::Histogram* scheduling_latency_;
+  prometheus::Histogram* scheduler_pass_;
+  prometheus::Histogram* store_txn_;
+  prometheus::Histogram* store_batch_;
+  prometheus::Histogram* heartbeat_age_;
+  prometheus::Counter* stale_reports_;
+  prometheus::Gauge* workers_alive_;
+  prometheus::Gauge* workers_draining_;
+  prometheus::Gauge* workers_lost_;
+  prometheus::Gauge* gpus_free_;
+  prometheus::Gauge* gpus_allocated_;
+};
+
+}  // namespace stemma::coordinator

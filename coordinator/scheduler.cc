@@ -1,0 +1,76 @@
+#include "coordinator/scheduler.h"
+
+#include <limits>
+
+namespace stemma::coordinator {
+namespace {
+
+struct Free {
+  const std::string* id;
+  int gpus;
+  double cpus;
+  int64_t memory_mb;
+  bool allow_exec;
+  bool taken;  // already holds a part of the job being placed
+};
+
+}  // namespace
+
+std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers,
+                                int64_t now_wall_ms, const SchedulerOptions& options) {
+  std::vector<Placement> out;
+  std::vector<Free> free;
+  for (const auto& [id, w] : workers.all()) {
+    if (!w.schedulable()) continue;
+    free.push_back({&id, w.free_gpus(), w.free_cpus(), w.free_memory_mb(),
+                    w.info.allow_exec(), false});
+  }
+  if (free.empty()) return out;
+  // Deterministic order regardless of hash iteration.
+  std::sort(free.begin(), free.end(), [](const Free& a, const Free& b) { return *a.id < *b.id; });
+
+  int blocked = 0;
+  std::vector<int> chosen;
+  for (const auto& [neg_priority, seq, id] : jobs.queue()) {
+    const v1::Job* job = jobs.Find(id);
+    if (job == nullptr || job->not_before_ms() > now_wall_ms) continue;
+    const auto& r = job->spec().resources();
+    const bool needs_exec = job->spec().kind_case() == v1::JobSpec::kExec;
+    const int nodes = std::max(1, job->spec().nodes());
+    chosen.clear();
+    for (int part = 0; part < nodes; ++part) {
+      int best = -1;
+      for (size_t i = 0; i < free.size(); ++i) {
+        const Free& f = free[i];
+        if (f.taken || f.gpus < r.gpus() || f.cpus + 1e-9 < r.cpus() ||
+            f.memory_mb < r.memory_mb() || (needs_exec && !f.allow_exec)) {
+          continue;
+        }
+        if (best < 0 || f.gpus < free[best].gpus ||
+            (f.gpus == free[best].gpus && f.cpus < free[best].cpus)) {
+          best = static_cast<int>(i);
+        }
+      }
+      if (best < 0) break;
+      free[best].taken = true;
+      chosen.push_back(best);
+    }
+    for (int i : chosen) free[i].taken = false;
+    if (static_cast<int>(chosen.size()) < nodes) {
+      if (++blocked >= options.max_blocked) break;
+      continue;
+    }
+    Placement p;
+    p.job_id = id;
+    for (int i : chosen) {
+      free[i].gpus -= r.gpus();
+      free[i].cpus -= r.cpus();
+      free[i].memory_mb -= r.memory_mb();
+      p.workers.push_back(*free[i].id);
+    }
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace stemma::coordinator

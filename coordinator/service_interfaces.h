@@ -1,0 +1,65 @@
+// The coordinator's domain interfaces, free of gRPC. The rpc adapters in coordinator/rpc/
+// translate the wire to these calls; tests can drive them directly.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/event_hub.h"
+#include "coordinator/log_store.h"
+#include "stemma/v1/user_service.pb.h"
+#include "stemma/v1/worker_service.pb.h"
+
+namespace stemma::coordinator {
+
+// What users can do. Mutations return once they are durable. Thread-safe.
+class UserHandler {
+ public:
+  virtual ~UserHandler() = default;
+  // INVALID_ARGUMENT for bad specs, FAILED_PRECONDITION for exec jobs when no worker
+  // allows exec.
+  virtual absl::StatusOr<v1::SubmitResponse> Submit(const v1::SubmitRequest& request) = 0;
+  virtual absl::StatusOr<v1::Job> GetJob(const std::string& id) = 0;  // NOT_FOUND
+  virtual absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) = 0;
+  virtual absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason) = 0;
+  virtual absl::StatusOr<v1::Job> Retry(const std::string& id) = 0;
+  virtual v1::ListWorkersResponse ListWorkers() = 0;
+  virtual absl::StatusOr<v1::WorkerInfo> Drain(const std::string& worker_id, bool undrain) = 0;
+  // Subscribes to job events; with send_initial, `initial` receives the jobs as they are.
+  virtual std::shared_ptr<EventHub::Subscription> Watch(const v1::WatchRequest& request,
+                                                        std::vector<v1::JobEvent>* initial) = 0;
+  virtual void Unwatch(const std::shared_ptr<EventHub::Subscription>& sub) = 0;
+  virtual const LogStore& logs() const = 0;
+};
+
+// The coordinator's end of one worker session stream. Thread-safe.
+class WorkerChannel {
+ public:
+  virtual ~WorkerChannel() = default;
+  // False when the stream is gone.
+  virtual bool Send(const v1::CoordinatorMessage& message) = 0;
+  // Ends the session (the worker will reconnect and register again).
+  virtual void Close() = 0;
+};
+
+// What worker sessions do. Thread-safe.
+class WorkerHandler {
+ public:
+  virtual ~WorkerHandler() = default;
+  // Registers (or re-registers) a worker; `session` identifies this stream in later calls.
+  virtual absl::StatusOr<v1::Registered> Register(const v1::Register& request,
+                                                  std::shared_ptr<WorkerChannel> channel,
+                                                  uint64_t* session) = 0;
+  // FAILED_PRECONDITION when the session was replaced or the lease had expired: the
+  // worker must register again.
+  virtual absl::StatusOr<v1::HeartbeatAck> Heartbeat(const std::string& worker_id,
+                                                     uint64_t session,
+                                                     const v1::Heartbeat& heartbeat) = 0;
+  virtual void Event(const std::string& worker_id, uint64_t session,
+                     const v1::AttemptEvent& event) = 0;
+  virtual void Disconnected(const std::string& worker_id, uint64_t session) = 0;
+};
+
+}  // namespace stemma::coordinator
