@@ -1,0 +1,81 @@
+// The `stemma` command: parses flags, runs the chosen subcommand, and turns any error into
+// one line on stderr.
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/str_replace.h"
+#include "cli/command.h"
+
+namespace {
+
+int PrintError(const std::string& message, int code) {
+  std::string line = absl::StrReplaceAll(message, {{"\r", " "}, {"\n", " "}});
+  std::cout.flush();
+  std::cerr << "stemma: error: " << line << std::endl;
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using stemma::cli::GlobalOptions;
+  GlobalOptions globals;
+  if (const char* env = std::getenv("STEMMA_COORDINATOR"); env != nullptr && *env != '\0') {
+    globals.coordinator = env;
+  }
+  stemma::cli::Action action;
+
+  CLI::App app{"Stemma: run and watch jobs on a Stemma coordinator", "stemma"};
+  app.fallthrough();  // global flags may follow the subcommand: `stemma ls -o json`
+  app.require_subcommand(1);
+  app.add_option("--coordinator", globals.coordinator,
+                 "coordinator HOST:PORT (default $STEMMA_COORDINATOR, else localhost:7070)");
+  app.add_option("-o,--output", globals.output, "table | wide | json | yaml (default table)");
+  app.add_option("--timeout", globals.timeout_s,
+                 "seconds to wait for each request to the coordinator (default 10)");
+
+  stemma::cli::AddJobCommands(&app, &globals, &action);
+  stemma::cli::AddStreamCommands(&app, &globals, &action);
+  stemma::cli::AddWorkerCommands(&app, &globals, &action);
+  stemma::cli::AddUpCommand(&app, &globals, &action);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 reports an unknown command as a missing one; name it instead.
+    if (app.get_subcommands().empty()) {
+      for (int i = 1; i < argc; ++i) {
+        std::string arg = argv[i];
+        if (arg == "--coordinator" || arg == "-o" || arg == "--output" || arg == "--timeout") {
+          ++i;
+        } else if (!arg.empty() && arg[0] != '-') {
+          return PrintError("unknown command '" + arg + "' (see stemma --help)", 2);
+        }
+      }
+    }
+    return PrintError(e.what(), 2);
+  }
+
+  auto format = stemma::cli::ParseOutputFormat(globals.output);
+  if (!format.ok()) return PrintError(std::string(format.status().message()), 2);
+  globals.format = *format;
+  if (!(globals.timeout_s > 0)) return PrintError("--timeout must be positive", 2);
+  if (!action) return PrintError("no command given", 2);
+
+  absl::StatusOr<int> result = action();
+  if (!result.ok()) {
+    return PrintError(std::string(result.status().message()),
+                      stemma::cli::IsUsageError(result.status()) ? 2 : 1);
+  }
+  std::cout.flush();
+  return *result;
+}

@@ -1,0 +1,87 @@
+// Rendering of jobs and workers for people (tables, key: value) and programs (JSON, YAML),
+// plus parsing of the filter flags. Pure functions: no I/O, no RPCs; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stemma/v1/job.pb.h"
+#include "stemma/v1/user_service.pb.h"
+
+namespace stemma::cli {
+
+enum class OutputFormat { kTable, kWide, kJson, kYaml };
+
+// "table" | "wide" | "json" | "yaml"; a usage error otherwise.
+absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& name);
+
+// A usage error: main exits with status 2 instead of 1.
+absl::Status UsageError(const std::string& message);
+bool IsUsageError(const absl::Status& status);
+
+// Job states from flag values: each may be a comma list; names are case-insensitive
+// ("running", "Failed"). A usage error naming the bad value otherwise.
+absl::StatusOr<std::vector<v1::JobState>> ParseStates(const std::vector<std::string>& values);
+// "noop" | "exec" | "engine" (case-insensitive), returned lower-case.
+absl::StatusOr<std::string> ParseKind(const std::string& value);
+// "k=v" values into a map; a usage error naming the value without '=' or with an empty key.
+absl::StatusOr<std::map<std::string, std::string>> ParseLabels(
+    const std::vector<std::string>& values);
+
+// "850ms" below a second, then "3s", "4m", "2h", "5d". Negative durations render as "0s".
+std::string HumanDuration(int64_t ms);
+// Age of a wall-clock timestamp at `now_ms`; "-" when the timestamp is unset (0).
+std::string HumanAge(int64_t timestamp_ms, int64_t now_ms);
+// MiB as "512M", "16G", "1.5T"; "-" for 0.
+std::string HumanMemoryMb(int64_t mb);
+// "2024-05-01 12:03:04.123" in local time; "-" for 0.
+std::string FormatTimestamp(int64_t ms);
+// "12:03:04.123" in local time.
+std::string FormatClock(int64_t ms);
+
+// The machine-readable shape of a job, shared by `get`, `ls`, `watch` and benchmarks:
+// id, name, kind, state (upper-case), attempts, max_attempts, priority, labels, experiment,
+// depends_on, reason, exit_code, created_ms, queued_ms, started_ms, finished_ms, attempt_id,
+// workers, gpus, progress {fraction, message, step}, outputs, spec (protobuf JSON).
+nlohmann::json JobToJson(const v1::Job& job);
+// id, host, state ("ALIVE" | "DRAINING" | "LOST"), gpus [{id, model, memory_mb}],
+// gpus_in_use, cpus, cpus_in_use, memory_mb, memory_in_use_mb, labels, allow_exec,
+// attempts, last_heartbeat_ms, registered_ms.
+nlohmann::json WorkerToJson(const v1::WorkerInfo& worker);
+
+// "ALIVE", "DRAINING", "LOST", "UNSPECIFIED".
+std::string WorkerStateName(v1::WorkerState state);
+
+// A YAML document with the same tree as `value` (strings that would read back as another
+// type are quoted). Ends with a newline.
+std::string JsonToYaml(const nlohmann::json& value);
+
+// Columns padded to their widest cell, separated by three spaces; no trailing blanks.
+// Ends with a newline.
+std::string RenderTable(const std::vector<std::string>& header,
+                        const std::vector<std::vector<std::string>>& rows);
+
+// The `ls` table: ID NAME KIND STATE ATTEMPTS AGE REASON; `wide` adds
+// PRIORITY GPUS WORKER(S) EXIT.
+std::string RenderJobsTable(const std::vector<v1::Job>& jobs, bool wide, int64_t now_ms);
+// One job as aligned "key: value" lines.
+std::string RenderJobDetails(const v1::Job& job, int64_t now_ms);
+// The `workers` table: ID HOST STATE GPUS CPUS MEM ATTEMPTS HEARTBEAT-AGE (wide adds
+// LABELS and EXEC).
+std::string RenderWorkersTable(const std::vector<v1::WorkerInfo>& workers, bool wide,
+                               int64_t now_ms);
+
+// One `watch` line: "HH:MM:SS.mmm ID NAME PREV -> STATE reason" ("-" for no previous
+// state, at the job's updated_ms or `now_ms` when unset). No newline.
+std::string RenderEventLine(const v1::JobEvent& event, int64_t now_ms);
+// The job's JSON with "previous" and "event_ms" added.
+nlohmann::json EventToJson(const v1::JobEvent& event, int64_t now_ms);
+
+}  // namespace stemma::cli

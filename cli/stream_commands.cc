@@ -1,0 +1,159 @@
+// watch, wait, logs: the commands that hold a server stream open.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cli/client.h"
+#include "cli/command.h"
+#include "common/job_spec.h"
+
+namespace stemma::cli {
+namespace {
+
+// How long a watch keeps trying to get a lost stream back (a coordinator restart) before
+// giving up.
+constexpr absl::Duration kReconnectFor = absl::Seconds(60);
+
+struct FollowOptions {
+  std::vector<std::string> ids;
+  double timeout_s = 0;  // wait only; 0 = no limit
+  bool quiet = false;    // wait: no event lines
+};
+
+// Watches `ids` (every job when empty), printing events unless quiet. With ids, returns
+// when all are terminal: 0 if all SUCCEEDED, else 1 (wait also names the failures on
+// stderr). Reconnects after a lost stream; the first connection must succeed.
+absl::StatusOr<int> Follow(const GlobalOptions& g, const FollowOptions& o) {
+  v1::WatchRequest request;
+  for (const auto& id : o.ids) request.add_job_ids(id);
+  request.set_send_initial(true);
+  const absl::Time deadline =
+      o.timeout_s > 0 ? absl::Now() + absl::Seconds(o.timeout_s) : absl::InfiniteFuture();
+
+  std::set<std::string> pending(o.ids.begin(), o.ids.end());
+  std::map<std::string, v1::Job> finished;
+  auto on_event = [&](const v1::JobEvent& event) {
+    const v1::Job& job = event.job();
+    if (!o.quiet) {
+      if (g.format == OutputFormat::kJson) {
+        std::cout << EventToJson(event, NowMs()).dump() << std::endl;
+      } else if (g.format == OutputFormat::kYaml) {
+        std::cout << "---\n" << JsonToYaml(EventToJson(event, NowMs())) << std::flush;
+      } else {
+        std::cout << RenderEventLine(event, NowMs()) << std::endl;
+      }
+    }
+    if (IsTerminal(job.state()) && pending.erase(job.id()) > 0) finished[job.id()] = job;
+    // A retried job leaves its terminal state again.
+    if (!IsTerminal(job.state()) && finished.erase(job.id()) > 0) pending.insert(job.id());
+    return o.ids.empty() || !pending.empty();
+  };
+
+  int64_t received = 0;
+  absl::Time lost_since = absl::InfiniteFuture();
+  absl::Duration backoff = absl::Milliseconds(200);
+  while (true) {
+    int64_t before = received;
+    // A new connection each time, so a reconnect does not wait out gRPC's backoff.
+    CoordinatorClient client(g.coordinator, g.timeout());
+    absl::Status status = client.Watch(request, on_event, deadline, &received);
+    if (!o.ids.empty() && pending.empty()) break;
+    if (status.code() == absl::StatusCode::kDeadlineExceeded && absl::Now() >= deadline) {
+      std::vector<std::string> left(pending.begin(), pending.end());
+      return absl::DeadlineExceededError(absl::StrCat("timed out after ",
+                                                      absl::FormatDuration(absl::Seconds(o.timeout_s)),
+                                                      " waiting for ", absl::StrJoin(left, ", ")));
+    }
+    bool lost = status.ok() || status.code() == absl::StatusCode::kUnavailable ||
+                status.code() == absl::StatusCode::kCancelled;
+    // Errors the coordinator means (NOT_FOUND for an unknown id, ...) and a coordinator that
+    // was never reached are final.
+    if (!lost || received == 0) {
+      if (status.ok()) return absl::UnavailableError("the coordinator ended the watch");
+      return status;
+    }
+    if (received > before) {
+      lost_since = absl::Now();
+      backoff = absl::Milliseconds(200);
+    }
+    if (absl::Now() - lost_since > kReconnectFor) {
+      if (status.ok()) return absl::UnavailableError("the coordinator ended the watch");
+      return status;
+    }
+    absl::SleepFor(std::min(backoff, deadline - absl::Now()));
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
+
+  int rc = 0;
+  for (const auto& [id, job] : finished) {
+    if (job.state() == v1::SUCCEEDED) continue;
+    rc = 1;
+    if (o.quiet) {
+      std::string line = absl::StrCat("stemma: error: job ", id);
+      if (!job.spec().name().empty()) absl::StrAppend(&line, " (", job.spec().name(), ")");
+      absl::StrAppend(&line, " ", StateName(job.state()));
+      if (!job.reason().empty()) absl::StrAppend(&line, ": ", job.reason());
+      std::cerr << line << "\n";
+    }
+  }
+  return rc;
+}
+
+struct LogsOptions {
+  std::string id;
+  bool follow = false;
+  int attempt = 0;
+};
+
+absl::StatusOr<int> RunLogs(const GlobalOptions& g, const LogsOptions& o) {
+  if (o.attempt < 0) return UsageError("--attempt must be 0 (all) or an attempt number");
+  CoordinatorClient client(g.coordinator, g.timeout());
+  v1::LogsRequest request;
+  request.set_job_id(o.id);
+  request.set_follow(o.follow);
+  request.set_attempt(o.attempt);
+  absl::Status status = client.Logs(request, [](const v1::LogChunk& chunk) {
+    std::fwrite(chunk.data().data(), 1, chunk.data().size(), stdout);
+    std::fflush(stdout);
+  });
+  if (!status.ok()) return status;
+  return 0;
+}
+
+}  // namespace
+
+void AddStreamCommands(CLI::App* app, const GlobalOptions* globals, Action* action) {
+  {
+    auto o = std::make_shared<FollowOptions>();
+    CLI::App* sub = app->add_subcommand(
+        "watch", "Print job state changes; with ids, exit when all have finished");
+    sub->add_option("ids", o->ids, "job ids (none: every job, until Ctrl-C)");
+    sub->callback([=] { *action = [=] { return Follow(*globals, *o); }; });
+  }
+  {
+    auto o = std::make_shared<FollowOptions>();
+    o->quiet = true;
+    CLI::App* sub = app->add_subcommand(
+        "wait", "Wait until jobs finish: exit 0 if all succeeded, 1 otherwise");
+    sub->add_option("ids", o->ids, "job ids")->required();
+    sub->add_option("--timeout-s", o->timeout_s, "give up after this many seconds (0: never)");
+    sub->callback([=] { *action = [=] { return Follow(*globals, *o); }; });
+  }
+  {
+    auto o = std::make_shared<LogsOptions>();
+    CLI::App* sub = app->add_subcommand("logs", "Print a job's output");
+    sub->add_option("id", o->id, "job id")->required();
+    sub->add_flag("-f,--follow", o->follow, "keep streaming until the job ends");
+    sub->add_option("--attempt", o->attempt, "only this attempt number (default: all)");
+    sub->callback([=] { *action = [=] { return RunLogs(*globals, *o); }; });
+  }
+}
+
+}  // namespace stemma::cli
