@@ -1,0 +1,239 @@
+#include "coordinator/job_table.h"
+
+#include <gtest/gtest.h>
+
+#include "common/job_spec.h"
+
+namespace stemma::coordinator {
+namespace {
+
+v1::JobSpec Noop(const std::string& name, std::vector<std::string> deps = {}) {
+  v1::JobSpec s;
+  s.set_name(name);
+  s.mutable_noop();
+  for (auto& d : deps) s.add_depends_on(d);
+  return s;
+}
+
+class JobTableTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<std::vector<std::string>> Submit(std::vector<v1::JobSpec> specs,
+                                                  std::string key = "") {
+    v1::SubmitRequest req;
+    for (auto& s : specs) *req.add_jobs() = s;
+    req.set_idempotency_key(key);
+    Changes ch;
+    auto r = table_.Submit(req, &ch);
+    if (!r.ok()) return r.status();
+    committed_ += ch.batch.jobs.size();
+    return r->ids;
+  }
+  v1::JobState State(const std::string& id) { return table_.Find(id)->state(); }
+  void Run(const std::string& id) {
+    Changes ch;
+    v1::AttemptPart part;
+    part.set_worker_id("w0");
+    table_.Assign(id, {part}, "", &ch);
+    table_.MarkStarted(table_.FindCurrentAttempt(table_.Find(id)->current().id()), 0, &ch);
+  }
+  void Succeed(const std::string& id) {
+    Run(id);
+    Changes ch;
+    google::protobuf::Map<std::string, std::string> outputs;
+    table_.PartSucceeded(table_.FindCurrentAttempt(table_.Find(id)->current().id()), 0, outputs, &ch);
+  }
+  void Fail(const std::string& id, bool retryable = true) {
+    Run(id);
+    Changes ch;
+    table_.AttemptFailed(table_.FindCurrentAttempt(table_.Find(id)->current().id()), "exit 3", 3,
+                         retryable, &ch);
+  }
+
+  FakeClock clock_;
+  JobTable table_{&clock_};
+  size_t committed_ = 0;
+};
+
+TEST_F(JobTableTest, DagRunsInOrder) {
+  auto ids = Submit({Noop("a"), Noop("b", {"a"}), Noop("c", {"a", "b"})});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(State((*ids)[0]), v1::QUEUED);
+  EXPECT_EQ(State((*ids)[1]), v1::PENDING);
+  EXPECT_EQ(State((*ids)[2]), v1::PENDING);
+  Succeed((*ids)[0]);
+  EXPECT_EQ(State((*ids)[1]), v1::QUEUED);
+  EXPECT_EQ(State((*ids)[2]), v1::PENDING);
+  Succeed((*ids)[1]);
+  EXPECT_EQ(State((*ids)[2]), v1::QUEUED);
+  // Dependencies are stored as ids, not names.
+  EXPECT_EQ(table_.Find((*ids)[2])->spec().depends_on_size(), 2);
+  EXPECT_EQ(table_.Find((*ids)[2])->spec().depends_on(0), (*ids)[0]);
+}
+
+TEST_F(JobTableTest, FailedDependencyFailsDependentsWithTheReason) {
+  v1::JobSpec a = Noop("a");
+  a.set_max_attempts(1);
+  auto ids = Submit({a, Noop("b", {"a"}), Noop("c", {"b"})});
+  ASSERT_TRUE(ids.ok());
+  Fail((*ids)[0]);
+  EXPECT_EQ(State((*ids)[0]), v1::FAILED);
+  EXPECT_EQ(State((*ids)[1]), v1::FAILED);
+  EXPECT_EQ(State((*ids)[2]), v1::FAILED);
+  EXPECT_NE(table_.Find((*ids)[1])->reason().find("dependency " + (*ids)[0] + " (a) failed"),
+            std::string::npos)
+      << table_.Find((*ids)[1])->reason();
+  // A later job depending on a failed one fails at once.
+  auto late = Submit({Noop("d", {(*ids)[0]})});
+  ASSERT_TRUE(late.ok());
+  EXPECT_EQ(State((*late)[0]), v1::FAILED);
+}
+
+TEST_F(JobTableTest, RetryLimitAndBackoff) {
+  v1::JobSpec a = Noop("a");
+  a.set_max_attempts(2);
+  a.mutable_backoff()->set_initial_ms(500);
+  auto ids = Submit({a});
+  ASSERT_TRUE(ids.ok());
+  const std::string id = (*ids)[0];
+  Fail(id);
+  EXPECT_EQ(State(id), v1::QUEUED);
+  EXPECT_EQ(table_.Find(id)->not_before_ms(), clock_.WallMs() + 500);
+  Fail(id);
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_EQ(table_.Find(id)->attempts(), 2);
+  EXPECT_NE(table_.Find(id)->reason().find("2 of 2 attempts"), std::string::npos);
+}
+
+TEST_F(JobTableTest, NonRetryableFailureEndsAtOnce) {
+  auto ids = Submit({Noop("a")});
+  ASSERT_TRUE(ids.ok());
+  Fail((*ids)[0], /*retryable=*/false);
+  EXPECT_EQ(State((*ids)[0]), v1::FAILED);
+  EXPECT_EQ(table_.Find((*ids)[0])->attempts(), 1);
+}
+
+TEST_F(JobTableTest, RetryRevivesTheJobAndItsDependents) {
+  v1::JobSpec a = Noop("a");
+  a.set_max_attempts(1);
+  auto ids = Submit({a, Noop("b", {"a"})});
+  ASSERT_TRUE(ids.ok());
+  Fail((*ids)[0]);
+  ASSERT_EQ(State((*ids)[1]), v1::FAILED);
+  Changes ch;
+  ASSERT_TRUE(table_.Retry((*ids)[0], &ch).ok());
+  EXPECT_EQ(State((*ids)[0]), v1::QUEUED);
+  EXPECT_EQ(State((*ids)[1]), v1::PENDING);
+  EXPECT_EQ(table_.Find((*ids)[0])->attempt_budget(), 2);
+  EXPECT_FALSE(table_.Retry((*ids)[1], &ch).ok());  // PENDING: nothing to retry
+}
+
+TEST_F(JobTableTest, CancelEndsTheJobAndFailsDependents) {
+  auto ids = Submit({Noop("a"), Noop("b", {"a"})});
+  ASSERT_TRUE(ids.ok());
+  Changes ch;
+  ASSERT_TRUE(table_.Cancel((*ids)[0], "", &ch).ok());
+  EXPECT_EQ(State((*ids)[0]), v1::CANCELLED);
+  EXPECT_EQ(State((*ids)[1]), v1::FAILED);
+  EXPECT_NE(table_.Find((*ids)[1])->reason().find("was cancelled"), std::string::npos);
+  EXPECT_EQ(table_.Cancel((*ids)[0], "", &ch).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(table_.Cancel("j-999", "", &ch).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobTableTest, BadSubmissionsChangeNothing) {
+  struct Case {
+    std::vector<v1::JobSpec> specs;
+    std::string expect;
+  };
+  v1::JobSpec bad_gpus = Noop("g");
+  bad_gpus.mutable_resources()->set_gpus(-1);
+  std::vector<Case> cases = {
+      {{Noop("a", {"b"}), Noop("b", {"a"})}, "dependency cycle: a -> b -> a"},
+      {{Noop("a", {"c"}), Noop("b", {"a"}), Noop("c", {"b"})}, "dependency cycle"},
+      {{Noop("a", {"nope"})}, "unknown job 'nope'"},
+      {{Noop("a", {"a"})}, "depends on itself"},
+      {{Noop("x"), bad_gpus}, "job 'g': resources.gpus"},
+      {{Noop("d"), Noop("d"), Noop("e", {"d"})}, "used by several jobs"},
+  };
+  for (const auto& c : cases) {
+    auto r = Submit(c.specs);
+    ASSERT_FALSE(r.ok()) << c.expect;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(c.expect), std::string::npos) << r.status();
+  }
+  EXPECT_EQ(table_.size(), 0u);
+  EXPECT_EQ(committed_, 0u);
+}
+
+TEST_F(JobTableTest, IdempotencyKeyReturnsTheSameJobs) {
+  auto first = Submit({Noop("a"), Noop("b")}, "k1");
+  auto second = Submit({Noop("a"), Noop("b")}, "k1");
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(*first, *second);
+  EXPECT_EQ(table_.size(), 2u);
+}
+
+TEST_F(JobTableTest, QueueOrderIsPriorityThenFifo) {
+  v1::JobSpec hi = Noop("hi");
+  hi.set_priority(10);
+  auto ids = Submit({Noop("l1"), Noop("l2"), hi});
+  ASSERT_TRUE(ids.ok());
+  std::vector<std::string> order;
+  for (const auto& [p, seq, id] : table_.queue()) order.push_back(id);
+  EXPECT_EQ(order, (std::vector<std::string>{(*ids)[2], (*ids)[0], (*ids)[1]}));
+}
+
+TEST_F(JobTableTest, ListFiltersAndPages) {
+  std::vector<v1::JobSpec> specs;
+  for (int i = 0; i < 25; ++i) {
+    v1::JobSpec s = Noop("n" + std::to_string(i));
+    (*s.mutable_labels())["team"] = i % 2 ? "odd" : "even";
+    specs.push_back(s);
+  }
+  ASSERT_TRUE(Submit(specs).ok());
+  v1::ListJobsRequest req;
+  (*req.mutable_labels())["team"] = "odd";
+  req.set_page_size(5);
+  std::vector<std::string> seen;
+  for (;;) {
+    auto page = table_.List(req);
+    ASSERT_TRUE(page.ok());
+    EXPECT_EQ(page->total(), 12);
+    for (const auto& j : page->jobs()) seen.push_back(j.spec().name());
+    if (page->next_page_token().empty()) break;
+    req.set_page_token(page->next_page_token());
+  }
+  EXPECT_EQ(seen.size(), 12u);
+  EXPECT_EQ(seen.front(), "n1");
+  EXPECT_EQ(seen.back(), "n23");
+  req.set_page_token("garbage");
+  EXPECT_FALSE(table_.List(req).ok());
+}
+
+TEST_F(JobTableTest, ReloadKeepsEverything) {
+  auto ids = Submit({Noop("a"), Noop("b", {"a"})}, "key");
+  ASSERT_TRUE(ids.ok());
+  StoreSnapshot snap;
+  table_.ForEach([&](const v1::Job& j) { snap.jobs.push_back(j); });
+  std::sort(snap.jobs.begin(), snap.jobs.end(),
+            [](const auto& a, const auto& b) { return a.seq() < b.seq(); });
+  snap.idempotency_keys.push_back({"key", *ids});
+  JobTable reloaded(&clock_);
+  reloaded.Load(snap);
+  EXPECT_EQ(reloaded.queue().size(), 1u);
+  Changes ch;
+  v1::AttemptPart part;
+  part.set_worker_id("w0");
+  reloaded.Assign((*ids)[0], {part}, "", &ch);
+  google::protobuf::Map<std::string, std::string> outputs;
+  reloaded.PartSucceeded(reloaded.FindCurrentAttempt((*ids)[0] + ".1"), 0, outputs, &ch);
+  EXPECT_EQ(reloaded.Find((*ids)[1])->state(), v1::QUEUED);  // dependents were rebuilt
+  // New ids continue after the loaded ones.
+  v1::SubmitRequest req;
+  *req.add_jobs() = Noop("c");
+  auto r = reloaded.Submit(req, &ch);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->ids[0], "j-3");
+}
+
+}  // namespace
+}  // namespace stemma::coordinator
