@@ -15,9 +15,7 @@ namespace {
 // Job lists and worker lists can be large; give responses more room than the default.
 constexpr int kMaxReceiveBytes = 64 * 1024 * 1024;
 
-std::chrono::system_clock::time_point ToChrono(absl::Time t) {
-  return absl::ToChronoTime(t);
-}
+std::chrono::system_clock::time_point ToChrono(absl::Time t) { return absl::ToChronoTime(t); }
 
 }  // namespace
 
@@ -60,9 +58,9 @@ absl::Status Convert(const grpc::Status& status, const std::string& address,
       return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", address,
                                                  " (start one with 'stemma up')"));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the coordinator at ", address, " did not answer within ",
-          absl::FormatDuration(timeout)));
+      return absl::DeadlineExceededError(absl::StrCat("the coordinator at ", address,
+                                                      " did not answer within ",
+                                                      absl::FormatDuration(timeout)));
     default: {
       absl::Status converted = FromGrpcStatus(status);
       if (converted.message().empty()) {
@@ -74,9 +72,8 @@ absl::Status Convert(const grpc::Status& status, const std::string& address,
 }
 
 template <typename Request, typename Response, typename Method>
-absl::StatusOr<Response> Unary(v1::UserService::Stub* stub, Method method,
-                               const Request& request, const std::string& address,
-                               absl::Duration timeout) {
+absl::StatusOr<Response> Unary(v1::UserService::Stub* stub, Method method, const Request& request,
+                               const std::string& address, absl::Duration timeout) {
   grpc::ClientContext ctx;
   ctx.set_deadline(ToChrono(absl::Now() + timeout));
   Response response;
@@ -88,8 +85,8 @@ absl::StatusOr<Response> Unary(v1::UserService::Stub* stub, Method method,
 }  // namespace
 
 absl::StatusOr<v1::SubmitResponse> CoordinatorClient::Submit(const v1::SubmitRequest& request) {
-  return Unary<v1::SubmitRequest, v1::SubmitResponse>(
-      impl_->stub(), &v1::UserService::Stub::Submit, request, address_, timeout_);
+  return Unary<v1::SubmitRequest, v1::SubmitResponse>(impl_->stub(), &v1::UserService::Stub::Submit,
+                                                      request, address_, timeout_);
 }
 
 absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& id) {
@@ -153,8 +150,7 @@ absl::Status CoordinatorClient::Watch(const v1::WatchRequest& request,
                                       absl::Time deadline, int64_t* received) {
   grpc::ClientContext ctx;
   if (deadline != absl::InfiniteFuture()) ctx.set_deadline(ToChrono(deadline));
-  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader =
-      impl_->stub()->Watch(&ctx, request);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = impl_->stub()->Watch(&ctx, request);
   v1::JobEvent event;
   while (reader->Read(&event)) {
     ++*received;

@@ -44,8 +44,8 @@ class CoordinatorClient {
   // `deadline` passes (DEADLINE_EXCEEDED) or the stream fails. `*received` counts the
   // events delivered, so callers can tell "never connected" from "connection lost".
   absl::Status Watch(const v1::WatchRequest& request,
-                     const std::function<bool(const v1::JobEvent&)>& on_event,
-                     absl::Time deadline, int64_t* received);
+                     const std::function<bool(const v1::JobEvent&)>& on_event, absl::Time deadline,
+                     int64_t* received);
 
   // Streams log chunks to `on_chunk` until the stream ends.
   absl::Status Logs(const v1::LogsRequest& request,

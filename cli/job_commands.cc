@@ -1,6 +1,5 @@
 // submit, ls, get, cancel, retry.
 #include <CLI/CLI.hpp>
-
 #include <iostream>
 #include <memory>
 

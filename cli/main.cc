@@ -1,7 +1,6 @@
 // The `stemma` command: parses flags, runs the chosen subcommand, and turns any error into
 // one line on stderr.
 #include <CLI/CLI.hpp>
-
 #include <cstdlib>
 #include <iostream>
 #include <string>

@@ -81,9 +81,9 @@ std::string MapCell(const google::protobuf::Map<std::string, std::string>& map) 
 bool NeedsQuotes(const std::string& s) {
   if (s.empty()) return true;
   static const std::set<std::string> kSpecial = {
-      "~", "null", "Null", "NULL", "true", "True", "TRUE", "false", "False", "FALSE",
-      "yes", "Yes", "YES", "no", "No", "NO", "on", "On", "ON", "off", "Off", "OFF",
-      ".inf", ".Inf", ".INF", "-.inf", "-.Inf", "-.INF", ".nan", ".NaN", ".NAN"};
+      "~",    "null", "Null", "NULL",  "true",  "True",  "TRUE", "false", "False", "FALSE", "yes",
+      "Yes",  "YES",  "no",   "No",    "NO",    "on",    "On",   "ON",    "off",   "Off",   "OFF",
+      ".inf", ".Inf", ".INF", "-.inf", "-.Inf", "-.INF", ".nan", ".NaN",  ".NAN"};
   if (kSpecial.count(s)) return true;
   double d;
   if (absl::SimpleAtod(s, &d)) return true;
@@ -169,8 +169,7 @@ absl::StatusOr<std::vector<v1::JobState>> ParseStates(const std::vector<std::str
     for (absl::string_view piece : absl::StrSplit(value, ',')) {
       std::string name = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(piece));
       v1::JobState state;
-      if (name.empty() || !v1::JobState_Parse(name, &state) ||
-          state == v1::JOB_STATE_UNSPECIFIED) {
+      if (name.empty() || !v1::JobState_Parse(name, &state) || state == v1::JOB_STATE_UNSPECIFIED) {
         return UsageError(absl::StrCat("unknown state '", absl::StripAsciiWhitespace(piece),
                                        "' (expected one of ", StateList(), ")"));
       }
@@ -267,8 +266,7 @@ nlohmann::json JobToJson(const v1::Job& job) {
   j["progress"] = {{"fraction", job.progress().fraction()},
                    {"message", job.progress().message()},
                    {"step", job.progress().step()}};
-  j["outputs"] =
-      std::map<std::string, std::string>(job.outputs().begin(), job.outputs().end());
+  j["outputs"] = std::map<std::string, std::string>(job.outputs().begin(), job.outputs().end());
   std::string spec_json;
   google::protobuf::util::JsonPrintOptions options;
   options.preserve_proto_field_names = true;
@@ -282,10 +280,14 @@ nlohmann::json JobToJson(const v1::Job& job) {
 
 std::string WorkerStateName(v1::WorkerState state) {
   switch (state) {
-    case v1::WORKER_ALIVE: return "ALIVE";
-    case v1::WORKER_DRAINING: return "DRAINING";
-    case v1::WORKER_LOST: return "LOST";
-    default: return "UNSPECIFIED";
+    case v1::WORKER_ALIVE:
+      return "ALIVE";
+    case v1::WORKER_DRAINING:
+      return "DRAINING";
+    case v1::WORKER_LOST:
+      return "LOST";
+    default:
+      return "UNSPECIFIED";
   }
 }
 
@@ -299,14 +301,12 @@ nlohmann::json WorkerToJson(const v1::WorkerInfo& worker) {
     gpus.push_back({{"id", gpu.id()}, {"model", gpu.model()}, {"memory_mb", gpu.memory_mb()}});
   }
   j["gpus"] = gpus;
-  j["gpus_in_use"] =
-      std::vector<int>(worker.gpus_in_use().begin(), worker.gpus_in_use().end());
+  j["gpus_in_use"] = std::vector<int>(worker.gpus_in_use().begin(), worker.gpus_in_use().end());
   j["cpus"] = worker.cpus();
   j["cpus_in_use"] = worker.cpus_in_use();
   j["memory_mb"] = worker.memory_mb();
   j["memory_in_use_mb"] = worker.memory_in_use_mb();
-  j["labels"] =
-      std::map<std::string, std::string>(worker.labels().begin(), worker.labels().end());
+  j["labels"] = std::map<std::string, std::string>(worker.labels().begin(), worker.labels().end());
   j["allow_exec"] = worker.allow_exec();
   j["attempts"] = std::vector<std::string>(worker.attempts().begin(), worker.attempts().end());
   j["last_heartbeat_ms"] = worker.last_heartbeat_ms();
@@ -406,9 +406,8 @@ std::string RenderJobDetails(const v1::Job& job, int64_t now_ms) {
       {"gpus", OrDash(absl::StrJoin(Gpus(job), ","))},
       {"exit_code", ExitCell(job)},
   };
-  if (job.has_progress() &&
-      (job.progress().fraction() > 0 || job.progress().step() > 0 ||
-       !job.progress().message().empty())) {
+  if (job.has_progress() && (job.progress().fraction() > 0 || job.progress().step() > 0 ||
+                             !job.progress().message().empty())) {
     std::string progress = absl::StrCat(FormatNumber(job.progress().fraction() * 100), "%");
     if (job.progress().step() > 0) absl::StrAppend(&progress, " step ", job.progress().step());
     if (!job.progress().message().empty()) {
@@ -428,8 +427,8 @@ std::string RenderJobDetails(const v1::Job& job, int64_t now_ms) {
 
 std::string RenderWorkersTable(const std::vector<v1::WorkerInfo>& workers, bool wide,
                                int64_t now_ms) {
-  std::vector<std::string> header = {"ID",  "HOST",     "STATE",        "GPUS",
-                                     "CPUS", "MEM", "ATTEMPTS", "HEARTBEAT-AGE"};
+  std::vector<std::string> header = {"ID",   "HOST", "STATE",    "GPUS",
+                                     "CPUS", "MEM",  "ATTEMPTS", "HEARTBEAT-AGE"};
   if (wide) header.insert(header.end(), {"EXEC", "LABELS"});
   std::vector<std::vector<std::string>> rows;
   for (const v1::WorkerInfo& w : workers) {

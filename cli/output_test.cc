@@ -2,7 +2,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <yaml-cpp/yaml.h>
 
 namespace stemma::cli {
@@ -81,10 +80,10 @@ TEST(JobToJsonTest, HasTheDocumentedShape) {
 TEST(JobToJsonTest, EmptyJobHasEveryKey) {
   nlohmann::json j = JobToJson(v1::Job());
   for (const char* key :
-       {"id", "name", "kind", "state", "attempts", "max_attempts", "priority", "labels",
-        "experiment", "depends_on", "reason", "exit_code", "created_ms", "queued_ms",
-        "started_ms", "finished_ms", "attempt_id", "workers", "gpus", "progress", "outputs",
-        "spec"}) {
+       {"id",         "name",      "kind",       "state",       "attempts",   "max_attempts",
+        "priority",   "labels",    "experiment", "depends_on",  "reason",     "exit_code",
+        "created_ms", "queued_ms", "started_ms", "finished_ms", "attempt_id", "workers",
+        "gpus",       "progress",  "outputs",    "spec"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_EQ(j["started_ms"], 0);
@@ -173,8 +172,8 @@ TEST(RenderWorkersTableTest, UsedOverTotal) {
 TEST(ParseStatesTest, CaseInsensitiveRepeatedAndCommaLists) {
   auto states = ParseStates({"running", "Queued,FAILED", " succeeded "});
   ASSERT_TRUE(states.ok()) << states.status();
-  EXPECT_EQ(*states, (std::vector<v1::JobState>{v1::RUNNING, v1::QUEUED, v1::FAILED,
-                                                 v1::SUCCEEDED}));
+  EXPECT_EQ(*states,
+            (std::vector<v1::JobState>{v1::RUNNING, v1::QUEUED, v1::FAILED, v1::SUCCEEDED}));
   auto none = ParseStates({});
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->empty());

@@ -80,7 +80,8 @@ bool ChildProcess::Poll() {
 
 std::string ChildProcess::ExitDescription() const {
   if (!exited_) return "";
-  if (WIFEXITED(wait_status_)) return absl::StrCat("exited with status ", WEXITSTATUS(wait_status_));
+  if (WIFEXITED(wait_status_))
+    return absl::StrCat("exited with status ", WEXITSTATUS(wait_status_));
   if (WIFSIGNALED(wait_status_)) {
     return absl::StrCat("was killed by signal ", WTERMSIG(wait_status_), " (",
                         strsignal(WTERMSIG(wait_status_)), ")");

@@ -20,9 +20,11 @@ class ChildProcess {
   // stdin is /dev/null. The child gets `signal_mask` as its blocked set, its own process
   // group (so a terminal's Ctrl-C reaches only the supervisor) and SIGTERM when this
   // process dies. `name` is what messages call it ("coordinator", "worker w1").
-  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(
-      const std::string& name, const std::string& path, const std::vector<std::string>& args,
-      const std::string& log_path, const sigset_t& signal_mask);
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(const std::string& name,
+                                                             const std::string& path,
+                                                             const std::vector<std::string>& args,
+                                                             const std::string& log_path,
+                                                             const sigset_t& signal_mask);
 
   // Reaps the child if it has exited (never blocks). True once it has exited.
   bool Poll();

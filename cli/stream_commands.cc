@@ -1,6 +1,5 @@
 // watch, wait, logs: the commands that hold a server stream open.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -67,9 +66,9 @@ absl::StatusOr<int> Follow(const GlobalOptions& g, const FollowOptions& o) {
     if (!o.ids.empty() && pending.empty()) break;
     if (status.code() == absl::StatusCode::kDeadlineExceeded && absl::Now() >= deadline) {
       std::vector<std::string> left(pending.begin(), pending.end());
-      return absl::DeadlineExceededError(absl::StrCat("timed out after ",
-                                                      absl::FormatDuration(absl::Seconds(o.timeout_s)),
-                                                      " waiting for ", absl::StrJoin(left, ", ")));
+      return absl::DeadlineExceededError(
+          absl::StrCat("timed out after ", absl::FormatDuration(absl::Seconds(o.timeout_s)),
+                       " waiting for ", absl::StrJoin(left, ", ")));
     }
     bool lost = status.ok() || status.code() == absl::StatusCode::kUnavailable ||
                 status.code() == absl::StatusCode::kCancelled;
@@ -140,8 +139,8 @@ void AddStreamCommands(CLI::App* app, const GlobalOptions* globals, Action* acti
   {
     auto o = std::make_shared<FollowOptions>();
     o->quiet = true;
-    CLI::App* sub = app->add_subcommand(
-        "wait", "Wait until jobs finish: exit 0 if all succeeded, 1 otherwise");
+    CLI::App* sub =
+        app->add_subcommand("wait", "Wait until jobs finish: exit 0 if all succeeded, 1 otherwise");
     sub->add_option("ids", o->ids, "job ids")->required();
     sub->add_option("--timeout-s", o->timeout_s, "give up after this many seconds (0: never)");
     sub->callback([=] { *action = [=] { return Follow(*globals, *o); }; });

@@ -1,8 +1,8 @@
 // `stemma up`: a coordinator and N local workers as child processes, in the foreground,
 // until Ctrl-C or SIGTERM.
-#include <CLI/CLI.hpp>
 #include <signal.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -90,8 +90,8 @@ class Supervisor {
 
   absl::Status DiedError(const ChildProcess& child, const std::string& when) const {
     std::string line = LastLogLine(child.log_path());
-    return absl::InternalError(absl::StrCat(child.name(), " ", child.ExitDescription(), " ",
-                                            when, line.empty() ? "" : ": ", line, " (see ",
+    return absl::InternalError(absl::StrCat(child.name(), " ", child.ExitDescription(), " ", when,
+                                            line.empty() ? "" : ": ", line, " (see ",
                                             child.log_path(), ")"));
   }
 
@@ -167,8 +167,7 @@ absl::StatusOr<int> RunUp(const GlobalOptions& g, UpOptions o) {
   }
 
   Supervisor supervisor(old_mask);
-  std::vector<std::string> args = {"--data", (data / "coordinator").string(), "--listen",
-                                   o.listen};
+  std::vector<std::string> args = {"--data", (data / "coordinator").string(), "--listen", o.listen};
   if (o.metrics_port > 0) {
     args.insert(args.end(), {"--metrics-listen", absl::StrCat("127.0.0.1:", o.metrics_port)});
   }
@@ -184,9 +183,9 @@ absl::StatusOr<int> RunUp(const GlobalOptions& g, UpOptions o) {
     if (dead != nullptr) return supervisor.DiedError(*dead, "while starting");
     if (poll().ok()) break;
     if (absl::Now() >= coordinator_deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the coordinator did not answer at ", address, " within ",
-          absl::FormatDuration(kStartupTimeout), " (see ", coordinator_log, ")"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("the coordinator did not answer at ", address, " within ",
+                       absl::FormatDuration(kStartupTimeout), " (see ", coordinator_log, ")"));
     }
     if (supervisor.WaitForEvent(kPollInterval, &dead)) return 0;
     if (dead != nullptr) return supervisor.DiedError(*dead, "while starting");
@@ -211,8 +210,8 @@ absl::StatusOr<int> RunUp(const GlobalOptions& g, UpOptions o) {
   std::string logs = (data / "coordinator.log").string();
   if (o.workers == 1) absl::StrAppend(&logs, ", ", (data / "worker-0.log").string());
   if (o.workers > 1) absl::StrAppend(&logs, ", ", (data / "worker-<i>.log").string());
-  std::cout << "stemma up: coordinator at " << address << ", " << o.workers
-            << " workers, data in " << o.data << " (logs: " << logs << ")" << std::endl;
+  std::cout << "stemma up: coordinator at " << address << ", " << o.workers << " workers, data in "
+            << o.data << " (logs: " << logs << ")" << std::endl;
 
   // Wait for every worker to register.
   const absl::Time workers_deadline = absl::Now() + kStartupTimeout;
@@ -221,9 +220,9 @@ absl::StatusOr<int> RunUp(const GlobalOptions& g, UpOptions o) {
     auto listed = poll();
     if (listed.ok() && AllWorkersAlive(*listed, o.workers)) break;
     if (absl::Now() >= workers_deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the workers did not all register within ", absl::FormatDuration(kStartupTimeout),
-          " (see the worker logs in ", o.data, ")"));
+      return absl::DeadlineExceededError(absl::StrCat("the workers did not all register within ",
+                                                      absl::FormatDuration(kStartupTimeout),
+                                                      " (see the worker logs in ", o.data, ")"));
     }
     if (supervisor.WaitForEvent(kPollInterval, &dead)) return 0;
     if (dead != nullptr) return supervisor.DiedError(*dead, "while starting");

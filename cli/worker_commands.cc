@@ -1,6 +1,5 @@
 // workers, drain.
 #include <CLI/CLI.hpp>
-
 #include <iostream>
 #include <memory>
 
@@ -54,8 +53,8 @@ void AddWorkerCommands(CLI::App* app, const GlobalOptions* globals, Action* acti
   }
   {
     auto o = std::make_shared<DrainOptions>();
-    CLI::App* sub = app->add_subcommand(
-        "drain", "Stop placing new work on a worker (running attempts finish)");
+    CLI::App* sub =
+        app->add_subcommand("drain", "Stop placing new work on a worker (running attempts finish)");
     sub->add_option("worker", o->worker, "worker id")->required();
     sub->add_flag("--undo", o->undo, "accept new work again");
     sub->callback([=] { *action = [=] { return RunDrain(*globals, *o); }; });
