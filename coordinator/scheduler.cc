@@ -29,6 +29,23 @@ std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers
   // Deterministic order regardless of hash iteration.
   std::sort(free.begin(), free.end(), [](const Free& a, const Free& b) { return *a.id < *b.id; });
 
+  // Upper bounds of what any one worker has free: a job above them is blocked without
+  // looking at workers, which keeps a pass cheap when the cluster is full.
+  int max_gpus = 0;
+  double max_cpus = 0;
+  int64_t max_memory = 0;
+  auto refresh_bounds = [&] {
+    max_gpus = 0;
+    max_cpus = 0;
+    max_memory = 0;
+    for (const Free& f : free) {
+      max_gpus = std::max(max_gpus, f.gpus);
+      max_cpus = std::max(max_cpus, f.cpus);
+      max_memory = std::max(max_memory, f.memory_mb);
+    }
+  };
+  refresh_bounds();
+
   int blocked = 0;
   std::vector<int> chosen;
   for (const auto& [neg_priority, seq, id] : jobs.queue()) {
@@ -37,6 +54,10 @@ std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers
     const auto& r = job->spec().resources();
     const bool needs_exec = job->spec().kind_case() == v1::JobSpec::kExec;
     const int nodes = std::max(1, job->spec().nodes());
+    if (r.gpus() > max_gpus || r.cpus() > max_cpus + 1e-9 || r.memory_mb() > max_memory) {
+      if (++blocked >= options.max_blocked) break;
+      continue;
+    }
     chosen.clear();
     for (int part = 0; part < nodes; ++part) {
       int best = -1;
@@ -69,6 +90,7 @@ std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers
       p.workers.push_back(*free[i].id);
     }
     out.push_back(std::move(p));
+    refresh_bounds();
   }
   return out;
 }
