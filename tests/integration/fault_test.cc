@@ -1,0 +1,128 @@
+// Fault tests: kill -9 the coordinator or a worker mid-flight (real processes).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "tests/integration/cluster.h"
+
+namespace stemma::testing {
+namespace {
+
+std::string RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
+TEST(Fault, CoordinatorKilledWith200JobsInFlightLosesNothing) {
+  Cluster c;
+  c.lease_ms = 3000;
+  c.StartCoordinator();
+  Cluster::WorkerOptions o;
+  o.cpus = 16;
+  c.StartWorker("w0", o);
+  c.StartWorker("w1", o);
+  c.WaitForWorkers(2);
+  const std::string done = c.dir() + "/done.txt";
+  std::vector<std::string> acked;
+  for (int batch = 0; batch < 4; ++batch) {
+    std::string yaml = "jobs:\n";
+    for (int i = 0; i < 50; ++i) {
+      int ms = 100 + ((batch * 50 + i) * 37) % 700;
+      yaml += "  - {name: f" + std::to_string(batch * 50 + i) +
+              ", exec: {argv: [/bin/sh, -c, 'sleep " + std::to_string(ms / 1000.0) +
+              "; echo $STEMMA_JOB_ID >> " + done + "']}}\n";
+    }
+    auto ids = c.Submit(yaml, "batch" + std::to_string(batch) + ".yaml");
+    ASSERT_EQ(ids.size(), 50u);
+    acked.insert(acked.end(), ids.begin(), ids.end());
+  }
+  // Let some finish and some run, then crash the coordinator.
+  ASSERT_TRUE(c.WaitUntil([&] {
+    return std::count(Cluster::ReadFile(done).begin(), Cluster::ReadFile(done).end(), '\n') >= 20;
+  }));
+  c.KillCoordinator(SIGKILL);
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));  // attempts finish meanwhile
+  c.StartCoordinator();
+
+  for (const auto& id : acked) {
+    ASSERT_EQ(c.WaitFor(id, {"SUCCEEDED", "FAILED", "CANCELLED"}, 120), "SUCCEEDED") << id;
+  }
+  // Every acknowledged job is there, ran exactly once, and was not restarted.
+  std::map<std::string, int> runs;
+  std::istringstream in(Cluster::ReadFile(done));
+  for (std::string line; std::getline(in, line);) runs[line]++;
+  auto all = c.Cli({"ls", "--all", "-o", "json"}).Json();
+  EXPECT_EQ(all.size(), acked.size());
+  for (const auto& j : all) {
+    EXPECT_EQ(j["attempts"], 1) << j["id"];
+  }
+  for (const auto& id : acked) EXPECT_EQ(runs[id], 1) << id;
+
+  c.KillCoordinator(SIGTERM);
+  std::string check = RunCommand("sqlite3 " + c.coordinator_data() + "/stemma.db 'PRAGMA integrity_check'");
+  EXPECT_EQ(check, "ok\n");
+}
+
+TEST(Fault, KilledWorkerIsLostAfterItsLeaseAndTheRetryLimitHolds) {
+  Cluster c;
+  c.lease_ms = 1500;
+  c.StartCoordinator();
+  c.StartWorker("w0");
+  c.WaitForWorkers(1);
+  const std::string dir = c.dir();
+  auto ids = c.Submit(
+      "name: long\nmax_attempts: 2\nbackoff: {initial_ms: 100}\n"
+      "exec: {argv: [/bin/sh, -c, 'echo $$ > " + dir + "/pid-$STEMMA_ATTEMPT_ID; sleep 300']}\n");
+  ASSERT_EQ(c.WaitFor(ids[0], {"RUNNING"}), "RUNNING");
+  std::string pidfile = dir + "/pid-" + ids[0] + ".1";
+  ASSERT_TRUE(c.WaitUntil([&] { return !Cluster::ReadFile(pidfile).empty(); }));
+  pid_t child = std::stoi(Cluster::ReadFile(pidfile));
+
+  c.KillWorker("w0", SIGKILL);
+  // The attempt's process does not outlive its worker.
+  EXPECT_TRUE(c.WaitUntil([&] { return !ProcessAlive(child); }, 20));
+  // After the lease, the job is requeued; a new worker takes attempt 2.
+  c.StartWorker("w1");
+  ASSERT_TRUE(c.WaitUntil([&] {
+    auto j = c.Get(ids[0]);
+    return j["attempts"] == 2 && j["state"] == "RUNNING";
+  }, 30));
+  auto workers = c.Cli({"workers", "-o", "json"}).Json();
+  for (const auto& w : workers) {
+    if (w["id"] == "w0") EXPECT_EQ(w["state"], "LOST");
+  }
+  c.KillWorker("w1", SIGKILL);
+  ASSERT_EQ(c.WaitFor(ids[0], {"FAILED"}, 30), "FAILED");
+  auto job = c.Get(ids[0]);
+  EXPECT_EQ(job["attempts"], 2);
+  std::string reason = job["reason"];
+  EXPECT_NE(reason.find("lost"), std::string::npos) << reason;
+  EXPECT_NE(reason.find("2 of 2"), std::string::npos) << reason;
+}
+
+TEST(Fault, WorkerRestartedWithTheSameNameKeepsServing) {
+  Cluster c;
+  c.StartCoordinator();
+  c.StartWorker("w0");
+  c.WaitForWorkers(1);
+  auto ids = c.Submit("noop: {duration_ms: 60000}\nmax_attempts: 2\nbackoff: {initial_ms: 50}\n");
+  ASSERT_EQ(c.WaitFor(ids[0], {"RUNNING"}), "RUNNING");
+  c.KillWorker("w0", SIGKILL);
+  c.StartWorker("w0");
+  // The restarted worker reports nothing running: the attempt is lost at once and the
+  // job runs again as attempt 2 (no need to wait for the lease).
+  ASSERT_TRUE(c.WaitUntil([&] { return c.Get(ids[0])["attempts"] == 2; }, 30));
+  EXPECT_EQ(c.Cli({"cancel", ids[0]}).exit_code, 0);
+}
+
+}  // namespace
+}  // namespace stemma::testing
