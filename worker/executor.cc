@@ -1,0 +1,864 @@
+#include "worker/executor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+// Debian 12's <sys/pidfd.h> lacks __BEGIN_DECLS, so C++ would mangle pidfd_open.
+extern "C" {
+#include <sys/pidfd.h>
+}
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <set>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/clock.h"
+#include "common/job_spec.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+extern char** environ;
+
+namespace stemma::worker {
+
+// Everything the child needs, prepared before fork so that the child only makes
+// async-signal-safe calls.
+struct SpawnPlan {
+  bool noop = false;
+  int64_t noop_ms = 0;
+  int noop_exit = 0;
+  std::string path;  // program for execve
+  std::vector<std::string> args;
+  std::vector<std::string> envs;
+  std::vector<char*> argv;
+  std::vector<char*> envp;
+  std::string workdir;
+  std::string exec_error;   // written to the log when execve fails, before strerror
+  std::string chdir_error;  // written to the log when chdir fails
+
+  void Seal() {
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& e : envs) envp.push_back(e.data());
+    envp.push_back(nullptr);
+  }
+};
+
+struct Executor::Attempt {
+  std::string id;
+  std::string job_id;
+  int32_t rank = 0;
+  std::vector<int32_t> gpu_ids;
+  int64_t timeout_ms = 0;
+  std::unique_ptr<SpawnPlan> plan;  // until forked
+
+  pid_t pid = 0;
+  int pidfd = -1;
+  int out_fd = -1;  // read end of the child's stdout+stderr pipe
+  int log_fd = -1;
+  uint64_t pid_token = 0;
+  uint64_t out_token = 0;
+  std::string log_path;
+  int64_t log_bytes = 0;
+  bool log_write_failed = false;
+
+  int64_t deadline_ms = 0;  // monotonic; 0: no timeout
+  int64_t kill_at_ms = 0;   // monotonic; 0: no SIGKILL scheduled
+  bool terminating = false;
+  std::string term_reason;
+  std::string term_result;
+  bool term_retryable = false;
+  bool discard = false;
+
+  bool finished = false;
+  v1::AttemptEvent::Finished result;
+
+  std::string line;  // the current output line, for STEMMA_PROGRESS
+  bool line_overflow = false;
+  uint64_t progress_version = 0;
+  v1::Progress progress;
+};
+
+namespace {
+
+constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kMaxLine = 4096;
+constexpr absl::string_view kProgressPrefix = "STEMMA_PROGRESS ";
+constexpr uint64_t kWakeToken = 0;
+constexpr int64_t kLingerPollMs = 50;
+constexpr int64_t kLingerGiveUpMs = 30'000;
+
+int64_t NowMs() { return RealClock::Get()->MonoMs(); }
+
+// An attempt id becomes a directory name: no separators, no dot names.
+bool IsSafeComponent(const std::string& s) {
+  if (s.empty() || s.size() > 255 || s == "." || s == "..") return false;
+  return s.find('/') == std::string::npos && s.find('\0') == std::string::npos;
+}
+
+std::string FindInPath(const std::string& name, const std::string& path_env) {
+  for (absl::string_view dir : absl::StrSplit(path_env, ':')) {
+    std::string full = absl::StrCat(dir.empty() ? "." : dir, "/", name);
+    struct stat st;
+    if (stat(full.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(full.c_str(), X_OK) == 0) {
+      return full;
+    }
+  }
+  return "";
+}
+
+std::string SelfDir() {
+  std::error_code ec;
+  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  return exe.parent_path().string();
+}
+
+void WriteAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& data) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus("open " + path, errno);
+  WriteAll(fd, data.data(), data.size());
+  if (close(fd) != 0) return ErrnoStatus("close " + path, errno);
+  return absl::OkStatus();
+}
+
+// The child, after fork: only async-signal-safe calls from here on.
+[[noreturn]] void RunChild(const SpawnPlan& p, int out_fd, pid_t parent) {
+  // The worker blocks SIGINT/SIGTERM and gRPC ignores SIGPIPE; both would be inherited.
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);  // some fail; fine
+
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(137);  // the worker died before prctl took effect
+
+  int devnull = open("/dev/null", O_RDONLY);
+  if (devnull > 0) dup2(devnull, 0);
+  dup2(out_fd, 1);
+  dup2(out_fd, 2);
+  close_range(3, ~0U, 0);
+
+  if (chdir(p.workdir.c_str()) != 0) {
+    WriteAll(2, p.chdir_error.data(), p.chdir_error.size());
+    _exit(126);
+  }
+  if (p.noop) {
+    struct timespec ts;
+    ts.tv_sec = p.noop_ms / 1000;
+    ts.tv_nsec = (p.noop_ms % 1000) * 1000000;
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    _exit(p.noop_exit & 0xff);
+  }
+  execve(p.path.c_str(), p.argv.data(), p.envp.data());
+  int err = errno;
+  WriteAll(2, p.exec_error.data(), p.exec_error.size());
+  const char* desc = strerrordesc_np(err);
+  if (desc != nullptr) WriteAll(2, desc, strlen(desc));
+  WriteAll(2, "\n", 1);
+  _exit(127);
+}
+
+std::map<std::string, std::string> WorkerEnv() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    absl::string_view kv(*e);
+    size_t eq = kv.find('=');
+    if (eq == absl::string_view::npos || eq == 0) continue;
+    env[std::string(kv.substr(0, eq))] = std::string(kv.substr(eq + 1));
+  }
+  return env;
+}
+
+void SetCloexecNonblock(int fd) {
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
+
+}  // namespace
+
+Executor::Executor(const WorkerConfig& config, Metrics* metrics)
+    : config_(config),
+      attempts_dir_(std::filesystem::absolute(config.data_dir).lexically_normal().string() +
+                    "/attempts"),
+      metrics_(metrics) {
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epoll_fd_ < 0 || wake_fd_ < 0) {
+    // Without them the worker cannot run anything: a broken environment, not bad input.
+    spdlog::critical("executor: epoll/eventfd: {}", strerror(errno));
+    std::abort();
+  }
+  // Children that an attempt's leader leaves behind are orphaned when it exits; as their
+  // subreaper this process gets them (instead of an init that may never reap them, as in
+  // some containers) and reaps them by process group (ReapLingeringLocked).
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    spdlog::warn("executor: PR_SET_CHILD_SUBREAPER: {}", strerror(errno));
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeToken;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+  if (metrics_ != nullptr) {
+    metrics_->SetAttemptsRunning(0);
+    metrics_->SetGpusInUse(0);
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Executor::~Executor() {
+  Shutdown();
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+void Executor::SetChangeCallback(std::function<void()> callback) {
+  std::lock_guard<std::mutex> lock(callback_mu_);
+  callback_ = std::move(callback);
+}
+
+void Executor::Notify() {
+  // Called without mu_; holding callback_mu_ means that once SetChangeCallback(nullptr)
+  // returns, the old callback is neither running nor about to run.
+  std::lock_guard<std::mutex> lock(callback_mu_);
+  if (callback_) callback_();
+}
+
+void Executor::WakeLoop() {
+  uint64_t one = 1;
+  ssize_t ignored = write(wake_fd_, &one, sizeof one);
+  (void)ignored;
+}
+
+absl::Status Executor::Launch(const v1::Assignment& assignment) {
+  const std::string& id = assignment.attempt_id();
+  const v1::JobSpec& spec = assignment.spec();
+  auto attempt = std::make_unique<Attempt>();
+  attempt->id = id;
+  attempt->job_id = assignment.job_id();
+  attempt->rank = assignment.rank();
+  attempt->gpu_ids.assign(assignment.gpu_ids().begin(), assignment.gpu_ids().end());
+  attempt->timeout_ms = spec.timeout_ms();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return absl::FailedPreconditionError("executor is shutting down");
+    if (attempts_.count(id) > 0) {
+      return absl::AlreadyExistsError(absl::StrCat("attempt ", id, " is already known"));
+    }
+  }
+
+  // Refusals and worker-side failures still produce a Finished event, never a silent drop.
+  std::string refusal;    // non-retryable: the spec cannot run here
+  std::string failure;    // retryable: something on this worker went wrong
+  const std::string workdir = absl::StrCat(attempts_dir_, "/", id);
+  if (!IsSafeComponent(id)) {
+    refusal = absl::StrCat("refused: attempt id '", id, "' is not a valid directory name");
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(workdir, ec);
+    if (ec) {
+      failure = absl::StrCat("worker error: cannot create ", workdir, ": ", ec.message());
+    } else {
+      attempt->log_path = workdir + "/log";
+      attempt->log_fd =
+          open(attempt->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+      if (attempt->log_fd < 0) {
+        failure = absl::StrCat("worker error: cannot open ", attempt->log_path, ": ",
+                               strerror(errno));
+        attempt->log_path.clear();
+      }
+    }
+  }
+
+  auto plan = std::make_unique<SpawnPlan>();
+  plan->workdir = workdir;
+  plan->chdir_error = absl::StrCat("stemma-worker: cannot enter ", workdir, "\n");
+  const std::string kind = JobKind(spec);
+  if (refusal.empty() && failure.empty()) {
+    if (kind == "noop") {
+      plan->noop = true;
+      plan->noop_ms = std::max<int64_t>(0, spec.noop().duration_ms());
+      plan->noop_exit = spec.noop().exit_code();
+    } else if (kind == "exec") {
+      if (!config_.allow_exec) {
+        refusal = "refused: exec jobs need a worker started with --allow-exec";
+      } else if (spec.exec().argv().empty() || spec.exec().argv(0).empty()) {
+        refusal = "refused: exec.argv is empty";
+      } else {
+        plan->args.assign(spec.exec().argv().begin(), spec.exec().argv().end());
+      }
+    } else if (kind == "engine") {
+      std::string engine = config_.engine_path;
+      if (!engine.empty() && access(engine.c_str(), X_OK) != 0) {
+        engine.clear();
+      } else if (engine.empty()) {
+        std::string beside = SelfDir() + "/stemma-engine";
+        engine = access(beside.c_str(), X_OK) == 0 ? beside : "";
+      }
+      if (engine.empty() && config_.engine_path.empty()) {
+        const char* path = getenv("PATH");
+        engine = FindInPath("stemma-engine", path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin");
+      }
+      if (engine.empty()) {
+        refusal = "refused: stemma-engine not found";
+      } else if (spec.engine().command().empty()) {
+        refusal = "refused: engine.command is empty";
+      } else {
+        const std::string spec_path = workdir + "/spec.yaml";
+        absl::Status written = WriteFile(spec_path, spec.engine().spec());
+        if (!written.ok()) {
+          failure = absl::StrCat("worker error: ", written.message());
+        } else {
+          plan->args = {engine, spec.engine().command(), "--spec", spec_path};
+        }
+      }
+    } else {
+      refusal = "refused: the job spec has no kind this worker runs";
+    }
+  }
+
+  if (refusal.empty() && failure.empty() && !plan->noop) {
+    std::map<std::string, std::string> env = WorkerEnv();
+    if (kind == "exec") {
+      for (const auto& [k, v] : spec.exec().env()) env[k] = v;
+    }
+    const int world = std::max(1, assignment.world_size());
+    env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(attempt->gpu_ids, ",");
+    env["STEMMA_JOB_ID"] = assignment.job_id();
+    env["STEMMA_ATTEMPT_ID"] = id;
+    env["STEMMA_RANK"] = env["RANK"] = absl::StrCat(assignment.rank());
+    env["STEMMA_WORLD_SIZE"] = env["WORLD_SIZE"] = absl::StrCat(world);
+    env["LOCAL_RANK"] = "0";
+    env["STEMMA_WORKDIR"] = workdir;
+    if (!assignment.rendezvous().empty()) {
+      const std::string& rv = assignment.rendezvous();
+      size_t colon = rv.rfind(':');
+      std::string host = colon == std::string::npos ? rv : rv.substr(0, colon);
+      if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+        host = host.substr(1, host.size() - 2);
+      }
+      env["MASTER_ADDR"] = host;
+      if (colon != std::string::npos) env["MASTER_PORT"] = rv.substr(colon + 1);
+      env["STEMMA_RENDEZVOUS"] = rv;
+    }
+    for (const auto& [k, v] : env) plan->envs.push_back(absl::StrCat(k, "=", v));
+    // execvp's PATH lookup, done here (with the child's PATH) rather than in the child.
+    const std::string& program = plan->args[0];
+    if (program.find('/') != std::string::npos) {
+      plan->path = program;
+    } else {
+      auto path_it = env.find("PATH");
+      plan->path = FindInPath(program, path_it != env.end() ? path_it->second
+                                                            : "/usr/local/bin:/usr/bin:/bin");
+      if (plan->path.empty()) plan->path = program;  // execve fails: ENOENT, exit 127
+    }
+    plan->exec_error = absl::StrCat("stemma-worker: cannot execute ", program, ": ");
+  }
+  if (refusal.empty() && failure.empty()) {
+    plan->Seal();
+    attempt->plan = std::move(plan);
+  }
+
+  bool notify = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) {
+      if (attempt->log_fd >= 0) close(attempt->log_fd);
+      return absl::FailedPreconditionError("executor is shutting down");
+    }
+    if (attempts_.count(id) > 0) {
+      if (attempt->log_fd >= 0) close(attempt->log_fd);
+      return absl::AlreadyExistsError(absl::StrCat("attempt ", id, " is already known"));
+    }
+    Attempt& a = *attempt;
+    attempts_[id] = std::move(attempt);
+    if (!refusal.empty() || !failure.empty()) {
+      const std::string& why = refusal.empty() ? failure : refusal;
+      spdlog::warn("attempt not started: job={} attempt={} reason=\"{}\"", a.job_id, id, why);
+      if (a.log_fd >= 0) {
+        std::string line = absl::StrCat("stemma-worker: ", why, "\n");
+        WriteAll(a.log_fd, line.data(), line.size());
+        a.log_bytes += static_cast<int64_t>(line.size());
+      }
+      FinishLocked(a, -1, why, refusal.empty() ? "failed" : "refused", refusal.empty());
+      notify = true;
+    } else {
+      to_spawn_.push_back(id);
+      UpdateGaugesLocked();
+    }
+  }
+  if (notify) {
+    Notify();
+  } else {
+    WakeLoop();
+  }
+  return absl::OkStatus();
+}
+
+void Executor::Cancel(const std::string& attempt_id, const std::string& reason) {
+  bool notify = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = attempts_.find(attempt_id);
+    if (it == attempts_.end() || it->second->finished) return;
+    TerminateLocked(*it->second, reason.empty() ? "cancelled" : "cancelled: " + reason,
+                    "cancelled", false);
+    notify = it->second->finished;
+  }
+  if (notify) Notify();
+}
+
+void Executor::Discard(const std::string& attempt_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = attempts_.find(attempt_id);
+  if (it == attempts_.end()) return;
+  it->second->discard = true;
+  if (it->second->finished) {
+    attempts_.erase(it);
+    return;
+  }
+  TerminateLocked(*it->second, "cancelled: not kept by the coordinator", "cancelled", true);
+  if (it->second->finished) attempts_.erase(it);
+}
+
+void Executor::Forget(const std::string& attempt_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = attempts_.find(attempt_id);
+  if (it != attempts_.end() && it->second->finished) attempts_.erase(it);
+  changed_.notify_all();
+}
+
+void Executor::RecordLost(const std::string& attempt_id, int32_t rank, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (attempts_.count(attempt_id) > 0) return;
+    auto attempt = std::make_unique<Attempt>();
+    attempt->id = attempt_id;
+    attempt->rank = rank;
+    Attempt& a = *attempt;
+    attempts_[attempt_id] = std::move(attempt);
+    FinishLocked(a, -1, reason, "", true);
+  }
+  Notify();
+}
+
+std::vector<AttemptSnapshot> Executor::Snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<AttemptSnapshot> out;
+  out.reserve(attempts_.size());
+  for (const auto& [id, a] : attempts_) {
+    if (!a->discard) out.push_back(SnapshotOf(*a));
+  }
+  return out;
+}
+
+std::optional<AttemptSnapshot> Executor::Get(const std::string& attempt_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = attempts_.find(attempt_id);
+  if (it == attempts_.end()) return std::nullopt;
+  return SnapshotOf(*it->second);
+}
+
+AttemptSnapshot Executor::SnapshotOf(const Attempt& a) const {
+  AttemptSnapshot s;
+  s.attempt_id = a.id;
+  s.job_id = a.job_id;
+  s.rank = a.rank;
+  s.pid = a.pid;
+  s.log_path = a.log_path;
+  s.log_bytes = a.log_bytes;
+  s.finished = a.finished;
+  if (a.finished) s.result = a.result;
+  s.progress_version = a.progress_version;
+  s.progress = a.progress;
+  return s;
+}
+
+bool Executor::WaitFinished(const std::string& attempt_id, int64_t timeout_ms) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    auto it = attempts_.find(attempt_id);
+    return it == attempts_.end() || it->second->finished;
+  });
+}
+
+int Executor::Running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const auto& [id, a] : attempts_) n += a->finished ? 0 : 1;
+  return n;
+}
+
+void Executor::Shutdown() {
+  std::lock_guard<std::mutex> serial(shutdown_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable()) return;
+    shutting_down_ = true;
+    for (auto& [id, a] : attempts_) {
+      if (!a->finished) {
+        TerminateLocked(*a, "cancelled: worker shutting down", "cancelled", true);
+      }
+    }
+  }
+  WakeLoop();
+  thread_.join();
+}
+
+void Executor::Loop() {
+  epoll_event events[32];
+  for (;;) {
+    int timeout;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shutting_down_ && lingering_.empty() &&
+          std::none_of(attempts_.begin(), attempts_.end(),
+                       [](const auto& kv) { return !kv.second->finished; })) {
+        return;
+      }
+      int64_t next = NextTimerMsLocked(NowMs());
+      if (!lingering_.empty() && (next < 0 || next > kLingerPollMs)) next = kLingerPollMs;
+      timeout = next < 0 ? -1 : static_cast<int>(std::min<int64_t>(next, 60'000));
+    }
+    int n = epoll_wait(epoll_fd_, events, 32, timeout);
+    if (n < 0) {
+      if (errno != EINTR) spdlog::error("executor: epoll_wait: {}", strerror(errno));
+      n = 0;
+    }
+    bool notify = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int i = 0; i < n; ++i) {
+        const uint64_t token = events[i].data.u64;
+        if (token == kWakeToken) {
+          uint64_t count;
+          ssize_t ignored = read(wake_fd_, &count, sizeof count);
+          (void)ignored;
+          continue;
+        }
+        auto owner = tokens_.find(token);
+        if (owner == tokens_.end()) continue;
+        auto it = attempts_.find(owner->second);
+        if (it == attempts_.end()) continue;
+        Attempt& a = *it->second;
+        if (token == a.out_token) {
+          const uint64_t before = a.progress_version;
+          ReadOutputLocked(a, /*drain=*/false);
+          notify |= a.progress_version != before;
+        } else if (token == a.pid_token) {
+          ReapLocked(a);
+          notify |= a.finished;
+        }
+      }
+      std::vector<std::string> spawn;
+      spawn.swap(to_spawn_);
+      for (const std::string& id : spawn) {
+        auto it = attempts_.find(id);
+        if (it == attempts_.end() || it->second->finished || !it->second->plan) continue;
+        SpawnLocked(*it->second);
+        notify = true;
+      }
+      FireTimersLocked(NowMs());
+      ReapLingeringLocked(NowMs());
+      for (auto it = attempts_.begin(); it != attempts_.end();) {
+        if (it->second->finished && it->second->discard) {
+          it = attempts_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      UpdateGaugesLocked();
+    }
+    if (notify) Notify();
+  }
+}
+
+void Executor::SpawnLocked(Attempt& a) {
+  std::unique_ptr<SpawnPlan> plan = std::move(a.plan);
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    FinishLocked(a, -1, absl::StrCat("worker error: pipe: ", strerror(errno)), "failed", true);
+    return;
+  }
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) RunChild(*plan, fds[1], parent);
+  const int fork_errno = errno;
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    FinishLocked(a, -1, absl::StrCat("worker error: fork: ", strerror(fork_errno)), "failed", true);
+    return;
+  }
+  setpgid(pid, pid);  // also done in the child; whichever runs first wins the race
+  a.pid = pid;
+  a.out_fd = fds[0];
+  SetCloexecNonblock(a.out_fd);
+  a.pidfd = pidfd_open(pid, 0);
+  if (a.pidfd < 0) {
+    const int err = errno;
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    CloseOutputLocked(a);
+    FinishLocked(a, -1, absl::StrCat("worker error: pidfd_open: ", strerror(err)), "failed", true);
+    return;
+  }
+  a.out_token = next_token_++;
+  a.pid_token = next_token_++;
+  tokens_[a.out_token] = a.id;
+  tokens_[a.pid_token] = a.id;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = a.out_token;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.out_fd, &ev);
+  ev.data.u64 = a.pid_token;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.pidfd, &ev);
+  if (a.timeout_ms > 0) a.deadline_ms = NowMs() + a.timeout_ms;
+  spdlog::info("attempt started: job={} attempt={} rank={} pid={} kind={}", a.job_id, a.id,
+               a.rank, pid, plan->noop ? "noop" : plan->path);
+}
+
+void Executor::ReadOutputLocked(Attempt& a, bool drain) {
+  char buf[kReadChunk];
+  // Bounded reads per wakeup keep one chatty child from starving the others.
+  for (int i = 0; a.out_fd >= 0 && (drain || i < 4); ++i) {
+    ssize_t n = read(a.out_fd, buf, sizeof buf);
+    if (n > 0) {
+      if (a.log_fd >= 0) {
+        size_t done = 0;
+        while (done < static_cast<size_t>(n)) {
+          ssize_t w = write(a.log_fd, buf + done, static_cast<size_t>(n) - done);
+          if (w < 0 && errno == EINTR) continue;
+          if (w <= 0) {
+            if (!a.log_write_failed) {
+              spdlog::error("attempt={} log write to {} failed: {}", a.id, a.log_path,
+                            strerror(errno));
+              a.log_write_failed = true;
+            }
+            break;
+          }
+          done += static_cast<size_t>(w);
+        }
+        a.log_bytes += static_cast<int64_t>(done);
+      }
+      ScanLinesLocked(a, buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    CloseOutputLocked(a);  // EOF: every writer is gone
+    return;
+  }
+}
+
+void Executor::CloseOutputLocked(Attempt& a) {
+  if (a.out_fd < 0) return;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, a.out_fd, nullptr);
+  close(a.out_fd);
+  a.out_fd = -1;
+  tokens_.erase(a.out_token);
+}
+
+void Executor::ReapLocked(Attempt& a) {
+  // The leader is a zombie now, so its process group id cannot be reused yet: clear out
+  // whatever it left behind in the group before reaping it.
+  siginfo_t info{};
+  if (waitid(P_PID, a.pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0) {
+    return;  // still alive (spurious wakeup)
+  }
+  kill(-a.pid, SIGKILL);
+  int status = 0;
+  pid_t r;
+  do {
+    r = waitpid(a.pid, &status, WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r == 0) return;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, a.pidfd, nullptr);
+  close(a.pidfd);
+  a.pidfd = -1;
+  tokens_.erase(a.pid_token);
+  ReadOutputLocked(a, /*drain=*/true);
+  CloseOutputLocked(a);
+  lingering_[a.pid] = NowMs() + kLingerGiveUpMs;
+
+  int code = -1;
+  std::string reason = "exit status unknown";
+  if (r > 0 && WIFEXITED(status)) {
+    code = WEXITSTATUS(status);
+    reason = absl::StrCat("exit ", code);
+  } else if (r > 0 && WIFSIGNALED(status)) {
+    code = 128 + WTERMSIG(status);
+    reason = absl::StrCat("killed by signal ", WTERMSIG(status));
+  }
+  if (a.terminating) {
+    FinishLocked(a, code, a.term_reason, a.term_result, a.term_retryable);
+  } else {
+    FinishLocked(a, code, reason, code == 0 ? "succeeded" : "failed", code != 0);
+  }
+}
+
+void Executor::TerminateLocked(Attempt& a, const std::string& reason, const std::string& result,
+                               bool retryable) {
+  if (a.finished) return;
+  if (a.pid == 0) {  // not forked yet: never start it
+    a.plan.reset();
+    FinishLocked(a, -1, reason, result, retryable);
+    return;
+  }
+  if (a.terminating) return;  // the first reason wins (a timeout, then a cancel)
+  a.terminating = true;
+  a.term_reason = reason;
+  a.term_result = result;
+  a.term_retryable = retryable;
+  kill(-a.pid, SIGTERM);
+  a.kill_at_ms = NowMs() + std::max<int64_t>(0, config_.kill_grace_ms);
+  spdlog::info("attempt terminating: job={} attempt={} reason=\"{}\"", a.job_id, a.id, reason);
+  WakeLoop();
+}
+
+void Executor::FinishLocked(Attempt& a, int exit_code, const std::string& reason,
+                            const std::string& result, bool retryable) {
+  if (a.log_fd >= 0) {
+    close(a.log_fd);
+    a.log_fd = -1;
+  }
+  a.finished = true;
+  a.result.set_exit_code(exit_code);
+  a.result.set_reason(reason);
+  a.result.set_retryable(retryable);
+  if (metrics_ != nullptr && !result.empty()) metrics_->AttemptFinished(result);
+  spdlog::info("attempt finished: job={} attempt={} reason=\"{}\" exit_code={} log_bytes={}",
+               a.job_id, a.id, reason, exit_code, a.log_bytes);
+  UpdateGaugesLocked();
+  changed_.notify_all();
+}
+
+void Executor::ScanLinesLocked(Attempt& a, const char* data, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const char c = data[i];
+    if (c == '\n') {
+      if (!a.line_overflow && absl::StartsWith(a.line, kProgressPrefix)) {
+        nlohmann::json j = nlohmann::json::parse(a.line.substr(kProgressPrefix.size()), nullptr,
+                                                 /*allow_exceptions=*/false);
+        if (j.is_object()) {
+          v1::Progress p;
+          if (auto f = j.find("fraction"); f != j.end() && f->is_number()) {
+            p.set_fraction(f->get<double>());
+          }
+          if (auto m = j.find("message"); m != j.end() && m->is_string()) {
+            p.set_message(m->get<std::string>());
+          }
+          if (auto s = j.find("step"); s != j.end() && s->is_number()) {
+            p.set_step(s->get<int64_t>());
+          }
+          a.progress = std::move(p);
+          ++a.progress_version;
+        }
+      }
+      a.line.clear();
+      a.line_overflow = false;
+    } else if (!a.line_overflow) {
+      // Only lines that may be progress lines are worth keeping.
+      if (a.line.size() >= kMaxLine ||
+          (a.line.size() < kProgressPrefix.size() && c != kProgressPrefix[a.line.size()])) {
+        a.line_overflow = true;
+        a.line.clear();
+      } else {
+        a.line.push_back(c);
+      }
+    }
+  }
+}
+
+int64_t Executor::NextTimerMsLocked(int64_t now) {
+  int64_t next = -1;
+  auto consider = [&](int64_t at) {
+    if (at <= 0) return;
+    const int64_t in = std::max<int64_t>(0, at - now);
+    if (next < 0 || in < next) next = in;
+  };
+  for (const auto& [id, a] : attempts_) {
+    if (a->finished || a->pid == 0) continue;
+    if (!a->terminating) consider(a->deadline_ms);
+    consider(a->kill_at_ms);
+  }
+  return next;
+}
+
+void Executor::FireTimersLocked(int64_t now) {
+  for (auto& [id, a] : attempts_) {
+    if (a->finished || a->pid == 0) continue;
+    if (!a->terminating && a->deadline_ms > 0 && now >= a->deadline_ms) {
+      TerminateLocked(*a, absl::StrCat("timeout after ", a->timeout_ms, " ms"), "timeout", true);
+    }
+    if (a->kill_at_ms > 0 && now >= a->kill_at_ms) {
+      kill(-a->pid, SIGKILL);
+      a->kill_at_ms = 0;
+    }
+  }
+}
+
+void Executor::ReapLingeringLocked(int64_t now) {
+  for (auto it = lingering_.begin(); it != lingering_.end();) {
+    const pid_t pgid = it->first;
+    int status;
+    while (waitpid(-pgid, &status, WNOHANG) > 0) {
+    }
+    const bool gone = kill(-pgid, 0) != 0 && errno == ESRCH;
+    if (gone || now >= it->second) {
+      if (!gone) spdlog::warn("executor: process group {} still has members; giving up", pgid);
+      it = lingering_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Executor::UpdateGaugesLocked() {
+  if (metrics_ == nullptr) return;
+  int running = 0;
+  std::set<int32_t> gpus;
+  for (const auto& [id, a] : attempts_) {
+    if (a->finished) continue;
+    ++running;
+    gpus.insert(a->gpu_ids.begin(), a->gpu_ids.end());
+  }
+  metrics_->SetAttemptsRunning(running);
+  metrics_->SetGpusInUse(static_cast<int>(gpus.size()));
+}
+
+}  // namespace stemma::worker

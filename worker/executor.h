@@ -1,0 +1,150 @@
+// The executor: runs each job attempt in its own child process and process group, captures
+// its output into DATA/attempts/<attempt id>/log, enforces timeouts and cancellations, and
+// keeps each attempt's state until the session says the coordinator has it (Forget).
+//
+// One executor thread forks every child (so PR_SET_PDEATHSIG is tied to a thread that lives
+// as long as the executor), and waits with epoll on each child's pidfd and output pipe.
+// Other threads call Launch/Cancel/Discard/Forget/Snapshot; they never block on a child.
+//
+// Thread-safe: every public method may be called from any thread. The change callback is
+// called from the executor thread (or the caller of Launch for refusals) without the
+// executor's lock held; it must be quick and must not call back into Wait*.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "stemma/v1/worker_service.pb.h"
+#include "worker/config.h"
+#include "worker/metrics.h"
+
+namespace stemma::worker {
+
+// A copy of one attempt's state.
+struct AttemptSnapshot {
+  std::string attempt_id;
+  std::string job_id;
+  int32_t rank = 0;
+  int64_t pid = 0;        // 0 until forked, and for attempts refused without a process
+  std::string log_path;   // empty when there is no log file
+  int64_t log_bytes = 0;  // bytes written to the log file so far
+  bool finished = false;
+  v1::AttemptEvent::Finished result;  // set when finished
+  uint64_t progress_version = 0;      // grows with each STEMMA_PROGRESS line
+  v1::Progress progress;
+};
+
+struct SpawnPlan;  // defined in executor.cc
+
+class Executor {
+ public:
+  // Starts the executor thread. `config` (data_dir, allow_exec, kill_grace_ms, engine_path)
+  // is copied; `metrics` may be null and must outlive the executor.
+  Executor(const WorkerConfig& config, Metrics* metrics);
+  // Shutdown(), then joins the thread.
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Called whenever an attempt starts, finishes or reports progress (log bytes are not
+  // signalled: poll Snapshot). Replaces the previous callback; after it returns the old
+  // one is not running and will not run again.
+  void SetChangeCallback(std::function<void()> callback);
+
+  // Starts an attempt: creates DATA/attempts/<id>/ and its log, and forks the child on the
+  // executor thread. Refusals (exec without --allow-exec, no engine, bad spec) are not
+  // errors: the attempt is recorded as finished with a non-retryable "refused: ..." reason;
+  // worker-side failures (disk, fork) finish it as retryable "worker error: ...".
+  // ALREADY_EXISTS if the attempt is known; FAILED_PRECONDITION after Shutdown.
+  absl::Status Launch(const v1::Assignment& assignment);
+
+  // SIGTERM to the attempt's process group, SIGKILL after kill_grace_ms. It finishes with
+  // reason "cancelled: <reason>". No-op for unknown or finished attempts.
+  void Cancel(const std::string& attempt_id, const std::string& reason);
+
+  // Like Cancel, but the attempt is forgotten as soon as it ends (the coordinator no longer
+  // wants it) and disappears from Snapshot at once. Forgets a finished attempt.
+  void Discard(const std::string& attempt_id);
+
+  // Drops a finished attempt's state (its log file stays on disk). No-op while it runs.
+  void Forget(const std::string& attempt_id);
+
+  // Records an attempt this executor does not know as finished (exit -1, retryable) so its
+  // Finished event reaches the coordinator. No-op if the attempt is known.
+  void RecordLost(const std::string& attempt_id, int32_t rank, const std::string& reason);
+
+  // Every attempt not discarded, running or finished-but-not-forgotten, by attempt id.
+  std::vector<AttemptSnapshot> Snapshot() const;
+  std::optional<AttemptSnapshot> Get(const std::string& attempt_id) const;
+
+  // Waits until the attempt has finished (or is unknown); false on timeout.
+  bool WaitFinished(const std::string& attempt_id, int64_t timeout_ms) const;
+
+  // Number of attempts whose process is alive or about to be forked.
+  int Running() const;
+
+  // Terminates every process group (SIGTERM, SIGKILL after kill_grace_ms), waits until all
+  // are reaped, and stops the executor thread. Idempotent.
+  //
+  // The executor makes its process a child subreaper (PR_SET_CHILD_SUBREAPER) and reaps
+  // orphans by process group: it assumes no one else in the process calls wait(-1).
+  void Shutdown();
+
+ private:
+  struct Attempt;
+
+  void Loop();
+  void WakeLoop();
+  void SpawnLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReadOutputLocked(Attempt& attempt, bool drain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseOutputLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReapLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TerminateLocked(Attempt& attempt, const std::string& reason, const std::string& result,
+                       bool retryable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishLocked(Attempt& attempt, int exit_code, const std::string& reason,
+                    const std::string& result, bool retryable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScanLinesLocked(Attempt& attempt, const char* data, size_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReapLingeringLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Notify();
+  int64_t NextTimerMsLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FireTimersLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  AttemptSnapshot SnapshotOf(const Attempt& attempt) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const WorkerConfig config_;
+  const std::string attempts_dir_;  // absolute DATA/attempts
+  Metrics* const metrics_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable changed_;  // signalled when an attempt finishes
+  std::map<std::string, std::unique_ptr<Attempt>> attempts_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> to_spawn_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> tokens_ ABSL_GUARDED_BY(mu_);  // epoll token -> attempt
+  // Process groups of finished attempts that may still hold orphans (zombies to reap or
+  // processes about to die from SIGKILL), with the monotonic time to give up on them.
+  std::map<pid_t, int64_t> lingering_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_token_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::mutex callback_mu_;  // never held together with mu_
+  std::function<void()> callback_ ABSL_GUARDED_BY(callback_mu_);
+
+  std::mutex shutdown_mu_;  // serializes Shutdown callers
+  std::thread thread_;
+};
+
+}  // namespace stemma::worker

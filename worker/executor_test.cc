@@ -1,0 +1,300 @@
+#include "worker/executor.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace stemma::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Generous: "finishes eventually", never a timing assertion.
+constexpr int64_t kWaitMs = 30'000;
+
+class ExecutorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("executor_test." + std::to_string(getpid()) + "." +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    config_.data_dir = dir_.string();
+    config_.allow_exec = true;
+    config_.kill_grace_ms = 300;
+  }
+  void TearDown() override {
+    executor_.reset();
+    fs::remove_all(dir_);
+  }
+
+  Executor& executor() {
+    if (!executor_) executor_ = std::make_unique<Executor>(config_, metrics_.get());
+    return *executor_;
+  }
+
+  static v1::Assignment Noop(const std::string& id, int64_t ms, int code) {
+    v1::Assignment a;
+    a.set_job_id("j-" + id);
+    a.set_attempt_id(id);
+    a.set_world_size(1);
+    a.mutable_spec()->mutable_noop()->set_duration_ms(ms);
+    a.mutable_spec()->mutable_noop()->set_exit_code(code);
+    return a;
+  }
+
+  static v1::Assignment Exec(const std::string& id, std::vector<std::string> argv) {
+    v1::Assignment a;
+    a.set_job_id("j-" + id);
+    a.set_attempt_id(id);
+    a.set_world_size(1);
+    for (auto& s : argv) a.mutable_spec()->mutable_exec()->add_argv(s);
+    return a;
+  }
+
+  // Launches, waits for the end, returns the final snapshot.
+  AttemptSnapshot Run(const v1::Assignment& a) {
+    EXPECT_TRUE(executor().Launch(a).ok());
+    EXPECT_TRUE(executor().WaitFinished(a.attempt_id(), kWaitMs));
+    auto s = executor().Get(a.attempt_id());
+    EXPECT_TRUE(s.has_value());
+    return s.value_or(AttemptSnapshot{});
+  }
+
+  std::string Log(const std::string& id) {
+    std::ifstream in(dir_ / "attempts" / id / "log");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  // Waits until the attempt has a pid (forked).
+  int64_t WaitPid(const std::string& id) {
+    for (int i = 0; i < 3000; ++i) {
+      auto s = executor().Get(id);
+      if (s && s->pid > 0) return s->pid;
+      usleep(10'000);
+    }
+    return 0;
+  }
+
+  // True once no process (not even a zombie) is left in the group; waits for it.
+  static bool GroupGone(int64_t pgid) {
+    for (int i = 0; i < 1000; ++i) {
+      if (kill(-static_cast<pid_t>(pgid), 0) != 0 && errno == ESRCH) return true;
+      usleep(10'000);
+    }
+    return false;
+  }
+
+  fs::path dir_;
+  WorkerConfig config_;
+  std::unique_ptr<Metrics> metrics_ = Metrics::CreateDetached();
+  std::unique_ptr<Executor> executor_;
+};
+
+TEST_F(ExecutorTest, NoopExitCodes) {
+  struct Case {
+    int code;
+    std::string reason;
+    bool retryable;
+  };
+  for (const Case& c : {Case{0, "exit 0", false}, Case{3, "exit 3", true}, Case{255, "exit 255", true}}) {
+    SCOPED_TRACE(c.code);
+    AttemptSnapshot s = Run(Noop("noop" + std::to_string(c.code), 20, c.code));
+    EXPECT_TRUE(s.finished);
+    EXPECT_GT(s.pid, 0);
+    EXPECT_EQ(s.result.exit_code(), c.code);
+    EXPECT_EQ(s.result.reason(), c.reason);
+    EXPECT_EQ(s.result.retryable(), c.retryable);
+  }
+  EXPECT_TRUE(fs::is_directory(dir_ / "attempts" / "noop3"));
+}
+
+TEST_F(ExecutorTest, ExecArgvIsPassedLiterallyWithoutShell) {
+  const fs::path marker = dir_ / "attempts" / "lit" / "X";
+  AttemptSnapshot s = Run(Exec("lit", {"/bin/echo", "a; touch X", "$(touch X)", "`touch X`"}));
+  EXPECT_EQ(s.result.reason(), "exit 0");
+  EXPECT_EQ(Log("lit"), "a; touch X $(touch X) `touch X`\n");
+  EXPECT_EQ(s.log_bytes, static_cast<int64_t>(Log("lit").size()));
+  EXPECT_FALSE(fs::exists(marker));
+  EXPECT_FALSE(fs::exists("X"));
+}
+
+TEST_F(ExecutorTest, PathLookupAndStderrCaptured) {
+  AttemptSnapshot s = Run(Exec("ls", {"ls", "/definitely/not/here"}));
+  EXPECT_NE(s.result.exit_code(), 0);
+  EXPECT_NE(Log("ls").find("/definitely/not/here"), std::string::npos) << Log("ls");
+}
+
+TEST_F(ExecutorTest, ChildSeesEnvironment) {
+  v1::Assignment a = Exec("env", {"/usr/bin/env"});
+  a.add_gpu_ids(1);
+  a.add_gpu_ids(3);
+  a.set_rank(2);
+  a.set_world_size(4);
+  a.set_rendezvous("10.0.0.7:29500");
+  (*a.mutable_spec()->mutable_exec()->mutable_env())["FOO"] = "bar baz";
+  AttemptSnapshot s = Run(a);
+  EXPECT_EQ(s.result.reason(), "exit 0");
+  const std::string log = Log("env");
+  for (const char* want :
+       {"CUDA_VISIBLE_DEVICES=1,3\n", "FOO=bar baz\n", "STEMMA_ATTEMPT_ID=env\n", "STEMMA_JOB_ID=j-env\n",
+        "RANK=2\n", "WORLD_SIZE=4\n", "LOCAL_RANK=0\n", "MASTER_ADDR=10.0.0.7\n",
+        "MASTER_PORT=29500\n", "STEMMA_WORKDIR="}) {
+    EXPECT_NE(log.find(want), std::string::npos) << want << " not in\n" << log;
+  }
+}
+
+TEST_F(ExecutorTest, NoGpusMeansEmptyCudaVisibleDevices) {
+  Run(Exec("nogpu", {"/usr/bin/env"}));
+  EXPECT_NE(("\n" + Log("nogpu")).find("\nCUDA_VISIBLE_DEVICES=\n"), std::string::npos);
+}
+
+TEST_F(ExecutorTest, LargeOutputIsCapturedWhole) {
+  AttemptSnapshot s = Run(Exec("big", {"/usr/bin/head", "-c", "300000", "/dev/zero"}));
+  EXPECT_EQ(s.result.reason(), "exit 0");
+  EXPECT_EQ(s.log_bytes, 300000);
+  EXPECT_EQ(fs::file_size(dir_ / "attempts" / "big" / "log"), 300000u);
+}
+
+TEST_F(ExecutorTest, MissingProgramExits127) {
+  AttemptSnapshot s = Run(Exec("missing", {"/nonexistent/program"}));
+  EXPECT_EQ(s.result.exit_code(), 127);
+  EXPECT_EQ(s.result.reason(), "exit 127");
+  EXPECT_NE(Log("missing").find("cannot execute /nonexistent/program"), std::string::npos);
+}
+
+TEST_F(ExecutorTest, ExecRefusedWithoutAllowExecSpawnsNothing) {
+  config_.allow_exec = false;
+  const fs::path marker = dir_ / "touched";
+  AttemptSnapshot s = Run(Exec("refused", {"/usr/bin/touch", marker.string()}));
+  EXPECT_TRUE(s.finished);
+  EXPECT_EQ(s.pid, 0);
+  EXPECT_EQ(s.result.exit_code(), -1);
+  EXPECT_EQ(s.result.reason(), "refused: exec jobs need a worker started with --allow-exec");
+  EXPECT_FALSE(s.result.retryable());
+  usleep(100'000);
+  EXPECT_FALSE(fs::exists(marker));
+}
+
+TEST_F(ExecutorTest, TimeoutKills) {
+  v1::Assignment a = Exec("slow", {"/bin/sleep", "100"});
+  a.mutable_spec()->set_timeout_ms(200);
+  AttemptSnapshot s = Run(a);
+  EXPECT_EQ(s.result.reason(), "timeout after 200 ms");
+  EXPECT_TRUE(s.result.retryable());
+  EXPECT_TRUE(GroupGone(s.pid));
+}
+
+TEST_F(ExecutorTest, CancelKillsWholeProcessGroup) {
+  ASSERT_TRUE(executor().Launch(Exec("group", {"/bin/sh", "-c", "sleep 100 & sleep 100"})).ok());
+  const int64_t pgid = WaitPid("group");
+  ASSERT_GT(pgid, 0);
+  usleep(100'000);  // let sh start its children (not required for correctness)
+  executor().Cancel("group", "user asked");
+  ASSERT_TRUE(executor().WaitFinished("group", kWaitMs));
+  auto s = executor().Get("group");
+  EXPECT_EQ(s->result.reason(), "cancelled: user asked");
+  EXPECT_TRUE(GroupGone(pgid));
+}
+
+TEST_F(ExecutorTest, CancelEscalatesToSigkill) {
+  ASSERT_TRUE(executor()
+                  .Launch(Exec("stubborn", {"/bin/sh", "-c", "trap '' TERM; sleep 100 & sleep 100; sleep 100"}))
+                  .ok());
+  const int64_t pgid = WaitPid("stubborn");
+  ASSERT_GT(pgid, 0);
+  usleep(100'000);
+  executor().Cancel("stubborn", "");
+  ASSERT_TRUE(executor().WaitFinished("stubborn", kWaitMs));
+  EXPECT_EQ(executor().Get("stubborn")->result.reason(), "cancelled");
+  EXPECT_TRUE(GroupGone(pgid));
+}
+
+TEST_F(ExecutorTest, LeftoverChildrenAreKilledWhenLeaderExits) {
+  AttemptSnapshot s = Run(Exec("leftover", {"/bin/sh", "-c", "sleep 100 & echo done"}));
+  EXPECT_EQ(s.result.reason(), "exit 0");
+  EXPECT_TRUE(GroupGone(s.pid));
+}
+
+TEST_F(ExecutorTest, ProgressLinesAreParsed) {
+  AttemptSnapshot s = Run(Exec(
+      "progress", {"/bin/echo", R"(STEMMA_PROGRESS {"fraction":0.5,"message":"half","step":7})"}));
+  EXPECT_GE(s.progress_version, 1u);
+  EXPECT_DOUBLE_EQ(s.progress.fraction(), 0.5);
+  EXPECT_EQ(s.progress.message(), "half");
+  EXPECT_EQ(s.progress.step(), 7);
+}
+
+TEST_F(ExecutorTest, EngineMissingIsRefused) {
+  config_.engine_path = (dir_ / "no-such-engine").string();
+  v1::Assignment a = Noop("engine-missing", 0, 0);
+  a.mutable_spec()->mutable_engine()->set_command("train");
+  AttemptSnapshot s = Run(a);
+  EXPECT_EQ(s.result.reason(), "refused: stemma-engine not found");
+  EXPECT_FALSE(s.result.retryable());
+}
+
+TEST_F(ExecutorTest, EngineGetsCommandAndSpecFile) {
+  config_.engine_path = "/bin/echo";
+  v1::Assignment a = Noop("engine", 0, 0);
+  a.mutable_spec()->mutable_engine()->set_command("merge");
+  a.mutable_spec()->mutable_engine()->set_spec("method: linear\n");
+  AttemptSnapshot s = Run(a);
+  EXPECT_EQ(s.result.reason(), "exit 0");
+  const fs::path spec = fs::absolute(dir_ / "attempts" / "engine" / "spec.yaml").lexically_normal();
+  EXPECT_EQ(Log("engine"), "merge --spec " + spec.string() + "\n");
+  std::ifstream in(spec);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_EQ(line, "method: linear");
+}
+
+TEST_F(ExecutorTest, DuplicateAndBadIdsAndForget) {
+  ASSERT_TRUE(executor().Launch(Noop("dup", 0, 0)).ok());
+  EXPECT_EQ(executor().Launch(Noop("dup", 0, 0)).code(), absl::StatusCode::kAlreadyExists);
+  ASSERT_TRUE(executor().WaitFinished("dup", kWaitMs));
+  executor().Forget("dup");
+  EXPECT_FALSE(executor().Get("dup").has_value());
+  EXPECT_TRUE(fs::exists(dir_ / "attempts" / "dup" / "log"));
+
+  AttemptSnapshot bad = Run(Noop("../escape", 0, 0));
+  EXPECT_EQ(bad.result.exit_code(), -1);
+  EXPECT_FALSE(bad.result.retryable());
+}
+
+TEST_F(ExecutorTest, DiscardKillsAndForgets) {
+  ASSERT_TRUE(executor().Launch(Exec("discard", {"/bin/sleep", "100"})).ok());
+  const int64_t pgid = WaitPid("discard");
+  ASSERT_GT(pgid, 0);
+  executor().Discard("discard");
+  EXPECT_TRUE(executor().Snapshot().empty());
+  ASSERT_TRUE(executor().WaitFinished("discard", kWaitMs));
+  EXPECT_TRUE(GroupGone(pgid));
+}
+
+TEST_F(ExecutorTest, ShutdownKillsEverything) {
+  ASSERT_TRUE(executor().Launch(Exec("a", {"/bin/sleep", "100"})).ok());
+  ASSERT_TRUE(executor().Launch(Noop("b", 100'000, 0)).ok());
+  const int64_t a = WaitPid("a");
+  const int64_t b = WaitPid("b");
+  ASSERT_GT(a, 0);
+  ASSERT_GT(b, 0);
+  executor().Shutdown();
+  EXPECT_TRUE(GroupGone(a));
+  EXPECT_TRUE(GroupGone(b));
+  EXPECT_EQ(executor().Running(), 0);
+  EXPECT_FALSE(executor().Launch(Noop("c", 0, 0)).ok());
+}
+
+}  // namespace
+}  // namespace stemma::worker

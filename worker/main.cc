@@ -1,0 +1,166 @@
+// stemma-worker: the daemon on each GPU node. Builds the one WorkerConfig from flags, then
+// composes the executor, the session with the coordinator and the /metrics endpoint.
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "worker/config.h"
+#include "worker/executor.h"
+#include "worker/metrics.h"
+#include "worker/resources.h"
+#include "worker/session.h"
+
+namespace stemma::worker {
+namespace {
+
+constexpr char kProgram[] = "stemma-worker";
+
+int BadFlag(const std::string& message) {
+  std::fprintf(stderr, "%s: %s\n", kProgram, message.c_str());
+  return 2;
+}
+
+int Main(int argc, char** argv) {
+  WorkerConfig config;
+  if (const char* env = std::getenv("STEMMA_COORDINATOR"); env != nullptr && *env != '\0') {
+    config.coordinator = env;
+  }
+  int gpus = -1;
+  int cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  int64_t memory_mb = -1;
+  std::string labels;
+  std::string name;
+
+  CLI::App app{"stemma-worker: runs Stemma job attempts on this machine for a coordinator"};
+  app.add_option("--coordinator", config.coordinator, "coordinator HOST:PORT")
+      ->capture_default_str();
+  app.add_option("--data", config.data_dir, "data directory")->capture_default_str();
+  app.add_option("--name", name, "worker id (default: DATA/worker.id, else the hostname)");
+  app.add_option("--gpus", gpus, "declare N fake GPUs (default: discover with nvidia-smi)")
+      ->check(CLI::Range(0, 4096));
+  app.add_option("--cpus", cpus, "CPUs offered")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--memory-mb", memory_mb, "memory offered in MiB (default: /proc/meminfo)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+  app.add_option("--labels", labels, "labels k=v,k2=v2");
+  app.add_option("--metrics-listen", config.metrics_listen,
+                 "HOST:PORT for Prometheus /metrics (empty: off)");
+  app.add_flag("--allow-exec", config.allow_exec, "allow exec jobs (arbitrary commands)");
+  app.add_option("--host", config.host, "host advertised for gang rendezvous")
+      ->capture_default_str();
+  app.add_option("--kill-grace-ms", config.kill_grace_ms, "SIGTERM to SIGKILL delay")
+      ->check(CLI::Range(int64_t{0}, int64_t{24} * 3600 * 1000))
+      ->capture_default_str();
+  app.add_option("--log-level", config.log_level, "trace|debug|info|warn|error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    return BadFlag(e.what());
+  }
+  if (config.coordinator.empty()) return BadFlag("--coordinator: must not be empty");
+  if (config.host.empty()) return BadFlag("--host: must not be empty");
+  absl::StatusOr<std::map<std::string, std::string>> parsed_labels = ParseLabels(labels);
+  if (!parsed_labels.ok()) return BadFlag(std::string(parsed_labels.status().message()));
+  config.labels = *std::move(parsed_labels);
+  config.cpus = cpus;
+
+  // Block the stop signals before any thread starts, so that every thread inherits the
+  // mask and only the sigwait below sees them. Children get a clean mask (executor.cc).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  InitLogging("worker", config.log_level);
+
+  std::error_code ec;
+  std::filesystem::create_directories(config.data_dir, ec);
+  if (ec) {
+    std::fprintf(stderr, "%s: cannot create --data %s: %s\n", kProgram, config.data_dir.c_str(),
+                 ec.message().c_str());
+    return 1;
+  }
+  absl::StatusOr<std::string> id = ResolveWorkerId(name, config.data_dir);
+  if (!id.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram, std::string(id.status().message()).c_str());
+    return 1;
+  }
+  config.worker_id = *id;
+
+  if (gpus >= 0) {
+    config.gpus = FakeGpus(gpus);
+  } else {
+    absl::StatusOr<std::vector<v1::Gpu>> found = DiscoverGpus();
+    if (found.ok()) {
+      config.gpus = *std::move(found);
+    } else {
+      spdlog::warn("GPU discovery failed, offering none: {}", found.status().ToString());
+    }
+  }
+  if (memory_mb >= 0) {
+    config.memory_mb = memory_mb;
+  } else if (absl::StatusOr<int64_t> mem = TotalMemoryMb(); mem.ok()) {
+    config.memory_mb = *mem;
+  } else {
+    spdlog::warn("cannot read the memory size, offering 0: {}", mem.status().ToString());
+  }
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  Metrics metrics(registry.get());
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (!config.metrics_listen.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(config.metrics_listen);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s: --metrics-listen %s: %s\n", kProgram,
+                   config.metrics_listen.c_str(), e.what());
+      return 1;
+    }
+    exposer->RegisterCollectable(registry);
+  }
+
+  spdlog::info(
+      "starting worker={} coordinator={} data={} host={} gpus={} cpus={} memory_mb={} "
+      "allow_exec={} metrics={}",
+      config.worker_id, config.coordinator, config.data_dir, config.host, config.gpus.size(),
+      config.cpus, config.memory_mb, config.allow_exec,
+      config.metrics_listen.empty() ? "off" : config.metrics_listen);
+
+  Executor executor(config, &metrics);
+  Session session(config, &executor, &metrics);
+  std::thread session_thread([&session] { session.Run(); });
+
+  int sig = 0;
+  while (sigwait(&stop_signals, &sig) != 0) {
+  }
+  spdlog::info("signal {}: stopping; killing every attempt", sig);
+  executor.Shutdown();
+  // Let the session ship the Finished events of the killed attempts if it is connected.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  session.Stop();
+  session_thread.join();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+}  // namespace stemma::worker
+
+int main(int argc, char** argv) { return stemma::worker::Main(argc, argv); }

@@ -1,0 +1,454 @@
+#include "worker/session.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "common/rpc.h"
+
+namespace stemma::worker {
+namespace {
+
+constexpr int64_t kMinBackoffMs = 100;
+constexpr int64_t kMaxBackoffMs = 5000;
+constexpr int64_t kTickMs = 50;               // log flush period (the brief asks <= ~100 ms)
+constexpr int64_t kRegisterTimeoutMs = 15000;  // no Registered by then: reconnect
+constexpr size_t kLogChunk = 64 * 1024;
+constexpr int kChunksPerTick = 16;             // per attempt, so heartbeats stay on time
+
+int64_t NowMs() { return RealClock::Get()->MonoMs(); }
+
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string RandomIncarnation() {
+  std::random_device rd;
+  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                      static_cast<uint64_t>(RealClock::Get()->WallMs()));
+  return absl::StrFormat("%016x", gen());
+}
+
+// Reads up to `n` bytes at `offset`; fewer at end of file.
+bool ReadAt(const std::string& path, int64_t offset, size_t n, std::string* out) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  out->resize(n);
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = pread(fd, out->data() + got, n - got, offset + static_cast<int64_t>(got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    got += static_cast<size_t>(r);
+  }
+  close(fd);
+  out->resize(got);
+  return got > 0;
+}
+
+}  // namespace
+
+Session::Session(const WorkerConfig& config, Executor* executor, Metrics* metrics)
+    : config_(config), executor_(executor), metrics_(metrics), incarnation_(RandomIncarnation()) {
+  // Starts, finishes and progress are shipped at once rather than on the next tick.
+  executor_->SetChangeCallback([this] { cv_.notify_all(); });
+  if (metrics_ != nullptr) {
+    metrics_->SetConnected(false);
+    metrics_->SetGpusTotal(static_cast<int>(config_.gpus.size()));
+  }
+}
+
+Session::~Session() {
+  executor_->SetChangeCallback(nullptr);
+  Stop();
+}
+
+void Session::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_ = true;
+  if (ctx_ != nullptr) ctx_->TryCancel();
+  cv_.notify_all();
+}
+
+void Session::Run() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // A fresh channel, with its own subchannel, for every stream: a channel whose connection
+  // failed fails new calls fast until gRPC's own reconnect backoff expires, and we want
+  // our backoff, not gRPC's, to decide when the next try happens.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::mt19937_64 rng(std::random_device{}());
+
+  int64_t backoff_ms = kMinBackoffMs;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) break;
+    }
+    auto channel =
+        grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args);
+    auto stub = v1::WorkerService::NewStub(channel);
+    if (RunStream(*stub)) {
+      backoff_ms = kMinBackoffMs;
+      failures_ = 0;
+    } else {
+      ++failures_;
+    }
+    // Jitter: a uniform delay in [backoff/2, backoff], so a fleet does not reconnect at once.
+    const int64_t delay =
+        std::uniform_int_distribution<int64_t>(backoff_ms / 2, backoff_ms)(rng);
+    backoff_ms = std::min(kMaxBackoffMs, backoff_ms * 2);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stop_) break;
+    spdlog::debug("session: reconnecting to {} in {} ms", config_.coordinator, delay);
+    cv_.wait_for(lock, std::chrono::milliseconds(delay), [this] { return stop_; });
+  }
+  spdlog::info("session: stopped");
+}
+
+bool Session::RunStream(v1::WorkerService::Stub& stub) {
+  grpc::ClientContext ctx;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return false;
+    ctx_ = &ctx;
+    conn_done_ = false;
+    registered_ = false;
+    acked_seq_ = 0;
+    last_rx_ms_ = NowMs();
+    last_ack_ms_ = NowMs();
+    heartbeat_sent_us_.clear();
+    pending_ship_.clear();
+  }
+  std::unique_ptr<Stream> stream = stub.Session(&ctx);
+  const v1::WorkerMessage reg = MakeRegister();
+  if (Write(stream.get(), reg)) {
+    spdlog::debug("session: sent Register worker={} incarnation={} running={}",
+                  config_.worker_id, incarnation_, reg.register_().running_size());
+  }
+  std::thread pump([&] { Pump(stream.get(), &ctx); });
+
+  bool registered = false;
+  v1::CoordinatorMessage msg;
+  while (stream->Read(&msg)) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_rx_ms_ = NowMs();
+    }
+    switch (msg.msg_case()) {
+      case v1::CoordinatorMessage::kRegistered:
+        if (registered) {
+          spdlog::warn("session: ignoring a second Registered");
+        } else {
+          registered = true;
+          OnRegistered(msg.registered());
+        }
+        break;
+      case v1::CoordinatorMessage::kHeartbeatAck:
+        OnHeartbeatAck(msg.heartbeat_ack());
+        break;
+      case v1::CoordinatorMessage::kAssign: {
+        const v1::Assignment& a = msg.assign();
+        if (!registered) {
+          spdlog::warn("session: assignment before Registered ignored: attempt={}",
+                       a.attempt_id());
+          break;
+        }
+        spdlog::info("session: assigned job={} attempt={} rank={}/{} gpus={}", a.job_id(),
+                     a.attempt_id(), a.rank(), a.world_size(), a.gpu_ids_size());
+        absl::Status launched = executor_->Launch(a);
+        if (!launched.ok()) {
+          spdlog::warn("session: attempt={} not launched: {}", a.attempt_id(),
+                       launched.ToString());
+        }
+        break;
+      }
+      case v1::CoordinatorMessage::kCancel:
+        spdlog::info("session: cancel attempt={} reason=\"{}\"", msg.cancel().attempt_id(),
+                     msg.cancel().reason());
+        executor_->Cancel(msg.cancel().attempt_id(), msg.cancel().reason());
+        break;
+      case v1::CoordinatorMessage::kEventAck:
+        OnAck(msg.event_ack().event_seq());
+        break;
+      default:
+        spdlog::warn("session: unknown message from the coordinator ({})",
+                     static_cast<int>(msg.msg_case()));
+    }
+  }
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn_done_ = true;
+    registered_ = false;
+    cv_.notify_all();
+  }
+  pump.join();
+  const grpc::Status status = stream->Finish();
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ctx_ = nullptr;
+    stopping = stop_;
+  }
+  if (metrics_ != nullptr) metrics_->SetConnected(false);
+  if (!stopping) {
+    if (registered) {
+      spdlog::warn("session: stream to {} ended: {} ({}); attempts keep running",
+                   config_.coordinator, status.error_message(), static_cast<int>(status.error_code()));
+    } else if (failures_ % 50 == 0) {  // the first failure in a row, then now and then
+      spdlog::warn("session: cannot register with {}: {} ({}); retrying", config_.coordinator,
+                   status.error_message(), static_cast<int>(status.error_code()));
+    } else {
+      spdlog::debug("session: cannot register with {}: {} ({})", config_.coordinator,
+                    status.error_message(), static_cast<int>(status.error_code()));
+    }
+  }
+  return registered;
+}
+
+v1::WorkerMessage Session::MakeRegister() const {
+  v1::WorkerMessage msg;
+  v1::Register* reg = msg.mutable_register_();
+  v1::WorkerInfo* info = reg->mutable_info();
+  info->set_id(config_.worker_id);
+  info->set_host(config_.host);
+  for (const v1::Gpu& gpu : config_.gpus) *info->add_gpus() = gpu;
+  info->set_cpus(config_.cpus);
+  info->set_memory_mb(config_.memory_mb);
+  for (const auto& [k, v] : config_.labels) (*info->mutable_labels())[k] = v;
+  info->set_allow_exec(config_.allow_exec);
+  reg->set_incarnation(incarnation_);
+  for (const AttemptSnapshot& a : executor_->Snapshot()) {
+    v1::RunningAttempt* r = reg->add_running();
+    r->set_attempt_id(a.attempt_id);
+    r->set_rank(a.rank);
+    r->set_log_offset(a.log_bytes);
+  }
+  return msg;
+}
+
+void Session::OnRegistered(const v1::Registered& registered) {
+  std::map<std::string, const v1::RunningAttempt*> keep;
+  for (const v1::RunningAttempt& k : registered.keep()) keep[k.attempt_id()] = &k;
+
+  // Executor calls happen without mu_: its change callback takes no lock, but keep the
+  // lock order trivial anyway.
+  std::map<std::string, Shipping> ship;
+  std::set<std::string> known;
+  int discarded = 0;
+  for (const AttemptSnapshot& a : executor_->Snapshot()) {
+    known.insert(a.attempt_id);
+    auto it = keep.find(a.attempt_id);
+    if (it == keep.end()) {
+      spdlog::info("session: attempt={} not kept by the coordinator; {}", a.attempt_id,
+                   a.finished ? "forgetting it" : "killing it");
+      executor_->Discard(a.attempt_id);
+      ++discarded;
+      continue;
+    }
+    Shipping s;
+    s.sent = std::clamp<int64_t>(it->second->log_offset(), 0, a.log_bytes);
+    s.started_sent = true;  // the coordinator knows it runs
+    ship[a.attempt_id] = s;
+  }
+  for (const auto& [id, k] : keep) {
+    if (known.count(id) > 0) continue;
+    spdlog::warn("session: coordinator keeps attempt={} which this worker does not have", id);
+    executor_->RecordLost(id, k->rank(), "lost: the worker no longer has this attempt");
+    Shipping s;
+    s.started_sent = true;
+    ship[id] = s;
+  }
+
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    heartbeat_interval_ms_ =
+        registered.heartbeat_interval_ms() > 0 ? registered.heartbeat_interval_ms() : 1000;
+    const int64_t lease = registered.lease_ms() > 0 ? registered.lease_ms() : 10 * heartbeat_interval_ms_;
+    silence_limit_ms_ = std::max(lease, 3 * heartbeat_interval_ms_);
+    pending_ship_ = std::move(ship);
+    registered_ = true;
+    last_ack_ms_ = NowMs();
+    cv_.notify_all();
+  }
+  if (metrics_ != nullptr) metrics_->SetConnected(true);
+  spdlog::info(
+      "session: registered with {} as worker={} incarnation={} lease_ms={} heartbeat_ms={} "
+      "kept={} discarded={}",
+      config_.coordinator, registered.worker_id(), incarnation_, registered.lease_ms(),
+      registered.heartbeat_interval_ms(), registered.keep_size(), discarded);
+}
+
+void Session::OnHeartbeatAck(const v1::HeartbeatAck& ack) {
+  const int64_t now = NowMs();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_ack_ms_ = now;
+    auto it = heartbeat_sent_us_.find(ack.seq());
+    if (it != heartbeat_sent_us_.end()) {
+      if (metrics_ != nullptr) metrics_->ObserveHeartbeatRtt((NowUs() - it->second) / 1e6);
+      heartbeat_sent_us_.erase(heartbeat_sent_us_.begin(), std::next(it));
+    }
+  }
+  if (ack.acked_event_seq() > 0) OnAck(ack.acked_event_seq());
+}
+
+void Session::OnAck(uint64_t event_seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (event_seq > acked_seq_) {
+    acked_seq_ = event_seq;
+    cv_.notify_all();
+  }
+}
+
+bool Session::Write(Stream* stream, const v1::WorkerMessage& msg) {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  return stream->Write(msg);
+}
+
+void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
+  ship_.clear();
+  bool took_registration = false;
+  int64_t next_heartbeat_ms = 0;
+  const int64_t started_ms = NowMs();
+  for (;;) {
+    int64_t interval;
+    int64_t silence_limit;
+    int64_t last_rx;
+    int64_t last_ack;
+    uint64_t acked;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(kTickMs));
+      if (conn_done_ || stop_) return;
+      if (!registered_) {
+        if (NowMs() - started_ms > kRegisterTimeoutMs) {
+          spdlog::warn("session: no Registered from {} after {} ms; reconnecting",
+                       config_.coordinator, kRegisterTimeoutMs);
+          ctx->TryCancel();
+          return;
+        }
+        continue;
+      }
+      if (!took_registration) {
+        ship_ = std::move(pending_ship_);
+        pending_ship_.clear();
+        took_registration = true;
+      }
+      interval = heartbeat_interval_ms_;
+      silence_limit = silence_limit_ms_;
+      last_rx = last_rx_ms_;
+      last_ack = last_ack_ms_;
+      acked = acked_seq_;
+    }
+    const int64_t now = NowMs();
+    if (metrics_ != nullptr) metrics_->SetHeartbeatAge((now - last_ack) / 1000.0);
+    if (now - last_rx > silence_limit) {
+      spdlog::warn("session: nothing from {} for {} ms; reconnecting", config_.coordinator,
+                   now - last_rx);
+      ctx->TryCancel();
+      return;
+    }
+
+    // Acked Finished events: the coordinator has them, so the attempts can be forgotten.
+    for (auto it = ship_.begin(); it != ship_.end();) {
+      if (it->second.finished_sent && it->second.finished_seq <= acked) {
+        executor_->Forget(it->first);
+        it = ship_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+
+    if (now >= next_heartbeat_ms) {
+      v1::WorkerMessage hb;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        const uint64_t seq = ++heartbeat_seq_;
+        hb.mutable_heartbeat()->set_seq(seq);
+        hb.mutable_heartbeat()->set_sent_ms(RealClock::Get()->WallMs());
+        heartbeat_sent_us_[seq] = NowUs();
+        while (heartbeat_sent_us_.size() > 64) heartbeat_sent_us_.erase(heartbeat_sent_us_.begin());
+      }
+      next_heartbeat_ms = now + interval;
+      if (!Write(stream, hb)) {
+        ctx->TryCancel();
+        return;
+      }
+    }
+    if (!ShipEvents(stream)) {
+      ctx->TryCancel();
+      return;
+    }
+  }
+}
+
+bool Session::ShipEvents(Stream* stream) {
+  std::vector<AttemptSnapshot> attempts = executor_->Snapshot();
+  std::set<std::string> live;
+  for (const AttemptSnapshot& a : attempts) {
+    live.insert(a.attempt_id);
+    Shipping& s = ship_[a.attempt_id];  // new attempts start at offset 0
+    v1::WorkerMessage msg;
+    v1::AttemptEvent* ev = msg.mutable_event();
+    ev->set_attempt_id(a.attempt_id);
+    ev->set_rank(a.rank);
+
+    if (!s.started_sent && a.pid > 0) {
+      ev->mutable_started()->set_pid(a.pid);
+      if (!Write(stream, msg)) return false;
+      s.started_sent = true;
+    }
+    if (a.progress_version > s.progress_sent) {
+      *ev->mutable_progress() = a.progress;
+      if (!Write(stream, msg)) return false;
+      s.progress_sent = a.progress_version;
+    }
+    std::string chunk;
+    for (int i = 0; i < kChunksPerTick && s.sent < a.log_bytes; ++i) {
+      const size_t want = static_cast<size_t>(std::min<int64_t>(kLogChunk, a.log_bytes - s.sent));
+      if (!ReadAt(a.log_path, s.sent, want, &chunk)) {
+        spdlog::error("session: attempt={} cannot read {} at {}; skipping {} log bytes",
+                      a.attempt_id, a.log_path, s.sent, a.log_bytes - s.sent);
+        s.sent = a.log_bytes;
+        break;
+      }
+      v1::AttemptEvent::LogData* log = ev->mutable_log();
+      log->set_offset(s.sent);
+      log->set_data(std::move(chunk));
+      if (!Write(stream, msg)) return false;
+      s.sent += static_cast<int64_t>(log->data().size());
+    }
+    if (a.finished && !s.finished_sent && s.sent >= a.log_bytes) {
+      // A fresh seq on every (re)send keeps event_seq increasing along the stream.
+      s.finished_seq = ++next_event_seq_;
+      ev->set_event_seq(s.finished_seq);
+      *ev->mutable_finished() = a.result;
+      if (!Write(stream, msg)) return false;
+      s.finished_sent = true;
+      spdlog::debug("session: sent Finished attempt={} seq={} reason=\"{}\"", a.attempt_id,
+                    s.finished_seq, a.result.reason());
+    }
+  }
+  for (auto it = ship_.begin(); it != ship_.end();) {
+    it = live.count(it->first) > 0 ? std::next(it) : ship_.erase(it);
+  }
+  return true;
+}
+
+}  // namespace stemma::worker

@@ -1,0 +1,295 @@
+// The session against an in-process fake coordinator: registration, assignment, event
+// order (Started, log, Finished), acks, and resumption after the stream breaks.
+#include "worker/session.h"
+
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+namespace stemma::worker {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr auto kWait = std::chrono::seconds(30);  // "eventually", never a timing assertion
+
+class FakeCoordinator final : public v1::WorkerService::Service {
+ public:
+  grpc::Status Session(grpc::ServerContext* ctx,
+                       grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
+      override {
+    v1::WorkerMessage first;
+    if (!stream->Read(&first) || !first.has_register_()) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "expected Register");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ctx_ = ctx;
+      stream_ = stream;
+    }
+    v1::CoordinatorMessage reply;
+    v1::Registered* reg = reply.mutable_registered();
+    reg->set_worker_id(first.register_().info().id());
+    reg->set_lease_ms(10000);
+    reg->set_heartbeat_interval_ms(100);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& k : keep_) *reg->add_keep() = k;
+    }
+    Send(reply);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      registers_.push_back(first.register_());  // after Registered: tests may now assign
+      cv_.notify_all();
+    }
+    v1::WorkerMessage msg;
+    while (stream->Read(&msg)) {
+      if (msg.has_heartbeat()) {
+        v1::CoordinatorMessage ack;
+        ack.mutable_heartbeat_ack()->set_seq(msg.heartbeat().seq());
+        Send(ack);
+        continue;
+      }
+      bool ack_it = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        events_.push_back(msg.event());
+        ack_it = auto_ack_ && msg.event().has_finished();
+        cv_.notify_all();
+      }
+      if (ack_it) {
+        v1::CoordinatorMessage ack;
+        ack.mutable_event_ack()->set_event_seq(msg.event().event_seq());
+        Send(ack);
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_ = nullptr;
+    ctx_ = nullptr;
+    return grpc::Status::OK;
+  }
+
+  void Send(const v1::CoordinatorMessage& msg) {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    std::unique_lock<std::mutex> state(mu_);
+    auto* stream = stream_;
+    state.unlock();
+    if (stream != nullptr) stream->Write(msg);
+  }
+  void Drop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ctx_ != nullptr) ctx_->TryCancel();
+  }
+  bool WaitFor(const std::function<bool()>& pred) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, kWait, pred);
+  }
+  void SetKeep(std::vector<v1::RunningAttempt> keep) {
+    std::lock_guard<std::mutex> lock(mu_);
+    keep_ = std::move(keep);
+  }
+  void SetAutoAck(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto_ack_ = on;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<v1::Register> registers_;
+  std::vector<v1::AttemptEvent> events_;
+
+ private:
+  std::mutex write_mu_;
+  grpc::ServerContext* ctx_ = nullptr;
+  grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream_ = nullptr;
+  std::vector<v1::RunningAttempt> keep_;
+  bool auto_ack_ = true;
+};
+
+class SessionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("session_test." + std::to_string(getpid()) + "." +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&fake_);
+    server_ = builder.BuildAndStart();
+    ASSERT_GT(port, 0);
+    config_.coordinator = "127.0.0.1:" + std::to_string(port);
+    config_.data_dir = dir_.string();
+    config_.worker_id = "w-test";
+    config_.allow_exec = true;
+    config_.kill_grace_ms = 200;
+    executor_ = std::make_unique<Executor>(config_, nullptr);
+    session_ = std::make_unique<Session>(config_, executor_.get(), nullptr);
+    thread_ = std::thread([this] { session_->Run(); });
+  }
+  void TearDown() override {
+    session_->Stop();
+    thread_.join();
+    session_.reset();
+    executor_.reset();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    fs::remove_all(dir_);
+  }
+
+  void Assign(const std::string& id, std::vector<std::string> argv) {
+    v1::CoordinatorMessage msg;
+    v1::Assignment* a = msg.mutable_assign();
+    a->set_job_id("j");
+    a->set_attempt_id(id);
+    a->set_world_size(1);
+    for (auto& s : argv) a->mutable_spec()->mutable_exec()->add_argv(s);
+    fake_.Send(msg);
+  }
+  // Events of one attempt, in arrival order (call with fake_.mu_ held).
+  std::vector<v1::AttemptEvent> EventsOf(const std::string& id) {
+    std::vector<v1::AttemptEvent> out;
+    for (const auto& e : fake_.events_) {
+      if (e.attempt_id() == id) out.push_back(e);
+    }
+    return out;
+  }
+  int FinishedCount(const std::string& id) {
+    int n = 0;
+    for (const auto& e : EventsOf(id)) n += e.has_finished() ? 1 : 0;
+    return n;
+  }
+  std::string LogOf(const std::string& id, int64_t from) {
+    std::string log;
+    for (const auto& e : EventsOf(id)) {
+      if (e.has_log() && e.log().offset() >= from) {
+        EXPECT_EQ(e.log().offset(), from + static_cast<int64_t>(log.size()));
+        log += e.log().data();
+      }
+    }
+    return log;
+  }
+  bool WaitForgotten(const std::string& id) {
+    for (int i = 0; i < 3000; ++i) {
+      if (!executor_->Get(id).has_value()) return true;
+      usleep(10'000);
+    }
+    return false;
+  }
+
+  fs::path dir_;
+  FakeCoordinator fake_;
+  std::unique_ptr<grpc::Server> server_;
+  WorkerConfig config_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Session> session_;
+  std::thread thread_;
+};
+
+TEST_F(SessionTest, RunsAnAssignmentAndShipsEventsInOrder) {
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1; }));
+  EXPECT_EQ(fake_.registers_[0].info().id(), "w-test");
+  EXPECT_TRUE(fake_.registers_[0].info().allow_exec());
+  EXPECT_FALSE(fake_.registers_[0].incarnation().empty());
+
+  Assign("a1", {"/bin/echo", "hello world"});
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("a1") == 1; }));
+  {
+    std::lock_guard<std::mutex> lock(fake_.mu_);
+    std::vector<v1::AttemptEvent> events = EventsOf("a1");
+    ASSERT_GE(events.size(), 3u);
+    EXPECT_TRUE(events.front().has_started());
+    EXPECT_GT(events.front().started().pid(), 0);
+    EXPECT_TRUE(events.back().has_finished());
+    EXPECT_GT(events.back().event_seq(), 0u);
+    EXPECT_EQ(events.back().finished().reason(), "exit 0");
+    EXPECT_EQ(LogOf("a1", 0), "hello world\n");
+  }
+  EXPECT_TRUE(WaitForgotten("a1"));  // acked
+}
+
+TEST_F(SessionTest, ResumesLogAndFinishedAfterReconnect) {
+  fake_.SetAutoAck(false);
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1; }));
+  Assign("a2", {"/bin/echo", "0123456789"});
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("a2") == 1; }));
+
+  v1::RunningAttempt keep;
+  keep.set_attempt_id("a2");
+  keep.set_log_offset(4);
+  fake_.SetKeep({keep});
+  fake_.SetAutoAck(true);
+  fake_.Drop();
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("a2") == 2; }));
+  std::lock_guard<std::mutex> lock(fake_.mu_);
+  ASSERT_EQ(fake_.registers_.size(), 2u);
+  ASSERT_EQ(fake_.registers_[1].running_size(), 1);
+  EXPECT_EQ(fake_.registers_[1].running(0).attempt_id(), "a2");
+  EXPECT_EQ(fake_.registers_[1].running(0).log_offset(), 11);
+  EXPECT_EQ(fake_.registers_[1].incarnation(), fake_.registers_[0].incarnation());
+  std::vector<v1::AttemptEvent> events = EventsOf("a2");
+  // After the reconnect: the log from offset 4, then Finished with a newer seq.
+  std::vector<v1::AttemptEvent> after;
+  uint64_t first_seq = 0;
+  for (const auto& e : events) {
+    if (first_seq != 0) after.push_back(e);
+    if (e.has_finished() && first_seq == 0) first_seq = e.event_seq();
+  }
+  ASSERT_GE(after.size(), 2u);
+  EXPECT_TRUE(after[0].has_log());
+  EXPECT_EQ(after[0].log().offset(), 4);
+  EXPECT_EQ(after[0].log().data(), "456789\n");
+  EXPECT_TRUE(after.back().has_finished());
+  EXPECT_GT(after.back().event_seq(), first_seq);
+}
+
+TEST_F(SessionTest, KillsAttemptsTheCoordinatorDoesNotKeep) {
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1; }));
+  Assign("a3", {"/bin/sleep", "100"});
+  int64_t pid = 0;
+  ASSERT_TRUE(fake_.WaitFor([&] {
+    for (const auto& e : EventsOf("a3")) {
+      if (e.has_started()) pid = e.started().pid();
+    }
+    return pid > 0;
+  }));
+  fake_.Drop();  // reconnects; the fake keeps nothing
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 2; }));
+  EXPECT_EQ(fake_.registers_[1].running_size(), 1);
+  EXPECT_TRUE(WaitForgotten("a3"));
+  bool gone = false;
+  for (int i = 0; i < 1000 && !gone; ++i) {
+    gone = kill(-static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    if (!gone) usleep(10'000);
+  }
+  EXPECT_TRUE(gone);
+}
+
+TEST_F(SessionTest, CancelFromTheCoordinator) {
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1; }));
+  Assign("a4", {"/bin/sleep", "100"});
+  ASSERT_TRUE(fake_.WaitFor([&] {
+    for (const auto& e : EventsOf("a4")) {
+      if (e.has_started()) return true;
+    }
+    return false;
+  }));
+  v1::CoordinatorMessage cancel;
+  cancel.mutable_cancel()->set_attempt_id("a4");
+  cancel.mutable_cancel()->set_reason("by user");
+  fake_.Send(cancel);
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("a4") == 1; }));
+  std::lock_guard<std::mutex> lock(fake_.mu_);
+  EXPECT_EQ(EventsOf("a4").back().finished().reason(), "cancelled: by user");
+}
+
+}  // namespace
+}  // namespace stemma::worker
