@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/job_spec.h"
 
 namespace stemma::cli {
@@ -33,6 +34,8 @@ std::string StateList() {
 }
 
 std::string OrDash(const std::string& s) { return s.empty() ? "-" : s; }
+
+int64_t NowMsForJson() { return absl::ToUnixMillis(absl::Now()); }
 
 std::vector<std::string> Workers(const v1::Job& job) {
   std::vector<std::string> out;
@@ -278,6 +281,15 @@ nlohmann::json JobToJson(const v1::Job& job) {
   return j;
 }
 
+int64_t HeartbeatAgeMs(const v1::WorkerInfo& worker, int64_t now_ms) {
+  // The coordinator sends the age (ms since the last heartbeat; -1 while disconnected).
+  // A value that looks like a Unix timestamp is read as one.
+  constexpr int64_t kYear2000Ms = 946'684'800'000;
+  int64_t v = worker.last_heartbeat_ms();
+  if (v >= kYear2000Ms) return std::max<int64_t>(0, now_ms - v);
+  return v;
+}
+
 std::string WorkerStateName(v1::WorkerState state) {
   switch (state) {
     case v1::WORKER_ALIVE:
@@ -310,6 +322,7 @@ nlohmann::json WorkerToJson(const v1::WorkerInfo& worker) {
   j["allow_exec"] = worker.allow_exec();
   j["attempts"] = std::vector<std::string>(worker.attempts().begin(), worker.attempts().end());
   j["last_heartbeat_ms"] = worker.last_heartbeat_ms();
+  j["heartbeat_age_ms"] = HeartbeatAgeMs(worker, NowMsForJson());
   j["registered_ms"] = worker.registered_ms();
   return j;
 }
@@ -438,9 +451,10 @@ std::string RenderWorkersTable(const std::vector<v1::WorkerInfo>& workers, bool 
         WorkerStateName(w.state()),
         absl::StrCat(w.gpus_in_use_size(), "/", w.gpus_size()),
         absl::StrCat(FormatNumber(w.cpus_in_use()), "/", FormatNumber(w.cpus())),
-        absl::StrCat(HumanMemoryMb(w.memory_in_use_mb()), "/", HumanMemoryMb(w.memory_mb())),
+        absl::StrCat(w.memory_in_use_mb() > 0 ? HumanMemoryMb(w.memory_in_use_mb()) : "0", "/",
+                     HumanMemoryMb(w.memory_mb())),
         absl::StrCat(w.attempts_size()),
-        HumanAge(w.last_heartbeat_ms(), now_ms)};
+        HeartbeatAgeMs(w, now_ms) < 0 ? "-" : HumanDuration(HeartbeatAgeMs(w, now_ms))};
     if (wide) {
       row.push_back(w.allow_exec() ? "yes" : "no");
       row.push_back(MapCell(w.labels()));

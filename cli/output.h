@@ -52,8 +52,13 @@ std::string FormatClock(int64_t ms);
 nlohmann::json JobToJson(const v1::Job& job);
 // id, host, state ("ALIVE" | "DRAINING" | "LOST"), gpus [{id, model, memory_mb}],
 // gpus_in_use, cpus, cpus_in_use, memory_mb, memory_in_use_mb, labels, allow_exec,
-// attempts, last_heartbeat_ms, registered_ms.
+// attempts, last_heartbeat_ms (as sent), heartbeat_age_ms, registered_ms.
 nlohmann::json WorkerToJson(const v1::WorkerInfo& worker);
+
+// Milliseconds since the worker's last heartbeat at `now_ms`; negative when unknown
+// (disconnected). Accepts last_heartbeat_ms as an age (what the coordinator sends) or as
+// a Unix timestamp.
+int64_t HeartbeatAgeMs(const v1::WorkerInfo& worker, int64_t now_ms);
 
 // "ALIVE", "DRAINING", "LOST", "UNSPECIFIED".
 std::string WorkerStateName(v1::WorkerState state);

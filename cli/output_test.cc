@@ -156,7 +156,7 @@ TEST(RenderWorkersTableTest, UsedOverTotal) {
   w.set_memory_mb(64 * 1024);
   w.set_memory_in_use_mb(512);
   w.add_attempts("j-1.1");
-  w.set_last_heartbeat_ms(kNow - 2'000);
+  w.set_last_heartbeat_ms(2'000);  // the coordinator sends the age
   std::string out = RenderWorkersTable({w}, /*wide=*/false, kNow);
   EXPECT_THAT(out, HasSubstr("HEARTBEAT-AGE"));
   EXPECT_THAT(out, HasSubstr("DRAINING"));
@@ -164,6 +164,10 @@ TEST(RenderWorkersTableTest, UsedOverTotal) {
   EXPECT_THAT(out, HasSubstr("1.5/8"));
   EXPECT_THAT(out, HasSubstr("512M/64G"));
   EXPECT_THAT(out, HasSubstr("2s"));
+  w.set_last_heartbeat_ms(kNow - 3'000);  // a timestamp reads as one
+  EXPECT_EQ(HeartbeatAgeMs(w, kNow), 3'000);
+  w.set_last_heartbeat_ms(-1);  // disconnected
+  EXPECT_THAT(RenderWorkersTable({w}, false, kNow), HasSubstr("   -\n"));
   nlohmann::json j = WorkerToJson(w);
   EXPECT_EQ(j["state"], "DRAINING");
   EXPECT_EQ(j["gpus"].size(), 2u);

@@ -36,6 +36,15 @@ absl::StatusOr<int> Follow(const GlobalOptions& g, const FollowOptions& o) {
   const absl::Time deadline =
       o.timeout_s > 0 ? absl::Now() + absl::Seconds(o.timeout_s) : absl::InfiniteFuture();
 
+  // The coordinator watches unknown ids silently; name them here instead of waiting forever.
+  {
+    CoordinatorClient client(g.coordinator, g.timeout());
+    for (const auto& id : o.ids) {
+      absl::StatusOr<v1::Job> job = client.GetJob(id);
+      if (!job.ok()) return job.status();
+    }
+  }
+
   std::set<std::string> pending(o.ids.begin(), o.ids.end());
   std::map<std::string, v1::Job> finished;
   auto on_event = [&](const v1::JobEvent& event) {

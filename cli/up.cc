@@ -91,8 +91,8 @@ class Supervisor {
   absl::Status DiedError(const ChildProcess& child, const std::string& when) const {
     std::string line = LastLogLine(child.log_path());
     return absl::InternalError(absl::StrCat(child.name(), " ", child.ExitDescription(), " ", when,
-                                            line.empty() ? "" : ": ", line, " (see ",
-                                            child.log_path(), ")"));
+                                            " (see ", child.log_path(),
+                                            line.empty() ? "" : "; its last line: ", line, ")"));
   }
 
  private:
@@ -135,18 +135,6 @@ absl::StatusOr<int> RunUp(const GlobalOptions& g, UpOptions o) {
     ASSIGN_OR_RETURN(worker_bin, FindSiblingBinary("stemma-worker"));
   }
 
-  const std::filesystem::path data(o.data);
-  std::vector<std::filesystem::path> dirs = {data / "coordinator"};
-  for (int i = 0; i < o.workers; ++i) dirs.push_back(data / absl::StrCat("worker-", i));
-  for (const auto& dir : dirs) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
-    }
-  }
-
   // Signals are taken synchronously (sigtimedwait) by this thread. Block them before gRPC
   // starts any thread, so that every thread inherits the mask; children get the old one.
   sigset_t blocked, old_mask;
@@ -164,6 +152,18 @@ absl::StatusOr<int> RunUp(const GlobalOptions& g, UpOptions o) {
   if (poll().ok()) {
     return absl::AlreadyExistsError(
         absl::StrCat("a coordinator already answers at ", address, " (use --listen)"));
+  }
+
+  const std::filesystem::path data(o.data);
+  std::vector<std::filesystem::path> dirs = {data / "coordinator"};
+  for (int i = 0; i < o.workers; ++i) dirs.push_back(data / absl::StrCat("worker-", i));
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
+    }
   }
 
   Supervisor supervisor(old_mask);
