@@ -343,7 +343,9 @@ void JobTable::AttemptFailed(v1::Job* job, const std::string& result, int exit_c
   e.job.set_exit_code(exit_code);
   std::string why = absl::StrCat("attempt ", a->number(), " failed: ", result);
   if (retryable && e.job.attempts() < e.job.attempt_budget()) {
-    int64_t delay = BackoffMs(e.job.spec(), e.job.attempts() + 1);
+    // Backoff restarts with each manual retry (which grants a fresh budget).
+    int used = e.job.attempts() - (e.job.attempt_budget() - e.job.spec().max_attempts());
+    int64_t delay = BackoffMs(e.job.spec(), used + 1);
     e.job.set_not_before_ms(clock_->WallMs() + delay);
     SetState(e, v1::QUEUED, absl::StrCat(why, "; retrying in ", delay, " ms"), changes);
     return;

@@ -75,7 +75,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{"name: x", "kind"},
                       BadCase{"exec: {argv: []}", "exec.argv"},
                       BadCase{"exec: {argv: [ls], env: {'bad-name': x}}", "exec.env"},
-                      BadCase{"noop: {}\nlabels: {'a b': x}", "labels"}));
+                      BadCase{"noop: {}\nlabels: {'a b': x}", "labels"}),
+    [](const ::testing::TestParamInfo<BadCase>& info) { return "case" + std::to_string(info.index); });
 
 TEST(Validate, DefaultsAreValid) {
   v1::JobSpec spec;

@@ -47,7 +47,8 @@ TEST(Fault, CoordinatorKilledWith200JobsInFlightLosesNothing) {
   }
   // Let some finish and some run, then crash the coordinator.
   ASSERT_TRUE(c.WaitUntil([&] {
-    return std::count(Cluster::ReadFile(done).begin(), Cluster::ReadFile(done).end(), '\n') >= 20;
+    std::string text = Cluster::ReadFile(done);
+    return std::count(text.begin(), text.end(), '\n') >= 20;
   }));
   c.KillCoordinator(SIGKILL);
   std::this_thread::sleep_for(std::chrono::milliseconds(800));  // attempts finish meanwhile
