@@ -1,5 +1,6 @@
 #include "worker/executor.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
@@ -148,16 +149,19 @@ absl::Status WriteFile(const std::string& path, const std::string& data) {
   return absl::OkStatus();
 }
 
-// The child, after fork: only async-signal-safe calls from here on.
+// The child, after fork or vfork: only async-signal-safe system calls from here on, and
+// nothing that writes memory the parent uses (with vfork the memory is shared). All
+// signals arrive blocked; handlers are reset before they are unblocked, so no handler of
+// the worker ever runs in the child.
 [[noreturn]] void RunChild(const SpawnPlan& p, int out_fd, pid_t parent) {
   // The worker blocks SIGINT/SIGTERM and gRPC ignores SIGPIPE; both would be inherited.
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
   struct sigaction dfl;
   memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
   for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);  // some fail; fine
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
 
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -286,7 +290,17 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
     refusal = absl::StrCat("refused: attempt id '", id, "' is not a valid directory name");
   } else {
     std::error_code ec;
-    std::filesystem::create_directories(workdir, ec);
+    std::string spare;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!spare_dirs_.empty()) {
+        spare = std::move(spare_dirs_.back());
+        spare_dirs_.pop_back();
+      }
+    }
+    if (spare.empty() || rename(spare.c_str(), workdir.c_str()) != 0) {
+      std::filesystem::create_directories(workdir, ec);
+    }
     if (ec) {
       failure = absl::StrCat("worker error: cannot create ", workdir, ": ", ec.message());
     } else {
@@ -455,8 +469,31 @@ void Executor::Discard(const std::string& attempt_id) {
 void Executor::Forget(const std::string& attempt_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = attempts_.find(attempt_id);
-  if (it != attempts_.end() && it->second->finished) attempts_.erase(it);
+  if (it != attempts_.end() && it->second->finished) {
+    RecycleDirLocked(*it->second);
+    attempts_.erase(it);
+  }
   changed_.notify_all();
+}
+
+void Executor::RecycleDirLocked(const Attempt& a) {
+  constexpr size_t kMaxSpares = 64;
+  if (spare_dirs_.size() >= kMaxSpares || a.log_path.empty() || a.log_fd >= 0) return;
+  const std::string dir = absl::StrCat(attempts_dir_, "/", a.id);
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  bool only_log = true;
+  while (dirent* e = readdir(d)) {
+    absl::string_view name(e->d_name);
+    if (name != "." && name != ".." && name != "log") {
+      only_log = false;
+      break;
+    }
+  }
+  closedir(d);
+  if (!only_log) return;  // the job left files: keep them for the user
+  std::string spare = absl::StrCat(attempts_dir_, "/.spare-", next_spare_++);
+  if (rename(dir.c_str(), spare.c_str()) == 0) spare_dirs_.push_back(std::move(spare));
 }
 
 void Executor::RecordLost(const std::string& attempt_id, int32_t rank, const std::string& reason) {
@@ -612,9 +649,17 @@ void Executor::SpawnLocked(Attempt& a) {
     return;
   }
   const pid_t parent = getpid();
-  const pid_t pid = fork();
+  // exec jobs start with vfork: the child borrows the worker's memory until execve, so
+  // no page tables are copied and torn down for every attempt (fork + exit of the copy
+  // cost about half of the worker's CPU per job). noop children outlive that moment, so
+  // they need a real fork.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  const pid_t pid = plan->noop ? fork() : vfork();
   if (pid == 0) RunChild(*plan, fds[1], parent);
   const int fork_errno = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
   close(fds[1]);
   if (pid < 0) {
     close(fds[0]);

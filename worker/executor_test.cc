@@ -265,11 +265,26 @@ TEST_F(ExecutorTest, DuplicateAndBadIdsAndForget) {
   ASSERT_TRUE(executor().WaitFinished("dup", kWaitMs));
   executor().Forget("dup");
   EXPECT_FALSE(executor().Get("dup").has_value());
-  EXPECT_TRUE(fs::exists(dir_ / "attempts" / "dup" / "log"));
 
   AttemptSnapshot bad = Run(Noop("../escape", 0, 0));
   EXPECT_EQ(bad.result.exit_code(), -1);
   EXPECT_FALSE(bad.result.retryable());
+}
+
+TEST_F(ExecutorTest, ForgottenDirectoriesAreRecycledUnlessTheJobLeftFiles) {
+  ASSERT_TRUE(executor().Launch(Exec("first", {"/bin/echo", "first output"})).ok());
+  ASSERT_TRUE(executor().WaitFinished("first", kWaitMs));
+  executor().Forget("first");
+  EXPECT_FALSE(fs::exists(dir_ / "attempts" / "first"));  // renamed for reuse
+  AttemptSnapshot second = Run(Exec("second", {"/bin/echo", "second"}));
+  EXPECT_EQ(second.result.exit_code(), 0);
+  EXPECT_EQ(Log("second"), "second\n");  // the reused log starts empty
+  // A job that leaves files keeps its directory after Forget.
+  AttemptSnapshot maker = Run(Exec("maker", {"/usr/bin/touch", "result.bin"}));
+  EXPECT_EQ(maker.result.exit_code(), 0);
+  executor().Forget("maker");
+  EXPECT_TRUE(fs::exists(dir_ / "attempts" / "maker" / "result.bin"));
+  EXPECT_TRUE(fs::exists(dir_ / "attempts" / "maker" / "log"));
 }
 
 TEST_F(ExecutorTest, DiscardKillsAndForgets) {

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -63,6 +64,8 @@ Cluster::~Cluster() {
 pid_t Cluster::Spawn(const std::vector<std::string>& argv, const std::string& log) const {
   pid_t pid = ::fork();
   if (pid == 0) {
+    // Daemons die with the test process, even when it crashes.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
