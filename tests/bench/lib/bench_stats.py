@@ -5,16 +5,32 @@
       Prints K distinct free TCP ports on 127.0.0.1, one a line.
   bench_stats.py slurm TS_DIR SUBMIT_US JOBS
       Reads one file per job from TS_DIR, each "START_US END_US" (epoch microseconds written
-      by the job itself) and prints JSON {jobs_per_s, latency_p50_ms, latency_p99_ms, ...}:
-      throughput = JOBS / (last job end - submit start), latency = job start - submit start.
+      by the job itself) and prints JSON {jobs_per_s, burst_latency_p50_ms, ...}:
+      throughput = JOBS / (last job end - submit start), burst latency = job start - submit
+      start (queue wait behind the other array tasks included).
+  bench_stats.py slurm-latency PAIRS_FILE JOBS
+      Unloaded latency phase: PAIRS_FILE has one line per job, "SUBMIT_US START_US" (START_US
+      "-" if the job did not start in time); prints JSON {latency_p50_ms, latency_p99_ms, ...}
+      with latency = START_US - SUBMIT_US.
   bench_stats.py stemma-workers WORKERS_JSON
       Prints how many ALIVE workers `stemma workers -o json` lists.
   bench_stats.py stemma-states LS_JSON [IDS_FILE]
       Prints "<total> <succeeded> <terminal>" for the jobs (restricted to IDS_FILE's ids).
   bench_stats.py stemma LS_JSON SUBMIT_MS JOBS [IDS_FILE]
       From `stemma ls --all -o json` (fields id, state, created_ms, started_ms, finished_ms):
-      throughput = JOBS / (max finished_ms - submit start), latency = started_ms - created_ms.
+      throughput = JOBS / (max finished_ms - submit start), burst latency = started_ms -
+      created_ms (queue wait behind the other jobs of the burst included).
+  bench_stats.py stemma-latency LS_JSON IDS_FILE SUBMITS_FILE
+      Unloaded latency phase: jobs submitted one at a time; IDS_FILE has their ids, SUBMITS_FILE
+      one "ID SUBMIT_US" line per job (epoch us just before `stemma submit` ran). Prints JSON
+      {latency_p50_ms, latency_p99_ms, ...}: latency = started_ms - created_ms (coordinator
+      timestamps); cli_latency = started_ms - SUBMIT_US (includes the CLI's own start-up and
+      connect, comparable to Slurm's sbatch-to-start); submitted_while_busy counts jobs created
+      before the coordinator had recorded the previous one finished (the worker reports some
+      completions a few tens of ms late; with C slots one unfinished job still leaves C-1
+      free, so a few are harmless).
   bench_stats.py final --jobs N --concurrency C [--spawn F] [--stemma F] [--slurm F]
+                       [--stemma-latency F] [--slurm-latency F]
       Merges the per-part JSON files (missing or empty -> null fields) into the one result line.
 """
 import json
@@ -130,8 +146,8 @@ def cmd_slurm(ts_dir, submit_us, jobs):
         out.update({
             "seconds": rnd(span_s),
             "jobs_per_s": rnd(len(starts) / span_s if span_s > 0 else None, 1),
-            "latency_p50_ms": rnd(percentile(lat_ms, 50), 1),
-            "latency_p99_ms": rnd(percentile(lat_ms, 99), 1),
+            "burst_latency_p50_ms": rnd(percentile(lat_ms, 50), 1),
+            "burst_latency_p99_ms": rnd(percentile(lat_ms, 99), 1),
             "first_start_ms": rnd(min(lat_ms), 1),
             "max_concurrent": max_overlap(starts, ends),
         })
@@ -174,9 +190,73 @@ def cmd_stemma(ls_path, submit_ms, jobs, ids_path=None):
         out["jobs_per_s"] = rnd(jobs / span_s if span_s > 0 else None, 1)
         if out["succeeded"] < jobs:
             out["jobs_per_s"] = None  # incomplete run: no honest throughput
-    out["latency_p50_ms"] = rnd(percentile(lat, 50), 2)
-    out["latency_p99_ms"] = rnd(percentile(lat, 99), 2)
+    out["burst_latency_p50_ms"] = rnd(percentile(lat, 50), 2)
+    out["burst_latency_p99_ms"] = rnd(percentile(lat, 99), 2)
     print(json.dumps(out))
+
+
+def latency_summary(lat_ms, jobs, nd):
+    return {
+        "jobs": jobs,
+        "measured": len(lat_ms),
+        "latency_p50_ms": rnd(percentile(lat_ms, 50), nd),
+        "latency_p99_ms": rnd(percentile(lat_ms, 99), nd),
+        "latency_min_ms": rnd(min(lat_ms), nd) if lat_ms else None,
+        "latency_max_ms": rnd(max(lat_ms), nd) if lat_ms else None,
+    }
+
+
+def cmd_stemma_latency(ls_path, ids_path, submits_path):
+    submit_us = {}
+    with open(submits_path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 2:
+                submit_us[parts[0]] = int(parts[1])
+    rows = select_jobs(ls_path, ids_path)
+    ids = read_ids(ids_path) or set()
+    rows = [j for j in rows if str(j.get("id")) in ids]
+    rows.sort(key=lambda j: float(j.get("created_ms") or 0))
+    lat, cli_lat, busy = [], [], 0
+    prev_finished = None
+    for j in rows:
+        created, started = j.get("created_ms"), j.get("started_ms")
+        if started and created:
+            lat.append(float(started) - float(created))
+            sub = submit_us.get(str(j.get("id")))
+            if sub is not None:
+                cli_lat.append(float(started) - sub / 1e3)
+        if prev_finished is not None and created and \
+                (not prev_finished or float(created) < float(prev_finished)):
+            busy += 1
+        prev_finished = j.get("finished_ms")
+    states = {}
+    for j in rows:
+        s = norm_state(j.get("state"))
+        states[s] = states.get(s, 0) + 1
+    out = latency_summary(lat, len(submit_us), 2)
+    out.update({
+        "cli_latency_p50_ms": rnd(percentile(cli_lat, 50), 2),
+        "cli_latency_p99_ms": rnd(percentile(cli_lat, 99), 2),
+        "submitted_while_busy": busy,
+        "states": states,
+    })
+    print(json.dumps(out))
+
+
+def cmd_slurm_latency(pairs_path, jobs):
+    lat = []
+    with open(pairs_path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) < 2 or parts[1] == "-":
+                continue
+            try:
+                sub, start = int(parts[0]), int(parts[1].replace(".", ""))
+            except ValueError:
+                continue
+            lat.append((start - sub) / 1e3)
+    print(json.dumps(latency_summary(lat, int(jobs), 1)))
 
 
 def part(path):
@@ -203,6 +283,8 @@ def cmd_final(argv):
     spawn = part(args.get("spawn"))
     stemma = part(args.get("stemma"))
     slurm = part(args.get("slurm"))
+    stemma_lat = part(args.get("stemma-latency"))
+    slurm_lat = part(args.get("slurm-latency"))
     st = stemma.get("jobs_per_s")
     sl = slurm.get("jobs_per_s")
     sp = spawn.get("jobs_per_s")
@@ -212,10 +294,20 @@ def cmd_final(argv):
         "spawn_limit_jobs_per_s": sp,
         "throughput_ratio": ratio(st, sl),
         "ratio_vs_spawn_limit": ratio(st, sp),
-        "stemma_latency_p50_ms": stemma.get("latency_p50_ms"),
-        "stemma_latency_p99_ms": stemma.get("latency_p99_ms"),
-        "slurm_latency_p50_ms": slurm.get("latency_p50_ms"),
-        "slurm_latency_p99_ms": slurm.get("latency_p99_ms"),
+        "stemma_latency_p50_ms": stemma_lat.get("latency_p50_ms"),
+        "stemma_latency_p99_ms": stemma_lat.get("latency_p99_ms"),
+        "slurm_latency_p50_ms": slurm_lat.get("latency_p50_ms"),
+        "slurm_latency_p99_ms": slurm_lat.get("latency_p99_ms"),
+        "latency_ratio": ratio(slurm_lat.get("latency_p50_ms"),
+                               stemma_lat.get("latency_p50_ms")),
+        "stemma_cli_latency_p50_ms": stemma_lat.get("cli_latency_p50_ms"),
+        "stemma_cli_latency_p99_ms": stemma_lat.get("cli_latency_p99_ms"),
+        "stemma_burst_latency_p50_ms": stemma.get("burst_latency_p50_ms"),
+        "stemma_burst_latency_p99_ms": stemma.get("burst_latency_p99_ms"),
+        "slurm_burst_latency_p50_ms": slurm.get("burst_latency_p50_ms"),
+        "slurm_burst_latency_p99_ms": slurm.get("burst_latency_p99_ms"),
+        "stemma_latency_jobs": stemma_lat.get("measured"),
+        "slurm_latency_jobs": slurm_lat.get("measured"),
         "jobs": int(args["jobs"]),
         "concurrency": int(args["concurrency"]),
     }
@@ -237,6 +329,10 @@ def main(argv):
         cmd_stemma_states(*rest)
     elif cmd == "stemma":
         cmd_stemma(*rest)
+    elif cmd == "stemma-latency":
+        cmd_stemma_latency(*rest)
+    elif cmd == "slurm-latency":
+        cmd_slurm_latency(*rest)
     elif cmd == "final":
         cmd_final(rest)
     else:

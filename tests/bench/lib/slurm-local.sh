@@ -3,6 +3,7 @@
 # benchmark. Source this file, then:
 #   slurm_local_start DIR C   -> starts a private munged, slurmctld and slurmd under DIR
 #   slurm_local_run N C OUT   -> runs N /bin/true jobs, writes a JSON summary to OUT
+#   slurm_local_latency K OUT -> unloaded submit->start latency of K single sbatch jobs, JSON
 #   slurm_local_stop          -> stops everything slurm_local_start started (idempotent)
 # Follows /work/shared/reference/slurm-localhost.md: munge dirs owned by munge, SlurmUser=root,
 # proctrack/linuxproc, task/none, cons_tres with CR_Core, no accounting, state and spool in
@@ -32,6 +33,13 @@
 # instead of every 3 s; one untimed warm-up job absorbs slurmctld's ~3 s startup before its
 # first scheduling pass. Slurm 22.05 still starts queued jobs mostly from that once-a-second
 # loop, so with C slots it manages roughly C jobs per second here.
+#
+# Unloaded latency (slurm_local_latency): after the array, K jobs are submitted one at a time
+# with plain `sbatch` (same --ntasks=1 --cpus-per-task=1) to the otherwise idle node. Each job
+# script writes its own start time ($EPOCHREALTIME) to a file; the submit time is taken just
+# before `sbatch` is invoked (epoch us, no fork). The next job is submitted only once the
+# previous one's start file exists (timeout 30 s), so no job waits behind another.
+# Latency = job start - submit time.
 
 SL_DIR=""
 SL_PIDS=()          # "name:pid" for everything we started, in start order
@@ -236,6 +244,64 @@ JOB
   _sl_log "all $n/$N job files seen $(( (seen_us - submit_us) / 1000 )) ms after submit"
   [[ -s "$SL_DIR/log/jobs.stderr" ]] && { _sl_log "job stderr:"; head -n 5 "$SL_DIR/log/jobs.stderr"; }
   python3 "$(dirname "${BASH_SOURCE[0]}")/bench_stats.py" slurm "$ts" "$submit_us" "$N" >"$out"
+}
+
+# slurm_local_latency K OUT_JSON
+slurm_local_latency() {
+  local K=$1 out=$2
+  local dir="$SL_DIR/lat" script="$SL_DIR/lat-job.sh" pairs="$SL_DIR/lat.pairs"
+  mkdir -p "$dir"
+  : >"$pairs"
+  cat >"$script" <<JOB
+#!/bin/bash
+s=\$EPOCHREALTIME
+echo "\$s" > "$dir/\$1.tmp" && mv "$dir/\$1.tmp" "$dir/\$1"
+/bin/true
+JOB
+  chmod +x "$script"
+  # Leftovers of the array (if it timed out) would load the node: cancel them first.
+  local i
+  if [[ -n "$(squeue -h -r 2>/dev/null)" ]]; then
+    _sl_log "latency: cancelling leftover jobs first"
+    scancel --quiet --full --user=root 2>/dev/null
+    for ((i = 0; i < 100; i++)); do
+      [[ -z "$(squeue -h -r 2>/dev/null)" ]] && break
+      sleep 0.1
+    done
+  fi
+  local k sub_us start jobid misses=0 t0=${EPOCHREALTIME/./}
+  for ((k = 0; k < K; k++)); do
+    if ! _sl_name_alive slurmctld || ! _sl_name_alive slurmd; then
+      _sl_log "latency: a Slurm daemon died after $k jobs"; slurm_local_logs; break
+    fi
+    sub_us=${EPOCHREALTIME/./}
+    if ! jobid=$(sbatch --parsable --ntasks=1 --cpus-per-task=1 --job-name="lat$k" \
+        --chdir="$SL_DIR" --output=/dev/null --error="$SL_DIR/log/lat.stderr" \
+        --open-mode=append "$script" "$k" 2>"$SL_DIR/log/lat-sbatch.err"); then
+      _sl_log "latency: sbatch $k failed: $(head -c 300 "$SL_DIR/log/lat-sbatch.err")"
+      ((++misses >= 2)) && break
+      continue
+    fi
+    start=-
+    while (( ${EPOCHREALTIME/./} - sub_us < 30000000 )); do
+      if [[ -s "$dir/$k" ]]; then read -r start <"$dir/$k"; break; fi
+      sleep 0.005
+    done
+    echo "$sub_us ${start/./}" >>"$pairs"
+    if [[ "$start" == - ]]; then
+      _sl_log "latency: job $k ($jobid) did not start within 30 s"
+      scancel --quiet "$jobid" 2>/dev/null
+      ((++misses >= 2)) && break
+      continue
+    fi
+    # Let it finish so the node is idle again for the next submit.
+    for ((i = 0; i < 100; i++)); do
+      [[ -z "$(squeue -h -j "$jobid" -t PD,CF,R,CG 2>/dev/null)" ]] && break
+      sleep 0.05
+    done
+  done
+  _sl_log "latency: $(wc -l <"$pairs") single jobs submitted one at a time in $(( (${EPOCHREALTIME/./} - t0) / 1000 )) ms"
+  python3 "$(dirname "${BASH_SOURCE[0]}")/bench_stats.py" slurm-latency "$pairs" "$K" >"$out"
 }
 
 slurm_local_stop() {
