@@ -17,6 +17,8 @@ struct OutgoingMessage {
 };
 
 struct Changes {
+  // Watch events are only built when someone watches.
+  bool want_events = true;
   StoreBatch batch;
   std::vector<v1::JobEvent> events;
   std::vector<OutgoingMessage> messages;

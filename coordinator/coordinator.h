@@ -76,6 +76,12 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   // Hands `changes` to the committer (under mu_) and arranges for its events and messages
   // to go out once durable. Returns the commit ticket.
   uint64_t Finish(Changes&& changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Empty changes; watch events are built only while someone watches.
+  Changes NewChanges() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Changes c;
+    c.want_events = hub_.HasSubscribers();
+    return c;
+  }
   // Ends the job's current attempt as failed: frees its parts, tells the workers of the
   // other parts to stop them, and requeues or fails the job.
   void EndAttempt(v1::Job* job, const std::string& result, int exit_code, bool retryable,

@@ -24,12 +24,14 @@ std::shared_ptr<EventHub::Subscription> EventHub::Subscribe(const std::vector<st
   sub->filter_.insert(ids.begin(), ids.end());
   absl::MutexLock lock(&mu_);
   subs_.push_back(sub);
+  subscribers_ = static_cast<int>(subs_.size());
   return sub;
 }
 
 void EventHub::Unsubscribe(const std::shared_ptr<Subscription>& sub) {
   absl::MutexLock lock(&mu_);
   subs_.erase(std::remove(subs_.begin(), subs_.end(), sub), subs_.end());
+  subscribers_ = static_cast<int>(subs_.size());
 }
 
 void EventHub::Publish(const std::vector<v1::JobEvent>& events) {

@@ -3,6 +3,7 @@
 // slowing the coordinator. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <set>
@@ -34,10 +35,14 @@ class EventHub {
   std::shared_ptr<Subscription> Subscribe(const std::vector<std::string>& job_ids);
   void Unsubscribe(const std::shared_ptr<Subscription>& sub);
   void Publish(const std::vector<v1::JobEvent>& events);
+  // Cheap check, so that producers can skip building events nobody reads. A subscriber
+  // added concurrently may miss events produced before it was counted, as it may anyway.
+  bool HasSubscribers() const { return subscribers_.load(std::memory_order_relaxed) > 0; }
 
  private:
   absl::Mutex mu_;
   std::vector<std::shared_ptr<Subscription>> subs_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> subscribers_{0};
 };
 
 }  // namespace stemma::coordinator

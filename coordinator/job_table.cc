@@ -210,6 +210,7 @@ absl::StatusOr<v1::ListJobsResponse> JobTable::List(const v1::ListJobsRequest& r
 void JobTable::Record(Entry& e, v1::JobState previous, Changes* changes) {
   e.job.set_updated_ms(clock_->WallMs());
   changes->batch.jobs.push_back(e.job);
+  if (!changes->want_events) return;
   v1::JobEvent ev;
   *ev.mutable_job() = e.job;
   ev.set_previous(previous);

@@ -49,6 +49,7 @@ std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers
   int blocked = 0;
   std::vector<int> chosen;
   for (const auto& [neg_priority, seq, id] : jobs.queue()) {
+    if (max_cpus <= 1e-9 && max_gpus == 0) break;  // every worker is full
     const v1::Job* job = jobs.Find(id);
     if (job == nullptr || job->not_before_ms() > now_wall_ms) continue;
     const auto& r = job->spec().resources();

@@ -41,6 +41,7 @@ namespace stemma::worker {
 // Everything the child needs, prepared before fork so that the child only makes
 // async-signal-safe calls.
 struct SpawnPlan {
+  std::vector<int> ignored_signals;  // dispositions the worker ignores, reset in the child
   bool noop = false;
   int64_t noop_ms = 0;
   int noop_exit = 0;
@@ -158,7 +159,14 @@ absl::Status WriteFile(const std::string& path, const std::string& data) {
   struct sigaction dfl;
   memset(&dfl, 0, sizeof dfl);
   dfl.sa_handler = SIG_DFL;
-  for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);  // some fail; fine
+  if (p.noop) {
+    // This child lives on as a copy of the worker: no handler of the worker may run.
+    for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);  // some fail; fine
+  } else {
+    // execve resets handlers itself; only ignored signals (SIGPIPE, by gRPC) would be
+    // inherited as ignored.
+    for (int sig : p.ignored_signals) sigaction(sig, &dfl, nullptr);
+  }
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -192,6 +200,22 @@ absl::Status WriteFile(const std::string& path, const std::string& data) {
   if (desc != nullptr) WriteAll(2, desc, strlen(desc));
   WriteAll(2, "\n", 1);
   _exit(127);
+}
+
+// Signals this process ignores, read once (after gRPC set SIGPIPE to ignored), plus SIGPIPE
+// in any case.
+const std::vector<int>& IgnoredSignals() {
+  static const std::vector<int> ignored = [] {
+    std::vector<int> out = {SIGPIPE};
+    for (int sig = 1; sig < NSIG; ++sig) {
+      struct sigaction sa;
+      if (sig != SIGPIPE && sigaction(sig, nullptr, &sa) == 0 && sa.sa_handler == SIG_IGN) {
+        out.push_back(sig);
+      }
+    }
+    return out;
+  }();
+  return ignored;
 }
 
 std::map<std::string, std::string> WorkerEnv() {
@@ -317,6 +341,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
 
   auto plan = std::make_unique<SpawnPlan>();
   plan->workdir = workdir;
+  plan->ignored_signals = IgnoredSignals();
   plan->chdir_error = absl::StrCat("stemma-worker: cannot enter ", workdir, "\n");
   const std::string kind = JobKind(spec);
   if (refusal.empty() && failure.empty()) {

@@ -14,14 +14,12 @@ namespace {
 const char* const kMigrations[] = {
     R"sql(
 CREATE TABLE jobs (
-  id TEXT PRIMARY KEY,
-  seq INTEGER NOT NULL,
+  seq INTEGER PRIMARY KEY,       -- submission order; the id is "j-<seq>"
+  id TEXT NOT NULL,
   state TEXT NOT NULL,
   experiment TEXT NOT NULL DEFAULT '',
-  record BLOB NOT NULL
+  record BLOB NOT NULL           -- stemma.v1.Job
 );
-CREATE INDEX jobs_by_seq ON jobs(seq);
-CREATE INDEX jobs_by_state ON jobs(state);
 CREATE TABLE workers (
   id TEXT PRIMARY KEY,
   record BLOB NOT NULL
@@ -66,7 +64,7 @@ class SqliteStore final : public Store {
     RETURN_IF_ERROR(Migrate());
     RETURN_IF_ERROR(Prepare(
         "INSERT INTO jobs(id, seq, state, experiment, record) VALUES(?1, ?2, ?3, ?4, ?5) "
-        "ON CONFLICT(id) DO UPDATE SET state=excluded.state, record=excluded.record",
+        "ON CONFLICT(seq) DO UPDATE SET state=excluded.state, record=excluded.record",
         &put_job_));
     RETURN_IF_ERROR(Prepare(
         "INSERT INTO workers(id, record) VALUES(?1, ?2) "
