@@ -26,19 +26,22 @@ class FakeChannel : public WorkerChannel {
   // Waits (generously) for a message of the given kind and removes it.
   std::optional<v1::CoordinatorMessage> Take(v1::CoordinatorMessage::MsgCase kind) {
     absl::MutexLock l(&mu_);
-    std::optional<v1::CoordinatorMessage> out;
-    auto found = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (auto it = sent_.begin(); it != sent_.end(); ++it) {
-        if (it->msg_case() == kind) {
-          out = *it;
-          sent_.erase(it);
-          return true;
-        }
+    // absl may evaluate a condition several times, on any thread: it must be pure.
+    auto present = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const auto& m : sent_) {
+        if (m.msg_case() == kind) return true;
       }
       return false;
     };
-    mu_.AwaitWithTimeout(absl::Condition(&found), absl::Seconds(10));
-    return out;
+    mu_.AwaitWithTimeout(absl::Condition(&present), absl::Seconds(10));
+    for (auto it = sent_.begin(); it != sent_.end(); ++it) {
+      if (it->msg_case() == kind) {
+        v1::CoordinatorMessage out = *it;
+        sent_.erase(it);
+        return out;
+      }
+    }
+    return std::nullopt;
   }
   bool closed() {
     absl::MutexLock l(&mu_);
