@@ -405,7 +405,7 @@ std::shared_ptr<EventHub::Subscription> Coordinator::Watch(const v1::WatchReques
     auto add = [&](const v1::Job& job) {
       v1::JobEvent ev;
       *ev.mutable_job() = job;
-      ev.set_previous(job.state());
+      ev.set_previous(v1::JOB_STATE_UNSPECIFIED);  // a snapshot, not a transition
       initial->push_back(std::move(ev));
     };
     if (ids.empty()) {

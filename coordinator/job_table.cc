@@ -249,7 +249,7 @@ void JobTable::Release(Entry& e, Changes* changes) {
     if (d.state() != v1::SUCCEEDED) waiting = true;
   }
   if (waiting) {
-    SetState(e, v1::PENDING, "waiting for dependencies", changes);
+    if (e.job.state() != v1::PENDING) SetState(e, v1::PENDING, "waiting for dependencies", changes);
   } else {
     e.job.set_not_before_ms(0);
     SetState(e, v1::QUEUED, "", changes);
