@@ -1,0 +1,71 @@
+// stemma-engine <command> [args...]: one job attempt (or one tool invocation) per process.
+// Only composes: each command lives in its own file and returns the exit code. Any
+// exception that escapes a command (c10::Error from LibTorch, std::exception from the rest)
+// becomes one line on stderr and exit 1, so a worker sees a clear failed attempt.
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string_view>
+
+#include <c10/util/Exception.h>
+
+#include "engine/commands.h"
+#include "engine/io/commands.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: stemma-engine <command> [args]\n"
+    "commands:\n"
+    "  init     --arch llama|qwen2|gemma3|olmoe --preset tiny --seed S --out DIR\n"
+    "  logits   --model DIR --tokens 1,2,3 [--out FILE]\n"
+    "  inspect  DIR|FILE.safetensors   tensors, dtypes, shapes, shards, manifest status\n"
+    "  verify   DIR                    check every file against the stemma.json manifest\n";
+
+#if !STEMMA_ENGINE_HAS_MODEL
+int NotBuilt(const char* command) {
+  std::fprintf(stderr, "stemma-engine: error: %s is not built into this binary (no engine/model)\n",
+               command);
+  return 1;
+}
+#endif
+
+int Dispatch(int argc, char** argv) {
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  std::string_view command = argv[1];
+  // Commands see their own argv: argv[0] is the command name.
+  int sub_argc = argc - 1;
+  char** sub_argv = argv + 1;
+  if (command == "-h" || command == "--help" || command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+#if STEMMA_ENGINE_HAS_MODEL
+  if (command == "init") return stemma::engine::RunInit(sub_argc, sub_argv);
+  if (command == "logits") return stemma::engine::RunLogits(sub_argc, sub_argv);
+#else
+  if (command == "init" || command == "logits") return NotBuilt(argv[1]);
+#endif
+  if (command == "inspect") return stemma::engine::RunInspect(sub_argc, sub_argv);
+  if (command == "verify") return stemma::engine::RunVerify(sub_argc, sub_argv);
+  std::fprintf(stderr, "stemma-engine: error: unknown command '%s' (try stemma-engine --help)\n",
+               argv[1]);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Dispatch(argc, argv);
+  } catch (const c10::Error& e) {
+    // what_without_backtrace: the message, not a C++ stack dump.
+    std::fprintf(stderr, "stemma-engine: error: %s\n", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "stemma-engine: error: %s\n", e.what());
+  }
+  return 1;
+}
