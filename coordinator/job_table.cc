@@ -23,9 +23,7 @@ void JobTable::Load(const StoreSnapshot& snapshot) {
     e.job = job;
     order_.push_back(job.id());
     next_seq_ = std::max(next_seq_, job.seq() + 1);
-    if (job.state() == v1::QUEUED) {
-      queue_.emplace(-job.spec().priority(), job.seq(), job.id());
-    }
+    if (job.state() == v1::QUEUED) Enqueue(job);
   }
   for (const auto& id : order_) {
     for (const auto& dep : jobs_[id].job.spec().depends_on()) {
@@ -151,6 +149,31 @@ absl::StatusOr<JobTable::SubmitResult> JobTable::Submit(const v1::SubmitRequest&
   return SubmitResult{std::move(ids), false};
 }
 
+void JobTable::Enqueue(const v1::Job& job) {
+  queue_.emplace(-job.spec().priority(), job.seq(), job.id());
+  const auto& r = job.spec().resources();
+  queued_gpus_.insert(r.gpus());
+  queued_cpus_.insert(r.cpus());
+  queued_memory_.insert(r.memory_mb());
+}
+
+void JobTable::Dequeue(const v1::Job& job) {
+  queue_.erase({-job.spec().priority(), job.seq(), job.id()});
+  const auto& r = job.spec().resources();
+  queued_gpus_.erase(queued_gpus_.find(r.gpus()));
+  queued_cpus_.erase(queued_cpus_.find(r.cpus()));
+  queued_memory_.erase(queued_memory_.find(r.memory_mb()));
+}
+
+JobTable::Demand JobTable::MinQueuedDemand() const {
+  Demand d;
+  if (queue_.empty()) return d;
+  d.gpus = *queued_gpus_.begin();
+  d.cpus = *queued_cpus_.begin();
+  d.memory_mb = *queued_memory_.begin();
+  return d;
+}
+
 const v1::Job* JobTable::Find(const std::string& id) const {
   auto it = jobs_.find(id);
   return it == jobs_.end() ? nullptr : &it->second.job;
@@ -220,12 +243,12 @@ void JobTable::Record(Entry& e, v1::JobState previous, Changes* changes) {
 void JobTable::SetState(Entry& e, v1::JobState to, const std::string& reason,
                         Changes* changes) {
   v1::JobState from = e.job.state();
-  if (from == v1::QUEUED) queue_.erase({-e.job.spec().priority(), e.job.seq(), e.job.id()});
+  if (from == v1::QUEUED) Dequeue(e.job);
   e.job.set_state(to);
   e.job.set_reason(reason);
   const int64_t now = clock_->WallMs();
   if (to == v1::QUEUED) {
-    queue_.emplace(-e.job.spec().priority(), e.job.seq(), e.job.id());
+    Enqueue(e.job);
     e.job.set_queued_ms(now);
   }
   if (IsTerminal(to)) e.job.set_finished_ms(now);

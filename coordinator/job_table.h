@@ -55,6 +55,14 @@ class JobTable {
   // QUEUED jobs in scheduling order: priority (high first), then submission order.
   using QueueKey = std::tuple<int, uint64_t, std::string>;  // (-priority, seq, id)
   const std::set<QueueKey>& queue() const { return queue_; }
+  // The smallest GPU, CPU and memory demand among QUEUED jobs (each from possibly a
+  // different job): when no worker has that much free, no queued job can be placed.
+  struct Demand {
+    int gpus = 0;
+    double cpus = 0;
+    int64_t memory_mb = 0;
+  };
+  Demand MinQueuedDemand() const;
 
   // QUEUED → ASSIGNED with a new attempt of these parts.
   v1::Job* Assign(const std::string& id, std::vector<v1::AttemptPart> parts,
@@ -105,6 +113,11 @@ class JobTable {
   absl::node_hash_map<std::string, Entry> jobs_;  // stable addresses
   std::vector<std::string> order_;  // ids in submission order
   std::set<QueueKey> queue_;
+  std::multiset<int> queued_gpus_;
+  std::multiset<double> queued_cpus_;
+  std::multiset<int64_t> queued_memory_;
+  void Enqueue(const v1::Job& job);
+  void Dequeue(const v1::Job& job);
   absl::flat_hash_map<std::string, std::vector<std::string>> idempotency_;
   uint64_t next_seq_ = 1;
 };

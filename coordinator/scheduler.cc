@@ -20,14 +20,14 @@ std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers
                                 int64_t now_wall_ms, const SchedulerOptions& options) {
   std::vector<Placement> out;
   std::vector<Free> free;
+  // Workers come in id order, so placement is deterministic. A full worker is left out
+  // (every job asks for some CPU), which keeps passes short on a busy cluster.
   for (const auto& [id, w] : workers.all()) {
-    if (!w.schedulable()) continue;
+    if (!w.schedulable() || w.free_cpus() <= 1e-9) continue;
     free.push_back({&id, w.free_gpus(), w.free_cpus(), w.free_memory_mb(),
                     w.info.allow_exec(), false});
   }
   if (free.empty()) return out;
-  // Deterministic order regardless of hash iteration.
-  std::sort(free.begin(), free.end(), [](const Free& a, const Free& b) { return *a.id < *b.id; });
 
   // Upper bounds of what any one worker has free: a job above them is blocked without
   // looking at workers, which keeps a pass cheap when the cluster is full.
@@ -45,6 +45,11 @@ std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers
     }
   };
   refresh_bounds();
+  if (jobs.queue().empty()) return out;
+  const JobTable::Demand least = jobs.MinQueuedDemand();
+  if (least.gpus > max_gpus || least.cpus > max_cpus + 1e-9 || least.memory_mb > max_memory) {
+    return out;  // nothing queued fits anywhere: a full cluster costs one scan of workers
+  }
 
   int blocked = 0;
   std::vector<int> chosen;

@@ -7,7 +7,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/node_hash_map.h"
 #include "coordinator/store/store.h"
 #include "stemma/v1/user_service.pb.h"
 
@@ -56,11 +55,12 @@ class WorkerTable {
   // The worker's record as users see it (with what is in use).
   v1::WorkerInfo View(const WorkerEntry& w, int64_t now_mono) const;
 
-  absl::node_hash_map<std::string, WorkerEntry>& all() { return workers_; }
-  const absl::node_hash_map<std::string, WorkerEntry>& all() const { return workers_; }
+  // Ordered by id (stable placement order and listings), with stable addresses.
+  std::map<std::string, WorkerEntry>& all() { return workers_; }
+  const std::map<std::string, WorkerEntry>& all() const { return workers_; }
 
  private:
-  absl::node_hash_map<std::string, WorkerEntry> workers_;
+  std::map<std::string, WorkerEntry> workers_;
 };
 
 inline std::string AllocationKey(const std::string& attempt_id, int rank) {
