@@ -1,1 +1,419 @@
+#include "engine/io/checkpoint.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "engine/io/fs.h"
+#include "engine/io/sha256.h"
+
+namespace stemma::engine::io {
+namespace {
+
+// Files that travel with the weights when a checkpoint derives from another.
+constexpr const char* kCarriedFiles[] = {
+    "config.json",           "generation_config.json", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json",            "merges.txt",              "added_tokens.json",
+    "chat_template.jinja",   "chat_template.json",
+};
+
+std::string Join(const std::string& dir, absl::string_view name) {
+  return absl::StrCat(dir, "/", name);
+}
+
+absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(path + ": not valid JSON");
+  return j;
+}
+
+c10::ScalarType ToScalarType(Dtype d) {
+  switch (d) {
+    case Dtype::kF64: return c10::kDouble;
+    case Dtype::kF32: return c10::kFloat;
+    case Dtype::kF16: return c10::kHalf;
+    case Dtype::kBF16: return c10::kBFloat16;
+    case Dtype::kI64: return c10::kLong;
+    case Dtype::kI32: return c10::kInt;
+    case Dtype::kI16: return c10::kShort;
+    case Dtype::kI8: return c10::kChar;
+    case Dtype::kU8: return c10::kByte;
+    case Dtype::kBool: return c10::kBool;
+  }
+  return c10::kFloat;
+}
+
+absl::StatusOr<Dtype> FromScalarType(c10::ScalarType t) {
+  switch (t) {
+    case c10::kDouble: return Dtype::kF64;
+    case c10::kFloat: return Dtype::kF32;
+    case c10::kHalf: return Dtype::kF16;
+    case c10::kBFloat16: return Dtype::kBF16;
+    case c10::kLong: return Dtype::kI64;
+    case c10::kInt: return Dtype::kI32;
+    case c10::kShort: return Dtype::kI16;
+    case c10::kChar: return Dtype::kI8;
+    case c10::kByte: return Dtype::kU8;
+    case c10::kBool: return Dtype::kBool;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype ", c10::toString(t), " cannot be stored in safetensors here"));
+  }
+}
+
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string ParentDir(const std::string& path) {
+  std::filesystem::path p(path);
+  std::string parent = p.parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+}  // namespace
+
+// ---- reading ----
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    const std::string& dir, const CheckpointReaderOptions& options) {
+  std::unique_ptr<CheckpointReader> r(new CheckpointReader());
+  r->dir_ = dir;
+  const std::string manifest_path = Join(dir, kManifestName);
+  r->has_manifest_ = PathExists(manifest_path);
+  if (options.verify == CheckpointReaderOptions::Verify::kAlways && !r->has_manifest_) {
+    return absl::FailedPreconditionError(dir + ": no " + kManifestName + " manifest to verify");
+  }
+  if (r->has_manifest_ && options.verify != CheckpointReaderOptions::Verify::kNever) {
+    RETURN_IF_ERROR(VerifyCheckpoint(dir));
+  }
+  if (std::string config = Join(dir, "config.json"); PathExists(config)) {
+    ASSIGN_OR_RETURN(r->config_, ReadJson(config));
+  }
+
+  // name -> file, from the index or from the single file.
+  std::map<std::string, std::string> weight_map;
+  const std::string index_path = Join(dir, kIndexName);
+  if (PathExists(index_path)) {
+    ASSIGN_OR_RETURN(nlohmann::json index, ReadJson(index_path));
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(index_path + ": no weight_map object");
+    }
+    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path, ": weight_map.", it.key(), " is not a file name"));
+      }
+      std::string file = it.value().get<std::string>();
+      if (file.find('/') != std::string::npos || file == "..") {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path, ": weight_map.", it.key(), " points outside the directory"));
+      }
+      weight_map[it.key()] = file;
+      if (std::find(r->shard_names_.begin(), r->shard_names_.end(), file) ==
+          r->shard_names_.end()) {
+        r->shard_names_.push_back(file);
+      }
+    }
+    std::sort(r->shard_names_.begin(), r->shard_names_.end());
+  } else if (PathExists(Join(dir, kSingleFileName))) {
+    r->shard_names_.push_back(kSingleFileName);
+  } else {
+    return absl::NotFoundError(absl::StrCat(dir, ": neither ", kSingleFileName, " nor ",
+                                            kIndexName, " (not a checkpoint directory?)"));
+  }
+
+  for (size_t i = 0; i < r->shard_names_.size(); ++i) {
+    ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(Join(dir, r->shard_names_[i])));
+    for (const TensorInfo& t : file->tensors()) {
+      if (!weight_map.empty()) {
+        auto it = weight_map.find(t.name);
+        // A tensor the index places elsewhere (or not at all) is not part of the model.
+        if (it == weight_map.end() || it->second != r->shard_names_[i]) continue;
+      }
+      r->entries_[t.name] = Entry{&t, static_cast<int>(i)};
+    }
+    r->files_.push_back(std::move(file));
+  }
+  for (const auto& [name, file] : weight_map) {
+    if (r->entries_.find(name) == r->entries_.end()) {
+      return absl::DataLossError(absl::StrCat(Join(dir, file), ": tensor \"", name,
+                                              "\" listed in ", kIndexName, " is missing"));
+    }
+  }
+  return r;
+}
+
+std::vector<std::string> CheckpointReader::TensorNames() const {
+  std::vector<std::string> names;
+  names.reserve(entries_.size());
+  for (const auto& [name, e] : entries_) names.push_back(name);
+  return names;
+}
+
+const TensorInfo* CheckpointReader::Find(absl::string_view name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? nullptr : it->second.info;
+}
+
+std::string CheckpointReader::ShardOf(absl::string_view name) const {
+  auto it = entries_.find(name);
+  return it == entries_.end() ? std::string() : shard_names_[it->second.file];
+}
+
+absl::StatusOr<at::Tensor> CheckpointReader::Tensor(absl::string_view name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    return absl::NotFoundError(absl::StrCat(dir_, ": no tensor \"", name, "\""));
+  }
+  const TensorInfo& info = *it->second.info;
+  std::shared_ptr<SafetensorsFile> file = files_[it->second.file];
+  uint8_t* data = file->Data(info);
+  const c10::ScalarType type = ToScalarType(info.dtype);
+  auto options = at::TensorOptions().dtype(type).device(at::kCPU);
+  if (reinterpret_cast<uintptr_t>(data) % DtypeSize(info.dtype) == 0) {
+    // The deleter owns a reference to the mapping: the tensor keeps it alive.
+    return at::from_blob(
+        data, info.shape, [file](void*) {}, options);
+  }
+  // Misaligned (possible in files from other writers): copy into an aligned buffer.
+  at::Tensor copy = at::empty(info.shape, options);
+  std::memcpy(copy.data_ptr(), data, info.nbytes());
+  return copy;
+}
+
+at::Tensor CheckpointReader::TensorOrThrow(absl::string_view name) const {
+  auto t = Tensor(name);
+  if (!t.ok()) throw std::runtime_error(std::string(t.status().message()));
+  return *std::move(t);
+}
+
+// ---- verifying ----
+
+absl::Status VerifyCheckpoint(const std::string& dir) {
+  const std::string manifest_path = Join(dir, kManifestName);
+  if (!PathExists(manifest_path)) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no ", kManifestName, " manifest"));
+  }
+  ASSIGN_OR_RETURN(std::string text, ReadFile(manifest_path));
+  ASSIGN_OR_RETURN(Manifest manifest, ParseManifest(text, manifest_path));
+  for (const auto& [name, want] : manifest.files) {
+    if (name.find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(manifest_path, ": file \"", name, "\" points outside the directory"));
+    }
+    const std::string path = Join(dir, name);
+    if (!PathExists(path)) {
+      return absl::NotFoundError(absl::StrCat(path, ": missing (listed in ", kManifestName, ")"));
+    }
+    uint64_t bytes = 0;
+    ASSIGN_OR_RETURN(std::string sha, Sha256File(path, &bytes));
+    if (bytes == want.bytes && sha == want.sha256) continue;
+    std::string what = bytes != want.bytes
+                           ? absl::StrCat(bytes, " bytes, manifest says ", want.bytes)
+                           : "sha256 differs from the manifest";
+    // Narrow a damaged safetensors file down to a tensor where possible.
+    if (absl::EndsWith(name, ".safetensors")) {
+      auto file = SafetensorsFile::Open(path);
+      if (!file.ok()) {
+        return absl::DataLossError(absl::StrCat(file.status().message(), " (", what, ")"));
+      }
+      for (const TensorInfo& t : (*file)->tensors()) {
+        auto expected = want.tensor_sha256.find(t.name);
+        if (expected == want.tensor_sha256.end()) continue;
+        if (Sha256Hex(absl::string_view(reinterpret_cast<const char*>((*file)->Data(t)),
+                                        t.nbytes())) != expected->second) {
+          return absl::DataLossError(
+              absl::StrCat(path, ": tensor \"", t.name, "\" is damaged (", what, ")"));
+        }
+      }
+    }
+    return absl::DataLossError(absl::StrCat(path, ": damaged (", what, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// ---- writing ----
+
+struct CheckpointWriter::Impl {
+  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, std::string> files;
+};
+
+absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(
+    const std::string& out, CheckpointWriterOptions options) {
+  if (out.empty()) return absl::InvalidArgumentError("checkpoint output path is empty");
+  std::string target = out;
+  while (target.size() > 1 && target.back() == '/') target.pop_back();
+  if (!options.overwrite && PathExists(target)) {
+    return absl::AlreadyExistsError(target + ": already exists (refusing to overwrite)");
+  }
+  if (options.max_shard_bytes == 0) {
+    return absl::InvalidArgumentError("max_shard_bytes must be positive");
+  }
+  std::unique_ptr<CheckpointWriter> w(new CheckpointWriter());
+  w->out_ = target;
+  w->staging_ = absl::StrCat(target, ".tmp-", ::getpid());
+  w->options_ = std::move(options);
+  w->impl_ = std::make_unique<Impl>();
+  RETURN_IF_ERROR(RemoveTree(w->staging_));  // left by an earlier process with our pid
+  if (::mkdir(w->staging_.c_str(), 0755) != 0) return ErrnoStatus("mkdir " + w->staging_, errno);
+  return w;
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (!done_ && !staging_.empty()) RemoveTree(staging_).IgnoreError();
+}
+
+absl::Status CheckpointWriter::AddTensor(const std::string& name, const at::Tensor& tensor) {
+  if (done_) return absl::FailedPreconditionError(out_ + ": writer already committed");
+  if (name.empty() || name == "__metadata__") {
+    return absl::InvalidArgumentError(absl::StrCat("invalid tensor name \"", name, "\""));
+  }
+  auto dtype = FromScalarType(tensor.scalar_type());
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\": ", dtype.status().message()));
+  }
+  if (!impl_->tensors.emplace(name, tensor).second) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" added twice"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::AddFile(const std::string& name, std::string contents) {
+  if (name.empty() || name.find('/') != std::string::npos || name == kManifestName ||
+      absl::EndsWith(name, ".safetensors") || name == kIndexName) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot add file \"", name, "\""));
+  }
+  impl_->files[name] = std::move(contents);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::Commit() {
+  if (done_) return absl::FailedPreconditionError(out_ + ": writer already committed");
+  absl::Status s = CommitImpl();
+  done_ = true;
+  if (!s.ok()) RemoveTree(staging_).IgnoreError();
+  return s;
+}
+
+absl::Status CheckpointWriter::CommitImpl() {
+  Manifest manifest;
+  auto after = [&](const std::string& file) -> absl::Status {
+    return options_.after_file_for_test ? options_.after_file_for_test(file) : absl::OkStatus();
+  };
+  auto record = [&](const std::string& file) -> absl::Status {
+    uint64_t bytes = 0;
+    ASSIGN_OR_RETURN(std::string sha, Sha256File(Join(staging_, file), &bytes));
+    manifest.files[file] = ManifestFile{sha, bytes, {}};
+    return after(file);
+  };
+
+  // Shards: tensors in name order, a new shard when the next tensor would overflow.
+  std::vector<std::vector<const std::pair<const std::string, at::Tensor>*>> shards(1);
+  uint64_t shard_bytes = 0, total_bytes = 0;
+  for (const auto& entry : impl_->tensors) {
+    uint64_t n = entry.second.numel() * entry.second.element_size();
+    if (!shards.back().empty() && shard_bytes + n > options_.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(&entry);
+    shard_bytes += n;
+    total_bytes += n;
+  }
+  const size_t count = shards.size();
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (size_t i = 0; i < count; ++i) {
+    const std::string file =
+        count == 1 ? std::string(kSingleFileName)
+                   : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, count);
+    std::vector<at::Tensor> host;  // keeps this shard's CPU copies alive while writing
+    std::vector<TensorToWrite> writes;
+    for (const auto* entry : shards[i]) {
+      at::Tensor t = entry->second.detach().to(at::kCPU).contiguous();
+      host.push_back(t);
+      writes.push_back(TensorToWrite{entry->first, *FromScalarType(t.scalar_type()),
+                                     t.sizes().vec(), t.data_ptr(),
+                                     static_cast<uint64_t>(t.numel() * t.element_size())});
+      weight_map[entry->first] = file;
+    }
+    ASSIGN_OR_RETURN(WriteResult written, WriteSafetensors(Join(staging_, file), std::move(writes)));
+    manifest.files[file] = ManifestFile{written.sha256, written.bytes, written.tensor_sha256};
+    RETURN_IF_ERROR(after(file));
+  }
+  if (count > 1) {
+    nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}},
+                            {"weight_map", weight_map}};
+    RETURN_IF_ERROR(WriteFileSynced(Join(staging_, kIndexName), index.dump(2) + "\n"));
+    RETURN_IF_ERROR(record(kIndexName));
+  }
+
+  for (const auto& [name, contents] : impl_->files) {
+    RETURN_IF_ERROR(WriteFileSynced(Join(staging_, name), contents));
+    RETURN_IF_ERROR(record(name));
+  }
+  if (!options_.source_dir.empty()) {
+    for (const char* name : kCarriedFiles) {
+      if (impl_->files.count(name)) continue;
+      std::string from = Join(options_.source_dir, name);
+      if (!PathExists(from)) continue;
+      RETURN_IF_ERROR(CopyFileSynced(from, Join(staging_, name)));
+      RETURN_IF_ERROR(record(name));
+    }
+  }
+
+  for (const std::string& parent : options_.parents) {
+    ManifestParent p{parent, ""};
+    std::string parent_manifest = Join(parent, kManifestName);
+    if (PathExists(parent_manifest)) {
+      ASSIGN_OR_RETURN(p.manifest_sha256, Sha256File(parent_manifest));
+    }
+    manifest.parents.push_back(std::move(p));
+  }
+  manifest.producer = options_.producer;
+  manifest.created_ms = options_.created_ms >= 0 ? options_.created_ms : NowMs();
+  RETURN_IF_ERROR(
+      WriteFileSynced(Join(staging_, kManifestName), ManifestToJson(manifest).dump(2) + "\n"));
+  RETURN_IF_ERROR(after(kManifestName));
+  RETURN_IF_ERROR(SyncDir(staging_));
+
+  // Publish. RENAME_NOREPLACE makes "refuse to overwrite" atomic; with overwrite, swap the
+  // directories (RENAME_EXCHANGE) so `out` is never missing, then drop the old one.
+  const std::string parent_dir = ParentDir(out_);
+  if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, out_.c_str(), RENAME_NOREPLACE) == 0) {
+    return SyncDir(parent_dir);
+  }
+  if (errno != EEXIST || !options_.overwrite) {
+    return errno == EEXIST ? absl::AlreadyExistsError(out_ + ": already exists (refusing to overwrite)")
+                           : ErrnoStatus("rename " + staging_ + " -> " + out_, errno);
+  }
+  if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, out_.c_str(), RENAME_EXCHANGE) != 0) {
+    return ErrnoStatus("swap " + staging_ + " <-> " + out_, errno);
+  }
+  RETURN_IF_ERROR(SyncDir(parent_dir));
+  // staging_ now holds the old checkpoint; Commit's caller sees success, the old is dropped.
+  return RemoveTree(staging_);
+}
+
+}  // namespace stemma::engine::io
