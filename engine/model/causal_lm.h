@@ -1,0 +1,97 @@
+// CausalLM: a decoder-only language model (Llama, Qwen2, Gemma3 text, OLMoE) built from a
+// ModelConfig, with parameter names equal to the Hugging Face checkpoint keys:
+//   model.embed_tokens.weight, model.layers.{i}.…, model.norm.weight, lm_head.weight
+// (lm_head absent when tie_word_embeddings). Device-agnostic: move it with ->to(device).
+// Not thread-safe: one forward at a time.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/model/config.h"
+#include "engine/model/modules.h"
+
+namespace stemma::engine::model {
+
+// K/V of every layer for the tokens seen so far, for incremental decoding. Empty at first;
+// each forward with the cache appends its tokens, which take the next positions.
+struct KVCache {
+  std::vector<LayerKV> layers;
+  int64_t length() const {
+    return layers.empty() || !layers[0].k.defined() ? 0 : layers[0].k.size(2);
+  }
+  void Clear() { layers.clear(); }
+};
+
+struct ForwardOutput {
+  torch::Tensor logits;  // [B, T, V], after final logit softcapping where configured
+  // MoE only (undefined for dense models):
+  std::vector<torch::Tensor> router_logits;  // one per layer, [B*T, E], before softmax
+  torch::Tensor load_balancing_loss;         // scalar, LoadBalancingLoss(router_logits)
+  torch::Tensor router_z_loss;               // scalar, RouterZLoss(router_logits)
+};
+
+class DecoderModelImpl : public torch::nn::Module {
+ public:
+  explicit DecoderModelImpl(const ModelConfig& config);
+  // input_ids [B, T] (int64) -> final hidden states [B, T, H].
+  torch::Tensor forward(const torch::Tensor& input_ids, KVCache* cache,
+                        std::vector<torch::Tensor>* router_logits);
+
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+
+ private:
+  ModelConfig config_;
+  Rope rope_, rope_local_;
+};
+TORCH_MODULE(DecoderModel);
+
+class CausalLMImpl : public torch::nn::Module {
+ public:
+  explicit CausalLMImpl(ModelConfig config);
+  // input_ids [B, T] (int64). With `cache`, the tokens continue the cached sequence.
+  ForwardOutput forward(const torch::Tensor& input_ids, KVCache* cache = nullptr);
+
+  // HF-style random initialisation, deterministic for a seed on CPU: every Linear and the
+  // embedding ~ N(0, initializer_range (0.02)), biases 0, norms at identity (1, or 0 for
+  // Gemma's (1 + w) norms).
+  void InitWeights(uint64_t seed);
+
+  const ModelConfig& config() const { return config_; }
+  // The weight that projects hidden states to logits: lm_head.weight, or the embedding when tied.
+  torch::Tensor output_weight();
+
+  DecoderModel model{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
+
+ private:
+  ModelConfig config_;
+};
+TORCH_MODULE(CausalLM);
+
+// Greedy decoding with a KV cache: prompt [1, T] -> the prompt followed by `max_new_tokens`
+// argmax tokens, [1, T + max_new_tokens].
+torch::Tensor GreedyGenerate(CausalLM& lm, const torch::Tensor& prompt, int64_t max_new_tokens);
+
+// MoE auxiliary losses over the router logits of all MoE layers (each [N, E]).
+//
+// LoadBalancingLoss: the per-layer average with the dispatch fraction normalised by k
+// (algorithms.md §3.2, [DESIGN]): (1/L)·Σ_l E·Σ_i (c_{l,i}/(N·k))·P_{l,i}, where c counts the
+// tokens whose top-k includes expert i and P is the mean router probability. 1.0 for uniform
+// routing, whatever k.
+torch::Tensor LoadBalancingLoss(const std::vector<torch::Tensor>& router_logits, int64_t top_k);
+// transformers' load_balancing_loss_func (no padding mask): layers concatenated along the
+// token axis first, then E·Σ_{k,i} f_{k,i}·P_i; k for uniform routing.
+torch::Tensor HfLoadBalancingLoss(const std::vector<torch::Tensor>& router_logits, int64_t top_k);
+// Router z-loss (ST-MoE): mean over layers of mean over tokens of logsumexp(logits)^2.
+torch::Tensor RouterZLoss(const std::vector<torch::Tensor>& router_logits);
+
+}  // namespace stemma::engine::model

@@ -1,0 +1,286 @@
+#include "engine/model/modules.h"
+
+#include <torch/nn/functional/activation.h>
+#include <torch/nn/functional/linear.h>
+#include <torch/types.h>
+
+#include <cmath>
+#include <string>
+
+namespace stemma::engine::model {
+namespace {
+
+namespace F = torch::nn::functional;
+using torch::indexing::Slice;
+
+torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+}
+
+// [..., hd] -> [..., hd]: (-x2, x1) for the halves x1, x2.
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  auto x1 = x.index({"...", Slice(0, half)});
+  auto x2 = x.index({"...", Slice(half, torch::indexing::None)});
+  return torch::cat({-x2, x1}, -1);
+}
+
+torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
+                        const torch::Tensor& sin) {
+  return x * cos + RotateHalf(x) * sin;
+}
+
+// [B, nkv, S, hd] -> [B, nkv * rep, S, hd], each kv head repeated for its query group.
+torch::Tensor RepeatKv(const torch::Tensor& x, int64_t rep) {
+  if (rep == 1) return x;
+  const auto b = x.size(0), nkv = x.size(1), s = x.size(2), hd = x.size(3);
+  return x.unsqueeze(2).expand({b, nkv, rep, s, hd}).reshape({b, nkv * rep, s, hd});
+}
+
+torch::Tensor Softcap(const torch::Tensor& x, double cap) { return torch::tanh(x / cap) * cap; }
+
+}  // namespace
+
+// ---- RMSNorm ----
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool one_plus) : eps_(eps), one_plus_(one_plus) {
+  weight = register_parameter("weight", torch::empty({dim}));
+  ResetToIdentity();
+}
+
+void RMSNormImpl::ResetToIdentity() {
+  torch::NoGradGuard no_grad;
+  if (one_plus_) {
+    weight.zero_();
+  } else {
+    weight.fill_(1.0);
+  }
+}
+
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  auto xf = x.to(torch::kFloat32);
+  auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  if (one_plus_) return (normed * (1.0 + weight.to(torch::kFloat32))).to(x.scalar_type());
+  return weight * normed.to(x.scalar_type());
+}
+
+// ---- Rope ----
+
+Rope::Rope(const RopeConfig& config, int64_t head_dim) {
+  // transformers: 1 / base^(arange(0, dim, 2) / dim), in fp32.
+  auto exponents = torch::arange(0, head_dim, 2, torch::kInt64).to(torch::kFloat32) / head_dim;
+  auto inv_freq = 1.0 / torch::pow(config.theta, exponents);  // [hd/2]
+  switch (config.type) {
+    case RopeConfig::Type::kDefault:
+      break;
+    case RopeConfig::Type::kLinear:
+      inv_freq = inv_freq / config.factor;
+      break;
+    case RopeConfig::Type::kLlama3: {
+      // modeling_rope_utils._compute_llama3_parameters: keep high frequencies, divide low
+      // ones by `factor`, and blend in between.
+      const double old_len = static_cast<double>(config.original_max_position_embeddings);
+      const double low_freq_wavelen = old_len / config.low_freq_factor;
+      const double high_freq_wavelen = old_len / config.high_freq_factor;
+      auto wavelen = 2 * M_PI / inv_freq;
+      auto scaled = torch::where(wavelen > low_freq_wavelen, inv_freq / config.factor, inv_freq);
+      auto smooth = (old_len / wavelen - config.low_freq_factor) /
+                    (config.high_freq_factor - config.low_freq_factor);
+      auto smoothed = (1 - smooth) * scaled / config.factor + smooth * scaled;
+      auto medium = (wavelen >= high_freq_wavelen).logical_and(wavelen <= low_freq_wavelen);
+      inv_freq = torch::where(medium, smoothed, scaled);
+      break;
+    }
+  }
+  inv_freq_ = inv_freq.contiguous();
+}
+
+std::pair<torch::Tensor, torch::Tensor> Rope::Tables(const torch::Tensor& positions,
+                                                     torch::ScalarType dtype) const {
+  auto inv_freq = inv_freq_.to(positions.device());
+  auto freqs = positions.to(torch::kFloat32).unsqueeze(-1) * inv_freq.unsqueeze(0);  // [T, hd/2]
+  auto emb = torch::cat({freqs, freqs}, -1);                                         // [T, hd]
+  auto cos = emb.cos().to(dtype).unsqueeze(0).unsqueeze(0);                          // [1,1,T,hd]
+  auto sin = emb.sin().to(dtype).unsqueeze(0).unsqueeze(0);
+  return {cos, sin};
+}
+
+// ---- Attention ----
+
+AttentionImpl::AttentionImpl(const ModelConfig& c, bool sliding)
+    : num_heads_(c.num_attention_heads),
+      num_kv_heads_(c.num_key_value_heads),
+      head_dim_(c.head_dim),
+      scale_(c.attn_scale),
+      sliding_(sliding),
+      window_(c.sliding_window),
+      qk_norm_(c.qk_norm),
+      clip_qkv_(c.clip_qkv),
+      softcap_(c.attn_logit_softcapping) {
+  const int64_t q_dim = num_heads_ * head_dim_, kv_dim = num_kv_heads_ * head_dim_;
+  q_proj = register_module("q_proj", MakeLinear(c.hidden_size, q_dim, c.qkv_bias));
+  k_proj = register_module("k_proj", MakeLinear(c.hidden_size, kv_dim, c.qkv_bias));
+  v_proj = register_module("v_proj", MakeLinear(c.hidden_size, kv_dim, c.qkv_bias));
+  o_proj = register_module("o_proj", MakeLinear(q_dim, c.hidden_size, c.o_bias));
+  if (qk_norm_ == ModelConfig::QkNorm::kPerHead) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim_, c.rms_norm_eps, c.gemma_norms));
+    k_norm = register_module("k_norm", RMSNorm(head_dim_, c.rms_norm_eps, c.gemma_norms));
+  } else if (qk_norm_ == ModelConfig::QkNorm::kFull) {
+    q_norm = register_module("q_norm", RMSNorm(q_dim, c.rms_norm_eps, c.gemma_norms));
+    k_norm = register_module("k_norm", RMSNorm(kv_dim, c.rms_norm_eps, c.gemma_norms));
+  }
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                     const torch::Tensor& sin, LayerKV* kv) {
+  const int64_t b = x.size(0), t = x.size(1);
+  auto q = q_proj(x);                            // [B, T, nh*hd]
+  auto k = k_proj(x);                            // [B, T, nkv*hd]
+  auto v = v_proj(x);                            // [B, T, nkv*hd]
+  if (qk_norm_ == ModelConfig::QkNorm::kFull) {  // OLMoE: over the whole projection
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  if (clip_qkv_) {
+    q = q.clamp(-*clip_qkv_, *clip_qkv_);
+    k = k.clamp(-*clip_qkv_, *clip_qkv_);
+    v = v.clamp(-*clip_qkv_, *clip_qkv_);
+  }
+  q = q.view({b, t, num_heads_, head_dim_}).transpose(1, 2);     // [B, nh, T, hd]
+  k = k.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);  // [B, nkv, T, hd]
+  v = v.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);  // [B, nkv, T, hd]
+  if (qk_norm_ == ModelConfig::QkNorm::kPerHead) {               // Gemma3: per head, before RoPE
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  q = ApplyRope(q, cos, sin);
+  k = ApplyRope(k, cos, sin);
+  if (kv != nullptr) {
+    if (kv->k.defined()) {
+      k = torch::cat({kv->k, k}, 2);  // [B, nkv, S, hd]
+      v = torch::cat({kv->v, v}, 2);
+    }
+    kv->k = k;
+    kv->v = v;
+  }
+  auto out = Attend(q, k, v);                                         // [B, nh, T, hd]
+  out = out.transpose(1, 2).reshape({b, t, num_heads_ * head_dim_});  // [B, T, nh*hd]
+  return o_proj(out);                                                 // [B, T, H]
+}
+
+torch::Tensor AttentionImpl::Attend(const torch::Tensor& q, const torch::Tensor& k,
+                                    const torch::Tensor& v) {
+  const int64_t t = q.size(2), s = k.size(2);
+  const int64_t rep = num_heads_ / num_kv_heads_;
+  auto keys = RepeatKv(k, rep);    // [B, nh, S, hd]
+  auto values = RepeatKv(v, rep);  // [B, nh, S, hd]
+  const bool plain_causal = !sliding_ && s == t;
+  if (!softcap_ && plain_causal) {
+    return at::scaled_dot_product_attention(q, keys, values, /*attn_mask=*/{}, 0.0,
+                                            /*is_causal=*/true, scale_);
+  }
+  // Query i sits at position (s - t + i); it sees keys at positions j <= that, and within a
+  // sliding window only j > position - window.
+  auto opts = torch::TensorOptions().dtype(torch::kInt64).device(q.device());
+  auto q_pos = torch::arange(s - t, s, opts).unsqueeze(1);  // [T, 1]
+  auto k_pos = torch::arange(0, s, opts).unsqueeze(0);      // [1, S]
+  auto allowed = k_pos <= q_pos;                            // [T, S]
+  if (sliding_) allowed = allowed.logical_and(k_pos > q_pos - window_);
+  if (!softcap_) {
+    return at::scaled_dot_product_attention(q, keys, values, allowed, 0.0, false, scale_);
+  }
+  // Softcapping happens between the scaled scores and the mask: no SDPA for it.
+  auto scores = torch::matmul(q, keys.transpose(2, 3)) * scale_;  // [B, nh, T, S]
+  scores = Softcap(scores, *softcap_);
+  scores = scores.masked_fill(allowed.logical_not(), -std::numeric_limits<float>::infinity());
+  auto probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+  return torch::matmul(probs, values);
+}
+
+// ---- MLP ----
+
+MlpImpl::MlpImpl(int64_t hidden, int64_t intermediate, bool bias, Activation activation)
+    : activation_(activation) {
+  gate_proj = register_module("gate_proj", MakeLinear(hidden, intermediate, bias));
+  up_proj = register_module("up_proj", MakeLinear(hidden, intermediate, bias));
+  down_proj = register_module("down_proj", MakeLinear(intermediate, hidden, bias));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  auto g = gate_proj(x);  // [..., I]
+  g = activation_ == Activation::kSilu ? torch::silu(g) : torch::gelu(g, "tanh");
+  return down_proj(g * up_proj(x));  // [..., H]
+}
+
+// ---- Sparse MoE ----
+
+SparseMoeImpl::SparseMoeImpl(const ModelConfig& c)
+    : top_k_(c.num_experts_per_tok), norm_topk_prob_(c.norm_topk_prob) {
+  gate = register_module("gate", MakeLinear(c.hidden_size, c.num_experts, false));
+  experts = register_module("experts", torch::nn::ModuleList());
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    experts->push_back(Mlp(c.hidden_size, c.intermediate_size, false, c.activation));
+  }
+}
+
+std::pair<torch::Tensor, torch::Tensor> SparseMoeImpl::forward(const torch::Tensor& x) {
+  const auto sizes = x.sizes();
+  auto flat = x.reshape({-1, x.size(-1)});                   // [N, H]
+  auto logits = gate(flat);                                  // [N, E]
+  auto probs = torch::softmax(logits, -1, torch::kFloat32);  // [N, E]
+  auto [weights, indices] = torch::topk(probs, top_k_, -1);  // [N, k] each
+  if (norm_topk_prob_) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  weights = weights.to(logits.scalar_type());
+  auto out = torch::zeros_like(flat);  // [N, H]
+  for (int64_t e = 0; e < static_cast<int64_t>(experts->size()); ++e) {
+    auto hits = (indices == e).nonzero();  // [M, 2]: (token, slot)
+    if (hits.size(0) == 0) continue;
+    auto tokens = hits.select(1, 0), slots = hits.select(1, 1);
+    auto expert_out = experts[e]->as<MlpImpl>()->forward(flat.index_select(0, tokens));  // [M, H]
+    expert_out = expert_out * weights.index({tokens, slots}).unsqueeze(-1);
+    out.index_add_(0, tokens, expert_out.to(out.scalar_type()));
+  }
+  return {out.view(sizes), logits};
+}
+
+// ---- Decoder layer ----
+
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, int64_t index)
+    : sliding_(c.sliding_layers.at(index)), sandwich_norms_(c.sandwich_norms) {
+  self_attn = register_module("self_attn", Attention(c, sliding_));
+  if (c.is_moe()) {
+    moe = register_module("mlp", SparseMoe(c));
+  } else {
+    mlp = register_module("mlp", Mlp(c.hidden_size, c.intermediate_size, c.mlp_bias, c.activation));
+  }
+  input_layernorm =
+      register_module("input_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, c.gemma_norms));
+  post_attention_layernorm = register_module("post_attention_layernorm",
+                                             RMSNorm(c.hidden_size, c.rms_norm_eps, c.gemma_norms));
+  if (sandwich_norms_) {
+    pre_feedforward_layernorm = register_module(
+        "pre_feedforward_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, c.gemma_norms));
+    post_feedforward_layernorm = register_module(
+        "post_feedforward_layernorm", RMSNorm(c.hidden_size, c.rms_norm_eps, c.gemma_norms));
+  }
+}
+
+torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& h, const torch::Tensor& cos,
+                                        const torch::Tensor& sin, LayerKV* kv,
+                                        std::vector<torch::Tensor>* router_logits) {
+  auto ffn = [&](const torch::Tensor& x) {  // [B, T, H] -> [B, T, H]
+    if (!moe) return mlp(x);
+    auto [out, logits] = moe(x);
+    if (router_logits != nullptr) router_logits->push_back(logits);
+    return out;
+  };
+  if (sandwich_norms_) {  // Gemma3: norms before and after both sub-blocks
+    auto attn = post_attention_layernorm(self_attn(input_layernorm(h), cos, sin, kv));
+    auto x = h + attn;
+    return x + post_feedforward_layernorm(ffn(pre_feedforward_layernorm(x)));
+  }
+  auto x = h + self_attn(input_layernorm(h), cos, sin, kv);
+  return x + ffn(post_attention_layernorm(x));
+}
+
+}  // namespace stemma::engine::model
