@@ -221,7 +221,10 @@ absl::Status ParseGemma3(const json& j, ModelConfig& c) {
   ASSIGN_OR_RETURN(double query_pre_attn_scalar, GetDouble(j, "query_pre_attn_scalar", 256));
   if (query_pre_attn_scalar <= 0) return FieldError("query_pre_attn_scalar", "must be positive");
   c.attn_scale = 1.0 / std::sqrt(query_pre_attn_scalar);
-  ASSIGN_OR_RETURN(c.attn_logit_softcapping, GetOptionalDouble(j, "attn_logit_softcapping"));
+  // transformers' Gemma3Attention reads attn_logit_softcapping but never applies it (unlike
+  // Gemma2's); released Gemma 3 configs set it to null. Follow transformers: validate, ignore.
+  RETURN_IF_ERROR(GetOptionalDouble(j, "attn_logit_softcapping").status());
+  c.attn_logit_softcapping.reset();
   ASSIGN_OR_RETURN(c.final_logit_softcapping, GetOptionalDouble(j, "final_logit_softcapping"));
   ASSIGN_OR_RETURN(bool bidirectional, GetBool(j, "use_bidirectional_attention", false));
   if (bidirectional) return FieldError("use_bidirectional_attention", "true is not supported");

@@ -73,6 +73,8 @@ struct ModelConfig {
 
   // Attention scores are scaled by attn_scale (head_dim^-0.5, Gemma3 query_pre_attn_scalar^-0.5).
   double attn_scale = 0.0;
+  // tanh softcapping of attention scores (Gemma2 style). Gemma3 configs may carry the field,
+  // but transformers does not apply it for Gemma3, so neither do we (it stays unset).
   std::optional<double> attn_logit_softcapping;
   std::optional<double> final_logit_softcapping;
 

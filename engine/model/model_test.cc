@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -268,6 +269,53 @@ TEST(CheckpointTest, MissingAndMisshapenTensorsAreNamed) {
   EXPECT_NE(misshapen.message().find("[65]"), std::string::npos);
 }
 
+// Multimodal Gemma3 checkpoints keep the text decoder under language_model.* (or, as newer
+// transformers save them, model.language_model.*).
+TEST(CheckpointTest, GemmaMultimodalPrefixes) {
+  auto source = *InitModel(*ParseModelConfig(TinyJson(Arch::kGemma3)), 2);
+  auto params = source->named_parameters();
+  for (const std::string prefix : {"language_model.", "model.language_model."}) {
+    auto lm = *InitModel(*ParseModelConfig(TinyJson(Arch::kGemma3)), 3);
+    auto status = LoadWeights(lm, [&](const std::string& name) -> absl::StatusOr<torch::Tensor> {
+      std::string key = name;
+      if (prefix == "language_model.") {
+        if (name.rfind("language_model.", 0) != 0) return absl::NotFoundError(name);
+        key = name.substr(prefix.size());
+      } else {
+        if (name.rfind("model.language_model.", 0) != 0) return absl::NotFoundError(name);
+        key = "model." + name.substr(prefix.size());
+      }
+      return params[key].clone();
+    });
+    ASSERT_TRUE(status.ok()) << prefix << ": " << status;
+    for (const auto& item : lm->named_parameters()) {
+      EXPECT_TRUE(torch::equal(item.value(), params[item.key()])) << prefix << item.key();
+    }
+  }
+}
+
+// Saved in bf16, loaded back into fp32 parameters: each value is its bf16 rounding, and the
+// config says bfloat16.
+TEST(CheckpointTest, Bf16SaveLoad) {
+  auto lm = *InitModel(*ParseModelConfig(TinyJson(Arch::kQwen2)), 4);
+  const std::string dir = TestDir("bf16") + "/ckpt";
+  SaveOptions options;
+  options.dtype = torch::kBFloat16;
+  ASSERT_TRUE(SaveModel(lm, dir, options).ok());
+  auto reader = *io::CheckpointReader::Open(dir);
+  EXPECT_EQ(reader->config()["torch_dtype"], "bfloat16");
+  EXPECT_EQ(reader->Find("model.embed_tokens.weight")->dtype, io::Dtype::kBF16);
+  auto loaded = LoadModel(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto original = lm->named_parameters();
+  for (const auto& item : (*loaded)->named_parameters()) {
+    EXPECT_EQ(item.value().scalar_type(), torch::kFloat32);
+    EXPECT_TRUE(
+        torch::equal(item.value(), original[item.key()].to(torch::kBFloat16).to(torch::kFloat32)))
+        << item.key();
+  }
+}
+
 TEST(CheckpointTest, CommandsFailCleanly) {
   const std::string root = TestDir("bad");
   EXPECT_NE(RunCommand({"init", "--arch", "gpt2", "--out", root + "/x"}, RunInit), 0);
@@ -301,6 +349,24 @@ TEST_P(ArchTest, KvCacheMatchesFullForward) {
   ASSERT_EQ(generated.size(1), 10);
   auto again = lm->forward(generated).logits.argmax(-1);  // [1, 10]
   EXPECT_TRUE(torch::equal(again.slice(1, 3, 9), generated.slice(1, 4, 10)));
+}
+
+// The manual attention path (used for score softcapping) against SDPA: with a cap far above
+// the scores, softcapping is the identity, so the logits must agree (sliding window included).
+TEST(AttentionTest, SoftcapPathMatchesSdpa) {
+  for (Arch arch : {Arch::kLlama, Arch::kGemma3}) {
+    ModelConfig config = *ParseModelConfig(TinyJson(arch));
+    auto plain = *InitModel(config, 9);
+    config.attn_logit_softcapping = 1e9;
+    auto capped = *InitModel(config, 9);
+    torch::NoGradGuard no_grad;
+    auto ids = torch::tensor(TokenIds(), torch::kInt64).unsqueeze(0);
+    EXPECT_LT(MaxAbsDiff(plain->forward(ids).logits, capped->forward(ids).logits), 1e-5)
+        << ArchName(arch);
+    config.attn_logit_softcapping = 1e-3;  // a real cap changes the result
+    auto tight = *InitModel(config, 9);
+    EXPECT_GT(MaxAbsDiff(plain->forward(ids).logits, tight->forward(ids).logits), 1e-6);
+  }
 }
 
 // ---- MoE losses ----
@@ -388,6 +454,77 @@ TEST_P(ArchTest, LoadsTransformersCheckpointWithLargeWeights) {
                 ReadTensor(theirs, "aux_loss").item<double>(), 1e-5);
   }
 }
+
+// Config variants the presets do not cover, through the same transformers round trip: each
+// mutates a tiny preset's config.json, transformers builds and saves the model, the engine
+// loads it.
+struct Variant {
+  std::string name;
+  Arch arch;
+  std::function<void(json&)> mutate;
+};
+
+class VariantTest : public testing::TestWithParam<Variant> {};
+
+TEST_P(VariantTest, LogitsMatchTransformers) {
+  const Variant& v = GetParam();
+  const std::string root = TestDir("variant");
+  json config = TinyJson(v.arch);
+  v.mutate(config);
+  ASSERT_TRUE(ParseModelConfig(config).ok()) << ParseModelConfig(config).status();
+  const std::string config_dir = root + "/config";
+  fs::create_directories(config_dir);
+  std::ofstream(config_dir + "/config.json") << config.dump(2);
+  const std::string dir = root + "/hf-saved";
+  const std::string ours = root + "/engine.safetensors", theirs = root + "/hf.safetensors";
+  ASSERT_EQ(RunPython(absl::StrCat("--create-from ", config_dir, " --seed 5 --model ", dir,
+                                   " --tokens ", kTokens, " --out ", theirs)),
+            0);
+  ASSERT_EQ(RunCommand({"logits", "--model", dir, "--tokens", kTokens, "--out", ours}, RunLogits),
+            0);
+  auto a = ReadTensor(ours, "logits"), b = ReadTensor(theirs, "logits");
+  ASSERT_TRUE(a.defined() && b.defined());
+  ASSERT_EQ(a.sizes(), b.sizes());
+  const double diff = MaxAbsDiff(a, b);
+  std::printf("%s: max |diff| = %.3g (logit scale %.3g)\n", v.name.c_str(), diff,
+              b.abs().max().item<double>());
+  EXPECT_LE(diff, 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, VariantTest,
+    testing::Values(Variant{"llama_mha_biases_default_rope", Arch::kLlama,
+                            [](json& j) {
+                              j["num_key_value_heads"] = 4;
+                              j["attention_bias"] = true;
+                              j["mlp_bias"] = true;
+                              j.erase("rope_scaling");
+                              j["rope_theta"] = 10000.0;
+                            }},
+                    Variant{"qwen2_sliding_window_untied", Arch::kQwen2,
+                            [](json& j) {
+                              j["use_sliding_window"] = true;
+                              j["sliding_window"] = 4;
+                              j["max_window_layers"] = 1;
+                              j["tie_word_embeddings"] = false;
+                            }},
+                    Variant{"gemma3_softcap_linear_rope_pattern", Arch::kGemma3,
+                            [](json& j) {
+                              j["attn_logit_softcapping"] = 2.0;
+                              j["final_logit_softcapping"] = 5.0;
+                              j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+                              j.erase("layer_types");
+                              j["sliding_window_pattern"] = 2;
+                              j["num_hidden_layers"] = 4;
+                            }},
+                    Variant{"olmoe_norm_topk_clip_qkv", Arch::kOlmoe,
+                            [](json& j) {
+                              j["norm_topk_prob"] = true;
+                              j["clip_qkv"] = 0.5;
+                              j["num_experts"] = 6;
+                              j["num_experts_per_tok"] = 3;
+                            }}),
+    [](const auto& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(Families, ArchTest, testing::Values("llama", "qwen2", "gemma3", "olmoe"),
                          [](const auto& info) { return info.param; });
