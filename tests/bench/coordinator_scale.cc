@@ -212,6 +212,33 @@ class SimWorker : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Coordina
   double min_s_, max_s_;
 };
 
+// p-quantile (upper bucket bound, ms) of a Prometheus histogram from the coordinator's
+// /metrics, for the series whose labels contain `match`.
+double ServerQuantileMs(const std::string& metrics_addr, const std::string& name,
+                        const std::string& match, double q) {
+  std::string cmd = "curl -s http://" + metrics_addr + "/metrics";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return -1;
+  std::vector<std::pair<double, double>> buckets;  // (le seconds, cumulative count)
+  char line[4096];
+  while (fgets(line, sizeof line, p)) {
+    std::string l(line);
+    if (l.rfind(name + "_bucket{", 0) != 0 || l.find(match) == std::string::npos) continue;
+    auto le = l.find("le=\"");
+    if (le == std::string::npos) continue;
+    std::string bound = l.substr(le + 4, l.find('"', le + 4) - le - 4);
+    double b = bound == "+Inf" ? 1e9 : std::stod(bound);
+    buckets.emplace_back(b, std::stod(l.substr(l.rfind(' ') + 1)));
+  }
+  pclose(p);
+  if (buckets.empty() || buckets.back().second == 0) return -1;
+  double total = buckets.back().second;
+  for (const auto& [b, c] : buckets) {
+    if (c >= q * total) return b * 1000;
+  }
+  return -1;
+}
+
 int64_t RssMib(pid_t pid, const char* field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
@@ -247,6 +274,7 @@ int main(int argc, char** argv) {
   char tmpl[] = "/tmp/stemma-scale.XXXXXX";
   std::string dir = mkdtemp(tmpl);
   const std::string addr = "127.0.0.1:" + std::to_string(20000 + getpid() % 20000);
+  const std::string metrics_addr = "127.0.0.1:" + std::to_string(40000 + getpid() % 20000);
   pid_t coord = fork();
   if (coord == 0) {
     std::string log = dir + "/coordinator.log";
@@ -255,7 +283,7 @@ int main(int argc, char** argv) {
     std::string hb = std::to_string(heartbeat_ms), lease = std::to_string(heartbeat_ms * 6);
     execl(exe.c_str(), exe.c_str(), "--data", (dir + "/coord").c_str(), "--listen", addr.c_str(),
           "--heartbeat-ms", hb.c_str(), "--lease-ms", lease.c_str(), "--log-level", "warn",
-          nullptr);
+          "--metrics-listen", metrics_addr.c_str(), nullptr);
     _exit(127);
   }
   auto cleanup = [&] {
@@ -372,6 +400,11 @@ int main(int argc, char** argv) {
   int64_t finished = g_finished.load() - finished_before;
   int64_t rss = RssMib(coord, "VmRSS:");
   int64_t hwm = RssMib(coord, "VmHWM:");
+  double server_hb_p99 = ServerQuantileMs(metrics_addr, "stemma_rpc_server_handling_seconds",
+                                          "method=\"Heartbeat\"", 0.99);
+  double server_event_p99 = ServerQuantileMs(metrics_addr, "stemma_rpc_server_handling_seconds",
+                                             "method=\"Event\"", 0.99);
+  double server_txn_p99 = ServerQuantileMs(metrics_addr, "stemma_store_transaction_seconds", "", 0.99);
 
   stop = true;
   heartbeats.join();
@@ -392,9 +425,12 @@ int main(int argc, char** argv) {
       "{\"jobs\": %d, \"workers\": %d, \"gpus_per_worker\": %d, \"submit_clients\": %d, "
       "\"durable_submits_per_s\": %.0f, \"heartbeat_p50_ms\": %.3f, \"heartbeat_p99_ms\": %.3f, "
       "\"schedule_p50_ms\": %.3f, \"schedule_p99_ms\": %.3f, \"finished_per_s\": %.1f, "
-      "\"coordinator_rss_mib\": %lld, \"coordinator_peak_rss_mib\": %lld}\n",
+      "\"coordinator_rss_mib\": %lld, \"coordinator_peak_rss_mib\": %lld, "
+      "\"server_heartbeat_p99_ms_le\": %.2f, \"server_event_p99_ms_le\": %.2f, "
+      "\"store_txn_p99_ms_le\": %.2f}\n",
       jobs, workers, gpus, clients, submits_per_s, g_heartbeat.Pct(0.5), g_heartbeat.Pct(0.99),
       g_schedule.Pct(0.5), g_schedule.Pct(0.99), finished / static_cast<double>(measure_s),
-      static_cast<long long>(rss), static_cast<long long>(hwm));
+      static_cast<long long>(rss), static_cast<long long>(hwm), server_hb_p99, server_event_p99,
+      server_txn_p99);
   return 0;
 }
