@@ -46,35 +46,56 @@ void Committer::Wait(uint64_t ticket) {
 }
 
 void Committer::Then(uint64_t ticket, std::function<void()> fn) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (durable_ < ticket) {
-      callbacks_.emplace_back(ticket, std::move(fn));
-      return;
-    }
+  // Always run on the committer thread, never inline: callers hold their own locks, and
+  // callbacks write to network streams, which may block.
+  absl::MutexLock lock(&mu_);
+  callbacks_.emplace_back(ticket, std::move(fn));
+}
+
+bool Committer::ReadyCallbacks() const {
+  for (const auto& cb : callbacks_) {
+    if (cb.first <= durable_) return true;
   }
-  fn();
+  return false;
+}
+
+std::vector<std::function<void()>> Committer::TakeReadyCallbacks() {
+  std::vector<std::function<void()>> ready;
+  auto it = std::stable_partition(callbacks_.begin(), callbacks_.end(),
+                                  [&](const auto& cb) { return cb.first > durable_; });
+  for (auto j = it; j != callbacks_.end(); ++j) ready.push_back(std::move(j->second));
+  callbacks_.erase(it, callbacks_.end());
+  return ready;
 }
 
 void Committer::Loop() {
   for (;;) {
     StoreBatch batch;
     uint64_t ticket;
+    std::vector<std::function<void()>> ready;
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || added_ > durable_;
+        return stop_ || added_ > durable_ || ReadyCallbacks();
       };
       mu_.Await(absl::Condition(&has_work));
-      if (added_ == durable_ && stop_) return;
-      ticket = added_;
-      batch.jobs.reserve(jobs_.size());
-      for (auto& [id, j] : jobs_) batch.jobs.push_back(std::move(j));
-      for (auto& [id, w] : workers_) batch.workers.push_back(std::move(w));
-      batch.idempotency_keys = std::move(keys_);
-      jobs_.clear();
-      workers_.clear();
-      keys_.clear();
+      if (added_ == durable_) {
+        ready = TakeReadyCallbacks();  // callbacks of records already durable
+        if (ready.empty() && stop_) return;
+      } else {
+        ticket = added_;
+        batch.jobs.reserve(jobs_.size());
+        for (auto& [id, j] : jobs_) batch.jobs.push_back(std::move(j));
+        for (auto& [id, w] : workers_) batch.workers.push_back(std::move(w));
+        batch.idempotency_keys = std::move(keys_);
+        jobs_.clear();
+        workers_.clear();
+        keys_.clear();
+      }
+    }
+    if (!ready.empty()) {
+      for (auto& fn : ready) fn();
+      continue;
     }
     // Retry until the store takes it: the in-memory state is already ahead of the disk,
     // and answering a caller before its change is durable would break the contract.
@@ -90,14 +111,10 @@ void Committer::Loop() {
       if (tries % 50 == 0) spdlog::error("store commit failed, retrying: {}", st.ToString());
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    std::vector<std::function<void()>> ready;
     {
       absl::MutexLock lock(&mu_);
       durable_ = ticket;
-      auto it = std::stable_partition(callbacks_.begin(), callbacks_.end(),
-                               [&](const auto& cb) { return cb.first > ticket; });
-      for (auto j = it; j != callbacks_.end(); ++j) ready.push_back(std::move(j->second));
-      callbacks_.erase(it, callbacks_.end());
+      ready = TakeReadyCallbacks();
     }
     for (auto& fn : ready) fn();
   }

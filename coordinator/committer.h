@@ -33,11 +33,13 @@ class Committer {
   uint64_t LastTicket();
   // Blocks until `ticket` is durable.
   void Wait(uint64_t ticket);
-  // Runs `fn` on the committer thread once `ticket` is durable (at once if it is).
+  // Runs `fn` on the committer thread once `ticket` is durable; never inline.
   void Then(uint64_t ticket, std::function<void()> fn);
 
  private:
   void Loop();
+  bool ReadyCallbacks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<std::function<void()>> TakeReadyCallbacks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Store* const store_;
   CommitObserver observer_;

@@ -69,6 +69,10 @@ absl::Status Coordinator::Start() {
     absl::MutexLock lock(&mu_);
     jobs_.Load(snap);
     workers_.Load(snap, clock_->MonoMs(), options_.lease_ms);
+    {
+      absl::MutexLock live_lock(&live_mu_);
+      for (const auto& [id, w] : workers_.all()) live_[id] = w.live;
+    }
     // Resources held by attempts that were live when the coordinator stopped.
     int restored = 0;
     jobs_.ForEach([&](const v1::Job& job) {
@@ -160,9 +164,11 @@ int Coordinator::RunSchedulerPass() {
 void Coordinator::ExpireLeases(Changes* changes) {
   const int64_t now = clock_->MonoMs();
   for (auto& [id, w] : workers_.all()) {
-    if (w.info.state() == v1::WORKER_LOST || w.lease_deadline_mono > now) continue;
-    spdlog::warn("worker={} lost: no heartbeat for {} ms", id, now - w.last_heartbeat_mono);
+    const int64_t last = w.live->last_heartbeat_mono.load();
+    if (w.info.state() == v1::WORKER_LOST || last + options_.lease_ms > now) continue;
+    spdlog::warn("worker={} lost: no heartbeat for {} ms", id, now - last);
     w.info.set_state(v1::WORKER_LOST);
+    w.live->lost = true;
     auto ch = channels_.find(id);
     if (ch != channels_.end()) {
       ch->second->Close();
@@ -449,8 +455,13 @@ absl::StatusOr<v1::Registered> Coordinator::Register(const v1::Register& request
     channels_[id] = channel;
     w.connected = true;
     w.session = *session = ++next_session_;
-    w.last_heartbeat_mono = clock_->MonoMs();
-    w.lease_deadline_mono = w.last_heartbeat_mono + options_.lease_ms;
+    w.live->last_heartbeat_mono = clock_->MonoMs();
+    w.live->lost = false;
+    w.live->session = w.session;
+    {
+      absl::MutexLock live_lock(&live_mu_);
+      live_[id] = w.live;
+    }
 
     // Reconcile what the worker runs with what the coordinator believes it runs.
     Changes changes = NewChanges();
@@ -509,18 +520,19 @@ absl::StatusOr<v1::Registered> Coordinator::Register(const v1::Register& request
 absl::StatusOr<v1::HeartbeatAck> Coordinator::Heartbeat(const std::string& worker_id,
                                                         uint64_t session,
                                                         const v1::Heartbeat& heartbeat) {
-  absl::MutexLock lock(&mu_);
-  WorkerEntry* w = workers_.Find(worker_id);
-  if (w == nullptr || w->session != session) {
+  std::shared_ptr<Liveness> live;
+  {
+    absl::ReaderMutexLock lock(&live_mu_);
+    auto it = live_.find(worker_id);
+    if (it != live_.end()) live = it->second;
+  }
+  if (live == nullptr || live->session.load() != session) {
     return absl::FailedPreconditionError("session replaced; register again");
   }
-  if (w->info.state() == v1::WORKER_LOST) {
-    return absl::FailedPreconditionError("lease expired; register again");
-  }
+  if (live->lost.load()) return absl::FailedPreconditionError("lease expired; register again");
   const int64_t now = clock_->MonoMs();
-  metrics_->HeartbeatAge((now - w->last_heartbeat_mono) / 1000.0);
-  w->last_heartbeat_mono = now;
-  w->lease_deadline_mono = now + options_.lease_ms;
+  const int64_t previous = live->last_heartbeat_mono.exchange(now);
+  metrics_->HeartbeatAge((now - previous) / 1000.0);
   v1::HeartbeatAck ack;
   ack.set_seq(heartbeat.seq());
   return ack;

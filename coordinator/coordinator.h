@@ -110,6 +110,9 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   WorkerTable workers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<WorkerChannel>> channels_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 0;
+  // Heartbeats look workers up here (never under mu_). Entries are added under both locks.
+  absl::Mutex live_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<Liveness>> live_ ABSL_GUARDED_BY(live_mu_);
 
   absl::Mutex kick_mu_;
   bool kicked_ ABSL_GUARDED_BY(kick_mu_) = false;

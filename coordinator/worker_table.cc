@@ -12,9 +12,11 @@ void WorkerTable::Load(const StoreSnapshot& snapshot, int64_t now_mono, int64_t 
   for (const auto& info : snapshot.workers) {
     WorkerEntry& w = Upsert(info);
     w.connected = false;
-    // A restarted coordinator gives every worker a full lease to come back in.
-    w.lease_deadline_mono = now_mono + grace_ms;
-    w.last_heartbeat_mono = now_mono;
+    // A restarted coordinator gives every worker a full lease (counted from now) to come
+    // back in.
+    (void)grace_ms;
+    w.live->last_heartbeat_mono = now_mono;
+    w.live->lost = info.state() == v1::WORKER_LOST;
   }
 }
 
@@ -92,7 +94,7 @@ v1::WorkerInfo WorkerTable::View(const WorkerEntry& w, int64_t now_mono) const {
   v.clear_attempts();
   for (const auto& [key, a] : w.allocations) v.add_attempts(key);
   // last_heartbeat_ms carries the heartbeat age for display (ms since the last one).
-  v.set_last_heartbeat_ms(w.connected ? now_mono - w.last_heartbeat_mono : -1);
+  v.set_last_heartbeat_ms(w.connected ? now_mono - w.live->last_heartbeat_mono.load() : -1);
   return v;
 }
 

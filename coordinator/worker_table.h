@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <atomic>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,12 +21,19 @@ struct Allocation {
   int64_t memory_mb = 0;
 };
 
+// What heartbeats touch, kept apart from the rest so that a heartbeat never waits for the
+// coordinator's main lock. Shared by the worker table and the heartbeat index.
+struct Liveness {
+  std::atomic<int64_t> last_heartbeat_mono{0};
+  std::atomic<uint64_t> session{0};  // the open session's id (0: none)
+  std::atomic<bool> lost{false};
+};
+
 struct WorkerEntry {
   v1::WorkerInfo info;            // as registered; state kept current
   bool connected = false;         // a session stream is open
   uint64_t session = 0;           // id of the open session
-  int64_t lease_deadline_mono = 0;
-  int64_t last_heartbeat_mono = 0;
+  std::shared_ptr<Liveness> live = std::make_shared<Liveness>();
   std::vector<bool> gpu_used;     // indexed like info.gpus()
   double cpus_used = 0;
   int64_t memory_used_mb = 0;
