@@ -1,0 +1,13 @@
+// Entry points of the data subcommands of stemma-engine; engine/main.cc dispatches to them.
+// Each returns the process exit code and prints a one-line error naming the file, line or
+// field on failure.
+#pragma once
+
+namespace stemma::engine {
+
+// stemma-engine tokenize --tokenizer DIR --input FILE... --format text|jsonl [--field text]
+//   [--line-docs] --language L --out DIR [--shard-tokens N] [--eos] [--overwrite]
+// Writes a token dataset (docs/data-format.md) and prints one JSON line with its counts.
+int RunTokenize(int argc, char** argv);
+
+}  // namespace stemma::engine

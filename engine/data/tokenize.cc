@@ -1,0 +1,186 @@
+#include "engine/data/tokenize.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "engine/data/dataset_writer.h"
+#include "engine/data/sha256.h"
+#include "nlohmann/json.hpp"
+
+namespace stemma::engine::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool IsBlank(const std::string& line) {
+  return line.find_first_not_of(" \t\r\n\f\v") == std::string::npos;
+}
+
+// The tokenizer file Tokenizer::Load chose for `kind`, to hash for index.json.
+absl::StatusOr<TokenizerInfo> DescribeTokenizer(const std::string& dir,
+                                                const tokenizer::Tokenizer& tok) {
+  TokenizerInfo info;
+  info.kind = std::string(tok.kind());
+  fs::path p = fs::path(dir).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();
+  info.name = p.filename().string();
+  std::vector<std::string> candidates;
+  if (info.kind == "hf_bpe") {
+    candidates = {"tokenizer.json"};
+  } else if (info.kind == "sentencepiece") {
+    candidates = {"tokenizer.model"};
+  } else {
+    candidates = {"stemma_tokenizer.json", "config.json"};
+  }
+  for (const std::string& c : candidates) {
+    std::error_code ec;
+    if (fs::exists(dir + "/" + c, ec)) {
+      info.file = c;
+      ASSIGN_OR_RETURN(info.sha256, Sha256File(dir + "/" + c));
+      break;
+    }
+  }
+  if (info.file.empty()) {
+    return absl::NotFoundError(absl::StrCat("--tokenizer ", dir, ": no tokenizer file to hash"));
+  }
+  info.vocab_size = tok.vocab_size();
+  info.bos_id = tok.bos_id();
+  info.eos_id = tok.eos_id();
+  return info;
+}
+
+class DocumentSink {
+ public:
+  DocumentSink(const tokenizer::Tokenizer& tok, DatasetWriter& writer, bool append_eos)
+      : tok_(tok), writer_(writer), append_eos_(append_eos) {}
+  absl::Status Add(std::string_view text, const std::string& where) {
+    std::vector<int32_t> ids = tok_.Encode(text);
+    if (ids.empty()) return absl::OkStatus();
+    if (append_eos_) ids.push_back(*tok_.eos_id());
+    absl::Status s = writer_.AddDocument(ids);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
+    return absl::OkStatus();
+  }
+
+ private:
+  const tokenizer::Tokenizer& tok_;
+  DatasetWriter& writer_;
+  bool append_eos_;
+};
+
+absl::Status ReadText(const std::string& path, std::istream& in, bool line_docs,
+                      DocumentSink& sink) {
+  std::string line, doc;
+  int64_t line_no = 0, doc_line = 0;
+  auto flush = [&]() -> absl::Status {
+    if (doc.empty()) return absl::OkStatus();
+    absl::Status s = sink.Add(doc, absl::StrCat(path, ":", doc_line));
+    doc.clear();
+    return s;
+  };
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (IsBlank(line)) {
+      RETURN_IF_ERROR(flush());
+      continue;
+    }
+    if (line_docs) {
+      RETURN_IF_ERROR(sink.Add(line, absl::StrCat(path, ":", line_no)));
+      continue;
+    }
+    if (doc.empty()) {
+      doc_line = line_no;
+    } else {
+      doc.push_back('\n');
+    }
+    doc += line;
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat("read ", path, ": I/O error"));
+  return flush();
+}
+
+absl::Status ReadJsonl(const std::string& path, std::istream& in, const std::string& field,
+                       DocumentSink& sink) {
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (IsBlank(line)) continue;
+    std::string where = absl::StrCat(path, ":", line_no);
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": bad JSON: ", e.what()));
+    }
+    if (!j.is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": expected a JSON object, got ", j.type_name()));
+    }
+    auto it = j.find(field);
+    if (it == j.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": field '", field, "' missing"));
+    }
+    if (!it->is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": field '", field, "' is ",
+                                                     it->type_name(), ", not a string"));
+    }
+    RETURN_IF_ERROR(sink.Add(it->get_ref<const std::string&>(), where));
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat("read ", path, ": I/O error"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TokenizeSummary> TokenizeFiles(const TokenizeOptions& options) {
+  if (options.inputs.empty()) return absl::InvalidArgumentError("--input: no files given");
+  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
+                   tokenizer::Tokenizer::Load(options.tokenizer_dir));
+  ASSIGN_OR_RETURN(TokenizerInfo info, DescribeTokenizer(options.tokenizer_dir, *tok));
+  // Fail on missing inputs before any work.
+  std::vector<SourceFile> sources;
+  for (const std::string& path : options.inputs) {
+    SourceFile s;
+    s.path = path;
+    ASSIGN_OR_RETURN(s.sha256, Sha256File(path, &s.bytes));
+    sources.push_back(std::move(s));
+  }
+  DatasetWriterOptions wopts;
+  wopts.out_dir = options.out_dir;
+  wopts.language = options.language;
+  wopts.tokenizer = info;
+  wopts.shard_tokens = options.shard_tokens > 0 ? options.shard_tokens : kDefaultShardTokens;
+  wopts.eos_appended = options.append_eos;
+  wopts.overwrite = options.overwrite;
+  ASSIGN_OR_RETURN(std::unique_ptr<DatasetWriter> writer, DatasetWriter::Create(wopts));
+  DocumentSink sink(*tok, *writer, options.append_eos);
+  for (const std::string& path : options.inputs) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("--input ", path, ": cannot open"));
+    if (options.format == InputFormat::kJsonl) {
+      RETURN_IF_ERROR(ReadJsonl(path, in, options.field, sink));
+    } else {
+      RETURN_IF_ERROR(ReadText(path, in, options.line_docs, sink));
+    }
+  }
+  if (writer->num_tokens() == 0) {
+    std::string files;
+    for (const std::string& p : options.inputs) absl::StrAppend(&files, files.empty() ? "" : ", ", p);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "empty dataset: no documents in ", files,
+        options.format == InputFormat::kJsonl ? absl::StrCat(" (field '", options.field, "')")
+                                              : std::string()));
+  }
+  TokenizeSummary summary;
+  summary.num_documents = writer->num_documents();
+  summary.num_tokens = writer->num_tokens();
+  summary.num_shards = (summary.num_tokens + wopts.shard_tokens - 1) / wopts.shard_tokens;
+  RETURN_IF_ERROR(writer->Finish(sources));
+  return summary;
+}
+
+}  // namespace stemma::engine::data

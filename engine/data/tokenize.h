@@ -1,0 +1,47 @@
+// Text and JSONL files to a token dataset (the library behind `stemma-engine tokenize`).
+//
+// Documents (docs/data-format.md):
+//  - text: one document per paragraph, i.e. per run of lines separated by one or more blank
+//    lines (lines of only whitespace). A paragraph's lines are joined with "\n"; the trailing
+//    newline is dropped; "\r\n" counts as "\n". With line_docs, each non-blank line is one
+//    document.
+//  - jsonl: one JSON object per non-blank line; the document is the string in `field`.
+// Documents that tokenize to nothing (an empty string field) are skipped. Files are read in
+// the order given. Errors name the file, the 1-based line and the field:
+//   "in.jsonl:7: bad JSON: ...", "in.jsonl:9: field 'text' missing",
+//   "in.jsonl:9: field 'text' is a number, not a string", "...: empty dataset ...".
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace stemma::engine::data {
+
+enum class InputFormat { kText, kJsonl };
+
+struct TokenizeOptions {
+  std::string tokenizer_dir;
+  std::vector<std::string> inputs;
+  InputFormat format = InputFormat::kText;
+  std::string field = "text";  // jsonl only
+  bool line_docs = false;      // text only
+  std::string language;
+  std::string out_dir;
+  int64_t shard_tokens = 0;  // 0: kDefaultShardTokens
+  bool append_eos = false;
+  bool overwrite = false;
+};
+
+struct TokenizeSummary {
+  int64_t num_documents = 0;
+  int64_t num_tokens = 0;
+  int64_t num_shards = 0;
+};
+
+// Loads the tokenizer from options.tokenizer_dir and writes the dataset atomically.
+absl::StatusOr<TokenizeSummary> TokenizeFiles(const TokenizeOptions& options);
+
+}  // namespace stemma::engine::data
