@@ -27,8 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 
 // gtest without gmock: substring check that prints both strings.
-#define EXPECT_CONTAINS(text, sub)                                                  \
-  EXPECT_NE(std::string(text).find(sub), std::string::npos)                         \
+#define EXPECT_CONTAINS(text, sub)                          \
+  EXPECT_NE(std::string(text).find(sub), std::string::npos) \
       << "'" << std::string(text) << "' does not contain '" << std::string(sub) << "'"
 
 constexpr int32_t kByteEos = 257;
@@ -72,14 +72,18 @@ class DataTest : public ::testing::Test {
   }
   // A dataset written directly: document d (of `sizes`) holds ids base + running index,
   // so every token of the dataset is distinct.
-  std::shared_ptr<const Dataset> Synthetic(const std::string& name,
-                                           const std::vector<int>& sizes, int32_t base,
-                                           int64_t shard_tokens = 7) {
+  std::shared_ptr<const Dataset> Synthetic(const std::string& name, const std::vector<int>& sizes,
+                                           int32_t base, int64_t shard_tokens = 7) {
     DatasetWriterOptions o;
     o.out_dir = Path(name);
     o.language = name;
-    o.tokenizer = {.name = "synthetic", .kind = "none", .file = "", .sha256 = "",
-                   .vocab_size = 0, .bos_id = std::nullopt, .eos_id = 0};
+    o.tokenizer = {.name = "synthetic",
+                   .kind = "none",
+                   .file = "",
+                   .sha256 = "",
+                   .vocab_size = 0,
+                   .bos_id = std::nullopt,
+                   .eos_id = 0};
     o.shard_tokens = shard_tokens;
     auto w = DatasetWriter::Create(o);
     EXPECT_TRUE(w.ok()) << w.status();
@@ -185,8 +189,8 @@ TEST_F(DataTest, JsonlRoundTripAndCommand) {
                         "{\"body\": \"x\", \"text\": \"beta\\ngamma\"}\n");
   std::string out = Path("ds");
   std::string tok = Path("tok");
-  std::vector<std::string> args = {"tokenize", "--tokenizer", tok,      "--input", a,
-                                   "--format", "jsonl",       "--language", "de", "--out",
+  std::vector<std::string> args = {"tokenize", "--tokenizer",    tok,          "--input", a,
+                                   "--format", "jsonl",          "--language", "de",      "--out",
                                    out,        "--shard-tokens", "3"};
   std::vector<char*> argv;
   for (std::string& s : args) argv.push_back(s.data());
@@ -209,7 +213,8 @@ TEST_F(DataTest, BadInputsNameFileLineAndField) {
     std::string name, contents, field, want;
   };
   std::vector<Case> cases = {
-      {"badjson.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"x\"\n", "text", "badjson.jsonl:2: bad JSON"},
+      {"badjson.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"x\"\n", "text",
+       "badjson.jsonl:2: bad JSON"},
       {"missing.jsonl", "{\"text\": \"ok\"}\n\n{\"body\": \"x\"}\n", "text",
        "missing.jsonl:3: field 'text' missing"},
       {"number.jsonl", "{\"content\": 7}\n", "content",
@@ -290,8 +295,8 @@ TEST_F(DataTest, TemperatureAndFamilyMixtures) {
   auto b = Synthetic("b", {100}, 5000);       // 100
   auto c = Synthetic("c", {25}, 9000);        // 25
   MixtureSpec spec;
-  spec.components = {{a, std::nullopt, "slavic"}, {b, std::nullopt, "slavic"},
-                     {c, std::nullopt, "romance"}};
+  spec.components = {
+      {a, std::nullopt, "slavic"}, {b, std::nullopt, "slavic"}, {c, std::nullopt, "romance"}};
   spec.temperature = 2.0;
   LoaderOptions o{.seq_len = 8};
   auto loader = Loader::Create(spec, o);
@@ -310,6 +315,45 @@ TEST_F(DataTest, TemperatureAndFamilyMixtures) {
   spec.family_weights.clear();
   spec.components[0].weight = 1.0;
   EXPECT_FALSE(Loader::Create(spec, o).ok());  // weight and temperature
+}
+
+TEST_F(DataTest, MixtureSpecFromJson) {
+  Synthetic("uk", {10, 20}, 100);
+  Synthetic("en", {30}, 500);
+  nlohmann::json j = {
+      {"datasets",
+       {{{"path", "uk"}, {"family", "slavic"}}, {{"path", Path("en")}, {"family", "germanic"}}}},
+      {"temperature", 1.0},
+      {"family_weights", {{"slavic", 3}, {"germanic", 1}}}};
+  auto spec = MixtureSpecFromJson(j, root_.string());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto loader = Loader::Create(*spec, {.seq_len = 4});
+  ASSERT_TRUE(loader.ok()) << loader.status();
+  EXPECT_NEAR((*loader)->probabilities()[0], 0.75, 1e-12);
+  j["datasets"][1]["weight"] = "heavy";
+  EXPECT_CONTAINS(MixtureSpecFromJson(j, root_.string()).status().message(),
+                  "data.datasets[1]: field 'weight'");
+  j["datasets"][1] = {{"path", "missing"}};
+  EXPECT_CONTAINS(MixtureSpecFromJson(j, root_.string()).status().message(),
+                  "data.datasets[1].path");
+  EXPECT_CONTAINS(
+      MixtureSpecFromJson({{"datasets", j["datasets"]}, {"temp", 1}}).status().message(),
+      "unknown field 'temp'");
+}
+
+TEST_F(DataTest, MixtureRefusesDifferentTokenizers) {
+  std::string a = Write("a.txt", "alpha\n");
+  ASSERT_TRUE(TokenizeFiles(Options({a}, InputFormat::kText, "bytes_ds")).ok());
+  fs::create_directories(Path("tok2"));
+  Write("tok2/config.json", R"({"stemma_tokenizer": {"type": "bytes"}})");
+  TokenizeOptions o = Options({a}, InputFormat::kText, "bytes2_ds");
+  o.tokenizer_dir = Path("tok2");
+  ASSERT_TRUE(TokenizeFiles(o).ok());
+  MixtureSpec spec;
+  spec.components = {{std::move(*Dataset::Open(Path("bytes_ds"))), 1.0, ""},
+                     {std::move(*Dataset::Open(Path("bytes2_ds"))), 1.0, ""}};
+  auto loader = Loader::Create(spec, {.seq_len = 4});
+  EXPECT_CONTAINS(loader.status().message(), "tokenized with");
 }
 
 TEST_F(DataTest, MixtureProportionsMatchWeights) {
@@ -406,7 +450,8 @@ TEST_F(DataTest, HeldOutSplitIsDisjointAndStable) {
   wo.tokenizer.eos_id = 0;
   wo.shard_tokens = 11;
   auto w = DatasetWriter::Create(wo);
-  for (int64_t d = ds->num_documents() - 1; d >= 0; --d) ASSERT_TRUE((*w)->AddDocument(ds->Document(d)).ok());
+  for (int64_t d = ds->num_documents() - 1; d >= 0; --d)
+    ASSERT_TRUE((*w)->AddDocument(ds->Document(d)).ok());
   ASSERT_TRUE((*w)->Finish({}).ok());
   std::shared_ptr<const Dataset> rev = std::move(*Dataset::Open(Path("rev")));
   spec.components = {{rev, 1.0, ""}};

@@ -115,8 +115,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir,
     }
     if (static_cast<size_t>(st.st_size) != expect_bytes) {
       ::close(fd);
-      return absl::InvalidArgumentError(absl::StrCat(path, ": ", st.st_size, " bytes, ",
-                                                     index_path, " implies ", expect_bytes));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", st.st_size, " bytes, ", index_path, " implies ", expect_bytes));
     }
     void* addr = ::mmap(nullptr, expect_bytes, PROT_READ, MAP_SHARED, fd, 0);
     int err = errno;
@@ -144,7 +144,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir,
   int64_t total = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
     std::string field = absl::StrCat("shards[", i, "]");
-    ASSIGN_OR_RETURN(std::string file, Get<std::string>(shards[i], index_path, "file", field + ".file"));
+    ASSIGN_OR_RETURN(std::string file,
+                     Get<std::string>(shards[i], index_path, "file", field + ".file"));
     auto n_it = shards[i].find("num_tokens");
     if (n_it == shards[i].end() || !n_it->is_number_integer()) {
       return FieldError(index_path, field + ".num_tokens", "missing or not an integer");

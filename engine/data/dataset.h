@@ -61,9 +61,9 @@ class Dataset {
   bool eos_appended_ = false;
   int64_t num_tokens_ = 0;
   int64_t shard_tokens_ = 0;
-  std::vector<Mapping> mappings_;           // shards, then index.bin
-  std::vector<const uint32_t*> shards_;     // token data of each shard
-  std::span<const uint64_t> offsets_;       // num_documents + 1 entries
+  std::vector<Mapping> mappings_;        // shards, then index.bin
+  std::vector<const uint32_t*> shards_;  // token data of each shard
+  std::span<const uint64_t> offsets_;    // num_documents + 1 entries
 };
 
 }  // namespace stemma::engine::data

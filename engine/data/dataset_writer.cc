@@ -3,8 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <bit>
+#include <cerrno>
 #include <filesystem>
 #include <system_error>
 
@@ -30,8 +30,8 @@ absl::Status FsyncPath(const std::string& path, bool directory) {
 absl::Status WriteSynced(const std::string& path, const void* data, size_t size) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) return ErrnoStatus("create " + path, errno);
-  bool ok = std::fwrite(data, 1, size, f) == size && std::fflush(f) == 0 &&
-            ::fsync(::fileno(f)) == 0;
+  bool ok =
+      std::fwrite(data, 1, size, f) == size && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
   int err = errno;
   std::fclose(f);
   if (!ok) return ErrnoStatus("write " + path, err);
@@ -60,8 +60,7 @@ DatasetWriter::~DatasetWriter() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(
-    DatasetWriterOptions options) {
+absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(DatasetWriterOptions options) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("--out: empty path");
   if (options.language.empty()) return absl::InvalidArgumentError("--language: empty");
   if (options.shard_tokens <= 0) {
@@ -69,8 +68,8 @@ absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(
         absl::StrCat("--shard-tokens: must be positive, got ", options.shard_tokens));
   }
   if (options.eos_appended && !options.tokenizer.eos_id.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--eos: tokenizer '", options.tokenizer.name, "' has no EOS token"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--eos: tokenizer '", options.tokenizer.name, "' has no EOS token"));
   }
   while (options.out_dir.size() > 1 && options.out_dir.back() == '/') options.out_dir.pop_back();
   std::error_code ec;
@@ -102,9 +101,8 @@ absl::Status DatasetWriter::CloseShard() {
   ok = (std::fclose(shard_) == 0) && ok;
   shard_ = nullptr;
   if (!ok) return ErrnoStatus("write " + path, err);
-  shards_.push_back({{"file", name},
-                     {"num_tokens", shard_count_},
-                     {"sha256", shard_hash_.HexDigest()}});
+  shards_.push_back(
+      {{"file", name}, {"num_tokens", shard_count_}, {"sha256", shard_hash_.HexDigest()}});
   return absl::OkStatus();
 }
 
@@ -113,8 +111,8 @@ absl::Status DatasetWriter::AddDocument(std::span<const int32_t> tokens) {
   if (tokens.empty()) return absl::OkStatus();
   for (int32_t t : tokens) {
     if (t < 0 || (options_.tokenizer.vocab_size > 0 && t >= options_.tokenizer.vocab_size)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "token id ", t, " outside the vocabulary [0, ", options_.tokenizer.vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("token id ", t, " outside the vocabulary [0, ",
+                                                     options_.tokenizer.vocab_size, ")"));
     }
   }
   doc_starts_.push_back(static_cast<uint64_t>(num_tokens_));
@@ -126,8 +124,7 @@ absl::Status DatasetWriter::AddDocument(std::span<const int32_t> tokens) {
     size_t take = std::min<size_t>(tokens.size() - i, options_.shard_tokens - shard_count_);
     const void* p = tokens.data() + i;
     if (std::fwrite(p, sizeof(uint32_t), take, shard_) != take) {
-      return ErrnoStatus(absl::StrCat("write ", staging_, "/", ShardName(shards_.size())),
-                         errno);
+      return ErrnoStatus(absl::StrCat("write ", staging_, "/", ShardName(shards_.size())), errno);
     }
     shard_hash_.Update(p, take * sizeof(uint32_t));
     shard_count_ += static_cast<int64_t>(take);
@@ -153,9 +150,12 @@ absl::Status DatasetWriter::Finish(const std::vector<SourceFile>& sources) {
   ASSIGN_OR_RETURN(std::string index_sha, Sha256File(index_bin));
 
   const TokenizerInfo& t = options_.tokenizer;
-  nlohmann::json tok = {{"name", t.name},         {"kind", t.kind},
-                        {"file", t.file},         {"sha256", t.sha256},
-                        {"vocab_size", t.vocab_size}, {"bos_id", nullptr},
+  nlohmann::json tok = {{"name", t.name},
+                        {"kind", t.kind},
+                        {"file", t.file},
+                        {"sha256", t.sha256},
+                        {"vocab_size", t.vocab_size},
+                        {"bos_id", nullptr},
                         {"eos_id", nullptr}};
   if (t.bos_id) tok["bos_id"] = *t.bos_id;
   if (t.eos_id) tok["eos_id"] = *t.eos_id;

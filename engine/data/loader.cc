@@ -89,14 +89,57 @@ absl::StatusOr<std::vector<double>> TemperatureProbabilities(const std::vector<d
   return p;
 }
 
+absl::StatusOr<MixtureSpec> MixtureSpecFromJson(const nlohmann::json& j,
+                                                const std::string& base_dir) {
+  const std::string kPrefix = "data";
+  if (!j.is_object()) return absl::InvalidArgumentError("data: not a JSON object");
+  for (const auto& [key, value] : j.items()) {
+    if (key != "datasets" && key != "temperature" && key != "family_weights") {
+      return absl::InvalidArgumentError(absl::StrCat("data: unknown field '", key, "'"));
+    }
+  }
+  MixtureSpec spec;
+  ASSIGN_OR_RETURN(nlohmann::json datasets, Field<nlohmann::json>(j, "datasets", kPrefix));
+  if (!datasets.is_array() || datasets.empty()) {
+    return absl::InvalidArgumentError("data: field 'datasets' must be a non-empty array");
+  }
+  if (j.contains("temperature")) {
+    ASSIGN_OR_RETURN(spec.temperature, Field<double>(j, "temperature", kPrefix));
+  }
+  if (j.contains("family_weights")) {
+    ASSIGN_OR_RETURN(spec.family_weights,
+                     (Field<std::map<std::string, double>>(j, "family_weights", kPrefix)));
+  }
+  for (size_t i = 0; i < datasets.size(); ++i) {
+    std::string prefix = absl::StrCat("data.datasets[", i, "]");
+    const nlohmann::json& d = datasets[i];
+    ASSIGN_OR_RETURN(std::string path, Field<std::string>(d, "path", prefix));
+    MixtureComponent c;
+    if (d.contains("weight")) {
+      ASSIGN_OR_RETURN(c.weight, Field<double>(d, "weight", prefix));
+    }
+    if (d.contains("family")) {
+      ASSIGN_OR_RETURN(c.family, Field<std::string>(d, "family", prefix));
+    }
+    if (!base_dir.empty() && !path.empty() && path[0] != '/') path = base_dir + "/" + path;
+    auto ds = Dataset::Open(path);
+    if (!ds.ok()) {
+      return absl::Status(ds.status().code(),
+                          absl::StrCat(prefix, ".path: ", ds.status().message()));
+    }
+    c.dataset = std::shared_ptr<const Dataset>(std::move(*ds));
+    spec.components.push_back(std::move(c));
+  }
+  return spec;
+}
+
 nlohmann::json LoaderState::ToJson() const {
   nlohmann::json cs = nlohmann::json::array();
   for (const Cursor& c : cursors) {
     cs.push_back(
         {{"dir", c.dir}, {"epoch", c.epoch}, {"position", c.position}, {"offset", c.offset}});
   }
-  return {{"seed", seed}, {"seq_len", seq_len}, {"draws", draws}, {"rows", rows},
-          {"cursors", cs}};
+  return {{"seed", seed}, {"seq_len", seq_len}, {"draws", draws}, {"rows", rows}, {"cursors", cs}};
 }
 
 absl::StatusOr<LoaderState> LoaderState::FromJson(const nlohmann::json& j) {
@@ -121,7 +164,8 @@ absl::StatusOr<LoaderState> LoaderState::FromJson(const nlohmann::json& j) {
 
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(MixtureSpec spec, LoaderOptions options) {
   if (options.seq_len <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("seq_len must be positive, got ", options.seq_len));
+    return absl::InvalidArgumentError(
+        absl::StrCat("seq_len must be positive, got ", options.seq_len));
   }
   if (!(options.heldout_fraction >= 0 && options.heldout_fraction < 1)) {
     return absl::InvalidArgumentError(
@@ -130,13 +174,20 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(MixtureSpec spec, LoaderO
   if (spec.components.empty()) return absl::InvalidArgumentError("mixture: no datasets");
   std::unique_ptr<Loader> loader(new Loader());
   loader->options_ = options;
+  for (const MixtureComponent& c : spec.components) {
+    if (c.dataset == nullptr) return absl::InvalidArgumentError("mixture: a dataset is null");
+    const TokenizerInfo& first = spec.components[0].dataset->tokenizer();
+    if (c.dataset->tokenizer().sha256 != first.sha256) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mixture: ", c.dataset->dir(), " was tokenized with ", c.dataset->tokenizer().name,
+          " (sha256 ", c.dataset->tokenizer().sha256, "), ", spec.components[0].dataset->dir(),
+          " with ", first.name, " (sha256 ", first.sha256, ")"));
+    }
+  }
   std::vector<double> sizes;
   std::vector<int32_t> buf;
   for (size_t i = 0; i < spec.components.size(); ++i) {
     const MixtureComponent& c = spec.components[i];
-    if (c.dataset == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("mixture: dataset ", i, " is null"));
-    }
     Stream s;
     s.dataset = c.dataset;
     s.cursor.dir = c.dataset->dir();
@@ -154,10 +205,10 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(MixtureSpec spec, LoaderO
       }
     }
     if (s.docs.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "dataset ", c.dataset->dir(), ": no documents in the ",
-          options.split == Split::kTrain ? "training" : "held-out", " split (fraction ",
-          options.heldout_fraction, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("dataset ", c.dataset->dir(), ": no documents in the ",
+                       options.split == Split::kTrain ? "training" : "held-out",
+                       " split (fraction ", options.heldout_fraction, ")"));
     }
     s.insert_eos = !c.dataset->eos_appended();
     if (s.insert_eos) {
@@ -330,9 +381,9 @@ LoaderState Loader::state() const {
 
 absl::Status Loader::Restore(const LoaderState& state) {
   if (state.seed != options_.seed || state.seq_len != options_.seq_len) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "loader state: seed ", state.seed, " / seq_len ", state.seq_len, " differ from the loader's ",
-        options_.seed, " / ", options_.seq_len));
+    return absl::InvalidArgumentError(absl::StrCat("loader state: seed ", state.seed, " / seq_len ",
+                                                   state.seq_len, " differ from the loader's ",
+                                                   options_.seed, " / ", options_.seq_len));
   }
   if (state.cursors.size() != streams_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("loader state: ", state.cursors.size(),
@@ -343,7 +394,8 @@ absl::Status Loader::Restore(const LoaderState& state) {
     const LoaderState::Cursor& c = state.cursors[i];
     if (c.dir != s.cursor.dir) {
       return absl::InvalidArgumentError(absl::StrCat("loader state: cursors[", i, "] is for ",
-                                                     c.dir, ", the loader's dataset is ", s.cursor.dir));
+                                                     c.dir, ", the loader's dataset is ",
+                                                     s.cursor.dir));
     }
     if (c.epoch < 0 || c.position < 0 || c.position >= static_cast<int64_t>(s.docs.size()) ||
         c.offset < 0) {

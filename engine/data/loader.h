@@ -66,6 +66,14 @@ struct MixtureSpec {
   std::map<std::string, double> family_weights;
 };
 
+// Parses a mixture from JSON (the `data` section of a training spec) and opens its datasets:
+//   {"datasets": [{"path": "uk", "weight": 2, "family": "slavic"}, ...],
+//    "temperature": 3.0, "family_weights": {"slavic": 0.9, "germanic": 0.1}}
+// Relative paths are resolved against `base_dir`. Errors name the field
+// ("data.datasets[1].weight: ...") or the dataset directory.
+absl::StatusOr<MixtureSpec> MixtureSpecFromJson(const nlohmann::json& j,
+                                                const std::string& base_dir = "");
+
 enum class Split { kTrain, kHeldOut };
 
 struct LoaderOptions {
@@ -103,7 +111,8 @@ class Loader {
  public:
   // Computes the split and probabilities. InvalidArgument for: seq_len <= 0, no components,
   // a bad weight or temperature, missing family weights, a component with no documents in
-  // the split, no EOS id for a dataset that needs one.
+  // the split, no EOS id for a dataset that needs one, datasets made with different
+  // tokenizers (tokenizer.sha256 differs).
   static absl::StatusOr<std::unique_ptr<Loader>> Create(MixtureSpec spec, LoaderOptions options);
 
   // The next batch_size rows: [batch_size, seq_len + 1] int32, row-major.

@@ -125,8 +125,8 @@ absl::Status ReadJsonl(const std::string& path, std::istream& in, const std::str
       return absl::InvalidArgumentError(absl::StrCat(where, ": field '", field, "' missing"));
     }
     if (!it->is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": field '", field, "' is ",
-                                                     it->type_name(), ", not a string"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": field '", field, "' is ", it->type_name(), ", not a string"));
     }
     RETURN_IF_ERROR(sink.Add(it->get_ref<const std::string&>(), where));
   }
@@ -169,7 +169,8 @@ absl::StatusOr<TokenizeSummary> TokenizeFiles(const TokenizeOptions& options) {
   }
   if (writer->num_tokens() == 0) {
     std::string files;
-    for (const std::string& p : options.inputs) absl::StrAppend(&files, files.empty() ? "" : ", ", p);
+    for (const std::string& p : options.inputs)
+      absl::StrAppend(&files, files.empty() ? "" : ", ", p);
     return absl::InvalidArgumentError(absl::StrCat(
         "empty dataset: no documents in ", files,
         options.format == InputFormat::kJsonl ? absl::StrCat(" (field '", options.field, "')")

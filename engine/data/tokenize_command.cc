@@ -69,8 +69,7 @@ int RunTokenize(int argc, char** argv) {
     } else if (arg == "--out") {
       if (!value(&options.out_dir)) return Usage("--out needs a directory");
     } else if (arg == "--shard-tokens") {
-      if (!value(&v) || !absl::SimpleAtoi(v, &options.shard_tokens) ||
-          options.shard_tokens <= 0) {
+      if (!value(&v) || !absl::SimpleAtoi(v, &options.shard_tokens) || options.shard_tokens <= 0) {
         return Usage("--shard-tokens needs a positive integer");
       }
     } else if (arg == "--eos") {
