@@ -412,10 +412,14 @@ TEST_F(DataTest, PackingCoversEveryTokenOncePerEpoch) {
       }
       // Documents are contiguous and followed by EOS.
       for (int64_t i = e * per_epoch; i < (e + 1) * per_epoch - 1; ++i) {
-        if (stream[i] != 0 && stream[i + 1] != 0) EXPECT_EQ(stream[i + 1], stream[i] + 1);
+        if (stream[i] != 0 && stream[i + 1] != 0) {
+          EXPECT_EQ(stream[i + 1], stream[i] + 1);
+        }
       }
     }
-    if (!shuffle) EXPECT_EQ(stream[0], 100);
+    if (!shuffle) {
+      EXPECT_EQ(stream[0], 100);
+    }
     // Shuffled epochs differ in order.
     if (shuffle) {
       EXPECT_NE(std::vector<int32_t>(stream.begin(), stream.begin() + per_epoch),
