@@ -23,6 +23,10 @@
 // `seed` (no std:: distributions, whose results differ between standard libraries), so the
 // same datasets and options give the same batches on every platform.
 //
+// Data parallel: every rank builds the same loader (same datasets, options and seed) and
+// takes its rows [rank * B / W, (rank + 1) * B / W) of NextBatch(B) for the global batch B,
+// so W processes see exactly the rows one process would, and one saved state serves all.
+//
 // Thread-safety: a Loader is not thread-safe; use one per training process (or rank).
 #pragma once
 
