@@ -10,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include "engine/commands.h"
+#include "engine/data/commands.h"
 #include "engine/io/commands.h"
 
 namespace {
@@ -20,7 +21,8 @@ constexpr const char* kUsage =
     "  init     --arch llama|qwen2|gemma3|olmoe --preset tiny --seed S --out DIR\n"
     "  logits   --model DIR --tokens 1,2,3 [--out FILE]\n"
     "  inspect  DIR|FILE.safetensors   tensors, dtypes, shapes, shards, manifest status\n"
-    "  verify   DIR                    check every file against the stemma.json manifest\n";
+    "  verify   DIR                    check every file against the stemma.json manifest\n"
+    "  tokenize --tokenizer DIR --input FILE... --format text|jsonl --language L --out DIR\n";
 
 #if !STEMMA_ENGINE_HAS_MODEL
 int NotBuilt(const char* command) {
@@ -50,6 +52,7 @@ int Dispatch(int argc, char** argv) {
   if (command == "init" || command == "logits") return NotBuilt(argv[1]);
 #endif
   if (command == "inspect") return stemma::engine::RunInspect(sub_argc, sub_argv);
+  if (command == "tokenize") return stemma::engine::RunTokenize(sub_argc, sub_argv);
   if (command == "verify") return stemma::engine::RunVerify(sub_argc, sub_argv);
   std::fprintf(stderr, "stemma-engine: error: unknown command '%s' (try stemma-engine --help)\n",
                argv[1]);
