@@ -20,17 +20,25 @@ std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers
                                 int64_t now_wall_ms, const SchedulerOptions& options) {
   std::vector<Placement> out;
   std::vector<Free> free;
-  // Workers come in id order, so placement is deterministic. A full worker is left out
-  // (every job asks for some CPU), which keeps passes short on a busy cluster.
+  if (jobs.queue().empty()) return out;
+  // Every queued job needs at least the smallest demand on each resource, so a worker with
+  // less than that free can host none of them; once no worker has it, the pass is over.
+  const JobTable::Demand least = jobs.MinQueuedDemand();
+  auto can_host_any = [&](int gpus, double cpus, int64_t memory_mb) {
+    return gpus >= least.gpus && cpus + 1e-9 >= least.cpus && memory_mb >= least.memory_mb;
+  };
+  // Workers come in id order, so placement is deterministic.
   for (const auto& [id, w] : workers.all()) {
-    if (!w.schedulable() || w.free_cpus() <= 1e-9) continue;
+    if (!w.schedulable() || !can_host_any(w.free_gpus(), w.free_cpus(), w.free_memory_mb())) {
+      continue;
+    }
     free.push_back({&id, w.free_gpus(), w.free_cpus(), w.free_memory_mb(),
                     w.info.allow_exec(), false});
   }
   if (free.empty()) return out;
 
   // Upper bounds of what any one worker has free: a job above them is blocked without
-  // looking at workers, which keeps a pass cheap when the cluster is full.
+  // looking at workers.
   int max_gpus = 0;
   double max_cpus = 0;
   int64_t max_memory = 0;
@@ -45,16 +53,11 @@ std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers
     }
   };
   refresh_bounds();
-  if (jobs.queue().empty()) return out;
-  const JobTable::Demand least = jobs.MinQueuedDemand();
-  if (least.gpus > max_gpus || least.cpus > max_cpus + 1e-9 || least.memory_mb > max_memory) {
-    return out;  // nothing queued fits anywhere: a full cluster costs one scan of workers
-  }
 
   int blocked = 0;
   std::vector<int> chosen;
   for (const auto& [neg_priority, seq, id] : jobs.queue()) {
-    if (max_cpus <= 1e-9 && max_gpus == 0) break;  // every worker is full
+    if (!can_host_any(max_gpus, max_cpus, max_memory)) break;  // the cluster is full
     const v1::Job* job = jobs.Find(id);
     if (job == nullptr || job->not_before_ms() > now_wall_ms) continue;
     const auto& r = job->spec().resources();
