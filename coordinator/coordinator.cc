@@ -117,9 +117,16 @@ uint64_t Coordinator::Finish(Changes&& changes) {
     auto it = channels_.find(m.worker_id);
     if (it != channels_.end()) sends.emplace_back(it->second, std::move(m.message));
   }
+  // Messages to one worker go out back to back, all but the last with a buffer hint, so
+  // an ack and the next assignment share a network write.
+  std::stable_sort(sends.begin(), sends.end(),
+                   [](const auto& a, const auto& b) { return a.first.get() < b.first.get(); });
   committer_->Then(ticket, [this, events = std::move(changes.events),
                             sends = std::move(sends)]() {
-    for (const auto& [channel, msg] : sends) channel->Send(msg);
+    for (size_t i = 0; i < sends.size(); ++i) {
+      bool more = i + 1 < sends.size() && sends[i + 1].first == sends[i].first;
+      sends[i].first->Send(sends[i].second, more);
+    }
     hub_.Publish(events);
   });
   return ticket;

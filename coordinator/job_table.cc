@@ -266,7 +266,7 @@ void JobTable::Release(Entry& e, Changes* changes) {
                             d.state() == v1::FAILED ? " failed" : " was cancelled",
                             d.reason().empty() ? "" : ": ", d.reason()),
                changes);
-      FailDependents(e, changes);
+      ReleaseDependents(e, changes);
       return;
     }
     if (d.state() != v1::SUCCEEDED) waiting = true;
@@ -279,14 +279,8 @@ void JobTable::Release(Entry& e, Changes* changes) {
   }
 }
 
-void JobTable::FailDependents(Entry& e, Changes* changes) {
-  for (const auto& id : e.dependents) {
-    Entry& d = jobs_.at(id);
-    if (d.job.state() == v1::PENDING) Release(d, changes);
-  }
-}
-
-void JobTable::WakeDependents(Entry& e, Changes* changes) {
+void JobTable::ReleaseDependents(Entry& e, Changes* changes) {
+  // Release() decides for each waiting dependent: still waiting, queued, or failed.
   for (const auto& id : e.dependents) {
     Entry& d = jobs_.at(id);
     if (d.job.state() == v1::PENDING) Release(d, changes);
@@ -354,7 +348,7 @@ void JobTable::PartSucceeded(v1::Job* job, int rank,
   a->set_result("exit 0");
   e.job.set_exit_code(0);
   SetState(e, v1::SUCCEEDED, "", changes);
-  WakeDependents(e, changes);
+  ReleaseDependents(e, changes);
 }
 
 void JobTable::AttemptFailed(v1::Job* job, const std::string& result, int exit_code,
@@ -376,7 +370,7 @@ void JobTable::AttemptFailed(v1::Job* job, const std::string& result, int exit_c
   }
   if (retryable) absl::StrAppend(&why, " (", e.job.attempts(), " of ", e.job.attempt_budget(), " attempts used)");
   SetState(e, v1::FAILED, why, changes);
-  FailDependents(e, changes);
+  ReleaseDependents(e, changes);
 }
 
 absl::Status JobTable::Cancel(const std::string& id, const std::string& reason,
@@ -393,7 +387,7 @@ absl::Status JobTable::Cancel(const std::string& id, const std::string& reason,
     e.job.mutable_current()->set_result("cancelled");
   }
   SetState(e, v1::CANCELLED, reason.empty() ? "cancelled by user" : reason, changes);
-  FailDependents(e, changes);
+  ReleaseDependents(e, changes);
   return absl::OkStatus();
 }
 

@@ -105,8 +105,8 @@ class JobTable {
   void Record(Entry& e, v1::JobState previous, Changes* changes);
   // PENDING or QUEUED depending on the dependencies; FAILED if one has failed.
   void Release(Entry& e, Changes* changes);
-  void FailDependents(Entry& e, Changes* changes);
-  void WakeDependents(Entry& e, Changes* changes);
+  // Re-evaluates the PENDING dependents of a job that ended.
+  void ReleaseDependents(Entry& e, Changes* changes);
 
   const Clock* clock_;
   TransitionObserver observer_;

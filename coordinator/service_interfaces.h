@@ -38,8 +38,9 @@ class UserHandler {
 class WorkerChannel {
  public:
   virtual ~WorkerChannel() = default;
-  // False when the stream is gone.
-  virtual bool Send(const v1::CoordinatorMessage& message) = 0;
+  // False when the stream is gone. `more` says another message for this worker follows at
+  // once, so the transport may hold this one back and send both together.
+  virtual bool Send(const v1::CoordinatorMessage& message, bool more = false) = 0;
   // Ends the session (the worker will reconnect and register again).
   virtual void Close() = 0;
 };

@@ -194,10 +194,12 @@ class StreamChannel final : public WorkerChannel {
                 grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
       : ctx_(ctx), stream_(stream) {}
 
-  bool Send(const v1::CoordinatorMessage& message) override {
+  bool Send(const v1::CoordinatorMessage& message, bool more = false) override {
     absl::MutexLock lock(&mu_);
     if (closed_) return false;
-    if (!stream_->Write(message)) closed_ = true;
+    grpc::WriteOptions options;
+    if (more) options.set_buffer_hint();
+    if (!stream_->Write(message, options)) closed_ = true;
     return !closed_;
   }
 
