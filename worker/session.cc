@@ -316,9 +316,11 @@ void Session::OnAck(uint64_t event_seq) {
   }
 }
 
-bool Session::Write(Stream* stream, const v1::WorkerMessage& msg) {
+bool Session::Write(Stream* stream, const v1::WorkerMessage& msg, bool more) {
   std::lock_guard<std::mutex> lock(write_mu_);
-  return stream->Write(msg);
+  grpc::WriteOptions options;
+  if (more) options.set_buffer_hint();
+  return stream->Write(msg, options);
 }
 
 void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
@@ -401,6 +403,13 @@ void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
 bool Session::ShipEvents(Stream* stream) {
   std::vector<AttemptSnapshot> attempts = executor_->Snapshot();
   std::set<std::string> live;
+  // Messages are written at the end, all but the last with a buffer hint, so that e.g. a
+  // Started and a Finished of a short job leave in one network write.
+  std::vector<v1::WorkerMessage> out;
+  auto write = [&](const v1::WorkerMessage& m) {
+    out.push_back(m);
+    return true;
+  };
   for (const AttemptSnapshot& a : attempts) {
     live.insert(a.attempt_id);
     Shipping& s = ship_[a.attempt_id];  // new attempts start at offset 0
@@ -411,12 +420,12 @@ bool Session::ShipEvents(Stream* stream) {
 
     if (!s.started_sent && a.pid > 0) {
       ev->mutable_started()->set_pid(a.pid);
-      if (!Write(stream, msg)) return false;
+      if (!write(msg)) return false;
       s.started_sent = true;
     }
     if (a.progress_version > s.progress_sent) {
       *ev->mutable_progress() = a.progress;
-      if (!Write(stream, msg)) return false;
+      if (!write(msg)) return false;
       s.progress_sent = a.progress_version;
     }
     std::string chunk;
@@ -431,7 +440,7 @@ bool Session::ShipEvents(Stream* stream) {
       v1::AttemptEvent::LogData* log = ev->mutable_log();
       log->set_offset(s.sent);
       log->set_data(std::move(chunk));
-      if (!Write(stream, msg)) return false;
+      if (!write(msg)) return false;
       s.sent += static_cast<int64_t>(log->data().size());
     }
     if (a.finished && !s.finished_sent && s.sent >= a.log_bytes) {
@@ -439,7 +448,7 @@ bool Session::ShipEvents(Stream* stream) {
       s.finished_seq = ++next_event_seq_;
       ev->set_event_seq(s.finished_seq);
       *ev->mutable_finished() = a.result;
-      if (!Write(stream, msg)) return false;
+      if (!write(msg)) return false;
       s.finished_sent = true;
       spdlog::debug("session: sent Finished attempt={} seq={} reason=\"{}\"", a.attempt_id,
                     s.finished_seq, a.result.reason());
@@ -447,6 +456,9 @@ bool Session::ShipEvents(Stream* stream) {
   }
   for (auto it = ship_.begin(); it != ship_.end();) {
     it = live.count(it->first) > 0 ? std::next(it) : ship_.erase(it);
+  }
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!Write(stream, out[i], i + 1 < out.size())) return false;
   }
   return true;
 }

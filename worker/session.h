@@ -66,7 +66,8 @@ class Session {
   void Pump(Stream* stream, grpc::ClientContext* ctx);
   // Sends what each attempt has pending; false if the stream broke.
   bool ShipEvents(Stream* stream);
-  bool Write(Stream* stream, const v1::WorkerMessage& msg);
+  // `more`: another message follows at once, so the transport may send both together.
+  bool Write(Stream* stream, const v1::WorkerMessage& msg, bool more = false);
   v1::WorkerMessage MakeRegister() const;
 
   const WorkerConfig config_;
