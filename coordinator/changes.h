@@ -2,6 +2,7 @@
 // publish and messages to send to workers once the records are durable.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@ struct OutgoingMessage {
 struct Changes {
   // Watch events are only built when someone watches.
   bool want_events = true;
+  // When set, events are built only for jobs it accepts (someone watches them).
+  std::function<bool(const std::string& job_id)> want_event;
   StoreBatch batch;
   std::vector<v1::JobEvent> events;
   std::vector<OutgoingMessage> messages;

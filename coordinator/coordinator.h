@@ -77,9 +77,12 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   // to go out once durable. Returns the commit ticket.
   uint64_t Finish(Changes&& changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empty changes; watch events are built only while someone watches.
-  Changes NewChanges() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  Changes NewChanges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Changes c;
     c.want_events = hub_.HasSubscribers();
+    if (c.want_events) {
+      c.want_event = [hub = &hub_](const std::string& id) { return hub->Wants(id); };
+    }
     return c;
   }
   // Ends the job's current attempt as failed: frees its parts, tells the workers of the

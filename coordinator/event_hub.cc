@@ -34,6 +34,14 @@ void EventHub::Unsubscribe(const std::shared_ptr<Subscription>& sub) {
   subscribers_ = static_cast<int>(subs_.size());
 }
 
+bool EventHub::Wants(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& sub : subs_) {
+    if (sub->filter_.empty() || sub->filter_.contains(job_id)) return true;
+  }
+  return false;
+}
+
 void EventHub::Publish(const std::vector<v1::JobEvent>& events) {
   if (events.empty()) return;
   absl::MutexLock lock(&mu_);

@@ -38,6 +38,8 @@ class EventHub {
   // Cheap check, so that producers can skip building events nobody reads. A subscriber
   // added concurrently may miss events produced before it was counted, as it may anyway.
   bool HasSubscribers() const { return subscribers_.load(std::memory_order_relaxed) > 0; }
+  // Whether some subscriber would receive events of this job.
+  bool Wants(const std::string& job_id);
 
  private:
   absl::Mutex mu_;

@@ -234,6 +234,7 @@ void JobTable::Record(Entry& e, v1::JobState previous, Changes* changes) {
   e.job.set_updated_ms(clock_->WallMs());
   changes->batch.jobs.push_back(e.job);
   if (!changes->want_events) return;
+  if (changes->want_event && !changes->want_event(e.job.id())) return;
   v1::JobEvent ev;
   *ev.mutable_job() = e.job;
   ev.set_previous(previous);
