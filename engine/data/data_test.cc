@@ -16,12 +16,16 @@
 #include "engine/data/dataset.h"
 #include "engine/data/dataset_writer.h"
 #include "engine/data/loader.h"
-#include "engine/data/sha256.h"
+#include "engine/io/sha256.h"
 #include "engine/data/tokenize.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
 namespace stemma::engine::data {
+
+using io::Sha256;
+using io::Sha256File;
+using io::Sha256Hex;
 namespace {
 
 namespace fs = std::filesystem;

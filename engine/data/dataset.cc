@@ -12,10 +12,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "engine/data/sha256.h"
+#include "engine/io/sha256.h"
 #include "nlohmann/json.hpp"
 
 namespace stemma::engine::data {
+
+using io::Sha256;
+using io::Sha256File;
+using io::Sha256Hex;
 namespace {
 
 using nlohmann::json;

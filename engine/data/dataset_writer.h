@@ -20,10 +20,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/data/sha256.h"
+#include "engine/io/sha256.h"
 #include "nlohmann/json.hpp"
 
 namespace stemma::engine::data {
+
+using io::Sha256;
+using io::Sha256File;
+using io::Sha256Hex;
 
 inline constexpr char kDatasetFormat[] = "stemma-tokens-v1";
 inline constexpr int64_t kDefaultShardTokens = 1 << 26;  // 256 MiB of uint32 per shard

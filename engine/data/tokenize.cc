@@ -6,10 +6,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/data/dataset_writer.h"
-#include "engine/data/sha256.h"
+#include "engine/io/sha256.h"
 #include "nlohmann/json.hpp"
 
 namespace stemma::engine::data {
+
+using io::Sha256;
+using io::Sha256File;
+using io::Sha256Hex;
 namespace {
 
 namespace fs = std::filesystem;

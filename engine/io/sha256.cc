@@ -25,7 +25,19 @@ Sha256::Sha256() : ctx_(std::make_unique<Ctx>()) {
   }
 }
 
-Sha256::~Sha256() { EVP_MD_CTX_free(ctx_->md); }
+Sha256::~Sha256() {
+  if (ctx_) EVP_MD_CTX_free(ctx_->md);
+}
+
+Sha256::Sha256(Sha256&&) noexcept = default;
+
+Sha256& Sha256::operator=(Sha256&& other) noexcept {
+  if (this != &other) {
+    if (ctx_) EVP_MD_CTX_free(ctx_->md);
+    ctx_ = std::move(other.ctx_);
+  }
+  return *this;
+}
 
 void Sha256::Update(const void* data, size_t size) {
   if (size > 0) EVP_DigestUpdate(ctx_->md, data, size);

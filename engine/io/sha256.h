@@ -1,4 +1,5 @@
-// SHA-256 over OpenSSL's EVP API (libcrypto). The only door to OpenSSL in the engine.
+// SHA-256 over OpenSSL's EVP API (libcrypto). The only door to OpenSSL in the engine; part of
+// the torch-free stemma_engine_files library, so the data pipeline uses it too.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,8 @@ class Sha256 {
   ~Sha256();
   Sha256(const Sha256&) = delete;
   Sha256& operator=(const Sha256&) = delete;
+  Sha256(Sha256&&) noexcept;
+  Sha256& operator=(Sha256&&) noexcept;
   void Update(const void* data, size_t size);
   // Lowercase hex digest; the object is finished afterwards.
   std::string HexDigest();
