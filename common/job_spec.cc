@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/yaml_json.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace stemma {
@@ -22,85 +23,12 @@ bool ValidLabelKey(absl::string_view key) {
   return true;
 }
 
-// YAML scalar → JSON value. Quoted scalars stay strings; plain ones become numbers or
-// booleans when they read as such (protobuf's JSON parser accepts numbers as strings too).
-void AppendJson(const YAML::Node& node, std::string* out) {
-  switch (node.Type()) {
-    case YAML::NodeType::Null:
-      *out += "null";
-      return;
-    case YAML::NodeType::Scalar: {
-      const std::string& s = node.Scalar();
-      if (node.Tag() != "!") {  // plain (unquoted)
-        if (s == "true" || s == "false") {
-          *out += s;
-          return;
-        }
-        char* end = nullptr;
-        std::strtod(s.c_str(), &end);
-        if (!s.empty() && end == s.c_str() + s.size() && s != "." && s != "-") {
-          *out += s;
-          return;
-        }
-      }
-      *out += '"';
-      for (char c : s) {
-        switch (c) {
-          case '"': *out += "\\\""; break;
-          case '\\': *out += "\\\\"; break;
-          case '\n': *out += "\\n"; break;
-          case '\t': *out += "\\t"; break;
-          case '\r': *out += "\\r"; break;
-          default:
-            if (static_cast<unsigned char>(c) < 0x20) {
-              char buf[8];
-              std::snprintf(buf, sizeof buf, "\\u%04x", c);
-              *out += buf;
-            } else {
-              *out += c;
-            }
-        }
-      }
-      *out += '"';
-      return;
-    }
-    case YAML::NodeType::Sequence: {
-      *out += '[';
-      bool first = true;
-      for (const auto& item : node) {
-        if (!first) *out += ',';
-        first = false;
-        AppendJson(item, out);
-      }
-      *out += ']';
-      return;
-    }
-    case YAML::NodeType::Map: {
-      *out += '{';
-      bool first = true;
-      for (const auto& kv : node) {
-        if (!first) *out += ',';
-        first = false;
-        YAML::Node key = kv.first;
-        key.SetTag("!");  // keys are always strings
-        AppendJson(key, out);
-        *out += ':';
-        AppendJson(kv.second, out);
-      }
-      *out += '}';
-      return;
-    }
-    default:
-      *out += "null";
-  }
-}
-
 absl::StatusOr<v1::JobSpec> SpecFromNode(const YAML::Node& node, absl::string_view where) {
   if (!node.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": a job must be a mapping"));
   }
   std::string json;
-  AppendJson(node, &json);
+  AppendYamlAsJson(node, &json);
   v1::JobSpec spec;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "common/job_spec.h"
+#include "common/spec_file.h"
 
 namespace stemma {
 namespace {
@@ -96,6 +97,42 @@ TEST(Backoff, GrowsAndCaps) {
   EXPECT_EQ(BackoffMs(spec, 3), 200);
   EXPECT_EQ(BackoffMs(spec, 4), 350);
   EXPECT_EQ(BackoffMs(spec, 10), 350);
+}
+
+}  // namespace
+}  // namespace stemma
+
+namespace stemma {
+namespace {
+
+TEST(SpecFile, YamlBecomesJsonWithTypedScalars) {
+  auto spec = ParseSpecText("steps: 10\nlr: 3.0e-4\nname: \"10\"\nfreeze: [\"9:28\"]\nddp: false\n",
+                            "train.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ((*spec)["steps"], 10);
+  EXPECT_DOUBLE_EQ((*spec)["lr"].get<double>(), 3.0e-4);
+  EXPECT_EQ((*spec)["name"], "10");  // quoted stays a string
+  EXPECT_EQ((*spec)["freeze"][0], "9:28");
+  EXPECT_EQ((*spec)["ddp"], false);
+}
+
+TEST(SpecFile, ErrorsNameTheFileAndField) {
+  auto bad = ParseSpecText("a: [1, 2\n", "bad.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("bad.yaml: line"), std::string::npos) << bad.status();
+  auto list = ParseSpecText("- 1\n- 2\n", "list.yaml");
+  ASSERT_FALSE(list.ok());
+  EXPECT_NE(list.status().message().find("mapping"), std::string::npos);
+  auto missing = ReadSpecFile("/nonexistent/spec.yaml");
+  EXPECT_TRUE(absl::IsNotFound(missing.status()));
+  EXPECT_NE(missing.status().message().find("/nonexistent/spec.yaml"), std::string::npos);
+
+  nlohmann::json obj = {{"lr", 1}, {"lrr", 2}};
+  absl::Status keys = CheckKeys(obj, {"lr", "betas"}, "train.yaml: optimizer");
+  EXPECT_TRUE(absl::IsInvalidArgument(keys));
+  EXPECT_NE(keys.message().find("train.yaml: optimizer: unknown field 'lrr' (allowed: lr, betas)"),
+            std::string::npos)
+      << keys;
 }
 
 }  // namespace

@@ -1,0 +1,28 @@
+// Spec files of engine commands (`stemma-engine train|merge|eval|analyze --spec FILE`): YAML
+// or JSON documents read into nlohmann::json, with errors that name the file and the field.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace stemma {
+
+// Parses one YAML document (JSON is YAML too). `where` names the source in errors
+// ("spec.yaml: line 3, column 5: ...").
+absl::StatusOr<nlohmann::json> ParseSpecText(std::string_view text, std::string_view where);
+
+// Reads and parses FILE; NotFound / InvalidArgument errors name it.
+absl::StatusOr<nlohmann::json> ReadSpecFile(const std::string& path);
+
+// InvalidArgument unless `object` is a JSON object whose keys are all in `allowed`; the error
+// names `where` (e.g. "spec.yaml: optimizer"), the unknown key and the keys allowed there.
+absl::Status CheckKeys(const nlohmann::json& object, std::initializer_list<std::string_view> allowed,
+                       std::string_view where);
+
+}  // namespace stemma
