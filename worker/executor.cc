@@ -20,6 +20,7 @@ extern "C" {
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -91,10 +92,12 @@ struct Executor::Attempt {
   bool finished = false;
   v1::AttemptEvent::Finished result;
 
-  std::string line;  // the current output line, for STEMMA_PROGRESS
+  std::string line;  // the current output line, when it may be a progress or event line
   bool line_overflow = false;
   uint64_t progress_version = 0;
   v1::Progress progress;
+  // From stemma-engine `{"event":"output","name":N,"path":P}` lines: reported in Finished.
+  std::map<std::string, std::string> outputs;
 };
 
 namespace {
@@ -102,6 +105,32 @@ namespace {
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxLine = 4096;
 constexpr absl::string_view kProgressPrefix = "STEMMA_PROGRESS ";
+// stemma-engine's stdout contract (docs/engine-events.md): one JSON object per line.
+constexpr absl::string_view kEventPrefix = "{\"event\":";
+constexpr size_t kMaxOutputs = 64;
+
+// True while `line` (plus the next char `c`) can still become one of the two kinds of line.
+bool MayBeStructured(const std::string& line, char c) {
+  auto fits = [&](absl::string_view prefix) {
+    return line.size() >= prefix.size() ||
+           (absl::StartsWith(prefix, line) && prefix[line.size()] == c);
+  };
+  return fits(kProgressPrefix) || fits(kEventPrefix);
+}
+
+// A short human summary of a training step event: "loss 2.3415 lr 3.0e-04".
+std::string StepMessage(const nlohmann::json& j) {
+  std::string message;
+  for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s"}) {
+    auto v = j.find(key);
+    if (v == j.end() || !v->is_number()) continue;
+    if (!message.empty()) message += ' ';
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%s %.4g", key, v->get<double>());
+    message += buf;
+  }
+  return message;
+}
 constexpr uint64_t kWakeToken = 0;
 constexpr int64_t kLingerPollMs = 50;
 constexpr int64_t kLingerGiveUpMs = 30'000;
@@ -830,6 +859,7 @@ void Executor::FinishLocked(Attempt& a, int exit_code, const std::string& reason
   a.result.set_exit_code(exit_code);
   a.result.set_reason(reason);
   a.result.set_retryable(retryable);
+  for (const auto& [name, path] : a.outputs) (*a.result.mutable_outputs())[name] = path;
   if (metrics_ != nullptr && !result.empty()) metrics_->AttemptFinished(result);
   spdlog::info("attempt finished: job={} attempt={} reason=\"{}\" exit_code={} log_bytes={}",
                a.job_id, a.id, reason, exit_code, a.log_bytes);
@@ -841,30 +871,12 @@ void Executor::ScanLinesLocked(Attempt& a, const char* data, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     const char c = data[i];
     if (c == '\n') {
-      if (!a.line_overflow && absl::StartsWith(a.line, kProgressPrefix)) {
-        nlohmann::json j = nlohmann::json::parse(a.line.substr(kProgressPrefix.size()), nullptr,
-                                                 /*allow_exceptions=*/false);
-        if (j.is_object()) {
-          v1::Progress p;
-          if (auto f = j.find("fraction"); f != j.end() && f->is_number()) {
-            p.set_fraction(f->get<double>());
-          }
-          if (auto m = j.find("message"); m != j.end() && m->is_string()) {
-            p.set_message(m->get<std::string>());
-          }
-          if (auto s = j.find("step"); s != j.end() && s->is_number()) {
-            p.set_step(s->get<int64_t>());
-          }
-          a.progress = std::move(p);
-          ++a.progress_version;
-        }
-      }
+      if (!a.line_overflow) ParseLineLocked(a);
       a.line.clear();
       a.line_overflow = false;
     } else if (!a.line_overflow) {
-      // Only lines that may be progress lines are worth keeping.
-      if (a.line.size() >= kMaxLine ||
-          (a.line.size() < kProgressPrefix.size() && c != kProgressPrefix[a.line.size()])) {
+      // Only lines that may be progress or event lines are worth keeping.
+      if (a.line.size() >= kMaxLine || !MayBeStructured(a.line, c)) {
         a.line_overflow = true;
         a.line.clear();
       } else {
@@ -872,6 +884,49 @@ void Executor::ScanLinesLocked(Attempt& a, const char* data, size_t n) {
       }
     }
   }
+}
+
+void Executor::ParseLineLocked(Attempt& a) {
+  const bool legacy = absl::StartsWith(a.line, kProgressPrefix);
+  if (!legacy && !absl::StartsWith(a.line, kEventPrefix)) return;
+  nlohmann::json j =
+      nlohmann::json::parse(legacy ? a.line.substr(kProgressPrefix.size()) : a.line, nullptr,
+                            /*allow_exceptions=*/false);
+  if (!j.is_object()) return;
+  auto number = [&](const char* key) -> const nlohmann::json* {
+    auto it = j.find(key);
+    return it != j.end() && it->is_number() ? &*it : nullptr;
+  };
+  auto string = [&](const char* key) -> const std::string* {
+    auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get_ptr<const std::string*>() : nullptr;
+  };
+  std::string event = legacy ? "progress" : (string("event") ? *string("event") : "");
+  if (event == "output") {
+    const std::string* name = string("name");
+    const std::string* path = string("path");
+    if (name != nullptr && path != nullptr &&
+        (a.outputs.size() < kMaxOutputs || a.outputs.count(*name) > 0)) {
+      a.outputs[*name] = *path;
+    }
+    return;
+  }
+  if (event != "progress" && event != "step") return;
+  v1::Progress p;
+  if (const auto* f = number("fraction")) {
+    p.set_fraction(f->get<double>());
+  } else if (const auto* step = number("step"), *total = number("total_steps");
+             step != nullptr && total != nullptr && total->get<double>() > 0) {
+    p.set_fraction(std::clamp(step->get<double>() / total->get<double>(), 0.0, 1.0));
+  }
+  if (const std::string* m = string("message")) {
+    p.set_message(*m);
+  } else if (event == "step") {
+    p.set_message(StepMessage(j));
+  }
+  if (const auto* step = number("step")) p.set_step(step->get<int64_t>());
+  a.progress = std::move(p);
+  ++a.progress_version;
 }
 
 int64_t Executor::NextTimerMsLocked(int64_t now) {

@@ -117,6 +117,9 @@ class Executor {
                     const std::string& result, bool retryable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScanLinesLocked(Attempt& attempt, const char* data, size_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One complete stdout/stderr line: STEMMA_PROGRESS or an engine event (progress, step,
+  // output); anything else is ignored.
+  void ParseLineLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapLingeringLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify();

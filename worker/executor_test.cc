@@ -235,6 +235,27 @@ TEST_F(ExecutorTest, ProgressLinesAreParsed) {
   EXPECT_EQ(s.progress.step(), 7);
 }
 
+TEST_F(ExecutorTest, EngineEventLinesBecomeProgressAndOutputs) {
+  // What stemma-engine prints (docs/engine-events.md); other lines, partial JSON and unknown
+  // events are ignored.
+  const char* script =
+      "echo 'plain log line'\n"
+      "echo '{\"event\":\"start\",\"command\":\"train\"}'\n"
+      "echo '{\"event\":\"step\",\"step\":25,\"total_steps\":100,\"loss\":2.5,\"lr\":0.0003}'\n"
+      "echo '{\"event\":\"output\",\"name\":\"model\",\"path\":\"/ckpt/final\"}'\n"
+      "echo '{\"event\":\"output\",\"name\":\"results\",\"path\":\"/r.json\"}'\n"
+      "echo '{\"event\":\"step\",\"step\":'\n"
+      "echo '{\"event\":\"metric\",\"name\":\"ppl\",\"value\":3}'\n";
+  AttemptSnapshot s = Run(Exec("events", {"/bin/sh", "-c", script}));
+  EXPECT_EQ(s.result.reason(), "exit 0");
+  EXPECT_EQ(s.progress.step(), 25);
+  EXPECT_DOUBLE_EQ(s.progress.fraction(), 0.25);
+  EXPECT_EQ(s.progress.message(), "loss 2.5 lr 0.0003");
+  ASSERT_EQ(s.result.outputs_size(), 2);
+  EXPECT_EQ(s.result.outputs().at("model"), "/ckpt/final");
+  EXPECT_EQ(s.result.outputs().at("results"), "/r.json");
+}
+
 TEST_F(ExecutorTest, EngineMissingIsRefused) {
   config_.engine_path = (dir_ / "no-such-engine").string();
   v1::Assignment a = Noop("engine-missing", 0, 0);
