@@ -546,8 +546,7 @@ void Executor::RecycleDirLocked(const Attempt& a) {
   }
   closedir(d);
   if (!only_log) return;  // the job left files: keep them for the user
-  std::string spare = absl::StrCat(attempts_dir_, "/.spare-", next_spare_++);
-  if (rename(dir.c_str(), spare.c_str()) == 0) spare_dirs_.push_back(std::move(spare));
+  spare_dirs_.push_back(dir);
 }
 
 void Executor::RecordLost(const std::string& attempt_id, int32_t rank, const std::string& reason) {

@@ -296,9 +296,10 @@ TEST_F(ExecutorTest, ForgottenDirectoriesAreRecycledUnlessTheJobLeftFiles) {
   ASSERT_TRUE(executor().Launch(Exec("first", {"/bin/echo", "first output"})).ok());
   ASSERT_TRUE(executor().WaitFinished("first", kWaitMs));
   executor().Forget("first");
-  EXPECT_FALSE(fs::exists(dir_ / "attempts" / "first"));  // renamed for reuse
+  EXPECT_TRUE(fs::exists(dir_ / "attempts" / "first"));  // kept until the next attempt
   AttemptSnapshot second = Run(Exec("second", {"/bin/echo", "second"}));
   EXPECT_EQ(second.result.exit_code(), 0);
+  EXPECT_FALSE(fs::exists(dir_ / "attempts" / "first"));  // renamed to "second"
   EXPECT_EQ(Log("second"), "second\n");  // the reused log starts empty
   // A job that leaves files keeps its directory after Forget.
   AttemptSnapshot maker = Run(Exec("maker", {"/usr/bin/touch", "result.bin"}));
