@@ -168,7 +168,8 @@ bool Session::RunStream(v1::WorkerService::Stub& stub) {
                        a.attempt_id());
           break;
         }
-        spdlog::info("session: assigned job={} attempt={} rank={}/{} gpus={}", a.job_id(),
+        // debug: the executor logs every start and finish at info already.
+        spdlog::debug("session: assigned job={} attempt={} rank={}/{} gpus={}", a.job_id(),
                      a.attempt_id(), a.rank(), a.world_size(), a.gpu_ids_size());
         absl::Status launched = executor_->Launch(a);
         if (!launched.ok()) {
