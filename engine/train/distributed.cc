@@ -1,0 +1,534 @@
+// DataParallel: rendezvous through c10d's TCPStore, collectives over a TCP ring.
+//
+// Ring layout: rank r holds two connected sockets, `to_next_` (to rank r+1 mod W, send only)
+// and `from_prev_` (from rank r-1 mod W, receive only). With W = 2 both lead to the other
+// rank, as two separate connections, so one direction never waits on the other.
+//
+// All-reduce of n elements: the buffer is cut into W chunks. Reduce-scatter: in step s rank r
+// sends chunk (r-s) and receives chunk (r-s-1), which it adds to its own; after W-1 steps it
+// holds the full sum of chunk (r+1). All-gather: W-1 more steps pass the finished chunks
+// around. Every rank ends with bit-identical values (each chunk is summed once, by one rank,
+// and copied), so replicas cannot drift apart through rounding.
+//
+// CUDA tensors are copied into host buckets and back (copy_ handles the device transfer):
+// correct, but without NCCL's bandwidth. An NCCL path needs ProcessGroupNCCL, which this
+// file does not use yet.
+#include "engine/train/distributed.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ATen/ops/empty.h>
+#include <c10/core/GradMode.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+
+namespace stemma::engine::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kHelloMagic = 0x5354524eu;  // "STRN": a ring connection from Stemma
+constexpr int64_t kBroadcastChunkBytes = int64_t{4} << 20;  // pipelining unit of the chain
+
+struct EnvConfig {
+  int rank = 0;
+  int world_size = 1;
+  std::string master_addr;
+  uint16_t master_port = 0;
+  std::chrono::milliseconds timeout{600'000};
+  int64_t bucket_bytes = int64_t{64} << 20;
+};
+
+// Parses an integer variable; nullopt when unset.
+absl::StatusOr<std::optional<int64_t>> IntFromEnv(const char* name, int64_t min, int64_t max) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return std::optional<int64_t>();
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value) || value < min || value > max) {
+    return absl::InvalidArgumentError(absl::StrCat("environment variable ", name, "='", text,
+                                                   "' is not an integer in [", min, ", ", max,
+                                                   "]"));
+  }
+  return std::optional<int64_t>(value);
+}
+
+absl::StatusOr<EnvConfig> ReadEnv() {
+  EnvConfig config;
+  ASSIGN_OR_RETURN(auto world_size, IntFromEnv("WORLD_SIZE", 1, 1 << 16));
+  config.world_size = static_cast<int>(world_size.value_or(1));
+  ASSIGN_OR_RETURN(auto rank, IntFromEnv("RANK", 0, 1 << 16));
+  config.rank = static_cast<int>(rank.value_or(0));
+  if (config.rank >= config.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("environment variable RANK=", config.rank,
+                                                   " must be below WORLD_SIZE=",
+                                                   config.world_size));
+  }
+  if (config.world_size == 1) return config;
+  if (!rank.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable RANK is not set (required when WORLD_SIZE=", config.world_size,
+        ")"));
+  }
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (addr == nullptr || *addr == '\0') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable MASTER_ADDR is not set (required when WORLD_SIZE=",
+        config.world_size, ")"));
+  }
+  config.master_addr = addr;
+  ASSIGN_OR_RETURN(auto port, IntFromEnv("MASTER_PORT", 1, 65535));
+  if (!port.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "environment variable MASTER_PORT is not set (required when WORLD_SIZE=",
+        config.world_size, ")"));
+  }
+  config.master_port = static_cast<uint16_t>(*port);
+  ASSIGN_OR_RETURN(auto timeout_s, IntFromEnv("STEMMA_DDP_TIMEOUT_S", 1, 86'400));
+  if (timeout_s.has_value()) config.timeout = std::chrono::seconds(*timeout_s);
+  ASSIGN_OR_RETURN(auto bucket_mb, IntFromEnv("STEMMA_DDP_BUCKET_MB", 1, 1 << 16));
+  if (bucket_mb.has_value()) config.bucket_bytes = *bucket_mb << 20;
+  return config;
+}
+
+absl::Status ErrnoError(absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(errno)));
+}
+
+// Owns one file descriptor.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  ~Fd() { Reset(); }
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+
+ private:
+  void Reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int fd_ = -1;
+};
+
+absl::StatusOr<sockaddr_in> Resolve(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", host,
+                                                   "': ", ::gai_strerror(rc)));
+  }
+  sockaddr_in address = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
+  ::freeaddrinfo(found);
+  address.sin_port = htons(port);
+  return address;
+}
+
+// The local IPv4 address this host uses to reach the master: what the other ranks can
+// connect to (127.0.0.1 on a single machine). A UDP connect sends nothing, it only picks
+// the route.
+absl::StatusOr<std::string> AddressTowards(const sockaddr_in& master) {
+  Fd probe(::socket(AF_INET, SOCK_DGRAM, 0));
+  if (!probe.valid()) return ErrnoError("socket");
+  if (::connect(probe.get(), reinterpret_cast<const sockaddr*>(&master), sizeof master) != 0) {
+    return ErrnoError("no route to MASTER_ADDR");
+  }
+  sockaddr_in local{};
+  socklen_t length = sizeof local;
+  if (::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&local), &length) != 0) {
+    return ErrnoError("getsockname");
+  }
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
+  return std::string(text);
+}
+
+void TuneStream(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+int RemainingMs(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
+}
+
+// Sends `send` on `out` while receiving `recv` from `in` (either may be empty). Both at once
+// so that a ring of ranks, each sending before it reads, never deadlocks on full buffers.
+absl::Status Exchange(int out, const char* send, size_t send_bytes, int in, char* recv,
+                      size_t recv_bytes, std::chrono::milliseconds timeout) {
+  size_t sent = 0, received = 0;
+  while (sent < send_bytes || received < recv_bytes) {
+    pollfd fds[2];
+    int count = 0;
+    if (sent < send_bytes) fds[count++] = {out, POLLOUT, 0};
+    if (received < recv_bytes) fds[count++] = {in, POLLIN, 0};
+    int ready = ::poll(fds, count, static_cast<int>(timeout.count()));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return ErrnoError("poll");
+    if (ready == 0) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no progress for ", timeout.count() / 1000,
+          " s (a peer is stuck or slower than STEMMA_DDP_TIMEOUT_S)"));
+    }
+    for (int i = 0; i < count; ++i) {
+      if (fds[i].revents == 0) continue;
+      if (fds[i].fd == out && sent < send_bytes) {
+        ssize_t n = ::send(out, send + sent, send_bytes - sent, MSG_NOSIGNAL);
+        if (n < 0 && errno != EAGAIN && errno != EINTR) return ErrnoError("send to next rank");
+        if (n > 0) sent += static_cast<size_t>(n);
+      } else if (fds[i].fd == in && received < recv_bytes) {
+        ssize_t n = ::recv(in, recv + received, recv_bytes - received, 0);
+        if (n == 0) return absl::UnavailableError("previous rank closed the connection");
+        if (n < 0 && errno != EAGAIN && errno != EINTR) {
+          return ErrnoError("receive from previous rank");
+        }
+        if (n > 0) received += static_cast<size_t>(n);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What every collective announces to its neighbours first.
+struct Header {
+  uint64_t op;     // kind of collective, see Op
+  uint64_t bytes;  // payload size
+};
+enum Op : uint64_t { kAllReduceF32 = 1, kAllReduceF64 = 2, kBroadcast = 3 };
+
+[[noreturn]] void Fail(int rank, const absl::Status& status) {
+  throw std::runtime_error(absl::StrCat("data parallel rank ", rank, ": ", status.message()));
+}
+
+}  // namespace
+
+class DataParallel::Ring {
+ public:
+  static absl::StatusOr<std::unique_ptr<Ring>> Connect(const EnvConfig& config);
+
+  // Sum of `count` elements at `data` over ranks, in place.
+  template <typename T>
+  absl::Status AllReduceSum(T* data, int64_t count);
+  // Rank 0's `bytes` bytes at `data` to every rank.
+  absl::Status Broadcast(char* data, int64_t bytes);
+
+  int64_t bucket_bytes() const { return config_.bucket_bytes; }
+
+ private:
+  explicit Ring(EnvConfig config) : config_(std::move(config)) {}
+  int next() const { return (config_.rank + 1) % config_.world_size; }
+  int prev() const { return (config_.rank + config_.world_size - 1) % config_.world_size; }
+  absl::Status Join(c10d::Store& store);
+  absl::Status CheckHeaders(Header mine);
+  absl::Status Step(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) {
+    return Exchange(to_next_.get(), static_cast<const char*>(send), send_bytes,
+                    from_prev_.get(), static_cast<char*>(recv), recv_bytes, config_.timeout);
+  }
+
+  EnvConfig config_;
+  c10::intrusive_ptr<c10d::Store> store_;  // kept so rank 0's server outlives the rendezvous
+  Fd to_next_;
+  Fd from_prev_;
+  std::vector<char> scratch_;  // one received chunk during reduce-scatter
+};
+
+absl::StatusOr<std::unique_ptr<DataParallel::Ring>> DataParallel::Ring::Connect(
+    const EnvConfig& config) {
+  auto ring = std::unique_ptr<Ring>(new Ring(config));
+  c10d::TCPStoreOptions options;
+  options.port = config.master_port;
+  options.isServer = config.rank == 0;
+  options.numWorkers = config.world_size;
+  options.waitWorkers = false;  // the ring handshake below waits for everyone anyway
+  options.timeout = config.timeout;
+  try {
+    ring->store_ = c10::make_intrusive<c10d::TCPStore>(config.master_addr, options);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));  // c10 appends a C++ backtrace
+    return absl::UnavailableError(absl::StrCat(
+        config.rank == 0 ? "cannot serve the rendezvous on " : "cannot reach the master at ",
+        "MASTER_ADDR=", config.master_addr, " MASTER_PORT=", config.master_port, " within ",
+        config.timeout.count() / 1000, " s (STEMMA_DDP_TIMEOUT_S): ", what));
+  }
+  RETURN_IF_ERROR(ring->Join(*ring->store_));
+  return ring;
+}
+
+// Listens, publishes "address:port" under this rank's key, connects to the next rank and
+// accepts the previous one; each connection starts with (magic, sender rank).
+absl::Status DataParallel::Ring::Join(c10d::Store& store) {
+  const auto deadline = Clock::now() + config_.timeout;
+  ASSIGN_OR_RETURN(sockaddr_in master, Resolve(config_.master_addr, config_.master_port));
+  ASSIGN_OR_RETURN(std::string own_address, AddressTowards(master));
+
+  Fd listener(::socket(AF_INET, SOCK_STREAM, 0));
+  if (!listener.valid()) return ErrnoError("socket");
+  sockaddr_in bind_address{};
+  bind_address.sin_family = AF_INET;
+  bind_address.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t length = sizeof bind_address;
+  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&bind_address), length) != 0 ||
+      ::listen(listener.get(), 4) != 0 ||
+      ::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&bind_address), &length) != 0) {
+    return ErrnoError("ring listener");
+  }
+  const std::string key_prefix = "stemma/ddp/ring/";
+  const std::string mine = absl::StrCat(own_address, ":", ntohs(bind_address.sin_port));
+  std::string next_location;  // "address:port" of the next rank's listener
+  try {
+    store.set(key_prefix + std::to_string(config_.rank),
+              std::vector<uint8_t>(mine.begin(), mine.end()));
+    std::vector<uint8_t> theirs = store.get(key_prefix + std::to_string(next()));
+    next_location.assign(theirs.begin(), theirs.end());
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    return absl::DeadlineExceededError(absl::StrCat(
+        "rank ", next(), " did not join through MASTER_ADDR=", config_.master_addr,
+        " MASTER_PORT=", config_.master_port, ": ", what.substr(0, what.find('\n'))));
+  }
+  std::pair<std::string, std::string> host_port = absl::StrSplit(next_location, ':');
+  int port = 0;
+  if (!absl::SimpleAtoi(host_port.second, &port)) {
+    return absl::InternalError(
+        absl::StrCat("bad ring address '", next_location, "' in the store"));
+  }
+  ASSIGN_OR_RETURN(sockaddr_in next_address, Resolve(host_port.first, port));
+
+  // Connect to the next rank: its listener exists before its key is published.
+  to_next_ = Fd(::socket(AF_INET, SOCK_STREAM, 0));
+  if (::connect(to_next_.get(), reinterpret_cast<sockaddr*>(&next_address),
+                sizeof next_address) != 0) {
+    return ErrnoError(absl::StrCat("connect to rank ", next(), " at ", next_location));
+  }
+  const uint32_t hello[2] = {kHelloMagic, static_cast<uint32_t>(config_.rank)};
+  TuneStream(to_next_.get());
+
+  // Accept the previous rank (the listener is non-blocking so a stray client cannot hang us).
+  pollfd wait_for{listener.get(), POLLIN, 0};
+  if (::poll(&wait_for, 1, RemainingMs(deadline)) != 1) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("rank ", prev(), " did not connect within STEMMA_DDP_TIMEOUT_S"));
+  }
+  from_prev_ = Fd(::accept(listener.get(), nullptr, nullptr));
+  if (!from_prev_.valid()) return ErrnoError("accept");
+  TuneStream(from_prev_.get());
+
+  uint32_t greeting[2] = {};
+  RETURN_IF_ERROR(Step(hello, sizeof hello, greeting, sizeof greeting));
+  if (greeting[0] != kHelloMagic || static_cast<int>(greeting[1]) != prev()) {
+    return absl::InternalError(absl::StrCat("unexpected ring connection (expected rank ",
+                                            prev(), ", MASTER_PORT shared by two jobs?)"));
+  }
+  scratch_.reserve(1 << 20);
+  return absl::OkStatus();
+}
+
+// Each rank sends its header forward and compares the one it receives: equal neighbours all
+// round the ring means all ranks agree.
+absl::Status DataParallel::Ring::CheckHeaders(Header mine) {
+  Header theirs{};
+  RETURN_IF_ERROR(Step(&mine, sizeof mine, &theirs, sizeof theirs));
+  if (theirs.op != mine.op || theirs.bytes != mine.bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ranks disagree on the collective: rank ", prev(), " sent op ", theirs.op, " of ",
+        theirs.bytes, " bytes, this rank op ", mine.op, " of ", mine.bytes,
+        " bytes (different models or a rank skipped a step)"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status DataParallel::Ring::AllReduceSum(T* data, int64_t count) {
+  const int world = config_.world_size;
+  const int rank = config_.rank;
+  RETURN_IF_ERROR(CheckHeaders(
+      {sizeof(T) == 4 ? kAllReduceF32 : kAllReduceF64, static_cast<uint64_t>(count) * sizeof(T)}));
+  auto begin = [&](int chunk) { return count * ((chunk % world + world) % world) / world; };
+  auto size = [&](int chunk) {
+    int c = (chunk % world + world) % world;
+    return count * (c + 1) / world - count * c / world;
+  };
+  scratch_.resize(static_cast<size_t>(size(0) + 1) * sizeof(T));
+  T* incoming = reinterpret_cast<T*>(scratch_.data());
+  for (int s = 0; s < world - 1; ++s) {  // reduce-scatter
+    const int send = rank - s, recv = rank - s - 1;
+    RETURN_IF_ERROR(Step(data + begin(send), size(send) * sizeof(T), incoming,
+                         size(recv) * sizeof(T)));
+    T* target = data + begin(recv);
+    for (int64_t i = 0, n = size(recv); i < n; ++i) target[i] += incoming[i];
+  }
+  for (int s = 0; s < world - 1; ++s) {  // all-gather
+    const int send = rank + 1 - s, recv = rank - s;
+    RETURN_IF_ERROR(Step(data + begin(send), size(send) * sizeof(T), data + begin(recv),
+                         size(recv) * sizeof(T)));
+  }
+  return absl::OkStatus();
+}
+
+// A chain 0 -> 1 -> ... -> W-1 in fixed-size pieces, so rank k forwards piece i while
+// rank k-1 already sends piece i+1.
+absl::Status DataParallel::Ring::Broadcast(char* data, int64_t bytes) {
+  RETURN_IF_ERROR(CheckHeaders({kBroadcast, static_cast<uint64_t>(bytes)}));
+  const bool receives = config_.rank != 0;
+  const bool forwards = config_.rank != config_.world_size - 1;
+  for (int64_t offset = 0; offset < bytes; offset += kBroadcastChunkBytes) {
+    const size_t piece = static_cast<size_t>(std::min(kBroadcastChunkBytes, bytes - offset));
+    if (receives) RETURN_IF_ERROR(Step(nullptr, 0, data + offset, piece));
+    if (forwards) RETURN_IF_ERROR(Step(data + offset, piece, nullptr, 0));
+  }
+  return absl::OkStatus();
+}
+
+DataParallel::DataParallel(int rank, int world_size, std::unique_ptr<Ring> ring)
+    : rank_(rank), world_size_(world_size), ring_(std::move(ring)) {}
+
+DataParallel::~DataParallel() = default;
+
+absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::FromEnv() {
+  ASSIGN_OR_RETURN(EnvConfig config, ReadEnv());
+  std::unique_ptr<Ring> ring;
+  if (config.world_size > 1) {
+    ASSIGN_OR_RETURN(ring, Ring::Connect(config));
+  }
+  return std::unique_ptr<DataParallel>(
+      new DataParallel(config.rank, config.world_size, std::move(ring)));
+}
+
+namespace {
+
+// Consecutive runs of tensors that share a bucket: same bucket dtype, at most `cap_bytes`
+// (a tensor larger than the cap gets a bucket of its own).
+struct Bucket {
+  size_t first, last;  // [first, last) into the tensor list
+  int64_t numel;
+  at::ScalarType dtype;
+};
+
+std::vector<Bucket> PlanBuckets(const std::vector<at::Tensor>& tensors,
+                                at::ScalarType (*bucket_dtype)(const at::Tensor&),
+                                int64_t cap_bytes) {
+  std::vector<Bucket> buckets;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::ScalarType dtype = bucket_dtype(tensors[i]);
+    const int64_t numel = tensors[i].numel();
+    const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
+    if (buckets.empty() || buckets.back().dtype != dtype ||
+        (buckets.back().numel + numel) * element > cap_bytes) {
+      buckets.push_back({i, i, 0, dtype});
+    }
+    buckets.back().last = i + 1;
+    buckets.back().numel += numel;
+  }
+  return buckets;
+}
+
+at::ScalarType ReduceDtype(const at::Tensor& grad) {
+  return grad.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+at::ScalarType OwnDtype(const at::Tensor& tensor) { return tensor.scalar_type(); }
+
+// Copies tensors[first, last) into `flat` ([numel] on the CPU), or back when `gather` is false.
+void Pack(const std::vector<at::Tensor>& tensors, const Bucket& bucket, at::Tensor& flat,
+          bool gather) {
+  int64_t offset = 0;
+  for (size_t i = bucket.first; i < bucket.last; ++i) {
+    const at::Tensor& tensor = tensors[i];
+    at::Tensor slot = flat.narrow(0, offset, tensor.numel());
+    if (gather) {
+      slot.copy_(tensor.reshape(-1));
+    } else {
+      tensor.copy_(slot.view(tensor.sizes()));
+    }
+    offset += tensor.numel();
+  }
+}
+
+}  // namespace
+
+void DataParallel::BroadcastParameters(const std::vector<torch::Tensor>& params) {
+  if (ring_ == nullptr) return;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].defined()) Fail(rank_, absl::InvalidArgumentError(
+        absl::StrCat("BroadcastParameters: tensor ", i, " is undefined")));
+  }
+  c10::NoGradGuard no_grad;  // parameters are leaves that require grad
+  for (const Bucket& bucket : PlanBuckets(params, OwnDtype, ring_->bucket_bytes())) {
+    at::Tensor flat = at::empty({bucket.numel}, at::TensorOptions().dtype(bucket.dtype));
+    if (rank_ == 0) Pack(params, bucket, flat, /*gather=*/true);
+    absl::Status status = ring_->Broadcast(static_cast<char*>(flat.data_ptr()), flat.nbytes());
+    if (!status.ok()) Fail(rank_, status);
+    if (rank_ != 0) Pack(params, bucket, flat, /*gather=*/false);
+  }
+}
+
+void DataParallel::AllReduceMeanGradients(const std::vector<torch::Tensor>& grads) {
+  if (ring_ == nullptr) return;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) Fail(rank_, absl::InvalidArgumentError(absl::StrCat(
+        "AllReduceMeanGradients: gradient ", i, " is undefined (zero it on every rank)")));
+  }
+  c10::NoGradGuard no_grad;
+  std::vector<Bucket> buckets = PlanBuckets(grads, ReduceDtype, ring_->bucket_bytes());
+  reduce_buckets_.resize(buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    const Bucket& bucket = buckets[b];
+    at::Tensor& flat = reduce_buckets_[b];
+    if (!flat.defined() || flat.numel() != bucket.numel || flat.scalar_type() != bucket.dtype) {
+      flat = at::empty({bucket.numel}, at::TensorOptions().dtype(bucket.dtype));
+    }
+    Pack(grads, bucket, flat, /*gather=*/true);
+    absl::Status status =
+        bucket.dtype == at::kDouble
+            ? ring_->AllReduceSum(flat.data_ptr<double>(), bucket.numel)
+            : ring_->AllReduceSum(flat.data_ptr<float>(), bucket.numel);
+    if (!status.ok()) Fail(rank_, status);
+    flat.div_(world_size_);
+    Pack(grads, bucket, flat, /*gather=*/false);
+  }
+}
+
+double DataParallel::AllReduceSum(double value) {
+  if (ring_ == nullptr) return value;
+  absl::Status status = ring_->AllReduceSum(&value, 1);
+  if (!status.ok()) Fail(rank_, status);
+  return value;
+}
+
+}  // namespace stemma::engine::train

@@ -1,0 +1,77 @@
+// Data parallelism for `stemma-engine train`: one process per rank, each holding a full model
+// replica; gradients are averaged over ranks after every backward pass.
+//
+// Rendezvous follows the torchrun convention: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+// Rank 0 hosts a c10d TCPStore on MASTER_ADDR:MASTER_PORT; every rank publishes a listening
+// socket there and the ranks connect into a ring (rank r -> rank r+1 mod W). Collectives run
+// over that ring: a ring all-reduce (reduce-scatter then all-gather, so each rank sends about
+// 2·(W-1)/W of the buffer, independent of W) and a pipelined chain broadcast from rank 0.
+//
+// Why not c10d::ProcessGroupGloo: libtorch_cpu.so exports it, but the PyPI wheel ships no
+// gloo headers, and ProcessGroupGloo.hpp cannot be compiled without them. CUDA tensors are
+// staged through host memory (no NCCL path yet); see docs in the .cc.
+//
+// Tensors are grouped into a few flat buffers ("buckets", STEMMA_DDP_BUCKET_MB, default 64)
+// so a step costs a handful of collectives, not one per parameter. Gradients are reduced in
+// float32 (float64 for float64 gradients), whatever their storage dtype, so bf16 gradients
+// lose no precision in the sum.
+//
+// Every rank must call the same collectives in the same order with tensors of the same
+// shapes; each collective first exchanges a small header with its ring neighbours and throws
+// if they disagree (instead of hanging or mixing buffers).
+//
+// Errors: FromEnv returns InvalidArgument naming the environment variable for bad settings,
+// Unavailable / DeadlineExceeded when the master or a peer cannot be reached within
+// STEMMA_DDP_TIMEOUT_S (default 600). The collectives throw std::runtime_error when a peer
+// disconnects, times out or disagrees: the job cannot continue then, and the engine's main
+// turns the exception into `stemma-engine: error: ...` and a non-zero exit.
+//
+// Thread-safety: not thread-safe; one thread per process drives the collectives.
+#pragma once
+
+#include <torch/types.h>
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace stemma::engine::train {
+
+class DataParallel {
+ public:
+  // Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (and the optional STEMMA_DDP_TIMEOUT_S,
+  // STEMMA_DDP_BUCKET_MB). WORLD_SIZE unset or 1: a single process, every call a no-op.
+  // Otherwise blocks until all WORLD_SIZE ranks have joined the ring.
+  static absl::StatusOr<std::unique_ptr<DataParallel>> FromEnv();
+
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+
+  // Overwrites `params` on every rank with rank 0's values (any dtype, any device; in place,
+  // without recording autograd history).
+  void BroadcastParameters(const std::vector<torch::Tensor>& params);
+
+  // Replaces each gradient by its mean over ranks, in place. Every tensor must be defined
+  // (give unused parameters zero gradients first: a rank that skipped one would otherwise
+  // desynchronise the replicas).
+  void AllReduceMeanGradients(const std::vector<torch::Tensor>& grads);
+
+  // Sum of `value` over ranks (losses, token counts); identical on every rank.
+  double AllReduceSum(double value);
+
+ private:
+  class Ring;  // sockets to the neighbours; null when world_size is 1
+  DataParallel(int rank, int world_size, std::unique_ptr<Ring> ring);
+
+  int rank_;
+  int world_size_;
+  std::unique_ptr<Ring> ring_;
+  std::vector<torch::Tensor> reduce_buckets_;  // reused across steps: [bucket numel] each
+};
+
+}  // namespace stemma::engine::train

@@ -1,0 +1,344 @@
+// DataParallel with real processes on loopback: the test binary re-runs itself as the ranks
+// (--gtest_filter=DistributedRank.*, STEMMA_DDP_TEST_RANK_MODE=1) with RANK/WORLD_SIZE/
+// MASTER_ADDR/MASTER_PORT set; each rank checks the exact results of the collectives itself
+// and the parent asserts that every rank ran its checks and exited 0.
+#include "engine/train/distributed.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace stemma::engine::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A port nobody listens on right now (the kernel's pick for an ephemeral bind).
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), length);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct Process {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+// Runs every command concurrently (each with its own extra environment variables, stdout and
+// stderr into a file) and waits for all of them.
+std::vector<Process> RunAll(const std::vector<std::vector<std::string>>& commands,
+                            const std::vector<std::map<std::string, std::string>>& envs,
+                            const fs::path& log_dir) {
+  std::vector<pid_t> pids;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    std::map<std::string, std::string> env_map;
+    for (char** entry = environ; *entry != nullptr; ++entry) {
+      std::string text = *entry;
+      auto eq = text.find('=');
+      env_map[text.substr(0, eq)] = text.substr(eq + 1);
+    }
+    for (const auto& [key, value] : envs[i]) env_map[key] = value;
+    std::vector<std::string> env_text;
+    for (const auto& [key, value] : env_map) env_text.push_back(key + "=" + value);
+    std::vector<char*> env_ptrs, argv_ptrs;
+    for (auto& text : env_text) env_ptrs.push_back(text.data());
+    env_ptrs.push_back(nullptr);
+    std::vector<std::string> argv = commands[i];
+    for (auto& arg : argv) argv_ptrs.push_back(arg.data());
+    argv_ptrs.push_back(nullptr);
+
+    const std::string log = (log_dir / ("process" + std::to_string(i) + ".log")).string();
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    pid_t pid = -1;
+    EXPECT_EQ(posix_spawn(&pid, argv_ptrs[0], &actions, nullptr, argv_ptrs.data(),
+                          env_ptrs.data()),
+              0);
+    posix_spawn_file_actions_destroy(&actions);
+    pids.push_back(pid);
+  }
+  std::vector<Process> results(pids.size());
+  for (size_t i = 0; i < pids.size(); ++i) {
+    int status = 0;
+    ::waitpid(pids[i], &status, 0);
+    results[i].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    results[i].output = ReadFile(log_dir / ("process" + std::to_string(i) + ".log"));
+  }
+  return results;
+}
+
+std::map<std::string, std::string> RankEnv(int rank, int world_size, int port) {
+  return {{"RANK", std::to_string(rank)},
+          {"WORLD_SIZE", std::to_string(world_size)},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", std::to_string(port)},
+          {"STEMMA_DDP_TIMEOUT_S", "60"}};  // a broken test fails instead of hanging
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "stemma_ddp_XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Runs this binary's DistributedRank.<name> as `world_size` ranks; returns their results.
+std::vector<Process> RunRanks(const std::string& name, int world_size,
+                              std::map<std::string, std::string> extra_env = {}) {
+  TempDir logs;
+  const int port = FreePort();
+  std::vector<std::vector<std::string>> commands;
+  std::vector<std::map<std::string, std::string>> envs;
+  for (int rank = 0; rank < world_size; ++rank) {
+    commands.push_back({fs::read_symlink("/proc/self/exe").string(),
+                        "--gtest_filter=DistributedRank." + name});
+    auto env = RankEnv(rank, world_size, port);
+    env["STEMMA_DDP_TEST_RANK_MODE"] = "1";
+    for (const auto& [key, value] : extra_env) env[key] = value;
+    envs.push_back(env);
+  }
+  return RunAll(commands, envs, logs.path());
+}
+
+bool InRankMode() { return std::getenv("STEMMA_DDP_TEST_RANK_MODE") != nullptr; }
+
+// ---- What each rank runs (skipped unless started by RunRanks). ----
+
+std::unique_ptr<DataParallel> Join() {
+  auto joined = DataParallel::FromEnv();
+  if (!joined.ok()) ADD_FAILURE() << joined.status();
+  return joined.ok() ? std::move(*joined) : nullptr;
+}
+
+TEST(DistributedRank, Collectives) {
+  if (!InRankMode()) GTEST_SKIP() << "runs as a rank of DataParallelTest";
+  auto dp = Join();
+  ASSERT_NE(dp, nullptr);
+  const int rank = dp->rank();
+  const int world = dp->world_size();
+  ASSERT_EQ(world, std::atoi(std::getenv("WORLD_SIZE")));
+  ASSERT_EQ(rank, std::atoi(std::getenv("RANK")));
+
+  // Sum of (rank + 1.5): exact in double.
+  double expected_sum = 0;
+  for (int r = 0; r < world; ++r) expected_sum += r + 1.5;
+  EXPECT_EQ(dp->AllReduceSum(rank + 1.5), expected_sum);
+
+  // Gradients: float32 bigger than one 1 MiB bucket (STEMMA_DDP_BUCKET_MB=1), a
+  // non-contiguous view, bf16, float64, and tensors smaller than the world size. Values are
+  // rank·1000 + small integers, so every mean is exact.
+  auto pattern = [&](torch::IntArrayRef shape, torch::Dtype dtype) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    return (torch::arange(numel, torch::kFloat64).remainder(97) + 2.0 * rank * 10)
+        .reshape(shape).to(dtype);
+  };
+  auto expected = [&](const torch::Tensor& like) {
+    double offset_sum = 0;
+    for (int r = 0; r < world; ++r) offset_sum += 2.0 * r * 10;
+    const double mean_offset = offset_sum / world;
+    return (torch::arange(like.numel(), torch::kFloat64).remainder(97) + mean_offset)
+        .reshape(like.sizes()).to(like.scalar_type());
+  };
+  torch::Tensor big = pattern({700, 1000}, torch::kFloat32);  // 2.8 MB: several buckets
+  // [64, 33] laid out column-major: a non-contiguous gradient.
+  torch::Tensor transposed = pattern({64, 33}, torch::kFloat32).t().contiguous().t();
+  torch::Tensor half = pattern({5, 7}, torch::kBFloat16);
+  torch::Tensor wide = pattern({3}, torch::kFloat64);
+  torch::Tensor scalar = pattern({1}, torch::kFloat32);
+  std::vector<torch::Tensor> grads = {big, transposed, half, wide, scalar};
+  std::vector<torch::Tensor> want;
+  for (const auto& g : grads) want.push_back(expected(g));
+  for (int round = 0; round < 2; ++round) {  // the second call reuses the cached buckets
+    if (round == 1) {
+      for (auto& g : grads) g.copy_(pattern(g.sizes(), g.scalar_type()));
+    }
+    dp->AllReduceMeanGradients(grads);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_TRUE(torch::equal(grads[i], want[i])) << "gradient " << i << " round " << round;
+    }
+  }
+
+  // Broadcast: every rank ends with rank 0's values, parameters that require grad included.
+  torch::Tensor weight = torch::full({300, 257}, 7.0f + rank).requires_grad_();
+  torch::Tensor bias = torch::full({9}, -3.0f - rank, torch::kBFloat16).requires_grad_();
+  torch::Tensor counts = torch::full({4}, 11 + rank, torch::kInt64);
+  dp->BroadcastParameters({weight, bias, counts});
+  EXPECT_TRUE(torch::equal(weight, torch::full({300, 257}, 7.0f)));
+  EXPECT_TRUE(torch::equal(bias, torch::full({9}, -3.0f, torch::kBFloat16)));
+  EXPECT_TRUE(torch::equal(counts, torch::full({4}, 11, torch::kInt64)));
+  EXPECT_EQ(weight.grad_fn(), nullptr);  // the copy recorded no autograd history
+
+  std::printf("rank %d of %d checked its collectives\n", rank, world);
+}
+
+TEST(DistributedRank, MismatchedCall) {
+  if (!InRankMode()) GTEST_SKIP() << "runs as a rank of DataParallelTest";
+  auto dp = Join();
+  ASSERT_NE(dp, nullptr);
+  // Rank 0 reduces 4 floats, rank 1 reduces 5: both must refuse rather than mix buffers.
+  std::vector<torch::Tensor> grads = {torch::ones({4 + dp->rank()})};
+  try {
+    dp->AllReduceMeanGradients(grads);
+    ADD_FAILURE() << "mismatched all-reduce succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("disagree"), std::string::npos) << e.what();
+    std::printf("rank %d refused: %s\n", dp->rank(), e.what());
+  }
+}
+
+TEST(DistributedRank, PeerExits) {
+  if (!InRankMode()) GTEST_SKIP() << "runs as a rank of DataParallelTest";
+  auto dp = Join();
+  ASSERT_NE(dp, nullptr);
+  if (dp->rank() == 1) std::_Exit(0);  // a crashed peer: its sockets close
+  try {
+    dp->AllReduceSum(1.0);
+    ADD_FAILURE() << "all-reduce with a dead peer succeeded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0"), std::string::npos) << e.what();
+    std::printf("rank 0 saw: %s\n", e.what());
+  }
+}
+
+// ---- The tests proper. ----
+
+void ExpectAllPassed(const std::vector<Process>& ranks, const std::string& marker) {
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    EXPECT_EQ(ranks[rank].exit_code, 0) << "rank " << rank << ":\n" << ranks[rank].output;
+    EXPECT_NE(ranks[rank].output.find(marker), std::string::npos)
+        << "rank " << rank << " did not run its checks:\n" << ranks[rank].output;
+  }
+}
+
+TEST(DataParallelTest, TwoRanksAllReduceAndBroadcastExactly) {
+  if (InRankMode()) GTEST_SKIP();
+  auto ranks = RunRanks("Collectives", 2, {{"STEMMA_DDP_BUCKET_MB", "1"}});
+  ExpectAllPassed(ranks, "checked its collectives");
+}
+
+TEST(DataParallelTest, ThreeRanksAllReduceAndBroadcastExactly) {
+  if (InRankMode()) GTEST_SKIP();
+  // Three ranks exercise the general ring (unequal chunks, a forwarding broadcast hop).
+  auto ranks = RunRanks("Collectives", 3, {{"STEMMA_DDP_BUCKET_MB", "1"}});
+  ExpectAllPassed(ranks, "checked its collectives");
+}
+
+TEST(DataParallelTest, RanksRefuseMismatchedCollectives) {
+  if (InRankMode()) GTEST_SKIP();
+  ExpectAllPassed(RunRanks("MismatchedCall", 2), "refused: data parallel rank");
+}
+
+TEST(DataParallelTest, DeadPeerIsAnErrorNotAHang) {
+  if (InRankMode()) GTEST_SKIP();
+  auto ranks = RunRanks("PeerExits", 2);
+  ExpectAllPassed({ranks[0]}, "rank 0 saw: data parallel rank 0");
+}
+
+// Bad environments, checked in this process.
+class EnvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (InRankMode()) GTEST_SKIP();
+    for (const char* name : kNames) ::unsetenv(name);
+  }
+  void TearDown() override {
+    for (const char* name : kNames) ::unsetenv(name);
+  }
+  static void Set(const std::map<std::string, std::string>& values) {
+    for (const auto& [key, value] : values) ::setenv(key.c_str(), value.c_str(), 1);
+  }
+  static constexpr const char* kNames[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                           "STEMMA_DDP_TIMEOUT_S", "STEMMA_DDP_BUCKET_MB"};
+};
+
+TEST_F(EnvTest, NoEnvironmentIsOneProcessAndNoOps) {
+  auto dp = DataParallel::FromEnv();
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  EXPECT_EQ((*dp)->rank(), 0);
+  EXPECT_EQ((*dp)->world_size(), 1);
+  EXPECT_EQ((*dp)->AllReduceSum(2.5), 2.5);
+  torch::Tensor grad = torch::full({3}, 4.0f);
+  (*dp)->AllReduceMeanGradients({grad});
+  EXPECT_TRUE(torch::equal(grad, torch::full({3}, 4.0f)));
+}
+
+TEST_F(EnvTest, BadSettingsNameTheVariable) {
+  struct Case {
+    std::map<std::string, std::string> env;
+    std::string variable;
+  };
+  const std::vector<Case> cases = {
+      {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "29500"}}, "MASTER_ADDR"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}}, "MASTER_PORT"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "2"}, {"MASTER_ADDR", "127.0.0.1"}}, "RANK=2"},
+      {{{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "1"}}, "RANK"},
+      {{{"WORLD_SIZE", "two"}}, "WORLD_SIZE"},
+      {{{"WORLD_SIZE", "0"}}, "WORLD_SIZE"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}},
+       "MASTER_PORT"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "5"},
+        {"STEMMA_DDP_TIMEOUT_S", "soon"}},
+       "STEMMA_DDP_TIMEOUT_S"},
+  };
+  for (const Case& c : cases) {
+    SetUp();
+    Set(c.env);
+    auto dp = DataParallel::FromEnv();
+    ASSERT_FALSE(dp.ok()) << "expected an error naming " << c.variable;
+    EXPECT_EQ(dp.status().code(), absl::StatusCode::kInvalidArgument) << dp.status();
+    EXPECT_NE(dp.status().message().find(c.variable), std::string::npos) << dp.status();
+  }
+}
+
+TEST_F(EnvTest, UnreachableMasterTimesOutNamingIt) {
+  Set({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", std::to_string(FreePort())}, {"STEMMA_DDP_TIMEOUT_S", "2"}});
+  auto dp = DataParallel::FromEnv();
+  ASSERT_FALSE(dp.ok());
+  EXPECT_EQ(dp.status().code(), absl::StatusCode::kUnavailable) << dp.status();
+  EXPECT_NE(dp.status().message().find("MASTER_ADDR=127.0.0.1"), std::string::npos)
+      << dp.status();
+}
+
+}  // namespace
+}  // namespace stemma::engine::train
