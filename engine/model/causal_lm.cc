@@ -51,6 +51,7 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids, KVCache*
     } else {
       h = layer->forward(h, cos, sin, kv, router_logits);
     }
+    if (layer_output_hook) layer_output_hook(static_cast<int64_t>(i), h);
   }
   return norm(h);  // [B, T, H]
 }

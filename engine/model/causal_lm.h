@@ -12,6 +12,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "engine/model/config.h"
@@ -47,6 +48,11 @@ class DecoderModelImpl : public torch::nn::Module {
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
+
+  // Analysis hook (stemma-engine analyze, cross-lingual alignment): when set, called with
+  // (layer index, residual stream after that layer [B, T, H], before the final norm).
+  // Unset by default.
+  std::function<void(int64_t layer, const torch::Tensor& hidden)> layer_output_hook;
 
  private:
   ModelConfig config_;

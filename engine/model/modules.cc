@@ -209,6 +209,7 @@ MlpImpl::MlpImpl(int64_t hidden, int64_t intermediate, bool bias, Activation act
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   auto g = gate_proj(x);  // [..., I]
   g = activation_ == Activation::kSilu ? torch::silu(g) : torch::gelu(g, "tanh");
+  if (activation_hook) activation_hook(g);
   return down_proj(g * up_proj(x));  // [..., H]
 }
 

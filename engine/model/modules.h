@@ -15,6 +15,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "engine/model/config.h"
@@ -89,6 +90,11 @@ class MlpImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+  // Analysis hook (stemma-engine analyze, LAPE): when set, called on every forward with
+  // act(gate_proj(x)) [..., I] before the multiply with up_proj. Unset by default, so
+  // inference and training pay one branch.
+  std::function<void(const torch::Tensor&)> activation_hook;
 
  private:
   Activation activation_;
