@@ -509,18 +509,32 @@ void DataParallel::AllReduceMeanGradients(const std::vector<torch::Tensor>& grad
   reduce_buckets_.resize(buckets.size());
   for (size_t b = 0; b < buckets.size(); ++b) {
     const Bucket& bucket = buckets[b];
+    const at::Tensor& first = grads[bucket.first];
+    // One contiguous host tensor of the reduction dtype (e.g. a trainer's flat gradient
+    // buffer) is reduced where it lies: no copies in and out.
+    const bool in_place = bucket.last == bucket.first + 1 && first.is_cpu() &&
+                          first.is_contiguous() && first.scalar_type() == bucket.dtype;
     at::Tensor& flat = reduce_buckets_[b];
-    if (!flat.defined() || flat.numel() != bucket.numel || flat.scalar_type() != bucket.dtype) {
-      flat = at::empty({bucket.numel}, at::TensorOptions().dtype(bucket.dtype));
+    if (in_place) {
+      flat = first.view({-1});
+    } else {
+      if (!flat.defined() || flat.numel() != bucket.numel ||
+          flat.scalar_type() != bucket.dtype) {
+        flat = at::empty({bucket.numel}, at::TensorOptions().dtype(bucket.dtype));
+      }
+      Pack(grads, bucket, flat, /*gather=*/true);
     }
-    Pack(grads, bucket, flat, /*gather=*/true);
     absl::Status status =
         bucket.dtype == at::kDouble
             ? ring_->AllReduceSum(flat.data_ptr<double>(), bucket.numel)
             : ring_->AllReduceSum(flat.data_ptr<float>(), bucket.numel);
     if (!status.ok()) Fail(rank_, status);
     flat.div_(world_size_);
-    Pack(grads, bucket, flat, /*gather=*/false);
+    if (in_place) {
+      flat = at::Tensor();  // do not keep the caller's tensor alive
+    } else {
+      Pack(grads, bucket, flat, /*gather=*/false);
+    }
   }
 }
 
