@@ -307,6 +307,23 @@ absl::Status ParseOlmoe(const json& j, ModelConfig& c) {
   return absl::OkStatus();
 }
 
+// A dense family (llama, qwen2, gemma3) whose MLPs were upcycled into sparse MoE blocks
+// (`stemma-engine upcycle`, docs/merge.md): the dense config plus num_experts,
+// num_experts_per_tok and norm_topk_prob (default true, so identical experts reproduce the
+// dense model). Everything else keeps the family's meaning.
+absl::Status ParseUpcycledMoe(const json& j, ModelConfig& c) {
+  ASSIGN_OR_RETURN(c.num_experts, GetInt(j, "num_experts"));
+  ASSIGN_OR_RETURN(c.num_experts_per_tok, GetInt(j, "num_experts_per_tok"));
+  if (c.num_experts <= 0) return FieldError("num_experts", "must be positive");
+  if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts) {
+    return FieldError("num_experts_per_tok", "must be in [1, num_experts]");
+  }
+  if (c.mlp_bias) return FieldError("num_experts", "MoE experts have no bias (mlp_bias is true)");
+  ASSIGN_OR_RETURN(c.norm_topk_prob, GetBool(j, "norm_topk_prob", true));
+  ASSIGN_OR_RETURN(c.router_aux_loss_coef, GetDouble(j, "router_aux_loss_coef", 0.01));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::string_view ArchName(Arch arch) {
@@ -364,6 +381,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const json& json_in) {
                                                  "qwen2, gemma3_text, gemma3, olmoe)"));
   }
   RETURN_IF_ERROR(status);
+  if (c.arch != Arch::kOlmoe && Has(*j, "num_experts")) RETURN_IF_ERROR(ParseUpcycledMoe(*j, c));
   return c;
 }
 

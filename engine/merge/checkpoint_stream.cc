@@ -1,0 +1,464 @@
+#include "engine/merge/checkpoint_stream.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "engine/io/fs.h"
+#include "engine/io/sha256.h"
+
+namespace stemma::engine::merge {
+namespace {
+
+constexpr char kSingleFile[] = "model.safetensors";
+constexpr char kIndexFile[] = "model.safetensors.index.json";
+// Files that travel with the weights (the same list as io::CheckpointWriter's).
+constexpr const char* kCarriedFiles[] = {
+    "config.json",           "generation_config.json", "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+    "vocab.json",            "merges.txt",              "added_tokens.json",
+    "chat_template.jinja",   "chat_template.json",
+};
+// Start writeback of written data every this many bytes, so the final fsync has little
+// left to do and the disk works while we compute.
+constexpr uint64_t kWritebackBytes = 64u << 20;
+constexpr int kSlots = 4;
+
+std::string Join(const std::string& dir, absl::string_view name) {
+  return absl::StrCat(dir, "/", name);
+}
+
+std::string Quote(absl::string_view s) { return nlohmann::json(std::string(s)).dump(); }
+
+absl::Status Errno(const std::string& what, int err) {
+  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
+}
+
+absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, io::ReadFile(path));
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(path + ": not valid JSON");
+  return j;
+}
+
+std::string ParentDir(const std::string& path) {
+  size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+int64_t CreatedMs(int64_t option) {
+  if (option >= 0) return option;
+  if (const char* epoch = std::getenv("SOURCE_DATE_EPOCH"); epoch != nullptr) {
+    int64_t seconds = 0;
+    if (absl::SimpleAtoi(epoch, &seconds)) return seconds * 1000;
+  }
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Staging directories `<out>.tmp-<pid>` whose process is gone are leftovers of a killed
+// writer: remove them so they do not pile up.
+void RemoveStaleStaging(const std::string& out) {
+  const std::string dir = ParentDir(out);
+  const std::string prefix = out.substr(out.rfind('/') + 1) + ".tmp-";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(d)) {
+    absl::string_view name = e->d_name;
+    if (!absl::StartsWith(name, prefix)) continue;
+    int pid = 0;
+    if (!absl::SimpleAtoi(name.substr(prefix.size()), &pid) || pid <= 0) continue;
+    if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) stale.emplace_back(name);
+  }
+  ::closedir(d);
+  for (const auto& name : stale) io::RemoveTree(Join(dir, name)).IgnoreError();
+}
+
+// The safetensors header io::WriteSafetensors writes for these tensors, and the file
+// order of the data (element size descending, then name).
+std::string ShardHeader(std::vector<const OutputTensor*>& order) {
+  std::sort(order.begin(), order.end(), [](const OutputTensor* a, const OutputTensor* b) {
+    int sa = io::DtypeSize(a->dtype), sb = io::DtypeSize(b->dtype);
+    if (sa != sb) return sa > sb;
+    return a->name < b->name;
+  });
+  std::string header = "{\"__metadata__\":{\"format\":\"pt\"}";
+  uint64_t offset = 0;
+  for (const OutputTensor* t : order) {
+    absl::StrAppend(&header, ",", Quote(t->name), ":{\"dtype\":\"", io::DtypeName(t->dtype),
+                    "\",\"shape\":[");
+    for (size_t d = 0; d < t->shape.size(); ++d) absl::StrAppend(&header, d ? "," : "", t->shape[d]);
+    absl::StrAppend(&header, "],\"data_offsets\":[", offset, ",", offset + t->nbytes(), "]}");
+    offset += t->nbytes();
+  }
+  header += "}";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  return header;
+}
+
+class FileOut {
+ public:
+  ~FileOut() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  absl::Status Open(const std::string& path) {
+    path_ = path;
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    return fd_ < 0 ? Errno("create " + path, errno) : absl::OkStatus();
+  }
+  absl::Status Write(const void* data, uint64_t size) {
+    hash_.Update(data, size);
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      ssize_t n = ::write(fd_, p, std::min<uint64_t>(size, 1u << 30));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return Errno("write " + path_, errno);
+      }
+      p += n;
+      size -= static_cast<uint64_t>(n);
+      written_ += static_cast<uint64_t>(n);
+    }
+    if (written_ - flushed_ >= kWritebackBytes) {
+      ::sync_file_range(fd_, flushed_, written_ - flushed_, SYNC_FILE_RANGE_WRITE);
+      flushed_ = written_;
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Finish() {
+    if (::fsync(fd_) != 0) return Errno("fsync " + path_, errno);
+    int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) return Errno("close " + path_, errno);
+    return absl::OkStatus();
+  }
+  uint64_t written() const { return written_; }
+  std::string HexDigest() { return hash_.HexDigest(); }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t written_ = 0, flushed_ = 0;
+  io::Sha256 hash_;
+};
+
+struct Job {
+  size_t tensor;  // index into the caller's list
+  int64_t begin, end;
+  bool first, last;
+};
+
+// Writes one shard: a worker thread fills chunks (and hashes each tensor's bytes) into a
+// ring of slots while this thread writes them out and hashes the file.
+absl::Status WriteShard(const std::string& path, const std::vector<OutputTensor>& tensors,
+                        std::vector<size_t> members, const ChunkFiller& fill,
+                        const StreamWriterOptions& options, size_t* tensors_done,
+                        io::ManifestFile* record) {
+  std::vector<const OutputTensor*> order;
+  for (size_t i : members) order.push_back(&tensors[i]);
+  const std::string header = ShardHeader(order);
+  std::vector<Job> jobs;
+  for (const OutputTensor* t : order) {
+    const size_t index = static_cast<size_t>(t - tensors.data());
+    const int64_t step =
+        std::max<int64_t>(1, static_cast<int64_t>(options.chunk_bytes) / io::DtypeSize(t->dtype));
+    const int64_t n = t->numel();
+    if (n == 0) {
+      jobs.push_back({index, 0, 0, true, true});
+      continue;
+    }
+    for (int64_t b = 0; b < n; b += step) jobs.push_back({index, b, std::min(n, b + step), b == 0, b + step >= n});
+  }
+
+  FileOut file;
+  RETURN_IF_ERROR(file.Open(path));
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  RETURN_IF_ERROR(file.Write(len, 8));
+  RETURN_IF_ERROR(file.Write(header.data(), header.size()));
+
+  std::vector<std::vector<uint8_t>> slots(kSlots);
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t produced = 0, consumed = 0;
+  bool abort = false;
+  absl::Status worker_status;
+  std::map<std::string, std::string> tensor_sha;
+
+  std::thread worker([&] {
+    io::Sha256 tensor_hash;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return abort || j - consumed < kSlots; });
+        if (abort) return;
+      }
+      const Job& job = jobs[j];
+      const OutputTensor& t = tensors[job.tensor];
+      std::vector<uint8_t>& slot = slots[j % kSlots];
+      slot.resize(static_cast<size_t>(job.end - job.begin) * io::DtypeSize(t.dtype));
+      absl::Status s = fill(job.tensor, job.begin, job.end, job.first, slot.data());
+      if (job.first) tensor_hash = io::Sha256();
+      tensor_hash.Update(slot.data(), slot.size());
+      std::lock_guard lock(mu);
+      if (!s.ok()) {
+        worker_status = s;
+        abort = true;
+        cv.notify_all();
+        return;
+      }
+      if (job.last) tensor_sha[t.name] = tensor_hash.HexDigest();
+      ++produced;
+      cv.notify_all();
+    }
+  });
+
+  absl::Status status;
+  for (size_t j = 0; j < jobs.size() && status.ok(); ++j) {
+    {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return abort || produced > j; });
+      if (produced <= j) break;  // the worker failed
+    }
+    const std::vector<uint8_t>& slot = slots[j % kSlots];
+    status = file.Write(slot.data(), slot.size());
+    if (jobs[j].last && options.on_tensor) options.on_tensor(++*tensors_done);
+    std::lock_guard lock(mu);
+    ++consumed;
+    cv.notify_all();
+  }
+  {
+    std::lock_guard lock(mu);
+    if (!status.ok()) abort = true;
+    cv.notify_all();
+  }
+  worker.join();
+  RETURN_IF_ERROR(worker_status);
+  RETURN_IF_ERROR(status);
+  RETURN_IF_ERROR(file.Finish());
+  record->bytes = file.written();
+  record->sha256 = file.HexDigest();
+  record->tensor_sha256 = std::move(tensor_sha);
+  return absl::OkStatus();
+}
+
+absl::Status RecordFile(const std::string& staging, const std::string& name, io::Manifest& m) {
+  uint64_t bytes = 0;
+  ASSIGN_OR_RETURN(std::string sha, io::Sha256File(Join(staging, name), &bytes));
+  m.files[name] = io::ManifestFile{sha, bytes, {}};
+  return absl::OkStatus();
+}
+
+absl::Status WriteStaging(const std::string& staging, const std::vector<OutputTensor>& tensors,
+                          const ChunkFiller& fill, const StreamWriterOptions& options) {
+  io::Manifest manifest;
+  // Shards: tensors in name order, a new shard when the next would pass the limit.
+  std::vector<size_t> by_name(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) by_name[i] = i;
+  std::sort(by_name.begin(), by_name.end(),
+            [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
+  for (size_t i = 1; i < by_name.size(); ++i) {
+    if (tensors[by_name[i]].name == tensors[by_name[i - 1]].name) {
+      return absl::InvalidArgumentError("output tensor " + Quote(tensors[by_name[i]].name) +
+                                        " is produced twice");
+    }
+  }
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t shard_bytes = 0, total_bytes = 0;
+  for (size_t i : by_name) {
+    const uint64_t n = tensors[i].nbytes();
+    if (!shards.back().empty() && shard_bytes + n > options.max_shard_bytes) {
+      shards.emplace_back();
+      shard_bytes = 0;
+    }
+    shards.back().push_back(i);
+    shard_bytes += n;
+    total_bytes += n;
+  }
+  const size_t count = shards.size();
+  nlohmann::json weight_map = nlohmann::json::object();
+  size_t tensors_done = 0;
+  for (size_t s = 0; s < count; ++s) {
+    const std::string file = count == 1 ? std::string(kSingleFile)
+                                        : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, count);
+    for (size_t i : shards[s]) weight_map[tensors[i].name] = file;
+    io::ManifestFile record;
+    RETURN_IF_ERROR(WriteShard(Join(staging, file), tensors, shards[s], fill, options,
+                               &tensors_done, &record));
+    manifest.files[file] = std::move(record);
+    if (s == 0 && options.after_first_shard_for_test) options.after_first_shard_for_test();
+  }
+  if (count > 1) {
+    nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    RETURN_IF_ERROR(io::WriteFileSynced(Join(staging, kIndexFile), index.dump(2) + "\n"));
+    RETURN_IF_ERROR(RecordFile(staging, kIndexFile, manifest));
+  }
+  for (const auto& [name, contents] : options.files) {
+    RETURN_IF_ERROR(io::WriteFileSynced(Join(staging, name), contents));
+    RETURN_IF_ERROR(RecordFile(staging, name, manifest));
+  }
+  if (!options.carry_from.empty()) {
+    for (const char* name : kCarriedFiles) {
+      const std::string from = Join(options.carry_from, name);
+      if (options.files.count(name) || !io::PathExists(from)) continue;
+      RETURN_IF_ERROR(io::CopyFileSynced(from, Join(staging, name)));
+      RETURN_IF_ERROR(RecordFile(staging, name, manifest));
+    }
+  }
+  for (const std::string& parent : options.parents) {
+    io::ManifestParent p{parent, ""};
+    const std::string parent_manifest = Join(parent, io::kManifestName);
+    if (io::PathExists(parent_manifest)) {
+      ASSIGN_OR_RETURN(p.manifest_sha256, io::Sha256File(parent_manifest));
+    }
+    manifest.parents.push_back(std::move(p));
+  }
+  manifest.producer = options.producer;
+  manifest.created_ms = CreatedMs(options.created_ms);
+  RETURN_IF_ERROR(io::WriteFileSynced(Join(staging, io::kManifestName),
+                                      io::ManifestToJson(manifest).dump(2) + "\n"));
+  return io::SyncDir(staging);
+}
+
+absl::Status Publish(const std::string& staging, const std::string& out, bool overwrite) {
+  const std::string parent = ParentDir(out);
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) == 0) {
+    return io::SyncDir(parent);
+  }
+  if (errno != EEXIST || !overwrite) {
+    return errno == EEXIST ? absl::AlreadyExistsError(out + ": already exists (set overwrite: true to replace it)")
+                           : Errno("rename " + staging + " -> " + out, errno);
+  }
+  // Swap so `out` is never missing, then drop the old checkpoint (now at `staging`).
+  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) != 0) {
+    return Errno("swap " + staging + " <-> " + out, errno);
+  }
+  RETURN_IF_ERROR(io::SyncDir(parent));
+  return io::RemoveTree(staging);
+}
+
+}  // namespace
+
+int64_t OutputTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+uint64_t OutputTensor::nbytes() const {
+  return static_cast<uint64_t>(numel()) * static_cast<uint64_t>(io::DtypeSize(dtype));
+}
+
+absl::StatusOr<std::unique_ptr<SourceCheckpoint>> SourceCheckpoint::Open(const std::string& dir_in) {
+  std::string dir = dir_in;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  auto ckpt = std::unique_ptr<SourceCheckpoint>(new SourceCheckpoint());
+  ckpt->dir_ = dir;
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::NotFoundError(dir + ": no such checkpoint directory");
+  }
+  if (io::PathExists(Join(dir, "config.json"))) {
+    ASSIGN_OR_RETURN(ckpt->config_, ReadJson(Join(dir, "config.json")));
+  }
+  std::vector<std::string> files;
+  const std::string index_path = Join(dir, kIndexFile);
+  nlohmann::json weight_map;
+  if (io::PathExists(index_path)) {
+    ASSIGN_OR_RETURN(nlohmann::json index, ReadJson(index_path));
+    if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(index_path + ": no \"weight_map\" object");
+    }
+    weight_map = index["weight_map"];
+    for (const auto& [name, file] : weight_map.items()) {
+      if (!file.is_string()) return absl::InvalidArgumentError(index_path + ": weight_map[" + Quote(name) + "] is not a string");
+      if (std::find(files.begin(), files.end(), file.get<std::string>()) == files.end()) {
+        files.push_back(file.get<std::string>());
+      }
+    }
+  } else if (io::PathExists(Join(dir, kSingleFile))) {
+    files.push_back(kSingleFile);
+  } else {
+    return absl::NotFoundError(dir + ": no model.safetensors or model.safetensors.index.json");
+  }
+  std::sort(files.begin(), files.end());
+  for (const std::string& name : files) {
+    ASSIGN_OR_RETURN(auto file, io::SafetensorsFile::Open(Join(dir, name)));
+    for (const io::TensorInfo& info : file->tensors()) {
+      if (!weight_map.is_null()) {
+        auto it = weight_map.find(info.name);
+        if (it == weight_map.end() || it->get<std::string>() != name) continue;  // not indexed here
+      }
+      if (!ckpt->tensors_.emplace(info.name, Tensor{&info, file->Data(info)}).second) {
+        return absl::DataLossError(absl::StrCat(dir, ": tensor ", Quote(info.name), " is in two files"));
+      }
+    }
+    ckpt->files_.push_back(std::move(file));
+  }
+  if (!weight_map.is_null()) {
+    for (const auto& [name, file] : weight_map.items()) {
+      if (!ckpt->tensors_.count(name)) {
+        return absl::DataLossError(absl::StrCat(Join(dir, file.get<std::string>()), ": missing tensor ",
+                                                Quote(name), " named by ", kIndexFile));
+      }
+    }
+  }
+  for (const auto& [name, t] : ckpt->tensors_) ckpt->names_.push_back(name);
+  return ckpt;
+}
+
+SourceCheckpoint::Tensor SourceCheckpoint::Find(absl::string_view name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? Tensor{} : it->second;
+}
+
+void SourceCheckpoint::Release(const uint8_t* data, uint64_t bytes) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes) & ~(page - 1);
+  // The mapping is private and never written, so dropping pages (even ones shared with a
+  // neighbouring tensor) only costs a re-fault from the page cache.
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+absl::Status WriteCheckpoint(const std::string& out_in, const std::vector<OutputTensor>& tensors,
+                             const ChunkFiller& fill, const StreamWriterOptions& options) {
+  std::string out = out_in;
+  while (out.size() > 1 && out.back() == '/') out.pop_back();
+  if (out.empty()) return absl::InvalidArgumentError("output path is empty");
+  if (!options.overwrite && io::PathExists(out)) {
+    return absl::AlreadyExistsError(out + ": already exists (set overwrite: true to replace it)");
+  }
+  if (options.max_shard_bytes == 0) return absl::InvalidArgumentError("shard size must be positive");
+  RemoveStaleStaging(out);
+  const std::string staging = absl::StrCat(out, ".tmp-", ::getpid());
+  RETURN_IF_ERROR(io::RemoveTree(staging));
+  if (::mkdir(staging.c_str(), 0755) != 0) return Errno("mkdir " + staging, errno);
+  absl::Status s = WriteStaging(staging, tensors, fill, options);
+  if (s.ok()) s = Publish(staging, out, options.overwrite);
+  if (!s.ok()) io::RemoveTree(staging).IgnoreError();
+  return s;
+}
+
+}  // namespace stemma::engine::merge
