@@ -1,62 +1,23 @@
 #include "engine/eval/chrf.h"
 
+#include <algorithm>
+
 #include <string>
 #include <unordered_map>
+
+#include "engine/eval/eval_text.h"
 
 namespace stemma::engine::eval {
 namespace {
 
 using Counts = std::unordered_map<std::u32string, int64_t>;
 
-// UTF-8 -> code points; each byte of an invalid sequence becomes U+FFFD.
-std::u32string DecodeUtf8(std::string_view text) {
-  std::u32string out;
-  out.reserve(text.size());
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto b = static_cast<unsigned char>(text[i]);
-    int length = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xe ? 3 : (b >> 3) == 0x1e ? 4 : 0;
-    char32_t cp = length == 1 ? b : length == 2 ? (b & 0x1f) : length == 3 ? (b & 0x0f) : (b & 0x07);
-    bool valid = length > 0 && i + length <= text.size();
-    for (int k = 1; valid && k < length; ++k) {
-      const auto c = static_cast<unsigned char>(text[i + k]);
-      if ((c >> 6) != 0x2) valid = false;
-      cp = (cp << 6) | (c & 0x3f);
-    }
-    // Overlong forms, surrogates and values past U+10FFFF are invalid too.
-    static constexpr char32_t kMinimum[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (valid && (cp < kMinimum[length] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)) {
-      valid = false;
-    }
-    if (!valid) {
-      out.push_back(0xfffd);
-      ++i;
-      continue;
-    }
-    out.push_back(cp);
-    i += length;
-  }
-  return out;
-}
-
-// Python's str.isspace().
-bool IsSpace(char32_t c) {
-  if ((c >= 0x9 && c <= 0xd) || (c >= 0x1c && c <= 0x20)) return true;
-  switch (c) {
-    case 0x85: case 0xa0: case 0x1680: case 0x2028: case 0x2029: case 0x202f: case 0x205f:
-    case 0x3000:
-      return true;
-    default:
-      return c >= 0x2000 && c <= 0x200a;
-  }
-}
-
 // Python's str.split() with no arguments: maximal runs of non-whitespace.
 std::vector<std::u32string> SplitWords(const std::u32string& line) {
   std::vector<std::u32string> words;
   std::u32string current;
   for (char32_t c : line) {
-    if (IsSpace(c)) {
+    if (IsPythonSpace(c)) {
       if (!current.empty()) words.push_back(std::move(current));
       current.clear();
     } else {

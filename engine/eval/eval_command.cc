@@ -1,14 +1,484 @@
-// Placeholder until the command lands: says so and exits 2.
-#include <cstdio>
+// stemma-engine eval --spec FILE (docs/eval.md): perplexity and bits per byte on held-out
+// token shards, k-shot multiple choice (lm-eval's acc / acc_norm), k-shot translation with
+// chrF / chrF++. Every input is read and checked before the model is loaded; results go to
+// stdout as metric events and, at the end, to one results JSON file written atomically.
+#include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/spec_file.h"
+#include "common/status.h"
+#include "engine/data/dataset.h"
+#include "engine/eval/choice.h"
+#include "engine/eval/chrf.h"
 #include "engine/eval/commands.h"
+#include "engine/eval/eval_model.h"
+#include "engine/eval/eval_spec.h"
+#include "engine/eval/eval_text.h"
+#include "engine/eval/perplexity.h"
+#include "engine/eval/translation.h"
+#include "engine/io/fs.h"
+#include "engine/io/manifest.h"
+#include "engine/io/sha256.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace stemma::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using eval::EvalModel;
+using eval::EvalSpec;
+using eval::TaskSpec;
+using eval::TaskType;
+using Json = nlohmann::ordered_json;  // keeps "event" first on every line
+
+void Emit(const Json& event) {
+  std::fputs((event.dump() + "\n").c_str(), stdout);
+  std::fflush(stdout);
+}
+
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+// What a result measured: sha256 of the checkpoint's stemma.json when it has one, else of
+// the sorted "<sha256>  <file>\n" lines (sha256sum's format) of config.json and every
+// *.safetensors file.
+absl::StatusOr<Json> CheckpointIdentity(const std::string& dir) {
+  const fs::path manifest = fs::path(dir) / io::kManifestName;
+  Json id = {{"path", dir}};
+  if (fs::exists(manifest)) {
+    ASSIGN_OR_RETURN(std::string hash, io::Sha256File(manifest.string()));
+    id["sha256"] = hash;
+    id["hash_of"] = io::kManifestName;
+    return id;
+  }
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "config.json" || entry.path().extension() == ".safetensors") files.push_back(name);
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat(dir, ": ", ec.message()));
+  std::sort(files.begin(), files.end());
+  std::string listing;
+  for (const auto& name : files) {
+    ASSIGN_OR_RETURN(std::string hash, io::Sha256File((fs::path(dir) / name).string()));
+    absl::StrAppend(&listing, hash, "  ", name, "\n");
+  }
+  id["sha256"] = io::Sha256Hex(listing);
+  id["hash_of"] = "weights";
+  return id;
+}
+
+// Progress events: at most ~100 per task.
+class Progress {
+ public:
+  Progress(std::string task, int64_t total) : task_(std::move(task)), total_(total) {}
+  void Advance() {
+    ++done_;
+    if (done_ == total_ || done_ % std::max<int64_t>(1, total_ / 100) == 0) {
+      Emit({{"event", "progress"}, {"step", done_}, {"total_steps", total_},
+            {"fraction", static_cast<double>(done_) / static_cast<double>(total_)},
+            {"message", task_}});
+    }
+  }
+
+ private:
+  std::string task_;
+  int64_t total_, done_ = 0;
+};
+
+// One task: its data read and checked by Prepare (before the model loads), then Run.
+class Task {
+ public:
+  explicit Task(TaskSpec spec) : spec_(std::move(spec)) {}
+  virtual ~Task() = default;
+  virtual absl::Status Prepare(const tokenizer::Tokenizer& tokenizer) = 0;
+  virtual absl::Status Run(EvalModel& model, const EvalSpec& eval_spec, Json* result) = 0;
+  const TaskSpec& spec() const { return spec_; }
+
+  void Metric(const std::string& metric, double value, Json* result) const {
+    const std::string name = absl::StrCat(metric, "/", spec_.name);
+    Emit({{"event", "metric"}, {"name", name}, {"value", value},
+          {"labels", {{"task", spec_.name}, {"type", eval::TaskTypeName(spec_.type)},
+                      {"language", spec_.language}}}});
+    (*result)["metrics"][metric] = value;
+  }
+
+ protected:
+  TaskSpec spec_;
+  const tokenizer::Tokenizer* tokenizer_ = nullptr;
+};
+
+class PerplexityTask : public Task {
+ public:
+  using Task::Task;
+  absl::Status Prepare(const tokenizer::Tokenizer& tokenizer) override {
+    tokenizer_ = &tokenizer;
+    ASSIGN_OR_RETURN(dataset_, data::Dataset::Open(spec_.data));
+    const auto& info = dataset_->tokenizer();
+    if (info.kind != tokenizer.kind() || info.vocab_size != tokenizer.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          spec_.data, ": made with a ", info.kind, " tokenizer of ", info.vocab_size,
+          " ids, but the eval tokenizer is ", std::string(tokenizer.kind()), " with ", tokenizer.vocab_size(),
+          " (bits per byte decodes the tokens with it)"));
+    }
+    eval::PerplexityStreamOptions options;
+    options.heldout = spec_.split == "heldout";
+    options.heldout_fraction = spec_.heldout_fraction;
+    options.split_seed = spec_.split_seed;
+    options.limit = spec_.limit;
+    ASSIGN_OR_RETURN(stream_, eval::BuildPerplexityStream(*dataset_, options, info.vocab_size));
+    return absl::OkStatus();
+  }
+
+  absl::Status Run(EvalModel& model, const EvalSpec& eval_spec, Json* result) override {
+    const int64_t seq_len =
+        spec_.seq_len > 0 ? spec_.seq_len : std::min<int64_t>(model.max_positions(), 2048);
+    if (seq_len > model.max_positions()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "task ", spec_.name, ": seq_len ", seq_len, " exceeds the model's max_position_embeddings ",
+          model.max_positions()));
+    }
+    if (dataset_->tokenizer().vocab_size > model.vocab_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(spec_.data, ": tokenizer has ",
+                                                     dataset_->tokenizer().vocab_size,
+                                                     " ids, the model ", model.vocab_size()));
+    }
+    const auto windows = eval::PerplexityWindows(stream_, seq_len);
+    const int64_t batch = eval_spec.batch_size;
+    Progress progress(spec_.name, (static_cast<int64_t>(windows.size()) + batch - 1) / batch);
+    eval::PerplexityTotals totals;
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < windows.size();) {
+      // A batch of consecutive windows of one length (only the last window may be shorter).
+      std::vector<std::vector<int32_t>> rows;
+      const int64_t length = windows[i].length;
+      while (i < windows.size() && static_cast<int64_t>(rows.size()) < batch &&
+             windows[i].length == length) {
+        rows.push_back(eval::WindowTokens(stream_, windows[i++]));
+      }
+      ASSIGN_OR_RETURN(auto losses, model.WindowLosses(rows));
+      for (const auto& loss : losses) {
+        totals.nll += loss.nll;
+        totals.tokens += loss.tokens;
+      }
+      progress.Advance();
+    }
+    const double seconds = Seconds(start);
+    totals.bytes = eval::DocumentBytes(*dataset_, stream_.documents, *tokenizer_);
+    totals_ = totals;
+    (*result)["seq_len"] = seq_len;
+    (*result)["documents"] = stream_.documents.size();
+    (*result)["windows"] = windows.size();
+    (*result)["tokens"] = totals.tokens;
+    (*result)["bytes"] = totals.bytes;
+    (*result)["nll"] = totals.nll;
+    (*result)["seconds"] = seconds;
+    (*result)["tokens_per_s"] = seconds > 0 ? static_cast<double>(totals.tokens) / seconds : 0.0;
+    Metric("ppl", totals.Perplexity(), result);
+    if (totals.bytes > 0) Metric("bpb", totals.BitsPerByte(), result);
+    return absl::OkStatus();
+  }
+
+  const eval::PerplexityTotals& totals() const { return totals_; }
+
+ private:
+  std::unique_ptr<data::Dataset> dataset_;
+  eval::PerplexityStream stream_;
+  eval::PerplexityTotals totals_;
+};
+
+// The few-shot pool: `fewshot_data` when given, else the evaluated docs themselves (the
+// evaluated doc is then never its own example).
+template <typename Doc>
+absl::Status CheckPool(const TaskSpec& spec, const std::vector<Doc>& pool, bool same) {
+  const int64_t available = static_cast<int64_t>(pool.size()) - (same ? 1 : 0);
+  if (spec.k > available) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "task ", spec.name, ": k is ", spec.k, " but the few-shot pool (",
+        same ? spec.data : spec.fewshot_data, ") has only ", available, " other examples"));
+  }
+  return absl::OkStatus();
+}
+
+eval::FewShotSampler Sampler(const TaskSpec& spec) {
+  return spec.sampler == "first_n" ? eval::FewShotSampler::kFirstN : eval::FewShotSampler::kSeeded;
+}
+
+class ChoiceTask : public Task {
+ public:
+  using Task::Task;
+  absl::Status Prepare(const tokenizer::Tokenizer& tokenizer) override {
+    tokenizer_ = &tokenizer;
+    ASSIGN_OR_RETURN(auto format, eval::ChoiceFormatFromName(spec_.format));
+    ASSIGN_OR_RETURN(docs_, eval::ReadChoiceDocs(spec_.data, format));
+    if (!spec_.fewshot_data.empty()) {
+      ASSIGN_OR_RETURN(pool_, eval::ReadChoiceDocs(spec_.fewshot_data, format));
+    }
+    return CheckPool(spec_, pool(), spec_.fewshot_data.empty());
+  }
+
+  absl::Status Run(EvalModel& model, const EvalSpec&, Json* result) override {
+    const bool same = spec_.fewshot_data.empty();
+    const int64_t n = spec_.limit > 0 ? std::min<int64_t>(spec_.limit, docs_.size()) : docs_.size();
+    const bool add_bos = spec_.add_bos.value_or(tokenizer_->bos_id().has_value());
+    const std::optional<int32_t> bos = add_bos ? tokenizer_->bos_id() : std::nullopt;
+    Progress progress(spec_.name, n);
+    eval::ChoiceOutcome sum;
+    Json details = Json::array();
+    for (int64_t d = 0; d < n; ++d) {
+      std::vector<const eval::ChoiceDoc*> shots;
+      for (int64_t i : eval::FewShotIndices(pool().size(), spec_.k, d, same ? d : -1,
+                                            Sampler(spec_), spec_.seed)) {
+        shots.push_back(&pool()[i]);
+      }
+      const auto& doc = docs_[d];
+      const std::string context = eval::ChoiceContext(shots, doc);
+      std::vector<int32_t> context_ids;
+      std::vector<std::vector<int32_t>> continuations;
+      for (const auto& choice : doc.choices) {
+        auto pair = eval::EncodePair(*tokenizer_, context, " " + choice, bos);
+        context_ids = std::move(pair.context);
+        continuations.push_back(std::move(pair.continuation));
+      }
+      ASSIGN_OR_RETURN(auto lls,
+                       model.ContinuationLogLikelihoods(context_ids, continuations, spec_.max_length));
+      const auto outcome = eval::ScoreChoices(lls, doc.choices, doc.gold);
+      sum.acc += outcome.acc;
+      sum.acc_norm += outcome.acc_norm;
+      sum.acc_bytes += outcome.acc_bytes;
+      details.push_back({{"gold", doc.gold}, {"log_likelihoods", lls}});
+      progress.Advance();
+    }
+    (*result)["format"] = spec_.format;
+    (*result)["k"] = spec_.k;
+    (*result)["sampler"] = spec_.sampler;
+    (*result)["seed"] = spec_.seed;
+    (*result)["add_bos"] = add_bos;
+    (*result)["examples"] = n;
+    (*result)["docs"] = std::move(details);
+    Metric("acc", sum.acc / n, result);
+    Metric("acc_norm", sum.acc_norm / n, result);
+    Metric("acc_bytes", sum.acc_bytes / n, result);
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::vector<eval::ChoiceDoc>& pool() const {
+    return spec_.fewshot_data.empty() ? docs_ : pool_;
+  }
+  std::vector<eval::ChoiceDoc> docs_, pool_;
+};
+
+class TranslationTask : public Task {
+ public:
+  using Task::Task;
+  absl::Status Prepare(const tokenizer::Tokenizer& tokenizer) override {
+    tokenizer_ = &tokenizer;
+    ASSIGN_OR_RETURN(pairs_, eval::ReadTranslationPairs(spec_.data, spec_.source_field,
+                                                        spec_.target_field));
+    if (!spec_.fewshot_data.empty()) {
+      ASSIGN_OR_RETURN(pool_, eval::ReadTranslationPairs(spec_.fewshot_data, spec_.source_field,
+                                                         spec_.target_field));
+    }
+    return CheckPool(spec_, pool(), spec_.fewshot_data.empty());
+  }
+
+  absl::Status Run(EvalModel& model, const EvalSpec&, Json* result) override {
+    const bool same = spec_.fewshot_data.empty();
+    const int64_t n = spec_.limit > 0 ? std::min<int64_t>(spec_.limit, pairs_.size()) : pairs_.size();
+    const int64_t max_prompt = model.max_positions() - spec_.max_new_tokens;
+    if (max_prompt < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "task ", spec_.name, ": max_new_tokens ", spec_.max_new_tokens,
+          " leaves no room for a prompt in max_position_embeddings ", model.max_positions()));
+    }
+    const auto eos = tokenizer_->eos_id();
+    Progress progress(spec_.name, n);
+    std::vector<std::string> hypotheses, references;
+    Json details = Json::array();
+    for (int64_t d = 0; d < n; ++d) {
+      std::vector<const eval::TranslationPair*> shots;
+      for (int64_t i : eval::FewShotIndices(pool().size(), spec_.k, d, same ? d : -1,
+                                            Sampler(spec_), spec_.seed)) {
+        shots.push_back(&pool()[i]);
+      }
+      const auto& pair = pairs_[d];
+      std::vector<int32_t> prompt;
+      if (tokenizer_->bos_id()) prompt.push_back(*tokenizer_->bos_id());
+      const auto body =
+          tokenizer_->Encode(eval::TranslationPrompt(shots, pair, spec_.source_name, spec_.target_name));
+      prompt.insert(prompt.end(), body.begin(), body.end());
+      // Long prompts lose their oldest tokens (the first shots), as lm-eval truncates left.
+      if (static_cast<int64_t>(prompt.size()) > max_prompt) {
+        prompt.erase(prompt.begin(), prompt.end() - max_prompt);
+      }
+      auto stop = [&](std::span<const int32_t> generated) {
+        if (eos && generated.back() == *eos) return true;
+        return eval::TranslationComplete(Text(generated));
+      };
+      ASSIGN_OR_RETURN(auto generated, model.Generate(prompt, spec_.max_new_tokens, stop));
+      std::string hypothesis = eval::TranslationHypothesis(Text(generated));
+      details.push_back({{"hypothesis", hypothesis}, {"reference", pair.target}});
+      hypotheses.push_back(std::move(hypothesis));
+      references.push_back(pair.target);
+      progress.Advance();
+    }
+    (*result)["source_language"] = spec_.source_language;
+    (*result)["k"] = spec_.k;
+    (*result)["sampler"] = spec_.sampler;
+    (*result)["seed"] = spec_.seed;
+    (*result)["max_new_tokens"] = spec_.max_new_tokens;
+    (*result)["examples"] = n;
+    (*result)["segments"] = std::move(details);
+    Metric("chrf", eval::CorpusChrf(hypotheses, references, eval::ChrfOptions()), result);
+    Metric("chrf++", eval::CorpusChrf(hypotheses, references, eval::ChrfPlusPlusOptions()), result);
+    return absl::OkStatus();
+  }
+
+ private:
+  // Generated ids as text, special tokens dropped.
+  std::string Text(std::span<const int32_t> ids) const {
+    std::vector<int32_t> kept;
+    for (int32_t id : ids) {
+      if (!tokenizer_->IsSpecial(id)) kept.push_back(id);
+    }
+    return tokenizer_->Decode(kept);
+  }
+  const std::vector<eval::TranslationPair>& pool() const {
+    return spec_.fewshot_data.empty() ? pairs_ : pool_;
+  }
+  std::vector<eval::TranslationPair> pairs_, pool_;
+};
+
+std::unique_ptr<Task> MakeTask(const TaskSpec& spec) {
+  switch (spec.type) {
+    case TaskType::kPerplexity: return std::make_unique<PerplexityTask>(spec);
+    case TaskType::kChoice: return std::make_unique<ChoiceTask>(spec);
+    case TaskType::kTranslation: return std::make_unique<TranslationTask>(spec);
+  }
+  return nullptr;
+}
+
+// Writes `text` to `path` through a temporary file in the same directory and a rename, so
+// readers see the old file or the whole new one.
+absl::Status WriteAtomically(const std::string& path, const std::string& text) {
+  const fs::path target(path);
+  std::error_code ec;
+  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
+  const std::string staging = absl::StrCat(path, ".tmp-", ::getpid());
+  RETURN_IF_ERROR(io::WriteFileSynced(staging, text));
+  fs::rename(staging, target, ec);
+  if (ec) {
+    fs::remove(staging);
+    return absl::InternalError(absl::StrCat(path, ": cannot publish the results: ", ec.message()));
+  }
+  return io::SyncDir(target.has_parent_path() ? target.parent_path().string() : ".");
+}
+
+absl::StatusOr<std::string> SpecPath(int argc, char** argv) {
+  std::string spec;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--spec" && i + 1 < argc) {
+      spec = argv[++i];
+    } else if (arg.rfind("--spec=", 0) == 0) {
+      spec = arg.substr(7);
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg, "' (usage: stemma-engine eval --spec FILE)"));
+    }
+  }
+  if (spec.empty()) return absl::InvalidArgumentError("usage: stemma-engine eval --spec FILE");
+  return spec;
+}
+
+absl::Status Eval(int argc, char** argv) {
+  ASSIGN_OR_RETURN(std::string spec_path, SpecPath(argc, argv));
+  ASSIGN_OR_RETURN(nlohmann::json raw, ReadSpecFile(spec_path));
+  ASSIGN_OR_RETURN(EvalSpec spec, eval::ParseEvalSpec(raw, spec_path));
+  Emit({{"event", "start"}, {"command", "eval"}, {"spec", spec_path}, {"model", spec.model},
+        {"tasks", spec.tasks.size()}});
+
+  ASSIGN_OR_RETURN(Json checkpoint, CheckpointIdentity(spec.model));
+  ASSIGN_OR_RETURN(auto tokenizer, tokenizer::Tokenizer::Load(spec.tokenizer));
+  std::vector<std::unique_ptr<Task>> tasks;
+  for (const auto& task_spec : spec.tasks) {
+    tasks.push_back(MakeTask(task_spec));
+    RETURN_IF_ERROR(tasks.back()->Prepare(*tokenizer));
+  }
+
+  eval::EvalModelOptions model_options;
+  model_options.dtype = spec.dtype;
+  model_options.threads = spec.threads;
+  ASSIGN_OR_RETURN(auto model, EvalModel::Load(spec.model, model_options));
+  if (tokenizer->vocab_size() > model->vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        spec.tokenizer, ": the tokenizer has ", tokenizer->vocab_size(), " ids but the model (",
+        spec.model, ") only ", model->vocab_size()));
+  }
+
+  Json results = {{"format", "stemma-eval-v1"},
+                  {"checkpoint", checkpoint},
+                  {"tokenizer", {{"path", spec.tokenizer}, {"kind", tokenizer->kind()}}},
+                  {"spec", {{"path", fs::absolute(spec_path).string()}, {"content", raw}}},
+                  {"dtype", spec.dtype},
+                  {"tasks", Json::array()},
+                  {"metrics", Json::object()}};
+  eval::PerplexityTotals all;
+  int perplexity_tasks = 0;
+  for (auto& task : tasks) {
+    const TaskSpec& t = task->spec();
+    Json result = {{"name", t.name}, {"type", eval::TaskTypeName(t.type)},
+                   {"language", t.language}, {"data", t.data}, {"metrics", Json::object()}};
+    RETURN_IF_ERROR(task->Run(*model, spec, &result));
+    for (const auto& [metric, value] : result["metrics"].items()) {
+      results["metrics"][absl::StrCat(metric, "/", t.name)] = value;
+    }
+    if (auto* p = dynamic_cast<PerplexityTask*>(task.get())) {
+      all.nll += p->totals().nll;
+      all.tokens += p->totals().tokens;
+      all.bytes += p->totals().bytes;
+      ++perplexity_tasks;
+    }
+    results["tasks"].push_back(std::move(result));
+  }
+  if (perplexity_tasks > 1) {
+    // Micro-average over all languages' tokens (bytes).
+    for (const auto& [metric, value] : {std::pair{"ppl/all", all.Perplexity()},
+                                        std::pair{"bpb/all", all.BitsPerByte()}}) {
+      Emit({{"event", "metric"}, {"name", metric}, {"value", value}});
+      results["metrics"][metric] = value;
+    }
+  }
+  RETURN_IF_ERROR(WriteAtomically(spec.out, results.dump(2) + "\n"));
+  Emit({{"event", "output"}, {"name", "results"}, {"path", spec.out}});
+  Emit({{"event", "done"}, {"command", "eval"}, {"results", spec.out},
+        {"checkpoint_sha256", checkpoint["sha256"]}, {"metrics", results["metrics"]}});
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int RunEval(int argc, char** argv) {
-  (void)argc;
-  std::fprintf(stderr, "stemma-engine: error: %s is not implemented yet\n", argv[0]);
-  return 2;
+  const absl::Status status = Eval(argc, argv);
+  if (status.ok()) return 0;
+  std::fprintf(stderr, "stemma-engine: error: %s\n", std::string(status.message()).c_str());
+  return 1;
 }
 
 }  // namespace stemma::engine
