@@ -10,9 +10,11 @@
 // around. Every rank ends with bit-identical values (each chunk is summed once, by one rank,
 // and copied), so replicas cannot drift apart through rounding.
 //
-// CUDA tensors are copied into host buckets and back (copy_ handles the device transfer):
-// correct, but without NCCL's bandwidth. An NCCL path needs ProcessGroupNCCL, which this
-// file does not use yet.
+// CUDA tensors go through c10d::ProcessGroupNCCL when the LibTorch build has it
+// (USE_C10D_NCCL, which the CUDA wheel's CMake config defines, and nccl.h on the include
+// path): buckets then live on the tensors' device and NCCL reduces them, rendezvousing
+// through the same TCPStore. Without NCCL, or with STEMMA_DDP_BACKEND=ring, CUDA tensors are
+// copied into host buckets and back (copy_ does the transfer): correct, slower.
 #include "engine/train/distributed.h"
 
 #include <arpa/inet.h>
@@ -27,6 +29,14 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#if defined(USE_C10D_NCCL) && __has_include(<nccl.h>)
+#define STEMMA_DDP_HAVE_NCCL 1
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#else
+#define STEMMA_DDP_HAVE_NCCL 0
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -60,6 +70,7 @@ struct EnvConfig {
   uint16_t master_port = 0;
   std::chrono::milliseconds timeout{600'000};
   int64_t bucket_bytes = int64_t{64} << 20;
+  bool use_nccl = true;  // for CUDA tensors, when built with NCCL
 };
 
 // Parses an integer variable; nullopt when unset.
@@ -110,6 +121,14 @@ absl::StatusOr<EnvConfig> ReadEnv() {
   if (timeout_s.has_value()) config.timeout = std::chrono::seconds(*timeout_s);
   ASSIGN_OR_RETURN(auto bucket_mb, IntFromEnv("STEMMA_DDP_BUCKET_MB", 1, 1 << 16));
   if (bucket_mb.has_value()) config.bucket_bytes = *bucket_mb << 20;
+  if (const char* backend = std::getenv("STEMMA_DDP_BACKEND"); backend != nullptr) {
+    const std::string name = backend;
+    if (name != "ring" && name != "nccl") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "environment variable STEMMA_DDP_BACKEND='", name, "' is not 'ring' or 'nccl'"));
+    }
+    config.use_nccl = name == "nccl";
+  }
   return config;
 }
 
@@ -248,6 +267,8 @@ class DataParallel::Ring {
   absl::Status Broadcast(char* data, int64_t bytes);
 
   int64_t bucket_bytes() const { return config_.bucket_bytes; }
+  const EnvConfig& config() const { return config_; }
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
  private:
   explicit Ring(EnvConfig config) : config_(std::move(config)) {}
@@ -415,6 +436,40 @@ absl::Status DataParallel::Ring::Broadcast(char* data, int64_t bytes) {
   return absl::OkStatus();
 }
 
+// c10d::ProcessGroupNCCL for CUDA buckets, created on first use (so CPU-only runs never
+// touch CUDA). Without NCCL in the build it is never created.
+class DataParallel::Nccl {
+ public:
+#if STEMMA_DDP_HAVE_NCCL
+  explicit Nccl(const Ring& ring) {
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = ring.config().timeout;
+    auto store = c10::make_intrusive<c10d::PrefixStore>("stemma/ddp/nccl", ring.store());
+    group_ = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, ring.config().rank,
+                                                         ring.config().world_size, options);
+  }
+  void AllReduceSum(at::Tensor& flat) {
+    std::vector<at::Tensor> tensors = {flat};
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    group_->allreduce(tensors, options)->wait();  // orders the current stream after it
+  }
+  void Broadcast(at::Tensor& flat) {
+    std::vector<at::Tensor> tensors = {flat};
+    c10d::BroadcastOptions options;
+    options.rootRank = 0;
+    group_->broadcast(tensors, options)->wait();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Backend> group_;
+#else
+  explicit Nccl(const Ring&) {}
+  void AllReduceSum(at::Tensor&) {}
+  void Broadcast(at::Tensor&) {}
+#endif
+};
+
 DataParallel::DataParallel(int rank, int world_size, std::unique_ptr<Ring> ring)
     : rank_(rank), world_size_(world_size), ring_(std::move(ring)) {}
 
@@ -432,25 +487,28 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::FromEnv() {
 
 namespace {
 
-// Consecutive runs of tensors that share a bucket: same bucket dtype, at most `cap_bytes`
-// (a tensor larger than the cap gets a bucket of its own).
+// Consecutive runs of tensors that share a bucket: same bucket dtype and device, at most
+// `cap_bytes` (a tensor larger than the cap gets a bucket of its own).
 struct Bucket {
   size_t first, last;  // [first, last) into the tensor list
   int64_t numel;
   at::ScalarType dtype;
+  at::Device device;  // where the flat buffer lives: the tensors' device, or the CPU
 };
 
 std::vector<Bucket> PlanBuckets(const std::vector<at::Tensor>& tensors,
                                 at::ScalarType (*bucket_dtype)(const at::Tensor&),
-                                int64_t cap_bytes) {
+                                bool on_device, int64_t cap_bytes) {
   std::vector<Bucket> buckets;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::ScalarType dtype = bucket_dtype(tensors[i]);
+    const at::Device device = on_device && tensors[i].is_cuda() ? tensors[i].device()
+                                                                : at::Device(at::kCPU);
     const int64_t numel = tensors[i].numel();
     const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
-    if (buckets.empty() || buckets.back().dtype != dtype ||
+    if (buckets.empty() || buckets.back().dtype != dtype || buckets.back().device != device ||
         (buckets.back().numel + numel) * element > cap_bytes) {
-      buckets.push_back({i, i, 0, dtype});
+      buckets.push_back({i, i, 0, dtype, device});
     }
     buckets.back().last = i + 1;
     buckets.back().numel += numel;
@@ -464,7 +522,7 @@ at::ScalarType ReduceDtype(const at::Tensor& grad) {
 
 at::ScalarType OwnDtype(const at::Tensor& tensor) { return tensor.scalar_type(); }
 
-// Copies tensors[first, last) into `flat` ([numel] on the CPU), or back when `gather` is false.
+// Copies tensors[first, last) into `flat` ([numel]), or back when `gather` is false.
 void Pack(const std::vector<at::Tensor>& tensors, const Bucket& bucket, at::Tensor& flat,
           bool gather) {
   int64_t offset = 0;
@@ -480,55 +538,77 @@ void Pack(const std::vector<at::Tensor>& tensors, const Bucket& bucket, at::Tens
   }
 }
 
+void CheckDefined(int rank, const std::vector<at::Tensor>& tensors, const char* what) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].defined()) {
+      Fail(rank, absl::InvalidArgumentError(absl::StrCat(
+          what, " ", i, " is undefined (every rank must pass the same defined tensors)")));
+    }
+  }
+}
+
 }  // namespace
+
+bool DataParallel::UseNccl(const c10::Device& bucket_device) {
+  if (!STEMMA_DDP_HAVE_NCCL || bucket_device.is_cpu()) return false;
+  if (nccl_ == nullptr) nccl_ = std::make_unique<Nccl>(*ring_);
+  return true;
+}
 
 void DataParallel::BroadcastParameters(const std::vector<torch::Tensor>& params) {
   if (ring_ == nullptr) return;
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!params[i].defined()) Fail(rank_, absl::InvalidArgumentError(
-        absl::StrCat("BroadcastParameters: tensor ", i, " is undefined")));
-  }
+  CheckDefined(rank_, params, "BroadcastParameters: tensor");
   c10::NoGradGuard no_grad;  // parameters are leaves that require grad
-  for (const Bucket& bucket : PlanBuckets(params, OwnDtype, ring_->bucket_bytes())) {
-    at::Tensor flat = at::empty({bucket.numel}, at::TensorOptions().dtype(bucket.dtype));
+  const bool on_device = STEMMA_DDP_HAVE_NCCL && ring_->config().use_nccl;
+  for (const Bucket& bucket : PlanBuckets(params, OwnDtype, on_device, ring_->bucket_bytes())) {
+    at::Tensor flat = at::empty({bucket.numel},
+                                at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
     if (rank_ == 0) Pack(params, bucket, flat, /*gather=*/true);
-    absl::Status status = ring_->Broadcast(static_cast<char*>(flat.data_ptr()), flat.nbytes());
-    if (!status.ok()) Fail(rank_, status);
+    if (UseNccl(bucket.device)) {
+      nccl_->Broadcast(flat);
+    } else {
+      absl::Status status =
+          ring_->Broadcast(static_cast<char*>(flat.data_ptr()), flat.nbytes());
+      if (!status.ok()) Fail(rank_, status);
+    }
     if (rank_ != 0) Pack(params, bucket, flat, /*gather=*/false);
   }
 }
 
 void DataParallel::AllReduceMeanGradients(const std::vector<torch::Tensor>& grads) {
   if (ring_ == nullptr) return;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (!grads[i].defined()) Fail(rank_, absl::InvalidArgumentError(absl::StrCat(
-        "AllReduceMeanGradients: gradient ", i, " is undefined (zero it on every rank)")));
-  }
+  CheckDefined(rank_, grads, "AllReduceMeanGradients: gradient");
   c10::NoGradGuard no_grad;
-  std::vector<Bucket> buckets = PlanBuckets(grads, ReduceDtype, ring_->bucket_bytes());
+  const bool on_device = STEMMA_DDP_HAVE_NCCL && ring_->config().use_nccl;
+  std::vector<Bucket> buckets = PlanBuckets(grads, ReduceDtype, on_device, ring_->bucket_bytes());
   reduce_buckets_.resize(buckets.size());
   for (size_t b = 0; b < buckets.size(); ++b) {
     const Bucket& bucket = buckets[b];
     const at::Tensor& first = grads[bucket.first];
-    // One contiguous host tensor of the reduction dtype (e.g. a trainer's flat gradient
-    // buffer) is reduced where it lies: no copies in and out.
-    const bool in_place = bucket.last == bucket.first + 1 && first.is_cpu() &&
+    // One contiguous tensor of the reduction dtype already where the bucket would live (e.g.
+    // a trainer's flat gradient buffer) is reduced where it lies: no copies in and out.
+    const bool in_place = bucket.last == bucket.first + 1 && first.device() == bucket.device &&
                           first.is_contiguous() && first.scalar_type() == bucket.dtype;
     at::Tensor& flat = reduce_buckets_[b];
     if (in_place) {
       flat = first.view({-1});
     } else {
       if (!flat.defined() || flat.numel() != bucket.numel ||
-          flat.scalar_type() != bucket.dtype) {
-        flat = at::empty({bucket.numel}, at::TensorOptions().dtype(bucket.dtype));
+          flat.scalar_type() != bucket.dtype || flat.device() != bucket.device) {
+        flat = at::empty({bucket.numel},
+                         at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
       }
       Pack(grads, bucket, flat, /*gather=*/true);
     }
-    absl::Status status =
-        bucket.dtype == at::kDouble
-            ? ring_->AllReduceSum(flat.data_ptr<double>(), bucket.numel)
-            : ring_->AllReduceSum(flat.data_ptr<float>(), bucket.numel);
-    if (!status.ok()) Fail(rank_, status);
+    if (UseNccl(bucket.device)) {
+      nccl_->AllReduceSum(flat);
+    } else {
+      absl::Status status =
+          bucket.dtype == at::kDouble
+              ? ring_->AllReduceSum(flat.data_ptr<double>(), bucket.numel)
+              : ring_->AllReduceSum(flat.data_ptr<float>(), bucket.numel);
+      if (!status.ok()) Fail(rank_, status);
+    }
     flat.div_(world_size_);
     if (in_place) {
       flat = at::Tensor();  // do not keep the caller's tensor alive

@@ -8,8 +8,9 @@
 // 2·(W-1)/W of the buffer, independent of W) and a pipelined chain broadcast from rank 0.
 //
 // Why not c10d::ProcessGroupGloo: libtorch_cpu.so exports it, but the PyPI wheel ships no
-// gloo headers, and ProcessGroupGloo.hpp cannot be compiled without them. CUDA tensors are
-// staged through host memory (no NCCL path yet); see docs in the .cc.
+// gloo headers, and ProcessGroupGloo.hpp cannot be compiled without them. CUDA tensors use
+// c10d::ProcessGroupNCCL when LibTorch has it (STEMMA_DDP_BACKEND=ring forces host staging
+// over the ring instead); AllReduceSum always uses the ring.
 //
 // Tensors are grouped into a few flat buffers ("buckets", STEMMA_DDP_BUCKET_MB, default 64)
 // so a step costs a handful of collectives, not one per parameter. Gradients are reduced in
@@ -66,11 +67,14 @@ class DataParallel {
 
  private:
   class Ring;  // sockets to the neighbours; null when world_size is 1
+  class Nccl;  // ProcessGroupNCCL for CUDA tensors; created on first use
   DataParallel(int rank, int world_size, std::unique_ptr<Ring> ring);
+  bool UseNccl(const c10::Device& bucket_device);  // creates nccl_ when it says yes
 
   int rank_;
   int world_size_;
   std::unique_ptr<Ring> ring_;
+  std::unique_ptr<Nccl> nccl_;
   std::vector<torch::Tensor> reduce_buckets_;  // reused across steps: [bucket numel] each
 };
 

@@ -211,6 +211,27 @@ TEST(DistributedRank, Collectives) {
   std::printf("rank %d of %d checked its collectives\n", rank, world);
 }
 
+// NCCL (or host staging with STEMMA_DDP_BACKEND=ring) on cuda:<rank>: exact means and a
+// broadcast, as above. Needs two GPUs (NCCL refuses two ranks on one device).
+TEST(DistributedRank, CudaCollectives) {
+  if (!InRankMode()) GTEST_SKIP() << "runs as a rank of DataParallelTest";
+  auto dp = Join();
+  ASSERT_NE(dp, nullptr);
+  const int rank = dp->rank(), world = dp->world_size();
+  const auto device = torch::Device(torch::kCUDA, rank);
+  torch::Tensor flat = torch::full({1000003}, 10.0f * rank, device);  // in place, own bucket
+  torch::Tensor half =
+      torch::full({17, 3}, 2.0f * rank, torch::dtype(torch::kBFloat16).device(device));
+  dp->AllReduceMeanGradients({flat, half});
+  const float mean = 10.0f * (world - 1) / 2;
+  EXPECT_TRUE(torch::equal(flat.cpu(), torch::full({1000003}, mean)));
+  EXPECT_TRUE(torch::equal(half.cpu(), torch::full({17, 3}, mean / 5, torch::kBFloat16)));
+  torch::Tensor weight = torch::full({33, 65}, 1.0f + rank, device).requires_grad_();
+  dp->BroadcastParameters({weight});
+  EXPECT_TRUE(torch::equal(weight.cpu(), torch::full({33, 65}, 1.0f)));
+  std::printf("rank %d of %d checked its CUDA collectives\n", rank, world);
+}
+
 TEST(DistributedRank, MismatchedCall) {
   if (!InRankMode()) GTEST_SKIP() << "runs as a rank of DataParallelTest";
   auto dp = Join();
@@ -263,6 +284,14 @@ TEST(DataParallelTest, ThreeRanksAllReduceAndBroadcastExactly) {
   ExpectAllPassed(ranks, "checked its collectives");
 }
 
+TEST(DataParallelTest, TwoGpuRanksAllReduceAndBroadcastExactly) {
+  if (InRankMode()) GTEST_SKIP();
+  if (torch::cuda::device_count() < 2) GTEST_SKIP() << "needs two CUDA devices";
+  ExpectAllPassed(RunRanks("CudaCollectives", 2), "checked its CUDA collectives");
+  ExpectAllPassed(RunRanks("CudaCollectives", 2, {{"STEMMA_DDP_BACKEND", "ring"}}),
+                  "checked its CUDA collectives");
+}
+
 TEST(DataParallelTest, RanksRefuseMismatchedCollectives) {
   if (InRankMode()) GTEST_SKIP();
   ExpectAllPassed(RunRanks("MismatchedCall", 2), "refused: data parallel rank");
@@ -288,7 +317,8 @@ class EnvTest : public ::testing::Test {
     for (const auto& [key, value] : values) ::setenv(key.c_str(), value.c_str(), 1);
   }
   static constexpr const char* kNames[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                           "STEMMA_DDP_TIMEOUT_S", "STEMMA_DDP_BUCKET_MB"};
+                                           "STEMMA_DDP_TIMEOUT_S", "STEMMA_DDP_BUCKET_MB",
+                                           "STEMMA_DDP_BACKEND"};
 };
 
 TEST_F(EnvTest, NoEnvironmentIsOneProcessAndNoOps) {
@@ -319,6 +349,9 @@ TEST_F(EnvTest, BadSettingsNameTheVariable) {
       {{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "5"},
         {"STEMMA_DDP_TIMEOUT_S", "soon"}},
        "STEMMA_DDP_TIMEOUT_S"},
+      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "5"},
+        {"STEMMA_DDP_BACKEND", "gloo"}},
+       "STEMMA_DDP_BACKEND"},
   };
   for (const Case& c : cases) {
     SetUp();
