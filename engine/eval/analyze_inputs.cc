@@ -1,0 +1,216 @@
+#include "engine/eval/analyze_inputs.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/spec_file.h"
+#include "common/status.h"
+#include "engine/data/dataset.h"
+#include "engine/io/fs.h"
+
+namespace stemma::engine::eval {
+namespace {
+
+using nlohmann::json;
+
+bool IsBlank(const std::string& line) {
+  return line.find_first_not_of(" \t\r\n") == std::string::npos;
+}
+
+// Calls `fn(line_number, line)` for each non-blank line until it returns false or fails.
+template <typename Fn>
+absl::Status ForEachLine(const std::string& path, Fn&& fn) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::string line;
+  int64_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (IsBlank(line)) continue;
+    ASSIGN_OR_RETURN(bool more, fn(number, line));
+    if (!more) break;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<json> ParseJsonLine(const std::string& path, int64_t number,
+                                   const std::string& line) {
+  json record = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (record.is_discarded() || !record.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ":", number, ": not a JSON object on one line"));
+  }
+  return record;
+}
+
+absl::StatusOr<std::string> StringField(const json& record, const std::string& field,
+                                        const std::string& path, int64_t number) {
+  auto it = record.find(field);
+  if (it == record.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": field '", field,
+                                                   "' missing"));
+  }
+  if (!it->is_string()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": field '", field,
+                                                   "' is a ", it->type_name(), ", not a string"));
+  }
+  return it->get<std::string>();
+}
+
+absl::StatusOr<std::vector<int32_t>> DatasetTokens(const LanguageSource& source,
+                                                   int64_t max_tokens) {
+  ASSIGN_OR_RETURN(auto dataset, data::Dataset::Open(source.path));
+  int64_t n = dataset->num_tokens();
+  if (max_tokens > 0) n = std::min(n, max_tokens);
+  std::vector<int32_t> tokens(n);
+  if (n > 0) dataset->Read(0, tokens);
+  return tokens;
+}
+
+absl::StatusOr<std::vector<int32_t>> FileTokens(const LanguageSource& source,
+                                                const tokenizer::Tokenizer& tokenizer,
+                                                int64_t max_tokens) {
+  std::vector<int32_t> tokens;
+  RETURN_IF_ERROR(ForEachLine(source.path, [&](int64_t number,
+                                               const std::string& line) -> absl::StatusOr<bool> {
+    std::string text = line;
+    if (source.kind == LanguageSource::Kind::kJsonl) {
+      ASSIGN_OR_RETURN(json record, ParseJsonLine(source.path, number, line));
+      ASSIGN_OR_RETURN(text, StringField(record, source.field, source.path, number));
+    }
+    std::vector<int32_t> ids = tokenizer.Encode(text);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    return max_tokens <= 0 || static_cast<int64_t>(tokens.size()) < max_tokens;
+  }));
+  if (max_tokens > 0 && static_cast<int64_t>(tokens.size()) > max_tokens) tokens.resize(max_tokens);
+  return tokens;
+}
+
+}  // namespace
+
+absl::StatusOr<LanguageSource> ParseLanguageSource(const std::string& language,
+                                                   const json& entry, const std::string& where) {
+  RETURN_IF_ERROR(CheckKeys(entry, {"dataset", "text", "jsonl", "field"}, where));
+  LanguageSource source;
+  source.language = language;
+  int given = 0;
+  for (const auto& [key, kind] : {std::pair{"dataset", LanguageSource::Kind::kDataset},
+                                  std::pair{"text", LanguageSource::Kind::kText},
+                                  std::pair{"jsonl", LanguageSource::Kind::kJsonl}}) {
+    if (!entry.contains(key)) continue;
+    if (!entry[key].is_string() || entry[key].get<std::string>().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".", key, ": must be a path"));
+    }
+    source.kind = kind;
+    source.path = entry[key].get<std::string>();
+    ++given;
+  }
+  if (given != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": give exactly one of 'dataset', 'text' or 'jsonl'"));
+  }
+  if (entry.contains("field")) {
+    if (source.kind != LanguageSource::Kind::kJsonl || !entry["field"].is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".field: a string, and only with 'jsonl'"));
+    }
+    source.field = entry["field"].get<std::string>();
+  }
+  return source;
+}
+
+absl::StatusOr<std::vector<int32_t>> LoadLanguageTokens(const LanguageSource& source,
+                                                        const tokenizer::Tokenizer* tokenizer,
+                                                        int64_t max_tokens, int64_t vocab_size) {
+  const std::string where = absl::StrCat("languages.", source.language);
+  std::vector<int32_t> tokens;
+  if (source.kind == LanguageSource::Kind::kDataset) {
+    ASSIGN_OR_RETURN(tokens, DatasetTokens(source, max_tokens));
+  } else {
+    if (tokenizer == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where, ": text input needs a tokenizer (spec field 'tokenizer' or "
+                              "tokenizer files in the model directory)"));
+    }
+    ASSIGN_OR_RETURN(tokens, FileTokens(source, *tokenizer, max_tokens));
+  }
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": no tokens in ", source.path, " (an empty language)"));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", source.path, ": token ",
+                                                     tokens[i], " at position ", i,
+                                                     " is outside the model's vocabulary of ",
+                                                     vocab_size));
+    }
+  }
+  return tokens;
+}
+
+absl::StatusOr<std::vector<std::vector<std::string>>> ReadParallelSentences(
+    const std::string& path, const std::vector<std::string>& languages, int64_t max_sentences) {
+  std::vector<std::vector<std::string>> sentences;
+  RETURN_IF_ERROR(ForEachLine(path, [&](int64_t number,
+                                        const std::string& line) -> absl::StatusOr<bool> {
+    ASSIGN_OR_RETURN(json record, ParseJsonLine(path, number, line));
+    std::vector<std::string> row;
+    for (const auto& lang : languages) {
+      ASSIGN_OR_RETURN(std::string text, StringField(record, lang, path, number));
+      if (text.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ":", number, ": field '", lang, "' is empty"));
+      }
+      row.push_back(std::move(text));
+    }
+    sentences.push_back(std::move(row));
+    return max_sentences <= 0 || static_cast<int64_t>(sentences.size()) < max_sentences;
+  }));
+  if (sentences.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no parallel sentences"));
+  }
+  return sentences;
+}
+
+absl::StatusOr<std::vector<std::string>> ParallelLanguages(const std::string& path) {
+  std::vector<std::string> languages;
+  RETURN_IF_ERROR(ForEachLine(path, [&](int64_t number,
+                                        const std::string& line) -> absl::StatusOr<bool> {
+    ASSIGN_OR_RETURN(json record, ParseJsonLine(path, number, line));
+    for (const auto& [key, value] : record.items()) languages.push_back(key);  // sorted keys
+    return false;
+  }));
+  if (languages.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no parallel sentences"));
+  }
+  return languages;
+}
+
+absl::Status WriteJsonAtomically(const std::string& path, const json& value) {
+  const std::string temp = absl::StrCat(path, ".tmp-", getpid());
+  RETURN_IF_ERROR(io::WriteFileSynced(temp, value.dump(2) + "\n"));
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(temp.c_str());
+    return ErrnoStatus(absl::StrCat("rename ", temp, " -> ", path), err);
+  }
+  return absl::OkStatus();
+}
+
+void EmitEvent(const std::string& event, const json& fields) {
+  std::string line = absl::StrCat("{\"event\":", json(event).dump());
+  for (const auto& [key, value] : fields.items()) {
+    absl::StrAppend(&line, ",", json(key).dump(), ":", value.dump());
+  }
+  line += "}\n";
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace stemma::engine::eval

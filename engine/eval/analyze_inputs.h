@@ -1,0 +1,58 @@
+// Inputs and outputs of `stemma-engine analyze` that need no LibTorch: per-language token
+// streams (token datasets, text or JSONL files), parallel sentences, atomic JSON outputs and
+// the event lines on stdout. docs/eval.md describes the formats.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "nlohmann/json.hpp"
+
+namespace stemma::engine::eval {
+
+// Where one language's text comes from (spec `languages.<lang>`): exactly one of a token
+// dataset directory (`stemma-engine tokenize` output), a UTF-8 text file (each non-blank line
+// tokenized on its own) or a JSONL file (the string in `field` of each non-blank line).
+struct LanguageSource {
+  std::string language;
+  enum class Kind { kDataset, kText, kJsonl } kind = Kind::kText;
+  std::string path;
+  std::string field = "text";
+};
+
+// Parses `languages.<lang>` of the spec. InvalidArgument naming the field.
+absl::StatusOr<LanguageSource> ParseLanguageSource(const std::string& language,
+                                                   const nlohmann::json& entry,
+                                                   const std::string& where);
+
+// The language's tokens in document order, concatenated, at most `max_tokens` (0: all).
+// `tokenizer` is needed for text and JSONL (FailedPrecondition without one). Errors name the
+// file and line: a missing or non-string field, bad JSON, a token id >= vocab_size, and
+// InvalidArgument "languages.<lang>: no tokens" for an empty language.
+absl::StatusOr<std::vector<int32_t>> LoadLanguageTokens(const LanguageSource& source,
+                                                        const tokenizer::Tokenizer* tokenizer,
+                                                        int64_t max_tokens, int64_t vocab_size);
+
+// Parallel sentences: a JSONL file whose every non-blank line is an object with a non-empty
+// string for each of `languages` (other fields are ignored). Returns [sentence][language],
+// at most `max_sentences` (0: all). Errors name file:line and the field; InvalidArgument when
+// the file has no sentences.
+absl::StatusOr<std::vector<std::vector<std::string>>> ReadParallelSentences(
+    const std::string& path, const std::vector<std::string>& languages, int64_t max_sentences);
+
+// The language keys of the first record of a parallel JSONL file, sorted.
+absl::StatusOr<std::vector<std::string>> ParallelLanguages(const std::string& path);
+
+// Writes `value` (2-space indented) to `path` through a temporary file in the same directory,
+// fsynced and renamed, so a reader never sees half a file.
+absl::Status WriteJsonAtomically(const std::string& path, const nlohmann::json& value);
+
+// One event line on stdout (docs/engine-events.md), flushed: {"event": `event`, then the
+// fields of `fields` (an object)}. "event" comes first, as the worker's parser requires.
+void EmitEvent(const std::string& event, const nlohmann::json& fields = nlohmann::json::object());
+
+}  // namespace stemma::engine::eval

@@ -1,0 +1,543 @@
+// stemma-engine analyze: the torch-free statistics on hand-made counts, then the real command
+// on tiny models rigged so that the answer is known (a neuron that fires only on one
+// language's tokens, a router that sends one language to one expert), weight drift of known
+// size, alignment of identical sentences, and bad inputs that must fail with a clear error
+// and leave no output behind.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/eval/lape.h"
+#include "engine/eval/routing.h"
+#include "engine/model/causal_lm.h"
+#include "engine/model/checkpoint.h"
+#include "engine/model/config.h"
+#include "nlohmann/json.hpp"
+
+namespace stemma::engine::eval {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ---- Torch-free statistics ----
+
+TEST(RoutingMath, EntropyAndJensenShannonHaveTheirKnownValues) {
+  EXPECT_NEAR(Entropy({0.25, 0.25, 0.25, 0.25}), std::log(4.0), 1e-12);
+  EXPECT_DOUBLE_EQ(Entropy({1.0, 0.0}), 0.0);
+  EXPECT_NEAR(JensenShannon({1, 0}, {0, 1}), std::log(2.0), 1e-12);  // disjoint: ln 2
+  EXPECT_NEAR(JensenShannon({0.3, 0.7}, {0.3, 0.7}), 0.0, 1e-15);
+  // ½KL(p‖m) + ½KL(q‖m) by hand for p = (0.5, 0.5), q = (1, 0), m = (0.75, 0.25).
+  const double by_hand = 0.5 * (0.5 * std::log(0.5 / 0.75) + 0.5 * std::log(0.5 / 0.25)) +
+                         0.5 * (1.0 * std::log(1.0 / 0.75));
+  EXPECT_NEAR(JensenShannon({0.5, 0.5}, {1, 0}), by_hand, 1e-12);
+  EXPECT_DOUBLE_EQ(Jaccard({1, 2, 3}, {2, 3, 4, 5}), 2.0 / 5.0);
+  std::vector<double> dist = UsageDistribution({0, 0});
+  EXPECT_EQ(dist, (std::vector<double>{0, 0}));  // an empty layer divides by 1
+  // Each expert used by one language only: the language is known from the expert.
+  EXPECT_NEAR(SpecializationScore({{10, 0}, {0, 10}}), 1.0, 1e-12);
+  EXPECT_NEAR(SpecializationScore({{5, 5}, {5, 5}}), 0.0, 1e-12);
+}
+
+TEST(Lape, KthValueIsOneIndexedWithPythonRounding) {
+  std::vector<double> v = {5, 1, 4, 2, 3};
+  EXPECT_EQ(KthValueByRatio(v, 0.5), 2);  // round(2.5) = 2 (half to even) -> 2nd smallest
+  v = {5, 1, 4, 2, 3};
+  EXPECT_EQ(KthValueByRatio(v, 0.95), 5);  // round(4.75) = 5
+  v = {5, 1, 4, 2, 3};
+  EXPECT_EQ(KthValueByRatio(v, 0.01), 1);  // round(0.05) = 0, clamped to the 1st
+}
+
+// Two layers of 50 neurons. Neuron (1, 7) fires on 90% of "sw" tokens and never on "yo"'s;
+// neuron (0, 3) on 80% of "yo"'s only; neuron (0, 9) fires often on both; the rest fire at
+// 30% on both (entropy ln 2, below the threshold).
+TEST(Lape, SelectsPlantedNeuronsAndAssignsTheirLanguage) {
+  const int64_t layers = 2, inter = 50, tokens = 1000;
+  std::vector<LapeCounts> counts(2);
+  for (auto& c : counts) {
+    c.tokens = tokens;
+    c.over_zero.assign(layers * inter, 300);
+  }
+  counts[0].over_zero[1 * inter + 7] = 900;
+  counts[1].over_zero[1 * inter + 7] = 0;
+  counts[0].over_zero[0 * inter + 3] = 0;
+  counts[1].over_zero[0 * inter + 3] = 800;
+  counts[0].over_zero[0 * inter + 9] = 950;
+  counts[1].over_zero[0 * inter + 9] = 990;
+  LapeParams params;
+  params.top_rate = 0.02;  // round(100 · 0.02) = 2 neurons
+  auto result = IdentifyLapeNeurons({"sw", "yo"}, counts, layers, inter, params);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->num_selected, 2);
+  EXPECT_EQ(result->neurons["sw"], (std::vector<std::vector<int64_t>>{{}, {7}}));
+  EXPECT_EQ(result->neurons["yo"], (std::vector<std::vector<int64_t>>{{3}, {}}));
+  EXPECT_EQ(result->num_unassigned, 0);
+
+  json mask = NeuronMaskJson(*result, params, counts);
+  EXPECT_EQ(mask["format"], "stemma.neuron_mask/1");
+  EXPECT_EQ(mask["num_layers"], 2);
+  EXPECT_EQ(mask["intermediate_size"], 50);
+  EXPECT_EQ(mask["counts"]["sw"], json::parse("[0, 1]"));
+  EXPECT_EQ(mask["languages"]["yo"], json::parse("[[3], []]"));
+}
+
+TEST(Lape, RefusesBadCounts) {
+  std::vector<LapeCounts> counts(2);
+  counts[0] = {10, std::vector<int64_t>(4, 1)};
+  counts[1] = {0, std::vector<int64_t>(4, 0)};
+  auto result = IdentifyLapeNeurons({"sw", "yo"}, counts, 2, 2, {});
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("'yo' has no tokens"), std::string::npos);
+  counts[1].tokens = 10;
+  LapeParams bad;
+  bad.top_rate = 1.5;
+  result = IdentifyLapeNeurons({"sw", "yo"}, counts, 2, 2, bad);
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find("top_rate"), std::string::npos);
+}
+
+// HR languages en, es, fi over 4 experts in one layer (model layer 3); ca's parent is es.
+TEST(Routing, ActivationGapSelectionAndSharedExperts) {
+  RoutingInput input;
+  input.languages = {"en", "es", "fi"};
+  input.moe_layers = {3};
+  input.num_experts = 4;
+  input.top_k = 1;
+  input.counts = {{100, {{70, 10, 10, 10}}}, {100, {{20, 60, 10, 10}}}, {100, {{25, 25, 25, 25}}}};
+  input.vocab = {{1, 2}, {2, 3}, {4}};
+  SelectionParams params;
+  params.alpha = 0.1;
+  params.shared_k = {2};
+  params.parents = {{"ca", "es"}};
+  auto sel = ExpertSelectionJson(input, params);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  // gaps: e0 0.70-0.25=0.45 (en), e1 0.60-0.25=0.35 (es), e2/e3 0.25-0.10=0.15 (fi).
+  EXPECT_EQ((*sel)["en"]["seft"]["3"], json::parse("[0]"));
+  EXPECT_EQ((*sel)["es"]["seft"]["3"], json::parse("[1]"));
+  EXPECT_EQ((*sel)["fi"]["seft"]["3"], json::parse("[2, 3]"));
+  // Shared by mean usage: e0 0.45, e1 0.3167 -> [0, 1]; ca = es's SEFT + shared.
+  EXPECT_EQ((*sel)["shared_experts"]["k2"]["3"], json::parse("[0, 1]"));
+  EXPECT_EQ((*sel)["ca"]["seft"]["3"], json::parse("[1]"));
+  EXPECT_EQ((*sel)["ca"]["ssft_k2"]["3"], json::parse("[1, 0, 1]"));
+  EXPECT_NEAR((*sel)["_meta"]["gaps"]["3"]["0"]["gap"].get<double>(), 0.45, 1e-12);
+
+  auto stats = RoutingStatsJson(input);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_NEAR((*stats)["layers"][0]["entropy"]["fi"].get<double>(), std::log(4.0), 1e-12);
+  EXPECT_NEAR((*stats)["vocab_overlap"][0][1].get<double>(), 1.0 / 3.0, 1e-12);
+  EXPECT_DOUBLE_EQ((*stats)["layers"][0]["jsd"][1][1].get<double>(), 0.0);
+
+  params.layers = {2};
+  auto bad = ExpertSelectionJson(input, params);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("layer 2 is not an MoE layer"), std::string::npos);
+  params.layers = {};
+  params.parents = {{"ca", "xx"}};
+  bad = ExpertSelectionJson(input, params);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("parents.ca"), std::string::npos);
+}
+
+// ---- The command on rigged tiny models ----
+
+struct RunResult {
+  int rc = -1;
+  std::string out, err;
+};
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void WriteText(const fs::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+class AnalyzeCommand : public testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::path(testing::TempDir()) /
+           absl::StrCat("analyze_test_", info->name(), "_", getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  RunResult Run(const json& spec) {
+    const fs::path spec_path = dir_ / "spec.json";
+    WriteText(spec_path, spec.dump(2));
+    const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
+    const std::string cmd = absl::StrCat(STEMMA_ENGINE_BIN, " analyze --spec ", spec_path.string(),
+                                         " >", out.string(), " 2>", err.string());
+    RunResult r;
+    const int status = std::system(cmd.c_str());
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = ReadAll(out);
+    r.err = ReadAll(err);
+    return r;
+  }
+
+  // Every stdout line is a JSON event; returns them.
+  static std::vector<json> Events(const RunResult& r) {
+    std::vector<json> events;
+    std::istringstream lines(r.out);
+    std::string line;
+    while (std::getline(lines, line)) {
+      json e = json::parse(line, nullptr, false);
+      EXPECT_FALSE(e.is_discarded()) << "not JSON on stdout: " << line;
+      if (!e.is_discarded()) {
+        EXPECT_TRUE(e.contains("event")) << line;
+        events.push_back(e);
+      }
+    }
+    return events;
+  }
+
+  json ReadJson(const fs::path& path) { return json::parse(ReadAll(path)); }
+
+  // A tiny model with the byte tokenizer (ids 0..255 are bytes), random weights for `seed`.
+  model::CausalLM TinyModel(model::Arch arch, int64_t top_k = 0) {
+    json config = model::PresetConfigJson(arch, "tiny").value();
+    config["vocab_size"] = 259;
+    config["bos_token_id"] = 256;
+    config["eos_token_id"] = 257;
+    config["pad_token_id"] = 258;
+    config["stemma_tokenizer"] = {{"type", "bytes"}};
+    if (top_k > 0) config["num_experts_per_tok"] = top_k;
+    auto parsed = model::ParseModelConfig(config);
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    return model::InitModel(*parsed, /*seed=*/11).value();
+  }
+
+  void Save(model::CausalLM& lm, const fs::path& path) {
+    auto status = model::SaveModel(lm, path.string());
+    ASSERT_TRUE(status.ok()) << status;
+  }
+
+  // Lines of random letters drawn from [first, last], about `chars` in all.
+  std::string Letters(char first, char last, int chars, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int> letter(first, last), len(3, 12);
+    std::string text;
+    while (static_cast<int>(text.size()) < chars) {
+      const int n = len(rng);
+      for (int i = 0; i < n; ++i) text += static_cast<char>(letter(rng));
+      text += '\n';  // lines are tokenized apart: no newline token reaches the model
+    }
+    return text;
+  }
+
+  // Hidden dimension 0 carries the language: +4 in the embedding of the bytes in
+  // [plus_first, plus_last], -4 for every other letter.
+  static void MarkLanguage(model::CausalLM& lm, char plus_first, char plus_last) {
+    torch::NoGradGuard no_grad;
+    auto embed = lm->model->embed_tokens->weight;  // [V, H]
+    for (int c = 'a'; c <= 'z'; ++c) {
+      embed[c][0] = (c >= plus_first && c <= plus_last) ? 4.0f : -4.0f;
+    }
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(AnalyzeCommand, LapeFindsThePlantedNeuronOfEachLanguage) {
+  model::CausalLM lm = TinyModel(model::Arch::kLlama);
+  MarkLanguage(lm, 'a', 'm');  // "aa" letters a..m: +4, "bb" letters n..z: -4
+  {
+    torch::NoGradGuard no_grad;
+    for (int64_t l = 0; l < 2; ++l) {
+      auto* layer = lm->model->layers[l]->as<model::DecoderLayerImpl>();
+      layer->mlp->gate_proj->weight.select(1, 0).zero_();  // only planted neurons see dim 0
+    }
+    auto gate1 = lm->model->layers[1]->as<model::DecoderLayerImpl>()->mlp->gate_proj->weight;
+    gate1[7].zero_();
+    gate1[7][0] = 1.0f;  // layer 1, neuron 7: fires where dim 0 > 0, i.e. on "aa"
+    auto gate0 = lm->model->layers[0]->as<model::DecoderLayerImpl>()->mlp->gate_proj->weight;
+    gate0[3].zero_();
+    gate0[3][0] = -1.0f;  // layer 0, neuron 3: fires on "bb"
+  }
+  Save(lm, dir_ / "model");
+  WriteText(dir_ / "aa.txt", Letters('a', 'm', 4000, 1));
+  // "bb" as JSONL records, to read that input kind too.
+  std::string jsonl;
+  std::istringstream lines(Letters('n', 'z', 4000, 2));
+  for (std::string line; std::getline(lines, line);) jsonl += json{{"text", line}}.dump() + "\n";
+  WriteText(dir_ / "bb.jsonl", jsonl);
+
+  json spec = {{"model", (dir_ / "model").string()},
+               {"out", (dir_ / "out").string()},
+               {"seq_len", 64},
+               {"batch_size", 4},
+               {"languages",
+                {{"aa", {{"text", (dir_ / "aa.txt").string()}}},
+                 {"bb", {{"jsonl", (dir_ / "bb.jsonl").string()}, {"field", "text"}}}}},
+               {"lape", {{"top_rate", 0.01}}}};
+  RunResult r = Run(spec);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::vector<json> events = Events(r);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front()["event"], "start");
+  EXPECT_EQ(events.back()["event"], "done");
+  bool output_event = false;
+  for (const auto& e : events) {
+    output_event |= e["event"] == "output" && e["name"] == "neuron_mask";
+  }
+  EXPECT_TRUE(output_event);
+
+  json mask = ReadJson(dir_ / "out" / "neuron_mask.json");
+  EXPECT_EQ(mask["format"], "stemma.neuron_mask/1");
+  EXPECT_EQ(mask["num_layers"], 2);
+  EXPECT_EQ(mask["intermediate_size"], 128);
+  auto has = [&](const std::string& lang, int layer, int neuron) {
+    for (const auto& j : mask["languages"][lang][layer]) {
+      if (j == neuron) return true;
+    }
+    return false;
+  };
+  EXPECT_TRUE(has("aa", 1, 7)) << mask["languages"].dump();
+  EXPECT_FALSE(has("bb", 1, 7)) << mask["languages"].dump();
+  EXPECT_TRUE(has("bb", 0, 3)) << mask["languages"].dump();
+  EXPECT_FALSE(has("aa", 0, 3)) << mask["languages"].dump();
+  // counts agree with the lists, and every list is sorted.
+  for (const auto& lang : {"aa", "bb"}) {
+    for (int l = 0; l < 2; ++l) {
+      const json& list = mask["languages"][lang][l];
+      EXPECT_EQ(mask["counts"][lang][l], list.size());
+      EXPECT_TRUE(std::is_sorted(list.begin(), list.end()));
+    }
+  }
+  EXPECT_EQ(mask["params"]["num_selected"], 3);  // round(2 · 128 · 0.01)
+}
+
+TEST_F(AnalyzeCommand, RoutingGivesTheRiggedLanguageLowestEntropyAndItsExpertTheLargestGap) {
+  model::CausalLM lm = TinyModel(model::Arch::kOlmoe, /*top_k=*/1);
+  MarkLanguage(lm, 'a', 'h');  // "aa": a..h at +4; "bb" (i..q) and "cc" (r..z) at -4
+  {
+    torch::NoGradGuard no_grad;
+    for (int64_t l = 0; l < 2; ++l) {
+      auto router = lm->model->layers[l]->as<model::DecoderLayerImpl>()->moe->gate->weight;
+      router.select(1, 0).zero_();
+      router[0][0] = 2.0f;  // expert 0 wins by far on "aa" and is never chosen otherwise
+    }
+  }
+  Save(lm, dir_ / "moe");
+  WriteText(dir_ / "aa.txt", Letters('a', 'h', 3000, 3));
+  WriteText(dir_ / "bb.txt", Letters('i', 'q', 3000, 4));
+  WriteText(dir_ / "cc.txt", Letters('r', 'z', 3000, 5));
+  json spec = {{"model", (dir_ / "moe").string()},
+               {"out", (dir_ / "out").string()},
+               {"seq_len", 64},
+               {"languages",
+                {{"aa", {{"text", (dir_ / "aa.txt").string()}}},
+                 {"bb", {{"text", (dir_ / "bb.txt").string()}}},
+                 {"cc", {{"text", (dir_ / "cc.txt").string()}}}}},
+               {"routing", {{"select", {{"alpha", 0.05}, {"shared_k", {1, 2}}}}}}};
+  RunResult r = Run(spec);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json stats = ReadJson(dir_ / "out" / "routing.json");
+  ASSERT_EQ(stats["layers"].size(), 2u);
+  for (const auto& layer : stats["layers"]) {
+    const json& h = layer["entropy"];
+    EXPECT_LT(h["aa"].get<double>(), h["bb"].get<double>()) << h.dump();
+    EXPECT_LT(h["aa"].get<double>(), h["cc"].get<double>()) << h.dump();
+    EXPECT_NEAR(layer["usage"]["aa"][0].get<double>(), 1.0, 1e-12);
+    // aa's distribution is disjoint from the others': JSD ln 2.
+    EXPECT_NEAR(layer["jsd"][0][1].get<double>(), std::log(2.0), 1e-9);
+  }
+  // Disjoint letters: no shared token ids between languages.
+  EXPECT_EQ(stats["vocab_overlap"][0][1], 0.0);
+  EXPECT_EQ(stats["vocab_overlap"][1][1], 1.0);
+
+  json sel = ReadJson(dir_ / "out" / "expert_selection.json");
+  for (const std::string layer : {"0", "1"}) {
+    const json& gaps = sel["_meta"]["gaps"][layer];
+    const double gap0 = gaps["0"]["gap"].get<double>();
+    EXPECT_EQ(gaps["0"]["language"], "aa");
+    for (const auto& [expert, g] : gaps.items()) {
+      if (expert != "0") EXPECT_LT(g["gap"].get<double>(), gap0) << gaps.dump();
+    }
+    EXPECT_EQ(sel["aa"]["seft"][layer][0], 0) << sel.dump();
+    ASSERT_TRUE(sel["shared_experts"]["k2"][layer].is_array());
+    EXPECT_EQ(sel["shared_experts"]["k2"][layer].size(), 2u);
+    EXPECT_TRUE(sel["aa"]["ssft_k1"][layer].is_array());
+  }
+  bool entropy_metric = false;
+  for (const auto& e : Events(r)) {
+    entropy_metric |= e["event"] == "metric" && e["name"] == "routing/entropy";
+  }
+  EXPECT_TRUE(entropy_metric);
+}
+
+TEST_F(AnalyzeCommand, DriftMeasuresKnownChangesPerModuleAndTheAsymmetry) {
+  model::CausalLM lm = TinyModel(model::Arch::kLlama);
+  Save(lm, dir_ / "base");
+  {
+    torch::NoGradGuard no_grad;
+    auto* layer = lm->model->layers[1]->as<model::DecoderLayerImpl>();
+    layer->mlp->gate_proj->weight.mul_(1.01);  // relative change 0.01
+    layer->mlp->up_proj->weight.mul_(1.03);    // 0.03
+    layer->mlp->down_proj->weight.mul_(1.2);   // 0.2 -> asymmetry 0.2 / 0.02 = 10
+  }
+  Save(lm, dir_ / "trained");
+  json spec = {{"out", (dir_ / "out").string()},
+               {"drift",
+                {{"base", (dir_ / "base").string()}, {"trained", (dir_ / "trained").string()}}}};
+  RunResult r = Run(spec);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json drift = ReadJson(dir_ / "out" / "drift.json");
+  ASSERT_EQ(drift["layers"].size(), 2u);
+  const json& l0 = drift["layers"][0];
+  const json& l1 = drift["layers"][1];
+  EXPECT_EQ(l0["all"], 0.0);
+  EXPECT_TRUE(l0["asymmetry"].is_null());  // nothing moved: no ratio
+  EXPECT_NEAR(l1["modules"]["mlp.gate_proj"].get<double>(), 0.01, 1e-6);
+  EXPECT_NEAR(l1["modules"]["mlp.up_proj"].get<double>(), 0.03, 1e-6);
+  EXPECT_NEAR(l1["down"].get<double>(), 0.2, 1e-6);
+  EXPECT_NEAR(l1["asymmetry"].get<double>(), 10.0, 1e-4);
+  EXPECT_EQ(l1["attention"], 0.0);
+  EXPECT_EQ(drift["other"]["model.embed_tokens"], 0.0);
+
+  // A checkpoint of another shape: the error names the tensor.
+  json config = model::PresetConfigJson(model::Arch::kLlama, "tiny").value();
+  config["intermediate_size"] = 96;
+  model::CausalLM other = model::InitModel(model::ParseModelConfig(config).value(), 1).value();
+  Save(other, dir_ / "other");
+  spec["drift"]["trained"] = (dir_ / "other").string();
+  spec["out"] = (dir_ / "out2").string();
+  r = Run(spec);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("stemma-engine: error: drift: tensor model.embed_tokens.weight"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "out2" / "drift.json"));
+}
+
+TEST_F(AnalyzeCommand, AlignmentOfIdenticalSentencesIsOne) {
+  model::CausalLM lm = TinyModel(model::Arch::kLlama);
+  Save(lm, dir_ / "model");
+  std::string parallel;
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"the cat sleeps", "paka analala"}, {"good morning", "habari za asubuhi"},
+      {"water is cold", "maji ni baridi"}};
+  for (const auto& [en, sw] : pairs) {
+    parallel += json{{"en", en}, {"copy", en}, {"sw", sw}}.dump() + "\n";
+  }
+  WriteText(dir_ / "parallel.jsonl", parallel);
+  json spec = {{"model", (dir_ / "model").string()},
+               {"out", (dir_ / "out").string()},
+               {"alignment",
+                {{"file", (dir_ / "parallel.jsonl").string()}, {"batch_size", 2}}}};
+  RunResult r = Run(spec);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json a = ReadJson(dir_ / "out" / "alignment.json");
+  EXPECT_EQ(a["languages"], json::parse(R"(["copy", "en", "sw"])"));
+  EXPECT_EQ(a["sentences"], 3);
+  EXPECT_EQ(a["add_bos"], true);  // the byte tokenizer has a BOS
+  ASSERT_EQ(a["pairs"].size(), 3u);
+  for (const auto& pair : a["pairs"]) {
+    ASSERT_EQ(pair["cosine"].size(), 2u);
+    for (const auto& c : pair["cosine"]) {
+      if (pair["languages"] == json::parse(R"(["copy", "en"])")) {
+        EXPECT_NEAR(c.get<double>(), 1.0, 1e-5);  // same text, same activations
+      } else {
+        EXPECT_LT(c.get<double>(), 0.9999);
+        EXPECT_GT(c.get<double>(), -1.0);
+      }
+    }
+  }
+}
+
+TEST_F(AnalyzeCommand, BadInputsFailWithAClearErrorAndNoOutput) {
+  model::CausalLM dense = TinyModel(model::Arch::kLlama);
+  Save(dense, dir_ / "dense");
+  model::CausalLM moe = TinyModel(model::Arch::kOlmoe);
+  Save(moe, dir_ / "moe");
+  WriteText(dir_ / "aa.txt", Letters('a', 'm', 500, 1));
+  WriteText(dir_ / "empty.txt", "\n\n");
+  WriteText(dir_ / "bb.jsonl", "{\"text\": \"abc\"}\n{\"body\": \"no text field\"}\n");
+  const std::string out = (dir_ / "out").string();
+  auto languages = [&](const json& second) {
+    return json{{"aa", {{"text", (dir_ / "aa.txt").string()}}}, {"bb", second}};
+  };
+  struct Case {
+    const char* what;
+    json spec;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {"JSONL record without its field",
+       {{"model", (dir_ / "dense").string()},
+        {"out", out},
+        {"languages", languages({{"jsonl", (dir_ / "bb.jsonl").string()}})},
+        {"lape", json::object()}},
+       absl::StrCat((dir_ / "bb.jsonl").string(), ":2: field 'text' missing")},
+      {"an empty language",
+       {{"model", (dir_ / "dense").string()},
+        {"out", out},
+        {"languages", languages({{"text", (dir_ / "empty.txt").string()}})},
+        {"lape", json::object()}},
+       "languages.bb: no tokens"},
+      {"routing on a dense checkpoint",
+       {{"model", (dir_ / "dense").string()},
+        {"out", out},
+        {"languages", languages({{"text", (dir_ / "aa.txt").string()}})},
+        {"routing", json::object()}},
+       "routing: " + (dir_ / "dense").string() + " (model_type llama) has no MoE layers"},
+      {"LAPE on an MoE checkpoint",
+       {{"model", (dir_ / "moe").string()},
+        {"out", out},
+        {"languages", languages({{"text", (dir_ / "aa.txt").string()}})},
+        {"lape", json::object()}},
+       "has MoE layers; LAPE profiles the neurons of dense FFN layers"},
+      {"a language source without a file",
+       {{"model", (dir_ / "dense").string()},
+        {"out", out},
+        {"languages", languages({{"field", "text"}})},
+        {"lape", json::object()}},
+       "languages.bb: give exactly one of 'dataset', 'text' or 'jsonl'"},
+      {"an unknown field",
+       {{"model", (dir_ / "dense").string()},
+        {"out", out},
+        {"languages", languages({{"text", (dir_ / "aa.txt").string()}})},
+        {"lape", {{"top_rat", 0.1}}}},
+       "lape: unknown field 'top_rat'"},
+      {"a missing model",
+       {{"model", (dir_ / "nope").string()},
+        {"out", out},
+        {"languages", languages({{"text", (dir_ / "aa.txt").string()}})},
+        {"lape", json::object()}},
+       (dir_ / "nope").string()},
+      {"a parallel line without a language",
+       {{"model", (dir_ / "dense").string()},
+        {"out", out},
+        {"alignment", {{"file", (dir_ / "bb.jsonl").string()}, {"languages", {"text", "x"}}}}},
+       absl::StrCat((dir_ / "bb.jsonl").string(), ":1: field 'x' missing")},
+  };
+  for (const Case& c : cases) {
+    RunResult r = Run(c.spec);
+    EXPECT_EQ(r.rc, 1) << c.what;
+    EXPECT_NE(r.err.find("stemma-engine: error: "), std::string::npos) << c.what << ": " << r.err;
+    EXPECT_NE(r.err.find(c.error), std::string::npos) << c.what << ": " << r.err;
+    for (const auto& e : Events(r)) EXPECT_NE(e["event"], "done") << c.what;
+    EXPECT_FALSE(fs::exists(out)) << c.what << ": output written";
+  }
+}
+
+}  // namespace
+}  // namespace stemma::engine::eval

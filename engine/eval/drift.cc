@@ -1,0 +1,169 @@
+#include "engine/eval/drift.h"
+
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <cctype>
+#include <map>
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/status.h"
+#include "engine/io/checkpoint.h"
+
+namespace stemma::engine::eval {
+namespace {
+
+using nlohmann::json;
+
+// Squared norms of the change and of the base over a group of tensors.
+struct Sums {
+  double diff2 = 0.0;
+  double base2 = 0.0;
+  void Add(const Sums& other) {
+    diff2 += other.diff2;
+    base2 += other.base2;
+  }
+};
+
+json Relative(const Sums& s) {
+  if (s.base2 == 0.0) return s.diff2 == 0.0 ? json(0.0) : json(nullptr);
+  return std::sqrt(s.diff2) / std::sqrt(s.base2);
+}
+
+std::optional<double> RelativeValue(const Sums& s) {
+  if (s.base2 == 0.0) return std::nullopt;
+  return std::sqrt(s.diff2) / std::sqrt(s.base2);
+}
+
+// Elements per float64 chunk: bounds the extra memory to ~256 MiB whatever the tensor size.
+constexpr int64_t kChunk = 1 << 24;
+
+Sums TensorSums(const torch::Tensor& trained, const torch::Tensor& base) {
+  Sums sums;
+  auto t = trained.reshape({-1}), b = base.reshape({-1});
+  for (int64_t start = 0; start < t.numel(); start += kChunk) {
+    const int64_t end = std::min(t.numel(), start + kChunk);
+    auto bd = b.slice(0, start, end).to(torch::kFloat64);
+    auto td = t.slice(0, start, end).to(torch::kFloat64);
+    sums.diff2 += (td - bd).pow(2).sum().item<double>();
+    sums.base2 += bd.pow(2).sum().item<double>();
+  }
+  return sums;
+}
+
+// "…layers.{i}.{module}.weight" -> {i, module}; nullopt for tensors outside the layers.
+std::optional<std::pair<int64_t, std::string>> LayerModule(absl::string_view name) {
+  const size_t at = name.find("layers.");
+  if (at == absl::string_view::npos || (at > 0 && name[at - 1] != '.')) return std::nullopt;
+  absl::string_view rest = name.substr(at + 7);
+  size_t digits = 0;
+  while (digits < rest.size() && std::isdigit(static_cast<unsigned char>(rest[digits]))) ++digits;
+  if (digits == 0 || digits >= rest.size() || rest[digits] != '.') return std::nullopt;
+  const int64_t layer = std::stoll(std::string(rest.substr(0, digits)));
+  absl::string_view module = rest.substr(digits + 1);
+  if (!absl::ConsumeSuffix(&module, ".weight")) absl::ConsumeSuffix(&module, ".bias");
+  return std::make_pair(layer, std::string(module));
+}
+
+// The groups a layer's module belongs to besides itself and "all".
+std::vector<std::string> Groups(const std::string& module) {
+  std::vector<std::string> groups;
+  if (absl::StartsWith(module, "self_attn.")) groups.push_back("attention");
+  if (absl::StartsWith(module, "mlp.")) groups.push_back("mlp");
+  if (absl::StrContains(module, "norm")) groups.push_back("norms");
+  const bool dense_or_expert =
+      absl::StartsWith(module, "mlp.") &&
+      (module.find('.', 4) == std::string::npos || absl::StartsWith(module, "mlp.experts."));
+  if (dense_or_expert && absl::EndsWith(module, "gate_proj")) groups.push_back("gate");
+  if (dense_or_expert && absl::EndsWith(module, "up_proj")) groups.push_back("up");
+  if (dense_or_expert && absl::EndsWith(module, "down_proj")) groups.push_back("down");
+  if (module == "mlp.gate") groups.push_back("router");
+  return groups;
+}
+
+}  // namespace
+
+absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string& trained_dir) {
+  ASSIGN_OR_RETURN(auto base, io::CheckpointReader::Open(base_dir));
+  ASSIGN_OR_RETURN(auto trained, io::CheckpointReader::Open(trained_dir));
+  std::map<int64_t, std::map<std::string, Sums>> layer_modules, layer_groups;
+  std::map<std::string, Sums> others;
+  Sums total;
+  json only_in_base = json::array(), only_in_trained = json::array();
+  int64_t compared = 0;
+  for (const std::string& name : base->TensorNames()) {
+    if (!trained->Has(name)) only_in_base.push_back(name);
+  }
+  for (const std::string& name : trained->TensorNames()) {
+    if (!base->Has(name)) {
+      only_in_trained.push_back(name);
+      continue;
+    }
+    ASSIGN_OR_RETURN(torch::Tensor t, trained->Tensor(name));
+    ASSIGN_OR_RETURN(torch::Tensor b, base->Tensor(name));
+    if (t.sizes() != b.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "drift: tensor ", name, " has shape ", c10::str(t.sizes()), " in ", trained_dir,
+          " but ", c10::str(b.sizes()), " in ", base_dir));
+    }
+    Sums sums;
+    try {
+      sums = TensorSums(t, b);
+    } catch (const c10::Error& e) {
+      return absl::InternalError(absl::StrCat("drift: ", name, ": ", e.what_without_backtrace()));
+    }
+    ++compared;
+    total.Add(sums);
+    if (auto lm = LayerModule(name)) {
+      const auto& [layer, module] = *lm;
+      layer_modules[layer][module].Add(sums);
+      layer_groups[layer]["all"].Add(sums);
+      for (const std::string& group : Groups(module)) layer_groups[layer][group].Add(sums);
+    } else {
+      std::string key = name;
+      if (absl::EndsWith(key, ".weight")) key.resize(key.size() - 7);
+      others[key].Add(sums);
+    }
+  }
+  if (compared == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("drift: ", base_dir, " and ", trained_dir,
+                                                   " have no tensor name in common"));
+  }
+
+  json layers = json::array();
+  for (const auto& [layer, groups] : layer_groups) {
+    json entry = {{"layer", layer}};
+    for (const auto& [group, sums] : groups) entry[group] = Relative(sums);
+    json modules = json::object();
+    for (const auto& [module, sums] : layer_modules[layer]) modules[module] = Relative(sums);
+    entry["modules"] = modules;
+    auto rel = [&](const char* g) -> std::optional<double> {
+      auto it = groups.find(g);
+      return it == groups.end() ? std::nullopt : RelativeValue(it->second);
+    };
+    const auto gate = rel("gate"), up = rel("up"), down = rel("down");
+    entry["asymmetry"] = nullptr;
+    if (gate && up && down && (*gate + *up) > 0.0) {
+      entry["asymmetry"] = *down / ((*gate + *up) / 2.0);
+    }
+    layers.push_back(entry);
+  }
+  json other = json::object();
+  for (const auto& [key, sums] : others) other[key] = Relative(sums);
+  return json{{"format", "stemma.drift/1"},
+              {"base", base_dir},
+              {"trained", trained_dir},
+              {"total", Relative(total)},
+              {"layers", layers},
+              {"other", other},
+              {"only_in_base", only_in_base},
+              {"only_in_trained", only_in_trained},
+              {"definitions",
+               {{"relative", "||theta - theta0||_2 / ||theta0||_2 over the group, float64"},
+                {"asymmetry", "relative(down) / mean(relative(gate), relative(up)) per layer"}}}};
+}
+
+}  // namespace stemma::engine::eval

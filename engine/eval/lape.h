@@ -1,0 +1,72 @@
+// LAPE (Language Activation Probability Entropy, Tang et al., ACL 2024): which FFN neurons
+// are specific to a language. Torch-free: the counts come from analyze_model (a forward pass
+// per language); this file turns them into the selection of algorithms.md §2.2.
+//
+// Definitions (all exact, §2.2 and §10):
+//   P[l,j,k] = over_zero_k[l,j] / n_k           activation probability of neuron (l, j)
+//   Q[l,j,k] = P / Σ_k P  (0 where Σ_k P = 0)    normalised over languages
+//   H[l,j]   = −Σ_k Q log Q  (natural log, 0·log 0 = 0)
+//   τ        = the round(N·filter_rate)-th smallest of all N = L·I·K probabilities (1-indexed)
+//   H[l,j]   = +∞ when no language has P > τ (strict)
+//   selected = the round(L·I·top_rate) smallest H over the (l, j) grid, ties by (l, j) order
+//   bar      = the round(N·activation_bar_ratio)-th smallest probability (τ for the defaults)
+//   a selected neuron belongs to every language k with P[l,j,k] > bar; a neuron selected
+//   with H = +∞ (quota filler) belongs to none.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace stemma::engine::eval {
+
+struct LapeParams {
+  double top_rate = 0.01;              // share of all L·I neurons selected
+  double filter_rate = 0.95;           // percentile of P that a neuron must exceed somewhere
+  double activation_bar_ratio = 0.95;  // percentile of P for assigning languages
+  // A neuron is active on a token when act(gate) > activation_threshold (0 in the paper).
+  double activation_threshold = 0.0;
+};
+
+// Counts of one language: how many tokens were seen and, per neuron, on how many of them it
+// was active. over_zero is [L * I], layer-major.
+struct LapeCounts {
+  int64_t tokens = 0;
+  std::vector<int64_t> over_zero;
+};
+
+struct LapeResult {
+  int64_t num_layers = 0;
+  int64_t intermediate_size = 0;
+  std::vector<std::string> languages;
+  // languages[k] -> per layer, the sorted neuron indices assigned to it.
+  std::map<std::string, std::vector<std::vector<int64_t>>> neurons;
+  double filter_threshold = 0.0;  // τ
+  double activation_bar = 0.0;
+  int64_t num_selected = 0;    // round(L·I·top_rate)
+  int64_t num_unassigned = 0;  // selected neurons that no language got
+  std::vector<double> entropy;  // [L * I], +∞ for filtered neurons
+};
+
+// Errors: InvalidArgument when fewer than two languages are given, a language saw no
+// tokens, the count vectors do not have L·I entries, or a rate is outside (0, 1].
+absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& languages,
+                                               const std::vector<LapeCounts>& counts,
+                                               int64_t num_layers, int64_t intermediate_size,
+                                               const LapeParams& params);
+
+// The neuron-mask file (format "stemma.neuron_mask/1", docs/eval.md), read by train's
+// neuron-mask strategy: {"format", "num_layers", "intermediate_size", "languages":
+// {lang: [[j...] per layer]}, "params": {...}, "counts": {lang: [n per layer]}}.
+nlohmann::json NeuronMaskJson(const LapeResult& result, const LapeParams& params,
+                              const std::vector<LapeCounts>& counts);
+
+// The k-th smallest of `values` with k = round(size·ratio) (round half to even, as Python's
+// round), clamped to [1, size]; torch.kthvalue semantics. `values` is reordered.
+double KthValueByRatio(std::vector<double>& values, double ratio);
+
+}  // namespace stemma::engine::eval

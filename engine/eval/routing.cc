@@ -1,0 +1,288 @@
+#include "engine/eval/routing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace stemma::engine::eval {
+namespace {
+
+using nlohmann::json;
+
+double KlTerm(double p, double m) { return p > 0.0 ? p * std::log(p / m) : 0.0; }
+
+double Entropy2(const std::vector<double>& q) {
+  double h = 0.0;
+  for (double v : q) {
+    if (v > 0.0) h -= v * std::log2(v);
+  }
+  return h;
+}
+
+absl::Status CheckInput(const RoutingInput& input) {
+  if (input.languages.size() < 2) {
+    return absl::InvalidArgumentError(
+        "routing: needs at least two languages (divergence and overlap compare languages)");
+  }
+  for (size_t k = 0; k < input.languages.size(); ++k) {
+    if (input.counts[k].tokens <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing: language '", input.languages[k], "' has no tokens"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Index of `layer` among the counted MoE layers, or -1.
+int64_t MoeIndex(const RoutingInput& input, int64_t layer) {
+  auto it = std::find(input.moe_layers.begin(), input.moe_layers.end(), layer);
+  return it == input.moe_layers.end() ? -1 : it - input.moe_layers.begin();
+}
+
+int64_t LanguageIndex(const RoutingInput& input, const std::string& lang) {
+  auto it = std::find(input.languages.begin(), input.languages.end(), lang);
+  return it == input.languages.end() ? -1 : it - input.languages.begin();
+}
+
+}  // namespace
+
+std::vector<double> UsageDistribution(const std::vector<int64_t>& counts) {
+  const int64_t total = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+  const double denom = total > 0 ? static_cast<double>(total) : 1.0;
+  std::vector<double> q(counts.size());
+  for (size_t e = 0; e < counts.size(); ++e) q[e] = static_cast<double>(counts[e]) / denom;
+  return q;
+}
+
+double Entropy(const std::vector<double>& q) {
+  double h = 0.0;
+  for (double v : q) {
+    if (v > 0.0) h -= v * std::log(v);
+  }
+  return h;
+}
+
+double JensenShannon(const std::vector<double>& p, const std::vector<double>& q) {
+  double js = 0.0;
+  for (size_t e = 0; e < p.size(); ++e) {
+    const double m = 0.5 * (p[e] + q[e]);
+    js += 0.5 * KlTerm(p[e], m) + 0.5 * KlTerm(q[e], m);
+  }
+  return std::max(js, 0.0);  // rounding can leave -1e-17 for identical inputs
+}
+
+double SpecializationScore(const std::vector<std::vector<int64_t>>& table) {
+  const size_t langs = table.size(), experts = langs ? table[0].size() : 0;
+  double total = 0.0;
+  std::vector<double> row(langs, 0.0), col(experts, 0.0);
+  for (size_t l = 0; l < langs; ++l) {
+    for (size_t e = 0; e < experts; ++e) {
+      row[l] += table[l][e];
+      col[e] += table[l][e];
+      total += table[l][e];
+    }
+  }
+  if (total == 0.0) return 0.0;
+  std::vector<double> p_lang(langs);
+  for (size_t l = 0; l < langs; ++l) p_lang[l] = row[l] / total;
+  const double h_lang = Entropy2(p_lang);
+  if (h_lang == 0.0) return 0.0;
+  double conditional = 0.0;  // Σ_e p(e)·H(L | E = e)
+  for (size_t e = 0; e < experts; ++e) {
+    if (col[e] == 0.0) continue;
+    std::vector<double> p_given(langs);
+    for (size_t l = 0; l < langs; ++l) p_given[l] = table[l][e] / col[e];
+    conditional += (col[e] / total) * Entropy2(p_given);
+  }
+  return (h_lang - conditional) / h_lang;
+}
+
+double Jaccard(const std::set<int32_t>& a, const std::set<int32_t>& b) {
+  size_t common = 0;
+  for (int32_t id : a) common += b.count(id);
+  const size_t uni = a.size() + b.size() - common;
+  return uni == 0 ? 0.0 : static_cast<double>(common) / static_cast<double>(uni);
+}
+
+absl::StatusOr<json> RoutingStatsJson(const RoutingInput& input) {
+  if (absl::Status s = CheckInput(input); !s.ok()) return s;
+  const size_t num_langs = input.languages.size();
+  json tokens = json::object(), layers = json::array(), entropy_mean = json::object();
+  std::vector<double> entropy_sum(num_langs, 0.0);
+  for (size_t k = 0; k < num_langs; ++k) tokens[input.languages[k]] = input.counts[k].tokens;
+
+  for (size_t m = 0; m < input.moe_layers.size(); ++m) {
+    json usage = json::object(), counts = json::object(), entropy = json::object();
+    std::vector<std::vector<double>> dist(num_langs);
+    std::vector<std::vector<int64_t>> table(num_langs);
+    for (size_t k = 0; k < num_langs; ++k) {
+      const std::string& lang = input.languages[k];
+      table[k] = input.counts[k].counts[m];
+      dist[k] = UsageDistribution(table[k]);
+      const double h = Entropy(dist[k]);
+      entropy_sum[k] += h;
+      usage[lang] = dist[k];
+      counts[lang] = table[k];
+      entropy[lang] = h;
+    }
+    json jsd = json::array();
+    double pair_sum = 0.0;
+    for (size_t a = 0; a < num_langs; ++a) {
+      json row = json::array();
+      for (size_t b = 0; b < num_langs; ++b) {
+        const double d = a == b ? 0.0 : JensenShannon(dist[a], dist[b]);
+        row.push_back(d);
+        if (a < b) pair_sum += d;
+      }
+      jsd.push_back(row);
+    }
+    const double pairs = static_cast<double>(num_langs * (num_langs - 1) / 2);
+    layers.push_back({{"layer", input.moe_layers[m]},
+                      {"counts", counts},
+                      {"usage", usage},
+                      {"entropy", entropy},
+                      {"jsd", jsd},
+                      {"mean_jsd", pair_sum / pairs},
+                      {"specialization", SpecializationScore(table)}});
+  }
+  for (size_t k = 0; k < num_langs; ++k) {
+    entropy_mean[input.languages[k]] =
+        input.moe_layers.empty() ? 0.0 : entropy_sum[k] / input.moe_layers.size();
+  }
+  json overlap = json::array();
+  for (size_t a = 0; a < num_langs; ++a) {
+    json row = json::array();
+    for (size_t b = 0; b < num_langs; ++b) row.push_back(Jaccard(input.vocab[a], input.vocab[b]));
+    overlap.push_back(row);
+  }
+  return json{{"format", "stemma.routing/1"},
+              {"languages", input.languages},
+              {"num_experts", input.num_experts},
+              {"top_k", input.top_k},
+              {"tokens", tokens},
+              {"layers", layers},
+              {"entropy_mean", entropy_mean},
+              {"vocab_overlap", overlap},
+              {"definitions",
+               {{"usage", "top-k counts of the layer normalised to sum 1"},
+                {"entropy", "-sum q ln q (nats)"},
+                {"jsd", "0.5 KL(p||m) + 0.5 KL(q||m), m = (p+q)/2, nats, in [0, ln 2]"},
+                {"specialization", "normalised information gain of language given expert, log2"},
+                {"vocab_overlap", "Jaccard |Va & Vb| / |Va | Vb| of the token ids seen"}}}};
+}
+
+absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
+                                         const SelectionParams& params) {
+  if (absl::Status s = CheckInput(input); !s.ok()) return s;
+  std::vector<int64_t> layers = params.layers;
+  if (layers.empty()) {  // the last two MoE layers, as (14, 15) for OLMoE's 16
+    const size_t n = input.moe_layers.size();
+    layers.assign(input.moe_layers.begin() + (n > 2 ? n - 2 : 0), input.moe_layers.end());
+  }
+  for (int64_t layer : layers) {
+    if (MoeIndex(input, layer) < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing.select.layers: layer ", layer, " is not an MoE layer of the model"));
+    }
+  }
+  std::vector<std::string> high = params.high_resource;
+  if (high.empty()) {
+    for (const auto& lang : input.languages) {
+      if (!params.parents.count(lang)) high.push_back(lang);
+    }
+  }
+  std::vector<int64_t> high_index;
+  for (const auto& lang : high) {
+    const int64_t k = LanguageIndex(input, lang);
+    if (k < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "routing.select.high_resource: language '", lang, "' is not among the languages"));
+    }
+    high_index.push_back(k);
+  }
+  if (high_index.size() < 2) {
+    return absl::InvalidArgumentError(
+        "routing.select: activation-gap selection needs at least two high-resource languages");
+  }
+  for (const auto& [low, parent] : params.parents) {
+    if (std::find(high.begin(), high.end(), parent) == high.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("routing.select.parents.", low, ": '",
+                                                     parent, "' is not a high-resource language"));
+    }
+  }
+
+  // seft[hr][layer] and shared[k][layer], filled per layer.
+  std::map<std::string, json> seft;
+  std::map<int64_t, json> shared;
+  for (const auto& lang : high) seft[lang] = json::object();
+  for (int64_t k : params.shared_k) shared[k] = json::object();
+  json gaps = json::object();
+  for (int64_t layer : layers) {
+    const int64_t m = MoeIndex(input, layer);
+    const std::string key = std::to_string(layer);
+    std::vector<std::vector<double>> act;  // [hr][expert]
+    for (int64_t k : high_index) act.push_back(UsageDistribution(input.counts[k].counts[m]));
+    for (const auto& lang : high) seft[lang][key] = json::array();
+    json layer_gaps = json::object();
+    std::vector<double> mean(input.num_experts, 0.0);
+    for (int64_t e = 0; e < input.num_experts; ++e) {
+      bool seen = false;
+      for (size_t h = 0; h < act.size(); ++h) {
+        seen |= input.counts[high_index[h]].counts[m][e] > 0;
+        mean[e] += act[h][e] / static_cast<double>(act.size());
+      }
+      if (!seen) continue;
+      std::vector<size_t> order(act.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t a, size_t b) { return act[a][e] > act[b][e]; });
+      const double gap = act[order[0]][e] - act[order[1]][e];
+      layer_gaps[std::to_string(e)] = {{"gap", gap}, {"language", high[order[0]]}};
+      if (gap >= params.alpha) seft[high[order[0]]][key].push_back(e);
+    }
+    gaps[key] = layer_gaps;
+    std::vector<int64_t> by_mean(input.num_experts);
+    std::iota(by_mean.begin(), by_mean.end(), 0);
+    std::stable_sort(by_mean.begin(), by_mean.end(),
+                     [&](int64_t a, int64_t b) { return mean[a] > mean[b]; });
+    for (int64_t k : params.shared_k) {
+      const int64_t n = std::min<int64_t>(k, input.num_experts);
+      shared[k][key] = std::vector<int64_t>(by_mean.begin(), by_mean.begin() + n);
+    }
+  }
+
+  json out = json::object();
+  json shared_json = json::object();
+  for (const auto& [k, per_layer] : shared) shared_json[absl::StrCat("k", k)] = per_layer;
+  auto entry = [&](const std::string& source) {
+    json e = {{"seft", seft[source]}};
+    for (const auto& [k, per_layer] : shared) {
+      json ssft = json::object();
+      for (const auto& [key, list] : seft[source].items()) {
+        json merged = list;  // SEFT then shared, duplicates kept (readers de-duplicate)
+        for (const auto& id : per_layer[key]) merged.push_back(id);
+        ssft[key] = merged;
+      }
+      e[absl::StrCat("ssft_k", k)] = ssft;
+    }
+    return e;
+  };
+  for (const auto& lang : high) out[lang] = entry(lang);
+  for (const auto& [low, parent] : params.parents) out[low] = entry(parent);
+  out["shared_experts"] = shared_json;
+  out["_meta"] = {{"format", "stemma.expert_selection/1"},
+                  {"method", "activation_gap"},
+                  {"layers", layers},
+                  {"alpha", params.alpha},
+                  {"shared_k", params.shared_k},
+                  {"high_resource", high},
+                  {"parents", params.parents},
+                  {"num_experts", input.num_experts},
+                  {"top_k", input.top_k},
+                  {"gaps", gaps}};
+  return out;
+}
+
+}  // namespace stemma::engine::eval
