@@ -105,8 +105,9 @@ namespace {
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr size_t kMaxLine = 4096;
 constexpr absl::string_view kProgressPrefix = "STEMMA_PROGRESS ";
-// stemma-engine's stdout contract (docs/engine-events.md): one JSON object per line.
-constexpr absl::string_view kEventPrefix = "{\"event\":";
+// stemma-engine's stdout contract (docs/engine-events.md): one JSON object per line with an
+// "event" field, anywhere in the object (JSON writers may sort keys).
+constexpr absl::string_view kEventPrefix = "{\"";
 constexpr size_t kMaxOutputs = 64;
 
 // True while `line` (plus the next char `c`) can still become one of the two kinds of line.

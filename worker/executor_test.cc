@@ -243,7 +243,8 @@ TEST_F(ExecutorTest, EngineEventLinesBecomeProgressAndOutputs) {
       "echo '{\"event\":\"start\",\"command\":\"train\"}'\n"
       "echo '{\"event\":\"step\",\"step\":25,\"total_steps\":100,\"loss\":2.5,\"lr\":0.0003}'\n"
       "echo '{\"event\":\"output\",\"name\":\"model\",\"path\":\"/ckpt/final\"}'\n"
-      "echo '{\"event\":\"output\",\"name\":\"results\",\"path\":\"/r.json\"}'\n"
+      "echo '{\"name\":\"results\",\"event\":\"output\",\"path\":\"/r.json\"}'\n"
+      "echo '{\"name\":\"no-event\",\"path\":\"/x\"}'\n"
       "echo '{\"event\":\"step\",\"step\":'\n"
       "echo '{\"event\":\"metric\",\"name\":\"ppl\",\"value\":3}'\n";
   AttemptSnapshot s = Run(Exec("events", {"/bin/sh", "-c", script}));

@@ -90,7 +90,11 @@ int RunTokenize(int argc, char** argv) {
   }
   absl::StatusOr<data::TokenizeSummary> summary = data::TokenizeFiles(options);
   if (!summary.ok()) return Fail(std::string(summary.status().message()));
-  nlohmann::json out = {{"out", options.out_dir},
+  // docs/engine-events.md: the dataset as an output, then a summary.
+  nlohmann::json output = {{"event", "output"}, {"name", "dataset"}, {"path", options.out_dir}};
+  std::printf("%s\n", output.dump().c_str());
+  nlohmann::json out = {{"event", "done"},
+                        {"out", options.out_dir},
                         {"language", options.language},
                         {"documents", summary->num_documents},
                         {"tokens", summary->num_tokens},

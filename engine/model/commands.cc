@@ -100,9 +100,15 @@ absl::Status Init(int argc, char** argv) {
   RETURN_IF_ERROR(model::SaveModel(lm, out, options));
   int64_t count = 0;
   for (const auto& p : lm->parameters()) count += p.numel();
-  std::printf("init: wrote %s (%s, preset %s, seed %llu, %lld parameters)\n", out.c_str(),
-              arch_name.c_str(), preset.c_str(), static_cast<unsigned long long>(seed),
-              static_cast<long long>(count));
+  std::fprintf(stderr, "init: wrote %s (%s, preset %s, seed %llu, %lld parameters)\n",
+               out.c_str(), arch_name.c_str(), preset.c_str(),
+               static_cast<unsigned long long>(seed), static_cast<long long>(count));
+  // stdout carries only events (docs/engine-events.md).
+  nlohmann::json output = {{"event", "output"}, {"name", "model"}, {"path", out}};
+  nlohmann::json done = {{"event", "done"}, {"command", "init"}, {"arch", arch_name},
+                         {"preset", preset}, {"parameters", count}};
+  std::printf("%s\n%s\n", output.dump().c_str(), done.dump().c_str());
+  std::fflush(stdout);
   return absl::OkStatus();
 }
 
