@@ -261,16 +261,24 @@ TEST_F(AnalyzeCommand, LapeFindsThePlantedNeuronOfEachLanguage) {
   MarkLanguage(lm, 'a', 'm');  // "aa" letters a..m: +4, "bb" letters n..z: -4
   {
     torch::NoGradGuard no_grad;
+    // Only the planted neurons read dim 0, and they write nothing back, so that no other
+    // neuron can tell the languages apart (attention and up_proj would otherwise carry the
+    // sign of dim 0 into every neuron's input).
     for (int64_t l = 0; l < 2; ++l) {
       auto* layer = lm->model->layers[l]->as<model::DecoderLayerImpl>();
-      layer->mlp->gate_proj->weight.select(1, 0).zero_();  // only planted neurons see dim 0
+      for (auto* proj : {&layer->self_attn->q_proj, &layer->self_attn->k_proj,
+                         &layer->self_attn->v_proj, &layer->mlp->gate_proj, &layer->mlp->up_proj}) {
+        (*proj)->weight.select(1, 0).zero_();
+      }
     }
-    auto gate1 = lm->model->layers[1]->as<model::DecoderLayerImpl>()->mlp->gate_proj->weight;
-    gate1[7].zero_();
-    gate1[7][0] = 1.0f;  // layer 1, neuron 7: fires where dim 0 > 0, i.e. on "aa"
-    auto gate0 = lm->model->layers[0]->as<model::DecoderLayerImpl>()->mlp->gate_proj->weight;
-    gate0[3].zero_();
-    gate0[3][0] = -1.0f;  // layer 0, neuron 3: fires on "bb"
+    auto plant = [&](int64_t l, int64_t neuron, float sign) {
+      auto* mlp = lm->model->layers[l]->as<model::DecoderLayerImpl>()->mlp.get();
+      mlp->gate_proj->weight[neuron].zero_();
+      mlp->gate_proj->weight[neuron][0] = sign;
+      mlp->down_proj->weight.select(1, neuron).zero_();
+    };
+    plant(1, 7, 1.0f);   // layer 1, neuron 7: fires where dim 0 > 0, i.e. on "aa"
+    plant(0, 3, -1.0f);  // layer 0, neuron 3: fires on "bb"
   }
   Save(lm, dir_ / "model");
   WriteText(dir_ / "aa.txt", Letters('a', 'm', 4000, 1));
@@ -422,7 +430,7 @@ TEST_F(AnalyzeCommand, DriftMeasuresKnownChangesPerModuleAndTheAsymmetry) {
   spec["out"] = (dir_ / "out2").string();
   r = Run(spec);
   EXPECT_NE(r.rc, 0);
-  EXPECT_NE(r.err.find("stemma-engine: error: drift: tensor model.embed_tokens.weight"),
+  EXPECT_NE(r.err.find("stemma-engine: error: drift: tensor lm_head.weight has shape [256, 64]"),
             std::string::npos)
       << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "out2" / "drift.json"));
