@@ -34,6 +34,12 @@ namespace stemma::engine::merge {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The binary under test: the build's stemma-engine, or $STEMMA_ENGINE_BIN when set.
+const char* EngineBin() {
+  const char* env = std::getenv("STEMMA_ENGINE_BIN");
+  return env != nullptr && *env != '\0' ? env : STEMMA_ENGINE_BIN;
+}
 using nlohmann::json;
 using io::Dtype;
 
@@ -184,7 +190,7 @@ class MergeTest : public ::testing::Test {
   Result Run(const std::string& command, const json& spec, const std::string& env = "") {
     const std::string spec_path = SpecFile(spec);
     Result r;
-    const std::string cmd = absl::StrCat(env, " ", STEMMA_ENGINE_BIN, " ", command, " --spec ", spec_path,
+    const std::string cmd = absl::StrCat(env, " ", EngineBin(), " ", command, " --spec ", spec_path,
                                          " >", P("stdout"), " 2>", P("stderr"));
     const int status = std::system(cmd.c_str());
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -608,7 +614,7 @@ TEST_F(MergeTest, KillDuringMergePublishesNothingAndRerunGivesTheSameBytes) {
     ::setenv("STEMMA_MERGE_TEST_PAUSE_S", "60", 1);
     std::freopen(P("kill-stderr").c_str(), "w", stderr);
     std::freopen("/dev/null", "w", stdout);
-    ::execl(STEMMA_ENGINE_BIN, STEMMA_ENGINE_BIN, "merge", "--spec", spec_path.c_str(), nullptr);
+    ::execl(EngineBin(), EngineBin(), "merge", "--spec", spec_path.c_str(), nullptr);
     ::_exit(127);
   }
   // Wait until the first shard is on disk (the engine says so), then kill -9.

@@ -21,6 +21,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The binary under test: the build's stemma-engine, or $STEMMA_ENGINE_BIN when set.
+const char* EngineBin() {
+  const char* env = std::getenv("STEMMA_ENGINE_BIN");
+  return env != nullptr && *env != '\0' ? env : STEMMA_ENGINE_BIN;
+}
+
 class UpcycleTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -31,7 +37,7 @@ class UpcycleTest : public ::testing::TestWithParam<std::string> {
   void TearDown() override { fs::remove_all(dir_); }
 
   int Engine(const std::string& args) {
-    const std::string cmd = absl::StrCat(STEMMA_ENGINE_BIN, " ", args, " >", dir_, "/out 2>", dir_, "/err");
+    const std::string cmd = absl::StrCat(EngineBin(), " ", args, " >", dir_, "/out 2>", dir_, "/err");
     int status = std::system(cmd.c_str());
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
