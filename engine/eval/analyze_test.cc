@@ -148,6 +148,117 @@ TEST(Routing, ActivationGapSelectionAndSharedExperts) {
   EXPECT_NE(bad.status().message().find("parents.ca"), std::string::npos);
 }
 
+// ---- Against tests/engine/analyze_golden.py (written from the reference code's steps) ----
+
+json RunGolden(const std::string& mode, const json& input) {
+  const fs::path dir = fs::path(testing::TempDir()) / absl::StrCat("analyze_golden_", getpid());
+  fs::create_directories(dir);
+  const fs::path in = dir / (mode + "_in.json"), out = dir / (mode + "_out.json");
+  std::ofstream(in) << input.dump();
+  const std::string cmd = absl::StrCat(STEMMA_PYTHON, " ", STEMMA_SOURCE_DIR,
+                                       "/tests/engine/analyze_golden.py ", mode, " ", in.string(),
+                                       " ", out.string());
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::ifstream result(out);
+  json parsed = json::parse(result, nullptr, false);
+  fs::remove_all(dir);
+  return parsed;
+}
+
+TEST(Golden, LapeSelectionEqualsTheReferenceSteps) {
+  const int64_t langs = 3, layers = 4, inter = 300;
+  const std::vector<int64_t> tokens = {10000, 12000, 9000};
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  std::vector<LapeCounts> counts(langs);
+  for (int64_t k = 0; k < langs; ++k) {
+    counts[k].tokens = tokens[k];
+    counts[k].over_zero.assign(layers * inter, 0);
+  }
+  for (int64_t n = 0; n < layers * inter; ++n) {
+    const double base = 0.6 * unit(rng);
+    const int64_t special = unit(rng) < 0.1 ? static_cast<int64_t>(unit(rng) * langs) : -1;
+    for (int64_t k = 0; k < langs; ++k) {
+      double p = base * (0.5 + unit(rng));
+      if (special >= 0) p = k == special ? 0.7 + 0.29 * unit(rng) : 0.1 * unit(rng);
+      if (unit(rng) < 0.02) p = 0.0;  // some never fire
+      counts[k].over_zero[n] = static_cast<int64_t>(std::llround(std::min(p, 1.0) * tokens[k]));
+    }
+  }
+  LapeParams params;
+  params.top_rate = 0.05;
+  params.filter_rate = 0.95;
+  params.activation_bar_ratio = 0.9;  // apart from the filter, so both percentiles are checked
+  const std::vector<std::string> names = {"hi", "mr", "ur"};
+  auto result = IdentifyLapeNeurons(names, counts, layers, inter, params);
+  ASSERT_TRUE(result.ok()) << result.status();
+
+  json input = {{"languages", names},
+                {"tokens", tokens},
+                {"top_rate", params.top_rate},
+                {"filter_rate", params.filter_rate},
+                {"activation_bar_ratio", params.activation_bar_ratio}};
+  json over_zero = json::array();
+  for (const auto& c : counts) {
+    json per_layer = json::array();
+    for (int64_t l = 0; l < layers; ++l) {
+      per_layer.push_back(std::vector<int64_t>(c.over_zero.begin() + l * inter,
+                                               c.over_zero.begin() + (l + 1) * inter));
+    }
+    over_zero.push_back(per_layer);
+  }
+  input["over_zero"] = over_zero;
+  json golden = RunGolden("lape", input);
+  ASSERT_FALSE(golden.is_discarded());
+  EXPECT_DOUBLE_EQ(result->filter_threshold, golden["tau"].get<double>());
+  EXPECT_DOUBLE_EQ(result->activation_bar, golden["bar"].get<double>());
+  int64_t assigned = 0;
+  for (const auto& lang : names) {
+    EXPECT_EQ(json(result->neurons[lang]), golden["languages"][lang]) << lang;
+    for (const auto& list : result->neurons[lang]) assigned += list.size();
+  }
+  EXPECT_GT(assigned, 20);  // the planted specific neurons are among them
+}
+
+TEST(Golden, ActivationGapSelectionEqualsTheReferenceSteps) {
+  RoutingInput input;
+  input.languages = {"ar", "cs", "en", "es"};
+  input.moe_layers = {0, 1, 2};
+  input.num_experts = 16;
+  input.top_k = 2;
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> count(0, 400);
+  json counts = json::object();
+  for (const auto& lang : input.languages) {
+    RoutingCounts c;
+    c.tokens = 1000;
+    for (int64_t m = 0; m < 3; ++m) {
+      std::vector<int64_t> row(16);
+      for (auto& x : row) x = count(rng) < 60 ? 0 : count(rng);  // some experts unused
+      c.counts.push_back(row);
+      counts[lang][std::to_string(m)] = row;
+    }
+    input.counts.push_back(c);
+    input.vocab.push_back({1});
+  }
+  SelectionParams params;
+  params.layers = {1, 2};
+  params.alpha = 0.02;
+  params.shared_k = {1, 3};
+  auto sel = ExpertSelectionJson(input, params);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  json golden = RunGolden("select", {{"counts", counts},
+                                     {"high_resource", input.languages},
+                                     {"layers", {"1", "2"}},
+                                     {"alpha", params.alpha},
+                                     {"shared_k", params.shared_k}});
+  ASSERT_FALSE(golden.is_discarded());
+  for (const auto& lang : input.languages) {
+    EXPECT_EQ((*sel)[lang]["seft"], golden["seft"][lang]) << lang;
+  }
+  EXPECT_EQ((*sel)["shared_experts"], golden["shared"]);
+}
+
 // ---- The command on rigged tiny models ----
 
 struct RunResult {
