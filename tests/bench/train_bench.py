@@ -145,8 +145,9 @@ def stemma_round(args, engine, workdir, model_dir, data_dir, round_index):
         "steps": total_steps,
         "threads": args.threads,
         "seed": 0,
-        "optimizer": OPTIMIZER,
-        "schedule": {"kind": "constant", "warmup_steps": 0},
+        "optimizer": {"lr": OPTIMIZER["lr"], "betas": [OPTIMIZER["beta1"], OPTIMIZER["beta2"]],
+                      "eps": OPTIMIZER["eps"], "weight_decay": OPTIMIZER["weight_decay"]},
+        "schedule": {"type": "constant", "warmup_steps": 0},
         "clip_grad_norm": CLIP,
         "log_every": 1,
     }
