@@ -23,6 +23,7 @@
 #include "engine/io/sha256.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/config.h"
+#include "engine/tokenizer/tokenizer.h"
 
 namespace stemma::engine::eval {
 namespace {
@@ -53,17 +54,17 @@ std::string Read(const std::string& path) {
   return ss.str();
 }
 
-struct Run {
+struct EngineRun {
   int exit_code = -1;
   std::string out, err;
   std::vector<json> events;
 };
 
-Run Engine(const std::string& spec_path) {
+EngineRun Engine(const std::string& spec_path) {
   const std::string out = spec_path + ".stdout", err = spec_path + ".stderr";
   const std::string command = std::string(STEMMA_ENGINE_BIN) + " eval --spec " + spec_path +
                               " >" + out + " 2>" + err;
-  Run run;
+  EngineRun run;
   const int status = std::system(command.c_str());
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   run.out = Read(out);
@@ -84,7 +85,7 @@ model::CausalLM& Model() {
                    {"vocab_size", 259}, {"hidden_size", 64}, {"intermediate_size", 128},
                    {"num_hidden_layers", 2}, {"num_attention_heads", 4},
                    {"num_key_value_heads", 2}, {"head_dim", 16},
-                   {"max_position_embeddings", 256}, {"initializer_range", 0.3},
+                   {"max_position_embeddings", 512}, {"initializer_range", 0.3},
                    {"hidden_act", "silu"}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0},
                    {"tie_word_embeddings", false}, {"torch_dtype", "float32"},
                    {"bos_token_id", kBos}, {"eos_token_id", kEos}, {"pad_token_id", 258},
@@ -141,7 +142,7 @@ std::string TokenizedDataset() {
   return dir;
 }
 
-json Results(const Run& run) {
+json Results(const EngineRun& run) {
   for (const auto& e : run.events) {
     if (e["event"] == "output" && e["name"] == "results") return json::parse(Read(e["path"]));
   }
@@ -155,7 +156,7 @@ TEST(EvalCommand, PerplexityEqualsDirectComputationOverHeldOutWindows) {
                     {"tasks", {{{"type", "perplexity"}, {"language", "uk"},
                                 {"data", TokenizedDataset()}, {"heldout_fraction", 0.5},
                                 {"split_seed", 3}, {"seq_len", 48}}}}}).dump());
-  const Run run = Engine(spec);
+  const EngineRun run = Engine(spec);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json results = Results(run);
 
@@ -234,7 +235,7 @@ TEST(EvalCommand, BelebeleTwoShotLogLikelihoodsEqualDirectComputation) {
   const std::string spec = Root() + "/belebele.yaml";
   Write(spec, "model: " + ModelDir() + "\ntasks:\n  - {type: choice, format: belebele, "
               "language: uk, data: belebele.jsonl, k: 2}\n");
-  const Run run = Engine(spec);
+  const EngineRun run = Engine(spec);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json results = Results(run);
   std::vector<json> docs;
@@ -288,7 +289,7 @@ TEST(EvalCommand, PiqaAccNormDividesByCharactersAndAccBytesByBytes) {
   Write(spec, json({{"model", ModelDir()},
                     {"tasks", {{{"type", "choice"}, {"format", "piqa"}, {"language", "uk"},
                                 {"data", "piqa.jsonl"}, {"k", 0}}}}}).dump());
-  const Run run = Engine(spec);
+  const EngineRun run = Engine(spec);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json results = Results(run);
   double acc = 0, acc_norm = 0, acc_bytes = 0;
@@ -334,11 +335,13 @@ TEST(EvalCommand, TranslationIsGreedyUntilNewlineAndScoredWithCorpusChrf) {
                                 {"target_name", "Ukrainian"}, {"data", "flores.jsonl"},
                                 {"k", 1}, {"sampler", "first_n"}, {"max_new_tokens", 24}}}}})
                    .dump());
-  const Run run = Engine(spec);
+  const EngineRun run = Engine(spec);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json results = Results(run);
   const json& segments = results["tasks"][0]["segments"];
   std::vector<std::string> hyps, refs;
+  auto tokenizer = tokenizer::Tokenizer::Load(ModelDir());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
   for (size_t d = 0; d < pairs.size(); ++d) {
     const auto& shot = pairs[d == 0 ? 1 : 0];
     const std::string prompt = "English: " + shot.first + "\nUkrainian: " + shot.second +
@@ -346,18 +349,21 @@ TEST(EvalCommand, TranslationIsGreedyUntilNewlineAndScoredWithCorpusChrf) {
     std::vector<int64_t> ids = {kBos};
     for (int32_t id : ByteIds(prompt)) ids.push_back(id);
     const auto out = model::GreedyGenerate(Model(), torch::tensor(ids).unsqueeze(0), 24);
-    std::string text;
+    // The generated ids up to EOS, decoded by the byte tokenizer (invalid UTF-8 -> U+FFFD).
+    std::vector<int32_t> generated;
     for (int64_t i = static_cast<int64_t>(ids.size()); i < out.size(1); ++i) {
       const int64_t id = out[0][i].item<int64_t>();
       if (id == kEos) break;
-      if (id < 256) text.push_back(static_cast<char>(id));
+      if (id < 256) generated.push_back(static_cast<int32_t>(id));
     }
+    const std::string text = (*tokenizer)->Decode(generated);
     // The stop rule: first newline after leading whitespace, then strip.
     const size_t start = text.find_first_not_of(" \t\r\n");
     std::string hyp = start == std::string::npos ? "" : text.substr(start);
     hyp = hyp.substr(0, hyp.find('\n'));
-    while (!hyp.empty() && std::isspace(static_cast<unsigned char>(hyp.back()))) hyp.pop_back();
-    if (hyp.find("\xef\xbf\xbd") != std::string::npos) continue;  // invalid UTF-8: decoder-defined
+    const char* kAsciiPythonSpace = " \t\n\r\v\f\x1c\x1d\x1e\x1f";
+    hyp.erase(0, std::min(hyp.size(), hyp.find_first_not_of(kAsciiPythonSpace)));
+    hyp.erase(hyp.find_last_not_of(kAsciiPythonSpace) + 1);
     EXPECT_EQ(segments[d]["hypothesis"].get<std::string>(), hyp) << "pair " << d;
   }
   for (const auto& s : segments) {
@@ -388,7 +394,7 @@ TEST_P(EvalBadInput, FailsNamingTheCauseAndWritesNoResults) {
     spec_text.replace(p, 5, TokenizedDataset());
   }
   Write(dir + "/eval.yaml", spec_text);
-  const Run run = Engine(dir + "/eval.yaml");
+  const EngineRun run = Engine(dir + "/eval.yaml");
   EXPECT_EQ(run.exit_code, 1);
   EXPECT_NE(run.err.find("stemma-engine: error: "), std::string::npos) << run.err;
   EXPECT_NE(run.err.find(c.expected), std::string::npos) << run.err;
