@@ -1,0 +1,192 @@
+#include "engine/train/optimizer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace stemma::engine::train {
+namespace {
+
+// Decayed segments first, then plain ones grouped by λ, then masked ones: weight decay and
+// L2-SP then cover contiguous ranges of the flat buffers.
+int GroupOf(const ParamPlan& plan) {
+  if (plan.mask != ParamPlan::Mask::kNone) return 2;
+  return plan.weight_decay ? 0 : 1;
+}
+
+torch::Tensor BuildMask(const ParamPlan& plan, const torch::Tensor& param) {
+  auto mask = torch::zeros_like(param);
+  auto index = torch::tensor(plan.indices, torch::dtype(torch::kLong).device(param.device()));
+  mask.index_fill_(plan.mask == ParamPlan::Mask::kRows ? 0 : 1, index, 1.0);
+  return mask;
+}
+
+}  // namespace
+
+FlatAdamW::FlatAdamW(const std::vector<ParamPlan>& plans, const std::vector<torch::Tensor>& params,
+                     const OptimizerSpec& options)
+    : options_(options) {
+  torch::NoGradGuard no_grad;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (plans[i].trainable) {
+      order.push_back(i);
+    } else {
+      params[i].set_requires_grad(false);
+    }
+  }
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return std::make_pair(GroupOf(plans[a]), plans[a].l2sp_lambda) <
+           std::make_pair(GroupOf(plans[b]), plans[b].l2sp_lambda);
+  });
+  int64_t total = 0;
+  for (size_t i : order) {
+    TORCH_CHECK(params[i].scalar_type() == torch::kFloat32, "trainable parameter ", plans[i].name,
+                " must be float32");
+    Segment s;
+    s.name = plans[i].name;
+    s.param = params[i];
+    s.offset = total;
+    s.numel = params[i].numel();
+    s.decay = plans[i].weight_decay && options.weight_decay > 0;
+    s.lambda = plans[i].l2sp_lambda;
+    if (plans[i].mask != ParamPlan::Mask::kNone) s.mask = BuildMask(plans[i], params[i]);
+    total += s.numel;
+    segments_.push_back(std::move(s));
+  }
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(
+      segments_.empty() ? torch::Device(torch::kCPU) : segments_[0].param.device());
+  values_ = torch::empty({total}, opts);
+  grads_ = torch::zeros({total}, opts);
+  exp_avg_ = torch::zeros({total}, opts);
+  exp_avg_sq_ = torch::zeros({total}, opts);
+  scratch_ = torch::empty({total}, opts);
+  bool any_lambda = false;
+  for (Segment& s : segments_) {
+    auto value = values_.narrow(0, s.offset, s.numel).view(s.param.sizes());
+    value.copy_(s.param);
+    // The module keeps its parameter object (names, hooks) but now points into values_;
+    // autograd accumulates into the .grad view in place, since it is already defined.
+    s.param.set_data(value);
+    s.param.set_requires_grad(true);
+    s.param.mutable_grad() = grads_.narrow(0, s.offset, s.numel).view(s.param.sizes());
+    any_lambda = any_lambda || s.lambda > 0;
+    if (s.mask.defined()) continue;
+    if (!ranges_.empty() && ranges_.back().end == s.offset && ranges_.back().decay == s.decay &&
+        ranges_.back().lambda == s.lambda) {
+      ranges_.back().end = s.offset + s.numel;
+    } else {
+      ranges_.push_back(Range{s.offset, s.offset + s.numel, s.decay, s.lambda});
+    }
+  }
+  if (any_lambda) anchor_ = values_.clone();
+}
+
+void FlatAdamW::ZeroGrad() { grads_.zero_(); }
+
+std::vector<torch::Tensor> FlatAdamW::parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const Segment& s : segments_) out.push_back(s.param);
+  return out;
+}
+
+FlatAdamW::StepStats FlatAdamW::Step(double lr, double max_norm) {
+  torch::NoGradGuard no_grad;
+  StepStats stats;
+  // L2-SP: penalty and its gradient 2λ(θ − θ_base), per range of equal λ.
+  auto add_l2sp = [&](int64_t begin, int64_t end, double lambda) {
+    if (lambda <= 0) return;
+    auto diff = scratch_.narrow(0, begin, end - begin);
+    at::sub_out(diff, values_.narrow(0, begin, end - begin), anchor_.narrow(0, begin, end - begin));
+    stats.l2sp += lambda * at::dot(diff, diff).item<double>();
+    grads_.narrow(0, begin, end - begin).add_(diff, 2.0 * lambda);
+  };
+  for (const Range& r : ranges_) add_l2sp(r.begin, r.end, r.lambda);
+  for (const Segment& s : segments_) {
+    if (!s.mask.defined()) continue;
+    add_l2sp(s.offset, s.offset + s.numel, s.lambda);
+    grads_.narrow(0, s.offset, s.numel).mul_(s.mask.view(-1));
+  }
+  stats.grad_norm = grads_.numel() == 0 ? 0.0 : grads_.norm().item<double>();
+  if (max_norm > 0 && stats.grad_norm > max_norm) {
+    grads_.mul_(max_norm / (stats.grad_norm + 1e-6));  // torch's clip_grad_norm_ coefficient
+  }
+  ++step_;
+  for (const Range& r : ranges_) AdamRange(r.begin, r.end, r.decay, torch::Tensor(), lr);
+  for (const Segment& s : segments_) {
+    if (s.mask.defined()) AdamRange(s.offset, s.offset + s.numel, s.decay, s.mask.view(-1), lr);
+  }
+  return stats;
+}
+
+void FlatAdamW::AdamRange(int64_t begin, int64_t end, bool decay, const torch::Tensor& mask,
+                          double lr) {
+  const int64_t n = end - begin;
+  auto p = values_.narrow(0, begin, n), g = grads_.narrow(0, begin, n);
+  auto m = exp_avg_.narrow(0, begin, n), v = exp_avg_sq_.narrow(0, begin, n);
+  auto tmp = scratch_.narrow(0, begin, n);
+  const double beta1 = options_.beta1, beta2 = options_.beta2;
+  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step_));
+  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step_));
+  const double step_size = lr / bias_correction1;
+  const double decay_factor = decay ? lr * options_.weight_decay : 0.0;
+  // torch.optim.AdamW (single tensor): decay, moments, denom = sqrt(v)/sqrt(bc2) + eps.
+  if (!mask.defined() && decay_factor > 0) p.mul_(1.0 - decay_factor);
+  m.lerp_(g, 1.0 - beta1);
+  v.mul_(beta2).addcmul_(g, g, 1.0 - beta2);
+  at::sqrt_out(tmp, v);
+  tmp.div_(std::sqrt(bias_correction2)).add_(options_.eps);
+  if (!mask.defined()) {
+    p.addcdiv_(m, tmp, -step_size);
+    return;
+  }
+  // Masked: build the whole update, decay included, and zero it outside the mask, so those
+  // elements are left exactly as they were (their moments are 0 because the gradient was).
+  at::div_out(tmp, m, tmp);
+  tmp.mul_(step_size);
+  if (decay_factor > 0) tmp.add_(p, decay_factor);
+  tmp.mul_(mask);
+  p.sub_(tmp);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> FlatAdamW::StateTensors() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const Segment& s : segments_) {
+    out.emplace_back("exp_avg." + s.name, exp_avg_.narrow(0, s.offset, s.numel).view(s.param.sizes()));
+    out.emplace_back("exp_avg_sq." + s.name,
+                     exp_avg_sq_.narrow(0, s.offset, s.numel).view(s.param.sizes()));
+  }
+  return out;
+}
+
+absl::Status FlatAdamW::RestoreState(
+    const std::vector<std::pair<std::string, torch::Tensor>>& tensors, int64_t step) {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> by_name(tensors.begin(), tensors.end());
+  if (by_name.size() != 2 * segments_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer state has ", by_name.size(), " tensors, this run trains ",
+                     segments_.size(), " parameters (", 2 * segments_.size(),
+                     " expected): was the checkpoint written with another strategy?"));
+  }
+  for (const auto& [name, target] : StateTensors()) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state lacks tensor '", name, "'"));
+    }
+    if (it->second.sizes() != target.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state tensor '", name,
+                                                     "' has the wrong shape"));
+    }
+    target.copy_(it->second);
+  }
+  step_ = step;
+  return absl::OkStatus();
+}
+
+}  // namespace stemma::engine::train

@@ -1,0 +1,506 @@
+// End-to-end tests of `stemma-engine train`: the real binary on tiny models (made by
+// `stemma-engine init`) and synthetic token datasets, checked the way a user would check a
+// run: the events it printed, the tensors it wrote, what it refused.
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/data/dataset_writer.h"
+#include "engine/io/checkpoint.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace stemma::engine::train {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct Result {
+  int exit_code = -1;
+  std::vector<json> events;
+  std::string stdout_text, stderr_text;
+
+  std::vector<json> Of(const std::string& kind) const {
+    std::vector<json> out;
+    for (const json& e : events) {
+      if (e["event"] == kind) out.push_back(e);
+    }
+    return out;
+  }
+  std::map<int64_t, double> Losses() const {
+    std::map<int64_t, double> out;
+    for (const json& e : Of("step")) out[e["step"].get<int64_t>()] = e["loss"].get<double>();
+    return out;
+  }
+};
+
+std::string ReadText(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int Shell(const std::string& command) {
+  int status = std::system(command.c_str());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+using Tensors = std::map<std::string, torch::Tensor>;
+
+Tensors ReadTensors(const fs::path& dir) {
+  auto reader = io::CheckpointReader::Open(dir.string());
+  EXPECT_TRUE(reader.ok()) << reader.status();
+  Tensors out;
+  if (!reader.ok()) return out;
+  for (const std::string& name : (*reader)->TensorNames()) {
+    out[name] = (*reader)->Tensor(name)->clone();
+  }
+  return out;
+}
+
+class TrainTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / absl::StrCat("stemma_train_test_", getpid());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    for (const char* arch : {"llama", "qwen2", "gemma3", "olmoe"}) {
+      ASSERT_EQ(Shell(absl::StrCat(STEMMA_ENGINE_BIN, " init --arch ", arch, " --seed 7 --out ",
+                                   (root_ / arch).string(), " > /dev/null")),
+                0);
+    }
+    WriteDataset("sw", 11);
+  }
+  static void TearDownTestSuite() {
+    if (std::getenv("STEMMA_KEEP_TEST_DIR") == nullptr) fs::remove_all(root_);
+  }
+
+  // Documents of a learnable pattern (runs of +step sequences over the 16 ids 3..18), so the
+  // loss falls quickly on a tiny model (from ln 256 toward ln 16 and below).
+  static void WriteDataset(const std::string& name, uint32_t seed) {
+    data::DatasetWriterOptions o;
+    o.out_dir = (root_ / name).string();
+    o.language = name;
+    o.tokenizer = {.name = "synthetic", .kind = "none", .file = "", .sha256 = "",
+                   .vocab_size = 256, .bos_id = 1, .eos_id = 2};
+    auto writer = data::DatasetWriter::Create(o);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    std::mt19937 rng(seed);
+    for (int d = 0; d < 300; ++d) {
+      std::vector<int32_t> doc;
+      int32_t value = 3 + rng() % 16, step = 1 + rng() % 2;
+      const int length = 20 + rng() % 60;
+      for (int k = 0; k < length; ++k) {
+        doc.push_back(value);
+        value = 3 + (value - 3 + step) % 16;
+      }
+      ASSERT_TRUE((*writer)->AddDocument(doc).ok());
+    }
+    ASSERT_TRUE((*writer)->Finish({}).ok());
+  }
+
+  // A small complete spec; tests override fields.
+  static json BaseSpec(const std::string& arch, const std::string& out) {
+    return {{"model", (root_ / arch).string()},
+            {"out", (root_ / out).string()},
+            {"data", {{"datasets", {{{"path", (root_ / "sw").string()}, {"weight", 1}}}},
+                      {"seq_len", 16}}},
+            {"batch_size", 4},
+            {"grad_accum", 1},
+            {"steps", 4},
+            {"seed", 3},
+            {"threads", 1},
+            {"optimizer", {{"lr", 1e-2}, {"weight_decay", 0.0}}},
+            {"schedule", {{"warmup_steps", 1}}},
+            {"clip_grad_norm", 1.0}};
+  }
+
+  static Result Run(const json& spec, const std::string& name, const std::string& extra = "") {
+    const fs::path spec_path = root_ / (name + ".json");
+    std::ofstream(spec_path) << spec.dump(2);
+    const fs::path out = root_ / (name + ".stdout"), err = root_ / (name + ".stderr");
+    Result r;
+    r.exit_code = Shell(absl::StrCat(STEMMA_ENGINE_BIN, " train --spec ", spec_path.string(), " ",
+                                     extra, " > ", out.string(), " 2> ", err.string()));
+    r.stdout_text = ReadText(out);
+    r.stderr_text = ReadText(err);
+    std::istringstream lines(r.stdout_text);
+    for (std::string line; std::getline(lines, line);) {
+      json e = json::parse(line, nullptr, false);
+      EXPECT_FALSE(e.is_discarded()) << "stdout line is not JSON: " << line;
+      EXPECT_TRUE(e.is_object() && e.contains("event")) << line;
+      EXPECT_TRUE(absl::StartsWith(line, "{\"event\":")) << line;
+      if (!e.is_discarded()) r.events.push_back(e);
+    }
+    return r;
+  }
+
+  static fs::path root_;
+};
+
+fs::path TrainTest::root_;
+
+bool Same(const torch::Tensor& a, const torch::Tensor& b) { return torch::equal(a, b); }
+
+// Every architecture trains: the loss falls, events follow the contract, the output loads.
+TEST_F(TrainTest, EveryArchitectureTrainsAndReportsEvents) {
+  for (const char* arch : {"llama", "qwen2", "gemma3", "olmoe"}) {
+    SCOPED_TRACE(arch);
+    json spec = BaseSpec(arch, absl::StrCat("full_", arch));
+    spec["steps"] = 12;
+    Result r = Run(spec, absl::StrCat("full_", arch));
+    ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+    ASSERT_FALSE(r.events.empty());
+    EXPECT_EQ(r.events.front()["event"], "start");
+    EXPECT_EQ(r.events.front()["command"], "train");
+    EXPECT_EQ(r.events.back()["event"], "done");
+    auto steps = r.Of("step");
+    ASSERT_EQ(steps.size(), 12u);
+    for (size_t i = 0; i < steps.size(); ++i) {
+      EXPECT_EQ(steps[i]["step"], static_cast<int64_t>(i + 1));
+      EXPECT_EQ(steps[i]["total_steps"], 12);
+      EXPECT_EQ(steps[i]["tokens"], static_cast<int64_t>((i + 1) * 4 * 16));
+      EXPECT_GT(steps[i]["tokens_per_s"].get<double>(), 0.0);
+      EXPECT_GE(steps[i]["grad_norm"].get<double>(), 0.0);
+    }
+    EXPECT_LT(steps.back()["loss"].get<double>(), steps.front()["loss"].get<double>() - 1.0);
+    auto outputs = r.Of("output");
+    ASSERT_EQ(outputs.size(), 1u);
+    EXPECT_EQ(outputs[0]["name"], "model");
+    EXPECT_EQ(outputs[0]["path"], (root_ / absl::StrCat("full_", arch)).string());
+    EXPECT_EQ(r.events.back()["trainable_fraction"], 1.0);
+    // The output is a complete, verified checkpoint with every tensor of the base model.
+    Tensors base = ReadTensors(root_ / arch), trained = ReadTensors(root_ / absl::StrCat("full_", arch));
+    ASSERT_EQ(base.size(), trained.size());
+    int changed = 0;
+    for (const auto& [name, t] : base) {
+      ASSERT_TRUE(trained.count(name)) << name;
+      changed += !Same(t, trained[name]);
+    }
+    EXPECT_GE(changed, static_cast<int>(base.size()) - 1);  // all but possibly an unused row set
+    EXPECT_TRUE(io::VerifyCheckpoint((root_ / absl::StrCat("full_", arch)).string()).ok());
+  }
+}
+
+TEST_F(TrainTest, FrozenLayersEmbeddingsStayBitIdentical) {
+  json spec = BaseSpec("llama", "frozen");
+  spec["optimizer"]["weight_decay"] = 0.1;  // decay must not touch frozen tensors either
+  spec["strategy"] = {{"freeze", {{"layers", {"0:1"}}, {"embeddings", true}}}};
+  Result r = Run(spec, "frozen");
+  ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+  Tensors base = ReadTensors(root_ / "llama"), trained = ReadTensors(root_ / "frozen");
+  int64_t expect_trainable = 0, total = 0;
+  for (const auto& [name, t] : base) {
+    total += t.numel();
+    const bool frozen = absl::StartsWith(name, "model.layers.0.") || name == "model.embed_tokens.weight";
+    if (frozen) {
+      EXPECT_TRUE(Same(t, trained[name])) << name << " changed although frozen";
+    } else {
+      EXPECT_FALSE(Same(t, trained[name])) << name << " did not train";
+      expect_trainable += t.numel();
+    }
+  }
+  const json& done = r.events.back();
+  EXPECT_EQ(done["trainable_params"], expect_trainable);
+  EXPECT_EQ(done["total_params"], total);
+  EXPECT_DOUBLE_EQ(done["trainable_fraction"].get<double>(),
+                   static_cast<double>(expect_trainable) / total);
+}
+
+double DistanceToBase(const Tensors& base, const Tensors& trained, const std::string& prefix) {
+  double sum = 0;
+  for (const auto& [name, t] : base) {
+    if (absl::StartsWith(name, prefix)) sum += (trained.at(name) - t).pow(2).sum().item<double>();
+  }
+  return std::sqrt(sum);
+}
+
+TEST_F(TrainTest, L2spWithLargeLambdaKeepsLayersNearBase) {
+  json plain = BaseSpec("llama", "l2sp_off");
+  plain["steps"] = 8;
+  Result off = Run(plain, "l2sp_off");
+  ASSERT_EQ(off.exit_code, 0) << off.stderr_text;
+  json spec = plain;
+  spec["out"] = (root_ / "l2sp_on").string();
+  // λ large on layer 1 only, tiny elsewhere: layer 1 stays near the base, layer 0 moves.
+  spec["strategy"] = {{"l2sp", {{{"layers", {"1:2"}}, {"lambda", 1000.0}}, {{"lambda", 1e-6}}}}};
+  Result on = Run(spec, "l2sp_on");
+  ASSERT_EQ(on.exit_code, 0) << on.stderr_text;
+  for (const json& e : on.Of("step")) EXPECT_TRUE(e.contains("l2sp"));
+  EXPECT_GT(on.Of("step").back()["l2sp"].get<double>(), 0.0);
+  Tensors base = ReadTensors(root_ / "llama");
+  const double d_off = DistanceToBase(base, ReadTensors(root_ / "l2sp_off"), "model.layers.1.");
+  const double d_on = DistanceToBase(base, ReadTensors(root_ / "l2sp_on"), "model.layers.1.");
+  const double d0_on = DistanceToBase(base, ReadTensors(root_ / "l2sp_on"), "model.layers.0.");
+  EXPECT_GT(d_off, 0.0);
+  EXPECT_LT(d_on, 0.2 * d_off) << "off " << d_off << " on " << d_on;
+  EXPECT_GT(d0_on, 3 * d_on);
+}
+
+TEST_F(TrainTest, NeuronMaskChangesOnlyMaskedRowsAndColumns) {
+  const std::map<int, std::vector<int64_t>> sw = {{0, {1, 5, 7}}, {1, {0, 2}}};
+  json mask = {{"format", "stemma.neuron_mask/1"},
+               {"num_layers", 2},
+               {"intermediate_size", 128},
+               {"languages", {{"sw", {sw.at(0), sw.at(1)}}, {"yo", {{9}, json::array()}}}},
+               {"params", json::object()},
+               {"counts", {{"sw", {3, 2}}, {"yo", {1, 0}}}}};
+  std::ofstream(root_ / "mask.json") << mask.dump();
+  json spec = BaseSpec("llama", "masked");
+  spec["optimizer"]["weight_decay"] = 0.1;  // decay and moments must be masked too
+  spec["strategy"] = {{"neuron_mask", {{"file", (root_ / "mask.json").string()}, {"languages", {"sw"}}}}};
+  Result r = Run(spec, "masked");
+  ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+  Tensors base = ReadTensors(root_ / "llama"), trained = ReadTensors(root_ / "masked");
+  int64_t changed_elements = 0;
+  for (const auto& [name, t] : base) {
+    auto diff = (trained[name] != t);  // bool, elementwise
+    changed_elements += diff.sum().item<int64_t>();
+    const int layer = absl::StartsWith(name, "model.layers.0.") ? 0
+                      : absl::StartsWith(name, "model.layers.1.") ? 1 : -1;
+    const bool rows = absl::StrContains(name, "gate_proj") || absl::StrContains(name, "up_proj");
+    const bool cols = absl::StrContains(name, "down_proj");
+    if (layer < 0 || (!rows && !cols)) {
+      EXPECT_TRUE(Same(t, trained[name])) << name;
+      continue;
+    }
+    const auto& listed = sw.at(layer);
+    const int64_t n = rows ? t.size(0) : t.size(1);
+    for (int64_t j = 0; j < n; ++j) {
+      auto slice = rows ? diff.select(0, j) : diff.select(1, j);
+      const bool in_mask = std::count(listed.begin(), listed.end(), j) > 0;
+      if (in_mask) {
+        EXPECT_GT(slice.sum().item<int64_t>(), slice.numel() / 2) << name << " neuron " << j;
+      } else {
+        EXPECT_EQ(slice.sum().item<int64_t>(), 0) << name << " neuron " << j << " changed";
+      }
+    }
+  }
+  // Σ_l |S_l| · 3 · H trainable parameters, reported.
+  const int64_t expected = (3 + 2) * 3 * 64;
+  EXPECT_EQ(r.events.front()["trainable_params"], expected);
+  EXPECT_EQ(r.events.back()["trainable_params"], expected);
+  EXPECT_LE(changed_elements, expected);
+  EXPECT_GT(changed_elements, expected * 9 / 10);
+  EXPECT_NEAR(r.events.back()["trainable_fraction"].get<double>(),
+              static_cast<double>(expected) / r.events.back()["total_params"].get<double>(), 1e-12);
+}
+
+TEST_F(TrainTest, ExpertSubsetTrainsOnlyListedExpertsAndRestrictsTheRouter) {
+  json selection = {{"_meta", json::object()},
+                    {"shared_experts", {{"k1", {{"1", {3}}}}}},
+                    {"ca", {{"seft", {{"1", {2}}}}, {"ssft_k1", {{"1", {2, 3, 3}}}}}}};
+  std::ofstream(root_ / "experts.json") << selection.dump();
+  json spec = BaseSpec("olmoe", "ssft");
+  spec["strategy"] = {{"expert_subset",
+                       {{"file", (root_ / "experts.json").string()}, {"language", "ca"}, {"set", "ssft_k1"}}}};
+  Result r = Run(spec, "ssft");
+  ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+  Tensors base = ReadTensors(root_ / "olmoe"), trained = ReadTensors(root_ / "ssft");
+  int64_t expected = 0;
+  for (const auto& [name, t] : base) {
+    const bool listed = absl::StartsWith(name, "model.layers.1.mlp.experts.2.") ||
+                        absl::StartsWith(name, "model.layers.1.mlp.experts.3.");
+    if (listed) {
+      EXPECT_FALSE(Same(t, trained[name])) << name;
+      expected += t.numel();
+    } else if (name == "model.layers.1.mlp.gate.weight") {
+      expected += t.numel();
+      // The router trains, but only the rows of the experts it may pick get a gradient:
+      // the others see -inf logits, probability 0, so Adam moves them by exactly 0.
+      EXPECT_FALSE(Same(t.narrow(0, 2, 2), trained[name].narrow(0, 2, 2)));
+      EXPECT_TRUE(Same(t.narrow(0, 0, 2), trained[name].narrow(0, 0, 2)))
+          << "router rows of non-target experts changed: routing was not restricted";
+    } else {
+      EXPECT_TRUE(Same(t, trained[name])) << name;
+    }
+  }
+  EXPECT_EQ(r.events.back()["trainable_params"], expected);
+  EXPECT_FALSE(trained.count("model.layers.1.mlp.gate.bias")) << "the routing mask leaked into the output";
+}
+
+TEST_F(TrainTest, FrozenExpertStaysBitIdenticalWithLoadBalancingLoss) {
+  json spec = BaseSpec("olmoe", "deltamoe");
+  spec["optimizer"]["weight_decay"] = 0.1;
+  spec["strategy"] = {{"frozen_experts", {0}}, {"aux_loss", {{"load_balancing", 0.01}}}};
+  Result r = Run(spec, "deltamoe");
+  ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+  for (const json& e : r.Of("step")) {
+    ASSERT_TRUE(e.contains("load_balancing"));
+    EXPECT_GT(e["load_balancing"].get<double>(), 0.5);  // 1.0 at uniform routing
+  }
+  Tensors base = ReadTensors(root_ / "olmoe"), trained = ReadTensors(root_ / "deltamoe");
+  int frozen = 0;
+  for (const auto& [name, t] : base) {
+    if (absl::StrContains(name, ".mlp.experts.0.")) {
+      EXPECT_TRUE(Same(t, trained[name])) << name;
+      ++frozen;
+    } else if (absl::StrContains(name, ".mlp.experts.") || absl::StrContains(name, "mlp.gate.")) {
+      EXPECT_FALSE(Same(t, trained[name])) << name;
+    }
+  }
+  EXPECT_EQ(frozen, 2 * 3);  // two layers, three projections
+}
+
+TEST_F(TrainTest, ResumedRunRepeatsTheLossCurveExactly) {
+  json spec = BaseSpec("llama", "straight");
+  spec["steps"] = 7;
+  spec["grad_accum"] = 2;
+  spec["optimizer"]["weight_decay"] = 0.05;
+  spec["schedule"] = {{"warmup_steps", 2}, {"min_lr_ratio", 0.1}};
+  spec["checkpoint"] = {{"every", 2}, {"keep", 2}};
+  Result straight = Run(spec, "straight");
+  ASSERT_EQ(straight.exit_code, 0) << straight.stderr_text;
+
+  spec["out"] = (root_ / "resumed").string();
+  Result first = Run(spec, "resumed_1", "--stop-after-step 5");
+  EXPECT_NE(first.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(first.stderr_text, "stopped after step 5")) << first.stderr_text;
+  EXPECT_FALSE(fs::exists(root_ / "resumed"));
+  ASSERT_EQ(first.Of("checkpoint").size(), 2u);  // steps 2 and 4
+  Result second = Run(spec, "resumed_2");
+  ASSERT_EQ(second.exit_code, 0) << second.stderr_text;
+  EXPECT_EQ(second.events.front()["resumed_from_step"], 4);
+  // Steps 5..7 again after the restart; every loss, lr and grad norm equals the straight run's.
+  auto expected = straight.Of("step");
+  std::map<int64_t, json> by_step;
+  for (const json& e : first.Of("step")) by_step[e["step"]] = e;
+  for (const json& e : second.Of("step")) by_step[e["step"]] = e;  // the restart's win
+  ASSERT_EQ(by_step.size(), 7u);
+  for (const json& e : expected) {
+    const json& got = by_step[e["step"]];
+    EXPECT_EQ(got["loss"].get<double>(), e["loss"].get<double>()) << "step " << e["step"];
+    EXPECT_EQ(got["grad_norm"].get<double>(), e["grad_norm"].get<double>()) << "step " << e["step"];
+    EXPECT_EQ(got["lr"].get<double>(), e["lr"].get<double>());
+    EXPECT_EQ(got["tokens"], e["tokens"]);
+  }
+  Tensors a = ReadTensors(root_ / "straight"), b = ReadTensors(root_ / "resumed");
+  for (const auto& [name, t] : a) EXPECT_TRUE(Same(t, b[name])) << name;
+  // keep: 2 -> only the newest two checkpoints stay.
+  int kept = 0;
+  for (const auto& entry : fs::directory_iterator(root_ / "straight.checkpoints")) {
+    EXPECT_TRUE(absl::StartsWith(entry.path().filename().string(), "step-")) << entry.path();
+    ++kept;
+  }
+  EXPECT_EQ(kept, 2);
+  // Running the finished spec again reports the published model instead of failing.
+  Result again = Run(spec, "resumed_3");
+  ASSERT_EQ(again.exit_code, 0) << again.stderr_text;
+  ASSERT_EQ(again.Of("output").size(), 1u);
+}
+
+struct BadCase {
+  std::string name;
+  std::function<void(json&, const fs::path&)> edit;  // edits the spec; may damage files
+  std::string expected_error;                        // substring of stderr
+};
+
+TEST_F(TrainTest, BadInputsFailWithNamedCauseAndPublishNothing) {
+  auto copy_model = [](const fs::path& to) {
+    fs::remove_all(to);
+    fs::copy(root_ / "llama", to, fs::copy_options::recursive);
+  };
+  std::vector<BadCase> cases = {
+      {"unknown_field", [](json& s, const fs::path&) { s["optimizer"]["learning_rate"] = 1; },
+       "learning_rate"},
+      {"bad_range", [](json& s, const fs::path&) { s["strategy"] = {{"freeze", {{"layers", {"1:9"}}}}}; },
+       "layer range '1:9'"},
+      {"empty_range", [](json& s, const fs::path&) { s["strategy"] = {{"freeze", {{"layers", {"3:3"}}}}}; },
+       "bad layer range '3:3'"},
+      {"missing_model", [](json& s, const fs::path&) { s["model"] = "/nonexistent/model"; },
+       "/nonexistent/model"},
+      {"damaged_safetensors",
+       [&](json& s, const fs::path& dir) {
+         copy_model(dir / "damaged");
+         fs::remove(dir / "damaged" / "stemma.json");  // so the file itself must be caught
+         fs::resize_file(dir / "damaged" / "model.safetensors",
+                         fs::file_size(dir / "damaged" / "model.safetensors") - 100);
+         s["model"] = (dir / "damaged").string();
+       },
+       "model.safetensors"},
+      {"shape_mismatch",
+       [&](json& s, const fs::path& dir) {
+         copy_model(dir / "reshaped");
+         json config = json::parse(ReadText(dir / "reshaped" / "config.json"));
+         config["intermediate_size"] = 96;
+         std::ofstream(dir / "reshaped" / "config.json") << config.dump();
+         fs::remove(dir / "reshaped" / "stemma.json");
+         s["model"] = (dir / "reshaped").string();
+       },
+       "mlp.gate_proj.weight"},
+      {"unknown_architecture",
+       [&](json& s, const fs::path& dir) {
+         copy_model(dir / "gpt2");
+         json config = json::parse(ReadText(dir / "gpt2" / "config.json"));
+         config["model_type"] = "gpt2";
+         std::ofstream(dir / "gpt2" / "config.json") << config.dump();
+         fs::remove(dir / "gpt2" / "stemma.json");
+         s["model"] = (dir / "gpt2").string();
+       },
+       "gpt2"},
+      {"nan_loss",
+       [](json& s, const fs::path&) {
+         s["optimizer"]["lr"] = 1e30;
+         s["schedule"] = {{"warmup_steps", 0}};
+         s["clip_grad_norm"] = 0;
+         s["steps"] = 6;
+         s["checkpoint"] = {{"every", 1}};
+       },
+       "training diverged at step"},
+      {"neuron_mask_on_moe",
+       [](json& s, const fs::path& dir) {
+         s["model"] = (dir / "olmoe").string();
+         s["strategy"] = {{"neuron_mask", {{"file", (dir / "mask.json").string()}}}};
+       },
+       "neuron_mask: needs a dense model"},
+      {"missing_mask_language",
+       [](json& s, const fs::path& dir) {
+         json mask = {{"format", "stemma.neuron_mask/1"}, {"num_layers", 2},
+                      {"intermediate_size", 128}, {"languages", {{"sw", {{1}, {2}}}}}};
+         std::ofstream(dir / "mask_sw.json") << mask.dump();
+         s["strategy"] = {{"neuron_mask", {{"file", (dir / "mask_sw.json").string()}, {"languages", {"zu"}}}}};
+       },
+       "languages.zu"},
+      {"both_steps_and_tokens", [](json& s, const fs::path&) { s["max_tokens"] = 1000; },
+       "exactly one of 'steps' and 'max_tokens'"},
+  };
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    json spec = BaseSpec("llama", "bad_" + c.name);
+    c.edit(spec, root_);
+    Result r = Run(spec, "bad_" + c.name);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_TRUE(absl::StrContains(r.stderr_text, "stemma-engine: error: ")) << r.stderr_text;
+    EXPECT_TRUE(absl::StrContains(r.stderr_text, c.expected_error)) << r.stderr_text;
+    EXPECT_FALSE(fs::exists(root_ / ("bad_" + c.name))) << "output published despite the error";
+    EXPECT_TRUE(r.Of("done").empty());
+    // No half-written checkpoint or output: no staging directories left beside them.
+    for (const auto& entry : fs::directory_iterator(root_)) {
+      EXPECT_FALSE(absl::StrContains(entry.path().filename().string(), ".tmp-")) << entry.path();
+    }
+    const fs::path ckpts = root_ / ("bad_" + c.name + ".checkpoints");
+    if (fs::exists(ckpts)) {
+      for (const auto& entry : fs::directory_iterator(ckpts)) {
+        const std::string name = entry.path().filename().string();
+        EXPECT_FALSE(absl::StrContains(name, ".tmp-")) << entry.path();
+        EXPECT_TRUE(io::VerifyCheckpoint(entry.path().string()).ok()) << entry.path();
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace stemma::engine::train

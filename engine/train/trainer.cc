@@ -1,0 +1,573 @@
+#include "engine/train/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "engine/data/loader.h"
+#include "engine/io/checkpoint.h"
+#include "engine/io/fs.h"
+#include "engine/io/safetensors.h"
+#include "engine/io/sha256.h"
+#include "engine/model/checkpoint.h"
+#include "engine/train/optimizer.h"
+#include "engine/train/plan.h"
+
+#if __has_include("engine/train/distributed.h")
+#include "engine/train/distributed.h"
+#define STEMMA_TRAIN_HAS_DATA_PARALLEL 1
+#endif
+
+namespace stemma::engine::train {
+namespace {
+
+namespace fs = std::filesystem;
+using model::CausalLM;
+using json = nlohmann::json;
+
+constexpr char kStateFile[] = "trainer_state.json";
+constexpr char kOptimizerFile[] = "optimizer.safetensors";
+constexpr char kStateFormat[] = "stemma.train_state/1";
+constexpr char kRngTensor[] = "rng.cpu";
+
+// LibTorch reports errors as exceptions; the trainer's callers want a Status.
+template <typename Fn>
+absl::Status Guard(const std::string& what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
+  }
+}
+
+// ---- Ranks ----
+
+// The data-parallel group, or a single process when the build has no distributed.h.
+class Ranks {
+ public:
+  static absl::StatusOr<Ranks> FromEnv() {
+    Ranks r;
+#ifdef STEMMA_TRAIN_HAS_DATA_PARALLEL
+    ASSIGN_OR_RETURN(r.dp_, DataParallel::FromEnv());
+    r.rank_ = r.dp_->rank();
+    r.world_ = r.dp_->world_size();
+#else
+    const char* world = std::getenv("WORLD_SIZE");
+    int64_t w = 1;
+    if (world != nullptr && *world != '\0' && (!absl::SimpleAtoi(world, &w) || w > 1)) {
+      return absl::UnimplementedError(
+          absl::StrCat("WORLD_SIZE=", world, ": this build has no data-parallel support"));
+    }
+#endif
+    return r;
+  }
+  int rank() const { return rank_; }
+  int world() const { return world_; }
+  void Broadcast(const std::vector<torch::Tensor>& params) {
+#ifdef STEMMA_TRAIN_HAS_DATA_PARALLEL
+    if (world_ > 1) dp_->BroadcastParameters(params);
+#endif
+  }
+  void AllReduceMean(const torch::Tensor& flat) {
+#ifdef STEMMA_TRAIN_HAS_DATA_PARALLEL
+    if (world_ > 1) dp_->AllReduceMeanGradients({flat});
+#endif
+  }
+  double Sum(double value) {
+#ifdef STEMMA_TRAIN_HAS_DATA_PARALLEL
+    if (world_ > 1) return dp_->AllReduceSum(value);
+#endif
+    return value;
+  }
+
+ private:
+  int rank_ = 0;
+  int world_ = 1;
+#ifdef STEMMA_TRAIN_HAS_DATA_PARALLEL
+  std::shared_ptr<DataParallel> dp_;
+#endif
+};
+
+// ---- Checkpoints ----
+
+std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
+
+// Complete checkpoints in `dir` (published by rename, so any step-NNNNNNNN directory with
+// a trainer_state.json is whole), oldest first.
+std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    int64_t step = 0;
+    if (name.size() != 13 || name.rfind("step-", 0) != 0 ||
+        !absl::SimpleAtoi(name.substr(5), &step)) {
+      continue;
+    }
+    if (!fs::exists(entry.path() / kStateFile, ec)) continue;
+    out.emplace_back(step, entry.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+io::ManifestProducer Producer(const TrainSpec& spec, const std::string& spec_sha256) {
+  io::ManifestProducer p;
+  if (const char* job = std::getenv("STEMMA_JOB_ID")) p.job = job;
+  if (const char* attempt = std::getenv("STEMMA_ATTEMPT")) p.attempt = attempt;
+  p.command = "train";
+  p.params = {{"spec", spec.raw}, {"spec_sha256", spec_sha256}};
+  return p;
+}
+
+struct TrainerState {
+  int64_t step = 0;
+  int64_t tokens = 0;
+  data::LoaderState loader;
+  torch::Tensor rng;  // the CPU generator's state
+};
+
+// Everything one run holds: the model, its plan and optimizer, the data.
+struct Run {
+  const TrainSpec* spec = nullptr;
+  std::string spec_sha256;
+  CausalLM lm{nullptr};
+  TrainPlan plan;
+  std::unique_ptr<FlatAdamW> optimizer;
+  std::unique_ptr<data::Loader> loader;
+  Ranks ranks;
+  int64_t tokens = 0;
+};
+
+absl::Status WriteCheckpoint(Run& run, int64_t step, const std::string& path) {
+  const TrainSpec& spec = *run.spec;
+  std::error_code ec;
+  fs::create_directories(spec.checkpoint.dir, ec);
+  if (ec) {
+    return absl::InternalError(absl::StrCat("checkpoint.dir ", spec.checkpoint.dir, ": ", ec.message()));
+  }
+  io::CheckpointWriterOptions options;
+  options.source_dir = spec.model;  // tokenizer files, so a checkpoint can be evaluated
+  options.parents = {spec.model};
+  options.producer = Producer(spec, run.spec_sha256);
+  options.overwrite = true;  // a stale one from an attempt that died mid-way past this step
+  ASSIGN_OR_RETURN(auto writer, io::CheckpointWriter::Create(path, std::move(options)));
+  json config = run.lm->config().raw;
+  config["torch_dtype"] = "float32";
+  RETURN_IF_ERROR(writer->AddFile("config.json", config.dump(2) + "\n"));
+  for (const auto& item : run.lm->named_parameters(/*recurse=*/true)) {
+    RETURN_IF_ERROR(writer->AddTensor(item.key(), item.value().detach()));
+  }
+  // Optimizer moments and the RNG go beside the model; trainer_state.json (hashed in the
+  // manifest) records the optimizer file's sha256, so both are covered.
+  std::vector<io::TensorToWrite> writes;
+  auto state = run.optimizer->StateTensors();
+  torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  state.emplace_back(kRngTensor, rng);
+  for (const auto& [name, tensor] : state) {
+    const bool u8 = tensor.scalar_type() == torch::kUInt8;
+    writes.push_back(io::TensorToWrite{name, u8 ? io::Dtype::kU8 : io::Dtype::kF32,
+                                       tensor.sizes().vec(), tensor.data_ptr(),
+                                       static_cast<uint64_t>(tensor.numel() * tensor.element_size())});
+  }
+  ASSIGN_OR_RETURN(io::WriteResult written,
+                   io::WriteSafetensors(writer->staging_dir() + "/" + kOptimizerFile, writes));
+  json trainer_state = {
+      {"format", kStateFormat},
+      {"step", step},
+      {"total_steps", spec.steps},
+      {"tokens", run.tokens},
+      {"batch_size", spec.batch_size},
+      {"grad_accum", spec.grad_accum},
+      {"optimizer_step", run.optimizer->step_count()},
+      {"optimizer_file", {{"name", kOptimizerFile}, {"sha256", written.sha256}}},
+      {"loader", run.loader->state().ToJson()},
+      {"spec_sha256", run.spec_sha256},
+      {"trainable_params", run.plan.trainable_params},
+  };
+  RETURN_IF_ERROR(writer->AddFile(kStateFile, trainer_state.dump(2) + "\n"));
+  return writer->Commit();
+}
+
+void PruneCheckpoints(const TrainSpec& spec) {
+  if (spec.checkpoint.keep <= 0) return;
+  auto all = ListCheckpoints(spec.checkpoint.dir);
+  for (size_t i = 0; i + spec.checkpoint.keep < all.size(); ++i) {
+    io::RemoveTree(all[i].second).IgnoreError();
+  }
+}
+
+// Loads the newest checkpoint into `run`; returns its step (0 when there is none).
+absl::StatusOr<int64_t> Resume(Run& run) {
+  const TrainSpec& spec = *run.spec;
+  auto all = ListCheckpoints(spec.checkpoint.dir);
+  if (all.empty()) return 0;
+  const std::string& dir = all.back().second;
+  auto where = [&](const absl::Status& s) {
+    return absl::Status(s.code(), absl::StrCat("resuming from checkpoint ", dir, ": ", s.message()));
+  };
+  ASSIGN_OR_RETURN(std::string state_text, io::ReadFile(dir + "/" + kStateFile));
+  json state = json::parse(state_text, nullptr, false);
+  if (state.is_discarded() || !state.is_object() || state.value("format", "") != kStateFormat) {
+    return where(absl::DataLossError(absl::StrCat(kStateFile, " is not a ", kStateFormat, " file")));
+  }
+  for (const char* key : {"batch_size", "grad_accum"}) {
+    const int64_t want = std::string(key) == "batch_size" ? spec.batch_size : spec.grad_accum;
+    if (state.value(key, int64_t{-1}) != want) {
+      return where(absl::FailedPreconditionError(
+          absl::StrCat("it was written with ", key, " ", state.value(key, int64_t{-1}),
+                       ", the spec says ", want, " (the data order would change)")));
+    }
+  }
+  // The model weights (verified against the manifest by the reader).
+  auto reader = io::CheckpointReader::Open(dir);
+  if (!reader.ok()) return where(reader.status());
+  absl::Status loaded = model::LoadWeights(run.lm, [&](const std::string& name) {
+    return (*reader)->Tensor(name);
+  });
+  if (!loaded.ok()) return where(loaded);
+  // The optimizer moments and RNG, checked against the hash the state file recorded.
+  const std::string opt_path = dir + "/" + kOptimizerFile;
+  ASSIGN_OR_RETURN(std::string sha, io::Sha256File(opt_path));
+  if (sha != state["optimizer_file"].value("sha256", "")) {
+    return where(absl::DataLossError(absl::StrCat(kOptimizerFile, " does not match its sha256 in ",
+                                                  kStateFile, " (damaged)")));
+  }
+  auto opt_file = io::SafetensorsFile::Open(opt_path);
+  if (!opt_file.ok()) return where(opt_file.status());
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  torch::Tensor rng;
+  for (const io::TensorInfo& info : (*opt_file)->tensors()) {
+    if (info.dtype != io::Dtype::kU8 && info.dtype != io::Dtype::kF32) {
+      return where(absl::DataLossError(absl::StrCat(kOptimizerFile, ": tensor '", info.name,
+                                                    "' has an unexpected dtype")));
+    }
+    auto dtype = info.dtype == io::Dtype::kU8 ? torch::kUInt8 : torch::kFloat32;
+    auto t = torch::from_blob((*opt_file)->Data(info), info.shape, torch::dtype(dtype)).clone();
+    if (info.name == kRngTensor) {
+      rng = t;
+    } else {
+      tensors.emplace_back(info.name, t);
+    }
+  }
+  const int64_t step = state.value("step", int64_t{0});
+  absl::Status restored = run.optimizer->RestoreState(tensors, state.value("optimizer_step", step));
+  if (!restored.ok()) return where(restored);
+  if (rng.defined()) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(rng);
+  }
+  auto loader_state = data::LoaderState::FromJson(state["loader"]);
+  if (!loader_state.ok()) return where(loader_state.status());
+  absl::Status loader_ok = run.loader->Restore(*loader_state);
+  if (!loader_ok.ok()) return where(loader_ok);
+  run.tokens = state.value("tokens", int64_t{0});
+  return step;
+}
+
+// ---- Setup ----
+
+absl::Status BuildLoader(Run& run) {
+  const TrainSpec& spec = *run.spec;
+  ASSIGN_OR_RETURN(data::MixtureSpec mixture, data::MixtureSpecFromJson(spec.data.mixture));
+  const int64_t vocab = run.lm->config().vocab_size;
+  for (const auto& c : mixture.components) {
+    if (c.dataset->tokenizer().vocab_size > vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "data: dataset ", c.dataset->dir(), " was tokenized with a vocabulary of ",
+          c.dataset->tokenizer().vocab_size, " tokens, the model has ", vocab));
+    }
+  }
+  data::LoaderOptions options;
+  options.seq_len = spec.data.seq_len;
+  options.seed = spec.seed;
+  options.split = data::Split::kTrain;
+  options.heldout_fraction = spec.data.heldout_fraction;
+  options.split_seed = spec.data.split_seed;
+  options.shuffle = spec.data.shuffle;
+  auto loader = data::Loader::Create(std::move(mixture), options);
+  if (!loader.ok()) {
+    return absl::Status(loader.status().code(), absl::StrCat("data: ", loader.status().message()));
+  }
+  run.loader = std::move(*loader);
+  return absl::OkStatus();
+}
+
+absl::Status BuildPlanFor(Run& run, std::vector<torch::Tensor>* params) {
+  const auto& config = run.lm->config();
+  ModelShape shape{config.num_hidden_layers, config.intermediate_size, config.num_experts,
+                   config.tie_word_embeddings};
+  std::vector<ParamInfo> infos;
+  for (const auto& item : run.lm->named_parameters(/*recurse=*/true)) {
+    infos.push_back(ParamInfo{item.key(), item.value().sizes().vec()});
+    params->push_back(item.value());
+  }
+  ASSIGN_OR_RETURN(run.plan, BuildPlan(run.spec->strategy, shape, infos, run.spec->source));
+  return absl::OkStatus();
+}
+
+// SSFT (algorithms.md §4.5): the router of each listed layer may only pick the listed
+// experts while training. The model's router is a bias-free Linear; giving it an
+// (unregistered, so never saved) bias of 0 / -inf makes softmax and top-k see the target
+// experts only — the C++ counterpart of the reference code's forward hook.
+void RestrictRouters(Run& run) {
+  const int64_t experts = run.lm->config().num_experts;
+  for (const auto& [layer, ids] : run.plan.router_experts) {
+    auto* decoder = run.lm->model->layers[layer]->as<model::DecoderLayerImpl>();
+    auto bias = torch::full({experts}, -std::numeric_limits<float>::infinity());
+    for (int64_t id : ids) bias[id] = 0.0f;
+    decoder->moe->gate->bias = bias.to(decoder->moe->gate->weight.device());
+  }
+}
+
+void ClearRouterRestriction(Run& run) {
+  for (const auto& [layer, ids] : run.plan.router_experts) {
+    run.lm->model->layers[layer]->as<model::DecoderLayerImpl>()->moe->gate->bias = torch::Tensor();
+  }
+}
+
+// ---- One optimizer step ----
+
+struct StepResult {
+  double loss = 0.0;  // mean cross-entropy per predicted token over the global batch
+  double load_balancing = 0.0, router_z = 0.0;  // means over micro-batches and ranks
+  FlatAdamW::StepStats stats;
+  double lr = 0.0;
+};
+
+absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
+  const TrainSpec& spec = *run.spec;
+  const int64_t world = run.ranks.world(), rank = run.ranks.rank();
+  const int64_t rows = spec.batch_size / world, seq = spec.data.seq_len;
+  const int64_t vocab = run.lm->config().vocab_size;
+  const double global_tokens = static_cast<double>(spec.tokens_per_step());
+  const bool moe = run.lm->config().is_moe();
+  const AuxLossSpec& aux = spec.strategy.aux_loss;
+  StepResult result;
+  double ce_sum = 0.0, lb_sum = 0.0, z_sum = 0.0;
+  run.optimizer->ZeroGrad();
+  for (int64_t micro = 0; micro < spec.grad_accum; ++micro) {
+    std::vector<int32_t> batch = run.loader->NextBatch(spec.batch_size);  // [B, seq + 1]
+    auto tokens = torch::from_blob(batch.data(), {spec.batch_size, seq + 1}, torch::kInt32)
+                      .narrow(0, rank * rows, rows)
+                      .to(torch::kLong);  // [rows, seq + 1], this rank's share
+    const int64_t max_id = tokens.max().item<int64_t>();
+    if (max_id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("data: token id ", max_id, " at step ", step,
+                                                     " is outside the model's vocabulary of ",
+                                                     vocab));
+    }
+    auto inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
+    auto out = run.lm->forward(inputs);
+    auto ce = torch::nn::functional::cross_entropy(
+        out.logits.view({-1, vocab}), targets.reshape({-1}),
+        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+    // Scaled so that the mean over ranks of the summed gradients is d(mean CE)/dθ.
+    auto loss = ce * (static_cast<double>(world) / global_tokens);
+    if (moe) {
+      if (aux.load_balancing > 0) loss = loss + out.load_balancing_loss * (aux.load_balancing / spec.grad_accum);
+      if (aux.router_z > 0) loss = loss + out.router_z_loss * (aux.router_z / spec.grad_accum);
+      lb_sum += out.load_balancing_loss.item<double>();
+      z_sum += out.router_z_loss.item<double>();
+    }
+    loss.backward();
+    ce_sum += ce.item<double>();
+  }
+  run.ranks.AllReduceMean(run.optimizer->flat_grads());
+  result.loss = run.ranks.Sum(ce_sum) / global_tokens;
+  if (moe) {
+    const double micro_batches = static_cast<double>(spec.grad_accum * world);
+    result.load_balancing = run.ranks.Sum(lb_sum) / micro_batches;
+    result.router_z = run.ranks.Sum(z_sum) / micro_batches;
+  }
+  if (!std::isfinite(result.loss)) {
+    return absl::InternalError(absl::StrCat("training diverged at step ", step, ": loss is ",
+                                            result.loss, " (lower optimizer.lr or check the data); "
+                                            "no checkpoint written for this step"));
+  }
+  result.lr = LearningRate(spec.optimizer, spec.schedule, step, spec.steps);
+  result.stats = run.optimizer->Step(result.lr, spec.clip_grad_norm);
+  if (!std::isfinite(result.stats.grad_norm)) {
+    return absl::InternalError(absl::StrCat("training diverged at step ", step,
+                                            ": gradient norm is ", result.stats.grad_norm,
+                                            " (lower optimizer.lr or check the data); "
+                                            "no checkpoint written for this step"));
+  }
+  return result;
+}
+
+// A previous attempt of this very spec already published `out`: report it again.
+bool AlreadyDone(const TrainSpec& spec, const std::string& spec_sha256) {
+  auto text = io::ReadFile(spec.out + "/" + io::kManifestName);
+  if (!text.ok()) return false;
+  auto manifest = io::ParseManifest(*text, spec.out);
+  return manifest.ok() && manifest->producer.command == "train" &&
+         manifest->producer.params.value("spec_sha256", "") == spec_sha256;
+}
+
+absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& options,
+                                    const EventWriter& parent_events) {
+  Run run;
+  run.spec = &spec;
+  run.spec_sha256 = io::Sha256Hex(spec.raw.dump());
+  ASSIGN_OR_RETURN(run.ranks, Ranks::FromEnv());
+  const EventWriter events(parent_events.enabled() && run.ranks.rank() == 0);
+  if (spec.batch_size % run.ranks.world() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.source, ": batch_size ", spec.batch_size,
+                                                   " is not divisible by WORLD_SIZE ",
+                                                   run.ranks.world()));
+  }
+  if (spec.threads > 0) at::set_num_threads(spec.threads);
+  torch::manual_seed(spec.seed);
+
+  if (AlreadyDone(spec, run.spec_sha256)) {
+    events.Emit({{"event", "output"}, {"name", "model"}, {"path", spec.out}});
+    events.Emit({{"event", "done"}, {"command", "train"}, {"out", spec.out}, {"already_done", true}});
+    return RunResult::kFinished;
+  }
+  if (io::PathExists(spec.out) && !spec.overwrite) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        spec.source, ": out: ", spec.out, " already exists (set overwrite: true to replace it)"));
+  }
+
+  ASSIGN_OR_RETURN(run.lm, model::LoadModel(spec.model));
+  std::vector<torch::Tensor> params;
+  RETURN_IF_ERROR(BuildPlanFor(run, &params));
+  RETURN_IF_ERROR(Guard("setting up the optimizer", [&] {
+    run.optimizer = std::make_unique<FlatAdamW>(run.plan.params, params, spec.optimizer);
+    return absl::OkStatus();
+  }));
+  RestrictRouters(run);
+  RETURN_IF_ERROR(BuildLoader(run));
+  int64_t start_step = 0;
+  if (spec.checkpoint.every > 0) {
+    ASSIGN_OR_RETURN(start_step, Resume(run));
+  }
+  if (start_step > spec.steps) {
+    return absl::FailedPreconditionError(absl::StrCat("checkpoint at step ", start_step,
+                                                      " is past the spec's ", spec.steps, " steps"));
+  }
+  run.ranks.Broadcast(run.optimizer->parameters());
+  run.lm->train();
+
+  events.Emit({{"event", "start"},
+               {"command", "train"},
+               {"spec", spec.source},
+               {"model", spec.model},
+               {"arch", std::string(model::ArchName(run.lm->config().arch))},
+               {"out", spec.out},
+               {"total_steps", spec.steps},
+               {"tokens_per_step", spec.tokens_per_step()},
+               {"resumed_from_step", start_step},
+               {"world_size", run.ranks.world()},
+               {"threads", at::get_num_threads()},
+               {"total_params", run.plan.total_params},
+               {"trainable_params", run.plan.trainable_params},
+               {"trainable_fraction", run.plan.trainable_fraction()}});
+
+  using Clock = std::chrono::steady_clock;
+  double train_seconds = 0.0, last_loss = 0.0;
+  int64_t steps_this_run = 0;
+  for (int64_t step = start_step + 1; step <= spec.steps; ++step) {
+    const auto begin = Clock::now();
+    StepResult r;
+    RETURN_IF_ERROR(Guard(absl::StrCat("step ", step), [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(r, TrainStep(run, step));
+      return absl::OkStatus();
+    }));
+    const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+    train_seconds += seconds;
+    ++steps_this_run;
+    run.tokens += spec.tokens_per_step();
+    last_loss = r.loss;
+    if (step % spec.log_every == 0 || step == spec.steps) {
+      Event e = {{"event", "step"},
+                 {"step", step},
+                 {"total_steps", spec.steps},
+                 {"loss", r.loss},
+                 {"lr", r.lr},
+                 {"grad_norm", r.stats.grad_norm},
+                 {"tokens", run.tokens},
+                 {"tokens_per_s", seconds > 0 ? spec.tokens_per_step() / seconds : 0.0}};
+      if (!spec.strategy.l2sp.empty()) e["l2sp"] = r.stats.l2sp;
+      if (run.lm->config().is_moe()) {
+        e["load_balancing"] = r.load_balancing;
+        e["router_z"] = r.router_z;
+      }
+      events.Emit(e);
+    }
+    const bool checkpoint_due =
+        spec.checkpoint.every > 0 && step % spec.checkpoint.every == 0 && step < spec.steps;
+    if (checkpoint_due && run.ranks.rank() == 0) {
+      const std::string path = spec.checkpoint.dir + "/" + StepDirName(step);
+      RETURN_IF_ERROR(Guard("writing checkpoint " + path, [&] { return WriteCheckpoint(run, step, path); }));
+      PruneCheckpoints(spec);
+      events.Emit({{"event", "checkpoint"}, {"step", step}, {"path", path}});
+    }
+    if (options.stop_after_step == step && step < spec.steps) return RunResult::kStopped;
+  }
+
+  if (run.ranks.rank() == 0) {
+    ClearRouterRestriction(run);
+    model::SaveOptions save;
+    save.dtype = spec.save_dtype == "bfloat16"  ? torch::kBFloat16
+                 : spec.save_dtype == "float16" ? torch::kFloat16
+                                                : torch::kFloat32;
+    save.parents = {spec.model};
+    save.producer = Producer(spec, run.spec_sha256);
+    save.overwrite = spec.overwrite;
+    save.source_dir = spec.model;
+    absl::Status saved = model::SaveModel(run.lm, spec.out, save);
+    if (!saved.ok()) {
+      return absl::Status(saved.code(), absl::StrCat("writing ", spec.out, ": ", saved.message()));
+    }
+    events.Emit({{"event", "output"}, {"name", "model"}, {"path", spec.out}});
+  }
+  events.Emit({{"event", "done"},
+               {"command", "train"},
+               {"out", spec.out},
+               {"steps", spec.steps},
+               {"steps_this_run", steps_this_run},
+               {"resumed_from_step", start_step},
+               {"tokens", run.tokens},
+               {"final_loss", last_loss},
+               {"tokens_per_s", train_seconds > 0 ? steps_this_run * spec.tokens_per_step() / train_seconds : 0.0},
+               {"train_seconds", train_seconds},
+               {"total_params", run.plan.total_params},
+               {"trainable_params", run.plan.trainable_params},
+               {"trainable_fraction", run.plan.trainable_fraction()}});
+  return RunResult::kFinished;
+}
+
+}  // namespace
+
+absl::StatusOr<RunResult> Train(const TrainSpec& spec, const RunOptions& options,
+                                const EventWriter& events) {
+  absl::StatusOr<RunResult> result = absl::InternalError("unreachable");
+  absl::Status s = Guard("train", [&]() -> absl::Status {
+    result = TrainImpl(spec, options, events);
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  return result;
+}
+
+}  // namespace stemma::engine::train

@@ -1,0 +1,39 @@
+// The training loop of `stemma-engine train` (docs/train.md): loads the base model, applies
+// the spec's strategy (plan.h), trains with FlatAdamW on batches from the data loader,
+// publishes resumable checkpoints and the final model, and reports JSON-line events.
+//
+// Resumption: when the checkpoint directory holds a complete checkpoint, training continues
+// from the newest one (weights, optimizer moments, step, RNG and loader state), so a run
+// interrupted anywhere and restarted produces the same loss curve, step for step (bitwise on
+// CPU with the same thread count).
+//
+// Data parallel (RANK/WORLD_SIZE, engine/train/distributed.h): every rank reads the same
+// global batches and keeps rows [rank·B/W, (rank+1)·B/W) of each micro-batch; gradients are
+// averaged, so the update equals one process with the whole batch. Only rank 0 prints events
+// and writes checkpoints and the final model.
+//
+// Header without LibTorch: train_command.cc stays a cheap translation unit.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "engine/train/events.h"
+#include "engine/train/spec.h"
+
+namespace stemma::engine::train {
+
+struct RunOptions {
+  // Stop (as if preempted) right after the checkpoint of this step; 0: run to the end.
+  int64_t stop_after_step = 0;
+};
+
+enum class RunResult { kFinished, kStopped };
+
+// Runs (or resumes) the training `spec` describes. Errors name the cause: a spec field, a
+// file or tensor, a NaN loss (with the step). Nothing partial is ever published: checkpoints
+// and the output go through io::CheckpointWriter's staging directory and atomic rename.
+absl::StatusOr<RunResult> Train(const TrainSpec& spec, const RunOptions& options,
+                                const EventWriter& events);
+
+}  // namespace stemma::engine::train
