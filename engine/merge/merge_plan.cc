@@ -711,7 +711,14 @@ absl::Status Planner::Upcycle() {
 
 }  // namespace
 
+bool IsVisionTensor(const std::string& name) {
+  return absl::StrContains(name, "vision_tower.") || absl::StrContains(name, "multi_modal_projector.");
+}
+
 int LayerOf(const std::string& name) {
+  // A multimodal checkpoint's vision encoder has layers of its own; they are not the
+  // decoder's and no layer range selects them.
+  if (IsVisionTensor(name)) return -1;
   static const std::regex kLayer(R"((?:^|\.)layers\.(\d+)\.)");
   std::smatch m;
   if (!std::regex_search(name, m, kLayer)) return -1;
@@ -732,6 +739,7 @@ bool TensorSelector::Matches(const std::string& name) const {
     if (!in) return false;
   }
   if (!modules.empty()) {
+    if (IsVisionTensor(name)) return false;
     bool in = false;
     for (const std::string& m : modules) {
       if (m == "attention") in = in || absl::StrContains(name, ".self_attn.");

@@ -51,7 +51,10 @@ struct TensorSelector {
 // The default "middle" range of an L-layer model: layers round(9L/34) .. round(28L/34) - 1,
 // which is 9..27 for Gemma-3-4B's 34 layers (the reference split, algorithms.md 0.2).
 std::pair<int, int> MiddleLayers(int num_layers);
-// Layer index in a tensor name ("...layers.12.mlp..." -> 12), or -1.
+// Layer index of a decoder tensor ("...layers.12.mlp..." -> 12, any prefix such as
+// "language_model."), or -1: non-layer tensors and a multimodal model's vision tower and
+// projector, which layer ranges and modules never select (a pattern can).
 int LayerOf(const std::string& name);
+bool IsVisionTensor(const std::string& name);
 
 }  // namespace stemma::engine::merge

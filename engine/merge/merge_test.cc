@@ -212,6 +212,27 @@ class MergeTest : public ::testing::Test {
   int specs_ = 0;
 };
 
+TEST(TensorSelectorTest, LayersModulesAndPatternsOnDecoderNames) {
+  EXPECT_EQ(LayerOf("model.layers.12.mlp.up_proj.weight"), 12);
+  EXPECT_EQ(LayerOf("language_model.model.layers.3.self_attn.q_norm.weight"), 3);
+  EXPECT_EQ(LayerOf("model.embed_tokens.weight"), -1);
+  EXPECT_EQ(LayerOf("vision_tower.vision_model.encoder.layers.5.mlp.fc1.weight"), -1);
+  TensorSelector middle{{{9, 27}}, true, {}, ""};
+  EXPECT_TRUE(middle.Matches("language_model.model.layers.9.mlp.down_proj.weight"));
+  EXPECT_FALSE(middle.Matches("model.layers.28.mlp.down_proj.weight"));
+  EXPECT_FALSE(middle.Matches("vision_tower.vision_model.encoder.layers.10.mlp.fc1.weight"));
+  TensorSelector norms{{}, false, {"norms", "embeddings"}, ""};
+  EXPECT_TRUE(norms.Matches("model.layers.0.input_layernorm.weight"));
+  EXPECT_TRUE(norms.Matches("model.layers.0.self_attn.q_norm.weight"));
+  EXPECT_TRUE(norms.Matches("model.norm.weight"));
+  EXPECT_TRUE(norms.Matches("lm_head.weight"));
+  EXPECT_FALSE(norms.Matches("model.layers.0.mlp.up_proj.weight"));
+  EXPECT_FALSE(norms.Matches("vision_tower.vision_model.post_layernorm.weight"));
+  TensorSelector pattern{{}, false, {}, "q_proj|k_proj"};
+  EXPECT_TRUE(pattern.Matches("model.layers.1.self_attn.k_proj.weight"));
+  EXPECT_FALSE(pattern.Matches("model.layers.1.self_attn.v_proj.weight"));
+}
+
 TEST_F(MergeTest, SoupOfMixedDtypesAndShardsIsTheWeightedAverage) {
   Model a = RandomModel(1, Dtype::kBF16), b = RandomModel(2, Dtype::kF32), c = RandomModel(3, Dtype::kF16);
   WriteModel(P("a"), a, TinyConfig());
