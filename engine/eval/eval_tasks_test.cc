@@ -225,3 +225,20 @@ TEST(EvalSpecTest, ErrorsNameTheField) {
 
 }  // namespace
 }  // namespace stemma::engine::eval
+
+namespace stemma::engine::eval {
+namespace {
+
+TEST(EvalSpecTest, ShippedExampleSpecParses) {
+  const std::string path = std::string(STEMMA_SOURCE_DIR) + "/configs/eval/family-expert.yaml";
+  auto raw = ReadSpecFile(path);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  auto spec = ParseEvalSpec(*raw, path);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->tasks.size(), 5u);
+  EXPECT_EQ(spec->tasks[4].name, "en-uk");
+  EXPECT_EQ(spec->tasks[4].k, 1);
+}
+
+}  // namespace
+}  // namespace stemma::engine::eval
