@@ -26,6 +26,11 @@ model, data, batch, sequence length, optimizer settings and thread count on both
                L = layers, H = hidden size, T = sequence length (the attention score and
                value products, forward + backward). MFU = tokens/s * FLOPs/token / peak.
 
+Load: on a machine shared with other work, OpenMP's default spin-waiting dominates both
+sides (idle threads spin while their sibling is descheduled; perf showed ~64% of the
+trainer's samples in libgomp's spin loop at load 7 on 2 cores). --omp-wait-policy PASSIVE
+sets OMP_WAIT_POLICY for both sides; the JSON records it and the 1-minute load average.
+
 The last stdout line is one JSON object: stemma_tokens_per_s, transformers_tokens_per_s,
 ratio (target >= 1.1), matmul_peak_gflops, mfu_vs_matmul_peak (Stemma's; target >= 0.6),
 transformers_mfu_vs_matmul_peak, loss_first_step_stemma, loss_first_step_transformers, and
@@ -61,9 +66,14 @@ def parse_args():
     p.add_argument("--seq-len", type=int, default=int(env("STEMMA_BENCH_SEQ_LEN", "128")))
     p.add_argument("--batch", type=int, default=int(env("STEMMA_BENCH_BATCH", "4")))
     p.add_argument("--warmup-steps", type=int, default=2)
-    p.add_argument("--steps", type=int, default=int(env("STEMMA_BENCH_STEPS", "8")),
+    p.add_argument("--steps", type=int, default=int(env("STEMMA_BENCH_STEPS", "6")),
                    help="measured steps per round, after the warm-up ones")
     p.add_argument("--rounds", type=int, default=int(env("STEMMA_BENCH_ROUNDS", "2")))
+    p.add_argument("--omp-wait-policy", choices=["", "ACTIVE", "PASSIVE"],
+                   default=env("STEMMA_BENCH_OMP_WAIT_POLICY", ""),
+                   help="OMP_WAIT_POLICY for both sides (default: libgomp's own, spinning); "
+                        "PASSIVE stops idle OpenMP threads spinning, which matters on a "
+                        "machine shared with other work")
     p.add_argument("--keep-tmp", action="store_true")
     return p.parse_args()
 
@@ -215,6 +225,8 @@ def main():
         sys.exit(f"bench train: no stemma-engine at {engine} (build the engine and set "
                  "STEMMA_ENGINE=BUILD_DIR/bin/stemma-engine)")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    if args.omp_wait_policy:  # before torch loads libgomp, and inherited by stemma-engine
+        os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy
     import numpy as np
     import torch
     import transformers
@@ -272,6 +284,8 @@ def main():
             "batch": args.batch, "seq_len": args.seq_len, "threads": args.threads,
             "warmup_steps": args.warmup_steps, "measured_steps": args.steps,
             "rounds": args.rounds,
+            "omp_wait_policy": args.omp_wait_policy or None,
+            "load_average_1min": round(os.getloadavg()[0], 2),
         }
         print(json.dumps(result), flush=True)
     finally:
