@@ -360,7 +360,8 @@ absl::Status DataParallel::Ring::Join(c10d::Store& store) {
   const uint32_t hello[2] = {kHelloMagic, static_cast<uint32_t>(config_.rank)};
   TuneStream(to_next_.get());
 
-  // Accept the previous rank (the listener is non-blocking so a stray client cannot hang us).
+  // Accept the previous rank, waiting at most until the deadline (a missing rank is an error,
+  // not a hang; a stray client fails the greeting check below).
   pollfd wait_for{listener.get(), POLLIN, 0};
   if (::poll(&wait_for, 1, RemainingMs(deadline)) != 1) {
     return absl::DeadlineExceededError(
