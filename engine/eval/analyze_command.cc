@@ -3,6 +3,8 @@
 // alignment of parallel sentences (docs/eval.md). Every analysis named in the spec runs; the
 // spec is checked as a whole before any model is loaded, and output files are written only
 // after every analysis has succeeded (each atomically), so a failed run leaves no outputs.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -66,9 +68,12 @@ struct AnalyzeSpec {
 };
 
 // Relative paths in a spec are relative to the spec file's directory (as in eval's specs).
+// Absolute, so output events name files the worker can find whatever its directory.
 std::string Resolve(const std::string& spec_path, const std::string& path) {
-  if (path.empty() || std::filesystem::path(path).is_absolute()) return path;
-  return (std::filesystem::path(spec_path).parent_path() / path).lexically_normal().string();
+  if (path.empty()) return path;
+  std::filesystem::path p(path);
+  if (p.is_relative()) p = std::filesystem::path(spec_path).parent_path() / p;
+  return std::filesystem::absolute(p).lexically_normal().string();
 }
 
 absl::Status FieldError(const std::string& where, const std::string& what) {
@@ -421,6 +426,7 @@ class Analysis {
       if (spec_.lape) options.activation_threshold = spec_.lape->params.activation_threshold;
       RETURN_IF_ERROR(
           model_->Profile(tokens, options, &lape_counts[lang], &routing_counts[lang]));
+      tokens_profiled_ += std::max(lape_counts[lang].tokens, routing_counts[lang].tokens);
       if (options.routing) {
         const int64_t used = routing_counts[lang].tokens;  // the tokens routed
         vocab[lang].insert(tokens.begin(), tokens.begin() + used);
@@ -569,7 +575,13 @@ class Analysis {
       EmitEvent("output", {{"name", name}, {"path", path}});
     }
     Progress(++step_, total_steps_, "outputs written");
-    EmitEvent("done", {{"command", "analyze"}, {"outputs", written}});
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    EmitEvent("done", {{"command", "analyze"},
+                       {"outputs", written},
+                       {"tokens_profiled", tokens_profiled_},
+                       {"seconds", seconds},
+                       {"tokens_per_s", seconds > 0 ? tokens_profiled_ / seconds : 0.0}});
     return absl::OkStatus();
   }
 
@@ -578,6 +590,8 @@ class Analysis {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   Outputs outputs_;
   int64_t step_ = 0, total_steps_ = 0;
+  int64_t tokens_profiled_ = 0;  // tokens run through the model by lape/routing
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
 absl::StatusOr<std::string> SpecFlag(int argc, char** argv) {

@@ -582,6 +582,57 @@ TEST_F(AnalyzeCommand, AlignmentOfIdenticalSentencesIsOne) {
   }
 }
 
+// The same counting done by transformers with forward hooks (tests/engine/analyze_hf.py) on a
+// checkpoint that transformers wrote: the LAPE selection, τ, and every routing count agree.
+TEST_F(AnalyzeCommand, MatchesTransformersOnTheSameWindows) {
+  const std::string script = absl::StrCat(STEMMA_SOURCE_DIR, "/tests/engine/analyze_hf.py");
+  auto python = [&](const std::string& args) {
+    const std::string cmd = absl::StrCat(STEMMA_PYTHON, " ", script, " ", args, " >",
+                                         (dir_ / "python.log").string(), " 2>&1");
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd << "\n" << ReadAll(dir_ / "python.log");
+  };
+  WriteText(dir_ / "aa.txt", Letters('a', 'm', 3000, 1));
+  WriteText(dir_ / "bb.txt", Letters('e', 'z', 3000, 2));  // overlapping alphabets
+  const std::string sources = absl::StrCat("aa=", (dir_ / "aa.txt").string(), " bb=",
+                                           (dir_ / "bb.txt").string());
+  const json languages = {{"aa", {{"text", (dir_ / "aa.txt").string()}}},
+                          {"bb", {{"text", (dir_ / "bb.txt").string()}}}};
+
+  // Creates dir_/llama and dir_/olmoe and counts with transformers, in one Python process.
+  python(absl::StrCat("parity --seq-len 64 --batch 4 --out ", dir_.string(), " ", sources));
+  RunResult r = Run({{"model", (dir_ / "llama").string()},
+                     {"out", (dir_ / "out_lape").string()},
+                     {"seq_len", 64},
+                     {"batch_size", 4},
+                     {"languages", languages},
+                     {"lape", json::object()}});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json hf = ReadJson(dir_ / "hf_lape.json");
+  json mask = ReadJson(dir_ / "out_lape" / "neuron_mask.json");
+  EXPECT_EQ(mask["languages"], hf["languages"]);
+  EXPECT_DOUBLE_EQ(mask["params"]["filter_threshold"].get<double>(), hf["tau"].get<double>());
+  EXPECT_EQ(mask["params"]["tokens"], hf["tokens"]);
+
+  r = Run({{"model", (dir_ / "olmoe").string()},
+           {"out", (dir_ / "out_routing").string()},
+           {"seq_len", 64},
+           {"batch_size", 4},
+           {"languages", languages},
+           {"routing", json::object()}});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  hf = ReadJson(dir_ / "hf_routing.json");
+  json stats = ReadJson(dir_ / "out_routing" / "routing.json");
+  ASSERT_EQ(stats["layers"].size(), 2u);
+  for (const auto& layer : stats["layers"]) {
+    const int64_t l = layer["layer"].get<int64_t>();
+    for (const std::string lang : {"aa", "bb"}) {
+      EXPECT_EQ(layer["counts"][lang], hf["counts"][lang][l]) << lang << " layer " << l;
+    }
+  }
+  EXPECT_GT(stats["vocab_overlap"][0][1].get<double>(), 0.0);  // shared letters e..m
+  EXPECT_LT(stats["vocab_overlap"][0][1].get<double>(), 1.0);
+}
+
 TEST_F(AnalyzeCommand, BadInputsFailWithAClearErrorAndNoOutput) {
   model::CausalLM dense = TinyModel(model::Arch::kLlama);
   Save(dense, dir_ / "dense");
