@@ -1,5 +1,6 @@
 #include "common/job_spec.h"
 
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
@@ -29,6 +30,17 @@ absl::StatusOr<v1::JobSpec> SpecFromNode(const YAML::Node& node, absl::string_vi
   }
   std::string json;
   AppendYamlAsJson(node, &json);
+  // An engine job's spec may be written inline as a mapping (the natural way in YAML); it
+  // travels as the JSON text that `stemma-engine <command> --spec FILE` reads.
+  if (node["engine"] && node["engine"].IsMap() && node["engine"]["spec"] &&
+      node["engine"]["spec"].IsMap()) {
+    nlohmann::json doc = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_object()) {
+      nlohmann::json& spec_field = doc["engine"]["spec"];
+      spec_field = spec_field.dump();
+      json = doc.dump();
+    }
+  }
   v1::JobSpec spec;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;

@@ -27,7 +27,8 @@ namespace {
 constexpr const char* kUsage =
     "usage: stemma-engine <command> [args]\n"
     "commands:\n"
-    "  init     --arch llama|qwen2|gemma3|olmoe --preset tiny --seed S --out DIR\n"
+    "  init     --arch llama|qwen2|gemma3|olmoe --preset tiny|small --seed S --out DIR\n"
+    "           [--tokenizer bytes]\n"
     "  logits   --model DIR --tokens 1,2,3 [--out FILE]\n"
     "  inspect  DIR|FILE.safetensors   tensors, dtypes, shapes, shards, manifest status\n"
     "  verify   DIR                    check every file against the stemma.json manifest\n"

@@ -137,3 +137,34 @@ TEST(SpecFile, ErrorsNameTheFileAndField) {
 
 }  // namespace
 }  // namespace stemma
+
+namespace stemma {
+namespace {
+
+TEST(JobYaml, EngineSpecMayBeAMappingAndTravelsAsJson) {
+  auto specs = ParseJobsYaml(
+      "name: cpt\n"
+      "engine:\n"
+      "  command: train\n"
+      "  spec:\n"
+      "    model: /ckpt/base\n"
+      "    steps: 10\n"
+      "    strategy: {freeze: {layers: [\"9:28\"]}}\n",
+      "job.yaml");
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  ASSERT_EQ(specs->size(), 1u);
+  const v1::EngineSpec& engine = (*specs)[0].engine();
+  EXPECT_EQ(engine.command(), "train");
+  nlohmann::json spec = nlohmann::json::parse(engine.spec());
+  EXPECT_EQ(spec["model"], "/ckpt/base");
+  EXPECT_EQ(spec["steps"], 10);
+  EXPECT_EQ(spec["strategy"]["freeze"]["layers"][0], "9:28");
+
+  // A spec given as text stays as written.
+  auto text = ParseJobsYaml("name: t\nengine: {command: eval, spec: \"model: /m\\n\"}\n", "t.yaml");
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_EQ((*text)[0].engine().spec(), "model: /m\n");
+}
+
+}  // namespace
+}  // namespace stemma

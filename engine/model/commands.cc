@@ -81,7 +81,8 @@ absl::Status Guarded(Fn&& fn) {
 }
 
 absl::Status Init(int argc, char** argv) {
-  ASSIGN_OR_RETURN(auto flags, ParseFlags(argc, argv, {"arch", "preset", "seed", "out"}));
+  ASSIGN_OR_RETURN(auto flags,
+                   ParseFlags(argc, argv, {"arch", "preset", "seed", "out", "tokenizer"}));
   ASSIGN_OR_RETURN(std::string arch_name, Required(flags, "arch"));
   ASSIGN_OR_RETURN(std::string out, Required(flags, "out"));
   const std::string preset = flags.count("preset") ? flags["preset"] : "tiny";
@@ -92,11 +93,25 @@ absl::Status Init(int argc, char** argv) {
   }
   ASSIGN_OR_RETURN(model::Arch arch, model::ArchFromName(arch_name));
   ASSIGN_OR_RETURN(nlohmann::json config_json, model::PresetConfigJson(arch, preset));
+  if (flags.count("tokenizer")) {
+    if (flags["tokenizer"] != "bytes") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--tokenizer must be 'bytes', got '", flags["tokenizer"], "'"));
+    }
+    // The byte tokenizer (engine/tokenizer/tokenizer.h): bytes 0..255, BOS 256, EOS 257,
+    // PAD 258; config.json names it, so `tokenize`, `train` and `eval` find it in the model.
+    config_json["vocab_size"] = 259;
+    config_json["bos_token_id"] = 256;
+    config_json["eos_token_id"] = 257;
+    config_json["pad_token_id"] = 258;
+    config_json["stemma_tokenizer"] = {{"type", "bytes"}};
+  }
   ASSIGN_OR_RETURN(model::ModelConfig config, model::ParseModelConfig(config_json));
   ASSIGN_OR_RETURN(CausalLM lm, model::InitModel(config, seed));
   model::SaveOptions options;
   options.producer.command = "init";
   options.producer.params = {{"arch", arch_name}, {"preset", preset}, {"seed", seed}};
+  if (flags.count("tokenizer")) options.producer.params["tokenizer"] = flags["tokenizer"];
   RETURN_IF_ERROR(model::SaveModel(lm, out, options));
   int64_t count = 0;
   for (const auto& p : lm->parameters()) count += p.numel();

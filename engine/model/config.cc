@@ -386,8 +386,9 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const json& json_in) {
 }
 
 absl::StatusOr<nlohmann::json> PresetConfigJson(Arch arch, absl::string_view preset) {
-  if (preset != "tiny") {
-    return absl::InvalidArgumentError(absl::StrCat("unknown preset '", preset, "' (want tiny)"));
+  if (preset != "tiny" && preset != "small") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown preset '", preset, "' (want tiny or small)"));
   }
   json j = {
       {"vocab_size", 256},
@@ -464,6 +465,21 @@ absl::StatusOr<nlohmann::json> PresetConfigJson(Arch arch, absl::string_view pre
       j["clip_qkv"] = nullptr;
       j["attention_bias"] = false;
       break;
+  }
+  if (preset == "small") {
+    // Deep enough for layer-range strategies (8 layers: the middle block is 2:7), still
+    // seconds per step on a laptop core: demos and benchmarks.
+    j["hidden_size"] = 128;
+    j["num_hidden_layers"] = 8;
+    j["intermediate_size"] = arch == Arch::kOlmoe ? 96 : 384;
+    if (j.contains("head_dim")) j["head_dim"] = 32;
+    if (arch == Arch::kGemma3) {
+      j["query_pre_attn_scalar"] = 32;
+      j["sliding_window"] = 64;
+      json types = json::array();
+      for (int i = 0; i < 8; ++i) types.push_back(i % 6 == 5 ? "full_attention" : "sliding_attention");
+      j["layer_types"] = types;
+    }
   }
   return j;
 }
