@@ -77,50 +77,59 @@ absl::Status RecipeFiller::Prepare(size_t index) {
           "tensor \"", t.name, "\": density ", term.density, " of model ", m,
           " keeps no element of its ", n, " (raise the density)"));
     }
-    // One pass for the statistics the mask needs: |delta| for the magnitude threshold, L1
-    // norms before and after masking for the rescale.
-    if (g.sparsify == Sparsify::kMagnitude) magnitudes_.resize(n);
-    double l1_before = 0, l1_after_random = 0;
-    for (int64_t b = 0; b < n; b += kBlock) {
-      const int64_t len = std::min(kBlock, n - b);
-      Load(r.anchor, b, len, y_.data());
-      Load(term.x, b, len, x_.data());
-      for (int64_t i = 0; i < len; ++i) {
-        const float a = std::fabs(x_[i] - y_[i]);
+    // Streamed passes over (model, base), recomputing |delta| exactly as the merge does:
+    // no copy of the tensor is held, whatever its size.
+    auto each = [&](auto&& fn) {
+      for (int64_t b = 0; b < n; b += kBlock) {
+        const int64_t len = std::min(kBlock, n - b);
+        Load(r.anchor, b, len, y_.data());
+        Load(term.x, b, len, x_.data());
+        for (int64_t i = 0; i < len; ++i) fn(b + i, std::fabs(x_[i] - y_[i]));
+        ReleaseRange(r.anchor, b, b + len);
+        ReleaseRange(term.x, b, b + len);
+      }
+    };
+    double l1_before = 0, l1_after = 0;
+    if (g.sparsify == Sparsify::kRandom) {
+      each([&](int64_t i, float a) {
         l1_before += a;
-        if (g.sparsify == Sparsify::kMagnitude) {
-          magnitudes_[b + i] = a;
-        } else if (Uniform(g.seed, sp.stream, b + i) < term.density) {
-          l1_after_random += a;
+        if (Uniform(g.seed, sp.stream, i) < term.density) l1_after += a;
+      });
+    } else {
+      // The k-th largest |delta| by radix selection on its bits (non-negative floats order
+      // like their bit patterns), 8 bits per pass from the top.
+      uint32_t prefix = 0, mask = 0;
+      int64_t remaining = k;  // how many of the elements matching prefix are still to take
+      for (int shift = 24; shift >= 0; shift -= 8) {
+        int64_t histogram[256] = {};
+        each([&](int64_t, float a) {
+          uint32_t bits;
+          std::memcpy(&bits, &a, 4);
+          if ((bits & mask) == prefix) ++histogram[(bits >> shift) & 0xff];
+        });
+        for (int digit = 255; digit >= 0; --digit) {
+          if (remaining <= histogram[digit]) {
+            prefix |= static_cast<uint32_t>(digit) << shift;
+            break;
+          }
+          remaining -= histogram[digit];
         }
+        mask |= 0xffu << shift;
       }
-      ReleaseRange(r.anchor, b, b + len);
-      ReleaseRange(term.x, b, b + len);
-    }
-    double l1_after = l1_after_random;
-    if (g.sparsify == Sparsify::kMagnitude) {
-      // The k largest magnitudes; ties at the threshold are kept in index order.
-      std::vector<float> sorted = magnitudes_;
-      std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), std::greater<float>());
-      sp.threshold = sorted[k - 1];
-      sorted = {};
-      int64_t above = 0;
-      l1_after = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        if (magnitudes_[i] > sp.threshold) {
-          ++above;
-          l1_after += magnitudes_[i];
-        }
-      }
-      int64_t need = k - above;
-      for (int64_t i = 0; i < n && need > 0; ++i) {
-        if (magnitudes_[i] == sp.threshold) {
+      std::memcpy(&sp.threshold, &prefix, 4);
+      // Everything above the threshold is kept, and the first `remaining` elements equal
+      // to it (in index order): exactly k in all.
+      int64_t ties = 0;
+      each([&](int64_t i, float a) {
+        l1_before += a;
+        if (a > sp.threshold) {
+          l1_after += a;
+        } else if (a == sp.threshold && ties < remaining) {
+          ++ties;
           sp.cutoff = i;
-          l1_after += magnitudes_[i];
-          --need;
+          l1_after += a;
         }
-      }
-      magnitudes_ = {};
+      });
     }
     if (g.rescale && l1_before >= 1e-7 && l1_after >= 1e-7) sp.scale = l1_before / l1_after;
   }

@@ -92,7 +92,6 @@ class RecipeFiller {
   std::vector<Sparse> sparse_;
   std::vector<float> x_, y_, acc_;
   std::vector<std::vector<float>> deltas_;
-  std::vector<float> magnitudes_;
   uint64_t name_stream_ = 0;  // StreamId of the current tensor, for kNormal
 };
 
