@@ -439,8 +439,8 @@ TEST(DataParallelTest, TwoProcessTrainMatchesOneProcess) {
                  {{}}, logs);
   ASSERT_EQ(setup[0].exit_code, 0) << setup[0].output;
 
-  // Global batch 4 (2 rows per rank), shuffled data, warmup + cosine schedule, clipping and
-  // weight decay: the whole update path.
+  // Global batch 4 (2 rows per rank) in 2 accumulated micro-batches, shuffled data, warmup +
+  // cosine schedule, clipping and weight decay: the whole update path.
   auto write_spec = [&](const std::string& name) {
     nlohmann::json spec = {
         {"model", model.string()},
@@ -448,6 +448,7 @@ TEST(DataParallelTest, TwoProcessTrainMatchesOneProcess) {
         {"data", {{"datasets", {{{"path", tokens.string()}, {"weight", 1.0}}}},
                   {"seq_len", 48}, {"shuffle", true}}},
         {"batch_size", 4},
+        {"grad_accum", 2},
         {"steps", 5},
         {"seed", 5},
         {"threads", 1},
@@ -490,9 +491,13 @@ TEST(DataParallelTest, TwoProcessTrainMatchesOneProcess) {
     const double a = one[i]["loss"], b = two[i]["loss"];
     EXPECT_LE(std::abs(a - b), 1e-5 * std::abs(a)) << "step " << i + 1 << ": " << a << " vs " << b;
     EXPECT_EQ(one[i]["tokens"], two[i]["tokens"]) << "step " << i + 1;
+    // The norm of the averaged gradient (before clipping): a sum over ranks would double it.
+    const double norm_a = one[i]["grad_norm"], norm_b = two[i]["grad_norm"];
+    EXPECT_LE(std::abs(norm_a - norm_b), 1e-5 * norm_a) << "step " << i + 1;
   }
 
-  // The saved models agree to float rounding (the gradient sums differ only in order).
+  // The saved models agree to float rounding (the gradient sums differ only in order; Adam's
+  // normalisation amplifies that where a gradient is near zero, hence relative to movement).
   auto a = io::CheckpointReader::Open((dir.path() / "out-single").string());
   auto b = io::CheckpointReader::Open((dir.path() / "out-ddp").string());
   ASSERT_TRUE(a.ok()) << a.status();
@@ -506,7 +511,7 @@ TEST(DataParallelTest, TwoProcessTrainMatchesOneProcess) {
     const double moved = (x - before).abs().max().item<double>();
     const double differ = (x - y).abs().max().item<double>();
     EXPECT_GT(moved, 0.0) << name << " was not trained";
-    EXPECT_LE(differ, 1e-3 * moved) << name << ": moved " << moved << ", runs differ by "
+    EXPECT_LE(differ, 5e-3 * moved) << name << ": moved " << moved << ", runs differ by "
                                      << differ;
   }
 }
