@@ -22,16 +22,24 @@ struct Golden {
   nlohmann::json scores;
 };
 
-// Runs the generator once per test binary.
+// Runs the generator once: ctest runs each test in its own process, so the golden file is
+// kept in the temp directory under a name that changes with the generator script.
 const Golden& LoadGolden() {
   static const Golden golden = [] {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("chrf_test_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(dir);
-    const auto out = (dir / "golden.json").string();
-    const std::string command = std::string(STEMMA_PYTHON) + " " + STEMMA_SOURCE_DIR +
-                                "/tests/engine/eval_chrf.py --n 400 --seed 7 --out " + out;
-    EXPECT_EQ(std::system(command.c_str()), 0) << command;
+    const std::string script = std::string(STEMMA_SOURCE_DIR) + "/tests/engine/eval_chrf.py";
+    const auto stamp = std::filesystem::last_write_time(script).time_since_epoch().count();
+    const auto out = (std::filesystem::temp_directory_path() /
+                      ("stemma_chrf_golden_n400_s7_" + std::to_string(stamp) + "_" +
+                       std::to_string(std::filesystem::file_size(script)) + ".json"))
+                         .string();
+    if (!std::filesystem::exists(out)) {
+      // Written aside and renamed, so a concurrent test process never reads half a file.
+      const std::string staging = out + ".tmp" + std::to_string(::getpid());
+      const std::string command = std::string(STEMMA_PYTHON) + " " + script +
+                                  " --n 400 --seed 7 --out " + staging;
+      EXPECT_EQ(std::system(command.c_str()), 0) << command;
+      std::filesystem::rename(staging, out);
+    }
     std::ifstream in(out);
     const auto j = nlohmann::json::parse(in);
     Golden g;
@@ -41,7 +49,6 @@ const Golden& LoadGolden() {
       g.refs2.push_back(pair["refs"][1]);
     }
     g.scores = j["scores"];
-    std::filesystem::remove_all(dir);
     return g;
   }();
   return golden;

@@ -208,6 +208,29 @@ TEST(EvalCommand, PerplexityEqualsDirectComputationOverHeldOutWindows) {
             fs::path(run.events[run.events.size() - 2]["path"].get<std::string>()));
 }
 
+// The same held-out windows through transformers (eager, fp32): tests/bench/eval_hf.py
+// re-implements the split and the windows in Python.
+TEST(EvalCommand, PerplexityAgreesWithTransformers) {
+  const std::string spec = Root() + "/ppl_hf.json";
+  Write(spec, json({{"model", ModelDir()}, {"batch_size", 3},
+                    {"tasks", {{{"type", "perplexity"}, {"language", "uk"},
+                                {"data", TokenizedDataset()}, {"heldout_fraction", 0.5},
+                                {"split_seed", 3}, {"seq_len", 48}}}}}).dump());
+  const EngineRun run = Engine(spec);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json task = Results(run)["tasks"][0];
+  const std::string out = Root() + "/hf_ppl.json";
+  const std::string command = std::string(STEMMA_PYTHON) + " " + STEMMA_SOURCE_DIR +
+                              "/tests/bench/eval_hf.py ppl --model " + ModelDir() + " --data " +
+                              TokenizedDataset() + " --fraction 0.5 --split-seed 3 --seq-len 48" +
+                              " --batch-size 3 --threads 1 --attn eager >" + out + " 2>/dev/null";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const json hf = json::parse(Read(out));
+  EXPECT_EQ(task["tokens"], hf["tokens"]);
+  EXPECT_NEAR(task["nll"].get<double>() / hf["nll"].get<double>(), 1.0, 1e-5);
+  EXPECT_NEAR(task["metrics"]["ppl"].get<double>() / hf["ppl"].get<double>(), 1.0, 1e-5);
+}
+
 std::string BelebeleLine(const std::string& passage, const std::string& question,
                          const std::vector<std::string>& answers, const std::string& correct) {
   return json({{"flores_passage", passage}, {"question", question}, {"mc_answer1", answers[0]},
