@@ -402,6 +402,49 @@ TEST_F(TrainTest, ResumedRunRepeatsTheLossCurveExactly) {
   ASSERT_EQ(again.Of("output").size(), 1u);
 }
 
+// The loss curve equals transformers' model + torch.optim.AdamW + clip_grad_norm_ on the same
+// rows (a one-document dataset without shuffling, whose windows the script rebuilds).
+TEST_F(TrainTest, LossCurveMatchesTransformersWithTorchAdamW) {
+  std::vector<int32_t> doc;
+  for (int k = 0; k < 37; ++k) doc.push_back(3 + (k * 5) % 16);
+  data::DatasetWriterOptions o;
+  o.out_dir = (root_ / "one_doc").string();
+  o.language = "xx";
+  o.tokenizer = {.name = "synthetic", .kind = "none", .file = "", .sha256 = "",
+                 .vocab_size = 256, .bos_id = 1, .eos_id = 2};
+  auto writer = data::DatasetWriter::Create(o);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->AddDocument(doc).ok());
+  ASSERT_TRUE((*writer)->Finish({}).ok());
+  for (const char* arch : {"llama", "qwen2", "gemma3"}) {
+    SCOPED_TRACE(arch);
+    json spec = BaseSpec(arch, absl::StrCat("reference_", arch));
+    spec["data"] = {{"datasets", {{{"path", (root_ / "one_doc").string()}, {"weight", 1}}}},
+                    {"seq_len", 16}, {"shuffle", false}};
+    spec["steps"] = 5;
+    spec["optimizer"] = {{"lr", 3e-3}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.0}};
+    spec["schedule"] = {{"type", "constant"}, {"warmup_steps", 0}};
+    Result r = Run(spec, absl::StrCat("reference_", arch));
+    ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+    json job = {{"model", (root_ / arch).string()}, {"doc", doc}, {"eos", 2}, {"seq_len", 16},
+                {"batch_size", 4}, {"steps", 5}, {"lr", 3e-3}, {"betas", {0.9, 0.95}},
+                {"eps", 1e-8}, {"clip", 1.0}};
+    std::ofstream(root_ / "reference_job.json") << job.dump();
+    const fs::path out = root_ / "reference_out.json";
+    ASSERT_EQ(Shell(absl::StrCat(STEMMA_PYTHON, " ", STEMMA_SOURCE_DIR,
+                                 "/tests/engine/train_reference.py ", (root_ / "reference_job.json").string(),
+                                 " > ", out.string())),
+              0);
+    json expected = json::parse(ReadText(out));
+    auto losses = r.Losses();
+    ASSERT_EQ(losses.size(), 5u);
+    for (int step = 1; step <= 5; ++step) {
+      EXPECT_NEAR(losses[step], expected[step - 1].get<double>(), 1e-4) << "step " << step;
+    }
+    EXPECT_LT(losses[5], losses[1]);
+  }
+}
+
 struct BadCase {
   std::string name;
   std::function<void(json&, const fs::path&)> edit;  // edits the spec; may damage files
