@@ -424,8 +424,24 @@ class Analysis {
       options.lape = spec_.lape && Contains(spec_.lape->languages, lang);
       options.routing = spec_.routing && Contains(spec_.routing->languages, lang);
       if (spec_.lape) options.activation_threshold = spec_.lape->params.activation_threshold;
+      int64_t last_tenth = 0;
+      options.progress = [&](int64_t done, int64_t windows) {
+        const int64_t tenth = done * 10 / windows;  // at most ten events per language
+        if (tenth == last_tenth || done == windows) return;
+        last_tenth = tenth;
+        EmitEvent("progress", {{"step", step_},
+                               {"total_steps", total_steps_},
+                               {"fraction", (step_ + static_cast<double>(done) / windows) /
+                                                static_cast<double>(total_steps_)},
+                               {"message", absl::StrCat("profiling ", lang, ": ", done, "/",
+                                                        windows, " windows")}});
+      };
+      const auto profile_start = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(
           model_->Profile(tokens, options, &lape_counts[lang], &routing_counts[lang]));
+      profile_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                        profile_start)
+                              .count();
       tokens_profiled_ += std::max(lape_counts[lang].tokens, routing_counts[lang].tokens);
       if (options.routing) {
         const int64_t used = routing_counts[lang].tokens;  // the tokens routed
@@ -577,11 +593,13 @@ class Analysis {
     Progress(++step_, total_steps_, "outputs written");
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-    EmitEvent("done", {{"command", "analyze"},
-                       {"outputs", written},
-                       {"tokens_profiled", tokens_profiled_},
-                       {"seconds", seconds},
-                       {"tokens_per_s", seconds > 0 ? tokens_profiled_ / seconds : 0.0}});
+    json done = {{"command", "analyze"}, {"outputs", written}, {"seconds", seconds}};
+    if (tokens_profiled_ > 0) {  // forward passes of lape/routing only, model load excluded
+      done["tokens_profiled"] = tokens_profiled_;
+      done["profile_seconds"] = profile_seconds_;
+      done["tokens_per_s"] = profile_seconds_ > 0 ? tokens_profiled_ / profile_seconds_ : 0.0;
+    }
+    EmitEvent("done", done);
     return absl::OkStatus();
   }
 
@@ -591,6 +609,7 @@ class Analysis {
   Outputs outputs_;
   int64_t step_ = 0, total_steps_ = 0;
   int64_t tokens_profiled_ = 0;  // tokens run through the model by lape/routing
+  double profile_seconds_ = 0.0;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 

@@ -2,11 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "common/spec_file.h"
 #include "common/status.h"
 #include "engine/data/dataset.h"

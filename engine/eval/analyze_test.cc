@@ -459,13 +459,19 @@ TEST_F(AnalyzeCommand, RoutingGivesTheRiggedLanguageLowestEntropyAndItsExpertThe
   WriteText(dir_ / "aa.txt", Letters('a', 'h', 3000, 3));
   WriteText(dir_ / "bb.txt", Letters('i', 'q', 3000, 4));
   WriteText(dir_ / "cc.txt", Letters('r', 'z', 3000, 5));
+  // "cc" as a token dataset (one document per line: the same stream as a text source).
+  const std::string tokenize =
+      absl::StrCat(STEMMA_ENGINE_BIN, " tokenize --tokenizer ", (dir_ / "moe").string(),
+                   " --input ", (dir_ / "cc.txt").string(), " --format text --line-docs",
+                   " --language cc --out ", (dir_ / "cc_tokens").string(), " >/dev/null");
+  ASSERT_EQ(std::system(tokenize.c_str()), 0) << tokenize;
   json spec = {{"model", (dir_ / "moe").string()},
                {"out", (dir_ / "out").string()},
                {"seq_len", 64},
                {"languages",
                 {{"aa", {{"text", (dir_ / "aa.txt").string()}}},
                  {"bb", {{"text", (dir_ / "bb.txt").string()}}},
-                 {"cc", {{"text", (dir_ / "cc.txt").string()}}}}},
+                 {"cc", {{"dataset", (dir_ / "cc_tokens").string()}}}}},
                {"routing", {{"select", {{"alpha", 0.05}, {"shared_k", {1, 2}}}}}}};
   RunResult r = Run(spec);
   ASSERT_EQ(r.rc, 0) << r.err;
