@@ -44,8 +44,13 @@ using eval::TaskSpec;
 using eval::TaskType;
 using Json = nlohmann::ordered_json;  // keeps "event" first on every line
 
+// Invalid UTF-8 (which no input should carry) is replaced rather than thrown on.
+std::string Dump(const Json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+
 void Emit(const Json& event) {
-  std::fputs((event.dump() + "\n").c_str(), stdout);
+  std::fputs((Dump(event) + "\n").c_str(), stdout);
   std::fflush(stdout);
 }
 
@@ -465,7 +470,7 @@ absl::Status Eval(int argc, char** argv) {
       results["metrics"][metric] = value;
     }
   }
-  RETURN_IF_ERROR(WriteAtomically(spec.out, results.dump(2) + "\n"));
+  RETURN_IF_ERROR(WriteAtomically(spec.out, Dump(results, 2) + "\n"));
   Emit({{"event", "output"}, {"name", "results"}, {"path", spec.out}});
   Emit({{"event", "done"}, {"command", "eval"}, {"results", spec.out},
         {"checkpoint_sha256", checkpoint["sha256"]}, {"metrics", results["metrics"]}});
