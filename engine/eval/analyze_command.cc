@@ -48,7 +48,8 @@ struct DriftSection {
 };
 
 struct AlignmentSection {
-  std::string file;
+  std::string file;                          // parallel JSONL, or
+  std::map<std::string, std::string> texts;  // language -> line-aligned text file
   std::vector<std::string> languages;
   int64_t max_sentences = 1000;
   int64_t batch_size = 8;
@@ -246,11 +247,26 @@ absl::StatusOr<DriftSection> ParseDrift(const json& s, const AnalyzeSpec& spec) 
 
 absl::StatusOr<AlignmentSection> ParseAlignment(const json& s, const AnalyzeSpec& spec) {
   const std::string where = spec.path + ": alignment.";
-  RETURN_IF_ERROR(CheckKeys(s, {"file", "languages", "max_sentences", "batch_size", "add_bos"},
-                            spec.path + ": alignment"));
+  RETURN_IF_ERROR(CheckKeys(
+      s, {"file", "texts", "languages", "max_sentences", "batch_size", "add_bos"},
+      spec.path + ": alignment"));
   AlignmentSection alignment;
-  ASSIGN_OR_RETURN(alignment.file, GetString(s, "file", where, /*required=*/true));
+  if (s.contains("file") == s.contains("texts")) {
+    return FieldError(spec.path + ": alignment",
+                      "give exactly one of 'file' (parallel JSONL) or 'texts' (language -> "
+                      "line-aligned text file)");
+  }
+  ASSIGN_OR_RETURN(alignment.file, GetString(s, "file", where, /*required=*/false));
   alignment.file = Resolve(spec.path, alignment.file);
+  if (s.contains("texts")) {
+    if (!s["texts"].is_object()) return FieldError(where + "texts", "must be a mapping");
+    for (const auto& [lang, path] : s["texts"].items()) {
+      if (!path.is_string() || path.get<std::string>().empty()) {
+        return FieldError(absl::StrCat(where, "texts.", lang), "must be a path");
+      }
+      alignment.texts[lang] = Resolve(spec.path, path.get<std::string>());
+    }
+  }
   ASSIGN_OR_RETURN(alignment.languages, GetStrings(s, "languages", where));
   RETURN_IF_ERROR(GetPositive(s, "max_sentences", where, &alignment.max_sentences, true));
   RETURN_IF_ERROR(GetPositive(s, "batch_size", where, &alignment.batch_size));
@@ -258,7 +274,15 @@ absl::StatusOr<AlignmentSection> ParseAlignment(const json& s, const AnalyzeSpec
     if (!s["add_bos"].is_boolean()) return FieldError(where + "add_bos", "must be true or false");
     alignment.add_bos = s["add_bos"].get<bool>();
   }
-  if (alignment.languages.empty()) {
+  for (const auto& lang : alignment.languages) {
+    if (!alignment.texts.empty() && !alignment.texts.count(lang)) {
+      return FieldError(where + "languages", absl::StrCat("language '", lang,
+                                                          "' has no file under 'texts'"));
+    }
+  }
+  if (alignment.languages.empty() && !alignment.texts.empty()) {
+    for (const auto& [lang, path] : alignment.texts) alignment.languages.push_back(lang);
+  } else if (alignment.languages.empty()) {
     ASSIGN_OR_RETURN(alignment.languages, ParallelLanguages(alignment.file));
   }
   if (alignment.languages.size() < 2) {
@@ -522,7 +546,14 @@ class Analysis {
 
   absl::Status RunAlignment() {
     const AlignmentSection& a = *spec_.alignment;
-    ASSIGN_OR_RETURN(auto sentences, ReadParallelSentences(a.file, a.languages, a.max_sentences));
+    std::vector<std::vector<std::string>> sentences;
+    if (a.texts.empty()) {
+      ASSIGN_OR_RETURN(sentences, ReadParallelSentences(a.file, a.languages, a.max_sentences));
+    } else {
+      std::vector<std::string> paths;
+      for (const auto& lang : a.languages) paths.push_back(a.texts.at(lang));
+      ASSIGN_OR_RETURN(sentences, ReadLineAlignedTexts(paths, a.languages, a.max_sentences));
+    }
     ASSIGN_OR_RETURN(const tokenizer::Tokenizer* tok, GetTokenizer());
     const bool add_bos = a.add_bos.value_or(tok->bos_id().has_value());
     if (add_bos && !tok->bos_id()) {
@@ -561,7 +592,7 @@ class Analysis {
     }
     json out = {{"format", "stemma.alignment/1"},
                 {"model", spec_.model},
-                {"file", a.file},
+                {"file", a.texts.empty() ? json(a.file) : json(a.texts)},
                 {"languages", a.languages},
                 {"sentences", result.sentences},
                 {"add_bos", add_bos},

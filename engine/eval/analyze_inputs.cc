@@ -178,6 +178,40 @@ absl::StatusOr<std::vector<std::vector<std::string>>> ReadParallelSentences(
   return sentences;
 }
 
+absl::StatusOr<std::vector<std::vector<std::string>>> ReadLineAlignedTexts(
+    const std::vector<std::string>& paths, const std::vector<std::string>& languages,
+    int64_t max_sentences) {
+  std::vector<std::vector<std::string>> columns;  // [language][sentence]
+  for (const std::string& path : paths) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(in, line);) {
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (IsBlank(line)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ":", lines.size() + 1, ": blank line (line-aligned files need a sentence on "
+                                         "every line)"));
+      }
+      lines.push_back(std::move(line));
+    }
+    if (lines.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no sentences"));
+    if (!columns.empty() && lines.size() != columns[0].size()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, " has ", lines.size(), " lines but ",
+                                                     paths[0], " has ", columns[0].size(),
+                                                     " (line-aligned files must match)"));
+    }
+    columns.push_back(std::move(lines));
+  }
+  size_t n = columns.empty() ? 0 : columns[0].size();
+  if (max_sentences > 0) n = std::min<size_t>(n, max_sentences);
+  std::vector<std::vector<std::string>> sentences(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t k = 0; k < languages.size(); ++k) sentences[i].push_back(columns[k][i]);
+  }
+  return sentences;
+}
+
 absl::StatusOr<std::vector<std::string>> ParallelLanguages(const std::string& path) {
   std::vector<std::string> languages;
   RETURN_IF_ERROR(ForEachLine(path, [&](int64_t number,

@@ -44,6 +44,14 @@ absl::StatusOr<std::vector<int32_t>> LoadLanguageTokens(const LanguageSource& so
 absl::StatusOr<std::vector<std::vector<std::string>>> ReadParallelSentences(
     const std::string& path, const std::vector<std::string>& languages, int64_t max_sentences);
 
+// Parallel sentences from line-aligned text files, one per language (`paths[k]` holds
+// `languages[k]`): line i of every file is sentence i. All files must have the same number
+// of lines, and no line may be blank (errors name the file and line). At most
+// `max_sentences` (0: all).
+absl::StatusOr<std::vector<std::vector<std::string>>> ReadLineAlignedTexts(
+    const std::vector<std::string>& paths, const std::vector<std::string>& languages,
+    int64_t max_sentences);
+
 // The language keys of the first record of a parallel JSONL file, sorted.
 absl::StatusOr<std::vector<std::string>> ParallelLanguages(const std::string& path);
 

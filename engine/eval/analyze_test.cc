@@ -586,6 +586,40 @@ TEST_F(AnalyzeCommand, AlignmentOfIdenticalSentencesIsOne) {
       }
     }
   }
+
+  // The same sentences as line-aligned text files give the same numbers.
+  std::string en_text, sw_text;
+  for (const auto& [en, sw] : pairs) {
+    en_text += en + "\n";
+    sw_text += sw + "\n";
+  }
+  WriteText(dir_ / "en.txt", en_text);
+  WriteText(dir_ / "sw.txt", sw_text);
+  spec["out"] = (dir_ / "out_texts").string();
+  spec["alignment"] = {{"texts",
+                        {{"en", (dir_ / "en.txt").string()},
+                         {"copy", (dir_ / "en.txt").string()},
+                         {"sw", (dir_ / "sw.txt").string()}}},
+                       {"batch_size", 3}};
+  r = Run(spec);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json t = ReadJson(dir_ / "out_texts" / "alignment.json");
+  ASSERT_EQ(t["pairs"].size(), a["pairs"].size());
+  for (size_t p = 0; p < a["pairs"].size(); ++p) {
+    EXPECT_EQ(t["pairs"][p]["languages"], a["pairs"][p]["languages"]);
+    for (size_t l = 0; l < 2; ++l) {
+      EXPECT_NEAR(t["pairs"][p]["cosine"][l].get<double>(),
+                  a["pairs"][p]["cosine"][l].get<double>(), 1e-5);
+    }
+  }
+
+  // Files of different lengths are refused, naming both.
+  WriteText(dir_ / "sw.txt", sw_text + "moja zaidi\n");
+  spec["out"] = (dir_ / "out_bad").string();
+  r = Run(spec);
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_NE(r.err.find("has 4 lines but"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "out_bad"));
 }
 
 // The same counting done by transformers with forward hooks (tests/engine/analyze_hf.py) on a
