@@ -219,8 +219,10 @@ absl::Status WriteShard(const std::string& path, const std::vector<OutputTensor>
       std::vector<uint8_t>& slot = slots[j % kSlots];
       slot.resize(static_cast<size_t>(job.end - job.begin) * io::DtypeSize(t.dtype));
       absl::Status s = fill(job.tensor, job.begin, job.end, job.first, slot.data());
-      if (job.first) tensor_hash = io::Sha256();
-      tensor_hash.Update(slot.data(), slot.size());
+      if (options.tensor_hashes) {
+        if (job.first) tensor_hash = io::Sha256();
+        tensor_hash.Update(slot.data(), slot.size());
+      }
       std::lock_guard lock(mu);
       if (!s.ok()) {
         worker_status = s;
@@ -228,7 +230,7 @@ absl::Status WriteShard(const std::string& path, const std::vector<OutputTensor>
         cv.notify_all();
         return;
       }
-      if (job.last) tensor_sha[t.name] = tensor_hash.HexDigest();
+      if (job.last && options.tensor_hashes) tensor_sha[t.name] = tensor_hash.HexDigest();
       ++produced;
       cv.notify_all();
     }
@@ -440,6 +442,15 @@ void SourceCheckpoint::Release(const uint8_t* data, uint64_t bytes) {
   // The mapping is private and never written, so dropping pages (even ones shared with a
   // neighbouring tensor) only costs a re-fault from the page cache.
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+void SourceCheckpoint::Prefetch(const uint8_t* data, uint64_t bytes) {
+#ifdef MADV_POPULATE_READ
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  uintptr_t begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  uintptr_t end = reinterpret_cast<uintptr_t>(data) + bytes;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);
+#endif
 }
 
 absl::Status WriteCheckpoint(const std::string& out_in, const std::vector<OutputTensor>& tensors,

@@ -45,6 +45,9 @@ class SourceCheckpoint {
   // Drops the mapped pages of [data, data + bytes) from this process (they stay in the page
   // cache): keeps resident memory near one chunk while streaming many gigabytes.
   static void Release(const uint8_t* data, uint64_t bytes);
+  // Maps [data, data + bytes) in one call (MADV_POPULATE_READ) instead of one page fault
+  // per few pages; a no-op where the kernel lacks it.
+  static void Prefetch(const uint8_t* data, uint64_t bytes);
 
  private:
   std::string dir_;
@@ -82,6 +85,8 @@ struct StreamWriterOptions {
   std::vector<std::string> parents;
   io::ManifestProducer producer;
   int64_t created_ms = -1;  // -1: now (or SOURCE_DATE_EPOCH, for reproducible manifests)
+  // Also record a sha256 per tensor in stemma.json (a second hash pass over every byte).
+  bool tensor_hashes = false;
   // Output chunk size in bytes (the unit of compute, hashing and writing).
   uint64_t chunk_bytes = 8u << 20;
   // Called on the main thread after each tensor is written (tensors_done counts them).

@@ -31,8 +31,6 @@ bool IsFloatDtype(io::Dtype dtype) {
          dtype == io::Dtype::kBF16;
 }
 
-float Bf16ToF32(uint16_t bits) { return FromBits(static_cast<uint32_t>(bits) << 16); }
-
 uint16_t F32ToBf16(float value) {
   uint32_t u = Bits(value);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "engine/io/safetensors.h"
 
@@ -20,7 +21,12 @@ void ToF32(const void* src, io::Dtype dtype, int64_t offset, int64_t n, float* d
 void FromF32(const float* src, int64_t n, io::Dtype dtype, void* dst, int64_t offset);
 
 // Single-element helpers, exposed for tests.
-float Bf16ToF32(uint16_t bits);
+inline float Bf16ToF32(uint16_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 uint16_t F32ToBf16(float value);
 float F16ToF32(uint16_t bits);
 uint16_t F32ToF16(float value);

@@ -28,6 +28,34 @@ void Load(const Input& in, int64_t begin, int64_t n, float* dst) {
   if (have < n) std::fill(dst + std::max<int64_t>(have, 0), dst + n, 0.0f);
 }
 
+void PrefetchRange(const Input& in, int64_t begin, int64_t end) {
+  if (in.data == nullptr) return;
+  end = std::min(end, in.numel);
+  if (end <= begin) return;
+  const int size = io::DtypeSize(in.dtype);
+  SourceCheckpoint::Prefetch(in.data + begin * size, static_cast<uint64_t>(end - begin) * size);
+}
+
+// acc[i] (+)= c * in[begin + i], converting on the fly (one pass, no temporary).
+void Accumulate(const Input& in, int64_t begin, int64_t n, float c, bool assign, float* acc,
+                float* scratch) {
+  if (in.dtype == io::Dtype::kBF16 && in.numel >= begin + n) {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(in.data) + begin;
+    if (assign) {
+      for (int64_t i = 0; i < n; ++i) acc[i] = c * Bf16ToF32(s[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) acc[i] += c * Bf16ToF32(s[i]);
+    }
+    return;
+  }
+  Load(in, begin, n, scratch);
+  if (assign) {
+    for (int64_t i = 0; i < n; ++i) acc[i] = c * scratch[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) acc[i] += c * scratch[i];
+  }
+}
+
 void ReleaseRange(const Input& in, int64_t begin, int64_t end) {
   if (in.data == nullptr) return;
   end = std::min(end, in.numel);
@@ -198,11 +226,9 @@ void RecipeFiller::Block(const Recipe& r, int64_t begin, int64_t n, float* acc) 
       Load(r.anchor, begin, n, acc);
       return;
     case Recipe::Kind::kLinear: {
-      std::fill(acc, acc + n, 0.0f);
-      for (const Term& term : r.terms) {
-        Load(term.x, begin, n, x_.data());
-        const float c = static_cast<float>(term.coef);
-        for (int64_t i = 0; i < n; ++i) acc[i] += c * x_[i];
+      if (r.terms.empty()) std::fill(acc, acc + n, 0.0f);
+      for (size_t m = 0; m < r.terms.size(); ++m) {
+        Accumulate(r.terms[m].x, begin, n, static_cast<float>(r.terms[m].coef), m == 0, acc, x_.data());
       }
       return;
     }
@@ -251,6 +277,11 @@ absl::Status RecipeFiller::operator()(size_t index, int64_t begin, int64_t end, 
   x_.resize(kBlock);
   y_.resize(kBlock);
   acc_.resize(kBlock);
+  PrefetchRange(r.anchor, begin, end);
+  for (const Term& term : r.terms) {
+    PrefetchRange(term.x, begin, end);
+    PrefetchRange(term.y, begin, end);
+  }
   for (int64_t b = begin; b < end; b += kBlock) {
     const int64_t n = std::min(kBlock, end - b);
     Block(r, b, n, acc_.data());

@@ -31,6 +31,7 @@ struct MergePlan {
   std::vector<PlannedOutput> outputs;
   uint64_t max_shard_bytes = 5'000'000'000;
   bool overwrite = false;
+  bool tensor_hashes = false;  // per-tensor sha256 in stemma.json
 };
 
 // `command` is merge, revert, interpolate, graft or upcycle; `where` names the spec file in

@@ -240,7 +240,7 @@ TEST_F(MergeTest, SoupOfMixedDtypesAndShardsIsTheWeightedAverage) {
   WriteModel(P("c"), c, TinyConfig(), /*shards=*/2);
   Result r = Run("merge", {{"models", {{{"path", P("a")}, {"weight", 1}}, {{"path", P("b")}, {"weight", 2}},
                                        {{"path", P("c")}, {"weight", 1}}}},
-                           {"out", P("soup")}, {"shard_size", 3000}});
+                           {"out", P("soup")}, {"shard_size", 3000}, {"tensor_hashes", true}});
   ASSERT_EQ(r.code, 0) << r.err;
   Model soup = ReadModel(P("soup"));
   ASSERT_EQ(soup.size(), a.size());
@@ -260,6 +260,13 @@ TEST_F(MergeTest, SoupOfMixedDtypesAndShardsIsTheWeightedAverage) {
   EXPECT_EQ(manifest["parents"].size(), 3u);
   EXPECT_EQ(manifest["producer"]["command"], "merge");
   EXPECT_EQ(manifest["producer"]["params"]["method"], "linear");
+  size_t hashed = 0;
+  for (const auto& [file, entry] : manifest["files"].items()) {
+    if (file.find(".safetensors") != std::string::npos && file.find(".json") == std::string::npos) {
+      hashed += entry.at("tensors").size();
+    }
+  }
+  EXPECT_EQ(hashed, soup.size()) << "tensor_hashes: one sha256 per tensor";
   // Events: start, progress, one output naming the checkpoint, done.
   ASSERT_GE(r.events.size(), 3u);
   EXPECT_EQ(r.events.front()["event"], "start");
@@ -280,6 +287,8 @@ TEST_F(MergeTest, OutputDtypeCanBeChosen) {
   Result r = Run("merge", {{"models", {P("a"), P("b")}}, {"out", P("soup")}, {"dtype", "float32"}});
   ASSERT_EQ(r.code, 0) << r.err;
   Model a = ReadModel(P("a")), b = ReadModel(P("b")), soup = ReadModel(P("soup"));
+  // By default stemma.json hashes whole files only.
+  EXPECT_FALSE(json::parse(ReadText(P("soup/stemma.json")))["files"]["model.safetensors"].contains("tensors"));
   for (const auto& [name, t] : soup) {
     ASSERT_EQ(t.dtype, Dtype::kF32);
     for (size_t i = 0; i < t.values.size(); ++i) {
