@@ -75,6 +75,7 @@ std::string FormatNumber(double v) {
   return s;
 }
 
+
 std::string MapCell(const google::protobuf::Map<std::string, std::string>& map) {
   std::map<std::string, std::string> sorted(map.begin(), map.end());
   return OrDash(absl::StrJoin(sorted, ",", absl::PairFormatter("=")));
@@ -419,13 +420,7 @@ std::string RenderJobDetails(const v1::Job& job, int64_t now_ms) {
       {"gpus", OrDash(absl::StrJoin(Gpus(job), ","))},
       {"exit_code", ExitCell(job)},
   };
-  if (job.has_progress() && (job.progress().fraction() > 0 || job.progress().step() > 0 ||
-                             !job.progress().message().empty())) {
-    std::string progress = absl::StrCat(FormatNumber(job.progress().fraction() * 100), "%");
-    if (job.progress().step() > 0) absl::StrAppend(&progress, " step ", job.progress().step());
-    if (!job.progress().message().empty()) {
-      absl::StrAppend(&progress, " ", job.progress().message());
-    }
+  if (std::string progress = ProgressText(job); !progress.empty()) {
     kv.emplace_back("progress", progress);
   }
   if (!job.outputs().empty()) kv.emplace_back("outputs", MapCell(job.outputs()));
@@ -473,8 +468,26 @@ std::string PreviousName(const v1::JobEvent& event) {
 }
 }  // namespace
 
+std::string ProgressText(const v1::Job& job) {
+  if (!job.has_progress() || (job.progress().fraction() <= 0 && job.progress().step() <= 0 &&
+                              job.progress().message().empty())) {
+    return "";
+  }
+  std::string progress = absl::StrCat(FormatNumber(job.progress().fraction() * 100), "%");
+  if (job.progress().step() > 0) absl::StrAppend(&progress, " step ", job.progress().step());
+  if (!job.progress().message().empty()) absl::StrAppend(&progress, " ", job.progress().message());
+  return progress;
+}
+
 std::string RenderEventLine(const v1::JobEvent& event, int64_t now_ms) {
   const v1::Job& job = event.job();
+  if (event.previous() == job.state()) {
+    // Not a transition: progress reported by the running attempt.
+    std::string progress = ProgressText(job);
+    return absl::StrCat(FormatClock(EventMs(event, now_ms)), " ", job.id(), " ",
+                        OrDash(job.spec().name()), " ", StateName(job.state()), " ",
+                        progress.empty() ? "progress" : progress);
+  }
   std::string line = absl::StrCat(FormatClock(EventMs(event, now_ms)), " ", job.id(), " ",
                                   OrDash(job.spec().name()), " ", PreviousName(event), " -> ",
                                   StateName(job.state()));

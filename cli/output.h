@@ -85,6 +85,8 @@ std::string RenderWorkersTable(const std::vector<v1::WorkerInfo>& workers, bool 
 // One `watch` line: "HH:MM:SS.mmm ID NAME PREV -> STATE reason" ("-" for no previous
 // state, at the job's updated_ms or `now_ms` when unset). No newline.
 std::string RenderEventLine(const v1::JobEvent& event, int64_t now_ms);
+// "40% step 12 loss 2.5 lr 0.0003": the job's last reported progress, or "" when none.
+std::string ProgressText(const v1::Job& job);
 // The job's JSON with "previous" and "event_ms" added.
 nlohmann::json EventToJson(const v1::JobEvent& event, int64_t now_ms);
 

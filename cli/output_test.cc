@@ -8,6 +8,7 @@ namespace stemma::cli {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int64_t kNow = 1'700'000'100'000;
 
@@ -239,6 +240,16 @@ TEST(RenderEventLineTest, PreviousArrowState) {
   nlohmann::json j = EventToJson(event, kNow);
   EXPECT_EQ(j["previous"], "-");
   EXPECT_EQ(j["state"], "RUNNING");
+}
+
+TEST(RenderEventLineTest, ProgressOfARunningJobIsNotATransition) {
+  v1::JobEvent event;
+  *event.mutable_job() = RunningJob();  // 25%, step 100
+  event.mutable_job()->mutable_progress()->set_message("loss 2.5 lr 0.0003");
+  event.set_previous(v1::RUNNING);
+  EXPECT_THAT(RenderEventLine(event, kNow),
+              HasSubstr(" j-7 train-slavic RUNNING 25% step 100 loss 2.5 lr 0.0003"));
+  EXPECT_THAT(RenderEventLine(event, kNow), Not(HasSubstr("->")));
 }
 
 }  // namespace
