@@ -266,6 +266,24 @@ TEST_F(ExecutorTest, EngineMissingIsRefused) {
   EXPECT_FALSE(s.result.retryable());
 }
 
+TEST_F(ExecutorTest, EngineJobsWaitPassivelyOnTheirCores) {
+  const fs::path engine = dir_ / "print-env";
+  {
+    std::ofstream out(engine);
+    out << "#!/bin/sh\nenv\n";
+  }
+  fs::permissions(engine, fs::perms::owner_all);
+  config_.engine_path = engine.string();
+  v1::Assignment a = Noop("engine-env", 0, 0);
+  a.mutable_spec()->mutable_engine()->set_command("train");
+  a.mutable_spec()->mutable_resources()->set_cpus(3);
+  AttemptSnapshot s = Run(a);
+  EXPECT_EQ(s.result.reason(), "exit 0");
+  const std::string log = Log("engine-env");
+  EXPECT_NE(log.find("OMP_WAIT_POLICY=PASSIVE\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("OMP_NUM_THREADS=3\n"), std::string::npos) << log;
+}
+
 TEST_F(ExecutorTest, EngineGetsCommandAndSpecFile) {
   config_.engine_path = "/bin/echo";
   v1::Assignment a = Noop("engine", 0, 0);
