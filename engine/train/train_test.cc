@@ -2,6 +2,7 @@
 // `stemma-engine init`) and synthetic token datasets, checked the way a user would check a
 // run: the events it printed, the tensors it wrote, what it refused.
 #include <sys/wait.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -443,6 +444,48 @@ TEST_F(TrainTest, LossCurveMatchesTransformersWithTorchAdamW) {
     }
     EXPECT_LT(losses[5], losses[1]);
   }
+}
+
+// A run killed with SIGKILL at an arbitrary moment (here: once its second checkpoint is out,
+// possibly while it writes the next) resumes and ends with the weights of an uninterrupted run.
+TEST_F(TrainTest, KilledRunResumesToTheSameWeights) {
+  json spec = BaseSpec("qwen2", "unkilled");
+  spec["steps"] = 40;
+  spec["checkpoint"] = {{"every", 3}, {"keep", 1}};
+  Result straight = Run(spec, "unkilled");
+  ASSERT_EQ(straight.exit_code, 0) << straight.stderr_text;
+
+  spec["out"] = (root_ / "killed").string();
+  const fs::path spec_path = root_ / "killed.json", out = root_ / "killed.stdout";
+  std::ofstream(spec_path) << spec.dump(2);
+  ASSERT_EQ(Shell(absl::StrCat(STEMMA_ENGINE_BIN, " train --spec ", spec_path.string(), " > ",
+                               out.string(), " 2>/dev/null & echo $! > ", (root_ / "killed.pid").string())),
+            0);
+  const std::string pid = ReadText(root_ / "killed.pid");
+  bool killed = false;
+  for (int i = 0; i < 6000 && !killed; ++i) {
+    std::string text = ReadText(out);
+    size_t checkpoints = 0;
+    for (size_t at = text.find("\"checkpoint\""); at != std::string::npos;
+         at = text.find("\"checkpoint\"", at + 1)) {
+      ++checkpoints;
+    }
+    if (checkpoints >= 2) {
+      killed = Shell("kill -9 " + pid) == 0;
+    } else {
+      usleep(5000);
+    }
+  }
+  ASSERT_TRUE(killed) << "the run ended before it could be killed";
+  usleep(200000);
+  EXPECT_FALSE(fs::exists(root_ / "killed"));
+  Result resumed = Run(spec, "killed_again");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.stderr_text;
+  EXPECT_GE(resumed.events.front()["resumed_from_step"].get<int64_t>(), 6);
+  Tensors a = ReadTensors(root_ / "unkilled"), b = ReadTensors(root_ / "killed");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) EXPECT_TRUE(Same(t, b[name])) << name;
+  EXPECT_EQ(resumed.Losses().rbegin()->second, straight.Losses().rbegin()->second);
 }
 
 struct BadCase {

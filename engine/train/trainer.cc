@@ -207,6 +207,19 @@ absl::Status WriteCheckpoint(Run& run, int64_t step, const std::string& path) {
   return writer->Commit();
 }
 
+// Staging directories of checkpoints whose writer died (a killed attempt): nobody else
+// writes into this checkpoint directory, so they can go.
+void RemoveStaleStaging(const TrainSpec& spec) {
+  std::error_code ec;
+  if (!fs::is_directory(spec.checkpoint.dir, ec)) return;
+  for (const auto& entry : fs::directory_iterator(spec.checkpoint.dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.find(".tmp-") != std::string::npos) {
+      io::RemoveTree(entry.path().string()).IgnoreError();
+    }
+  }
+}
+
 void PruneCheckpoints(const TrainSpec& spec) {
   if (spec.checkpoint.keep <= 0) return;
   auto all = ListCheckpoints(spec.checkpoint.dir);
@@ -438,7 +451,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
   if (spec.threads > 0) at::set_num_threads(spec.threads);
   torch::manual_seed(spec.seed);
 
-  if (AlreadyDone(spec, run.spec_sha256)) {
+  if (!spec.overwrite && AlreadyDone(spec, run.spec_sha256)) {
     events.Emit({{"event", "output"}, {"name", "model"}, {"path", spec.out}});
     events.Emit({{"event", "done"}, {"command", "train"}, {"out", spec.out}, {"already_done", true}});
     return RunResult::kFinished;
@@ -459,6 +472,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
   RETURN_IF_ERROR(BuildLoader(run));
   int64_t start_step = 0;
   if (spec.checkpoint.every > 0) {
+    if (run.ranks.rank() == 0) RemoveStaleStaging(spec);
     ASSIGN_OR_RETURN(start_step, Resume(run));
   }
   if (start_step > spec.steps) {
