@@ -87,6 +87,8 @@ struct StreamWriterOptions {
   int64_t created_ms = -1;  // -1: now (or SOURCE_DATE_EPOCH, for reproducible manifests)
   // Also record a sha256 per tensor in stemma.json (a second hash pass over every byte).
   bool tensor_hashes = false;
+  // Write shards with O_DIRECT (no page-cache copy) where the filesystem supports it.
+  bool direct_io = true;
   // Output chunk size in bytes (the unit of compute, hashing and writing).
   uint64_t chunk_bytes = 8u << 20;
   // Called on the main thread after each tensor is written (tensors_done counts them).

@@ -49,6 +49,7 @@ absl::Status Run(const std::string& command, const std::string& spec_path) {
     options.max_shard_bytes = plan.max_shard_bytes;
     options.overwrite = plan.overwrite;
     options.tensor_hashes = plan.tensor_hashes;
+    options.direct_io = plan.direct_io;
     options.files = o.files;
     options.carry_from = o.carry_from;
     options.parents = o.parents;

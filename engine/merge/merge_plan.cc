@@ -133,6 +133,7 @@ class Planner {
     ASSIGN_OR_RETURN(plan_.max_shard_bytes, ShardSizeField(f_));
     ASSIGN_OR_RETURN(plan_.overwrite, f_.Bool("overwrite", false));
     ASSIGN_OR_RETURN(plan_.tensor_hashes, f_.Bool("tensor_hashes", false));
+    ASSIGN_OR_RETURN(plan_.direct_io, f_.Bool("direct_io", true));
     return absl::OkStatus();
   }
 
@@ -325,7 +326,7 @@ class Planner {
 
 absl::Status Planner::Merge() {
   RETURN_IF_ERROR(CheckKeys(spec_, {"method", "base", "models", "out", "dtype", "normalize", "lambda",
-                                    "rescale", "seed", "shard_size", "tensor_hashes", "overwrite"}, f_.where()));
+                                    "rescale", "seed", "shard_size", "tensor_hashes", "direct_io", "overwrite"}, f_.where()));
   RETURN_IF_ERROR(Common());
   std::string method = "linear";
   if (f_.Has("method")) {
@@ -438,7 +439,7 @@ absl::Status Planner::Merge() {
 
 absl::Status Planner::Revert() {
   RETURN_IF_ERROR(CheckKeys(spec_, {"base", "model", "out", "layers", "modules", "pattern", "dtype",
-                                    "shard_size", "tensor_hashes", "overwrite"}, f_.where()));
+                                    "shard_size", "tensor_hashes", "direct_io", "overwrite"}, f_.where()));
   RETURN_IF_ERROR(Common());
   ASSIGN_OR_RETURN(const SourceCheckpoint* base, OpenField("base"));
   ASSIGN_OR_RETURN(const SourceCheckpoint* model, OpenField("model"));
@@ -462,7 +463,7 @@ absl::Status Planner::Revert() {
 
 absl::Status Planner::Interpolate() {
   RETURN_IF_ERROR(CheckKeys(spec_, {"base", "model", "out", "alpha", "alphas", "out_pattern", "ranges",
-                                    "layers", "modules", "pattern", "dtype", "shard_size", "tensor_hashes", "overwrite"},
+                                    "layers", "modules", "pattern", "dtype", "shard_size", "tensor_hashes", "direct_io", "overwrite"},
                             f_.where()));
   RETURN_IF_ERROR(Common());
   ASSIGN_OR_RETURN(const SourceCheckpoint* base, OpenField("base"));
@@ -563,7 +564,7 @@ bool IsRouter(const std::string& name) {
 }
 
 absl::Status Planner::Graft() {
-  RETURN_IF_ERROR(CheckKeys(spec_, {"base", "instruct", "target", "out", "scale", "dtype", "shard_size", "tensor_hashes",
+  RETURN_IF_ERROR(CheckKeys(spec_, {"base", "instruct", "target", "out", "scale", "dtype", "shard_size", "tensor_hashes", "direct_io",
                                     "overwrite"}, f_.where()));
   RETURN_IF_ERROR(Common());
   ASSIGN_OR_RETURN(const SourceCheckpoint* base, OpenField("base"));
@@ -628,7 +629,7 @@ absl::Status Planner::Graft() {
 
 absl::Status Planner::Upcycle() {
   RETURN_IF_ERROR(CheckKeys(spec_, {"model", "out", "experts", "top_k", "norm_topk_prob", "router_init",
-                                    "router_aux_loss_coef", "dtype", "shard_size", "tensor_hashes", "overwrite"},
+                                    "router_aux_loss_coef", "dtype", "shard_size", "tensor_hashes", "direct_io", "overwrite"},
                             f_.where()));
   RETURN_IF_ERROR(Common());
   ASSIGN_OR_RETURN(const SourceCheckpoint* dense, OpenField("model"));

@@ -32,6 +32,7 @@ struct MergePlan {
   uint64_t max_shard_bytes = 5'000'000'000;
   bool overwrite = false;
   bool tensor_hashes = false;  // per-tensor sha256 in stemma.json
+  bool direct_io = true;       // O_DIRECT shard writes where supported
 };
 
 // `command` is merge, revert, interpolate, graft or upcycle; `where` names the spec file in
