@@ -3,6 +3,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -370,7 +371,7 @@ absl::StatusOr<TrainSpec> ParseTrainSpec(const json& doc, const std::string& sou
                             {"model", "out", "data", "batch_size", "grad_accum", "steps",
                              "max_tokens", "seed", "threads", "optimizer", "schedule",
                              "clip_grad_norm", "strategy", "checkpoint", "save_dtype",
-                             "overwrite", "log_every"},
+                             "overwrite", "log_every", "device", "precision"},
                             source));
   RETURN_IF_ERROR(ReadString(doc, "model", w, &s.model));
   if (s.model.empty()) return FieldError(w, "model", "is required (the base checkpoint directory)");
@@ -421,6 +422,18 @@ absl::StatusOr<TrainSpec> ParseTrainSpec(const json& doc, const std::string& sou
   }
   RETURN_IF_ERROR(ReadBool(doc, "overwrite", w, &s.overwrite));
   RETURN_IF_ERROR(ReadInt(doc, "log_every", w, 1, &s.log_every));
+  RETURN_IF_ERROR(ReadString(doc, "device", w, &s.device));
+  {
+    const bool cuda_n = absl::StartsWith(s.device, "cuda:") && s.device.size() > 5 &&
+                        s.device.find_first_not_of("0123456789", 5) == std::string::npos;
+    if (s.device != "cpu" && s.device != "cuda" && !cuda_n) {
+      return FieldError(w, "device", "must be cpu, cuda or cuda:N");
+    }
+  }
+  RETURN_IF_ERROR(ReadString(doc, "precision", w, &s.precision));
+  if (s.precision != "float32" && s.precision != "bfloat16") {
+    return FieldError(w, "precision", "must be float32 or bfloat16");
+  }
   return s;
 }
 

@@ -126,6 +126,12 @@ struct TrainSpec {
   StrategySpec strategy;
   CheckpointSpec checkpoint;
   std::string save_dtype = "float32";  // float32 | bfloat16 | float16 for `out`
+  // Where the model lives: "cpu", "cuda" or "cuda:N" (a worker's CUDA_VISIBLE_DEVICES decides
+  // which physical GPU "cuda" is). Master weights and Adam moments stay fp32 on that device.
+  std::string device = "cpu";
+  // "float32", or "bfloat16": forward and backward under bf16 autocast (the matrix products in
+  // bf16, losses and reductions in fp32), the usual mixed precision on GPUs.
+  std::string precision = "float32";
   bool overwrite = false;              // replace an existing `out`
   int64_t log_every = 1;               // step events every N steps (and the last)
 

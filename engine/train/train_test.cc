@@ -494,6 +494,55 @@ struct BadCase {
   std::string expected_error;                        // substring of stderr
 };
 
+// Mixed precision: the forward runs under bf16 autocast, master weights and the saved model
+// stay fp32, and the loss curve follows the fp32 one closely.
+TEST_F(TrainTest, Bf16AutocastTrainsWithFp32MasterWeights) {
+  json fp32 = BaseSpec("llama", "prec_fp32");
+  fp32["steps"] = 12;
+  json bf16 = BaseSpec("llama", "prec_bf16");
+  bf16["steps"] = 12;
+  bf16["precision"] = "bfloat16";
+  Result a = Run(fp32, "prec_fp32"), b = Run(bf16, "prec_bf16");
+  ASSERT_EQ(a.exit_code, 0) << a.stderr_text;
+  ASSERT_EQ(b.exit_code, 0) << b.stderr_text;
+  EXPECT_EQ(b.events.front()["precision"], "bfloat16");
+  auto sa = a.Of("step"), sb = b.Of("step");
+  ASSERT_EQ(sa.size(), sb.size());
+  EXPECT_LT(sb.back()["loss"].get<double>(), sb.front()["loss"].get<double>() - 1.0);
+  bool any_different = false;
+  for (size_t i = 0; i < sa.size(); ++i) {
+    const double la = sa[i]["loss"].get<double>(), lb = sb[i]["loss"].get<double>();
+    EXPECT_NEAR(lb, la, 0.05 * la) << "step " << i + 1;
+    any_different |= la != lb;
+  }
+  EXPECT_TRUE(any_different) << "bf16 autocast had no effect";
+  Tensors trained = ReadTensors(root_ / "prec_bf16");
+  for (const auto& [name, t] : trained) EXPECT_EQ(t.scalar_type(), torch::kFloat32) << name;
+}
+
+// On a GPU machine (CTest label gpu is not needed: it skips without CUDA): the same run on
+// cuda with bf16 autocast follows the CPU fp32 curve.
+TEST_F(TrainTest, TrainsOnCudaWithBf16Autocast) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA GPU";
+  json cpu = BaseSpec("llama", "cuda_ref");
+  cpu["steps"] = 8;
+  json gpu = BaseSpec("llama", "cuda_bf16");
+  gpu["steps"] = 8;
+  gpu["device"] = "cuda";
+  gpu["precision"] = "bfloat16";
+  gpu["checkpoint"] = {{"every", 4}};
+  Result a = Run(cpu, "cuda_ref"), b = Run(gpu, "cuda_bf16");
+  ASSERT_EQ(a.exit_code, 0) << a.stderr_text;
+  ASSERT_EQ(b.exit_code, 0) << b.stderr_text;
+  auto sa = a.Of("step"), sb = b.Of("step");
+  ASSERT_EQ(sa.size(), sb.size());
+  for (size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_NEAR(sb[i]["loss"].get<double>(), sa[i]["loss"].get<double>(),
+                0.05 * sa[i]["loss"].get<double>());
+  }
+  EXPECT_TRUE(io::VerifyCheckpoint((root_ / "cuda_bf16").string()).ok());
+}
+
 TEST_F(TrainTest, BadInputsFailWithNamedCauseAndPublishNothing) {
   auto copy_model = [](const fs::path& to) {
     fs::remove_all(to);
@@ -562,7 +611,15 @@ TEST_F(TrainTest, BadInputsFailWithNamedCauseAndPublishNothing) {
        "languages.zu"},
       {"both_steps_and_tokens", [](json& s, const fs::path&) { s["max_tokens"] = 1000; },
        "exactly one of 'steps' and 'max_tokens'"},
+      {"bad_device", [](json& s, const fs::path&) { s["device"] = "tpu"; },
+       "device: must be cpu, cuda or cuda:N"},
+      {"bad_precision", [](json& s, const fs::path&) { s["precision"] = "fp8"; },
+       "precision: must be float32 or bfloat16"},
   };
+  if (!torch::cuda::is_available()) {
+    cases.push_back({"cuda_without_gpu", [](json& s, const fs::path&) { s["device"] = "cuda"; },
+                     "LibTorch sees no CUDA GPU"});
+  }
   for (const BadCase& c : cases) {
     SCOPED_TRACE(c.name);
     json spec = BaseSpec("llama", "bad_" + c.name);

@@ -1,6 +1,7 @@
 #include "engine/train/trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
 
@@ -155,6 +156,36 @@ struct Run {
   std::unique_ptr<data::Loader> loader;
   Ranks ranks;
   int64_t tokens = 0;
+  torch::Device device = torch::kCPU;
+  bool autocast_bf16 = false;  // precision: bfloat16
+};
+
+// Forward and backward of one micro-batch under bf16 autocast when asked: the matrix
+// products run in bf16, autocast keeps losses and reductions in fp32, and the fp32 master
+// weights receive fp32 gradients.
+class AutocastScope {
+ public:
+  AutocastScope(const Run& run) : type_(run.device.type()), on_(run.autocast_bf16) {
+    if (!on_) return;
+    was_enabled_ = at::autocast::is_autocast_enabled(type_);
+    previous_dtype_ = at::autocast::get_autocast_dtype(type_);
+    at::autocast::set_autocast_dtype(type_, at::kBFloat16);
+    at::autocast::set_autocast_enabled(type_, true);
+  }
+  ~AutocastScope() {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(type_, was_enabled_);
+    at::autocast::set_autocast_dtype(type_, previous_dtype_);
+    at::autocast::clear_cache();  // bf16 copies of the weights change every step
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  at::DeviceType type_;
+  bool on_;
+  bool was_enabled_ = false;
+  at::ScalarType previous_dtype_ = at::kBFloat16;
 };
 
 absl::Status WriteCheckpoint(Run& run, int64_t step, const std::string& path) {
@@ -182,7 +213,8 @@ absl::Status WriteCheckpoint(Run& run, int64_t step, const std::string& path) {
   auto state = run.optimizer->StateTensors();
   torch::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
   state.emplace_back(kRngTensor, rng);
-  for (const auto& [name, tensor] : state) {
+  for (auto& [name, tensor] : state) {
+    tensor = tensor.to(torch::kCPU).contiguous();  // moments may live on the GPU
     const bool u8 = tensor.scalar_type() == torch::kUInt8;
     writes.push_back(io::TensorToWrite{name, u8 ? io::Dtype::kU8 : io::Dtype::kF32,
                                        tensor.sizes().vec(), tensor.data_ptr(),
@@ -388,18 +420,23 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
                                                      " is outside the model's vocabulary of ",
                                                      vocab));
     }
+    if (run.device != torch::kCPU) tokens = tokens.to(run.device);
     auto inputs = tokens.narrow(1, 0, seq), targets = tokens.narrow(1, 1, seq);
-    auto out = run.lm->forward(inputs);
-    auto ce = torch::nn::functional::cross_entropy(
-        out.logits.view({-1, vocab}), targets.reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-    // Scaled so that the mean over ranks of the summed gradients is d(mean CE)/dθ.
-    auto loss = ce * (static_cast<double>(world) / global_tokens);
-    if (moe) {
-      if (aux.load_balancing > 0) loss = loss + out.load_balancing_loss * (aux.load_balancing / spec.grad_accum);
-      if (aux.router_z > 0) loss = loss + out.router_z_loss * (aux.router_z / spec.grad_accum);
-      lb_sum += out.load_balancing_loss.item<double>();
-      z_sum += out.router_z_loss.item<double>();
+    torch::Tensor ce, loss;
+    {
+      AutocastScope autocast(run);  // forward only; backward follows the recorded dtypes
+      auto out = run.lm->forward(inputs);
+      ce = torch::nn::functional::cross_entropy(
+          out.logits.view({-1, vocab}).to(torch::kFloat32), targets.reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      // Scaled so that the mean over ranks of the summed gradients is d(mean CE)/dθ.
+      loss = ce * (static_cast<double>(world) / global_tokens);
+      if (moe) {
+        if (aux.load_balancing > 0) loss = loss + out.load_balancing_loss * (aux.load_balancing / spec.grad_accum);
+        if (aux.router_z > 0) loss = loss + out.router_z_loss * (aux.router_z / spec.grad_accum);
+        lb_sum += out.load_balancing_loss.item<double>();
+        z_sum += out.router_z_loss.item<double>();
+      }
     }
     loss.backward();
     ce_sum += ce.item<double>();
@@ -461,7 +498,16 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
         spec.source, ": out: ", spec.out, " already exists (set overwrite: true to replace it)"));
   }
 
-  ASSIGN_OR_RETURN(run.lm, model::LoadModel(spec.model));
+  run.device = torch::Device(spec.device);  // checked by the spec parser
+  if (run.device.is_cuda() && !torch::cuda::is_available()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        spec.source, ": device: ", spec.device, " was asked for, but LibTorch sees no CUDA GPU "
+        "(a CPU-only LibTorch, no driver, or CUDA_VISIBLE_DEVICES empty)"));
+  }
+  run.autocast_bf16 = spec.precision == "bfloat16";
+  model::LoadOptions load;
+  load.device = run.device;
+  ASSIGN_OR_RETURN(run.lm, model::LoadModel(spec.model, load));
   std::vector<torch::Tensor> params;
   RETURN_IF_ERROR(BuildPlanFor(run, &params));
   RETURN_IF_ERROR(Guard("setting up the optimizer", [&] {
@@ -492,6 +538,8 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
                {"tokens_per_step", spec.tokens_per_step()},
                {"resumed_from_step", start_step},
                {"world_size", run.ranks.world()},
+               {"device", spec.device},
+               {"precision", spec.precision},
                {"threads", at::get_num_threads()},
                {"total_params", run.plan.total_params},
                {"trainable_params", run.plan.trainable_params},
