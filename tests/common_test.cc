@@ -50,6 +50,7 @@ struct BadCase {
   const char* yaml;
   const char* field;
 };
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.field; }
 
 class ValidateTest : public ::testing::TestWithParam<BadCase> {};
 

@@ -13,6 +13,8 @@ struct Backend {
   std::string name;
   bool sqlite;
 };
+// Test names and ctest listings show the backend, not the struct's bytes.
+void PrintTo(const Backend& b, std::ostream* os) { *os << b.name; }
 
 class StoreTest : public ::testing::TestWithParam<Backend> {
  protected:

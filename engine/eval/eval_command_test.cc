@@ -401,6 +401,7 @@ TEST(EvalCommand, TranslationIsGreedyUntilNewlineAndScoredWithCorpusChrf) {
 struct BadCase {
   std::string name, spec, file, file_text, expected;
 };
+void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
 
 class EvalBadInput : public ::testing::TestWithParam<BadCase> {};
 
