@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -113,19 +114,25 @@ FlatAdamW::StepStats FlatAdamW::Step(double lr, double max_norm) {
     grads_.narrow(0, s.offset, s.numel).mul_(s.mask.view(-1));
   }
   stats.grad_norm = grads_.numel() == 0 ? 0.0 : grads_.norm().item<double>();
-  if (max_norm > 0 && stats.grad_norm > max_norm) {
-    grads_.mul_(max_norm / (stats.grad_norm + 1e-6));  // torch's clip_grad_norm_ coefficient
-  }
+  // torch's clip_grad_norm_ coefficient. The fused update divides the unmasked ranges'
+  // gradients by 1/clip itself (its grad_scale), which saves a pass over the buffer; masked
+  // segments are scaled here.
+  double clip = 1.0;
+  if (max_norm > 0 && stats.grad_norm > max_norm) clip = max_norm / (stats.grad_norm + 1e-6);
   ++step_;
-  for (const Range& r : ranges_) AdamRange(r.begin, r.end, r.decay, torch::Tensor(), lr);
+  std::optional<torch::Tensor> grad_scale;
+  if (clip != 1.0) grad_scale = torch::full({}, 1.0 / clip, values_.options());
+  for (const Range& r : ranges_) AdamRange(r.begin, r.end, r.decay, torch::Tensor(), lr, grad_scale);
   for (const Segment& s : segments_) {
-    if (s.mask.defined()) AdamRange(s.offset, s.offset + s.numel, s.decay, s.mask.view(-1), lr);
+    if (!s.mask.defined()) continue;
+    if (clip != 1.0) grads_.narrow(0, s.offset, s.numel).mul_(clip);
+    AdamRange(s.offset, s.offset + s.numel, s.decay, s.mask.view(-1), lr, std::nullopt);
   }
   return stats;
 }
 
 void FlatAdamW::AdamRange(int64_t begin, int64_t end, bool decay, const torch::Tensor& mask,
-                          double lr) {
+                          double lr, const std::optional<torch::Tensor>& grad_scale) {
   const int64_t n = end - begin;
   auto p = values_.narrow(0, begin, n), g = grads_.narrow(0, begin, n);
   auto m = exp_avg_.narrow(0, begin, n), v = exp_avg_sq_.narrow(0, begin, n);
@@ -135,16 +142,22 @@ void FlatAdamW::AdamRange(int64_t begin, int64_t end, bool decay, const torch::T
   const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step_));
   const double step_size = lr / bias_correction1;
   const double decay_factor = decay ? lr * options_.weight_decay : 0.0;
-  // torch.optim.AdamW (single tensor): decay, moments, denom = sqrt(v)/sqrt(bc2) + eps.
-  if (!mask.defined() && decay_factor > 0) p.mul_(1.0 - decay_factor);
+  if (!mask.defined()) {
+    // torch.optim.AdamW(fused=True): one vectorised, parallel pass over p, g, m, v instead of
+    // eight elementwise passes (they were ~10 % of a CPU step, memory-bound). It reads the
+    // step count from `state_steps` (already incremented, as the Python optimizer does).
+    auto steps = torch::full({}, static_cast<double>(step_), values_.options());
+    at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {steps}, lr, beta1, beta2,
+                      decay ? options_.weight_decay : 0.0, options_.eps, /*amsgrad=*/false,
+                      /*maximize=*/false, grad_scale);
+    return;
+  }
+  // Masked (the reference formulation of torch.optim.AdamW, single tensor): moments, denom =
+  // sqrt(v)/sqrt(bc2) + eps.
   m.lerp_(g, 1.0 - beta1);
   v.mul_(beta2).addcmul_(g, g, 1.0 - beta2);
   at::sqrt_out(tmp, v);
   tmp.div_(std::sqrt(bias_correction2)).add_(options_.eps);
-  if (!mask.defined()) {
-    p.addcdiv_(m, tmp, -step_size);
-    return;
-  }
   // Masked: build the whole update, decay included, and zero it outside the mask, so those
   // elements are left exactly as they were (their moments are 0 because the gradient was).
   at::div_out(tmp, m, tmp);

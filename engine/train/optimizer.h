@@ -20,6 +20,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,7 +80,10 @@ class FlatAdamW {
     bool decay = false;
     double lambda = 0.0;
   };
-  void AdamRange(int64_t begin, int64_t end, bool decay, const torch::Tensor& mask, double lr);
+  // One AdamW update of [begin, end); `mask` (masked segments) zeroes the whole update
+  // outside it; `grad_scale` (unmasked ranges) divides the gradients first (clipping).
+  void AdamRange(int64_t begin, int64_t end, bool decay, const torch::Tensor& mask, double lr,
+                 const std::optional<torch::Tensor>& grad_scale);
 
   OptimizerSpec options_;
   std::vector<Segment> segments_;
