@@ -38,6 +38,20 @@ absl::StatusOr<nlohmann::json> ReadSpecFile(const std::string& path) {
   return ParseSpecText(buffer.str(), path);
 }
 
+absl::StatusOr<nlohmann::json> ParseJsonObject(std::string_view text, std::string_view where) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(where), ": bad JSON: ", e.what()));
+  }
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(where), ": expected a JSON object, got ", j.type_name()));
+  }
+  return j;
+}
+
 absl::Status CheckKeys(const nlohmann::json& object, std::initializer_list<std::string_view> allowed,
                        std::string_view where) {
   if (!object.is_object()) {

@@ -20,6 +20,10 @@ absl::StatusOr<nlohmann::json> ParseSpecText(std::string_view text, std::string_
 // Reads and parses FILE; NotFound / InvalidArgument errors name it.
 absl::StatusOr<nlohmann::json> ReadSpecFile(const std::string& path);
 
+// One JSON object, e.g. a line of a JSONL file: InvalidArgument "<where>: bad JSON: ..." or
+// "<where>: expected a JSON object, got <type>" otherwise.
+absl::StatusOr<nlohmann::json> ParseJsonObject(std::string_view text, std::string_view where);
+
 // InvalidArgument unless `object` is a JSON object whose keys are all in `allowed`; the error
 // names `where` (e.g. "spec.yaml: optimizer"), the unknown key and the keys allowed there.
 absl::Status CheckKeys(const nlohmann::json& object, std::initializer_list<std::string_view> allowed,

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/spec_file.h"
 #include "common/status.h"
 #include "engine/data/dataset_writer.h"
 #include "engine/io/sha256.h"
@@ -114,16 +115,7 @@ absl::Status ReadJsonl(const std::string& path, std::istream& in, const std::str
     ++line_no;
     if (IsBlank(line)) continue;
     std::string where = absl::StrCat(path, ":", line_no);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": bad JSON: ", e.what()));
-    }
-    if (!j.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": expected a JSON object, got ", j.type_name()));
-    }
+    ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonObject(line, where));
     auto it = j.find(field);
     if (it == j.end()) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": field '", field, "' missing"));

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/spec_file.h"
 #include "common/status.h"
 #include "engine/eval/eval_text.h"
 
@@ -111,16 +112,7 @@ absl::StatusOr<std::vector<ChoiceDoc>> ReadChoiceDocs(const std::string& path, C
     if (limit > 0 && static_cast<int64_t>(docs.size()) == limit) break;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = absl::StrCat(path, ":", number);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": bad JSON: ", e.what()));
-    }
-    if (!j.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": expected a JSON object, got ", j.type_name()));
-    }
+    ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonObject(line, where));
     Record record(j, where);
     absl::StatusOr<ChoiceDoc> doc = format == ChoiceFormat::kBelebele ? BelebeleDoc(record)
                                     : format == ChoiceFormat::kPiqa  ? PiqaDoc(record)

@@ -6,6 +6,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/spec_file.h"
+#include "common/status.h"
 #include "engine/eval/eval_text.h"
 
 namespace stemma::engine::eval {
@@ -47,16 +49,7 @@ absl::StatusOr<std::vector<TranslationPair>> ReadTranslationPairs(const std::str
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = absl::StrCat(path, ":", number);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": bad JSON: ", e.what()));
-    }
-    if (!j.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ": expected a JSON object, got ", j.type_name()));
-    }
+    ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonObject(line, where));
     TranslationPair pair;
     auto source = StringField(j, source_field, where);
     if (!source.ok()) return source.status();
