@@ -7,6 +7,8 @@
 #include <cmath>
 #include <string>
 
+#include "engine/model/fused.h"
+
 namespace stemma::engine::model {
 namespace {
 
@@ -58,6 +60,7 @@ void RMSNormImpl::ResetToIdentity() {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
+  if (fused::Applies(x) && fused::Applies(weight)) return fused::RmsNorm(x, weight, eps_, one_plus_);
   auto xf = x.to(torch::kFloat32);
   auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
   if (one_plus_) return (normed * (1.0 + weight.to(torch::kFloat32))).to(x.scalar_type());
@@ -146,15 +149,21 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     k = k.clamp(-*clip_qkv_, *clip_qkv_);
     v = v.clamp(-*clip_qkv_, *clip_qkv_);
   }
-  q = q.view({b, t, num_heads_, head_dim_}).transpose(1, 2);     // [B, nh, T, hd]
-  k = k.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);  // [B, nkv, T, hd]
+  q = q.view({b, t, num_heads_, head_dim_});     // [B, T, nh, hd]
+  k = k.view({b, t, num_kv_heads_, head_dim_});  // [B, T, nkv, hd]
   v = v.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);  // [B, nkv, T, hd]
-  if (qk_norm_ == ModelConfig::QkNorm::kPerHead) {               // Gemma3: per head, before RoPE
+  if (qk_norm_ == ModelConfig::QkNorm::kPerHead) {  // Gemma3: per head, before RoPE
     q = q_norm(q);
     k = k_norm(k);
   }
-  q = ApplyRope(q, cos, sin);
-  k = ApplyRope(k, cos, sin);
+  if (fused::Applies(q) && fused::Applies(cos)) {  // RoPE in the [B, T, n, hd] layout
+    auto cos_t = cos.reshape({t, head_dim_}), sin_t = sin.reshape({t, head_dim_});
+    q = fused::Rope(q, cos_t, sin_t).transpose(1, 2);  // [B, nh, T, hd]
+    k = fused::Rope(k, cos_t, sin_t).transpose(1, 2);  // [B, nkv, T, hd]
+  } else {
+    q = ApplyRope(q.transpose(1, 2), cos, sin);
+    k = ApplyRope(k.transpose(1, 2), cos, sin);
+  }
   if (kv != nullptr) {
     if (kv->k.defined()) {
       k = torch::cat({kv->k, k}, 2);  // [B, nkv, S, hd]
@@ -208,6 +217,9 @@ MlpImpl::MlpImpl(int64_t hidden, int64_t intermediate, bool bias, Activation act
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   auto g = gate_proj(x);  // [..., I]
+  if (activation_ == Activation::kSilu && !activation_hook && fused::Applies(g)) {
+    return down_proj(fused::SiluMul(g, up_proj(x)));
+  }
   g = activation_ == Activation::kSilu ? torch::silu(g) : torch::gelu(g, "tanh");
   if (activation_hook) activation_hook(g);
   return down_proj(g * up_proj(x));  // [..., H]
