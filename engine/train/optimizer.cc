@@ -63,7 +63,6 @@ FlatAdamW::FlatAdamW(const std::vector<ParamPlan>& plans, const std::vector<torc
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(
       segments_.empty() ? torch::Device(torch::kCPU) : segments_[0].param.device());
   values_ = torch::empty({total}, opts);
-  grads_ = torch::zeros({total}, opts);
   exp_avg_ = torch::zeros({total}, opts);
   exp_avg_sq_ = torch::zeros({total}, opts);
   scratch_ = torch::empty({total}, opts);
@@ -71,24 +70,69 @@ FlatAdamW::FlatAdamW(const std::vector<ParamPlan>& plans, const std::vector<torc
   for (Segment& s : segments_) {
     auto value = values_.narrow(0, s.offset, s.numel).view(s.param.sizes());
     value.copy_(s.param);
-    // The module keeps its parameter object (names, hooks) but now points into values_;
-    // autograd accumulates into the .grad view in place, since it is already defined.
+    // The module keeps its parameter object (names, hooks) but now points into values_.
     s.param.set_data(value);
     s.param.set_requires_grad(true);
-    s.param.mutable_grad() = grads_.narrow(0, s.offset, s.numel).view(s.param.sizes());
     any_lambda = any_lambda || s.lambda > 0;
+  }
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const Segment& s = segments_[i];
     if (s.mask.defined()) continue;
     if (!ranges_.empty() && ranges_.back().end == s.offset && ranges_.back().decay == s.decay &&
         ranges_.back().lambda == s.lambda) {
       ranges_.back().end = s.offset + s.numel;
+      ranges_.back().last = i + 1;
     } else {
-      ranges_.push_back(Range{s.offset, s.offset + s.numel, s.decay, s.lambda});
+      ranges_.push_back(Range{s.offset, s.offset + s.numel, i, i + 1, s.decay, s.lambda});
     }
   }
   if (any_lambda) anchor_ = values_.clone();
 }
 
-void FlatAdamW::ZeroGrad() { grads_.zero_(); }
+void FlatAdamW::ZeroGrad() {
+  for (Segment& s : segments_) s.param.mutable_grad() = torch::Tensor();
+}
+
+torch::Tensor FlatAdamW::GradView(const Segment& s) {
+  // Allocated on first use: a single process whose gradients all arrive never needs it.
+  if (!grads_.defined()) grads_ = torch::zeros({values_.numel()}, values_.options());
+  return grads_.narrow(0, s.offset, s.numel).view(s.param.sizes());
+}
+
+torch::Tensor& FlatAdamW::FlatGrads() {
+  torch::NoGradGuard no_grad;
+  for (Segment& s : segments_) {
+    auto view = GradView(s);
+    const auto& g = s.param.grad();
+    if (!g.defined()) {
+      view.zero_();
+    } else if (!g.is_same(view)) {
+      view.copy_(g);
+    }
+    s.param.mutable_grad() = view;
+  }
+  return grads_;
+}
+
+std::vector<torch::Tensor> FlatAdamW::SegmentGrads() {
+  std::vector<torch::Tensor> grads;
+  grads.reserve(segments_.size());
+  for (Segment& s : segments_) {
+    auto g = s.param.grad();
+    if (!g.defined() || !g.is_contiguous() || g.sizes() != s.param.sizes()) {
+      auto view = GradView(s);
+      if (g.defined()) {
+        view.copy_(g);
+      } else {
+        view.zero_();
+      }
+      s.param.mutable_grad() = view;
+      g = view;
+    }
+    grads.push_back(g);
+  }
+  return grads;
+}
 
 std::vector<torch::Tensor> FlatAdamW::parameters() const {
   std::vector<torch::Tensor> out;
@@ -99,67 +143,86 @@ std::vector<torch::Tensor> FlatAdamW::parameters() const {
 FlatAdamW::StepStats FlatAdamW::Step(double lr, double max_norm) {
   torch::NoGradGuard no_grad;
   StepStats stats;
-  // L2-SP: penalty and its gradient 2λ(θ − θ_base), per range of equal λ.
-  auto add_l2sp = [&](int64_t begin, int64_t end, double lambda) {
-    if (lambda <= 0) return;
+  std::vector<torch::Tensor> grads = SegmentGrads();
+  // L2-SP: penalty and its gradient 2λ(θ − θ_base), over flat elements [begin, end).
+  auto l2sp_diff = [&](int64_t begin, int64_t end, double lambda) {
     auto diff = scratch_.narrow(0, begin, end - begin);
     at::sub_out(diff, values_.narrow(0, begin, end - begin), anchor_.narrow(0, begin, end - begin));
     stats.l2sp += lambda * at::dot(diff, diff).item<double>();
-    grads_.narrow(0, begin, end - begin).add_(diff, 2.0 * lambda);
+    return diff;
   };
-  for (const Range& r : ranges_) add_l2sp(r.begin, r.end, r.lambda);
-  for (const Segment& s : segments_) {
-    if (!s.mask.defined()) continue;
-    add_l2sp(s.offset, s.offset + s.numel, s.lambda);
-    grads_.narrow(0, s.offset, s.numel).mul_(s.mask.view(-1));
+  for (const Range& r : ranges_) {
+    if (r.lambda <= 0) continue;
+    auto diff = l2sp_diff(r.begin, r.end, r.lambda);
+    for (size_t i = r.first; i < r.last; ++i) {
+      const Segment& s = segments_[i];
+      grads[i].view(-1).add_(diff.narrow(0, s.offset - r.begin, s.numel), 2.0 * r.lambda);
+    }
   }
-  stats.grad_norm = grads_.numel() == 0 ? 0.0 : grads_.norm().item<double>();
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const Segment& s = segments_[i];
+    if (!s.mask.defined()) continue;
+    if (s.lambda > 0) grads[i].view(-1).add_(l2sp_diff(s.offset, s.offset + s.numel, s.lambda), 2.0 * s.lambda);
+    grads[i].mul_(s.mask);
+  }
+  // The total norm as torch.nn.utils.clip_grad_norm_ takes it: per-tensor norms, then theirs.
+  if (!grads.empty()) stats.grad_norm = at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
   // torch's clip_grad_norm_ coefficient. The fused update divides the unmasked ranges'
-  // gradients by 1/clip itself (its grad_scale), which saves a pass over the buffer; masked
-  // segments are scaled here.
+  // gradients by 1/clip itself (its grad_scale), which saves a pass; masked segments are
+  // scaled here.
   double clip = 1.0;
   if (max_norm > 0 && stats.grad_norm > max_norm) clip = max_norm / (stats.grad_norm + 1e-6);
   ++step_;
   std::optional<torch::Tensor> grad_scale;
   if (clip != 1.0) grad_scale = torch::full({}, 1.0 / clip, values_.options());
-  for (const Range& r : ranges_) AdamRange(r.begin, r.end, r.decay, torch::Tensor(), lr, grad_scale);
-  for (const Segment& s : segments_) {
-    if (!s.mask.defined()) continue;
-    if (clip != 1.0) grads_.narrow(0, s.offset, s.numel).mul_(clip);
-    AdamRange(s.offset, s.offset + s.numel, s.decay, s.mask.view(-1), lr, std::nullopt);
+  for (const Range& r : ranges_) AdamRange(r, grads, lr, grad_scale);
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    if (!segments_[i].mask.defined()) continue;
+    if (clip != 1.0) grads[i].mul_(clip);
+    AdamMasked(segments_[i], grads[i], lr);
   }
   return stats;
 }
 
-void FlatAdamW::AdamRange(int64_t begin, int64_t end, bool decay, const torch::Tensor& mask,
-                          double lr, const std::optional<torch::Tensor>& grad_scale) {
-  const int64_t n = end - begin;
-  auto p = values_.narrow(0, begin, n), g = grads_.narrow(0, begin, n);
-  auto m = exp_avg_.narrow(0, begin, n), v = exp_avg_sq_.narrow(0, begin, n);
-  auto tmp = scratch_.narrow(0, begin, n);
+void FlatAdamW::AdamRange(const Range& range, const std::vector<torch::Tensor>& grads, double lr,
+                          const std::optional<torch::Tensor>& grad_scale) {
+  // torch.optim.AdamW(fused=True): one vectorised, parallel pass over p, g, m, v of each
+  // tensor instead of eight elementwise passes (they were ~10 % of a CPU step, memory-bound).
+  // It reads the step count from `state_steps` (already incremented, as the Python optimizer
+  // does), one per tensor.
+  std::vector<torch::Tensor> p, g, m, v, steps;
+  auto step = torch::full({}, static_cast<double>(step_), values_.options());
+  for (size_t i = range.first; i < range.last; ++i) {
+    const Segment& s = segments_[i];
+    p.push_back(s.param);
+    g.push_back(grads[i]);
+    m.push_back(exp_avg_.narrow(0, s.offset, s.numel).view(s.param.sizes()));
+    v.push_back(exp_avg_sq_.narrow(0, s.offset, s.numel).view(s.param.sizes()));
+    steps.push_back(step);
+  }
+  at::_fused_adamw_(p, g, m, v, {}, steps, lr, options_.beta1, options_.beta2,
+                    range.decay ? options_.weight_decay : 0.0, options_.eps, /*amsgrad=*/false,
+                    /*maximize=*/false, grad_scale);
+}
+
+void FlatAdamW::AdamMasked(const Segment& s, const torch::Tensor& grad, double lr) {
+  auto p = values_.narrow(0, s.offset, s.numel), g = grad.view(-1);
+  auto m = exp_avg_.narrow(0, s.offset, s.numel), v = exp_avg_sq_.narrow(0, s.offset, s.numel);
+  auto tmp = scratch_.narrow(0, s.offset, s.numel);
+  auto mask = s.mask.view(-1);
   const double beta1 = options_.beta1, beta2 = options_.beta2;
   const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step_));
   const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step_));
   const double step_size = lr / bias_correction1;
-  const double decay_factor = decay ? lr * options_.weight_decay : 0.0;
-  if (!mask.defined()) {
-    // torch.optim.AdamW(fused=True): one vectorised, parallel pass over p, g, m, v instead of
-    // eight elementwise passes (they were ~10 % of a CPU step, memory-bound). It reads the
-    // step count from `state_steps` (already incremented, as the Python optimizer does).
-    auto steps = torch::full({}, static_cast<double>(step_), values_.options());
-    at::_fused_adamw_({p}, {g}, {m}, {v}, {}, {steps}, lr, beta1, beta2,
-                      decay ? options_.weight_decay : 0.0, options_.eps, /*amsgrad=*/false,
-                      /*maximize=*/false, grad_scale);
-    return;
-  }
-  // Masked (the reference formulation of torch.optim.AdamW, single tensor): moments, denom =
+  const double decay_factor = s.decay ? lr * options_.weight_decay : 0.0;
+  // The reference formulation of torch.optim.AdamW, single tensor: moments, denom =
   // sqrt(v)/sqrt(bc2) + eps.
   m.lerp_(g, 1.0 - beta1);
   v.mul_(beta2).addcmul_(g, g, 1.0 - beta2);
   at::sqrt_out(tmp, v);
   tmp.div_(std::sqrt(bias_correction2)).add_(options_.eps);
-  // Masked: build the whole update, decay included, and zero it outside the mask, so those
-  // elements are left exactly as they were (their moments are 0 because the gradient was).
+  // Build the whole update, decay included, and zero it outside the mask, so those elements
+  // are left exactly as they were (their moments are 0 because the gradient was).
   at::div_out(tmp, m, tmp);
   tmp.mul_(step_size);
   if (decay_factor > 0) tmp.add_(p, decay_factor);

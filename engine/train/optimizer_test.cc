@@ -43,7 +43,7 @@ TEST(FlatAdamWTest, MatchesTorchAdamW) {
     reference.zero_grad();
     for (size_t i = 0; i < ours.size(); ++i) {
       auto g = torch::randn(ours[i].sizes());
-      ours[i].mutable_grad().add_(g);
+      ours[i].mutable_grad() = g;  // as autograd hands it over after ZeroGrad
       theirs[i].mutable_grad() = g.clone();
     }
     auto stats = flat.Step(1e-2, /*max_norm=*/0.0);
@@ -62,7 +62,7 @@ TEST(FlatAdamWTest, ClippingScalesTheGradientToMaxNorm) {
   spec.beta1 = 0.0;  // the update is then lr * g / (|g| + eps): shows the clipped gradient's sign only,
   FlatAdamW flat(plans, {w}, spec);
   flat.ZeroGrad();
-  w.mutable_grad().fill_(3.0);  // norm sqrt(90)
+  w.mutable_grad() = torch::full({10}, 3.0);  // norm sqrt(90)
   auto stats = flat.Step(1e-3, 1.0);
   EXPECT_NEAR(stats.grad_norm, std::sqrt(90.0), 1e-4);
   // ... so read the clipped gradient from the second moment: v = (1 - beta2) g².
@@ -86,8 +86,8 @@ TEST(FlatAdamWTest, MaskedUpdateLeavesMaskedOutElementsBitIdentical) {
   FlatAdamW flat({pw, pd}, {w, d}, spec);
   for (int step = 0; step < 3; ++step) {
     flat.ZeroGrad();
-    w.mutable_grad().copy_(torch::randn({6, 4}));
-    d.mutable_grad().copy_(torch::randn({4, 6}));
+    w.mutable_grad() = torch::randn({6, 4});
+    d.mutable_grad() = torch::randn({4, 6});
     flat.Step(1e-2, 1.0);
   }
   for (int64_t r = 0; r < 6; ++r) {
@@ -113,6 +113,38 @@ TEST(FlatAdamWTest, L2spPullsTowardTheInitialValues) {
   EXPECT_NEAR(stats.l2sp, 0.5 * 4.0, 1e-6);      // λ‖θ − θ0‖² = 0.5 · 4 · 1²
   EXPECT_NEAR(stats.grad_norm, 2 * 0.5 * 2.0, 1e-6);  // ‖2λ(θ − θ0)‖ = 1 · √4
   EXPECT_TRUE((w < 2.0).all().item<bool>());     // pulled back toward 1
+}
+
+TEST(FlatAdamWTest, ParameterWithoutGradientIsSteppedAsWithZeroGradient) {
+  auto w = torch::ones({4}), u = torch::ones({3});
+  OptimizerSpec spec;
+  spec.weight_decay = 0.5;
+  FlatAdamW flat({Plan("w", w, true), Plan("u", u, true)}, {w, u}, spec);
+  flat.ZeroGrad();
+  EXPECT_FALSE(w.grad().defined());  // cleared, for autograd to hand its tensor over
+  u.mutable_grad() = torch::ones({3});
+  flat.Step(0.1, 0.0);
+  // Decoupled decay only: 1 - lr * wd; the moments stay 0.
+  EXPECT_TRUE(torch::allclose(w, torch::full({4}, 1.0 - 0.1 * 0.5)));
+  for (const auto& [name, t] : flat.StateTensors()) {
+    if (name == "exp_avg.w" || name == "exp_avg_sq.w") EXPECT_EQ(t.abs().sum().item<double>(), 0.0);
+    if (name == "exp_avg.u") EXPECT_GT(t.abs().sum().item<double>(), 0.0);
+  }
+}
+
+TEST(FlatAdamWTest, FlatGradsGathersTheGradientsInSegmentOrder) {
+  auto a = torch::zeros({2, 2}), b = torch::zeros({3}), c = torch::zeros({2});
+  // "b" has no decay: segments go decayed first, so the flat order is a, c, b.
+  FlatAdamW flat({Plan("a", a, true), Plan("b", b, false), Plan("c", c, true)}, {a, b, c},
+                 OptimizerSpec{});
+  flat.ZeroGrad();
+  a.mutable_grad() = torch::arange(4, torch::kFloat32).view({2, 2});
+  b.mutable_grad() = torch::full({3}, 7.0);  // c gets none: zeros
+  torch::Tensor& grads = flat.FlatGrads();
+  EXPECT_TRUE(torch::equal(grads, torch::tensor({0.f, 1.f, 2.f, 3.f, 0.f, 0.f, 7.f, 7.f, 7.f})));
+  grads.mul_(2.0);  // an all-reduce works in place: the parameters' gradients see it
+  EXPECT_EQ(b.grad()[0].item<float>(), 14.0f);
+  EXPECT_EQ(a.grad()[1][1].item<float>(), 6.0f);
 }
 
 }  // namespace

@@ -441,7 +441,7 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
     loss.backward();
     ce_sum += ce.item<double>();
   }
-  run.ranks.AllReduceMean(run.optimizer->flat_grads());
+  if (world > 1) run.ranks.AllReduceMean(run.optimizer->FlatGrads());
   result.loss = run.ranks.Sum(ce_sum) / global_tokens;
   if (moe) {
     const double micro_batches = static_cast<double>(spec.grad_accum * world);
