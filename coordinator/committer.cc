@@ -1,5 +1,6 @@
 #include "coordinator/committer.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/logging.h"
@@ -17,7 +18,7 @@ Committer::~Committer() {
   thread_.join();
 }
 
-uint64_t Committer::Add(StoreBatch batch) {
+uint64_t Committer::Add(StoreBatch batch, bool urgent) {
   absl::MutexLock lock(&mu_);
   for (auto& j : batch.jobs) {
     std::string id = j.id();
@@ -28,7 +29,13 @@ uint64_t Committer::Add(StoreBatch batch) {
     workers_[id] = std::move(w);
   }
   for (auto& k : batch.idempotency_keys) keys_.push_back(std::move(k));
-  return ++added_;
+  ++added_;
+  if (urgent) {
+    urgent_ = added_;
+  } else if (lazy_deadline_ == absl::InfiniteFuture()) {
+    lazy_deadline_ = absl::Now() + absl::Milliseconds(kLazyCommitMs);
+  }
+  return added_;
 }
 
 uint64_t Committer::LastTicket() {
@@ -38,6 +45,7 @@ uint64_t Committer::LastTicket() {
 
 void Committer::Wait(uint64_t ticket) {
   absl::MutexLock lock(&mu_);
+  urgent_ = std::max(urgent_, ticket);
   struct Arg {
     const uint64_t* durable;
     uint64_t ticket;
@@ -49,6 +57,7 @@ void Committer::Then(uint64_t ticket, std::function<void()> fn) {
   // Always run on the committer thread, never inline: callers hold their own locks, and
   // callbacks write to network streams, which may block.
   absl::MutexLock lock(&mu_);
+  urgent_ = std::max(urgent_, ticket);
   callbacks_.emplace_back(ticket, std::move(fn));
 }
 
@@ -76,9 +85,13 @@ void Committer::Loop() {
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || added_ > durable_ || ReadyCallbacks();
+        return stop_ || urgent_ > durable_ || ReadyCallbacks();
       };
-      mu_.Await(absl::Condition(&has_work));
+      // Lazy records alone wait for company until their deadline.
+      if (!mu_.AwaitWithDeadline(absl::Condition(&has_work), lazy_deadline_) &&
+          added_ == durable_) {
+        continue;  // a stale deadline (its records went out with an urgent batch)
+      }
       if (added_ == durable_) {
         ready = TakeReadyCallbacks();  // callbacks of records already durable
         if (ready.empty() && stop_) return;
@@ -88,6 +101,7 @@ void Committer::Loop() {
         for (auto& [id, j] : jobs_) batch.jobs.push_back(std::move(j));
         for (auto& [id, w] : workers_) batch.workers.push_back(std::move(w));
         batch.idempotency_keys = std::move(keys_);
+        lazy_deadline_ = absl::InfiniteFuture();
         jobs_.clear();
         workers_.clear();
         keys_.clear();

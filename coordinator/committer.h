@@ -3,7 +3,9 @@
 //
 // Callers add records under their own lock (so records reach the store in the order the
 // changes were made) and get a ticket; they then wait for the ticket, or attach a callback
-// that runs once it is durable. Thread-safe.
+// that runs once it is durable. Records that nobody waits for (Add with urgent=false, e.g. a
+// job going RUNNING) do not start a transaction of their own: they join the next one, at
+// most kLazyCommitMs later. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "coordinator/store/store.h"
 
 namespace stemma::coordinator {
@@ -26,9 +29,14 @@ class Committer {
   Committer(Store* store, CommitObserver observer);
   ~Committer();  // Stops after committing what was added.
 
+  // How long records added with urgent=false may wait for a transaction to join.
+  static constexpr int64_t kLazyCommitMs = 10;
+
   // Queues records for the next transaction. Later records for the same key replace
   // earlier ones that are not yet committed. Returns the ticket for these records.
-  uint64_t Add(StoreBatch batch);
+  // urgent=false: nothing waits for them, so they may wait up to kLazyCommitMs for other
+  // records (one fsync for both); a later Wait or Then on the ticket makes it urgent.
+  uint64_t Add(StoreBatch batch, bool urgent = true);
   // The ticket of everything added so far.
   uint64_t LastTicket();
   // Blocks until `ticket` is durable.
@@ -46,6 +54,9 @@ class Committer {
   absl::Mutex mu_;
   uint64_t added_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t durable_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t urgent_ ABSL_GUARDED_BY(mu_) = 0;  // highest ticket someone waits for
+  // When the oldest not-yet-taken lazy record must be committed at the latest.
+  absl::Time lazy_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, v1::Job> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, v1::WorkerInfo> workers_ ABSL_GUARDED_BY(mu_);

@@ -110,7 +110,9 @@ void Coordinator::Stop() {
 }
 
 uint64_t Coordinator::Finish(Changes&& changes) {
-  uint64_t ticket = committer_->Add(std::move(changes.batch));
+  // Lazy unless someone waits: the caller (Wait) or the messages and events (Then). A
+  // change nobody waits for (a job going RUNNING) joins the next transaction.
+  uint64_t ticket = committer_->Add(std::move(changes.batch), /*urgent=*/false);
   if (changes.events.empty() && changes.messages.empty()) return ticket;
   std::vector<std::pair<std::shared_ptr<WorkerChannel>, v1::CoordinatorMessage>> sends;
   for (auto& m : changes.messages) {
