@@ -64,6 +64,14 @@ struct SpawnPlan {
 };
 
 struct Executor::Attempt {
+  Attempt() = default;
+  Attempt(const Attempt&) = delete;
+  Attempt& operator=(const Attempt&) = delete;
+  // The log stays open after the attempt finishes: a recycled directory passes it on.
+  ~Attempt() {
+    if (log_fd >= 0) close(log_fd);
+  }
+
   std::string id;
   std::string job_id;
   int32_t rank = 0;
@@ -297,6 +305,7 @@ Executor::Executor(const WorkerConfig& config, Metrics* metrics)
 
 Executor::~Executor() {
   Shutdown();
+  for (const SpareDir& spare : spare_dirs_) close(spare.log_fd);
   if (epoll_fd_ >= 0) close(epoll_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
 }
@@ -344,7 +353,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
     refusal = absl::StrCat("refused: attempt id '", id, "' is not a valid directory name");
   } else {
     std::error_code ec;
-    std::string spare;
+    std::optional<SpareDir> spare;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!spare_dirs_.empty()) {
@@ -352,13 +361,23 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
         spare_dirs_.pop_back();
       }
     }
-    if (spare.empty() || rename(spare.c_str(), workdir.c_str()) != 0) {
+    attempt->log_path = workdir + "/log";
+    if (spare && rename(spare->dir.c_str(), workdir.c_str()) == 0) {
+      // The spare's log is open and now named workdir/log: no open, and no truncate
+      // unless the last attempt wrote something.
+      attempt->log_fd = spare->log_fd;
+      if (!spare->log_empty && ftruncate(attempt->log_fd, 0) != 0) {
+        close(attempt->log_fd);
+        attempt->log_fd = -1;
+      }
+    } else {
+      if (spare) close(spare->log_fd);
       std::filesystem::create_directories(workdir, ec);
     }
     if (ec) {
       failure = absl::StrCat("worker error: cannot create ", workdir, ": ", ec.message());
-    } else {
-      attempt->log_path = workdir + "/log";
+      attempt->log_path.clear();
+    } else if (attempt->log_fd < 0) {
       attempt->log_fd =
           open(attempt->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
       if (attempt->log_fd < 0) {
@@ -471,12 +490,8 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   bool notify = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (shutting_down_) {
-      if (attempt->log_fd >= 0) close(attempt->log_fd);
-      return absl::FailedPreconditionError("executor is shutting down");
-    }
+    if (shutting_down_) return absl::FailedPreconditionError("executor is shutting down");
     if (attempts_.count(id) > 0) {
-      if (attempt->log_fd >= 0) close(attempt->log_fd);
       return absl::AlreadyExistsError(absl::StrCat("attempt ", id, " is already known"));
     }
     Attempt& a = *attempt;
@@ -540,9 +555,9 @@ void Executor::Forget(const std::string& attempt_id) {
   changed_.notify_all();
 }
 
-void Executor::RecycleDirLocked(const Attempt& a) {
+void Executor::RecycleDirLocked(Attempt& a) {
   constexpr size_t kMaxSpares = 64;
-  if (spare_dirs_.size() >= kMaxSpares || a.log_path.empty() || a.log_fd >= 0) return;
+  if (spare_dirs_.size() >= kMaxSpares || a.log_path.empty() || a.log_fd < 0) return;
   const std::string dir = absl::StrCat(attempts_dir_, "/", a.id);
   DIR* d = opendir(dir.c_str());
   if (d == nullptr) return;
@@ -556,7 +571,8 @@ void Executor::RecycleDirLocked(const Attempt& a) {
   }
   closedir(d);
   if (!only_log) return;  // the job left files: keep them for the user
-  spare_dirs_.push_back(dir);
+  spare_dirs_.push_back(SpareDir{dir, a.log_fd, a.log_bytes == 0});
+  a.log_fd = -1;
 }
 
 void Executor::RecordLost(const std::string& attempt_id, int32_t rank, const std::string& reason) {
@@ -860,10 +876,6 @@ void Executor::TerminateLocked(Attempt& a, const std::string& reason, const std:
 
 void Executor::FinishLocked(Attempt& a, int exit_code, const std::string& reason,
                             const std::string& result, bool retryable) {
-  if (a.log_fd >= 0) {
-    close(a.log_fd);
-    a.log_fd = -1;
-  }
   a.finished = true;
   a.result.set_exit_code(exit_code);
   a.result.set_reason(reason);

@@ -310,11 +310,10 @@ void Session::OnHeartbeatAck(const v1::HeartbeatAck& ack) {
 }
 
 void Session::OnAck(uint64_t event_seq) {
+  // No wake-up: the pump forgets acked attempts on its next round (the next event or tick,
+  // at most kTickMs away). Waking it for every ack cost a thread hand-off per job.
   std::lock_guard<std::mutex> lock(mu_);
-  if (event_seq > acked_seq_) {
-    acked_seq_ = event_seq;
-    cv_.notify_all();
-  }
+  acked_seq_ = std::max(acked_seq_, event_seq);
 }
 
 bool Session::Write(Stream* stream, const v1::WorkerMessage& msg, bool more) {
