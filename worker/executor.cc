@@ -48,10 +48,12 @@ struct SpawnPlan {
   int noop_exit = 0;
   std::string path;  // program for execve
   std::vector<std::string> args;
-  std::vector<std::string> envs;
+  std::vector<std::string> envs;  // the attempt's own variables
+  std::vector<char*> inherited;   // the worker's variables it does not override
   std::vector<char*> argv;
   std::vector<char*> envp;
   std::string workdir;
+  int devnull = -1;         // the executor's /dev/null, the child's stdin
   std::string exec_error;   // written to the log when execve fails, before strerror
   std::string chdir_error;  // written to the log when chdir fails
 
@@ -59,6 +61,7 @@ struct SpawnPlan {
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     for (auto& e : envs) envp.push_back(e.data());
+    envp.insert(envp.end(), inherited.begin(), inherited.end());
     envp.push_back(nullptr);
   }
 };
@@ -213,8 +216,11 @@ absl::Status WriteFile(const std::string& path, const std::string& data) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != parent) _exit(137);  // the worker died before prctl took effect
 
-  int devnull = open("/dev/null", O_RDONLY);
-  if (devnull > 0) dup2(devnull, 0);
+  if (p.devnull > 0) {
+    dup2(p.devnull, 0);
+  } else if (p.devnull == 0) {
+    fcntl(0, F_SETFD, 0);  // dup2 would be a no-op that leaves FD_CLOEXEC set
+  }
   dup2(out_fd, 1);
   dup2(out_fd, 2);
   close_range(3, ~0U, 0);
@@ -256,13 +262,14 @@ const std::vector<int>& IgnoredSignals() {
   return ignored;
 }
 
+// The worker's environment: name -> "NAME=value".
 std::map<std::string, std::string> WorkerEnv() {
   std::map<std::string, std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     absl::string_view kv(*e);
     size_t eq = kv.find('=');
     if (eq == absl::string_view::npos || eq == 0) continue;
-    env[std::string(kv.substr(0, eq))] = std::string(kv.substr(eq + 1));
+    env[std::string(kv.substr(0, eq))] = std::string(kv);
   }
   return env;
 }
@@ -278,7 +285,9 @@ Executor::Executor(const WorkerConfig& config, Metrics* metrics)
     : config_(config),
       attempts_dir_(std::filesystem::absolute(config.data_dir).lexically_normal().string() +
                     "/attempts"),
-      metrics_(metrics) {
+      metrics_(metrics),
+      worker_env_(WorkerEnv()) {
+  devnull_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);  // -1: children get no stdin
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (epoll_fd_ < 0 || wake_fd_ < 0) {
@@ -307,6 +316,7 @@ Executor::~Executor() {
   Shutdown();
   for (const SpareDir& spare : spare_dirs_) close(spare.log_fd);
   if (epoll_fd_ >= 0) close(epoll_fd_);
+  if (devnull_fd_ >= 0) close(devnull_fd_);
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
@@ -437,18 +447,23 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   }
 
   if (refusal.empty() && failure.empty() && !plan->noop) {
-    std::map<std::string, std::string> env = WorkerEnv();
+    // The attempt's own variables; the worker's environment (read once) fills in the rest
+    // without being copied for every attempt.
+    std::map<std::string, std::string, std::less<>> env;
     if (kind == "exec") {
       for (const auto& [k, v] : spec.exec().env()) env[k] = v;
     }
     if (kind == "engine") {
       // Attempts share the node's cores. libgomp's default is to spin while waiting, which
       // starves the other attempts (training ran 13x slower with two jobs on two cores), so
-      // engine jobs wait passively and use the cores they asked for. emplace: a value in the
+      // engine jobs wait passively and use the cores they asked for. A value in the
       // worker's own environment wins.
-      env.emplace("OMP_WAIT_POLICY", "PASSIVE");
+      if (!worker_env_.count("OMP_WAIT_POLICY")) env.emplace("OMP_WAIT_POLICY", "PASSIVE");
       const double cpus = spec.resources().cpus() > 0 ? spec.resources().cpus() : 1;
-      env.emplace("OMP_NUM_THREADS", absl::StrCat(std::max<int64_t>(1, static_cast<int64_t>(cpus))));
+      if (!worker_env_.count("OMP_NUM_THREADS")) {
+        env.emplace("OMP_NUM_THREADS",
+                    absl::StrCat(std::max<int64_t>(1, static_cast<int64_t>(cpus))));
+      }
     }
     const int world = std::max(1, assignment.world_size());
     env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(attempt->gpu_ids, ",");
@@ -469,15 +484,26 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
       if (colon != std::string::npos) env["MASTER_PORT"] = rv.substr(colon + 1);
       env["STEMMA_RENDEZVOUS"] = rv;
     }
+    plan->envs.reserve(env.size());
     for (const auto& [k, v] : env) plan->envs.push_back(absl::StrCat(k, "=", v));
+    plan->inherited.reserve(worker_env_.size());
+    for (const auto& [k, kv] : worker_env_) {
+      // execve does not write to the strings; they live as long as the executor.
+      if (env.find(k) == env.end()) plan->inherited.push_back(const_cast<char*>(kv.c_str()));
+    }
+    plan->devnull = devnull_fd_;
     // execvp's PATH lookup, done here (with the child's PATH) rather than in the child.
     const std::string& program = plan->args[0];
     if (program.find('/') != std::string::npos) {
       plan->path = program;
     } else {
-      auto path_it = env.find("PATH");
-      plan->path = FindInPath(program, path_it != env.end() ? path_it->second
-                                                            : "/usr/local/bin:/usr/bin:/bin");
+      std::string path_env = "/usr/local/bin:/usr/bin:/bin";
+      if (auto it = env.find("PATH"); it != env.end()) {
+        path_env = it->second;
+      } else if (auto w = worker_env_.find("PATH"); w != worker_env_.end()) {
+        path_env = w->second.substr(5);  // "PATH=..."
+      }
+      plan->path = FindInPath(program, path_env);
       if (plan->path.empty()) plan->path = program;  // execve fails: ENOENT, exit 127
     }
     plan->exec_error = absl::StrCat("stemma-worker: cannot execute ", program, ": ");

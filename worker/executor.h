@@ -130,8 +130,12 @@ class Executor {
   const WorkerConfig config_;
   const std::string attempts_dir_;  // absolute DATA/attempts
   Metrics* const metrics_;
+  // The worker's environment when the executor started, name -> "NAME=value": the base of
+  // every child's environment.
+  const std::map<std::string, std::string> worker_env_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;  // eventfd
+  int devnull_fd_ = -1;
 
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;  // signalled when an attempt finishes

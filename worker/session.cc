@@ -129,6 +129,7 @@ bool Session::RunStream(v1::WorkerService::Stub& stub) {
     conn_done_ = false;
     registered_ = false;
     acked_seq_ = 0;
+    awaiting_ack_.clear();
     last_rx_ms_ = NowMs();
     last_ack_ms_ = NowMs();
     heartbeat_sent_us_.clear();
@@ -310,10 +311,19 @@ void Session::OnHeartbeatAck(const v1::HeartbeatAck& ack) {
 }
 
 void Session::OnAck(uint64_t event_seq) {
-  // No wake-up: the pump forgets acked attempts on its next round (the next event or tick,
-  // at most kTickMs away). Waking it for every ack cost a thread hand-off per job.
-  std::lock_guard<std::mutex> lock(mu_);
-  acked_seq_ = std::max(acked_seq_, event_seq);
+  // The acked attempts are forgotten here, on the reading thread, without waking the pump
+  // (a thread hand-off per job), and before the assignment that usually follows the ack
+  // in the same read: that launch then finds the freed directory to reuse.
+  std::vector<std::string> forget;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    acked_seq_ = std::max(acked_seq_, event_seq);
+    while (!awaiting_ack_.empty() && awaiting_ack_.front().first <= acked_seq_) {
+      forget.push_back(std::move(awaiting_ack_.front().second));
+      awaiting_ack_.pop_front();
+    }
+  }
+  for (const std::string& id : forget) executor_->Forget(id);
 }
 
 bool Session::Write(Stream* stream, const v1::WorkerMessage& msg, bool more) {
@@ -368,6 +378,7 @@ void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
     }
 
     // Acked Finished events: the coordinator has them, so the attempts can be forgotten.
+    // (OnAck forgets them already; this covers an ack that raced with the send.)
     for (auto it = ship_.begin(); it != ship_.end();) {
       if (it->second.finished_sent && it->second.finished_seq <= acked) {
         executor_->Forget(it->first);
@@ -406,6 +417,7 @@ bool Session::ShipEvents(Stream* stream) {
   // Messages are written at the end, all but the last with a buffer hint, so that e.g. a
   // Started and a Finished of a short job leave in one network write.
   std::vector<v1::WorkerMessage> out;
+  std::vector<std::pair<uint64_t, std::string>> finished;  // (event_seq, attempt id)
   auto write = [&](const v1::WorkerMessage& m) {
     out.push_back(m);
     return true;
@@ -450,12 +462,18 @@ bool Session::ShipEvents(Stream* stream) {
       *ev->mutable_finished() = a.result;
       if (!write(msg)) return false;
       s.finished_sent = true;
+      finished.emplace_back(s.finished_seq, a.attempt_id);
       spdlog::debug("session: sent Finished attempt={} seq={} reason=\"{}\"", a.attempt_id,
                     s.finished_seq, a.result.reason());
     }
   }
   for (auto it = ship_.begin(); it != ship_.end();) {
     it = live.count(it->first) > 0 ? std::next(it) : ship_.erase(it);
+  }
+  if (!finished.empty()) {
+    // Registered before the write, so that OnAck finds them however fast the ack comes.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& f : finished) awaiting_ack_.push_back(std::move(f));
   }
   for (size_t i = 0; i < out.size(); ++i) {
     if (!Write(stream, out[i], i + 1 < out.size())) return false;

@@ -17,9 +17,11 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "stemma/v1/worker_service.grpc.pb.h"
@@ -88,6 +90,8 @@ class Session {
   int64_t last_rx_ms_ ABSL_GUARDED_BY(mu_) = 0;   // monotonic, any coordinator message
   int64_t last_ack_ms_ ABSL_GUARDED_BY(mu_) = 0;  // monotonic, last HeartbeatAck
   uint64_t acked_seq_ ABSL_GUARDED_BY(mu_) = 0;   // highest event ack on this stream
+  // Finished events sent on this stream and not yet acked, in event_seq order.
+  std::deque<std::pair<uint64_t, std::string>> awaiting_ack_ ABSL_GUARDED_BY(mu_);
   uint64_t heartbeat_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, int64_t> heartbeat_sent_us_ ABSL_GUARDED_BY(mu_);  // seq -> steady us
   std::map<std::string, Shipping> pending_ship_ ABSL_GUARDED_BY(mu_);  // from OnRegistered
