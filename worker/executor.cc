@@ -93,6 +93,7 @@ struct Executor::Attempt {
   bool log_write_failed = false;
 
   int64_t deadline_ms = 0;  // monotonic; 0: no timeout
+  int64_t start_notify_ms = 0;  // monotonic; 0: the start needs no (more) signal
   int64_t kill_at_ms = 0;   // monotonic; 0: no SIGKILL scheduled
   bool terminating = false;
   std::string term_reason;
@@ -145,6 +146,7 @@ std::string StepMessage(const nlohmann::json& j) {
 }
 constexpr uint64_t kWakeToken = 0;
 constexpr int64_t kLingerPollMs = 50;
+constexpr int64_t kStartNotifyDelayMs = 2;
 constexpr int64_t kLingerGiveUpMs = 30'000;
 
 int64_t NowMs() { return RealClock::Get()->MonoMs(); }
@@ -729,9 +731,17 @@ void Executor::Loop() {
         auto it = attempts_.find(id);
         if (it == attempts_.end() || it->second->finished || !it->second->plan) continue;
         SpawnLocked(*it->second);
-        notify = true;
+        // A start is signalled kStartNotifyDelayMs later, or with the finish if that comes
+        // first: a short job then costs the session one round (one wake-up, one write, one
+        // event batch at the coordinator) instead of two.
+        Attempt& a = *it->second;
+        if (a.finished) {
+          notify = true;  // the spawn failed
+        } else {
+          a.start_notify_ms = NowMs() + kStartNotifyDelayMs;
+        }
       }
-      FireTimersLocked(NowMs());
+      notify |= FireTimersLocked(NowMs());
       ReapLingeringLocked(NowMs());
       for (auto it = attempts_.begin(); it != attempts_.end();) {
         if (it->second->finished && it->second->discard) {
@@ -987,13 +997,19 @@ int64_t Executor::NextTimerMsLocked(int64_t now) {
     if (a->finished || a->pid == 0) continue;
     if (!a->terminating) consider(a->deadline_ms);
     consider(a->kill_at_ms);
+    consider(a->start_notify_ms);
   }
   return next;
 }
 
-void Executor::FireTimersLocked(int64_t now) {
+bool Executor::FireTimersLocked(int64_t now) {
+  bool started = false;
   for (auto& [id, a] : attempts_) {
     if (a->finished || a->pid == 0) continue;
+    if (a->start_notify_ms > 0 && now >= a->start_notify_ms) {
+      a->start_notify_ms = 0;
+      started = true;
+    }
     if (!a->terminating && a->deadline_ms > 0 && now >= a->deadline_ms) {
       TerminateLocked(*a, absl::StrCat("timeout after ", a->timeout_ms, " ms"), "timeout", true);
     }
@@ -1002,6 +1018,7 @@ void Executor::FireTimersLocked(int64_t now) {
       a->kill_at_ms = 0;
     }
   }
+  return started;
 }
 
 void Executor::ReapLingeringLocked(int64_t now) {

@@ -58,9 +58,10 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // Called whenever an attempt starts, finishes or reports progress (log bytes are not
-  // signalled: poll Snapshot). Replaces the previous callback; after it returns the old
-  // one is not running and will not run again.
+  // Called whenever an attempt finishes or reports progress, and 2 ms after it starts (or
+  // with its finish, if that comes first: one call for both). Log bytes are not signalled:
+  // poll Snapshot, which shows a start at once. Replaces the previous callback; after it
+  // returns the old one is not running and will not run again.
   void SetChangeCallback(std::function<void()> callback);
 
   // Starts an attempt: creates DATA/attempts/<id>/ and its log, and forks the child on the
@@ -124,7 +125,9 @@ class Executor {
   void ReapLingeringLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify();
   int64_t NextTimerMsLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FireTimersLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Timeouts, SIGKILLs after the grace period, delayed start signals; true if a start is
+  // to be signalled.
+  bool FireTimersLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   AttemptSnapshot SnapshotOf(const Attempt& attempt) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerConfig config_;

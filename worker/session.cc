@@ -63,7 +63,8 @@ bool ReadAt(const std::string& path, int64_t offset, size_t n, std::string* out)
 
 Session::Session(const WorkerConfig& config, Executor* executor, Metrics* metrics)
     : config_(config), executor_(executor), metrics_(metrics), incarnation_(RandomIncarnation()) {
-  // Starts, finishes and progress are shipped at once rather than on the next tick.
+  // Finishes and progress are shipped at once, starts within 2 ms (together with the
+  // finish of a short job), rather than on the next tick.
   executor_->SetChangeCallback([this] { cv_.notify_all(); });
   if (metrics_ != nullptr) {
     metrics_->SetConnected(false);
