@@ -1,6 +1,7 @@
 #include "engine/model/fused.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <torch/autograd.h>
 
 #include <algorithm>
@@ -115,13 +116,14 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 // out_j = x_j c_j - x_{j+h} s_j (j < h), x_j c_j + x_{j-h} s_j (j >= h); h = hd / 2. With
 // `transpose` (the backward) the rotation runs the other way:
 // dx_j = dy_j c_j + dy_{j+h} s_{j+h} (j < h), dy_j c_j - dy_{j-h} s_{j-h} (j >= h).
-void RopeKernel(const float* x, const float* cos, const float* sin, float* out, int64_t rows,
-                int64_t t, int64_t heads, int64_t hd, bool transpose) {
+void RopeKernel(const float* x, int64_t token_stride, const float* cos, const float* sin,
+                float* out, int64_t rows, int64_t t, int64_t heads, int64_t hd, bool transpose) {
   const int64_t h = hd / 2;
   at::parallel_for(0, rows, RowGrain(hd), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const int64_t pos = (r / heads) % t;
-      const float* xr = x + r * hd;
+      const int64_t token = r / heads;
+      const int64_t pos = token % t;
+      const float* xr = x + token * token_stride + (r % heads) * hd;
       const float* c = cos + pos * hd;
       const float* s = sin + pos * hd;
       float* o = out + r * hd;
@@ -144,12 +146,15 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& cos, const torch::Tensor& sin) {
-    auto xc = x.contiguous();
+    const int64_t t = x.size(1), heads = x.size(2), hd = x.size(3);
+    // Heads packed within a token, tokens at any stride (q/k as column blocks of one q|k|v
+    // product) are read in place; anything else is made contiguous first.
+    const bool in_place = x.stride(3) == 1 && x.stride(2) == hd && x.stride(0) == t * x.stride(1);
+    auto xc = in_place ? x : x.contiguous();
     auto c = cos.contiguous(), s = sin.contiguous();
-    auto out = torch::empty_like(xc);
-    const int64_t t = xc.size(1), heads = xc.size(2), hd = xc.size(3);
-    RopeKernel(xc.data_ptr<float>(), c.data_ptr<float>(), s.data_ptr<float>(),
-               out.data_ptr<float>(), xc.numel() / hd, t, heads, hd, /*transpose=*/false);
+    auto out = torch::empty(x.sizes(), x.options());
+    RopeKernel(xc.data_ptr<float>(), xc.stride(1), c.data_ptr<float>(), s.data_ptr<float>(),
+               out.data_ptr<float>(), x.numel() / hd, t, heads, hd, /*transpose=*/false);
     ctx->save_for_backward({c, s});
     ctx->saved_data["heads"] = heads;
     return out;
@@ -160,8 +165,9 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
     auto dy = grads[0].contiguous();
     auto dx = torch::empty_like(dy);
     const int64_t t = dy.size(1), hd = dy.size(3);
-    RopeKernel(dy.data_ptr<float>(), saved[0].data_ptr<float>(), saved[1].data_ptr<float>(),
-               dx.data_ptr<float>(), dy.numel() / hd, t, ctx->saved_data["heads"].toInt(), hd,
+    const int64_t heads = ctx->saved_data["heads"].toInt();
+    RopeKernel(dy.data_ptr<float>(), heads * hd, saved[0].data_ptr<float>(),
+               saved[1].data_ptr<float>(), dx.data_ptr<float>(), dy.numel() / hd, t, heads, hd,
                /*transpose=*/true);
     return {dx, torch::Tensor(), torch::Tensor()};
   }
@@ -169,51 +175,211 @@ class RopeFunction : public torch::autograd::Function<RopeFunction> {
 
 // ---- SiLU(g) * u ----
 
+// g, u [rows, width] with row strides (they may be the two halves of one [rows, 2 * width]
+// product); s = sigmoid(g) and out contiguous.
+void SiluMulForwardKernel(const float* g, int64_t g_stride, const float* u, int64_t u_stride,
+                          const float* s, float* out, int64_t rows, int64_t width) {
+  at::parallel_for(0, rows, RowGrain(width), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* gr = g + r * g_stride;
+      const float* ur = u + r * u_stride;
+      const float* sr = s + r * width;
+      float* o = out + r * width;
+#pragma omp simd
+      for (int64_t j = 0; j < width; ++j) o[j] = (gr[j] * sr[j]) * ur[j];
+    }
+  });
+}
+
+// d/dg = dy * u * s * (1 + g * (1 - s)); d/du = dy * g * s. dg/du may be null (not needed).
+void SiluMulBackwardKernel(const float* dy, const float* g, int64_t g_stride, const float* u,
+                           int64_t u_stride, const float* s, float* dg, int64_t dg_stride,
+                           float* du, int64_t du_stride, int64_t rows, int64_t width) {
+  at::parallel_for(0, rows, RowGrain(width), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* dyr = dy + r * width;
+      const float* gr = g + r * g_stride;
+      const float* ur = u + r * u_stride;
+      const float* sr = s + r * width;
+      if (dg != nullptr) {
+        float* o = dg + r * dg_stride;
+#pragma omp simd
+        for (int64_t j = 0; j < width; ++j) {
+          o[j] = dyr[j] * ur[j] * sr[j] * (1.0f + gr[j] * (1.0f - sr[j]));
+        }
+      }
+      if (du != nullptr) {
+        float* o = du + r * du_stride;
+#pragma omp simd
+        for (int64_t j = 0; j < width; ++j) o[j] = dyr[j] * (gr[j] * sr[j]);
+      }
+    }
+  });
+}
+
 class SiluMulFunction : public torch::autograd::Function<SiluMulFunction> {
  public:
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& g,
                                const torch::Tensor& u) {
     auto gc = g.contiguous(), uc = u.contiguous();
+    const int64_t width = gc.size(-1), rows = gc.numel() / std::max<int64_t>(1, width);
     auto s = torch::sigmoid(gc);  // LibTorch's vectorised exp
     auto out = torch::empty_like(gc);
-    const float* gp = gc.data_ptr<float>();
-    const float* up = uc.data_ptr<float>();
-    const float* sp = s.data_ptr<float>();
-    float* op = out.data_ptr<float>();
-    at::parallel_for(0, gc.numel(), 32768, [&](int64_t begin, int64_t end) {
-#pragma omp simd
-      for (int64_t i = begin; i < end; ++i) op[i] = (gp[i] * sp[i]) * up[i];
-    });
+    SiluMulForwardKernel(gc.data_ptr<float>(), width, uc.data_ptr<float>(), width,
+                         s.data_ptr<float>(), out.data_ptr<float>(), rows, width);
     ctx->save_for_backward({gc, uc, s});
     return out;
   }
 
-  // d/dg = dy * u * s * (1 + g * (1 - s)); d/du = dy * g * s.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     auto dy = grads[0].contiguous();
+    const int64_t width = dy.size(-1), rows = dy.numel() / std::max<int64_t>(1, width);
     torch::Tensor dg, du;
     if (ctx->needs_input_grad(0)) dg = torch::empty_like(dy);
     if (ctx->needs_input_grad(1)) du = torch::empty_like(dy);
-    const float* dyp = dy.data_ptr<float>();
-    const float* gp = saved[0].data_ptr<float>();
-    const float* up = saved[1].data_ptr<float>();
-    const float* sp = saved[2].data_ptr<float>();
-    float* dgp = dg.defined() ? dg.data_ptr<float>() : nullptr;
-    float* dup = du.defined() ? du.data_ptr<float>() : nullptr;
-    at::parallel_for(0, dy.numel(), 32768, [&](int64_t begin, int64_t end) {
-      if (dgp != nullptr) {
-#pragma omp simd
-        for (int64_t i = begin; i < end; ++i) {
-          dgp[i] = dyp[i] * up[i] * sp[i] * (1.0f + gp[i] * (1.0f - sp[i]));
-        }
-      }
-      if (dup != nullptr) {
-#pragma omp simd
-        for (int64_t i = begin; i < end; ++i) dup[i] = dyp[i] * (gp[i] * sp[i]);
-      }
-    });
+    SiluMulBackwardKernel(dy.data_ptr<float>(), saved[0].data_ptr<float>(), width,
+                          saved[1].data_ptr<float>(), width, saved[2].data_ptr<float>(),
+                          dg.defined() ? dg.data_ptr<float>() : nullptr, width,
+                          du.defined() ? du.data_ptr<float>() : nullptr, width, rows, width);
     return {dg, du};
+  }
+};
+
+// ---- Linear layers that share their input ----
+
+// The weights [out_i, in] stacked into one [Σ out_i, in] tensor without a copy, when they lie
+// back to back in one storage (FlatAdamW puts a layer's q/k/v and gate/up weights there in
+// that order); undefined otherwise.
+torch::Tensor StackedView(const std::vector<torch::Tensor>& weights) {
+  if (weights.empty()) return {};
+  torch::NoGradGuard no_grad;  // a plain alias: the gradients go to the weights themselves
+  const auto& first = weights[0];
+  if (!Applies(first) || first.dim() != 2 || !first.is_contiguous()) return {};
+  int64_t rows = 0;
+  const float* expected = first.data_ptr<float>();
+  for (const auto& w : weights) {
+    if (!Applies(w) || w.dim() != 2 || !w.is_contiguous() || w.size(1) != first.size(1) ||
+        !w.storage().is_alias_of(first.storage()) || w.data_ptr<float>() != expected) {
+      return {};
+    }
+    expected += w.numel();
+    rows += w.size(0);
+  }
+  return first.as_strided({rows, first.size(1)}, {first.size(1), 1});
+}
+
+// y_i = x W_i^T + b_i as one product x W^T over the stacked weights.
+class GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& stacked, at::TensorList weights,
+                               at::TensorList biases) {
+    const int64_t in = stacked.size(1);
+    auto x2 = x.reshape({-1, in});
+    auto y = biases.empty() ? x2.mm(stacked.t()) : at::addmm(at::cat(biases), x2, stacked.t());
+    std::vector<int64_t> out_sizes = x.sizes().vec(), widths;
+    variable_list outputs;
+    int64_t offset = 0;
+    for (const auto& w : weights) {
+      out_sizes.back() = w.size(0);
+      outputs.push_back(y.narrow(1, offset, w.size(0)).view(out_sizes));
+      offset += w.size(0);
+      widths.push_back(w.size(0));
+    }
+    ctx->saved_data["widths"] = widths;
+    ctx->save_for_backward({x2, stacked});
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    ctx->saved_data["parts"] = static_cast<int64_t>(weights.size());
+    ctx->saved_data["biases"] = !biases.empty();
+    return outputs;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x2 = saved[0];
+    const auto& stacked = saved[1];
+    const int64_t parts = ctx->saved_data["parts"].toInt();
+    const bool has_biases = ctx->saved_data["biases"].toBool();
+    const int64_t rows = x2.size(0);
+    const auto widths = ctx->saved_data["widths"].toIntVector();
+    std::vector<torch::Tensor> pieces;
+    for (int64_t i = 0; i < parts; ++i) {  // an output that went unused has no gradient
+      pieces.push_back(grads[i].defined() ? grads[i].reshape({rows, widths[i]})
+                                          : torch::zeros({rows, widths[i]}, x2.options()));
+    }
+    auto dy = at::cat(pieces, 1);  // [N, Σ out]
+    variable_list result(1 + 1 + 2 * parts);  // x, stacked, weights..., biases...
+    if (ctx->needs_input_grad(0)) {
+      result[0] = dy.mm(stacked).view(ctx->saved_data["x_sizes"].toIntVector());
+    }
+    bool any_weight = false;
+    for (int64_t i = 0; i < parts; ++i) any_weight = any_weight || ctx->needs_input_grad(2 + i);
+    torch::Tensor dw, db;
+    if (any_weight) dw = dy.t().mm(x2);  // [Σ out, in]
+    if (has_biases) db = dy.sum(0);
+    int64_t offset = 0;
+    for (int64_t i = 0; i < parts; ++i) {
+      const int64_t width = widths[i];
+      if (ctx->needs_input_grad(2 + i)) result[2 + i] = dw.narrow(0, offset, width);
+      if (has_biases && ctx->needs_input_grad(2 + parts + i)) {
+        result[2 + parts + i] = db.narrow(0, offset, width);
+      }
+      offset += width;
+    }
+    if (!has_biases) result.resize(2 + parts);
+    return result;
+  }
+};
+
+// down-projection input silu(x Wg^T) * (x Wu^T) with gate and up as one product, and the
+// backward writing d(gate) and d(up) straight into one buffer for the two products back.
+class GatedUpFunction : public torch::autograd::Function<GatedUpFunction> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& stacked, const torch::Tensor& gate,
+                               const torch::Tensor& up) {
+    const int64_t in = stacked.size(1), width = gate.size(0);
+    auto x2 = x.reshape({-1, in});
+    const int64_t rows = x2.size(0);
+    auto y = x2.mm(stacked.t());  // [N, 2I]: gate | up
+    auto g = y.narrow(1, 0, width);
+    auto s = torch::sigmoid(g);  // contiguous [N, I]
+    auto out = torch::empty({rows, width}, x2.options());
+    const float* yp = y.data_ptr<float>();
+    SiluMulForwardKernel(yp, 2 * width, yp + width, 2 * width, s.data_ptr<float>(),
+                         out.data_ptr<float>(), rows, width);
+    ctx->save_for_backward({x2, stacked, y, s});
+    ctx->saved_data["x_sizes"] = x.sizes().vec();
+    std::vector<int64_t> out_sizes = x.sizes().vec();
+    out_sizes.back() = width;
+    return out.view(out_sizes);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x2 = saved[0];
+    const auto& stacked = saved[1];
+    const auto& y = saved[2];
+    const auto& s = saved[3];
+    const int64_t rows = x2.size(0), width = stacked.size(0) / 2;
+    auto dout = grads[0].reshape({rows, width}).contiguous();
+    auto dy = torch::empty({rows, 2 * width}, x2.options());
+    float* dyp = dy.data_ptr<float>();
+    const float* yp = y.data_ptr<float>();
+    SiluMulBackwardKernel(dout.data_ptr<float>(), yp, 2 * width, yp + width, 2 * width,
+                          s.data_ptr<float>(), dyp, 2 * width, dyp + width, 2 * width, rows,
+                          width);
+    variable_list result(4);
+    if (ctx->needs_input_grad(0)) {
+      result[0] = dy.mm(stacked).view(ctx->saved_data["x_sizes"].toIntVector());
+    }
+    if (ctx->needs_input_grad(2) || ctx->needs_input_grad(3)) {
+      auto dw = dy.t().mm(x2);  // [2I, in]
+      if (ctx->needs_input_grad(2)) result[2] = dw.narrow(0, 0, width);
+      if (ctx->needs_input_grad(3)) result[3] = dw.narrow(0, width, width);
+    }
+    return result;
   }
 };
 
@@ -240,6 +406,32 @@ torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos, const torch
 
 torch::Tensor SiluMul(const torch::Tensor& g, const torch::Tensor& u) {
   return SiluMulFunction::apply(g, u);
+}
+
+std::vector<torch::Tensor> GroupedLinear(const torch::Tensor& x,
+                                         const std::vector<torch::Tensor>& weights,
+                                         const std::vector<torch::Tensor>& biases) {
+  // Under autocast the products would run in bf16: leave them to the autocast-aware path.
+  if (!Applies(x) || at::autocast::is_autocast_enabled(at::kCPU)) return {};
+  auto stacked = StackedView(weights);
+  if (!stacked.defined()) return {};
+  std::vector<torch::Tensor> b;
+  for (const auto& bias : biases) {
+    if (!bias.defined()) continue;
+    if (!Applies(bias)) return {};
+    b.push_back(bias);
+  }
+  if (!b.empty() && b.size() != weights.size()) return {};
+  return GroupedLinearFunction::apply(x, stacked, at::TensorList(weights), at::TensorList(b));
+}
+
+torch::Tensor GatedUp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up) {
+  if (!Applies(x) || at::autocast::is_autocast_enabled(at::kCPU) || gate.sizes() != up.sizes()) {
+    return {};
+  }
+  auto stacked = StackedView({gate, up});
+  if (!stacked.defined()) return {};
+  return GatedUpFunction::apply(x, stacked, gate, up);
 }
 
 }  // namespace stemma::engine::model::fused

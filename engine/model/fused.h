@@ -14,6 +14,8 @@
 
 #include <torch/types.h>
 
+#include <vector>
+
 namespace stemma::engine::model::fused {
 
 // True when the fused kernels take `x`: a float32 CPU tensor (and STEMMA_FUSED is not 0).
@@ -30,5 +32,20 @@ torch::Tensor Rope(const torch::Tensor& x, const torch::Tensor& cos, const torch
 
 // silu(g) * u for g, u of one shape.
 torch::Tensor SiluMul(const torch::Tensor& g, const torch::Tensor& u);
+
+// Linear layers that read the same input (q/k/v; gate/up) as one matrix product over their
+// weights stacked [Σ out_i, in], when the weights lie back to back in one buffer — as
+// FlatAdamW lays out a layer's trainable weights — so no copy is needed. One product packs
+// the input once instead of once per layer, and the backward's input gradient is one product
+// instead of several plus their sum. Returns {} when the weights are not laid out so (or
+// not fp32 CPU, or CPU autocast is on): the caller then runs the layers one by one.
+//
+// GroupedLinear: x [..., in] -> y_i [..., out_i] = x W_i^T + b_i (biases all or none).
+std::vector<torch::Tensor> GroupedLinear(const torch::Tensor& x,
+                                         const std::vector<torch::Tensor>& weights,
+                                         const std::vector<torch::Tensor>& biases);
+// GatedUp: x [..., H] -> silu(x Wg^T) * (x Wu^T) [..., I], bias-free; undefined when the
+// weights are not laid out so.
+torch::Tensor GatedUp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up);
 
 }  // namespace stemma::engine::model::fused

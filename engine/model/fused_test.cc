@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
+#include <torch/nn/functional/linear.h>
 #include <torch/types.h>
 
 #include <tuple>
@@ -137,6 +138,118 @@ TEST(FusedTest, AppliesOnlyToFloat32Cpu) {
   EXPECT_FALSE(fused::Applies(torch::zeros({2}, torch::kBFloat16)));
   EXPECT_FALSE(fused::Applies(torch::zeros({2}, torch::kFloat64)));
   EXPECT_FALSE(fused::Applies(torch::Tensor()));
+}
+
+// Weights laid back to back in one buffer, as FlatAdamW lays out a layer's weights: leaf
+// views of it that require gradients.
+std::vector<torch::Tensor> BackToBack(const std::vector<std::vector<int64_t>>& shapes,
+                                      torch::Tensor* buffer) {
+  int64_t total = 0;
+  for (const auto& shape : shapes) total += shape[0] * shape[1];
+  *buffer = torch::randn({total}) * 0.2;
+  std::vector<torch::Tensor> out;
+  int64_t offset = 0;
+  for (const auto& shape : shapes) {
+    auto w = torch::empty(shape);
+    w.set_data(buffer->narrow(0, offset, shape[0] * shape[1]).view(shape));
+    w.set_requires_grad(true);
+    out.push_back(w);
+    offset += shape[0] * shape[1];
+  }
+  return out;
+}
+
+class GroupedLinearTest : public testing::TestWithParam<bool> {};
+
+TEST_P(GroupedLinearTest, MatchesSeparateLinearsValuesAndGradients) {
+  const bool bias = GetParam();
+  torch::manual_seed(5);
+  torch::Tensor buffer;
+  auto weights = BackToBack({{12, 16}, {4, 16}, {4, 16}}, &buffer);  // q, k, v of GQA
+  std::vector<torch::Tensor> biases;
+  for (const auto& w : weights) {
+    biases.push_back(bias ? torch::randn({w.size(0)}).requires_grad_(true) : torch::Tensor());
+  }
+  auto x = torch::randn({2, 7, 16}).requires_grad_(true);
+  auto outs = fused::GroupedLinear(x, weights, biases);
+  ASSERT_EQ(outs.size(), 3u);
+  auto x_ref = x.detach().clone().requires_grad_(true);
+  std::vector<torch::Tensor> w_ref, b_ref, refs;
+  for (size_t i = 0; i < 3; ++i) {
+    w_ref.push_back(weights[i].detach().clone().requires_grad_(true));
+    b_ref.push_back(bias ? biases[i].detach().clone().requires_grad_(true) : torch::Tensor());
+    refs.push_back(torch::nn::functional::linear(x_ref, w_ref[i], b_ref[i]));
+  }
+  torch::Tensor loss = torch::zeros({}), loss_ref = torch::zeros({});
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(outs[i].sizes(), refs[i].sizes());
+    EXPECT_LT(RelErr(outs[i], refs[i]), 1e-6) << "output " << i;
+    auto probe = torch::randn(refs[i].sizes());
+    loss = loss + (outs[i] * probe).sum();
+    loss_ref = loss_ref + (refs[i] * probe).sum();
+  }
+  loss.backward();
+  loss_ref.backward();
+  EXPECT_LT(RelErr(x.grad(), x_ref.grad()), 1e-5) << "dx";
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_LT(RelErr(weights[i].grad(), w_ref[i].grad()), 1e-5) << "dW " << i;
+    if (bias) EXPECT_LT(RelErr(biases[i].grad(), b_ref[i].grad()), 1e-5) << "db " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fused, GroupedLinearTest, testing::Bool(),
+                         [](const auto& info) { return info.param ? "Bias" : "NoBias"; });
+
+TEST(FusedTest, GroupedLinearUnusedOutputAndFrozenWeight) {
+  torch::Tensor buffer;
+  auto weights = BackToBack({{6, 8}, {6, 8}}, &buffer);
+  weights[0].set_requires_grad(false);  // frozen
+  auto x = torch::randn({3, 8}).requires_grad_(true);
+  auto outs = fused::GroupedLinear(x, weights, {torch::Tensor(), torch::Tensor()});
+  ASSERT_EQ(outs.size(), 2u);
+  outs[1].sum().backward();  // outs[0] unused
+  EXPECT_FALSE(weights[0].grad().defined());
+  EXPECT_TRUE(torch::allclose(weights[1].grad(), x.sum(0).expand({6, 8})));
+  EXPECT_TRUE(torch::allclose(x.grad(), weights[1].detach().sum(0).expand({3, 8})));
+}
+
+TEST(FusedTest, GroupedLinearDeclinesWeightsNotBackToBack) {
+  auto a = torch::randn({4, 8}), b = torch::randn({4, 8});  // separate allocations
+  auto x = torch::randn({2, 8});
+  EXPECT_TRUE(fused::GroupedLinear(x, {a, b}, {}).empty());
+  torch::Tensor buffer;
+  auto weights = BackToBack({{4, 8}, {4, 8}}, &buffer);
+  EXPECT_TRUE(fused::GroupedLinear(x, {weights[1], weights[0]}, {}).empty());  // wrong order
+  EXPECT_FALSE(fused::GatedUp(x, a, b).defined());
+}
+
+TEST(FusedTest, GatedUpMatchesComposite) {
+  torch::manual_seed(6);
+  torch::Tensor buffer;
+  auto weights = BackToBack({{24, 16}, {24, 16}}, &buffer);
+  auto x = torch::randn({2, 5, 16}).requires_grad_(true);
+  auto out = fused::GatedUp(x, weights[0], weights[1]);
+  ASSERT_TRUE(out.defined());
+  auto x_ref = x.detach().clone().requires_grad_(true);
+  auto g_ref = weights[0].detach().clone().requires_grad_(true);
+  auto u_ref = weights[1].detach().clone().requires_grad_(true);
+  namespace F = torch::nn::functional;
+  auto ref = torch::silu(F::linear(x_ref, g_ref)) * F::linear(x_ref, u_ref);
+  EXPECT_EQ(out.sizes(), ref.sizes());
+  EXPECT_LT(RelErr(out, ref), 1e-6);
+  auto probe = torch::randn(ref.sizes());
+  (out * probe).sum().backward();
+  (ref * probe).sum().backward();
+  EXPECT_LT(RelErr(x.grad(), x_ref.grad()), 1e-5) << "dx";
+  EXPECT_LT(RelErr(weights[0].grad(), g_ref.grad()), 1e-5) << "d gate";
+  EXPECT_LT(RelErr(weights[1].grad(), u_ref.grad()), 1e-5) << "d up";
+}
+
+TEST(FusedTest, RopeReadsColumnBlocksInPlace) {
+  auto y = torch::randn({2, 5, 3 * 16});  // a q|k|v product: q = columns 0..15
+  auto q = y.narrow(2, 0, 16).view({2, 5, 2, 8});
+  auto cos = torch::rand({5, 8}), sin = torch::rand({5, 8});
+  EXPECT_TRUE(torch::allclose(fused::Rope(q, cos, sin), fused::Rope(q.contiguous(), cos, sin)));
 }
 
 }  // namespace

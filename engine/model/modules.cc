@@ -137,9 +137,14 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, bool sliding)
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
                                      const torch::Tensor& sin, LayerKV* kv) {
   const int64_t b = x.size(0), t = x.size(1);
-  auto q = q_proj(x);                            // [B, T, nh*hd]
-  auto k = k_proj(x);                            // [B, T, nkv*hd]
-  auto v = v_proj(x);                            // [B, T, nkv*hd]
+  torch::Tensor q, k, v;  // [B, T, nh*hd], [B, T, nkv*hd] x 2
+  auto qkv = fused::GroupedLinear(x, {q_proj->weight, k_proj->weight, v_proj->weight},
+                                  {q_proj->bias, k_proj->bias, v_proj->bias});
+  if (!qkv.empty()) {
+    q = qkv[0], k = qkv[1], v = qkv[2];
+  } else {
+    q = q_proj(x), k = k_proj(x), v = v_proj(x);
+  }
   if (qk_norm_ == ModelConfig::QkNorm::kFull) {  // OLMoE: over the whole projection
     q = q_norm(q);
     k = k_norm(k);
@@ -216,10 +221,13 @@ MlpImpl::MlpImpl(int64_t hidden, int64_t intermediate, bool bias, Activation act
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  auto g = gate_proj(x);  // [..., I]
-  if (activation_ == Activation::kSilu && !activation_hook && fused::Applies(g)) {
-    return down_proj(fused::SiluMul(g, up_proj(x)));
+  const bool plain_silu = activation_ == Activation::kSilu && !activation_hook;
+  if (plain_silu && !gate_proj->bias.defined()) {
+    auto gated = fused::GatedUp(x, gate_proj->weight, up_proj->weight);  // [..., I]
+    if (gated.defined()) return down_proj(gated);
   }
+  auto g = gate_proj(x);  // [..., I]
+  if (plain_silu && fused::Applies(g)) return down_proj(fused::SiluMul(g, up_proj(x)));
   g = activation_ == Activation::kSilu ? torch::silu(g) : torch::gelu(g, "tanh");
   if (activation_hook) activation_hook(g);
   return down_proj(g * up_proj(x));  // [..., H]
