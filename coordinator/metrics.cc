@@ -77,12 +77,24 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
   gpus_allocated_ = &gpus.Add({{"state", "allocated"}});
 }
 
+prometheus::Gauge& CoordinatorMetrics::JobsGauge(v1::JobState state, const std::string& kind) {
+  auto [it, inserted] = jobs_cache_.try_emplace(std::make_pair(static_cast<int>(state), kind));
+  if (inserted) it->second = &jobs_->Add({{"state", StateName(state)}, {"kind", kind}});
+  return *it->second;
+}
+
 void CoordinatorMetrics::Transition(const std::string& kind, v1::JobState from, v1::JobState to) {
+  absl::MutexLock lock(&cache_mu_);
   if (from != v1::JOB_STATE_UNSPECIFIED) {
-    jobs_->Add({{"state", StateName(from)}, {"kind", kind}}).Decrement();
-    transitions_->Add({{"from", StateName(from)}, {"to", StateName(to)}}).Increment();
+    JobsGauge(from, kind).Decrement();
+    auto [it, inserted] =
+        transitions_cache_.try_emplace(std::make_pair(static_cast<int>(from), static_cast<int>(to)));
+    if (inserted) {
+      it->second = &transitions_->Add({{"from", StateName(from)}, {"to", StateName(to)}});
+    }
+    it->second->Increment();
   }
-  jobs_->Add({{"state", StateName(to)}, {"kind", kind}}).Increment();
+  JobsGauge(to, kind).Increment();
 }
 
 prometheus::Histogram& CoordinatorMetrics::Rpc(const std::string& method) {
@@ -90,7 +102,10 @@ prometheus::Histogram& CoordinatorMetrics::Rpc(const std::string& method) {
 }
 
 void CoordinatorMetrics::AttemptEnded(const std::string& result) {
-  attempts_->Add({{"result", result}}).Increment();
+  absl::MutexLock lock(&cache_mu_);
+  auto [it, inserted] = attempts_cache_.try_emplace(result);
+  if (inserted) it->second = &attempts_->Add({{"result", result}});
+  it->second->Increment();
 }
 
 }  // namespace stemma::coordinator

@@ -11,6 +11,11 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 
 #include "stemma/v1/job.pb.h"
 
@@ -65,6 +70,18 @@ class CoordinatorMetrics {
   prometheus::Gauge* workers_lost_;
   prometheus::Gauge* gpus_free_;
   prometheus::Gauge* gpus_allocated_;
+
+  // The labelled series each call would otherwise look up by building a label map (a
+  // job's transitions made a dozen such lookups).
+  absl::Mutex cache_mu_;
+  prometheus::Gauge& JobsGauge(v1::JobState state, const std::string& kind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
+  absl::flat_hash_map<std::pair<int, std::string>, prometheus::Gauge*> jobs_cache_
+      ABSL_GUARDED_BY(cache_mu_);
+  absl::flat_hash_map<std::pair<int, int>, prometheus::Counter*> transitions_cache_
+      ABSL_GUARDED_BY(cache_mu_);
+  absl::flat_hash_map<std::string, prometheus::Counter*> attempts_cache_
+      ABSL_GUARDED_BY(cache_mu_);
 };
 
 }  // namespace stemma::coordinator

@@ -276,10 +276,6 @@ std::map<std::string, std::string> WorkerEnv() {
   return env;
 }
 
-void SetCloexecNonblock(int fd) {
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
-  fcntl(fd, F_SETFD, FD_CLOEXEC);
-}
 
 }  // namespace
 
@@ -587,17 +583,26 @@ void Executor::RecycleDirLocked(Attempt& a) {
   constexpr size_t kMaxSpares = 64;
   if (spare_dirs_.size() >= kMaxSpares || a.log_path.empty() || a.log_fd < 0) return;
   const std::string dir = absl::StrCat(attempts_dir_, "/", a.id);
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return;
+  // getdents64 on a plain descriptor: opendir adds an fstat and a 32 KiB buffer per call.
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  alignas(dirent64) char buf[2048];
   bool only_log = true;
-  while (dirent* e = readdir(d)) {
-    absl::string_view name(e->d_name);
-    if (name != "." && name != ".." && name != "log") {
-      only_log = false;
+  for (;;) {
+    const ssize_t n = getdents64(fd, buf, sizeof buf);
+    if (n <= 0) {
+      only_log &= n == 0;
       break;
     }
+    for (ssize_t off = 0; off < n && only_log;) {
+      const auto* e = reinterpret_cast<const dirent64*>(buf + off);
+      absl::string_view name(e->d_name);
+      only_log = name == "." || name == ".." || name == "log";
+      off += e->d_reclen;
+    }
+    if (!only_log) break;
   }
-  closedir(d);
+  close(fd);
   if (!only_log) return;  // the job left files: keep them for the user
   spare_dirs_.push_back(SpareDir{dir, a.log_fd, a.log_bytes == 0});
   a.log_fd = -1;
@@ -763,7 +768,7 @@ void Executor::SpawnLocked(Attempt& a) {
     FinishLocked(a, -1, absl::StrCat("worker error: pipe: ", strerror(errno)), "failed", true);
     return;
   }
-  const pid_t parent = getpid();
+  static const pid_t parent = getpid();  // a process's pid never changes
   // exec jobs start with vfork: the child borrows the worker's memory until execve, so
   // no page tables are copied and torn down for every attempt (fork + exit of the copy
   // cost about half of the worker's CPU per job). noop children outlive that moment, so
@@ -781,10 +786,12 @@ void Executor::SpawnLocked(Attempt& a) {
     FinishLocked(a, -1, absl::StrCat("worker error: fork: ", strerror(fork_errno)), "failed", true);
     return;
   }
-  setpgid(pid, pid);  // also done in the child; whichever runs first wins the race
+  // Also done in the child; whichever runs first wins the race. After vfork the child
+  // has run it already (and exec'd, so the call here would fail with EACCES).
+  if (plan->noop) setpgid(pid, pid);
   a.pid = pid;
   a.out_fd = fds[0];
-  SetCloexecNonblock(a.out_fd);
+  fcntl(a.out_fd, F_SETFL, O_RDONLY | O_NONBLOCK);  // already O_CLOEXEC (pipe2)
   a.pidfd = pidfd_open(pid, 0);
   if (a.pidfd < 0) {
     const int err = errno;

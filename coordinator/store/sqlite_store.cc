@@ -100,6 +100,9 @@ class SqliteStore final : public Store {
         "INSERT INTO idempotency_keys(key, job_ids) VALUES(?1, ?2) "
         "ON CONFLICT(key) DO UPDATE SET job_ids=excluded.job_ids",
         &put_key_));
+    // Prepared once: sqlite3_exec would parse them again for every transaction.
+    RETURN_IF_ERROR(Prepare("BEGIN IMMEDIATE", &begin_));
+    RETURN_IF_ERROR(Prepare("COMMIT", &commit_));
     return absl::OkStatus();
   }
 
@@ -151,9 +154,9 @@ class SqliteStore final : public Store {
 
   absl::Status Commit(const StoreBatch& batch) override {
     if (batch.empty()) return absl::OkStatus();
-    RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
+    RETURN_IF_ERROR(Step(begin_, "BEGIN IMMEDIATE"));
     absl::Status st = WriteBatch(batch);
-    if (st.ok()) st = Exec("COMMIT");
+    if (st.ok()) st = Step(commit_, "COMMIT");
     if (!st.ok()) {
       sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
       return st;
@@ -266,6 +269,14 @@ class SqliteStore final : public Store {
     return absl::OkStatus();
   }
 
+  // Runs a prepared statement that returns no rows.
+  absl::Status Step(const Statement& st, const char* what) {
+    int rc = sqlite3_step(st.get());
+    absl::Status result = rc == SQLITE_DONE ? absl::OkStatus() : Error(what, rc);
+    sqlite3_reset(st.get());  // ready for the next run; the message is taken already
+    return result;
+  }
+
   absl::Status Prepare(const char* sql, Statement* st) {
     int rc = sqlite3_prepare_v2(db_, sql, -1, st->out(), nullptr);
     if (rc != SQLITE_OK) return Error(absl::StrCat("prepare ", sql), rc);
@@ -306,6 +317,8 @@ class SqliteStore final : public Store {
   Statement put_job_;
   Statement put_worker_;
   Statement put_key_;
+  Statement begin_;
+  Statement commit_;
 };
 
 }  // namespace
