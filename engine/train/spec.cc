@@ -295,6 +295,15 @@ absl::Status ParseCheckpoint(const json& j, absl::string_view where, const std::
   return absl::OkStatus();
 }
 
+absl::Status ParseEval(const json& j, absl::string_view where, EvalSpec& e) {
+  RETURN_IF_ERROR(RequireObject(j, where));
+  RETURN_IF_ERROR(CheckKeys(j, {"every", "batches", "batch_size"}, Sv(where)));
+  RETURN_IF_ERROR(ReadInt(j, "every", where, 0, &e.every));
+  RETURN_IF_ERROR(ReadInt(j, "batches", where, 1, &e.batches));
+  RETURN_IF_ERROR(ReadInt(j, "batch_size", where, 1, &e.batch_size));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<LayerRange> ParseLayerRange(absl::string_view text, absl::string_view where) {
@@ -371,7 +380,7 @@ absl::StatusOr<TrainSpec> ParseTrainSpec(const json& doc, const std::string& sou
                             {"model", "out", "data", "batch_size", "grad_accum", "steps",
                              "max_tokens", "seed", "threads", "optimizer", "schedule",
                              "clip_grad_norm", "strategy", "checkpoint", "save_dtype",
-                             "overwrite", "log_every", "device", "precision"},
+                             "overwrite", "log_every", "device", "precision", "eval"},
                             source));
   RETURN_IF_ERROR(ReadString(doc, "model", w, &s.model));
   if (s.model.empty()) return FieldError(w, "model", "is required (the base checkpoint directory)");
@@ -416,6 +425,15 @@ absl::StatusOr<TrainSpec> ParseTrainSpec(const json& doc, const std::string& sou
                                     s.checkpoint));
   }
   if (s.checkpoint.dir.empty()) s.checkpoint.dir = s.out + ".checkpoints";
+  if (doc.contains("eval")) {
+    const std::string where = absl::StrCat(source, ": eval");
+    RETURN_IF_ERROR(ParseEval(doc["eval"], where, s.eval));
+    if (s.eval.every > 0 && s.data.heldout_fraction <= 0) {
+      return FieldError(where, "every",
+                        "needs held-out documents: set data.heldout_fraction > 0");
+    }
+  }
+  if (s.eval.batch_size == 0) s.eval.batch_size = s.batch_size;
   RETURN_IF_ERROR(ReadString(doc, "save_dtype", w, &s.save_dtype));
   if (s.save_dtype != "float32" && s.save_dtype != "bfloat16" && s.save_dtype != "float16") {
     return FieldError(w, "save_dtype", "must be float32, bfloat16 or float16");

@@ -110,6 +110,15 @@ struct CheckpointSpec {
   int64_t keep = 2;   // newest checkpoints kept; 0 keeps all
 };
 
+// Held-out evaluation while training: before the first step of a fresh run, every `every`
+// steps and after the last, the mean cross-entropy of the model on the same held-out rows of
+// each dataset (the first batches × batch_size rows of its held-out split, in index order).
+struct EvalSpec {
+  int64_t every = 0;       // 0: off
+  int64_t batches = 4;     // per dataset
+  int64_t batch_size = 0;  // rows per forward pass; 0: the training batch_size
+};
+
 struct TrainSpec {
   std::string model;  // base HF checkpoint directory
   std::string out;    // final checkpoint directory
@@ -125,6 +134,7 @@ struct TrainSpec {
   double clip_grad_norm = 1.0;  // 0: no clipping
   StrategySpec strategy;
   CheckpointSpec checkpoint;
+  EvalSpec eval;
   std::string save_dtype = "float32";  // float32 | bfloat16 | float16 for `out`
   // Where the model lives: "cpu", "cuda" or "cuda:N" (a worker's CUDA_VISIBLE_DEVICES decides
   // which physical GPU "cuda" is). Master weights and Adam moments stay fp32 on that device.

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -543,6 +544,43 @@ TEST_F(TrainTest, TrainsOnCudaWithBf16Autocast) {
   EXPECT_TRUE(io::VerifyCheckpoint((root_ / "cuda_bf16").string()).ok());
 }
 
+TEST_F(TrainTest, HeldOutLossPerDatasetWithoutDisturbingTraining) {
+  if (!fs::exists(root_ / "yo")) WriteDataset("yo", 12);
+  json plain = BaseSpec("llama", "heldout_plain");
+  plain["steps"] = 6;
+  plain["data"]["datasets"] = {{{"path", (root_ / "sw").string()}, {"weight", 1}},
+                               {{"path", (root_ / "yo").string()}, {"weight", 1}}};
+  plain["data"]["heldout_fraction"] = 0.2;
+  json spec = plain;
+  spec["out"] = (root_ / "heldout").string();
+  spec["eval"] = {{"every", 2}, {"batches", 2}, {"batch_size", 3}};
+  Result r = Run(spec, "heldout");
+  ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+  // name -> step -> value
+  std::map<std::string, std::map<int64_t, double>> metrics;
+  for (const json& e : r.Of("metric")) {
+    metrics[e["name"].get<std::string>()][e["step"].get<int64_t>()] = e["value"].get<double>();
+  }
+  ASSERT_EQ(metrics.size(), 3u);
+  for (const char* name : {"heldout_loss/sw", "heldout_loss/yo", "heldout_loss"}) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(metrics.count(name));
+    const auto& curve = metrics[name];
+    ASSERT_EQ(curve.size(), 4u);  // before step 1, then steps 2, 4, 6
+    for (int64_t step : {0, 2, 4, 6}) ASSERT_TRUE(curve.count(step)) << step;
+    for (const auto& [step, value] : curve) EXPECT_TRUE(std::isfinite(value)) << step;
+    EXPECT_LT(curve.at(6), curve.at(0) - 0.5);  // the learnable pattern is learnt
+  }
+  // Both datasets weigh the same number of tokens: the overall loss is their mean.
+  EXPECT_NEAR(metrics["heldout_loss"][6],
+              (metrics["heldout_loss/sw"][6] + metrics["heldout_loss/yo"][6]) / 2, 1e-9);
+  // Evaluating draws nothing from the training data or the RNG: the same curve without it.
+  Result without = Run(plain, "heldout_plain");
+  ASSERT_EQ(without.exit_code, 0) << without.stderr_text;
+  EXPECT_EQ(r.Losses(), without.Losses());
+  EXPECT_TRUE(without.Of("metric").empty());
+}
+
 TEST_F(TrainTest, BadInputsFailWithNamedCauseAndPublishNothing) {
   auto copy_model = [](const fs::path& to) {
     fs::remove_all(to);
@@ -615,6 +653,14 @@ TEST_F(TrainTest, BadInputsFailWithNamedCauseAndPublishNothing) {
        "device: must be cpu, cuda or cuda:N"},
       {"bad_precision", [](json& s, const fs::path&) { s["precision"] = "fp8"; },
        "precision: must be float32 or bfloat16"},
+      {"eval_without_heldout", [](json& s, const fs::path&) { s["eval"] = {{"every", 2}}; },
+       "eval.every: needs held-out documents"},
+      {"eval_heldout_too_small",  // no document of 300 falls in a 1e-9 split
+       [](json& s, const fs::path&) {
+         s["data"]["heldout_fraction"] = 1e-9;
+         s["eval"] = {{"every", 2}};
+       },
+       "eval: data.datasets[0]"},
   };
   if (!torch::cuda::is_available()) {
     cases.push_back({"cuda_without_gpu", [](json& s, const fs::path&) { s["device"] = "cuda"; },

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -158,6 +159,13 @@ struct Run {
   int64_t tokens = 0;
   torch::Device device = torch::kCPU;
   bool autocast_bf16 = false;  // precision: bfloat16
+  // eval.every > 0: the fixed held-out rows of each dataset, [rows, seq_len + 1] row-major.
+  struct HeldOut {
+    std::string name;  // the dataset's language (its directory name if it has none)
+    int64_t rows = 0;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<HeldOut> heldout;
 };
 
 // Forward and backward of one micro-batch under bf16 autocast when asked: the matrix
@@ -330,6 +338,37 @@ absl::StatusOr<int64_t> Resume(Run& run) {
 
 // ---- Setup ----
 
+// One loader per dataset over its held-out split, in index order; the rows it yields first
+// are the evaluation set, drawn once so every evaluation sees the same tokens.
+absl::Status BuildHeldOut(Run& run, data::LoaderOptions options) {
+  const TrainSpec& spec = *run.spec;
+  ASSIGN_OR_RETURN(data::MixtureSpec mixture, data::MixtureSpecFromJson(spec.data.mixture));
+  options.split = data::Split::kHeldOut;
+  options.shuffle = false;
+  const int64_t rows = spec.eval.batches * spec.eval.batch_size;
+  std::map<std::string, int> seen;
+  for (size_t i = 0; i < mixture.components.size(); ++i) {
+    const auto& component = mixture.components[i];
+    data::MixtureSpec one;
+    one.components.push_back({component.dataset, 1.0, component.family});
+    auto loader = data::Loader::Create(std::move(one), options);
+    if (!loader.ok()) {
+      return absl::Status(loader.status().code(),
+                          absl::StrCat(spec.source, ": eval: data.datasets[", i, "] (",
+                                       component.dataset->dir(), "): ", loader.status().message(),
+                                       " (raise data.heldout_fraction or turn eval off)"));
+    }
+    Run::HeldOut set;
+    set.name = component.dataset->language();
+    if (set.name.empty()) set.name = std::filesystem::path(component.dataset->dir()).filename().string();
+    if (seen[set.name]++ > 0) set.name = absl::StrCat(set.name, "_", i);
+    set.rows = rows;
+    set.tokens = (*loader)->NextBatch(rows);
+    run.heldout.push_back(std::move(set));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status BuildLoader(Run& run) {
   const TrainSpec& spec = *run.spec;
   ASSIGN_OR_RETURN(data::MixtureSpec mixture, data::MixtureSpecFromJson(spec.data.mixture));
@@ -353,6 +392,7 @@ absl::Status BuildLoader(Run& run) {
     return absl::Status(loader.status().code(), absl::StrCat("data: ", loader.status().message()));
   }
   run.loader = std::move(*loader);
+  if (spec.eval.every > 0) RETURN_IF_ERROR(BuildHeldOut(run, options));
   return absl::OkStatus();
 }
 
@@ -464,6 +504,52 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
   return result;
 }
 
+// Mean cross-entropy per predicted token on each held-out set, emitted as `metric` events
+// (`heldout_loss/<name>`, and `heldout_loss` over all sets' tokens) at `step`. Rows are
+// shared among the data-parallel ranks; every rank takes part (the sums are collective).
+void EvaluateHeldOut(Run& run, int64_t step, const EventWriter& events) {
+  const TrainSpec& spec = *run.spec;
+  const int64_t seq = spec.data.seq_len, world = run.ranks.world(), rank = run.ranks.rank();
+  torch::NoGradGuard no_grad;
+  run.lm->eval();
+  ClearRouterRestriction(run);  // the model as it will be saved: the whole router
+  double total_ce = 0.0, total_tokens = 0.0;
+  for (auto& set : run.heldout) {
+    double ce_sum = 0.0;
+    for (int64_t first = 0; first < set.rows; first += spec.eval.batch_size) {
+      const int64_t rows = std::min(spec.eval.batch_size, set.rows - first);
+      // This rank's share of the chunk: rows [begin, end).
+      const int64_t begin = first + rows * rank / world, end = first + rows * (rank + 1) / world;
+      if (end <= begin) continue;
+      auto tokens = torch::from_blob(set.tokens.data() + begin * (seq + 1), {end - begin, seq + 1},
+                                     torch::kInt32)
+                        .to(torch::kLong);
+      if (run.device != torch::kCPU) tokens = tokens.to(run.device);
+      AutocastScope autocast(run);
+      auto logits = run.lm->forward(tokens.narrow(1, 0, seq)).logits;
+      ce_sum += torch::nn::functional::cross_entropy(
+                    logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
+                    tokens.narrow(1, 1, seq).reshape({-1}),
+                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                    .item<double>();
+    }
+    ce_sum = run.ranks.Sum(ce_sum);
+    const double tokens = static_cast<double>(set.rows * seq);
+    total_ce += ce_sum;
+    total_tokens += tokens;
+    events.Emit({{"event", "metric"},
+                 {"name", "heldout_loss/" + set.name},
+                 {"value", ce_sum / tokens},
+                 {"step", step}});
+  }
+  events.Emit({{"event", "metric"},
+               {"name", "heldout_loss"},
+               {"value", total_ce / total_tokens},
+               {"step", step}});
+  RestrictRouters(run);
+  run.lm->train();
+}
+
 // A previous attempt of this very spec already published `out`: report it again.
 bool AlreadyDone(const TrainSpec& spec, const std::string& spec_sha256) {
   auto text = io::ReadFile(spec.out + "/" + io::kManifestName);
@@ -545,6 +631,12 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
                {"trainable_params", run.plan.trainable_params},
                {"trainable_fraction", run.plan.trainable_fraction()}});
 
+  if (spec.eval.every > 0 && start_step == 0) {
+    RETURN_IF_ERROR(Guard("held-out evaluation before step 1", [&] {
+      EvaluateHeldOut(run, 0, events);
+      return absl::OkStatus();
+    }));
+  }
   using Clock = std::chrono::steady_clock;
   double train_seconds = 0.0, last_loss = 0.0;
   int64_t steps_this_run = 0;
@@ -575,6 +667,12 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
         e["router_z"] = r.router_z;
       }
       events.Emit(e);
+    }
+    if (spec.eval.every > 0 && (step % spec.eval.every == 0 || step == spec.steps)) {
+      RETURN_IF_ERROR(Guard(absl::StrCat("held-out evaluation at step ", step), [&] {
+        EvaluateHeldOut(run, step, events);
+        return absl::OkStatus();
+      }));
     }
     const bool checkpoint_due =
         spec.checkpoint.every > 0 && step % spec.checkpoint.every == 0 && step < spec.steps;
