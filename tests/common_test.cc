@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "absl/status/status.h"
 #include "common/job_spec.h"
 #include "common/spec_file.h"
 
@@ -38,6 +39,36 @@ TEST(JobYaml, UnknownFieldIsNamed) {
   ASSERT_FALSE(specs.ok());
   EXPECT_NE(specs.status().message().find("resorces"), std::string::npos) << specs.status();
   EXPECT_NE(specs.status().message().find("job.yaml"), std::string::npos) << specs.status();
+}
+
+TEST(JobYaml, WrongTypesAndTwoKindsNameTheFieldPath) {
+  struct Case {
+    const char* yaml;
+    const char* expected;
+  };
+  for (const Case& c : {
+           Case{"noop: {}\nresources: {gpus: two}\n", "job.yaml: resources.gpus: must be an integer, not 'two'"},
+           Case{"noop: {}\nmax_attempts: 1.5\n", "max_attempts: must be an integer"},
+           Case{"noop: {}\nresources: {cpus: [1]}\n", "resources.cpus: must be a single value"},
+           Case{"noop: {}\nexec: {argv: [ls]}\n", "exec: only one of a kind may be given (noop is already)"},
+           Case{"exec: {argv: ls}\n", "exec.argv: must be a list"},
+           Case{"noop: {}\nlabels: [a]\n", "labels: must be a mapping"},
+           Case{"noop: {durtion_ms: 5}\n", "noop.durtion_ms: unknown field (allowed: duration_ms, exit_code)"},
+       }) {
+    auto specs = ParseJobsYaml(c.yaml, "job.yaml");
+    ASSERT_FALSE(specs.ok()) << c.yaml;
+    EXPECT_TRUE(absl::IsInvalidArgument(specs.status()));
+    EXPECT_NE(specs.status().message().find(c.expected), std::string::npos) << specs.status();
+  }
+}
+
+TEST(JobYaml, NullKindIsAnEmptyOneAndNumbersTakeEitherSpelling) {
+  auto specs = ParseJobsYaml("name: a\nnoop:\ntimeout_ms: 1e3\npriority: \"7\"\nmaxAttempts: 2\n", "j");
+  ASSERT_TRUE(specs.ok()) << specs.status();
+  EXPECT_TRUE((*specs)[0].has_noop());
+  EXPECT_EQ((*specs)[0].timeout_ms(), 1000);
+  EXPECT_EQ((*specs)[0].priority(), 7);
+  EXPECT_EQ((*specs)[0].max_attempts(), 2);  // the JSON (camelCase) name works too
 }
 
 TEST(JobYaml, SyntaxErrorNamesTheFile) {
