@@ -1,7 +1,5 @@
 #include "common/job_spec.h"
 
-#include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 #include <cmath>
 #include <cstdint>
@@ -35,15 +33,18 @@ class YamlToProto {
  public:
   explicit YamlToProto(std::string where) : where_(std::move(where)) {}
 
-  absl::Status Message(const YAML::Node& node, google::protobuf::Message* msg,
+  absl::Status Message(const YamlNode& node, google::protobuf::Message* msg,
                        const std::string& path) {
     namespace pb = google::protobuf;
     const pb::Descriptor* d = msg->GetDescriptor();
     if (node.IsNull()) return absl::OkStatus();  // `noop:` is an empty noop
     if (!node.IsMap()) return Error(path, "must be a mapping");
     const pb::Reflection* r = msg->GetReflection();
-    for (const auto& item : node) {
-      const std::string key = item.first.as<std::string>();
+    for (size_t k = 0; k + 1 < node.items.size(); k += 2) {
+      const YamlNode& key_node = node.items[k];
+      const YamlNode& value = node.items[k + 1];
+      if (!key_node.IsScalar()) return Error(path, "keys must be plain names");
+      const std::string& key = key_node.scalar;
       const pb::FieldDescriptor* f = d->FindFieldByName(key);
       if (f == nullptr) f = d->FindFieldByCamelcaseName(key);
       const std::string field_path = path.empty() ? key : absl::StrCat(path, ".", key);
@@ -59,7 +60,7 @@ class YamlToProto {
                                                 " is already)"));
         }
       }
-      RETURN_IF_ERROR(Field(item.second, msg, f, field_path));
+      RETURN_IF_ERROR(Field(value, msg, f, field_path));
     }
     return absl::OkStatus();
   }
@@ -69,7 +70,7 @@ class YamlToProto {
     return absl::InvalidArgumentError(absl::StrCat(where_, ": ", path, ": ", what));
   }
 
-  absl::Status Field(const YAML::Node& node, google::protobuf::Message* msg,
+  absl::Status Field(const YamlNode& node, google::protobuf::Message* msg,
                      const google::protobuf::FieldDescriptor* f, const std::string& path) {
     namespace pb = google::protobuf;
     const pb::Reflection* r = msg->GetReflection();
@@ -77,11 +78,12 @@ class YamlToProto {
       if (node.IsNull()) return absl::OkStatus();
       if (!node.IsMap()) return Error(path, "must be a mapping");
       const pb::Descriptor* entry = f->message_type();
-      for (const auto& item : node) {
+      for (size_t k = 0; k + 1 < node.items.size(); k += 2) {
         pb::Message* e = r->AddMessage(msg, f);
-        const std::string key = item.first.as<std::string>();
-        RETURN_IF_ERROR(Scalar(item.first, e, entry->map_key(), absl::StrCat(path, ".", key), -1));
-        RETURN_IF_ERROR(Value(item.second, e, entry->map_value(), absl::StrCat(path, ".", key), -1));
+        const YamlNode& key = node.items[k];
+        const std::string entry_path = absl::StrCat(path, ".", key.scalar);
+        RETURN_IF_ERROR(Scalar(key, e, entry->map_key(), entry_path, -1));
+        RETURN_IF_ERROR(Value(node.items[k + 1], e, entry->map_value(), entry_path, -1));
       }
       return absl::OkStatus();
     }
@@ -89,7 +91,7 @@ class YamlToProto {
       if (node.IsNull()) return absl::OkStatus();
       if (!node.IsSequence()) return Error(path, "must be a list");
       for (size_t i = 0; i < node.size(); ++i) {
-        RETURN_IF_ERROR(Value(node[i], msg, f, absl::StrCat(path, "[", i, "]"), static_cast<int>(i)));
+        RETURN_IF_ERROR(Value(node.items[i], msg, f, absl::StrCat(path, "[", i, "]"), static_cast<int>(i)));
       }
       return absl::OkStatus();
     }
@@ -97,7 +99,7 @@ class YamlToProto {
   }
 
   // One value of field `f` (index >= 0: appended to the repeated field).
-  absl::Status Value(const YAML::Node& node, google::protobuf::Message* msg,
+  absl::Status Value(const YamlNode& node, google::protobuf::Message* msg,
                      const google::protobuf::FieldDescriptor* f, const std::string& path,
                      int index) {
     namespace pb = google::protobuf;
@@ -118,14 +120,14 @@ class YamlToProto {
     return Scalar(node, msg, f, path, index);
   }
 
-  absl::Status Scalar(const YAML::Node& node, google::protobuf::Message* msg,
+  absl::Status Scalar(const YamlNode& node, google::protobuf::Message* msg,
                       const google::protobuf::FieldDescriptor* f, const std::string& path,
                       int index) {
     namespace pb = google::protobuf;
     const pb::Reflection* r = msg->GetReflection();
     if (node.IsNull() && index < 0) return absl::OkStatus();  // `field:` / `~`: the default
     if (!node.IsScalar()) return Error(path, "must be a single value, not a list or mapping");
-    const std::string& text = node.Scalar();
+    const std::string& text = node.scalar;
     const bool repeated = index >= 0;
     switch (f->cpp_type()) {
       case pb::FieldDescriptor::CPPTYPE_STRING:
@@ -213,16 +215,12 @@ class YamlToProto {
   std::string where_;
 };
 
-absl::StatusOr<v1::JobSpec> SpecFromNode(const YAML::Node& node, absl::string_view where) {
+absl::StatusOr<v1::JobSpec> SpecFromNode(const YamlNode& node, absl::string_view where) {
   if (!node.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": a job must be a mapping"));
   }
   v1::JobSpec spec;
-  try {
-    RETURN_IF_ERROR(YamlToProto(std::string(where)).Message(node, &spec, ""));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", e.what()));
-  }
+  RETURN_IF_ERROR(YamlToProto(std::string(where)).Message(node, &spec, ""));
   return spec;
 }
 
@@ -336,25 +334,23 @@ int64_t BackoffMs(const v1::JobSpec& spec, int next_attempt) {
 
 absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
                                                        absl::string_view source) {
-  std::vector<YAML::Node> docs;
-  try {
-    docs = YAML::LoadAll(std::string(text));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", e.what()));
-  }
+  ASSIGN_OR_RETURN(std::vector<YamlNode> docs,
+                   LoadYamlDocuments(std::string_view(text.data(), text.size()),
+                                     std::string_view(source.data(), source.size())));
   std::vector<v1::JobSpec> specs;
   for (size_t d = 0; d < docs.size(); ++d) {
-    const YAML::Node& doc = docs[d];
+    const YamlNode& doc = docs[d];
     if (doc.IsNull()) continue;
     std::string where = docs.size() > 1 ? absl::StrCat(source, " document ", d + 1)
                                         : std::string(source);
-    if (doc.IsMap() && doc["jobs"] && doc.size() == 1) {
-      const YAML::Node& jobs = doc["jobs"];
-      if (!jobs.IsSequence()) {
+    const YamlNode* jobs = doc.Find("jobs");
+    if (jobs != nullptr && doc.size() == 1) {
+      if (!jobs->IsSequence()) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": jobs must be a list"));
       }
-      for (size_t i = 0; i < jobs.size(); ++i) {
-        ASSIGN_OR_RETURN(auto spec, SpecFromNode(jobs[i], absl::StrCat(where, " jobs[", i, "]")));
+      specs.reserve(specs.size() + jobs->items.size());
+      for (size_t i = 0; i < jobs->items.size(); ++i) {
+        ASSIGN_OR_RETURN(auto spec, SpecFromNode(jobs->items[i], absl::StrCat(where, " jobs[", i, "]")));
         specs.push_back(std::move(spec));
       }
     } else {

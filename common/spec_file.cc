@@ -6,23 +6,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status.h"
 #include "common/yaml_json.h"
 
 namespace stemma {
 
 absl::StatusOr<nlohmann::json> ParseSpecText(std::string_view text, std::string_view where) {
-  YAML::Node node;
-  try {
-    node = YAML::Load(std::string(text));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(where), ": line ", e.mark.line + 1,
-                                                   ", column ", e.mark.column + 1, ": ", e.msg));
-  }
-  if (!node.IsMap()) {
+  ASSIGN_OR_RETURN(std::vector<YamlNode> docs, LoadYamlDocuments(text, where));
+  if (docs.empty() || !docs[0].IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(where), ": the spec must be a mapping"));
   }
   std::string json;
-  AppendYamlAsJson(node, &json);
+  AppendYamlAsJson(docs[0], &json);
   nlohmann::json parsed = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (parsed.is_discarded()) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(where), ": cannot be read as JSON"));

@@ -1,80 +1,249 @@
 #include "common/yaml_json.h"
 
+#include <yaml.h>
+
 #include <cstdio>
-#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/str_cat.h"
 
 namespace stemma {
+namespace {
 
-// YAML scalar → JSON value. Quoted scalars stay strings; plain ones become numbers or
-// booleans when they read as such (protobuf's JSON parser accepts numbers as strings too).
-void AppendYamlAsJson(const YAML::Node& node, std::string* out) {
-  switch (node.Type()) {
-    case YAML::NodeType::Null:
+const char kStrTag[] = "tag:yaml.org,2002:str";
+
+bool IsStrTag(const yaml_char_t* tag) {
+  return tag != nullptr && std::strcmp(reinterpret_cast<const char*>(tag), kStrTag) == 0;
+}
+
+YamlNode ScalarNode(const yaml_event_t& e) {
+  YamlNode n;
+  n.line = static_cast<int>(e.start_mark.line) + 1;
+  const auto& s = e.data.scalar;
+  std::string text(reinterpret_cast<const char*>(s.value), s.length);
+  const bool plain = s.style == YAML_PLAIN_SCALAR_STYLE && !IsStrTag(s.tag);
+  if (plain && s.tag == nullptr &&
+      (text.empty() || text == "~" || text == "null" || text == "Null" || text == "NULL")) {
+    return n;  // null
+  }
+  n.kind = YamlNode::Kind::kScalar;
+  n.scalar = std::move(text);
+  n.plain = plain;
+  return n;
+}
+
+// Builds the documents from libyaml's event stream. Containers being filled are on a stack
+// of pointers into their parent's `items` (or into `docs`); a parent never grows while a
+// child is open, so the pointers stay valid.
+class Builder {
+ public:
+  Builder(std::string_view text, std::string_view source) : text_(text), source_(source) {}
+
+  absl::StatusOr<std::vector<YamlNode>> Run() {
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser)) return absl::InternalError("libyaml: out of memory");
+    yaml_parser_set_input_string(&parser, reinterpret_cast<const unsigned char*>(text_.data()),
+                                 text_.size());
+    absl::Status status;
+    for (bool done = false; !done && status.ok();) {
+      yaml_event_t e;
+      if (!yaml_parser_parse(&parser, &e)) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            source_, ": line ", parser.problem_mark.line + 1, ", column ",
+            parser.problem_mark.column + 1, ": ", parser.problem ? parser.problem : "syntax error",
+            parser.context ? absl::StrCat(" (", parser.context, ")") : ""));
+        break;
+      }
+      status = Handle(e, &done);
+      yaml_event_delete(&e);
+    }
+    yaml_parser_delete(&parser);
+    if (!status.ok()) return status;
+    return std::move(docs_);
+  }
+
+ private:
+  absl::Status Handle(const yaml_event_t& e, bool* done) {
+    switch (e.type) {
+      case YAML_STREAM_END_EVENT:
+        *done = true;
+        return absl::OkStatus();
+      case YAML_DOCUMENT_START_EVENT:
+        docs_.emplace_back();
+        in_document_ = true;
+        root_set_ = false;
+        return absl::OkStatus();
+      case YAML_DOCUMENT_END_EVENT:
+        in_document_ = false;
+        return absl::OkStatus();
+      case YAML_SCALAR_EVENT: {
+        YamlNode* n = Add(ScalarNode(e));
+        Remember(e.data.scalar.anchor, *n);
+        return absl::OkStatus();
+      }
+      case YAML_SEQUENCE_START_EVENT:
+      case YAML_MAPPING_START_EVENT: {
+        YamlNode n;
+        n.line = static_cast<int>(e.start_mark.line) + 1;
+        const bool map = e.type == YAML_MAPPING_START_EVENT;
+        n.kind = map ? YamlNode::Kind::kMapping : YamlNode::Kind::kSequence;
+        const yaml_char_t* anchor = map ? e.data.mapping_start.anchor : e.data.sequence_start.anchor;
+        stack_.push_back(Add(std::move(n)));
+        anchors_open_.push_back(anchor ? reinterpret_cast<const char*>(anchor) : "");
+        return absl::OkStatus();
+      }
+      case YAML_SEQUENCE_END_EVENT:
+      case YAML_MAPPING_END_EVENT: {
+        YamlNode* closed = stack_.back();
+        stack_.pop_back();
+        if (!anchors_open_.back().empty()) anchors_[anchors_open_.back()] = *closed;
+        anchors_open_.pop_back();
+        return absl::OkStatus();
+      }
+      case YAML_ALIAS_EVENT: {
+        const std::string name = reinterpret_cast<const char*>(e.data.alias.anchor);
+        auto it = anchors_.find(name);
+        if (it == anchors_.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(source_, ": line ", e.start_mark.line + 1,
+                                                         ": unknown alias *", name));
+        }
+        Add(it->second)->line = static_cast<int>(e.start_mark.line) + 1;  // errors point here
+        return absl::OkStatus();
+      }
+      default:
+        return absl::OkStatus();
+    }
+  }
+
+  YamlNode* Add(YamlNode node) {
+    if (stack_.empty()) {  // the document's root
+      if (!in_document_) docs_.emplace_back();
+      docs_.back() = std::move(node);
+      root_set_ = true;
+      return &docs_.back();
+    }
+    stack_.back()->items.push_back(std::move(node));
+    return &stack_.back()->items.back();
+  }
+
+  void Remember(const yaml_char_t* anchor, const YamlNode& node) {
+    if (anchor != nullptr) anchors_[reinterpret_cast<const char*>(anchor)] = node;
+  }
+
+  std::string_view text_;
+  std::string source_;
+  std::vector<YamlNode> docs_;
+  std::vector<YamlNode*> stack_;
+  std::vector<std::string> anchors_open_;  // parallel to stack_: "" when none
+  std::map<std::string, YamlNode> anchors_;
+  bool in_document_ = false;
+  bool root_set_ = false;
+};
+
+// The JSON number grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+bool IsJsonNumber(const std::string& s) {
+  size_t i = 0, n = s.size();
+  auto digits = [&] {
+    size_t start = i;
+    while (i < n && s[i] >= '0' && s[i] <= '9') ++i;
+    return i > start;
+  };
+  if (i < n && s[i] == '-') ++i;
+  if (i < n && s[i] == '0') {
+    ++i;
+  } else if (!digits()) {
+    return false;
+  }
+  if (i < n && s[i] == '.') {
+    ++i;
+    if (!digits()) return false;
+  }
+  if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < n && (s[i] == '+' || s[i] == '-')) ++i;
+    if (!digits()) return false;
+  }
+  return i == n;
+}
+
+void AppendString(const std::string& s, std::string* out) {
+  *out += '"';
+  for (char c : s) {
+    switch (c) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\n': *out += "\\n"; break;
+      case '\t': *out += "\\t"; break;
+      case '\r': *out += "\\r"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          *out += buf;
+        } else {
+          *out += c;
+        }
+    }
+  }
+  *out += '"';
+}
+
+}  // namespace
+
+const YamlNode* YamlNode::Find(std::string_view key) const {
+  if (kind != Kind::kMapping) return nullptr;
+  for (size_t i = 0; i + 1 < items.size(); i += 2) {
+    if (items[i].kind == Kind::kScalar && items[i].scalar == key) return &items[i + 1];
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::vector<YamlNode>> LoadYamlDocuments(std::string_view text,
+                                                        std::string_view source) {
+  return Builder(text, source).Run();
+}
+
+void AppendYamlAsJson(const YamlNode& node, std::string* out) {
+  switch (node.kind) {
+    case YamlNode::Kind::kNull:
       *out += "null";
       return;
-    case YAML::NodeType::Scalar: {
-      const std::string& s = node.Scalar();
-      if (node.Tag() != "!") {  // plain (unquoted)
+    case YamlNode::Kind::kScalar: {
+      const std::string& s = node.scalar;
+      if (node.plain) {
         if (s == "true" || s == "false") {
           *out += s;
           return;
         }
-        char* end = nullptr;
-        std::strtod(s.c_str(), &end);
-        if (!s.empty() && end == s.c_str() + s.size() && s != "." && s != "-") {
+        if (IsJsonNumber(s)) {
           *out += s;
           return;
         }
       }
-      *out += '"';
-      for (char c : s) {
-        switch (c) {
-          case '"': *out += "\\\""; break;
-          case '\\': *out += "\\\\"; break;
-          case '\n': *out += "\\n"; break;
-          case '\t': *out += "\\t"; break;
-          case '\r': *out += "\\r"; break;
-          default:
-            if (static_cast<unsigned char>(c) < 0x20) {
-              char buf[8];
-              std::snprintf(buf, sizeof buf, "\\u%04x", c);
-              *out += buf;
-            } else {
-              *out += c;
-            }
-        }
-      }
-      *out += '"';
+      AppendString(s, out);
       return;
     }
-    case YAML::NodeType::Sequence: {
+    case YamlNode::Kind::kSequence: {
       *out += '[';
-      bool first = true;
-      for (const auto& item : node) {
-        if (!first) *out += ',';
-        first = false;
-        AppendYamlAsJson(item, out);
+      for (size_t i = 0; i < node.items.size(); ++i) {
+        if (i > 0) *out += ',';
+        AppendYamlAsJson(node.items[i], out);
       }
       *out += ']';
       return;
     }
-    case YAML::NodeType::Map: {
+    case YamlNode::Kind::kMapping: {
       *out += '{';
-      bool first = true;
-      for (const auto& kv : node) {
-        if (!first) *out += ',';
-        first = false;
-        YAML::Node key = kv.first;
-        key.SetTag("!");  // keys are always strings
-        AppendYamlAsJson(key, out);
+      for (size_t i = 0; i + 1 < node.items.size(); i += 2) {
+        if (i > 0) *out += ',';
+        AppendString(node.items[i].kind == YamlNode::Kind::kScalar ? node.items[i].scalar : "", out);
         *out += ':';
-        AppendYamlAsJson(kv.second, out);
+        AppendYamlAsJson(node.items[i + 1], out);
       }
       *out += '}';
       return;
     }
-    default:
-      *out += "null";
   }
 }
 

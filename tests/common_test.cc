@@ -3,6 +3,7 @@
 #include "absl/status/status.h"
 #include "common/job_spec.h"
 #include "common/spec_file.h"
+#include "common/yaml_json.h"
 
 namespace stemma {
 namespace {
@@ -196,6 +197,47 @@ TEST(JobYaml, EngineSpecMayBeAMappingAndTravelsAsJson) {
   auto text = ParseJobsYaml("name: t\nengine: {command: eval, spec: \"model: /m\\n\"}\n", "t.yaml");
   ASSERT_TRUE(text.ok()) << text.status();
   EXPECT_EQ((*text)[0].engine().spec(), "model: /m\n");
+}
+
+}  // namespace
+}  // namespace stemma
+
+namespace stemma {
+namespace {
+
+TEST(YamlTree, ScalarsNullsAnchorsAndBlockText) {
+  auto docs = LoadYamlDocuments(
+      "a: 1e3\nb: 0x10\nc: .5\nd: \"10\"\ne: !!str 7\nf: ~\ng:\nh: null\n"
+      "base: &base {lr: 0.1, betas: [0.9, 0.95]}\nrun: *base\n"
+      "text: |\n  line one\n  line two\n---\n- x\n",
+      "t.yaml");
+  ASSERT_TRUE(docs.ok()) << docs.status();
+  ASSERT_EQ(docs->size(), 2u);
+  std::string json;
+  AppendYamlAsJson((*docs)[0], &json);
+  nlohmann::json j = nlohmann::json::parse(json);
+  EXPECT_EQ(j["a"], 1000.0);
+  EXPECT_EQ(j["b"], "0x10");  // not a JSON number: stays text
+  EXPECT_EQ(j["c"], ".5");
+  EXPECT_EQ(j["d"], "10");
+  EXPECT_EQ(j["e"], "7");
+  EXPECT_TRUE(j["f"].is_null());
+  EXPECT_TRUE(j["g"].is_null());
+  EXPECT_TRUE(j["h"].is_null());
+  EXPECT_EQ(j["run"]["betas"][1], 0.95);  // the alias is a copy of the anchored mapping
+  EXPECT_EQ(j["text"], "line one\nline two\n");
+  EXPECT_TRUE((*docs)[1].IsSequence());
+  EXPECT_EQ((*docs)[0].Find("run")->line, 10);
+}
+
+TEST(YamlTree, ErrorsNameLineAndColumn) {
+  auto bad = LoadYamlDocuments("a: 1\nb: [1, 2\n", "bad.yaml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_NE(bad.status().message().find("bad.yaml: line 3"), std::string::npos) << bad.status();
+  auto alias = LoadYamlDocuments("a: *nowhere\n", "alias.yaml");
+  ASSERT_FALSE(alias.ok());
+  EXPECT_NE(alias.status().message().find("alias.yaml"), std::string::npos) << alias.status();
 }
 
 }  // namespace
