@@ -72,7 +72,6 @@ class Builder {
       case YAML_DOCUMENT_START_EVENT:
         docs_.emplace_back();
         in_document_ = true;
-        root_set_ = false;
         return absl::OkStatus();
       case YAML_DOCUMENT_END_EVENT:
         in_document_ = false;
@@ -120,7 +119,6 @@ class Builder {
     if (stack_.empty()) {  // the document's root
       if (!in_document_) docs_.emplace_back();
       docs_.back() = std::move(node);
-      root_set_ = true;
       return &docs_.back();
     }
     stack_.back()->items.push_back(std::move(node));
@@ -138,7 +136,6 @@ class Builder {
   std::vector<std::string> anchors_open_;  // parallel to stack_: "" when none
   std::map<std::string, YamlNode> anchors_;
   bool in_document_ = false;
-  bool root_set_ = false;
 };
 
 // The JSON number grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?

@@ -10,24 +10,15 @@
 #include "common/status.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/config.h"
+#include "engine/model/guard.h"
 
 namespace stemma::engine::eval {
 namespace {
 
+using model::TorchGuard;
+
 using model::CausalLM;
 using model::DecoderLayerImpl;
-
-// LibTorch throws; the analyzer returns a Status naming what failed.
-template <typename Fn>
-absl::Status Guarded(const char* what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
-  }
-}
 
 absl::StatusOr<torch::ScalarType> ParseDtype(const std::string& name) {
   if (name == "float32") return torch::kFloat32;
@@ -84,7 +75,7 @@ absl::StatusOr<std::unique_ptr<ModelAnalyzer>> ModelAnalyzer::Load(
   model::LoadOptions load;
   load.dtype = dtype;
   load.device = state->device;
-  absl::Status status = Guarded("loading the model", [&]() -> absl::Status {
+  absl::Status status = TorchGuard("loading the model", [&]() -> absl::Status {
     ASSIGN_OR_RETURN(state->lm, model::LoadModel(dir, load));
     state->lm->eval();
     return absl::OkStatus();
@@ -133,7 +124,7 @@ absl::Status ModelAnalyzer::Profile(const std::vector<int32_t>& tokens,
   const int64_t windows = static_cast<int64_t>(tokens.size()) / seq_len;
   const int64_t layers = num_layers(), inter = intermediate_size();
   CausalLM& lm = state_->lm;
-  return Guarded("profiling", [&]() -> absl::Status {
+  return TorchGuard("profiling", [&]() -> absl::Status {
     torch::InferenceMode inference;
     auto count_opts = torch::TensorOptions().dtype(torch::kInt64).device(state_->device);
     torch::Tensor over_zero = torch::zeros({layers, inter}, count_opts);  // [L, I]
@@ -194,7 +185,7 @@ absl::StatusOr<AlignmentResult> ModelAnalyzer::Align(
   result.cosine.assign(result.pairs.size(), std::vector<double>(layers, 0.0));
   result.sentences = static_cast<int64_t>(sentences.size());
   CausalLM& lm = state_->lm;
-  absl::Status status = Guarded("alignment", [&]() -> absl::Status {
+  absl::Status status = TorchGuard("alignment", [&]() -> absl::Status {
     torch::InferenceMode inference;
     HookGuard guard(lm);
     const int64_t n = static_cast<int64_t>(sentences.size());

@@ -12,25 +12,16 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/model/checkpoint.h"
+#include "engine/model/guard.h"
 
 namespace stemma::engine::eval {
 namespace {
 
+using model::TorchGuard;
+
 // Upper bound on the float32 logits alive at once (32 MiB): positions are chunked so that
 // batch × chunk × vocab stays below it.
 constexpr int64_t kMaxLogitElements = int64_t{8} << 20;
-
-// LibTorch throws; callers get a Status naming what failed.
-template <typename Fn>
-auto Guarded(const char* what, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
-  }
-}
 
 torch::Tensor IdsTensor(std::span<const int32_t> ids) {
   std::vector<int64_t> wide(ids.begin(), ids.end());
@@ -87,7 +78,7 @@ absl::StatusOr<std::unique_ptr<EvalModel>> EvalModel::Load(const std::string& di
   }
   if (options.threads > 0) at::set_num_threads(options.threads);
   auto impl = std::make_unique<Impl>();
-  ASSIGN_OR_RETURN(impl->lm, Guarded("loading the model", [&] { return model::LoadModel(dir, load); }));
+  ASSIGN_OR_RETURN(impl->lm, TorchGuard("loading the model", [&] { return model::LoadModel(dir, load); }));
   impl->lm->eval();
   return std::unique_ptr<EvalModel>(new EvalModel(std::move(impl)));
 }
@@ -104,7 +95,7 @@ absl::StatusOr<std::vector<WindowLoss>> EvalModel::WindowLosses(
       return absl::InvalidArgumentError("perplexity windows must share one length >= 2");
     }
   }
-  return Guarded("perplexity forward", [&]() -> absl::StatusOr<std::vector<WindowLoss>> {
+  return TorchGuard("perplexity forward", [&]() -> absl::StatusOr<std::vector<WindowLoss>> {
     torch::InferenceMode inference;
     std::vector<int64_t> flat;
     flat.reserve(windows.size() * t);
@@ -141,7 +132,7 @@ absl::StatusOr<std::vector<double>> EvalModel::ContinuationLogLikelihoods(
     longest = std::max<int64_t>(longest, row.size());
     rows.push_back(std::move(row));
   }
-  return Guarded("multiple-choice forward", [&]() -> absl::StatusOr<std::vector<double>> {
+  return TorchGuard("multiple-choice forward", [&]() -> absl::StatusOr<std::vector<double>> {
     torch::InferenceMode inference;
     const int64_t b = static_cast<int64_t>(rows.size());
     // Right padding is invisible to the real positions under the causal mask.
@@ -164,7 +155,7 @@ absl::StatusOr<std::vector<int32_t>> EvalModel::Generate(
     std::span<const int32_t> prompt, int64_t max_new_tokens,
     const std::function<bool(std::span<const int32_t>)>& stop) {
   if (prompt.empty()) return absl::InvalidArgumentError("empty prompt");
-  return Guarded("generation", [&]() -> absl::StatusOr<std::vector<int32_t>> {
+  return TorchGuard("generation", [&]() -> absl::StatusOr<std::vector<int32_t>> {
     torch::InferenceMode inference;
     model::KVCache cache;
     std::vector<int32_t> generated;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "engine/io/checkpoint.h"
+#include "engine/model/guard.h"
 
 namespace stemma::engine::model {
 namespace {
@@ -27,18 +28,6 @@ const char* DtypeJsonName(torch::ScalarType dtype) {
       return "float16";
     default:
       return "float32";
-  }
-}
-
-// Runs `fn`, turning a LibTorch exception into Internal with its message.
-template <typename Fn>
-absl::Status CatchTorch(absl::string_view what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
   }
 }
 
@@ -74,7 +63,7 @@ absl::Status LoadWeights(CausalLM& lm, const TensorLookup& lookup) {
           absl::StrCat("tensor '", name, "' has shape ", ShapeString(source->sizes()),
                        " in the checkpoint, ", "the config wants ", ShapeString(param.sizes())));
     }
-    RETURN_IF_ERROR(CatchTorch(absl::StrCat("copying tensor '", name, "'"), [&] {
+    RETURN_IF_ERROR(TorchGuard(absl::StrCat("copying tensor '", name, "'"), [&] {
       param.copy_(*source);
       return absl::OkStatus();
     }));
@@ -93,7 +82,7 @@ absl::StatusOr<CausalLM> LoadModel(const std::string& dir, const LoadOptions& op
                         absl::StrCat(dir, "/config.json: ", config.status().message()));
   }
   CausalLM lm{nullptr};
-  RETURN_IF_ERROR(CatchTorch("building the model", [&] {
+  RETURN_IF_ERROR(TorchGuard("building the model", [&] {
     lm = CausalLM(*std::move(config));
     lm->to(options.device, options.dtype);
     return absl::OkStatus();
@@ -125,7 +114,7 @@ absl::Status SaveModel(CausalLM& lm, const std::string& dir, const SaveOptions& 
   RETURN_IF_ERROR(writer->AddFile("config.json", config.dump(2) + "\n"));
   for (const auto& item : lm->named_parameters(/*recurse=*/true)) {
     torch::Tensor tensor;
-    RETURN_IF_ERROR(CatchTorch(absl::StrCat("converting tensor '", item.key(), "'"), [&] {
+    RETURN_IF_ERROR(TorchGuard(absl::StrCat("converting tensor '", item.key(), "'"), [&] {
       tensor = item.value().detach().to(options.dtype).contiguous();
       return absl::OkStatus();
     }));
@@ -136,7 +125,7 @@ absl::Status SaveModel(CausalLM& lm, const std::string& dir, const SaveOptions& 
 
 absl::StatusOr<CausalLM> InitModel(const ModelConfig& config, uint64_t seed) {
   CausalLM lm{nullptr};
-  RETURN_IF_ERROR(CatchTorch("initialising the model", [&] {
+  RETURN_IF_ERROR(TorchGuard("initialising the model", [&] {
     lm = CausalLM(config);
     lm->InitWeights(seed);
     return absl::OkStatus();

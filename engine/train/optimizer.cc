@@ -93,24 +93,23 @@ void FlatAdamW::ZeroGrad() {
   for (Segment& s : segments_) s.param.mutable_grad() = torch::Tensor();
 }
 
-torch::Tensor FlatAdamW::GradView(const Segment& s) {
+torch::Tensor FlatAdamW::GatherGrad(Segment& s) {
   // Allocated on first use: a single process whose gradients all arrive never needs it.
   if (!grads_.defined()) grads_ = torch::zeros({values_.numel()}, values_.options());
-  return grads_.narrow(0, s.offset, s.numel).view(s.param.sizes());
+  auto view = grads_.narrow(0, s.offset, s.numel).view(s.param.sizes());
+  const auto& g = s.param.grad();
+  if (!g.defined()) {
+    view.zero_();
+  } else if (!g.is_same(view)) {
+    view.copy_(g);
+  }
+  s.param.mutable_grad() = view;
+  return view;
 }
 
 torch::Tensor& FlatAdamW::FlatGrads() {
   torch::NoGradGuard no_grad;
-  for (Segment& s : segments_) {
-    auto view = GradView(s);
-    const auto& g = s.param.grad();
-    if (!g.defined()) {
-      view.zero_();
-    } else if (!g.is_same(view)) {
-      view.copy_(g);
-    }
-    s.param.mutable_grad() = view;
-  }
+  for (Segment& s : segments_) GatherGrad(s);
   return grads_;
 }
 
@@ -118,18 +117,9 @@ std::vector<torch::Tensor> FlatAdamW::SegmentGrads() {
   std::vector<torch::Tensor> grads;
   grads.reserve(segments_.size());
   for (Segment& s : segments_) {
-    auto g = s.param.grad();
-    if (!g.defined() || !g.is_contiguous() || g.sizes() != s.param.sizes()) {
-      auto view = GradView(s);
-      if (g.defined()) {
-        view.copy_(g);
-      } else {
-        view.zero_();
-      }
-      s.param.mutable_grad() = view;
-      g = view;
-    }
-    grads.push_back(g);
+    const auto& g = s.param.grad();
+    const bool usable = g.defined() && g.is_contiguous() && g.sizes() == s.param.sizes();
+    grads.push_back(usable ? g : GatherGrad(s));
   }
   return grads;
 }

@@ -91,8 +91,9 @@ class FlatAdamW {
   // the zeroed flat view when there is none (a parameter the loss did not reach still gets
   // its moments decayed and its weight decay, as with a zero gradient).
   std::vector<torch::Tensor> SegmentGrads();
-  // The segment's view of the flat gradient buffer (allocated on first use).
-  torch::Tensor GradView(const Segment& s);
+  // Copies the segment's gradient (zeros when there is none) into its view of the flat
+  // buffer (allocated on first use), points .grad at that view and returns it.
+  torch::Tensor GatherGrad(Segment& s);
   // One fused AdamW update of a range; `grad_scale` divides the gradients first (clipping).
   void AdamRange(const Range& range, const std::vector<torch::Tensor>& grads, double lr,
                  const std::optional<torch::Tensor>& grad_scale);

@@ -32,11 +32,14 @@
 
 #if __has_include("engine/train/distributed.h")
 #include "engine/train/distributed.h"
+#include "engine/model/guard.h"
 #define STEMMA_TRAIN_HAS_DATA_PARALLEL 1
 #endif
 
 namespace stemma::engine::train {
 namespace {
+
+using model::TorchGuard;
 
 namespace fs = std::filesystem;
 using model::CausalLM;
@@ -46,18 +49,6 @@ constexpr char kStateFile[] = "trainer_state.json";
 constexpr char kOptimizerFile[] = "optimizer.safetensors";
 constexpr char kStateFormat[] = "stemma.train_state/1";
 constexpr char kRngTensor[] = "rng.cpu";
-
-// LibTorch reports errors as exceptions; the trainer's callers want a Status.
-template <typename Fn>
-absl::Status Guard(const std::string& what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what_without_backtrace()));
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat(what, ": ", e.what()));
-  }
-}
 
 // ---- Ranks ----
 
@@ -340,9 +331,8 @@ absl::StatusOr<int64_t> Resume(Run& run) {
 
 // One loader per dataset over its held-out split, in index order; the rows it yields first
 // are the evaluation set, drawn once so every evaluation sees the same tokens.
-absl::Status BuildHeldOut(Run& run, data::LoaderOptions options) {
+absl::Status BuildHeldOut(Run& run, const data::MixtureSpec& mixture, data::LoaderOptions options) {
   const TrainSpec& spec = *run.spec;
-  ASSIGN_OR_RETURN(data::MixtureSpec mixture, data::MixtureSpecFromJson(spec.data.mixture));
   options.split = data::Split::kHeldOut;
   options.shuffle = false;
   const int64_t rows = spec.eval.batches * spec.eval.batch_size;
@@ -387,12 +377,13 @@ absl::Status BuildLoader(Run& run) {
   options.heldout_fraction = spec.data.heldout_fraction;
   options.split_seed = spec.data.split_seed;
   options.shuffle = spec.data.shuffle;
+  // The held-out sets share the opened datasets (components hold them by shared_ptr).
+  if (spec.eval.every > 0) RETURN_IF_ERROR(BuildHeldOut(run, mixture, options));
   auto loader = data::Loader::Create(std::move(mixture), options);
   if (!loader.ok()) {
     return absl::Status(loader.status().code(), absl::StrCat("data: ", loader.status().message()));
   }
   run.loader = std::move(*loader);
-  if (spec.eval.every > 0) RETURN_IF_ERROR(BuildHeldOut(run, options));
   return absl::OkStatus();
 }
 
@@ -438,6 +429,13 @@ struct StepResult {
   double lr = 0.0;
 };
 
+// Cross-entropy summed over every predicted token, in fp32: logits [B, T, V], targets [B, T].
+torch::Tensor SummedCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(
+      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), targets.reshape({-1}),
+      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+}
+
 absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
   const TrainSpec& spec = *run.spec;
   const int64_t world = run.ranks.world(), rank = run.ranks.rank();
@@ -466,9 +464,7 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
     {
       AutocastScope autocast(run);  // forward only; backward follows the recorded dtypes
       auto out = run.lm->forward(inputs);
-      ce = torch::nn::functional::cross_entropy(
-          out.logits.view({-1, vocab}).to(torch::kFloat32), targets.reshape({-1}),
-          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      ce = SummedCrossEntropy(out.logits, targets);
       // Scaled so that the mean over ranks of the summed gradients is d(mean CE)/dθ.
       loss = ce * (static_cast<double>(world) / global_tokens);
       if (moe) {
@@ -527,11 +523,7 @@ void EvaluateHeldOut(Run& run, int64_t step, const EventWriter& events) {
       if (run.device != torch::kCPU) tokens = tokens.to(run.device);
       AutocastScope autocast(run);
       auto logits = run.lm->forward(tokens.narrow(1, 0, seq)).logits;
-      ce_sum += torch::nn::functional::cross_entropy(
-                    logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32),
-                    tokens.narrow(1, 1, seq).reshape({-1}),
-                    torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                    .item<double>();
+      ce_sum += SummedCrossEntropy(logits, tokens.narrow(1, 1, seq)).item<double>();
     }
     ce_sum = run.ranks.Sum(ce_sum);
     const double tokens = static_cast<double>(set.rows * seq);
@@ -596,7 +588,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
   ASSIGN_OR_RETURN(run.lm, model::LoadModel(spec.model, load));
   std::vector<torch::Tensor> params;
   RETURN_IF_ERROR(BuildPlanFor(run, &params));
-  RETURN_IF_ERROR(Guard("setting up the optimizer", [&] {
+  RETURN_IF_ERROR(TorchGuard("setting up the optimizer", [&] {
     run.optimizer = std::make_unique<FlatAdamW>(run.plan.params, params, spec.optimizer);
     return absl::OkStatus();
   }));
@@ -632,7 +624,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
                {"trainable_fraction", run.plan.trainable_fraction()}});
 
   if (spec.eval.every > 0 && start_step == 0) {
-    RETURN_IF_ERROR(Guard("held-out evaluation before step 1", [&] {
+    RETURN_IF_ERROR(TorchGuard("held-out evaluation before step 1", [&] {
       EvaluateHeldOut(run, 0, events);
       return absl::OkStatus();
     }));
@@ -643,7 +635,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
   for (int64_t step = start_step + 1; step <= spec.steps; ++step) {
     const auto begin = Clock::now();
     StepResult r;
-    RETURN_IF_ERROR(Guard(absl::StrCat("step ", step), [&]() -> absl::Status {
+    RETURN_IF_ERROR(TorchGuard(absl::StrCat("step ", step), [&]() -> absl::Status {
       ASSIGN_OR_RETURN(r, TrainStep(run, step));
       return absl::OkStatus();
     }));
@@ -669,7 +661,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
       events.Emit(e);
     }
     if (spec.eval.every > 0 && (step % spec.eval.every == 0 || step == spec.steps)) {
-      RETURN_IF_ERROR(Guard(absl::StrCat("held-out evaluation at step ", step), [&] {
+      RETURN_IF_ERROR(TorchGuard(absl::StrCat("held-out evaluation at step ", step), [&] {
         EvaluateHeldOut(run, step, events);
         return absl::OkStatus();
       }));
@@ -678,7 +670,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
         spec.checkpoint.every > 0 && step % spec.checkpoint.every == 0 && step < spec.steps;
     if (checkpoint_due && run.ranks.rank() == 0) {
       const std::string path = spec.checkpoint.dir + "/" + StepDirName(step);
-      RETURN_IF_ERROR(Guard("writing checkpoint " + path, [&] { return WriteCheckpoint(run, step, path); }));
+      RETURN_IF_ERROR(TorchGuard("writing checkpoint " + path, [&] { return WriteCheckpoint(run, step, path); }));
       PruneCheckpoints(spec);
       events.Emit({{"event", "checkpoint"}, {"step", step}, {"path", path}});
     }
@@ -722,7 +714,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
 absl::StatusOr<RunResult> Train(const TrainSpec& spec, const RunOptions& options,
                                 const EventWriter& events) {
   absl::StatusOr<RunResult> result = absl::InternalError("unreachable");
-  absl::Status s = Guard("train", [&]() -> absl::Status {
+  absl::Status s = TorchGuard("train", [&]() -> absl::Status {
     result = TrainImpl(spec, options, events);
     return absl::OkStatus();
   });
