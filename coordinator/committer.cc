@@ -7,8 +7,11 @@
 
 namespace stemma::coordinator {
 
-Committer::Committer(Store* store, CommitObserver observer)
-    : store_(store), observer_(std::move(observer)), thread_([this] { Loop(); }) {}
+Committer::Committer(Store* store, CommitObserver observer, DurableHook hook)
+    : store_(store),
+      observer_(std::move(observer)),
+      hook_(std::move(hook)),
+      thread_([this] { Loop(); }) {}
 
 Committer::~Committer() {
   {
@@ -53,39 +56,14 @@ void Committer::Wait(uint64_t ticket) {
   mu_.Await(absl::Condition(+[](Arg* a) { return *a->durable >= a->ticket; }, &arg));
 }
 
-void Committer::Then(uint64_t ticket, std::function<void()> fn) {
-  // Always run on the committer thread, never inline: callers hold their own locks, and
-  // callbacks write to network streams, which may block.
-  absl::MutexLock lock(&mu_);
-  urgent_ = std::max(urgent_, ticket);
-  callbacks_.emplace_back(ticket, std::move(fn));
-}
-
-bool Committer::ReadyCallbacks() const {
-  for (const auto& cb : callbacks_) {
-    if (cb.first <= durable_) return true;
-  }
-  return false;
-}
-
-std::vector<std::function<void()>> Committer::TakeReadyCallbacks() {
-  std::vector<std::function<void()>> ready;
-  auto it = std::stable_partition(callbacks_.begin(), callbacks_.end(),
-                                  [&](const auto& cb) { return cb.first > durable_; });
-  for (auto j = it; j != callbacks_.end(); ++j) ready.push_back(std::move(j->second));
-  callbacks_.erase(it, callbacks_.end());
-  return ready;
-}
-
 void Committer::Loop() {
   for (;;) {
     StoreBatch batch;
     uint64_t ticket;
-    std::vector<std::function<void()>> ready;
     {
       absl::MutexLock lock(&mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || urgent_ > durable_ || ReadyCallbacks();
+        return stop_ || urgent_ > durable_;
       };
       // Lazy records alone wait for company until their deadline.
       if (!mu_.AwaitWithDeadline(absl::Condition(&has_work), lazy_deadline_) &&
@@ -93,23 +71,18 @@ void Committer::Loop() {
         continue;  // a stale deadline (its records went out with an urgent batch)
       }
       if (added_ == durable_) {
-        ready = TakeReadyCallbacks();  // callbacks of records already durable
-        if (ready.empty() && stop_) return;
-      } else {
-        ticket = added_;
-        batch.jobs.reserve(jobs_.size());
-        for (auto& [id, j] : jobs_) batch.jobs.push_back(std::move(j));
-        for (auto& [id, w] : workers_) batch.workers.push_back(std::move(w));
-        batch.idempotency_keys = std::move(keys_);
-        lazy_deadline_ = absl::InfiniteFuture();
-        jobs_.clear();
-        workers_.clear();
-        keys_.clear();
+        if (stop_) return;
+        continue;
       }
-    }
-    if (!ready.empty()) {
-      for (auto& fn : ready) fn();
-      continue;
+      ticket = added_;
+      batch.jobs.reserve(jobs_.size());
+      for (auto& [id, j] : jobs_) batch.jobs.push_back(std::move(j));
+      for (auto& [id, w] : workers_) batch.workers.push_back(std::move(w));
+      batch.idempotency_keys = std::move(keys_);
+      lazy_deadline_ = absl::InfiniteFuture();
+      jobs_.clear();
+      workers_.clear();
+      keys_.clear();
     }
     // Retry until the store takes it: the in-memory state is already ahead of the disk,
     // and answering a caller before its change is durable would break the contract.
@@ -128,9 +101,8 @@ void Committer::Loop() {
     {
       absl::MutexLock lock(&mu_);
       durable_ = ticket;
-      ready = TakeReadyCallbacks();
     }
-    for (auto& fn : ready) fn();
+    if (hook_) hook_(ticket);
   }
 }
 

@@ -2,10 +2,12 @@
 // changes share one transaction (one fsync).
 //
 // Callers add records under their own lock (so records reach the store in the order the
-// changes were made) and get a ticket; they then wait for the ticket, or attach a callback
-// that runs once it is durable. Records that nobody waits for (Add with urgent=false, e.g. a
-// job going RUNNING) do not start a transaction of their own: they join the next one, at
-// most kLazyCommitMs later. Thread-safe.
+// changes were made) and get a ticket; they then wait for the ticket, or let the durable
+// hook act on it: after every transaction the committer thread calls the hook with the
+// highest durable ticket, so whatever was waiting on those records (messages to workers,
+// watch events) goes out together. Records that nobody waits for (Add with urgent=false,
+// e.g. a job going RUNNING) do not start a transaction of their own: they join the next
+// one, at most kLazyCommitMs later. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -25,8 +27,10 @@ class Committer {
  public:
   // Called after each transaction with its duration and number of records.
   using CommitObserver = std::function<void(double seconds, size_t records)>;
+  // Called on the committer thread after each transaction with the highest durable ticket.
+  using DurableHook = std::function<void(uint64_t durable)>;
 
-  Committer(Store* store, CommitObserver observer);
+  Committer(Store* store, CommitObserver observer, DurableHook hook = nullptr);
   ~Committer();  // Stops after committing what was added.
 
   // How long records added with urgent=false may wait for a transaction to join.
@@ -35,22 +39,19 @@ class Committer {
   // Queues records for the next transaction. Later records for the same key replace
   // earlier ones that are not yet committed. Returns the ticket for these records.
   // urgent=false: nothing waits for them, so they may wait up to kLazyCommitMs for other
-  // records (one fsync for both); a later Wait or Then on the ticket makes it urgent.
+  // records (one fsync for both); a later Wait on the ticket makes it urgent.
   uint64_t Add(StoreBatch batch, bool urgent = true);
   // The ticket of everything added so far.
   uint64_t LastTicket();
   // Blocks until `ticket` is durable.
   void Wait(uint64_t ticket);
-  // Runs `fn` on the committer thread once `ticket` is durable; never inline.
-  void Then(uint64_t ticket, std::function<void()> fn);
 
  private:
   void Loop();
-  bool ReadyCallbacks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<std::function<void()>> TakeReadyCallbacks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Store* const store_;
   CommitObserver observer_;
+  DurableHook hook_;
   absl::Mutex mu_;
   uint64_t added_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t durable_ ABSL_GUARDED_BY(mu_) = 0;
@@ -61,7 +62,6 @@ class Committer {
   absl::flat_hash_map<std::string, v1::Job> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, v1::WorkerInfo> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::pair<std::string, std::vector<std::string>>> keys_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<uint64_t, std::function<void()>>> callbacks_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

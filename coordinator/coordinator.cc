@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
+#include <iterator>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -94,7 +96,8 @@ absl::Status Coordinator::Start() {
     UpdateGauges();
   }
   committer_ = std::make_unique<Committer>(
-      store_, [this](double s, size_t n) { metrics_->StoreCommit(s, n); });
+      store_, [this](double s, size_t n) { metrics_->StoreCommit(s, n); },
+      [this](uint64_t durable) { FlushOutbox(durable); });
   scheduler_ = std::thread([this] { SchedulerLoop(); });
   return absl::OkStatus();
 }
@@ -110,28 +113,59 @@ void Coordinator::Stop() {
 }
 
 uint64_t Coordinator::Finish(Changes&& changes) {
-  // Lazy unless someone waits: the caller (Wait) or the messages and events (Then). A
-  // change nobody waits for (a job going RUNNING) joins the next transaction.
-  uint64_t ticket = committer_->Add(std::move(changes.batch), /*urgent=*/false);
-  if (changes.events.empty() && changes.messages.empty()) return ticket;
-  std::vector<std::pair<std::shared_ptr<WorkerChannel>, v1::CoordinatorMessage>> sends;
+  // Lazy unless someone waits: the caller (Wait) or the messages and events. A change
+  // nobody waits for (a job going RUNNING) joins the next transaction.
+  const bool outgoing = !changes.events.empty() || !changes.messages.empty();
+  if (!outgoing) return committer_->Add(std::move(changes.batch), /*urgent=*/false);
+  Outgoing out;
+  out.events = std::move(changes.events);
   for (auto& m : changes.messages) {
     auto it = channels_.find(m.worker_id);
-    if (it != channels_.end()) sends.emplace_back(it->second, std::move(m.message));
+    if (it != channels_.end()) out.sends.emplace_back(it->second, std::move(m.message));
   }
-  // Messages to one worker go out back to back, all but the last with a buffer hint, so
-  // an ack and the next assignment share a network write.
-  std::stable_sort(sends.begin(), sends.end(),
-                   [](const auto& a, const auto& b) { return a.first.get() < b.first.get(); });
-  committer_->Then(ticket, [this, events = std::move(changes.events),
-                            sends = std::move(sends)]() {
-    for (size_t i = 0; i < sends.size(); ++i) {
-      bool more = i + 1 < sends.size() && sends[i + 1].first == sends[i].first;
-      sends[i].first->Send(sends[i].second, more);
-    }
-    hub_.Publish(events);
-  });
+  absl::MutexLock lock(&outbox_mu_);
+  out.ticket = committer_->Add(std::move(changes.batch), /*urgent=*/true);
+  const uint64_t ticket = out.ticket;
+  outbox_.push_back(std::move(out));
   return ticket;
+}
+
+void Coordinator::FlushOutbox(uint64_t durable) {
+  std::vector<Outgoing> ready;
+  {
+    absl::MutexLock lock(&outbox_mu_);
+    size_t n = 0;
+    while (n < outbox_.size() && outbox_[n].ticket <= durable) ++n;
+    if (n == 0) return;
+    ready.assign(std::make_move_iterator(outbox_.begin()),
+                 std::make_move_iterator(outbox_.begin() + n));
+    outbox_.erase(outbox_.begin(), outbox_.begin() + n);
+  }
+  // Everything for one worker leaves in one write (an ack and the next assignment, say);
+  // messages keep their order within each worker.
+  std::vector<std::pair<WorkerChannel*, std::vector<v1::CoordinatorMessage>>> per_worker;
+  std::vector<std::shared_ptr<WorkerChannel>> keep;  // holds the channels until sent
+  std::vector<v1::JobEvent> events;
+  for (Outgoing& o : ready) {
+    for (auto& [channel, message] : o.sends) {
+      auto it = std::find_if(per_worker.begin(), per_worker.end(),
+                             [&](const auto& p) { return p.first == channel.get(); });
+      if (it == per_worker.end()) {
+        keep.push_back(channel);
+        per_worker.emplace_back(channel.get(), std::vector<v1::CoordinatorMessage>());
+        it = std::prev(per_worker.end());
+      }
+      it->second.push_back(std::move(message));
+    }
+    if (events.empty()) {
+      events = std::move(o.events);
+    } else {
+      events.insert(events.end(), std::make_move_iterator(o.events.begin()),
+                    std::make_move_iterator(o.events.end()));
+    }
+  }
+  for (auto& [channel, messages] : per_worker) channel->SendAll(std::move(messages));
+  if (!events.empty()) hub_.Publish(events);
 }
 
 void Coordinator::Kick() {
@@ -547,23 +581,40 @@ absl::StatusOr<v1::HeartbeatAck> Coordinator::Heartbeat(const std::string& worke
   return ack;
 }
 
-void Coordinator::Event(const std::string& worker_id, uint64_t session,
-                        const v1::AttemptEvent& event) {
-  if (event.has_log()) {
-    // Logs go to their attempt's file whatever the attempt's state; offsets make a resent
-    // chunk harmless.
+void Coordinator::Events(const std::string& worker_id, uint64_t session,
+                         absl::Span<const v1::AttemptEvent* const> events) {
+  // Logs go to their attempt's file whatever the attempt's state (offsets make a resent
+  // chunk harmless), before the lock: the file write needs none.
+  bool state_events = false;
+  for (const v1::AttemptEvent* event : events) {
+    if (!event->has_log()) {
+      state_events = true;
+      continue;
+    }
     std::string job_id;
     int number;
-    if (ParseAttemptId(event.attempt_id(), &job_id, &number)) {
-      absl::Status st = logs_.Append(job_id, number, event.log().offset(), event.log().data());
+    if (ParseAttemptId(event->attempt_id(), &job_id, &number)) {
+      absl::Status st = logs_.Append(job_id, number, event->log().offset(), event->log().data());
       if (!st.ok()) spdlog::warn("worker={} log: {}", worker_id, st.ToString());
     }
-    return;
   }
+  if (!state_events) return;
   absl::MutexLock lock(&mu_);
   WorkerEntry* w = workers_.Find(worker_id);
   if (w == nullptr || w->session != session) return;
   Changes changes = NewChanges();
+  bool freed = false;
+  for (const v1::AttemptEvent* event : events) {
+    if (!event->has_log()) freed |= ApplyEvent(worker_id, *w, *event, &changes);
+  }
+  // The freed resources are placed at once, in the same transaction: one thread hop and
+  // one commit less between a job ending and the next one starting.
+  if (freed) Place(&changes);
+  Finish(std::move(changes));
+}
+
+bool Coordinator::ApplyEvent(const std::string& worker_id, WorkerEntry& w,
+                             const v1::AttemptEvent& event, Changes* changes) {
   v1::Job* job = jobs_.FindCurrentAttempt(event.attempt_id());
   bool valid = job != nullptr && event.rank() >= 0 && event.rank() < job->current().parts_size() &&
                job->current().parts(event.rank()).worker_id() == worker_id;
@@ -571,7 +622,7 @@ void Coordinator::Event(const std::string& worker_id, uint64_t session,
     if (event.has_finished()) {
       v1::CoordinatorMessage msg;
       msg.mutable_event_ack()->set_event_seq(event.event_seq());
-      changes.messages.push_back({worker_id, std::move(msg)});
+      changes->messages.push_back({worker_id, std::move(msg)});
     }
   };
   if (!valid) {
@@ -581,42 +632,41 @@ void Coordinator::Event(const std::string& worker_id, uint64_t session,
       v1::CoordinatorMessage msg;
       msg.mutable_cancel()->set_attempt_id(event.attempt_id());
       msg.mutable_cancel()->set_reason("stale attempt");
-      changes.messages.push_back({worker_id, std::move(msg)});
+      changes->messages.push_back({worker_id, std::move(msg)});
     }
     ack();
-    Finish(std::move(changes));
-    return;
+    return false;
   }
   const v1::AttemptPart& part = job->current().parts(event.rank());
   if (event.has_started()) {
-    if (jobs_.IsLive(*job) && !part.finished()) jobs_.MarkStarted(job, event.rank(), &changes);
-  } else if (event.has_progress()) {
-    if (jobs_.IsLive(*job)) jobs_.SetProgress(job, event.progress(), &changes);
-  } else if (event.has_finished()) {
-    const auto& f = event.finished();
-    if (!part.finished()) {
-      workers_.Free(*w, AllocationKey(event.attempt_id(), event.rank()));
-      if (!jobs_.IsLive(*job)) {
-        // Cancelled while it ran: record how the part ended.
-        job->mutable_current()->mutable_parts(event.rank())->set_finished(true);
-        job->mutable_current()->mutable_parts(event.rank())->set_exit_code(f.exit_code());
-        changes.batch.jobs.push_back(*job);
-      } else if (f.exit_code() == 0) {
-        metrics_->AttemptEnded("succeeded");
-        jobs_.PartSucceeded(job, event.rank(), f.outputs(), &changes);
-      } else {
-        job->mutable_current()->mutable_parts(event.rank())->set_finished(true);
-        job->mutable_current()->mutable_parts(event.rank())->set_exit_code(f.exit_code());
-        EndAttempt(job, f.reason().empty() ? absl::StrCat("exit ", f.exit_code()) : f.reason(),
-                   f.exit_code(), f.retryable(), worker_id, &changes);
-      }
-    }
-    ack();
-    // The freed resources are placed at once, in the same transaction: one thread hop and
-    // one commit less between a job ending and the next one starting.
-    Place(&changes);
+    if (jobs_.IsLive(*job) && !part.finished()) jobs_.MarkStarted(job, event.rank(), changes);
+    return false;
   }
-  Finish(std::move(changes));
+  if (event.has_progress()) {
+    if (jobs_.IsLive(*job)) jobs_.SetProgress(job, event.progress(), changes);
+    return false;
+  }
+  if (!event.has_finished()) return false;
+  const auto& f = event.finished();
+  if (!part.finished()) {
+    workers_.Free(w, AllocationKey(event.attempt_id(), event.rank()));
+    if (!jobs_.IsLive(*job)) {
+      // Cancelled while it ran: record how the part ended.
+      job->mutable_current()->mutable_parts(event.rank())->set_finished(true);
+      job->mutable_current()->mutable_parts(event.rank())->set_exit_code(f.exit_code());
+      changes->batch.jobs.push_back(*job);
+    } else if (f.exit_code() == 0) {
+      metrics_->AttemptEnded("succeeded");
+      jobs_.PartSucceeded(job, event.rank(), f.outputs(), changes);
+    } else {
+      job->mutable_current()->mutable_parts(event.rank())->set_finished(true);
+      job->mutable_current()->mutable_parts(event.rank())->set_exit_code(f.exit_code());
+      EndAttempt(job, f.reason().empty() ? absl::StrCat("exit ", f.exit_code()) : f.reason(),
+                 f.exit_code(), f.retryable(), worker_id, changes);
+    }
+  }
+  ack();
+  return true;
 }
 
 void Coordinator::Disconnected(const std::string& worker_id, uint64_t session) {

@@ -64,8 +64,8 @@ class Coordinator final : public UserHandler, public WorkerHandler {
                                           uint64_t* session) override;
   absl::StatusOr<v1::HeartbeatAck> Heartbeat(const std::string& worker_id, uint64_t session,
                                              const v1::Heartbeat& heartbeat) override;
-  void Event(const std::string& worker_id, uint64_t session,
-             const v1::AttemptEvent& event) override;
+  void Events(const std::string& worker_id, uint64_t session,
+              absl::Span<const v1::AttemptEvent* const> events) override;
   void Disconnected(const std::string& worker_id, uint64_t session) override;
 
   // One scheduling step (lease checks + placement), as the scheduler thread runs it.
@@ -73,9 +73,16 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   int RunSchedulerPass();
 
  private:
-  // Hands `changes` to the committer (under mu_) and arranges for its events and messages
-  // to go out once durable. Returns the commit ticket.
+  // Hands `changes` to the committer (under mu_) and queues its events and messages in the
+  // outbox, to go out once durable. Returns the commit ticket.
   uint64_t Finish(Changes&& changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The committer's durable hook: sends what the outbox holds for tickets up to `durable`,
+  // one SendAll per worker, and publishes its watch events. Committer thread only.
+  void FlushOutbox(uint64_t durable);
+  // One started, progress or finished event of a worker's session (logs are handled
+  // outside mu_). True when it freed resources, so a placement pass is due.
+  bool ApplyEvent(const std::string& worker_id, WorkerEntry& w, const v1::AttemptEvent& event,
+                  Changes* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Empty changes; watch events are built only while someone watches.
   Changes NewChanges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Changes c;
@@ -116,6 +123,17 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   // Heartbeats look workers up here (never under mu_). Entries are added under both locks.
   absl::Mutex live_mu_ ABSL_ACQUIRED_AFTER(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<Liveness>> live_ ABSL_GUARDED_BY(live_mu_);
+
+  // What waits for its ticket to be durable before it goes out, in ticket order. Finish
+  // appends (holding outbox_mu_ across the committer's Add, so that a hook never misses an
+  // entry whose records it made durable); FlushOutbox takes.
+  struct Outgoing {
+    uint64_t ticket;
+    std::vector<std::pair<std::shared_ptr<WorkerChannel>, v1::CoordinatorMessage>> sends;
+    std::vector<v1::JobEvent> events;
+  };
+  absl::Mutex outbox_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::vector<Outgoing> outbox_ ABSL_GUARDED_BY(outbox_mu_);
 
   absl::Mutex kick_mu_;
   bool kicked_ ABSL_GUARDED_BY(kick_mu_) = false;

@@ -14,7 +14,7 @@ namespace {
 
 class FakeChannel : public WorkerChannel {
  public:
-  bool Send(const v1::CoordinatorMessage& m, bool) override {
+  bool Send(const v1::CoordinatorMessage& m) override {
     absl::MutexLock l(&mu_);
     sent_.push_back(m);
     return true;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "coordinator/event_hub.h"
 #include "coordinator/log_store.h"
 #include "stemma/v1/user_service.pb.h"
@@ -38,9 +39,15 @@ class UserHandler {
 class WorkerChannel {
  public:
   virtual ~WorkerChannel() = default;
-  // False when the stream is gone. `more` says another message for this worker follows at
-  // once, so the transport may hold this one back and send both together.
-  virtual bool Send(const v1::CoordinatorMessage& message, bool more = false) = 0;
+  // False when the stream is gone.
+  virtual bool Send(const v1::CoordinatorMessage& message) = 0;
+  // Sends `messages` in order; the transport may pack them into one stream message.
+  virtual bool SendAll(std::vector<v1::CoordinatorMessage> messages) {
+    for (const auto& m : messages) {
+      if (!Send(m)) return false;
+    }
+    return true;
+  }
   // Ends the session (the worker will reconnect and register again).
   virtual void Close() = 0;
 };
@@ -58,8 +65,13 @@ class WorkerHandler {
   virtual absl::StatusOr<v1::HeartbeatAck> Heartbeat(const std::string& worker_id,
                                                      uint64_t session,
                                                      const v1::Heartbeat& heartbeat) = 0;
-  virtual void Event(const std::string& worker_id, uint64_t session,
-                     const v1::AttemptEvent& event) = 0;
+  // Applies a worker's events in order (logs, starts, progress, finishes), as one change.
+  virtual void Events(const std::string& worker_id, uint64_t session,
+                      absl::Span<const v1::AttemptEvent* const> events) = 0;
+  void Event(const std::string& worker_id, uint64_t session, const v1::AttemptEvent& event) {
+    const v1::AttemptEvent* one = &event;
+    Events(worker_id, session, absl::MakeConstSpan(&one, 1));
+  }
   virtual void Disconnected(const std::string& worker_id, uint64_t session) = 0;
 };
 

@@ -80,7 +80,8 @@ struct Executor::Attempt {
   int32_t rank = 0;
   std::vector<int32_t> gpu_ids;
   int64_t timeout_ms = 0;
-  std::unique_ptr<SpawnPlan> plan;  // until forked
+  std::unique_ptr<SpawnPlan> plan;  // until a spawner takes it
+  bool spawning = false;  // a spawner is forking it (pid still 0); it will not be erased
 
   pid_t pid = 0;
   int pidfd = -1;
@@ -147,6 +148,9 @@ std::string StepMessage(const nlohmann::json& j) {
 constexpr uint64_t kWakeToken = 0;
 constexpr int64_t kLingerPollMs = 50;
 constexpr int64_t kStartNotifyDelayMs = 2;
+// Spawner threads. Two keep both cores of a small node busy with children's exec; more
+// add little, since a spawn costs CPU, not just waiting.
+constexpr int kSpawners = 2;
 constexpr int64_t kLingerGiveUpMs = 30'000;
 
 int64_t NowMs() { return RealClock::Get()->MonoMs(); }
@@ -308,6 +312,7 @@ Executor::Executor(const WorkerConfig& config, Metrics* metrics)
     metrics_->SetGpusInUse(0);
   }
   thread_ = std::thread([this] { Loop(); });
+  for (int i = 0; i < kSpawners; ++i) spawners_.emplace_back([this] { SpawnLoop(); });
 }
 
 Executor::~Executor() {
@@ -538,7 +543,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   if (notify) {
     Notify();
   } else {
-    WakeLoop();
+    spawn_cv_.notify_one();
   }
   return absl::OkStatus();
 }
@@ -683,6 +688,33 @@ void Executor::Shutdown() {
   }
   WakeLoop();
   thread_.join();
+  // Only now: a spawner's children get SIGKILL (PR_SET_PDEATHSIG) when it exits, and every
+  // child has been reaped by the time the executor thread returns.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_spawners_ = true;
+  }
+  spawn_cv_.notify_all();
+  for (std::thread& t : spawners_) t.join();
+  spawners_.clear();
+}
+
+void Executor::SpawnLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    spawn_cv_.wait(lock, [this] { return stop_spawners_ || !to_spawn_.empty(); });
+    if (stop_spawners_) return;
+    const std::string id = std::move(to_spawn_.front());
+    to_spawn_.pop_front();
+    auto it = attempts_.find(id);
+    if (it == attempts_.end() || it->second->finished || !it->second->plan) continue;
+    Attempt& a = *it->second;
+    a.spawning = true;
+    std::unique_ptr<SpawnPlan> plan = std::move(a.plan);
+    lock.unlock();
+    Spawn(a, std::move(plan));
+    lock.lock();
+  }
 }
 
 void Executor::Loop() {
@@ -696,9 +728,11 @@ void Executor::Loop() {
                        [](const auto& kv) { return !kv.second->finished; })) {
         return;
       }
-      int64_t next = NextTimerMsLocked(NowMs());
+      const int64_t now = NowMs();
+      int64_t next = NextTimerMsLocked(now);
       if (!lingering_.empty() && (next < 0 || next > kLingerPollMs)) next = kLingerPollMs;
       timeout = next < 0 ? -1 : static_cast<int>(std::min<int64_t>(next, 60'000));
+      loop_wake_ms_ = timeout < 0 ? -1 : now + timeout;
     }
     int n = epoll_wait(epoll_fd_, events, 32, timeout);
     if (n < 0) {
@@ -730,22 +764,6 @@ void Executor::Loop() {
           notify |= a.finished;
         }
       }
-      std::vector<std::string> spawn;
-      spawn.swap(to_spawn_);
-      for (const std::string& id : spawn) {
-        auto it = attempts_.find(id);
-        if (it == attempts_.end() || it->second->finished || !it->second->plan) continue;
-        SpawnLocked(*it->second);
-        // A start is signalled kStartNotifyDelayMs later, or with the finish if that comes
-        // first: a short job then costs the session one round (one wake-up, one write, one
-        // event batch at the coordinator) instead of two.
-        Attempt& a = *it->second;
-        if (a.finished) {
-          notify = true;  // the spawn failed
-        } else {
-          a.start_notify_ms = NowMs() + kStartNotifyDelayMs;
-        }
-      }
       notify |= FireTimersLocked(NowMs());
       ReapLingeringLocked(NowMs());
       for (auto it = attempts_.begin(); it != attempts_.end();) {
@@ -761,11 +779,20 @@ void Executor::Loop() {
   }
 }
 
-void Executor::SpawnLocked(Attempt& a) {
-  std::unique_ptr<SpawnPlan> plan = std::move(a.plan);
+void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
+  // `a` stays put while a.spawning: attempts are erased only once finished, and only this
+  // thread finishes a spawning attempt.
+  auto fail = [&](const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      a.spawning = false;
+      FinishLocked(a, -1, why, "failed", true);
+    }
+    Notify();
+  };
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
-    FinishLocked(a, -1, absl::StrCat("worker error: pipe: ", strerror(errno)), "failed", true);
+    fail(absl::StrCat("worker error: pipe: ", strerror(errno)));
     return;
   }
   static const pid_t parent = getpid();  // a process's pid never changes
@@ -783,40 +810,62 @@ void Executor::SpawnLocked(Attempt& a) {
   close(fds[1]);
   if (pid < 0) {
     close(fds[0]);
-    FinishLocked(a, -1, absl::StrCat("worker error: fork: ", strerror(fork_errno)), "failed", true);
+    fail(absl::StrCat("worker error: fork: ", strerror(fork_errno)));
     return;
   }
   // Also done in the child; whichever runs first wins the race. After vfork the child
   // has run it already (and exec'd, so the call here would fail with EACCES).
   if (plan->noop) setpgid(pid, pid);
-  a.pid = pid;
-  a.out_fd = fds[0];
-  fcntl(a.out_fd, F_SETFL, O_RDONLY | O_NONBLOCK);  // already O_CLOEXEC (pipe2)
-  a.pidfd = pidfd_open(pid, 0);
-  if (a.pidfd < 0) {
+  fcntl(fds[0], F_SETFL, O_RDONLY | O_NONBLOCK);  // already O_CLOEXEC (pipe2)
+  const int pidfd = pidfd_open(pid, 0);
+  if (pidfd < 0) {
     const int err = errno;
     kill(-pid, SIGKILL);
     kill(pid, SIGKILL);
     int status;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    CloseOutputLocked(a);
-    FinishLocked(a, -1, absl::StrCat("worker error: pidfd_open: ", strerror(err)), "failed", true);
+    close(fds[0]);
+    fail(absl::StrCat("worker error: pidfd_open: ", strerror(err)));
     return;
   }
-  a.out_token = next_token_++;
-  a.pid_token = next_token_++;
-  tokens_[a.out_token] = a.id;
-  tokens_[a.pid_token] = a.id;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = a.out_token;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.out_fd, &ev);
-  ev.data.u64 = a.pid_token;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.pidfd, &ev);
-  if (a.timeout_ms > 0) a.deadline_ms = NowMs() + a.timeout_ms;
   spdlog::info("attempt started: job={} attempt={} rank={} pid={} kind={}", a.job_id, a.id,
                a.rank, pid, plan->noop ? "noop" : plan->path);
+
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    a.spawning = false;
+    a.pid = pid;
+    a.out_fd = fds[0];
+    a.pidfd = pidfd;
+    a.out_token = next_token_++;
+    a.pid_token = next_token_++;
+    tokens_[a.out_token] = a.id;
+    tokens_[a.pid_token] = a.id;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = a.out_token;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.out_fd, &ev);
+    ev.data.u64 = a.pid_token;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.pidfd, &ev);
+    const int64_t now = NowMs();
+    if (a.timeout_ms > 0) a.deadline_ms = now + a.timeout_ms;
+    // A start is signalled kStartNotifyDelayMs later, or with the finish if that comes
+    // first: a short job then costs the session one round (one wake-up, one write, one
+    // event batch at the coordinator) instead of two.
+    a.start_notify_ms = now + kStartNotifyDelayMs;
+    int64_t due = a.start_notify_ms;
+    if (a.terminating) {  // cancelled while it was being forked
+      kill(-pid, SIGTERM);
+      a.kill_at_ms = now + std::max<int64_t>(0, config_.kill_grace_ms);
+      due = std::min(due, a.kill_at_ms);
+    }
+    // The executor thread computes its next timeout from every attempt's timers whenever
+    // it goes back to epoll_wait: wake it only if it would sleep past this one.
+    wake = loop_wake_ms_ < 0 || loop_wake_ms_ > due;
+  }
+  if (wake) WakeLoop();
 }
 
 void Executor::ReadOutputLocked(Attempt& a, bool drain) {
@@ -901,7 +950,7 @@ void Executor::ReapLocked(Attempt& a) {
 void Executor::TerminateLocked(Attempt& a, const std::string& reason, const std::string& result,
                                bool retryable) {
   if (a.finished) return;
-  if (a.pid == 0) {  // not forked yet: never start it
+  if (a.pid == 0 && !a.spawning) {  // not forked yet: never start it
     a.plan.reset();
     FinishLocked(a, -1, reason, result, retryable);
     return;
@@ -911,6 +960,7 @@ void Executor::TerminateLocked(Attempt& a, const std::string& reason, const std:
   a.term_reason = reason;
   a.term_result = result;
   a.term_retryable = retryable;
+  if (a.pid == 0) return;  // being forked: its spawner sends SIGTERM once it has a pid
   kill(-a.pid, SIGTERM);
   a.kill_at_ms = NowMs() + std::max<int64_t>(0, config_.kill_grace_ms);
   spdlog::info("attempt terminating: job={} attempt={} reason=\"{}\"", a.job_id, a.id, reason);

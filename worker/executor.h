@@ -2,9 +2,14 @@
 // its output into DATA/attempts/<attempt id>/log, enforces timeouts and cancellations, and
 // keeps each attempt's state until the session says the coordinator has it (Forget).
 //
-// One executor thread forks every child (so PR_SET_PDEATHSIG is tied to a thread that lives
-// as long as the executor), and waits with epoll on each child's pidfd and output pipe.
-// Other threads call Launch/Cancel/Discard/Forget/Snapshot; they never block on a child.
+// A few spawner threads fork the children, in parallel and without the executor's lock: a
+// vfork parent waits until its child has called execve (about half a millisecond here), so
+// one thread could start no more than ~2,000 children a second, and under the lock every
+// other call would wait too. Spawner threads live as long as the executor, so
+// PR_SET_PDEATHSIG (tied to the forking thread) fires only when the worker dies. The
+// executor thread waits with epoll on each child's pidfd and output pipe, reaps, and runs
+// timers. Other threads call Launch/Cancel/Discard/Forget/Snapshot; they never block on a
+// child.
 //
 // Thread-safe: every public method may be called from any thread. The change callback is
 // called from the executor thread (or the caller of Launch for refusals) without the
@@ -15,6 +20,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -108,7 +114,11 @@ class Executor {
 
   void Loop();
   void WakeLoop();
-  void SpawnLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A spawner thread: forks what Launch queued in to_spawn_, until Shutdown's end.
+  void SpawnLoop();
+  // Forks the attempt's child from `plan` (taken out of the attempt under mu_, which is
+  // not held here), then records it under mu_.
+  void Spawn(Attempt& attempt, std::unique_ptr<SpawnPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
   void ReadOutputLocked(Attempt& attempt, bool drain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseOutputLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -143,7 +153,12 @@ class Executor {
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;  // signalled when an attempt finishes
   std::map<std::string, std::unique_ptr<Attempt>> attempts_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> to_spawn_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> to_spawn_ ABSL_GUARDED_BY(mu_);  // attempts to fork, in order
+  std::condition_variable spawn_cv_;  // to_spawn_ grew, or the spawners must stop
+  bool stop_spawners_ ABSL_GUARDED_BY(mu_) = false;
+  // When the executor thread's epoll_wait returns at the latest (monotonic ms; -1: no
+  // timeout): a spawner wakes it only for a timer due before then.
+  int64_t loop_wake_ms_ ABSL_GUARDED_BY(mu_) = -1;
   std::map<uint64_t, std::string> tokens_ ABSL_GUARDED_BY(mu_);  // epoll token -> attempt
   // Process groups of finished attempts that may still hold orphans (zombies to reap or
   // processes about to die from SIGKILL), with the monotonic time to give up on them.
@@ -170,6 +185,7 @@ class Executor {
 
   std::mutex shutdown_mu_;  // serializes Shutdown callers
   std::thread thread_;
+  std::vector<std::thread> spawners_;
 };
 
 }  // namespace stemma::worker

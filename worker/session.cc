@@ -26,6 +26,7 @@ constexpr int64_t kTickMs = 50;               // log flush period (the brief ask
 constexpr int64_t kRegisterTimeoutMs = 15000;  // no Registered by then: reconnect
 constexpr size_t kLogChunk = 64 * 1024;
 constexpr int kChunksPerTick = 16;             // per attempt, so heartbeats stay on time
+constexpr size_t kBatchBytes = kMaxMessageBytes / 4;  // an EventBatch is split beyond this
 
 int64_t NowMs() { return RealClock::Get()->MonoMs(); }
 
@@ -151,46 +152,10 @@ bool Session::RunStream(v1::WorkerService::Stub& stub) {
       std::lock_guard<std::mutex> lock(mu_);
       last_rx_ms_ = NowMs();
     }
-    switch (msg.msg_case()) {
-      case v1::CoordinatorMessage::kRegistered:
-        if (registered) {
-          spdlog::warn("session: ignoring a second Registered");
-        } else {
-          registered = true;
-          OnRegistered(msg.registered());
-        }
-        break;
-      case v1::CoordinatorMessage::kHeartbeatAck:
-        OnHeartbeatAck(msg.heartbeat_ack());
-        break;
-      case v1::CoordinatorMessage::kAssign: {
-        const v1::Assignment& a = msg.assign();
-        if (!registered) {
-          spdlog::warn("session: assignment before Registered ignored: attempt={}",
-                       a.attempt_id());
-          break;
-        }
-        // debug: the executor logs every start and finish at info already.
-        spdlog::debug("session: assigned job={} attempt={} rank={}/{} gpus={}", a.job_id(),
-                     a.attempt_id(), a.rank(), a.world_size(), a.gpu_ids_size());
-        absl::Status launched = executor_->Launch(a);
-        if (!launched.ok()) {
-          spdlog::warn("session: attempt={} not launched: {}", a.attempt_id(),
-                       launched.ToString());
-        }
-        break;
-      }
-      case v1::CoordinatorMessage::kCancel:
-        spdlog::info("session: cancel attempt={} reason=\"{}\"", msg.cancel().attempt_id(),
-                     msg.cancel().reason());
-        executor_->Cancel(msg.cancel().attempt_id(), msg.cancel().reason());
-        break;
-      case v1::CoordinatorMessage::kEventAck:
-        OnAck(msg.event_ack().event_seq());
-        break;
-      default:
-        spdlog::warn("session: unknown message from the coordinator ({})",
-                     static_cast<int>(msg.msg_case()));
+    if (msg.has_batch()) {
+      for (const v1::CoordinatorMessage& m : msg.batch().messages()) Handle(m, &registered);
+    } else {
+      Handle(msg, &registered);
     }
   }
 
@@ -222,6 +187,50 @@ bool Session::RunStream(v1::WorkerService::Stub& stub) {
     }
   }
   return registered;
+}
+
+void Session::Handle(const v1::CoordinatorMessage& msg, bool* registered) {
+  switch (msg.msg_case()) {
+    case v1::CoordinatorMessage::kRegistered:
+      if (*registered) {
+        spdlog::warn("session: ignoring a second Registered");
+      } else {
+        *registered = true;
+        OnRegistered(msg.registered());
+      }
+      break;
+    case v1::CoordinatorMessage::kHeartbeatAck:
+      OnHeartbeatAck(msg.heartbeat_ack());
+      break;
+    case v1::CoordinatorMessage::kAssign: {
+      const v1::Assignment& a = msg.assign();
+      if (!*registered) {
+        spdlog::warn("session: assignment before Registered ignored: attempt={}",
+                     a.attempt_id());
+        break;
+      }
+      // debug: the executor logs every start and finish at info already.
+      spdlog::debug("session: assigned job={} attempt={} rank={}/{} gpus={}", a.job_id(),
+                   a.attempt_id(), a.rank(), a.world_size(), a.gpu_ids_size());
+      absl::Status launched = executor_->Launch(a);
+      if (!launched.ok()) {
+        spdlog::warn("session: attempt={} not launched: {}", a.attempt_id(),
+                     launched.ToString());
+      }
+      break;
+    }
+    case v1::CoordinatorMessage::kCancel:
+      spdlog::info("session: cancel attempt={} reason=\"{}\"", msg.cancel().attempt_id(),
+                   msg.cancel().reason());
+      executor_->Cancel(msg.cancel().attempt_id(), msg.cancel().reason());
+      break;
+    case v1::CoordinatorMessage::kEventAck:
+      OnAck(msg.event_ack().event_seq());
+      break;
+    default:
+      spdlog::warn("session: unknown message from the coordinator ({})",
+                   static_cast<int>(msg.msg_case()));
+  }
 }
 
 v1::WorkerMessage Session::MakeRegister() const {
@@ -327,11 +336,9 @@ void Session::OnAck(uint64_t event_seq) {
   for (const std::string& id : forget) executor_->Forget(id);
 }
 
-bool Session::Write(Stream* stream, const v1::WorkerMessage& msg, bool more) {
+bool Session::Write(Stream* stream, const v1::WorkerMessage& msg) {
   std::lock_guard<std::mutex> lock(write_mu_);
-  grpc::WriteOptions options;
-  if (more) options.set_buffer_hint();
-  return stream->Write(msg, options);
+  return stream->Write(msg);
 }
 
 void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
@@ -415,12 +422,13 @@ void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
 bool Session::ShipEvents(Stream* stream) {
   std::vector<AttemptSnapshot> attempts = executor_->Snapshot();
   std::set<std::string> live;
-  // Messages are written at the end, all but the last with a buffer hint, so that e.g. a
-  // Started and a Finished of a short job leave in one network write.
-  std::vector<v1::WorkerMessage> out;
+  // Events are written at the end, as one EventBatch (split only when it grows large), so
+  // that e.g. the Started and Finished of short jobs leave in one write and are applied in
+  // one pass at the coordinator.
+  std::vector<v1::AttemptEvent> out;
   std::vector<std::pair<uint64_t, std::string>> finished;  // (event_seq, attempt id)
   auto write = [&](const v1::WorkerMessage& m) {
-    out.push_back(m);
+    out.push_back(m.event());
     return true;
   };
   for (const AttemptSnapshot& a : attempts) {
@@ -476,10 +484,28 @@ bool Session::ShipEvents(Stream* stream) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& f : finished) awaiting_ack_.push_back(std::move(f));
   }
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (!Write(stream, out[i], i + 1 < out.size())) return false;
+  v1::WorkerMessage msg;
+  size_t bytes = 0;
+  auto flush = [&] {
+    if (bytes == 0) return true;
+    bytes = 0;
+    if (msg.events().events_size() == 1) {
+      v1::WorkerMessage one;
+      one.mutable_event()->Swap(msg.mutable_events()->mutable_events(0));
+      msg.Clear();
+      return Write(stream, one);
+    }
+    const bool ok = Write(stream, msg);
+    msg.Clear();
+    return ok;
+  };
+  for (v1::AttemptEvent& ev : out) {
+    const size_t size = ev.ByteSizeLong() + 8;
+    if (bytes > 0 && bytes + size > kBatchBytes && !flush()) return false;
+    *msg.mutable_events()->add_events() = std::move(ev);
+    bytes += size;
   }
-  return true;
+  return flush();
 }
 
 }  // namespace stemma::worker

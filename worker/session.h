@@ -62,14 +62,15 @@ class Session {
 
   // One stream's life; true if it got as far as Registered.
   bool RunStream(v1::WorkerService::Stub& stub);
+  // One message from the coordinator (batches are unpacked by the caller).
+  void Handle(const v1::CoordinatorMessage& msg, bool* registered);
   void OnRegistered(const v1::Registered& registered);
   void OnHeartbeatAck(const v1::HeartbeatAck& ack);
   void OnAck(uint64_t event_seq);
   void Pump(Stream* stream, grpc::ClientContext* ctx);
   // Sends what each attempt has pending; false if the stream broke.
   bool ShipEvents(Stream* stream);
-  // `more`: another message follows at once, so the transport may send both together.
-  bool Write(Stream* stream, const v1::WorkerMessage& msg, bool more = false);
+  bool Write(Stream* stream, const v1::WorkerMessage& msg);
   v1::WorkerMessage MakeRegister() const;
 
   const WorkerConfig config_;

@@ -58,18 +58,30 @@ class FakeCoordinator final : public v1::WorkerService::Service {
         Send(ack);
         continue;
       }
-      bool ack_it = false;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        events_.push_back(msg.event());
-        ack_it = auto_ack_ && msg.event().has_finished();
-        cv_.notify_all();
+      // One event, or a batch of them (what the worker had pending at once).
+      std::vector<v1::AttemptEvent> events;
+      if (msg.has_events()) {
+        events.assign(msg.events().events().begin(), msg.events().events().end());
+      } else {
+        events.push_back(msg.event());
       }
-      if (ack_it) {
-        v1::CoordinatorMessage ack;
-        ack.mutable_event_ack()->set_event_seq(msg.event().event_seq());
-        Send(ack);
+      for (const v1::AttemptEvent& event : events) {
+        bool ack_it = false;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          events_.push_back(event);
+          message_of_.push_back(messages_);
+          ack_it = auto_ack_ && event.has_finished();
+          cv_.notify_all();
+        }
+        if (ack_it) {
+          v1::CoordinatorMessage ack;
+          ack.mutable_event_ack()->set_event_seq(event.event_seq());
+          Send(ack);
+        }
       }
+      std::lock_guard<std::mutex> lock(mu_);
+      ++messages_;
     }
     std::lock_guard<std::mutex> lock(mu_);
     stream_ = nullptr;
@@ -105,6 +117,8 @@ class FakeCoordinator final : public v1::WorkerService::Service {
   std::condition_variable cv_;
   std::vector<v1::Register> registers_;
   std::vector<v1::AttemptEvent> events_;
+  std::vector<int> message_of_;  // per event in events_: the stream message it came in
+  int messages_ = 0;             // event-carrying messages received
 
  private:
   std::mutex write_mu_;
@@ -145,14 +159,17 @@ class SessionTest : public ::testing::Test {
     fs::remove_all(dir_);
   }
 
-  void Assign(const std::string& id, std::vector<std::string> argv) {
+  static v1::CoordinatorMessage Assignment(const std::string& id, std::vector<std::string> argv) {
     v1::CoordinatorMessage msg;
     v1::Assignment* a = msg.mutable_assign();
     a->set_job_id("j");
     a->set_attempt_id(id);
     a->set_world_size(1);
     for (auto& s : argv) a->mutable_spec()->mutable_exec()->add_argv(s);
-    fake_.Send(msg);
+    return msg;
+  }
+  void Assign(const std::string& id, std::vector<std::string> argv) {
+    fake_.Send(Assignment(id, std::move(argv)));
   }
   // Events of one attempt, in arrival order (call with fake_.mu_ held).
   std::vector<v1::AttemptEvent> EventsOf(const std::string& id) {
@@ -289,6 +306,48 @@ TEST_F(SessionTest, CancelFromTheCoordinator) {
   ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("a4") == 1; }));
   std::lock_guard<std::mutex> lock(fake_.mu_);
   EXPECT_EQ(EventsOf("a4").back().finished().reason(), "cancelled: by user");
+}
+
+TEST_F(SessionTest, RunsEveryMessageOfACoordinatorBatchInOrder) {
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1; }));
+  v1::CoordinatorMessage batch;
+  *batch.mutable_batch()->add_messages() = Assignment("b1", {"/bin/echo", "one"});
+  *batch.mutable_batch()->add_messages() = Assignment("b2", {"/bin/sleep", "100"});
+  v1::CoordinatorMessage* cancel = batch.mutable_batch()->add_messages();
+  cancel->mutable_cancel()->set_attempt_id("b2");
+  cancel->mutable_cancel()->set_reason("changed my mind");
+  fake_.Send(batch);
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("b1") == 1 && FinishedCount("b2") == 1; }));
+  std::lock_guard<std::mutex> lock(fake_.mu_);
+  EXPECT_EQ(EventsOf("b1").back().finished().reason(), "exit 0");
+  EXPECT_EQ(LogOf("b1", 0), "one\n");
+  EXPECT_EQ(EventsOf("b2").back().finished().reason(), "cancelled: changed my mind");
+}
+
+TEST_F(SessionTest, EventsPendingTogetherLeaveInOneMessage) {
+  // Two attempts finish while nothing acks them; after a reconnect both Finished events
+  // are pending at once, so they go out as one EventBatch.
+  fake_.SetAutoAck(false);
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1; }));
+  Assign("c1", {"/bin/true"});
+  Assign("c2", {"/bin/true"});
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("c1") == 1 && FinishedCount("c2") == 1; }));
+  std::vector<v1::RunningAttempt> keep(2);
+  keep[0].set_attempt_id("c1");
+  keep[1].set_attempt_id("c2");
+  fake_.SetKeep(keep);
+  fake_.SetAutoAck(true);
+  fake_.Drop();
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("c1") == 2 && FinishedCount("c2") == 2; }));
+  EXPECT_TRUE(WaitForgotten("c1"));
+  EXPECT_TRUE(WaitForgotten("c2"));
+  std::lock_guard<std::mutex> lock(fake_.mu_);
+  int message[2] = {-1, -1};
+  for (size_t i = 0; i < fake_.events_.size(); ++i) {
+    const v1::AttemptEvent& e = fake_.events_[i];
+    if (e.has_finished()) message[e.attempt_id() == "c1" ? 0 : 1] = fake_.message_of_[i];
+  }
+  EXPECT_EQ(message[0], message[1]);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
+#include "common/rpc.h"
 
 namespace stemma::coordinator {
 namespace {
@@ -194,13 +195,29 @@ class StreamChannel final : public WorkerChannel {
                 grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
       : ctx_(ctx), stream_(stream) {}
 
-  bool Send(const v1::CoordinatorMessage& message, bool more = false) override {
+  bool Send(const v1::CoordinatorMessage& message) override {
     absl::MutexLock lock(&mu_);
-    if (closed_) return false;
-    grpc::WriteOptions options;
-    if (more) options.set_buffer_hint();
-    if (!stream_->Write(message, options)) closed_ = true;
-    return !closed_;
+    return WriteLocked(message);
+  }
+
+  // One stream message for all of them (a CoordinatorBatch), or a few when they would
+  // not fit in one.
+  bool SendAll(std::vector<v1::CoordinatorMessage> messages) override {
+    absl::MutexLock lock(&mu_);
+    if (messages.size() == 1) return WriteLocked(messages[0]);
+    v1::CoordinatorMessage batch;
+    size_t bytes = 0;
+    for (auto& m : messages) {
+      const size_t size = m.ByteSizeLong();
+      if (bytes > 0 && bytes + size > kBatchBytes) {
+        if (!WriteLocked(batch)) return false;
+        batch.Clear();
+        bytes = 0;
+      }
+      *batch.mutable_batch()->add_messages() = std::move(m);
+      bytes += size + 8;
+    }
+    return bytes == 0 || WriteLocked(batch);
   }
 
   void Close() override {
@@ -216,6 +233,15 @@ class StreamChannel final : public WorkerChannel {
   }
 
  private:
+  // Well under kMaxMessageBytes: a batch of large messages is split.
+  static constexpr size_t kBatchBytes = kMaxMessageBytes / 4;
+
+  bool WriteLocked(const v1::CoordinatorMessage& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (closed_) return false;
+    if (!stream_->Write(message)) closed_ = true;
+    return !closed_;
+  }
+
   absl::Mutex mu_;
   grpc::ServerContext* ctx_;
   grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream_;
@@ -268,6 +294,10 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
       } else if (msg.has_event()) {
         RpcTimer t(*event_);
         h_->Event(worker_id, session, msg.event());
+      } else if (msg.has_events()) {
+        RpcTimer t(*event_);
+        const auto& events = msg.events().events();
+        h_->Events(worker_id, session, absl::MakeConstSpan(events.data(), events.size()));
       } else if (msg.has_register_()) {
         result = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "already registered");
         break;

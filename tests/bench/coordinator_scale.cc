@@ -152,16 +152,25 @@ class SimWorker : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Coordina
   void OnReadDone(bool ok) override {
     if (!ok) return;
     const double now = NowMs();
-    if (in_.has_heartbeat_ack()) {
+    if (in_.has_batch()) {
+      for (const v1::CoordinatorMessage& m : in_.batch().messages()) Handle(m, now);
+    } else {
+      Handle(in_, now);
+    }
+    StartRead(&in_);
+  }
+
+  void Handle(const v1::CoordinatorMessage& in, double now) {
+    if (in.has_heartbeat_ack()) {
       std::lock_guard<std::mutex> l(mu_);
-      auto it = hb_sent_.find(in_.heartbeat_ack().seq());
+      auto it = hb_sent_.find(in.heartbeat_ack().seq());
       if (it != hb_sent_.end()) {
         g_heartbeat.Add(now - it->second);
         hb_sent_.erase(it);
       }
-    } else if (in_.has_registered()) {
+    } else if (in.has_registered()) {
       registered_ = true;
-    } else if (in_.has_assign()) {
+    } else if (in.has_assign()) {
       g_assigned++;
       {
         std::lock_guard<std::mutex> l(mu_);
@@ -171,14 +180,13 @@ class SimWorker : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Coordina
         }
       }
       v1::WorkerMessage started;
-      started.mutable_event()->set_attempt_id(in_.assign().attempt_id());
+      started.mutable_event()->set_attempt_id(in.assign().attempt_id());
       started.mutable_event()->mutable_started()->set_pid(1000 + index_);
       Send(std::move(started));
       std::uniform_real_distribution<double> d(min_s_, max_s_);
       std::lock_guard<std::mutex> l(g_due_mu);
-      g_due.push({now + d(rng_) * 1000, index_, in_.assign().attempt_id()});
+      g_due.push({now + d(rng_) * 1000, index_, in.assign().attempt_id()});
     }
-    StartRead(&in_);
   }
 
   void OnDone(const grpc::Status&) override {
