@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -336,6 +337,45 @@ TEST_F(ExecutorTest, DiscardKillsAndForgets) {
   EXPECT_TRUE(executor().Snapshot().empty());
   ASSERT_TRUE(executor().WaitFinished("discard", kWaitMs));
   EXPECT_TRUE(GroupGone(pgid));
+}
+
+TEST_F(ExecutorTest, ManyAttemptsLaunchedAtOnceAllRun) {
+  // The spawner threads fork in parallel; every attempt still runs exactly once.
+  constexpr int kN = 60;
+  for (int i = 0; i < kN; ++i) {
+    ASSERT_TRUE(executor().Launch(Exec("many" + std::to_string(i), {"/bin/sh", "-c", "echo $STEMMA_ATTEMPT_ID"})).ok());
+  }
+  std::set<int64_t> pids;
+  for (int i = 0; i < kN; ++i) {
+    const std::string id = "many" + std::to_string(i);
+    ASSERT_TRUE(executor().WaitFinished(id, kWaitMs)) << id;
+    auto s = executor().Get(id);
+    EXPECT_EQ(s->result.reason(), "exit 0") << id;
+    EXPECT_GT(s->pid, 0) << id;
+    pids.insert(s->pid);
+    EXPECT_EQ(Log(id), id + "\n");
+  }
+  EXPECT_EQ(pids.size(), static_cast<size_t>(kN));
+}
+
+TEST_F(ExecutorTest, CancelRightAfterLaunchLeavesNoProcess) {
+  // A cancel may land before, during or after the fork: each way the attempt ends as
+  // cancelled and nothing of it keeps running.
+  constexpr int kN = 40;
+  for (int i = 0; i < kN; ++i) {
+    const std::string id = "quick" + std::to_string(i);
+    ASSERT_TRUE(executor().Launch(Exec(id, {"/bin/sleep", "100"})).ok());
+    if (i % 4 == 1) usleep(200);  // some land a little later
+    executor().Cancel(id, "now");
+  }
+  for (int i = 0; i < kN; ++i) {
+    const std::string id = "quick" + std::to_string(i);
+    ASSERT_TRUE(executor().WaitFinished(id, kWaitMs)) << id;
+    auto s = executor().Get(id);
+    EXPECT_EQ(s->result.reason(), "cancelled: now") << id;
+    if (s->pid > 0) EXPECT_TRUE(GroupGone(s->pid)) << id;
+  }
+  EXPECT_EQ(executor().Running(), 0);
 }
 
 TEST_F(ExecutorTest, ShutdownKillsEverything) {
