@@ -575,18 +575,27 @@ void Executor::Discard(const std::string& attempt_id) {
 }
 
 void Executor::Forget(const std::string& attempt_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = attempts_.find(attempt_id);
-  if (it != attempts_.end() && it->second->finished) {
-    RecycleDirLocked(*it->second);
-    attempts_.erase(it);
+  std::unique_ptr<Attempt> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = attempts_.find(attempt_id);
+    if (it != attempts_.end() && it->second->finished) {
+      gone = std::move(it->second);
+      attempts_.erase(it);
+    }
+    changed_.notify_all();
   }
-  changed_.notify_all();
+  // Outside the lock: looking into the directory takes a few system calls.
+  if (gone) RecycleDir(*gone);
 }
 
-void Executor::RecycleDirLocked(Attempt& a) {
+void Executor::RecycleDir(Attempt& a) {
   constexpr size_t kMaxSpares = 64;
-  if (spare_dirs_.size() >= kMaxSpares || a.log_path.empty() || a.log_fd < 0) return;
+  if (a.log_path.empty() || a.log_fd < 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spare_dirs_.size() >= kMaxSpares) return;
+  }
   const std::string dir = absl::StrCat(attempts_dir_, "/", a.id);
   // getdents64 on a plain descriptor: opendir adds an fstat and a 32 KiB buffer per call.
   const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -609,6 +618,8 @@ void Executor::RecycleDirLocked(Attempt& a) {
   }
   close(fd);
   if (!only_log) return;  // the job left files: keep them for the user
+  std::lock_guard<std::mutex> lock(mu_);
+  if (spare_dirs_.size() >= kMaxSpares) return;
   spare_dirs_.push_back(SpareDir{dir, a.log_fd, a.log_bytes == 0});
   a.log_fd = -1;
 }

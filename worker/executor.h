@@ -176,9 +176,9 @@ class Executor {
     bool log_empty = false;
   };
   std::vector<SpareDir> spare_dirs_ ABSL_GUARDED_BY(mu_);
-  // Offers the attempt's directory (and its open log) for reuse if it holds nothing but
-  // its log.
-  void RecycleDirLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Offers the directory of a forgotten attempt (and its open log) for reuse if it holds
+  // nothing but its log. Takes mu_ itself, briefly.
+  void RecycleDir(Attempt& attempt) ABSL_LOCKS_EXCLUDED(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::mutex callback_mu_;  // never held together with mu_
   std::function<void()> callback_ ABSL_GUARDED_BY(callback_mu_);
