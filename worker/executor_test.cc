@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <condition_variable>
+#include <mutex>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -337,6 +339,31 @@ TEST_F(ExecutorTest, DiscardKillsAndForgets) {
   EXPECT_TRUE(executor().Snapshot().empty());
   ASSERT_TRUE(executor().WaitFinished("discard", kWaitMs));
   EXPECT_TRUE(GroupGone(pgid));
+}
+
+TEST_F(ExecutorTest, StartOfALongJobIsSignalledWithoutWaitingForItsEnd) {
+  // The start is signalled a moment (2 ms) after the fork, by a timer, so that a short job
+  // reports start and finish together; a long job must still be reported as started.
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  executor().SetChangeCallback([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    ++calls;
+    cv.notify_all();
+  });
+  ASSERT_TRUE(executor().Launch(Exec("long", {"/bin/sleep", "100"})).ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return calls > 0; }));
+  }
+  auto s = executor().Get("long");
+  ASSERT_TRUE(s.has_value());
+  EXPECT_GT(s->pid, 0);
+  EXPECT_FALSE(s->finished);
+  executor().SetChangeCallback(nullptr);
+  executor().Cancel("long", "done");
+  ASSERT_TRUE(executor().WaitFinished("long", kWaitMs));
 }
 
 TEST_F(ExecutorTest, ManyAttemptsLaunchedAtOnceAllRun) {
