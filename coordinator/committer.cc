@@ -62,13 +62,17 @@ void Committer::Loop() {
     uint64_t ticket;
     {
       absl::MutexLock lock(&mu_);
-      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || urgent_ > durable_;
-      };
-      // Lazy records alone wait for company until their deadline.
-      if (!mu_.AwaitWithDeadline(absl::Condition(&has_work), lazy_deadline_) &&
-          added_ == durable_) {
-        continue;  // a stale deadline (its records went out with an urgent batch)
+      // Commit when someone waits (or at stop); lazy records alone wait for company until
+      // their deadline. The deadline is read afresh whenever it moves: a lazy record added
+      // while the committer sleeps with no deadline must still go out kLazyCommitMs later.
+      for (;;) {
+        if (stop_ || urgent_ > durable_) break;
+        const absl::Time deadline = lazy_deadline_;
+        if (added_ > durable_ && absl::Now() >= deadline) break;
+        auto wake = [this, &deadline]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || urgent_ > durable_ || lazy_deadline_ != deadline;
+        };
+        mu_.AwaitWithDeadline(absl::Condition(&wake), deadline);
       }
       if (added_ == durable_) {
         if (stop_) return;

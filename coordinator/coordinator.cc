@@ -6,6 +6,7 @@
 #include <chrono>
 #include <iterator>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -143,19 +144,15 @@ void Coordinator::FlushOutbox(uint64_t durable) {
   }
   // Everything for one worker leaves in one write (an ack and the next assignment, say);
   // messages keep their order within each worker.
-  std::vector<std::pair<WorkerChannel*, std::vector<v1::CoordinatorMessage>>> per_worker;
-  std::vector<std::shared_ptr<WorkerChannel>> keep;  // holds the channels until sent
+  std::vector<std::pair<std::shared_ptr<WorkerChannel>, std::vector<v1::CoordinatorMessage>>>
+      per_worker;
+  absl::flat_hash_map<const WorkerChannel*, size_t> index;  // channel -> per_worker entry
   std::vector<v1::JobEvent> events;
   for (Outgoing& o : ready) {
     for (auto& [channel, message] : o.sends) {
-      auto it = std::find_if(per_worker.begin(), per_worker.end(),
-                             [&](const auto& p) { return p.first == channel.get(); });
-      if (it == per_worker.end()) {
-        keep.push_back(channel);
-        per_worker.emplace_back(channel.get(), std::vector<v1::CoordinatorMessage>());
-        it = std::prev(per_worker.end());
-      }
-      it->second.push_back(std::move(message));
+      auto [it, inserted] = index.try_emplace(channel.get(), per_worker.size());
+      if (inserted) per_worker.emplace_back(channel, std::vector<v1::CoordinatorMessage>());
+      per_worker[it->second].second.push_back(std::move(message));
     }
     if (events.empty()) {
       events = std::move(o.events);
@@ -551,8 +548,15 @@ absl::StatusOr<v1::Registered> Coordinator::Register(const v1::Register& request
     reply.set_worker_id(id);
     reply.set_lease_ms(options_.lease_ms);
     reply.set_heartbeat_interval_ms(options_.heartbeat_ms);
+    reply.set_accepts_batches(true);
     spdlog::info("worker={} registered: {} gpus, {} cpus, {} running, {} kept", id,
                  info.gpus_size(), info.cpus(), request.running_size(), reply.keep_size());
+    // The answer leads: the worker ignores assignments that come before it, and this
+    // change's re-sent assignments (or a placement right after) would otherwise overtake
+    // an answer written by the caller.
+    OutgoingMessage hello{id, v1::CoordinatorMessage()};
+    *hello.message.mutable_registered() = reply;
+    changes.messages.insert(changes.messages.begin(), std::move(hello));
     ticket = Finish(std::move(changes));
   }
   committer_->Wait(ticket);

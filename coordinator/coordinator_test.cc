@@ -7,7 +7,9 @@
 
 #include <filesystem>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/committer.h"
 
 namespace stemma::coordinator {
 namespace {
@@ -305,6 +307,65 @@ TEST_F(CoordinatorTest, ConcurrentSubmitsWithOneKeyMakeOneJob) {
   for (auto& t : threads) t.join();
   for (const auto& id : ids) EXPECT_EQ(id, ids[0]);
   EXPECT_EQ(coord_->ListJobs({})->total(), 1);
+}
+
+// Counts what reaches the store; thread-safe, so a test can watch it while the committer
+// commits.
+class RecordingStore : public Store {
+ public:
+  absl::StatusOr<StoreSnapshot> Load() override { return StoreSnapshot{}; }
+  absl::Status Commit(const StoreBatch& batch) override {
+    absl::MutexLock l(&mu_);
+    for (const auto& j : batch.jobs) committed_.push_back(j.id());
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> IntegrityCheck() override { return std::string("ok"); }
+  std::vector<std::string> committed() {
+    absl::MutexLock l(&mu_);
+    return committed_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> committed_;
+};
+
+TEST(CommitterTest, ALazyRecordAddedWhileIdleIsCommittedWithoutCompany) {
+  // Nothing waits for a lazy record (a job going RUNNING), but it must still reach the
+  // store about kLazyCommitMs later, also when the committer was idle with no deadline.
+  RecordingStore store;
+  absl::Mutex mu;
+  uint64_t durable = 0;
+  Committer committer(&store, nullptr, [&](uint64_t t) {
+    absl::MutexLock l(&mu);
+    durable = t;
+  });
+  absl::SleepFor(absl::Milliseconds(20));  // let it go idle
+  StoreBatch batch;
+  batch.jobs.emplace_back().set_id("j-7");
+  const uint64_t ticket = committer.Add(std::move(batch), /*urgent=*/false);
+  bool done = false;
+  for (int i = 0; i < 2000 && !done; ++i) {
+    absl::SleepFor(absl::Milliseconds(5));
+    absl::MutexLock l(&mu);
+    done = durable >= ticket;
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(store.committed(), std::vector<std::string>{"j-7"});
+}
+
+TEST(CommitterTest, UrgentRecordsAndLaterLazyOnesKeepTheirOrderAndAllArrive) {
+  RecordingStore store;
+  Committer committer(&store, nullptr);
+  StoreBatch a;
+  a.jobs.emplace_back().set_id("j-1");
+  committer.Wait(committer.Add(std::move(a)));
+  EXPECT_EQ(store.committed(), std::vector<std::string>{"j-1"});
+  StoreBatch b;
+  b.jobs.emplace_back().set_id("j-2");
+  const uint64_t lazy = committer.Add(std::move(b), /*urgent=*/false);
+  committer.Wait(lazy);  // waiting makes it urgent
+  EXPECT_EQ(store.committed(), (std::vector<std::string>{"j-1", "j-2"}));
 }
 
 }  // namespace

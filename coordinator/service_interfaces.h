@@ -57,6 +57,9 @@ class WorkerHandler {
  public:
   virtual ~WorkerHandler() = default;
   // Registers (or re-registers) a worker; `session` identifies this stream in later calls.
+  // The Registered answer is sent through `channel`, ahead of every other message of the
+  // session, once the registration is durable; the returned copy is for the caller's
+  // information.
   virtual absl::StatusOr<v1::Registered> Register(const v1::Register& request,
                                                   std::shared_ptr<WorkerChannel> channel,
                                                   uint64_t* session) = 0;

@@ -797,8 +797,15 @@ void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       a.spawning = false;
-      FinishLocked(a, -1, why, "failed", true);
+      if (a.terminating) {  // cancelled meanwhile: it ends the way it was asked to
+        FinishLocked(a, -1, a.term_reason, a.term_result, a.term_retryable);
+      } else {
+        FinishLocked(a, -1, why, "failed", true);
+      }
     }
+    // The executor thread may be waiting for this attempt to end (Shutdown), or may have
+    // to drop it (Discard): let it look again.
+    WakeLoop();
     Notify();
   };
   int fds[2];
@@ -867,6 +874,7 @@ void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
     // event batch at the coordinator) instead of two.
     a.start_notify_ms = now + kStartNotifyDelayMs;
     int64_t due = a.start_notify_ms;
+    if (a.deadline_ms > 0) due = std::min(due, a.deadline_ms);
     if (a.terminating) {  // cancelled while it was being forked
       kill(-pid, SIGTERM);
       a.kill_at_ms = now + std::max<int64_t>(0, config_.kill_grace_ms);

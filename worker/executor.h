@@ -12,8 +12,9 @@
 // child.
 //
 // Thread-safe: every public method may be called from any thread. The change callback is
-// called from the executor thread (or the caller of Launch for refusals) without the
-// executor's lock held; it must be quick and must not call back into Wait*.
+// called from the executor thread, a spawner thread (a failed fork) or the caller of Launch
+// (refusals), without the executor's lock held; it must be quick and must not call back
+// into Wait*.
 #pragma once
 
 #include <sys/types.h>
@@ -70,8 +71,8 @@ class Executor {
   // returns the old one is not running and will not run again.
   void SetChangeCallback(std::function<void()> callback);
 
-  // Starts an attempt: creates DATA/attempts/<id>/ and its log, and forks the child on the
-  // executor thread. Refusals (exec without --allow-exec, no engine, bad spec) are not
+  // Starts an attempt: creates DATA/attempts/<id>/ and its log, and queues the child for a
+  // spawner thread to fork. Refusals (exec without --allow-exec, no engine, bad spec) are not
   // errors: the attempt is recorded as finished with a non-retryable "refused: ..." reason;
   // worker-side failures (disk, fork) finish it as retryable "worker error: ...".
   // ALREADY_EXISTS if the attempt is known; FAILED_PRECONDITION after Shutdown.

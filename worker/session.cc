@@ -245,6 +245,7 @@ v1::WorkerMessage Session::MakeRegister() const {
   for (const auto& [k, v] : config_.labels) (*info->mutable_labels())[k] = v;
   info->set_allow_exec(config_.allow_exec);
   reg->set_incarnation(incarnation_);
+  reg->set_accepts_batches(true);
   for (const AttemptSnapshot& a : executor_->Snapshot()) {
     v1::RunningAttempt* r = reg->add_running();
     r->set_attempt_id(a.attempt_id);
@@ -294,6 +295,7 @@ void Session::OnRegistered(const v1::Registered& registered) {
     const int64_t lease = registered.lease_ms() > 0 ? registered.lease_ms() : 10 * heartbeat_interval_ms_;
     silence_limit_ms_ = std::max(lease, 3 * heartbeat_interval_ms_);
     pending_ship_ = std::move(ship);
+    coordinator_batches_ = registered.accepts_batches();
     registered_ = true;
     last_ack_ms_ = NowMs();
     cv_.notify_all();
@@ -368,6 +370,7 @@ void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
       if (!took_registration) {
         ship_ = std::move(pending_ship_);
         pending_ship_.clear();
+        batches_ = coordinator_batches_;
         took_registration = true;
       }
       interval = heartbeat_interval_ms_;
@@ -483,6 +486,14 @@ bool Session::ShipEvents(Stream* stream) {
     // Registered before the write, so that OnAck finds them however fast the ack comes.
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& f : finished) awaiting_ack_.push_back(std::move(f));
+  }
+  if (!batches_) {  // an older coordinator: one message per event
+    for (v1::AttemptEvent& ev : out) {
+      v1::WorkerMessage one;
+      *one.mutable_event() = std::move(ev);
+      if (!Write(stream, one)) return false;
+    }
+    return true;
   }
   v1::WorkerMessage msg;
   size_t bytes = 0;

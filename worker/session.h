@@ -96,9 +96,11 @@ class Session {
   uint64_t heartbeat_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, int64_t> heartbeat_sent_us_ ABSL_GUARDED_BY(mu_);  // seq -> steady us
   std::map<std::string, Shipping> pending_ship_ ABSL_GUARDED_BY(mu_);  // from OnRegistered
+  bool coordinator_batches_ ABSL_GUARDED_BY(mu_) = false;  // Registered.accepts_batches
 
   // Pump-owned (one pump at a time; handed over through mu_ at registration).
   std::map<std::string, Shipping> ship_;
+  bool batches_ = false;  // the coordinator of this stream takes EventBatch
   uint64_t next_event_seq_ = 0;  // per worker, never reset
 
   int failures_ = 0;  // streams in a row that did not register (Run's thread only)

@@ -43,6 +43,7 @@ class FakeCoordinator final : public v1::WorkerService::Service {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& k : keep_) *reg->add_keep() = k;
+      reg->set_accepts_batches(accepts_batches_);
     }
     Send(reply);
     {
@@ -62,6 +63,8 @@ class FakeCoordinator final : public v1::WorkerService::Service {
       std::vector<v1::AttemptEvent> events;
       if (msg.has_events()) {
         events.assign(msg.events().events().begin(), msg.events().events().end());
+        std::lock_guard<std::mutex> lock(mu_);
+        ++batches_received_;
       } else {
         events.push_back(msg.event());
       }
@@ -112,6 +115,11 @@ class FakeCoordinator final : public v1::WorkerService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     auto_ack_ = on;
   }
+  // Answers the next Register as a coordinator that takes no EventBatch would.
+  void SetAcceptsBatches(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    accepts_batches_ = on;
+  }
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -119,6 +127,7 @@ class FakeCoordinator final : public v1::WorkerService::Service {
   std::vector<v1::AttemptEvent> events_;
   std::vector<int> message_of_;  // per event in events_: the stream message it came in
   int messages_ = 0;             // event-carrying messages received
+  int batches_received_ = 0;     // of them, EventBatch messages
 
  private:
   std::mutex write_mu_;
@@ -126,6 +135,7 @@ class FakeCoordinator final : public v1::WorkerService::Service {
   grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream_ = nullptr;
   std::vector<v1::RunningAttempt> keep_;
   bool auto_ack_ = true;
+  bool accepts_batches_ = true;
 };
 
 class SessionTest : public ::testing::Test {
@@ -348,6 +358,26 @@ TEST_F(SessionTest, EventsPendingTogetherLeaveInOneMessage) {
     if (e.has_finished()) message[e.attempt_id() == "c1" ? 0 : 1] = fake_.message_of_[i];
   }
   EXPECT_EQ(message[0], message[1]);
+}
+
+TEST_F(SessionTest, ACoordinatorWithoutBatchesGetsOneMessagePerEvent) {
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1; }));
+  EXPECT_TRUE(fake_.registers_[0].accepts_batches());
+  fake_.SetAcceptsBatches(false);
+  fake_.Drop();
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 2; }));
+  int before;
+  {
+    std::lock_guard<std::mutex> lock(fake_.mu_);
+    before = fake_.batches_received_;
+  }
+  Assign("d1", {"/bin/echo", "one"});
+  Assign("d2", {"/bin/echo", "two"});
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("d1") == 1 && FinishedCount("d2") == 1; }));
+  std::lock_guard<std::mutex> lock(fake_.mu_);
+  EXPECT_EQ(fake_.batches_received_, before);
+  EXPECT_EQ(LogOf("d1", 0), "one\n");
+  EXPECT_EQ(LogOf("d2", 0), "two\n");
 }
 
 }  // namespace

@@ -191,9 +191,11 @@ class UserServiceImpl final : public v1::UserService::Service {
 // the blocking Read in the session thread.
 class StreamChannel final : public WorkerChannel {
  public:
+  // `batches`: the worker declared that it handles CoordinatorBatch.
   StreamChannel(grpc::ServerContext* ctx,
-                grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
-      : ctx_(ctx), stream_(stream) {}
+                grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream,
+                bool batches)
+      : ctx_(ctx), stream_(stream), batches_(batches) {}
 
   bool Send(const v1::CoordinatorMessage& message) override {
     absl::MutexLock lock(&mu_);
@@ -204,6 +206,12 @@ class StreamChannel final : public WorkerChannel {
   // not fit in one.
   bool SendAll(std::vector<v1::CoordinatorMessage> messages) override {
     absl::MutexLock lock(&mu_);
+    if (!batches_) {  // an older worker: one message each, sent together
+      for (size_t i = 0; i < messages.size(); ++i) {
+        if (!WriteLocked(messages[i], i + 1 < messages.size())) return false;
+      }
+      return true;
+    }
     if (messages.size() == 1) return WriteLocked(messages[0]);
     v1::CoordinatorMessage batch;
     size_t bytes = 0;
@@ -236,15 +244,20 @@ class StreamChannel final : public WorkerChannel {
   // Well under kMaxMessageBytes: a batch of large messages is split.
   static constexpr size_t kBatchBytes = kMaxMessageBytes / 4;
 
-  bool WriteLocked(const v1::CoordinatorMessage& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // `more`: another message follows at once, so the transport may send both together.
+  bool WriteLocked(const v1::CoordinatorMessage& message, bool more = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (closed_) return false;
-    if (!stream_->Write(message)) closed_ = true;
+    grpc::WriteOptions options;
+    if (more) options.set_buffer_hint();
+    if (!stream_->Write(message, options)) closed_ = true;
     return !closed_;
   }
 
   absl::Mutex mu_;
   grpc::ServerContext* ctx_;
   grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream_;
+  const bool batches_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -265,7 +278,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "a session must start with Register");
     }
-    auto channel = std::make_shared<StreamChannel>(ctx, stream);
+    auto channel = std::make_shared<StreamChannel>(ctx, stream, msg.register_().accepts_batches());
     uint64_t session = 0;
     absl::StatusOr<v1::Registered> registered;
     {
@@ -273,12 +286,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
       registered = h_->Register(msg.register_(), channel, &session);
     }
     if (!registered.ok()) return ToGrpcStatus(registered.status());
-    const std::string worker_id = registered->worker_id();
-    {
-      v1::CoordinatorMessage reply;
-      *reply.mutable_registered() = *registered;
-      channel->Send(reply);
-    }
+    const std::string worker_id = registered->worker_id();  // Registered went out already
     grpc::Status result = grpc::Status::OK;
     while (stream->Read(&msg)) {
       if (msg.has_heartbeat()) {
