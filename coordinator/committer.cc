@@ -6,6 +6,15 @@
 #include "common/logging.h"
 
 namespace stemma::coordinator {
+namespace {
+
+int64_t SteadyUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 Committer::Committer(Store* store, CommitObserver observer, DurableHook hook)
     : store_(store),
@@ -35,8 +44,8 @@ uint64_t Committer::Add(StoreBatch batch, bool urgent) {
   ++added_;
   if (urgent) {
     urgent_ = added_;
-  } else if (lazy_deadline_ == absl::InfiniteFuture()) {
-    lazy_deadline_ = absl::Now() + absl::Milliseconds(kLazyCommitMs);
+  } else if (lazy_deadline_us_ == kNoDeadline) {
+    lazy_deadline_us_ = SteadyUs() + kLazyCommitMs * 1000;
   }
   return added_;
 }
@@ -67,12 +76,17 @@ void Committer::Loop() {
       // while the committer sleeps with no deadline must still go out kLazyCommitMs later.
       for (;;) {
         if (stop_ || urgent_ > durable_) break;
-        const absl::Time deadline = lazy_deadline_;
-        if (added_ > durable_ && absl::Now() >= deadline) break;
+        const int64_t deadline = lazy_deadline_us_;
+        const int64_t now = SteadyUs();
+        if (added_ > durable_ && now >= deadline) break;
         auto wake = [this, &deadline]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stop_ || urgent_ > durable_ || lazy_deadline_ != deadline;
+          return stop_ || urgent_ > durable_ || lazy_deadline_us_ != deadline;
         };
-        mu_.AwaitWithDeadline(absl::Condition(&wake), deadline);
+        if (deadline == kNoDeadline) {
+          mu_.Await(absl::Condition(&wake));
+        } else {
+          mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Microseconds(deadline - now));
+        }
       }
       if (added_ == durable_) {
         if (stop_) return;
@@ -83,7 +97,7 @@ void Committer::Loop() {
       for (auto& [id, j] : jobs_) batch.jobs.push_back(std::move(j));
       for (auto& [id, w] : workers_) batch.workers.push_back(std::move(w));
       batch.idempotency_keys = std::move(keys_);
-      lazy_deadline_ = absl::InfiniteFuture();
+      lazy_deadline_us_ = kNoDeadline;
       jobs_.clear();
       workers_.clear();
       keys_.clear();

@@ -56,8 +56,11 @@ class Committer {
   uint64_t added_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t durable_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t urgent_ ABSL_GUARDED_BY(mu_) = 0;  // highest ticket someone waits for
-  // When the oldest not-yet-taken lazy record must be committed at the latest.
-  absl::Time lazy_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  // When the oldest not-yet-taken lazy record must be committed at the latest, in
+  // steady-clock microseconds (a wall-clock step must not hold it back); kNoDeadline when
+  // no lazy record waits.
+  static constexpr int64_t kNoDeadline = INT64_MAX;
+  int64_t lazy_deadline_us_ ABSL_GUARDED_BY(mu_) = kNoDeadline;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, v1::Job> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, v1::WorkerInfo> workers_ ABSL_GUARDED_BY(mu_);

@@ -90,6 +90,7 @@ class SimWorker : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Coordina
       gpu->set_model("sim");
     }
     reg.mutable_register_()->set_incarnation(std::to_string(index));
+    reg.mutable_register_()->set_accepts_batches(true);  // OnReadDone unpacks them
     stub->async()->Session(&ctx_, this);
     Send(std::move(reg));
     StartRead(&in_);
