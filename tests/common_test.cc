@@ -199,12 +199,6 @@ TEST(JobYaml, EngineSpecMayBeAMappingAndTravelsAsJson) {
   EXPECT_EQ((*text)[0].engine().spec(), "model: /m\n");
 }
 
-}  // namespace
-}  // namespace stemma
-
-namespace stemma {
-namespace {
-
 TEST(YamlTree, ScalarsNullsAnchorsAndBlockText) {
   auto docs = LoadYamlDocuments(
       "a: 1e3\nb: 0x10\nc: .5\nd: \"10\"\ne: !!str 7\nf: ~\ng:\nh: null\n"

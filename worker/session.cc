@@ -425,31 +425,25 @@ void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
 bool Session::ShipEvents(Stream* stream) {
   std::vector<AttemptSnapshot> attempts = executor_->Snapshot();
   std::set<std::string> live;
-  // Events are written at the end, as one EventBatch (split only when it grows large), so
-  // that e.g. the Started and Finished of short jobs leave in one write and are applied in
-  // one pass at the coordinator.
+  // Events are written at the end, together (WriteEvents), so that e.g. the Started and
+  // Finished of short jobs leave in one write and are applied in one pass at the coordinator.
   std::vector<v1::AttemptEvent> out;
   std::vector<std::pair<uint64_t, std::string>> finished;  // (event_seq, attempt id)
-  auto write = [&](const v1::WorkerMessage& m) {
-    out.push_back(m.event());
-    return true;
-  };
   for (const AttemptSnapshot& a : attempts) {
     live.insert(a.attempt_id);
     Shipping& s = ship_[a.attempt_id];  // new attempts start at offset 0
-    v1::WorkerMessage msg;
-    v1::AttemptEvent* ev = msg.mutable_event();
-    ev->set_attempt_id(a.attempt_id);
-    ev->set_rank(a.rank);
+    v1::AttemptEvent ev;
+    ev.set_attempt_id(a.attempt_id);
+    ev.set_rank(a.rank);
 
     if (!s.started_sent && a.pid > 0) {
-      ev->mutable_started()->set_pid(a.pid);
-      if (!write(msg)) return false;
+      ev.mutable_started()->set_pid(a.pid);
+      out.push_back(ev);
       s.started_sent = true;
     }
     if (a.progress_version > s.progress_sent) {
-      *ev->mutable_progress() = a.progress;
-      if (!write(msg)) return false;
+      *ev.mutable_progress() = a.progress;
+      out.push_back(ev);
       s.progress_sent = a.progress_version;
     }
     std::string chunk;
@@ -461,18 +455,18 @@ bool Session::ShipEvents(Stream* stream) {
         s.sent = a.log_bytes;
         break;
       }
-      v1::AttemptEvent::LogData* log = ev->mutable_log();
+      v1::AttemptEvent::LogData* log = ev.mutable_log();
       log->set_offset(s.sent);
       log->set_data(std::move(chunk));
-      if (!write(msg)) return false;
+      out.push_back(ev);
       s.sent += static_cast<int64_t>(log->data().size());
     }
     if (a.finished && !s.finished_sent && s.sent >= a.log_bytes) {
       // A fresh seq on every (re)send keeps event_seq increasing along the stream.
       s.finished_seq = ++next_event_seq_;
-      ev->set_event_seq(s.finished_seq);
-      *ev->mutable_finished() = a.result;
-      if (!write(msg)) return false;
+      ev.set_event_seq(s.finished_seq);
+      *ev.mutable_finished() = a.result;
+      out.push_back(std::move(ev));
       s.finished_sent = true;
       finished.emplace_back(s.finished_seq, a.attempt_id);
       spdlog::debug("session: sent Finished attempt={} seq={} reason=\"{}\"", a.attempt_id,
@@ -487,36 +481,33 @@ bool Session::ShipEvents(Stream* stream) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& f : finished) awaiting_ack_.push_back(std::move(f));
   }
-  if (!batches_) {  // an older coordinator: one message per event
-    for (v1::AttemptEvent& ev : out) {
-      v1::WorkerMessage one;
-      *one.mutable_event() = std::move(ev);
-      if (!Write(stream, one)) return false;
+  return WriteEvents(stream, &out);
+}
+
+bool Session::WriteEvents(Stream* stream, std::vector<v1::AttemptEvent>* events) {
+  std::vector<size_t> sizes;
+  sizes.reserve(events->size());
+  for (const v1::AttemptEvent& ev : *events) sizes.push_back(ev.ByteSizeLong() + 8);
+  for (size_t i = 0; i < events->size();) {
+    // One stream message: as many events as fit in kBatchBytes (a single one for a
+    // coordinator that takes no EventBatch).
+    size_t end = i + 1;
+    size_t bytes = sizes[i];
+    while (batches_ && end < events->size() && bytes + sizes[end] <= kBatchBytes) {
+      bytes += sizes[end++];
     }
-    return true;
-  }
-  v1::WorkerMessage msg;
-  size_t bytes = 0;
-  auto flush = [&] {
-    if (bytes == 0) return true;
-    bytes = 0;
-    if (msg.events().events_size() == 1) {
-      v1::WorkerMessage one;
-      one.mutable_event()->Swap(msg.mutable_events()->mutable_events(0));
-      msg.Clear();
-      return Write(stream, one);
+    v1::WorkerMessage msg;
+    if (end - i == 1) {
+      *msg.mutable_event() = std::move((*events)[i]);
+    } else {
+      for (size_t k = i; k < end; ++k) {
+        *msg.mutable_events()->add_events() = std::move((*events)[k]);
+      }
     }
-    const bool ok = Write(stream, msg);
-    msg.Clear();
-    return ok;
-  };
-  for (v1::AttemptEvent& ev : out) {
-    const size_t size = ev.ByteSizeLong() + 8;
-    if (bytes > 0 && bytes + size > kBatchBytes && !flush()) return false;
-    *msg.mutable_events()->add_events() = std::move(ev);
-    bytes += size;
+    if (!Write(stream, msg)) return false;
+    i = end;
   }
-  return flush();
+  return true;
 }
 
 }  // namespace stemma::worker

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "stemma/v1/worker_service.grpc.pb.h"
@@ -70,6 +71,9 @@ class Session {
   void Pump(Stream* stream, grpc::ClientContext* ctx);
   // Sends what each attempt has pending; false if the stream broke.
   bool ShipEvents(Stream* stream);
+  // Writes `events` in order, packed into EventBatch messages when the coordinator takes
+  // them; false if the stream broke.
+  bool WriteEvents(Stream* stream, std::vector<v1::AttemptEvent>* events);
   bool Write(Stream* stream, const v1::WorkerMessage& msg);
   v1::WorkerMessage MakeRegister() const;
 
