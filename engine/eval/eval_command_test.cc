@@ -33,10 +33,21 @@ using nlohmann::json;
 
 constexpr int32_t kBos = 256, kEos = 257;
 
+// Never freed: the exit handler below reads it after static strings are destroyed.
+const std::string* g_root = nullptr;
+
 std::string Root() {
   static const std::string root = [] {
+    // Named by this process's pid: anything already there was left by an earlier process
+    // with the same pid (pids are reused), and a stale model/ makes SaveModel refuse.
     auto dir = fs::temp_directory_path() / ("eval_command_test_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
     fs::create_directories(dir);
+    g_root = new std::string(dir.string());
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(*g_root, ec);
+    });
     return dir.string();
   }();
   return root;
