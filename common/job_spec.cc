@@ -10,6 +10,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/engine_spec.h"
+#include "common/proto_yaml.h"
 #include "common/status.h"
 #include "common/yaml_json.h"
 #include "google/protobuf/descriptor.h"
@@ -26,213 +28,73 @@ bool ValidLabelKey(absl::string_view key) {
   return true;
 }
 
-// YAML straight into the proto by reflection (field names as in the .proto, or their JSON
-// camelCase). It replaced a detour through JSON text and protobuf's JSON parser, which took
-// half of `stemma submit`'s time for a file of 1,000 jobs; errors now name the field's path.
-class YamlToProto {
- public:
-  explicit YamlToProto(std::string where) : where_(std::move(where)) {}
-
-  absl::Status Message(const YamlNode& node, google::protobuf::Message* msg,
-                       const std::string& path) {
-    namespace pb = google::protobuf;
-    const pb::Descriptor* d = msg->GetDescriptor();
-    if (node.IsNull()) return absl::OkStatus();  // `noop:` is an empty noop
-    if (!node.IsMap()) return Error(path, "must be a mapping");
-    const pb::Reflection* r = msg->GetReflection();
-    for (size_t k = 0; k + 1 < node.items.size(); k += 2) {
-      const YamlNode& key_node = node.items[k];
-      const YamlNode& value = node.items[k + 1];
-      if (!key_node.IsScalar()) return Error(path, "keys must be plain names");
-      const std::string& key = key_node.scalar;
-      const pb::FieldDescriptor* f = d->FindFieldByName(key);
-      if (f == nullptr) f = d->FindFieldByCamelcaseName(key);
-      const std::string field_path = path.empty() ? key : absl::StrCat(path, ".", key);
-      if (f == nullptr) {
-        std::vector<std::string> names;
-        for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
-        return Error(field_path, absl::StrCat("unknown field (allowed: ", absl::StrJoin(names, ", "), ")"));
-      }
-      if (const pb::OneofDescriptor* o = f->containing_oneof()) {
-        const pb::FieldDescriptor* set = r->GetOneofFieldDescriptor(*msg, o);
-        if (set != nullptr && set != f) {
-          return Error(field_path, absl::StrCat("only one of a ", o->name(), " may be given (", set->name(),
-                                                " is already)"));
-        }
-      }
-      RETURN_IF_ERROR(Field(value, msg, f, field_path));
+// `engine: {command: C, spec: {...}}` (the form of earlier versions and of by-hand docs)
+// becomes `C: {...}`, so both read into the typed field of the job's kind.
+absl::Status RewriteEngineSugar(YamlNode* job, const std::string& where) {
+  for (size_t k = 0; k + 1 < job->items.size(); k += 2) {
+    if (!job->items[k].IsScalar() || job->items[k].scalar != "engine") continue;
+    YamlNode& value = job->items[k + 1];
+    const YamlNode* command = value.Find("command");
+    const YamlNode* spec = value.Find("spec");
+    if (!value.IsMap() || command == nullptr || !command->IsScalar() ||
+        value.size() != (spec != nullptr ? 2u : 1u)) {
+      return SpecError(where, value.line, "engine",
+                       "write {command: <engine command>, spec: {...}} or the command as the kind "
+                       "(e.g. train: {...})");
     }
-    return absl::OkStatus();
+    if (EngineSpecDescriptor(command->scalar) == nullptr) {
+      return SpecError(where, command->line, "engine.command",
+                       absl::StrCat("unknown engine command '", command->scalar, "' (commands: ",
+                                    absl::StrJoin(EngineCommands(), ", "), ")"));
+    }
+    YamlNode key = job->items[k];
+    key.scalar = command->scalar;
+    YamlNode body = spec != nullptr ? *spec : YamlNode{};
+    if (body.line == 0) body.line = value.line;
+    job->items[k] = std::move(key);
+    job->items[k + 1] = std::move(body);
   }
+  return absl::OkStatus();
+}
 
- private:
-  absl::Status Error(const std::string& path, absl::string_view what) const {
-    return absl::InvalidArgumentError(absl::StrCat(where_, ": ", path, ": ", what));
-  }
-
-  absl::Status Field(const YamlNode& node, google::protobuf::Message* msg,
-                     const google::protobuf::FieldDescriptor* f, const std::string& path) {
-    namespace pb = google::protobuf;
-    const pb::Reflection* r = msg->GetReflection();
-    if (f->is_map()) {
-      if (node.IsNull()) return absl::OkStatus();
-      if (!node.IsMap()) return Error(path, "must be a mapping");
-      const pb::Descriptor* entry = f->message_type();
-      for (size_t k = 0; k + 1 < node.items.size(); k += 2) {
-        pb::Message* e = r->AddMessage(msg, f);
-        const YamlNode& key = node.items[k];
-        const std::string entry_path = absl::StrCat(path, ".", key.scalar);
-        RETURN_IF_ERROR(Scalar(key, e, entry->map_key(), entry_path, -1));
-        RETURN_IF_ERROR(Value(node.items[k + 1], e, entry->map_value(), entry_path, -1));
-      }
-      return absl::OkStatus();
-    }
-    if (f->is_repeated()) {
-      if (node.IsNull()) return absl::OkStatus();
-      if (!node.IsSequence()) return Error(path, "must be a list");
-      for (size_t i = 0; i < node.size(); ++i) {
-        RETURN_IF_ERROR(Value(node.items[i], msg, f, absl::StrCat(path, "[", i, "]"), static_cast<int>(i)));
-      }
-      return absl::OkStatus();
-    }
-    return Value(node, msg, f, path, -1);
-  }
-
-  // One value of field `f` (index >= 0: appended to the repeated field).
-  absl::Status Value(const YamlNode& node, google::protobuf::Message* msg,
-                     const google::protobuf::FieldDescriptor* f, const std::string& path,
-                     int index) {
-    namespace pb = google::protobuf;
-    const pb::Reflection* r = msg->GetReflection();
-    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
-      pb::Message* sub = index >= 0 ? r->AddMessage(msg, f) : r->MutableMessage(msg, f);
-      return Message(node, sub, path);
-    }
-    // An engine job's spec may be written inline as a mapping (the natural way in YAML); it
-    // travels as the JSON text that `stemma-engine <command> --spec FILE` reads.
-    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING && (node.IsMap() || node.IsSequence()) &&
-        f->containing_type() == v1::EngineSpec::descriptor() && f->name() == "spec") {
-      std::string json;
-      AppendYamlAsJson(node, &json);
-      r->SetString(msg, f, json);
-      return absl::OkStatus();
-    }
-    return Scalar(node, msg, f, path, index);
-  }
-
-  absl::Status Scalar(const YamlNode& node, google::protobuf::Message* msg,
-                      const google::protobuf::FieldDescriptor* f, const std::string& path,
-                      int index) {
-    namespace pb = google::protobuf;
-    const pb::Reflection* r = msg->GetReflection();
-    if (node.IsNull() && index < 0) return absl::OkStatus();  // `field:` / `~`: the default
-    if (!node.IsScalar()) return Error(path, "must be a single value, not a list or mapping");
-    const std::string& text = node.scalar;
-    const bool repeated = index >= 0;
-    switch (f->cpp_type()) {
-      case pb::FieldDescriptor::CPPTYPE_STRING:
-        repeated ? r->AddString(msg, f, text) : r->SetString(msg, f, text);
-        return absl::OkStatus();
-      case pb::FieldDescriptor::CPPTYPE_INT32:
-      case pb::FieldDescriptor::CPPTYPE_INT64: {
-        int64_t v = 0;
-        double dv = 0;
-        // Also 1e3 or 5.0: a whole number written as a float.
-        if (!absl::SimpleAtoi(text, &v)) {
-          if (!absl::SimpleAtod(text, &dv) || dv != std::floor(dv) || std::fabs(dv) > 9.2e18) {
-            return Error(path, absl::StrCat("must be an integer, not '", text, "'"));
-          }
-          v = static_cast<int64_t>(dv);
-        }
-        if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT32) {
-          if (v < INT32_MIN || v > INT32_MAX) return Error(path, absl::StrCat(text, " is out of range"));
-          repeated ? r->AddInt32(msg, f, static_cast<int32_t>(v))
-                   : r->SetInt32(msg, f, static_cast<int32_t>(v));
-        } else {
-          repeated ? r->AddInt64(msg, f, v) : r->SetInt64(msg, f, v);
-        }
-        return absl::OkStatus();
-      }
-      case pb::FieldDescriptor::CPPTYPE_UINT32:
-      case pb::FieldDescriptor::CPPTYPE_UINT64: {
-        uint64_t v = 0;
-        if (!absl::SimpleAtoi(text, &v)) {
-          return Error(path, absl::StrCat("must be a non-negative integer, not '", text, "'"));
-        }
-        if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_UINT32) {
-          if (v > UINT32_MAX) return Error(path, absl::StrCat(text, " is out of range"));
-          repeated ? r->AddUInt32(msg, f, static_cast<uint32_t>(v))
-                   : r->SetUInt32(msg, f, static_cast<uint32_t>(v));
-        } else {
-          repeated ? r->AddUInt64(msg, f, v) : r->SetUInt64(msg, f, v);
-        }
-        return absl::OkStatus();
-      }
-      case pb::FieldDescriptor::CPPTYPE_DOUBLE:
-      case pb::FieldDescriptor::CPPTYPE_FLOAT: {
-        double v = 0;
-        if (!absl::SimpleAtod(text, &v) || !std::isfinite(v)) {
-          return Error(path, absl::StrCat("must be a number, not '", text, "'"));
-        }
-        if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_DOUBLE) {
-          repeated ? r->AddDouble(msg, f, v) : r->SetDouble(msg, f, v);
-        } else {
-          repeated ? r->AddFloat(msg, f, static_cast<float>(v))
-                   : r->SetFloat(msg, f, static_cast<float>(v));
-        }
-        return absl::OkStatus();
-      }
-      case pb::FieldDescriptor::CPPTYPE_BOOL: {
-        bool v = false;
-        if (text == "true" || text == "True" || text == "TRUE") {
-          v = true;
-        } else if (!(text == "false" || text == "False" || text == "FALSE")) {
-          return Error(path, absl::StrCat("must be true or false, not '", text, "'"));
-        }
-        repeated ? r->AddBool(msg, f, v) : r->SetBool(msg, f, v);
-        return absl::OkStatus();
-      }
-      case pb::FieldDescriptor::CPPTYPE_ENUM: {
-        const pb::EnumValueDescriptor* e = f->enum_type()->FindValueByName(text);
-        int number = 0;
-        if (e == nullptr && absl::SimpleAtoi(text, &number)) e = f->enum_type()->FindValueByNumber(number);
-        if (e == nullptr) {
-          std::vector<std::string> names;
-          for (int i = 0; i < f->enum_type()->value_count(); ++i) {
-            names.push_back(f->enum_type()->value(i)->name());
-          }
-          return Error(path, absl::StrCat("must be one of ", absl::StrJoin(names, ", ")));
-        }
-        repeated ? r->AddEnum(msg, f, e) : r->SetEnum(msg, f, e);
-        return absl::OkStatus();
-      }
-      case pb::FieldDescriptor::CPPTYPE_MESSAGE:
-        break;
-    }
-    return Error(path, "unsupported field type");
-  }
-
-  std::string where_;
-};
-
-absl::StatusOr<v1::JobSpec> SpecFromNode(const YamlNode& node, absl::string_view where) {
+absl::StatusOr<v1::JobSpec> SpecFromNode(const YamlNode& node, const std::string& where,
+                                         FieldLines* lines) {
   if (!node.IsMap()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": a job must be a mapping"));
   }
   v1::JobSpec spec;
-  RETURN_IF_ERROR(YamlToProto(std::string(where)).Message(node, &spec, ""));
+  if (node.Find("engine") != nullptr) {
+    YamlNode copy = node;
+    RETURN_IF_ERROR(RewriteEngineSugar(&copy, where));
+    RETURN_IF_ERROR(ReadYamlInto(copy, &spec, where, "", lines));
+  } else {
+    RETURN_IF_ERROR(ReadYamlInto(node, &spec, where, "", lines));
+  }
   return spec;
 }
 
 }  // namespace
 
 std::string JobKind(const v1::JobSpec& spec) {
-  switch (spec.kind_case()) {
-    case v1::JobSpec::kNoop: return "noop";
-    case v1::JobSpec::kExec: return "exec";
-    case v1::JobSpec::kEngine: return "engine";
-    default: return "";
-  }
+  if (spec.kind_case() == v1::JobSpec::KIND_NOT_SET) return "";
+  return std::string(v1::JobSpec::descriptor()->FindFieldByNumber(spec.kind_case())->name());
+}
+
+bool IsEngineJob(const v1::JobSpec& spec) {
+  return spec.kind_case() != v1::JobSpec::KIND_NOT_SET && spec.kind_case() != v1::JobSpec::kNoop &&
+         spec.kind_case() != v1::JobSpec::kExec;
+}
+
+const google::protobuf::Message* EngineSpecOf(const v1::JobSpec& spec) {
+  if (!IsEngineJob(spec)) return nullptr;
+  const auto* field = v1::JobSpec::descriptor()->FindFieldByNumber(spec.kind_case());
+  return &spec.GetReflection()->GetMessage(spec, field);
+}
+
+google::protobuf::Message* MutableEngineSpecOf(v1::JobSpec* spec) {
+  if (!IsEngineJob(*spec)) return nullptr;
+  const auto* field = v1::JobSpec::descriptor()->FindFieldByNumber(spec->kind_case());
+  return spec->GetReflection()->MutableMessage(spec, field);
 }
 
 std::string StateName(v1::JobState state) {
@@ -314,11 +176,17 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       }
       break;
     }
-    case v1::JobSpec::kEngine:
-      if (spec.engine().command().empty()) return bad("engine.command: must be set");
-      break;
+    case v1::JobSpec::KIND_NOT_SET:
+      return bad("kind: set one of noop, exec, ", absl::StrJoin(EngineCommands(), ", "));
     default:
-      return bad("kind: set one of noop, exec, engine");
+      // Engine kinds: the typed spec's rules (common/engine_spec.h).
+      {
+        SpecContext context;
+        context.path = JobKind(spec);
+        context.job_cpus = static_cast<int64_t>(std::ceil(spec.resources().cpus() > 0 ? spec.resources().cpus() : 1));
+        RETURN_IF_ERROR(ValidateEngineSpec(*EngineSpecOf(spec), context));
+      }
+      break;
   }
   return absl::OkStatus();
 }
@@ -334,6 +202,12 @@ int64_t BackoffMs(const v1::JobSpec& spec, int next_attempt) {
 
 absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
                                                        absl::string_view source) {
+  return ParseJobsYaml(text, source, nullptr);
+}
+
+absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
+                                                       absl::string_view source,
+                                                       std::vector<JobSource>* sources) {
   ASSIGN_OR_RETURN(std::vector<YamlNode> docs,
                    LoadYamlDocuments(std::string_view(text.data(), text.size()),
                                      std::string_view(source.data(), source.size())));
@@ -350,12 +224,18 @@ absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
       }
       specs.reserve(specs.size() + jobs->items.size());
       for (size_t i = 0; i < jobs->items.size(); ++i) {
-        ASSIGN_OR_RETURN(auto spec, SpecFromNode(jobs->items[i], absl::StrCat(where, " jobs[", i, "]")));
+        JobSource js;
+        js.where = absl::StrCat(where, " jobs[", i, "]");
+        ASSIGN_OR_RETURN(auto spec, SpecFromNode(jobs->items[i], js.where, sources ? &js.lines : nullptr));
         specs.push_back(std::move(spec));
+        if (sources != nullptr) sources->push_back(std::move(js));
       }
     } else {
-      ASSIGN_OR_RETURN(auto spec, SpecFromNode(doc, where));
+      JobSource js;
+      js.where = where;
+      ASSIGN_OR_RETURN(auto spec, SpecFromNode(doc, where, sources ? &js.lines : nullptr));
       specs.push_back(std::move(spec));
+      if (sources != nullptr) sources->push_back(std::move(js));
     }
   }
   if (specs.empty()) return absl::InvalidArgumentError(absl::StrCat(source, ": no jobs"));

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/proto_yaml.h"
 #include "stemma/v1/job.pb.h"
 
 namespace stemma {
@@ -34,8 +35,14 @@ inline constexpr int kMaxArgv = 4096;
 inline constexpr int kMaxLabels = 64;
 inline constexpr int kMaxDependencies = 10000;
 
-// "noop", "exec", "engine", or "" when no kind is set.
+// The kind's field name: "noop", "exec", or an engine command ("train", "merge", ...);
+// "" when no kind is set.
 std::string JobKind(const v1::JobSpec& spec);
+// True for the engine commands (every kind but noop and exec).
+bool IsEngineJob(const v1::JobSpec& spec);
+// The typed engine spec of an engine job (a v1::TrainSpec, ...); null for noop, exec, unset.
+const google::protobuf::Message* EngineSpecOf(const v1::JobSpec& spec);
+google::protobuf::Message* MutableEngineSpecOf(v1::JobSpec* spec);
 // "PENDING", "RUNNING", ...
 std::string StateName(v1::JobState state);
 bool IsTerminal(v1::JobState state);
@@ -55,5 +62,16 @@ int64_t BackoffMs(const v1::JobSpec& spec, int next_attempt);
 absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
                                                        absl::string_view source);
 absl::StatusOr<std::vector<v1::JobSpec>> ReadJobsFile(const std::string& path);
+
+// Where one job of a file came from, for errors found after parsing (e.g. an engine spec's
+// rules): "jobs.yaml document 2" and the line of each field.
+struct JobSource {
+  std::string where;
+  FieldLines lines;
+};
+// ParseJobsYaml that also returns each job's source (same order as the jobs).
+absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
+                                                       absl::string_view source,
+                                                       std::vector<JobSource>* sources);
 
 }  // namespace stemma

@@ -27,6 +27,10 @@ struct WorkerConfig {
   std::string log_level = "info";
   // Where to find stemma-engine; empty: next to the worker binary, then PATH.
   std::string engine_path;
+  // Relative paths in engine specs resolve against this absolute directory
+  // (STEMMA_STORAGE_ROOT for the engine); --storage-root, default the directory the worker
+  // was started in.
+  std::string storage_root;
 };
 
 }  // namespace stemma::worker

@@ -31,6 +31,8 @@ extern "C" {
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/clock.h"
+#include "common/engine_contract.h"
+#include "common/engine_spec.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -111,6 +113,8 @@ struct Executor::Attempt {
   v1::Progress progress;
   // From stemma-engine `{"event":"output","name":N,"path":P}` lines: reported in Finished.
   std::map<std::string, std::string> outputs;
+  bool engine = false;       // an engine job: its exit codes follow common/engine_contract.h
+  std::string engine_error;  // the text of the last "stemma-engine: error: " line
 };
 
 namespace {
@@ -122,6 +126,8 @@ constexpr absl::string_view kProgressPrefix = "STEMMA_PROGRESS ";
 // "event" field, anywhere in the object (JSON writers may sort keys).
 constexpr absl::string_view kEventPrefix = "{\"";
 constexpr size_t kMaxOutputs = 64;
+constexpr absl::string_view kEngineErrorPrefix(engine_contract::kErrorPrefix.data(),
+                                               engine_contract::kErrorPrefix.size());
 
 // True while `line` (plus the next char `c`) can still become one of the two kinds of line.
 bool MayBeStructured(const std::string& line, char c) {
@@ -129,7 +135,7 @@ bool MayBeStructured(const std::string& line, char c) {
     return line.size() >= prefix.size() ||
            (absl::StartsWith(prefix, line) && prefix[line.size()] == c);
   };
-  return fits(kProgressPrefix) || fits(kEventPrefix);
+  return fits(kProgressPrefix) || fits(kEventPrefix) || fits(kEngineErrorPrefix);
 }
 
 // A short human summary of a training step event: "loss 2.3415 lr 3.0e-04".
@@ -349,6 +355,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   attempt->job_id = assignment.job_id();
   attempt->rank = assignment.rank();
   attempt->gpu_ids.assign(assignment.gpu_ids().begin(), assignment.gpu_ids().end());
+  attempt->engine = IsEngineJob(assignment.spec());
   attempt->timeout_ms = spec.timeout_ms();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -419,7 +426,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
       } else {
         plan->args.assign(spec.exec().argv().begin(), spec.exec().argv().end());
       }
-    } else if (kind == "engine") {
+    } else if (IsEngineJob(spec)) {
       std::string engine = config_.engine_path;
       if (!engine.empty() && access(engine.c_str(), X_OK) != 0) {
         engine.clear();
@@ -433,15 +440,15 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
       }
       if (engine.empty()) {
         refusal = "refused: stemma-engine not found";
-      } else if (spec.engine().command().empty()) {
-        refusal = "refused: engine.command is empty";
       } else {
-        const std::string spec_path = workdir + "/spec.yaml";
-        absl::Status written = WriteFile(spec_path, spec.engine().spec());
+        // The typed spec as JSON, which `stemma-engine <command> --spec` reads with the
+        // same schema the coordinator checked it against.
+        const std::string spec_path = workdir + "/spec.json";
+        absl::Status written = WriteFile(spec_path, SpecToJson(*EngineSpecOf(spec)) + "\n");
         if (!written.ok()) {
           failure = absl::StrCat("worker error: ", written.message());
         } else {
-          plan->args = {engine, spec.engine().command(), "--spec", spec_path};
+          plan->args = {engine, kind, "--spec", spec_path};
         }
       }
     } else {
@@ -456,16 +463,19 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
     if (kind == "exec") {
       for (const auto& [k, v] : spec.exec().env()) env[k] = v;
     }
-    if (kind == "engine") {
+    if (IsEngineJob(spec)) {
       // Attempts share the node's cores. libgomp's default is to spin while waiting, which
       // starves the other attempts (training ran 13x slower with two jobs on two cores), so
       // engine jobs wait passively and use the cores they asked for. A value in the
       // worker's own environment wins.
       if (!worker_env_.count("OMP_WAIT_POLICY")) env.emplace("OMP_WAIT_POLICY", "PASSIVE");
       const double cpus = spec.resources().cpus() > 0 ? spec.resources().cpus() : 1;
-      if (!worker_env_.count("OMP_NUM_THREADS")) {
-        env.emplace("OMP_NUM_THREADS",
-                    absl::StrCat(std::max<int64_t>(1, static_cast<int64_t>(cpus))));
+      const int64_t cores = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cpus)));
+      if (!worker_env_.count("OMP_NUM_THREADS")) env.emplace("OMP_NUM_THREADS", absl::StrCat(cores));
+      // A spec's `threads: 0` means the job's cores (common/engine_contract.h).
+      env[std::string(engine_contract::kEnvCpus)] = absl::StrCat(cores);
+      if (!config_.storage_root.empty()) {
+        env[std::string(engine_contract::kEnvStorageRoot)] = config_.storage_root;
       }
     }
     const int world = std::max(1, assignment.world_size());
@@ -961,7 +971,13 @@ void Executor::ReapLocked(Attempt& a) {
   }
   if (a.terminating) {
     FinishLocked(a, code, a.term_reason, a.term_result, a.term_retryable);
+  } else if (a.engine && code == engine_contract::kExitBadInput) {
+    // A bad spec or bad input fails the same way every time: no retry, and the engine's own
+    // words in the job's reason.
+    FinishLocked(a, code, absl::StrCat("bad input: ", a.engine_error.empty() ? reason : a.engine_error),
+                 "failed", /*retryable=*/false);
   } else {
+    if (code != 0 && !a.engine_error.empty()) absl::StrAppend(&reason, ": ", a.engine_error);
     FinishLocked(a, code, reason, code == 0 ? "succeeded" : "failed", code != 0);
   }
 }
@@ -1020,6 +1036,10 @@ void Executor::ScanLinesLocked(Attempt& a, const char* data, size_t n) {
 }
 
 void Executor::ParseLineLocked(Attempt& a) {
+  if (absl::StartsWith(a.line, kEngineErrorPrefix)) {
+    a.engine_error = a.line.substr(kEngineErrorPrefix.size());
+    return;
+  }
   const bool legacy = absl::StartsWith(a.line, kProgressPrefix);
   if (!legacy && !absl::StartsWith(a.line, kEventPrefix)) return;
   nlohmann::json j =

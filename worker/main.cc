@@ -21,7 +21,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/logging.h"
+#include "common/rpc.h"
 #include "worker/config.h"
 #include "worker/executor.h"
 #include "worker/metrics.h"
@@ -48,6 +50,9 @@ int Main(int argc, char** argv) {
   int64_t memory_mb = -1;
   std::string labels;
   std::string name;
+  ClientSecurity security;
+  std::string token_file;
+  bool insecure = false;
 
   CLI::App app{"stemma-worker: runs Stemma job attempts on this machine for a coordinator"};
   app.add_option("--coordinator", config.coordinator, "coordinator HOST:PORT")
@@ -68,9 +73,23 @@ int Main(int argc, char** argv) {
   app.add_option("--kill-grace-ms", config.kill_grace_ms, "SIGTERM to SIGKILL delay")
       ->check(CLI::Range(int64_t{0}, int64_t{24} * 3600 * 1000))
       ->capture_default_str();
+  app.add_option("--ca", security.ca_file,
+                 "PEM CA of the coordinator's certificate (enables TLS)");
+  app.add_option("--tls-cert", security.cert_file,
+                 "PEM client certificate (mTLS: its common name is the worker id)");
+  app.add_option("--tls-key", security.key_file, "PEM private key of --tls-cert");
+  app.add_option("--token-file", token_file,
+                 "file with this worker's token (mode 0600; default $STEMMA_TOKEN)");
+  app.add_option("--tls-server-name", security.server_name,
+                 "name expected in the coordinator's certificate (default: its host)");
+  app.add_flag("--insecure", insecure,
+               "allow a coordinator beyond loopback without TLS (tokens and job secrets "
+               "travel in clear text)");
   app.add_option("--log-level", config.log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
+  app.add_option("--storage-root", config.storage_root,
+                 "relative paths in engine specs resolve here (default: the current directory)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -83,6 +102,38 @@ int Main(int argc, char** argv) {
   if (!parsed_labels.ok()) return BadFlag(std::string(parsed_labels.status().message()));
   config.labels = *std::move(parsed_labels);
   config.cpus = cpus;
+
+  if (!token_file.empty()) {
+    absl::StatusOr<std::string> token = ReadSecretFile(token_file);
+    if (!token.ok()) return BadFlag("--token-file: " + std::string(token.status().message()));
+    security.token = *token;
+  } else if (const char* t = std::getenv("STEMMA_TOKEN"); t != nullptr && *t != '\0') {
+    security.token = t;
+  }
+  if (!IsLoopbackAddress(config.coordinator) && !security.tls()) {
+    if (!insecure) {
+      return BadFlag("--coordinator " + config.coordinator +
+                     " is beyond loopback: give --ca (TLS), or --insecure to talk in clear text");
+    }
+    std::fprintf(stderr,
+                 "%s: *** INSECURE: talking to %s without TLS: the token and job secrets "
+                 "travel in clear text ***\n",
+                 kProgram, config.coordinator.c_str());
+  }
+  {
+    grpc::ChannelArguments probe;
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> creds =
+        MakeChannelCredentials(security, &probe);
+    if (!creds.ok()) return BadFlag(std::string(creds.status().message()));
+  }
+  {
+    std::error_code root_ec;
+    const auto root = std::filesystem::absolute(
+        config.storage_root.empty() ? std::filesystem::current_path(root_ec)
+                                    : std::filesystem::path(config.storage_root), root_ec);
+    if (root_ec) return BadFlag("--storage-root: " + root_ec.message());
+    config.storage_root = root.lexically_normal().string();
+  }
 
   // Block the stop signals before any thread starts, so that every thread inherits the
   // mask and only the sigwait below sees them. Children get a clean mask (executor.cc).
@@ -148,7 +199,7 @@ int Main(int argc, char** argv) {
       config.metrics_listen.empty() ? "off" : config.metrics_listen);
 
   Executor executor(config, &metrics);
-  Session session(config, &executor, &metrics);
+  Session session(config, &executor, &metrics, security);
   std::thread session_thread([&session] { session.Run(); });
 
   int sig = 0;
