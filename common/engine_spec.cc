@@ -14,7 +14,6 @@
 #include "common/status.h"
 #include "common/yaml_json.h"
 #include "google/protobuf/util/json_util.h"
-#include "nlohmann/json.hpp"
 #include "stemma/v1/job.pb.h"
 #include "stemma/v1/spec_options.pb.h"
 
@@ -84,19 +83,6 @@ bool IsReference(std::string_view value) {
 
 bool IsPathRole(int role) {
   return role == v1::ROLE_INPUT_MODEL || role == v1::ROLE_INPUT_PATH || role == v1::ROLE_OUTPUT_PATH;
-}
-
-std::optional<int64_t> LocalModelLayers(const std::string& dir) {
-  if (dir.empty() || IsReference(dir)) return std::nullopt;
-  std::ifstream in(std::filesystem::path(dir) / "config.json");
-  if (!in) return std::nullopt;
-  nlohmann::json config = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!config.is_object()) return std::nullopt;
-  const nlohmann::json* c = &config;
-  if (config.contains("text_config") && config["text_config"].is_object()) c = &config["text_config"];
-  auto it = c->find("num_hidden_layers");
-  if (it == c->end() || !it->is_number_integer()) return std::nullopt;
-  return it->get<int64_t>();
 }
 
 class Validator {
@@ -421,35 +407,6 @@ std::string SpecToJson(const pb::Message& spec) {
   options.preserve_proto_field_names = true;
   (void)pb::util::MessageToJsonString(spec, &json, options);
   return json;
-}
-
-absl::StatusOr<std::unique_ptr<pb::Message>> ReadEngineSpecFile(std::string_view command,
-                                                                const std::string& file,
-                                                                const std::string& root) {
-  std::unique_ptr<pb::Message> spec = NewEngineSpec(command);
-  if (spec == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown engine command '", std::string(command), "'"));
-  }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(file, ": cannot open the spec file"));
-  std::stringstream text;
-  text << in.rdbuf();
-  ASSIGN_OR_RETURN(std::vector<YamlNode> docs, LoadYamlDocuments(text.str(), file));
-  if (docs.size() != 1 || !docs[0].IsMap()) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": the spec must be one mapping"));
-  }
-  FieldLines lines;
-  RETURN_IF_ERROR(ReadYamlInto(docs[0], spec.get(), file, "", &lines));
-  FillSpecDefaults(spec.get());
-  std::filesystem::path base = root.empty() ? std::filesystem::absolute(file).parent_path()
-                                            : std::filesystem::path(root);
-  ResolveSpecPaths(spec.get(), base.string());
-  SpecContext context;
-  context.where = file;
-  context.lines = &lines;
-  context.model_layers = LocalModelLayers;
-  RETURN_IF_ERROR(ValidateEngineSpec(*spec, context));
-  return spec;
 }
 
 std::string SpecReferenceMarkdown(std::string_view command) {

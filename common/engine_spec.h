@@ -84,12 +84,6 @@ void ResolveSpecPaths(google::protobuf::Message* spec, const std::string& root);
 // The spec as JSON with the proto's field names (what the worker writes for the engine).
 std::string SpecToJson(const google::protobuf::Message& spec);
 
-// Reads a spec file (YAML or JSON) for `command`: parse, defaults, rules. Relative paths
-// resolve against `root` when it is not empty, else against the file's directory. Errors
-// name the file, line and field. NotFound when the file cannot be read.
-absl::StatusOr<std::unique_ptr<google::protobuf::Message>> ReadEngineSpecFile(
-    std::string_view command, const std::string& file, const std::string& root);
-
 // The reference of a command's spec as Markdown: every field (sub-messages included) with
 // its type, default, range or choices, and meaning. docs/engine/<command>.md embeds it
 // between `<!-- BEGIN GENERATED -->` and `<!-- END GENERATED -->`; a test keeps the two equal.
