@@ -33,7 +33,7 @@ Metrics::Metrics(prometheus::Registry* registry) : registry_(registry) {
                     .Register(*registry)
                     .Add({});
   gpus_total_ = &BuildGauge()
-                     .Name("stemma_worker_gpus_total")
+                     .Name("stemma_worker_gpus")
                      .Help("GPUs this worker offers.")
                      .Register(*registry)
                      .Add({});
