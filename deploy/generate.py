@@ -1,0 +1,456 @@
+#!/usr/bin/env python3
+"""Generates Stemma's Grafana dashboards and the Kubernetes PrometheusRule from one source.
+
+    deploy/generate.py            write the outputs
+    deploy/generate.py --check    exit 1 if a checked-in output differs from a fresh one
+
+Outputs (checked in, never edited by hand):
+    deploy/grafana/dashboards/stemma-cluster.json
+    deploy/grafana/dashboards/stemma-experiments.json
+    deploy/kubernetes/components/monitoring/prometheusrule.yaml   (from deploy/prometheus/stemma-rules.yaml)
+
+The dashboards are described below as rows of panels. Every query selects on the
+dashboard's `job` and `instance` variables, every rate uses `$__rate_interval`, every panel
+reads from the `datasource` variable. A panel's `needs` says what must have happened (or
+landed) before it can show data; tests/deploy/prometheus_live.py holds every panel without
+`needs` to returning data after a few jobs.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+
+import yaml
+
+DEPLOY = pathlib.Path(__file__).resolve().parent
+DASHBOARD_DIR = DEPLOY / "grafana" / "dashboards"
+RULES_SOURCE = DEPLOY / "prometheus" / "stemma-rules.yaml"
+PROMETHEUS_RULE = DEPLOY / "kubernetes" / "components" / "monitoring" / "prometheusrule.yaml"
+
+# Metrics that other parts of Stemma are adding; panels on them are empty until then.
+AUTH = "issue 13: stemma_auth_failures_total (and only after a call was refused)"
+EXPERIMENT_METRICS = "issue 12: live training gauges with experiment/stage labels"
+REGISTRY = "issue 12: the checkpoint registry's stemma_registry_checkpoints_registered_total"
+FAILURES = "a failed attempt"
+
+
+def eq(label: str, value: str) -> str:
+    return f'{label}="{value}"'
+
+
+def rx(label: str, value: str) -> str:
+    return f'{label}=~"{value}"'
+
+
+def nre(label: str, value: str) -> str:
+    return f'{label}!~"{value}"'
+
+
+def sel(*extra: str, experiment: bool = False) -> str:
+    """A label selector with the dashboard's variables, plus `extra` matchers."""
+    parts = [rx('job', '$job'), rx('instance', '$instance')]
+    if experiment:
+        parts += [rx('experiment', '$experiment'), rx('stage', '$stage')]
+    return "{" + ", ".join(parts + list(extra)) + "}"
+
+
+def rate(metric: str, *extra: str, fn: str = "rate") -> str:
+    return f"{fn}({metric}{sel(*extra)}[$__rate_interval])"
+
+
+def quantiles(metric: str, by: str = "", qs=(0.5, 0.9, 0.99)) -> list[tuple[str, str]]:
+    """histogram_quantile targets for a histogram `metric` (without _bucket)."""
+    group = ", ".join([b for b in [by] if b] + ["le"])
+    legend_prefix = f"{{{{{by}}}}} " if by else ""
+    return [
+        (
+            f"histogram_quantile({q}, sum by ({group}) ({rate(metric + '_bucket')}))",
+            f"{legend_prefix}p{int(q * 100)}",
+        )
+        for q in qs
+    ]
+
+
+@dataclasses.dataclass
+class Panel:
+    title: str
+    targets: list[tuple[str, str]]  # (PromQL, legend)
+    unit: str = "short"
+    description: str = ""
+    kind: str = "timeseries"  # or "stat"
+    needs: str | None = None
+    width: int = 8
+    stack: bool = False
+
+
+@dataclasses.dataclass
+class Row:
+    title: str
+    panels: list[Panel]
+
+
+@dataclasses.dataclass
+class Dashboard:
+    uid: str
+    title: str
+    description: str
+    rows: list[Row]
+    experiment_vars: bool = False
+
+
+CLUSTER = Dashboard(
+    uid="stemma-cluster",
+    title="Stemma / Cluster",
+    description="Jobs, scheduling, workers and GPUs, the coordinator's store and RPCs.",
+    rows=[
+        Row("Jobs", [
+            Panel("Jobs by state", [
+                (f"sum by (state) (stemma_coordinator_jobs{sel(nre('state', 'SUCCEEDED|FAILED|CANCELLED'))})", "{{state}}"),
+            ], description="Jobs not yet finished, by state (PENDING waits on dependencies).", stack=True),
+            Panel("Queue depth by kind", [
+                (f"sum by (kind) (stemma_coordinator_jobs{sel(eq('state', 'QUEUED'))})", "{{kind}}"),
+            ], description="QUEUED jobs: ready to run, waiting for a worker with room.", stack=True),
+            Panel("Throughput", [
+                (f"sum(rate(stemma_coordinator_jobs_submitted_total{sel()}[$__rate_interval]))", "submitted"),
+                (f"sum by (to) ({rate('stemma_coordinator_job_transitions_total', rx('to', 'SUCCEEDED|FAILED|CANCELLED'))})", "{{to}}"),
+            ], unit="ops", description="Jobs submitted and finished per second."),
+            Panel("Attempts ended by result", [
+                (f"sum by (result) ({rate('stemma_coordinator_attempts_ended_total')})", "{{result}}"),
+            ], unit="ops", stack=True),
+            Panel("Attempt failure share", [
+                ("(sum(increase(stemma_coordinator_attempts_ended_total"
+                 + sel(rx('result', 'failed|failed_permanently'))
+                 + "[$__range])) or vector(0)) / sum(increase(stemma_coordinator_attempts_ended_total"
+                 + sel() + "[$__range]))", "failed"),
+            ], unit="percentunit", kind="stat", width=4,
+                description="Share of attempts over the dashboard's range that failed (retried or not)."),
+            Panel("Jobs finished", [
+                (f"sum by (state) (stemma_coordinator_jobs{sel(rx('state', 'SUCCEEDED|FAILED|CANCELLED'))})", "{{state}}"),
+            ], kind="stat", width=4, description="Finished jobs the coordinator holds."),
+        ]),
+        Row("Scheduling", [
+            Panel("Queue wait", quantiles("stemma_scheduler_queue_wait_seconds"), unit="s",
+                  description="Time from QUEUED to ASSIGNED."),
+            Panel("Scheduling latency", quantiles("stemma_scheduler_latency_seconds"), unit="s",
+                  description="From a job being placeable to its assignment being sent."),
+            Panel("Scheduler pass", quantiles("stemma_scheduler_pass_seconds", qs=(0.5, 0.99)), unit="s",
+                  description="Duration of one scheduling pass over the queue."),
+        ]),
+        Row("Workers and GPUs", [
+            Panel("Workers by state", [
+                (f"sum by (state) (stemma_coordinator_workers{sel()})", "{{state}}"),
+            ], description="As the coordinator sees them (alive, draining, lost)."),
+            Panel("GPUs", [
+                (f"sum by (state) (stemma_coordinator_gpus{sel()})", "{{state}}"),
+            ], description="GPUs on live workers, free and allocated.", stack=True),
+            Panel("Attempts running per worker", [
+                (f"sum by (instance) (stemma_worker_attempts_running{sel()})", "{{instance}}"),
+            ]),
+            Panel("Heartbeat age", [
+                (f"histogram_quantile(0.99, sum by (le) ({rate('stemma_coordinator_heartbeat_age_seconds_bucket')}))",
+                 "coordinator p99"),
+                (f"max by (instance) (stemma_worker_heartbeat_age_seconds{sel()})", "{{instance}}"),
+            ], unit="s", description="Time between a worker's heartbeats at the coordinator (p99), "
+                                     "and since each worker's last acknowledged heartbeat."),
+            Panel("Heartbeat round trip", [
+                (f"histogram_quantile(0.99, sum by (instance, le) ({rate('stemma_worker_heartbeat_rtt_seconds_bucket')}))",
+                 "{{instance}} p99"),
+            ], unit="s"),
+            Panel("Workers connected", [
+                (f"sum(stemma_worker_connected{sel()})", "connected"),
+                (f"count(stemma_worker_connected{sel()})", "running"),
+            ], kind="stat", width=4, description="Worker daemons registered with the coordinator, of those scraped."),
+            Panel("Worker GPUs in use", [
+                (f"sum(stemma_worker_gpus_in_use{sel()})", "in use"),
+                (f"sum(stemma_worker_gpus{sel()})", "offered"),
+            ], kind="stat", width=4),
+        ]),
+        Row("Store and RPC", [
+            Panel("SQLite commit time", quantiles("stemma_store_transaction_seconds", qs=(0.5, 0.99)), unit="s",
+                  description="One transaction, fsync included; every state change waits for one."),
+            Panel("Records per commit", [
+                (f"sum(rate(stemma_store_transaction_records_sum{sel()}[$__rate_interval])) / "
+                 f"sum(rate(stemma_store_transaction_records_count{sel()}[$__rate_interval]))", "mean"),
+            ], description="Group commit: how many records share one transaction."),
+            Panel("RPC latency p99 by method", [
+                (f"histogram_quantile(0.99, sum by (method, le) ({rate('stemma_rpc_server_handling_seconds_bucket')}))",
+                 "{{method}}"),
+            ], unit="s"),
+            Panel("RPC rate by method", [
+                (f"sum by (method) ({rate('stemma_rpc_server_handling_seconds_count')})", "{{method}}"),
+            ], unit="reqps"),
+            Panel("Stale reports refused", [
+                (f"sum({rate('stemma_coordinator_stale_reports_total')})", "refused"),
+            ], unit="ops", description="Reports from an attempt that is no longer the job's current one (fencing)."),
+            Panel("Auth failures by reason", [
+                (f"sum by (job, reason) ({rate('stemma_auth_failures_total')})", "{{job}} {{reason}}"),
+            ], unit="ops", needs=AUTH, description="Calls refused for a missing or bad token or a role without the right."),
+            Panel("Worker attempts finished", [
+                (f"sum by (result) ({rate('stemma_worker_attempts_finished_total')})", "{{result}}"),
+            ], unit="ops", stack=True),
+        ]),
+    ],
+)
+
+EXPERIMENTS = Dashboard(
+    uid="stemma-experiments",
+    title="Stemma / Experiments",
+    description="Live training per running stage, eval results as they land, checkpoints registered.",
+    experiment_vars=True,
+    rows=[
+        Row("Training", [
+            Panel("Training loss", [
+                (f"stemma_train_loss{sel(experiment=True)}", "{{experiment}} {{stage}}"),
+            ], needs=EXPERIMENT_METRICS, width=12,
+                description="Latest training loss of each running train job."),
+            Panel("Tokens per second", [
+                (f"stemma_train_tokens_per_second{sel(experiment=True)}", "{{experiment}} {{stage}}"),
+            ], unit="short", needs=EXPERIMENT_METRICS, width=12),
+            Panel("Progress", [
+                (f"stemma_train_progress_ratio{sel(experiment=True)}", "{{experiment}} {{stage}}"),
+            ], unit="percentunit", needs=EXPERIMENT_METRICS, width=12,
+                description="Fraction of the stage's steps (or tokens) done."),
+            Panel("Step", [
+                (f"stemma_train_step{sel(experiment=True)}", "{{experiment}} {{stage}}"),
+            ], needs=EXPERIMENT_METRICS, width=12),
+        ]),
+        Row("Results", [
+            Panel("Eval results", [
+                (f"stemma_eval_score{sel(experiment=True)}", "{{stage}} {{suite}} {{metric}}"),
+            ], needs=EXPERIMENT_METRICS, width=12,
+                description="Each eval suite's score as its job finishes."),
+            Panel("Checkpoints registered", [
+                (f"sum by (operation) (increase(stemma_registry_checkpoints_registered_total{sel()}[$__rate_interval]))",
+                 "{{operation}}"),
+            ], needs=REGISTRY, width=12, stack=True),
+        ]),
+        Row("Jobs", [
+            Panel("Running jobs by kind", [
+                (f"sum by (kind) (stemma_coordinator_jobs{sel(eq('state', 'RUNNING'))})", "{{kind}}"),
+            ], stack=True),
+            Panel("Finished jobs by kind", [
+                (f"sum by (kind, state) (stemma_coordinator_jobs{sel(rx('state', 'SUCCEEDED|FAILED'))})", "{{kind}} {{state}}"),
+            ]),
+            Panel("Failed attempts", [
+                (f"sum({rate('stemma_coordinator_attempts_ended_total', rx('result', 'failed|failed_permanently'))})", "failed"),
+            ], unit="ops", needs=FAILURES),
+        ]),
+    ],
+)
+
+DASHBOARDS = [CLUSTER, EXPERIMENTS]
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def query_variable(name: str, label: str, query: str, all_value: str) -> dict:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "definition": query,
+        "query": {"query": query, "refId": f"{name}-variable"},
+        "refresh": 2,
+        "includeAll": True,
+        "multi": True,
+        "allValue": all_value,
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+        "hide": 0,
+        "options": [],
+        "regex": "",
+    }
+
+
+def variables(dashboard: Dashboard) -> list[dict]:
+    out = [
+        {
+            "name": "datasource",
+            "label": "Data source",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+            "hide": 0,
+            "refresh": 1,
+            "regex": "",
+            "options": [],
+        },
+        query_variable("job", "Job", 'label_values(up{job=~"stemma-.*"}, job)', "stemma-.*"),
+        query_variable("instance", "Instance", 'label_values(up{job=~"$job"}, instance)', ".+"),
+    ]
+    if dashboard.experiment_vars:
+        out += [
+            query_variable("experiment", "Experiment",
+                           'label_values(stemma_train_step{job=~"$job"}, experiment)', ".*"),
+            query_variable("stage", "Stage",
+                           'label_values(stemma_train_step{job=~"$job", experiment=~"$experiment"}, stage)', ".*"),
+        ]
+    return out
+
+
+def panel_json(panel: Panel, panel_id: int, x: int, y: int, height: int) -> dict:
+    targets = [
+        {
+            "datasource": DATASOURCE,
+            "expr": expr,
+            "legendFormat": legend,
+            "range": True,
+            "refId": chr(ord("A") + i),
+        }
+        for i, (expr, legend) in enumerate(panel.targets)
+    ]
+    defaults: dict = {"unit": panel.unit}
+    if panel.kind == "timeseries":
+        defaults["custom"] = {
+            "drawStyle": "line",
+            "lineWidth": 1,
+            "fillOpacity": 20 if panel.stack else 0,
+            "showPoints": "never",
+            "stacking": {"mode": "normal" if panel.stack else "none", "group": "A"},
+        }
+        options = {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        }
+    else:
+        options = {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "value",
+            "graphMode": "none",
+            "textMode": "auto",
+        }
+    description = panel.description
+    if panel.needs:
+        description = (description + " " if description else "") + f"Empty until: {panel.needs}."
+    return {
+        "id": panel_id,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": height, "w": panel.width, "x": x, "y": y},
+        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "options": options,
+        "targets": targets,
+    }
+
+
+def dashboard_json(dashboard: Dashboard) -> dict:
+    panels = []
+    panel_id = 1
+    y = 0
+    for row in dashboard.rows:
+        panels.append({
+            "id": panel_id,
+            "type": "row",
+            "title": row.title,
+            "collapsed": False,
+            "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+            "panels": [],
+        })
+        panel_id += 1
+        y += 1
+        x = 0
+        row_height = 0
+        for panel in row.panels:
+            height = 4 if panel.kind == "stat" else 8
+            if x + panel.width > 24:
+                x = 0
+                y += row_height
+                row_height = 0
+            panels.append(panel_json(panel, panel_id, x, y, height))
+            panel_id += 1
+            x += panel.width
+            row_height = max(row_height, height)
+        y += row_height
+    return {
+        "uid": dashboard.uid,
+        "title": dashboard.title,
+        "description": dashboard.description,
+        "tags": ["stemma"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-6h", "to": "now"},
+        "timepicker": {},
+        "timezone": "",
+        "annotations": {"list": []},
+        "links": [{
+            "title": "Stemma dashboards",
+            "type": "dashboards",
+            "tags": ["stemma"],
+            "asDropdown": True,
+            "includeVars": True,
+            "keepTime": True,
+        }],
+        "templating": {"list": variables(dashboard)},
+        "panels": panels,
+    }
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Writes multi-line strings (the longer PromQL expressions) as literal blocks."""
+
+
+def _str_representer(dumper: yaml.SafeDumper, value: str):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_BlockDumper.add_representer(str, _str_representer)
+
+
+def prometheus_rule(rules_text: str) -> str:
+    rules = yaml.safe_load(rules_text)
+    obj = {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {
+            "name": "stemma",
+            "labels": {"app.kubernetes.io/name": "stemma", "app.kubernetes.io/part-of": "stemma"},
+        },
+        "spec": rules,
+    }
+    header = ("# Generated by deploy/generate.py from deploy/prometheus/stemma-rules.yaml: "
+              "edit that file and rerun.\n")
+    return header + yaml.dump(obj, Dumper=_BlockDumper, sort_keys=False, width=1000,
+                              allow_unicode=True)
+
+
+def outputs() -> dict[pathlib.Path, str]:
+    out = {}
+    for d in DASHBOARDS:
+        out[DASHBOARD_DIR / f"{d.uid}.json"] = json.dumps(dashboard_json(d), indent=2) + "\n"
+    out[PROMETHEUS_RULE] = prometheus_rule(RULES_SOURCE.read_text())
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="compare the checked-in outputs with fresh ones; write nothing")
+    args = parser.parse_args()
+    stale = []
+    for path, text in outputs().items():
+        current = path.read_text() if path.exists() else None
+        if current == text:
+            continue
+        if args.check:
+            stale.append(path)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path.relative_to(DEPLOY.parent)}")
+    for path in stale:
+        print(f"{path.relative_to(DEPLOY.parent)} is out of date: run deploy/generate.py", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
