@@ -1,5 +1,16 @@
 #include "common/rpc.h"
 
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+
 namespace stemma {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -12,17 +23,192 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
+absl::Status Authenticator::Deny(const grpc::ServerContext&, absl::string_view,
+                                 const Caller&, absl::string_view,
+                                 absl::string_view message) const {
+  return absl::PermissionDeniedError(message);
+}
+
 namespace {
+
 class AllowAll final : public Authenticator {
  public:
-  absl::Status Authenticate(const grpc::ServerContext&, absl::string_view, Caller* caller) const override {
-    caller->principal = "anonymous";
-    caller->role = "admin";
+  absl::Status Authenticate(const grpc::ServerContext&, absl::string_view method,
+                            Caller* caller) const override {
+    // Deny by default holds here too: a method without a policy is a bug, not an open door.
+    if (AllowedRoles(method) == 0) {
+      return absl::PermissionDeniedError(absl::StrCat(method, ": no access policy"));
+    }
+    *caller = Caller{};
     return absl::OkStatus();
   }
 };
+
+class TokenAuthenticator final : public Authenticator {
+ public:
+  TokenAuthenticator(std::shared_ptr<TokenStore> tokens, bool trust_client_certs,
+                     AuthFailureCounter on_failure)
+      : tokens_(std::move(tokens)),
+        trust_client_certs_(trust_client_certs),
+        on_failure_(std::move(on_failure)) {}
+
+  bool enforcing() const override { return true; }
+
+  absl::Status Authenticate(const grpc::ServerContext& ctx, absl::string_view method,
+                            Caller* caller) const override {
+    *caller = Caller{};
+    caller->subject.clear();
+    caller->role = Role::kNone;
+    const RoleSet allowed = AllowedRoles(method);
+    if (allowed == 0) {
+      return Refuse(ctx, method, *caller, "no_policy",
+                    absl::PermissionDeniedError(absl::StrCat(method, ": no access policy")));
+    }
+    const auto& md = ctx.client_metadata();
+    auto it = md.find("authorization");
+    if (it != md.end()) {
+      absl::string_view value(it->second.data(), it->second.size());
+      constexpr absl::string_view kBearer = "Bearer ";
+      if (!absl::StartsWith(value, kBearer)) {
+        return Refuse(ctx, method, *caller, "bad_token",
+                      absl::UnauthenticatedError("authorization: expected 'Bearer <token>'"));
+      }
+      auto id = tokens_ != nullptr ? tokens_->Lookup(value.substr(kBearer.size()))
+                                   : absl::NotFoundError("no tokens");
+      if (!id.ok()) {
+        return Refuse(ctx, method, *caller, "bad_token",
+                      absl::UnauthenticatedError("invalid or revoked token"));
+      }
+      caller->subject = id->subject;
+      caller->role = id->role;
+    } else if (std::string cn = VerifiedCommonName(ctx); !cn.empty()) {
+      caller->subject = std::move(cn);
+      caller->role = Role::kWorker;
+    } else {
+      return Refuse(ctx, method, *caller, "missing_token",
+                    absl::UnauthenticatedError(
+                        "no token: set STEMMA_TOKEN or ~/.config/stemma/token (see stemma "
+                        "token create)"));
+    }
+    caller->authenticated = true;
+    if ((allowed & static_cast<RoleSet>(caller->role)) == 0) {
+      return Refuse(ctx, method, *caller, "denied",
+                    absl::PermissionDeniedError(absl::StrCat(
+                        "role ", RoleName(caller->role), " (", caller->subject,
+                        ") may not call ", method)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Deny(const grpc::ServerContext& ctx, absl::string_view method, const Caller& caller,
+                    absl::string_view reason, absl::string_view message) const override {
+    return Refuse(ctx, method, caller, reason, absl::PermissionDeniedError(message));
+  }
+
+ private:
+  std::string VerifiedCommonName(const grpc::ServerContext& ctx) const {
+    if (!trust_client_certs_) return "";
+    std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+    if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
+    auto values = auth->FindPropertyValues("x509_common_name");
+    if (values.empty()) return "";
+    return std::string(values.front().data(), values.front().size());
+  }
+
+  absl::Status Refuse(const grpc::ServerContext& ctx, absl::string_view method,
+                      const Caller& caller, absl::string_view reason, absl::Status status) const {
+    if (on_failure_) on_failure_(reason);
+    // Never the token: method, peer, who it claimed to be, and why.
+    spdlog::warn("auth: refused method={} reason={} peer={} subject={} role={}: {}",
+                 std::string(method), std::string(reason), ctx.peer(),
+                 caller.subject.empty() ? "-" : caller.subject, std::string(RoleName(caller.role)),
+                 std::string(status.message()));
+    return status;
+  }
+
+  std::shared_ptr<TokenStore> tokens_;
+  const bool trust_client_certs_;
+  AuthFailureCounter on_failure_;
+};
+
+absl::Status CheckReadable(absl::string_view what, const std::string& path) {
+  if (::access(path.c_str(), R_OK) != 0) {
+    return ErrnoStatus(absl::StrCat(what, " ", path), errno);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::unique_ptr<Authenticator> MakeAllowAllAuthenticator() { return std::make_unique<AllowAll>(); }
+
+std::unique_ptr<Authenticator> MakeTokenAuthenticator(std::shared_ptr<TokenStore> tokens,
+                                                      bool trust_client_certs,
+                                                      AuthFailureCounter on_failure) {
+  return std::make_unique<TokenAuthenticator>(std::move(tokens), trust_client_certs,
+                                              std::move(on_failure));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const ServerTlsOptions& o) {
+  if (o.cert_file.empty() && o.key_file.empty()) {
+    if (!o.client_ca_file.empty()) {
+      return absl::InvalidArgumentError("--tls-client-ca needs --tls-cert and --tls-key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  if (o.cert_file.empty() || o.key_file.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  RETURN_IF_ERROR(CheckReadable("--tls-cert", o.cert_file));
+  RETURN_IF_ERROR(CheckReadable("--tls-key", o.key_file));
+  if (!o.client_ca_file.empty()) RETURN_IF_ERROR(CheckReadable("--tls-client-ca", o.client_ca_file));
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      o.key_file, o.cert_file, o.client_ca_file, o.refresh_s);
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (!o.client_ca_file.empty()) {
+    options.watch_root_certs();
+    // Workers may prove who they are with a certificate; the CLI (tokens only) may not
+    // have one. A certificate that is presented must verify.
+    options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  } else {
+    options.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const ClientSecurity& s, grpc::ChannelArguments* args) {
+  if (!s.tls()) {
+    if (!s.cert_file.empty()) {
+      return absl::InvalidArgumentError("a client certificate needs a CA (--ca)");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  RETURN_IF_ERROR(CheckReadable("CA file", s.ca_file));
+  if (s.cert_file.empty() != s.key_file.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key go together");
+  }
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+  if (!s.cert_file.empty()) {
+    RETURN_IF_ERROR(CheckReadable("--tls-cert", s.cert_file));
+    RETURN_IF_ERROR(CheckReadable("--tls-key", s.key_file));
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        s.key_file, s.cert_file, s.ca_file, 5);
+  } else {
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(s.ca_file, 5);
+  }
+  grpc::experimental::TlsChannelCredentialsOptions options;
+  options.set_certificate_provider(provider);
+  options.watch_root_certs();
+  if (!s.cert_file.empty()) options.watch_identity_key_cert_pairs();
+  if (!s.server_name.empty() && args != nullptr) args->SetSslTargetNameOverride(s.server_name);
+  return grpc::experimental::TlsCredentials(options);
+}
+
+void AddCallCredentials(const ClientSecurity& s, grpc::ClientContext* ctx) {
+  if (!s.token.empty()) ctx->AddMetadata("authorization", "Bearer " + s.token);
+}
 
 }  // namespace stemma

@@ -62,8 +62,11 @@ bool ReadAt(const std::string& path, int64_t offset, size_t n, std::string* out)
 
 }  // namespace
 
-Session::Session(const WorkerConfig& config, Executor* executor, Metrics* metrics)
-    : config_(config), executor_(executor), metrics_(metrics), incarnation_(RandomIncarnation()) {
+Session::Session(const WorkerConfig& config, Executor* executor, Metrics* metrics,
+                 ClientSecurity security)
+    : config_(config),
+      security_(std::move(security)),
+      executor_(executor), metrics_(metrics), incarnation_(RandomIncarnation()) {
   // Finishes and progress are shipped at once, starts within 2 ms (together with the
   // finish of a short job), rather than on the next tick.
   executor_->SetChangeCallback([this] { cv_.notify_all(); });
@@ -94,6 +97,13 @@ void Session::Run() {
   // our backoff, not gRPC's, to decide when the next try happens.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   std::mt19937_64 rng(std::random_device{}());
+  // One set of credentials for every stream: their certificate files are watched and
+  // re-read when they change. main checked them, so this does not fail in practice.
+  auto credentials = MakeChannelCredentials(security_, &args);
+  if (!credentials.ok()) {
+    spdlog::error("session: {}", credentials.status().ToString());
+    return;
+  }
 
   int64_t backoff_ms = kMinBackoffMs;
   for (;;) {
@@ -101,8 +111,7 @@ void Session::Run() {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) break;
     }
-    auto channel =
-        grpc::CreateCustomChannel(config_.coordinator, grpc::InsecureChannelCredentials(), args);
+    auto channel = grpc::CreateCustomChannel(config_.coordinator, *credentials, args);
     auto stub = v1::WorkerService::NewStub(channel);
     if (RunStream(*stub)) {
       backoff_ms = kMinBackoffMs;
@@ -124,6 +133,7 @@ void Session::Run() {
 
 bool Session::RunStream(v1::WorkerService::Stub& stub) {
   grpc::ClientContext ctx;
+  AddCallCredentials(security_, &ctx);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_) return false;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "common/rpc.h"
 #include "stemma/v1/worker_service.grpc.pb.h"
 #include "worker/config.h"
 #include "worker/executor.h"
@@ -34,8 +35,10 @@ namespace stemma::worker {
 
 class Session {
  public:
-  // `executor` and `metrics` must outlive the session.
-  Session(const WorkerConfig& config, Executor* executor, Metrics* metrics);
+  // `executor` and `metrics` must outlive the session. `security`: TLS (CA, client
+  // certificate) and the worker's token for every stream; empty means plaintext, no token.
+  Session(const WorkerConfig& config, Executor* executor, Metrics* metrics,
+          ClientSecurity security = {});
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -78,6 +81,7 @@ class Session {
   v1::WorkerMessage MakeRegister() const;
 
   const WorkerConfig config_;
+  const ClientSecurity security_;
   Executor* const executor_;
   Metrics* const metrics_;
   const std::string incarnation_;

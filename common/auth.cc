@@ -1,0 +1,394 @@
+#include "common/auth.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/status.h"
+
+namespace stemma {
+namespace {
+
+constexpr absl::string_view kDigestPrefix = "sha256:";
+
+int64_t SteadyMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+bool ValidSubject(absl::string_view s) {
+  if (s.empty() || s.size() > 253) return false;
+  for (char c : s) {
+    if (static_cast<unsigned char>(c) <= ' ' || c == 0x7f) return false;
+  }
+  return true;
+}
+
+// A secret must be a regular file that only its owner can read.
+absl::Status CheckPrivate(const std::string& path, const struct stat& st) {
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a regular file"));
+  }
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+    return absl::PermissionDeniedError(absl::StrCat(
+        path, ": mode ", mode, " lets group or others read it; run chmod 600 ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadWhole(const std::string& path, struct stat* st_out) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(absl::StrCat("stat ", path), err);
+  }
+  if (absl::Status s = CheckPrivate(path, st); !s.ok()) {
+    ::close(fd);
+    return s;
+  }
+  if (st.st_size > (16 << 20)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(path, ": larger than 16 MiB"));
+  }
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return ErrnoStatus(absl::StrCat("read ", path), err);
+    }
+    if (n == 0) break;
+    text.append(buf, n);
+  }
+  ::close(fd);
+  if (st_out != nullptr) *st_out = st;
+  return text;
+}
+
+std::string HomeConfig(absl::string_view name) {
+  const char* home = std::getenv("HOME");
+  if (home == nullptr || *home == '\0') return "";
+  return absl::StrCat(home, "/.config/stemma/", name);
+}
+
+}  // namespace
+
+absl::string_view RoleName(Role role) {
+  switch (role) {
+    case Role::kAdmin: return "admin";
+    case Role::kUser: return "user";
+    case Role::kWorker: return "worker";
+    case Role::kReadOnly: return "read-only";
+    case Role::kNone: break;
+  }
+  return "none";
+}
+
+absl::StatusOr<Role> ParseRole(absl::string_view name) {
+  for (Role r : {Role::kAdmin, Role::kUser, Role::kWorker, Role::kReadOnly}) {
+    if (name == RoleName(r)) return r;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "role: '", name, "' is not one of admin, user, worker, read-only"));
+}
+
+const std::map<std::string, RoleSet>& MethodRoles() {
+  // Users act on their own jobs (the adapters check the owner), admins on all; read-only
+  // callers see jobs and workers but change nothing and read no logs; workers only talk
+  // on their session.
+  static const auto* table = new std::map<std::string, RoleSet>{
+      {"/stemma.v1.UserService/Submit", Roles(Role::kAdmin, Role::kUser)},
+      {"/stemma.v1.UserService/GetJob", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/ListJobs", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/Watch", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/Cancel", Roles(Role::kAdmin, Role::kUser)},
+      {"/stemma.v1.UserService/Retry", Roles(Role::kAdmin, Role::kUser)},
+      {"/stemma.v1.UserService/ListWorkers",
+       Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/Drain", Roles(Role::kAdmin)},
+      {"/stemma.v1.UserService/Logs", Roles(Role::kAdmin, Role::kUser)},
+      // Metric series and the checkpoint registry: read by all; verifying reads every
+      // file of a checkpoint (not for read-only dashboards); GC deletes files (admins).
+      {"/stemma.v1.UserService/QueryMetrics",
+       Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/ListArtifacts",
+       Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/GetArtifact", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/Lineage", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/VerifyArtifact", Roles(Role::kAdmin, Role::kUser)},
+      {"/stemma.v1.UserService/PinArtifact", Roles(Role::kAdmin, Role::kUser)},
+      {"/stemma.v1.UserService/CollectGarbage", Roles(Role::kAdmin)},
+      {"/stemma.v1.WorkerService/Session", Roles(Role::kWorker)},
+  };
+  return *table;
+}
+
+RoleSet AllowedRoles(absl::string_view full_method) {
+  const auto& t = MethodRoles();
+  auto it = t.find(std::string(full_method));
+  return it == t.end() ? 0 : it->second;
+}
+
+std::string Sha256Hex(absl::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(len * 2);
+  for (unsigned i = 0; i < len; ++i) {
+    out += kHex[md[i] >> 4];
+    out += kHex[md[i] & 15];
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> NewToken() {
+  unsigned char bytes[32];
+  size_t got = 0;
+  while (got < sizeof bytes) {
+    ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("getrandom", errno);
+    got += n;
+  }
+  static const char kB64[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  std::string out = "stm_";
+  uint32_t acc = 0;
+  int bits = 0;
+  for (unsigned char b : bytes) {
+    acc = (acc << 8) | b;
+    bits += 8;
+    while (bits >= 6) {
+      out += kB64[(acc >> (bits - 6)) & 63];
+      bits -= 6;
+    }
+  }
+  if (bits > 0) out += kB64[(acc << (6 - bits)) & 63];
+  return out;
+}
+
+absl::StatusOr<std::string> TokenFileLine(absl::string_view token, Role role,
+                                          absl::string_view subject) {
+  if (!ValidSubject(subject)) {
+    return absl::InvalidArgumentError(
+        "subject: must be 1-253 characters without spaces or control characters");
+  }
+  if (role == Role::kNone) return absl::InvalidArgumentError("role: must be set");
+  return absl::StrCat(kDigestPrefix, Sha256Hex(token), " ", RoleName(role), " ", subject);
+}
+
+absl::StatusOr<std::string> CreateTokenInFile(const std::string& path, Role role,
+                                              const std::string& subject) {
+  ASSIGN_OR_RETURN(std::string token, NewToken());
+  ASSIGN_OR_RETURN(std::string line, TokenFileLine(token, role, subject));
+  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(absl::StrCat("stat ", path), err);
+  }
+  if (absl::Status s = CheckPrivate(path, st); !s.ok()) {
+    ::close(fd);
+    return s;
+  }
+  if (st.st_size == 0) line = "# stemma tokens: sha256 of the token, role, subject\n" + line;
+  line += "\n";
+  const char* p = line.data();
+  size_t left = line.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      int err = errno;
+      ::close(fd);
+      return ErrnoStatus(absl::StrCat("write ", path), err);
+    }
+    p += n;
+    left -= n;
+  }
+  if (::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoStatus(absl::StrCat("fsync ", path), err);
+  }
+  ::close(fd);
+  return token;
+}
+
+absl::StatusOr<std::map<std::string, TokenIdentity>> TokenStore::Parse(absl::string_view text,
+                                                                       absl::string_view source) {
+  std::map<std::string, TokenIdentity> out;
+  int line_no = 0;
+  for (absl::string_view raw : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    absl::string_view line = absl::StripAsciiWhitespace(raw);
+    if (line.empty() || line[0] == '#') continue;
+    std::vector<absl::string_view> f = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": line ", line_no, ": ", why));
+    };
+    if (f.size() != 3) return bad("expected 'sha256:<hex digest> <role> <subject>'");
+    if (f[0].substr(0, kDigestPrefix.size()) != kDigestPrefix) {
+      return bad("the digest must start with 'sha256:' (the file holds digests, not tokens)");
+    }
+    std::string digest = absl::AsciiStrToLower(f[0].substr(kDigestPrefix.size()));
+    if (digest.size() != 64 || digest.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return bad("the digest must be 64 hex digits");
+    }
+    auto role = ParseRole(f[1]);
+    if (!role.ok()) return bad(role.status().message());
+    if (!ValidSubject(f[2])) return bad("bad subject");
+    if (out.count(digest) != 0) return bad("the same token appears twice");
+    out[digest] = TokenIdentity{*role, std::string(f[2])};
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<TokenStore>> TokenStore::Open(const std::string& path) {
+  struct stat st;
+  ASSIGN_OR_RETURN(std::string text, ReadWhole(path, &st));
+  ASSIGN_OR_RETURN(auto parsed, Parse(text, path));
+  std::unique_ptr<TokenStore> store(new TokenStore());
+  store->path_ = path;
+  absl::MutexLock lock(&store->mu_);
+  store->by_digest_ = std::move(parsed);
+  store->stamp_ = FileStamp{st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
+                            st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec};
+  store->checked_ms_ = SteadyMs();
+  return store;
+}
+
+absl::StatusOr<std::unique_ptr<TokenStore>> TokenStore::FromText(absl::string_view text,
+                                                                 absl::string_view source) {
+  ASSIGN_OR_RETURN(auto parsed, Parse(text, source));
+  std::unique_ptr<TokenStore> store(new TokenStore());
+  absl::MutexLock lock(&store->mu_);
+  store->by_digest_ = std::move(parsed);
+  return store;
+}
+
+void TokenStore::MaybeReload() {
+  if (path_.empty()) return;
+  const int64_t now = SteadyMs();
+  if (now - checked_ms_ < 1000) return;
+  checked_ms_ = now;
+  struct stat st;
+  if (::stat(path_.c_str(), &st) != 0) {
+    spdlog::error("auth: cannot stat token file {}: {}; keeping the {} tokens loaded", path_,
+                  std::strerror(errno), by_digest_.size());
+    return;
+  }
+  FileStamp stamp{st.st_dev, st.st_ino, static_cast<int64_t>(st.st_size),
+                  st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec};
+  if (stamp == stamp_) return;
+  auto text = ReadWhole(path_, &st);
+  absl::StatusOr<std::map<std::string, TokenIdentity>> parsed =
+      text.ok() ? Parse(*text, path_) : text.status();
+  if (!parsed.ok()) {
+    spdlog::error("auth: token file {} not reloaded: {}", path_, parsed.status().ToString());
+    stamp_ = stamp;  // do not log again until it changes
+    return;
+  }
+  stamp_ = stamp;
+  by_digest_ = *std::move(parsed);
+  spdlog::info("auth: reloaded {} tokens from {}", by_digest_.size(), path_);
+}
+
+absl::StatusOr<TokenIdentity> TokenStore::Lookup(absl::string_view token) {
+  const std::string digest = Sha256Hex(token);
+  absl::MutexLock lock(&mu_);
+  MaybeReload();
+  auto it = by_digest_.find(digest);
+  if (it == by_digest_.end()) return absl::NotFoundError("unknown token");
+  return it->second;
+}
+
+size_t TokenStore::size() {
+  absl::MutexLock lock(&mu_);
+  return by_digest_.size();
+}
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadWhole(path, nullptr));
+  return std::string(absl::StripAsciiWhitespace(text));
+}
+
+absl::StatusOr<std::string> FindClientToken() {
+  if (const char* t = std::getenv("STEMMA_TOKEN"); t != nullptr && *t != '\0') {
+    return std::string(absl::StripAsciiWhitespace(t));
+  }
+  if (const char* f = std::getenv("STEMMA_TOKEN_FILE"); f != nullptr && *f != '\0') {
+    auto token = ReadSecretFile(f);
+    if (!token.ok()) {
+      return absl::Status(token.status().code(),
+                          absl::StrCat("token file: ", token.status().message()));
+    }
+    return token;
+  }
+  const std::string home = HomeConfig("token");
+  if (home.empty()) return std::string();
+  struct stat st;
+  if (::stat(home.c_str(), &st) != 0) return std::string();
+  auto token = ReadSecretFile(home);
+  if (!token.ok()) {
+    return absl::Status(token.status().code(),
+                        absl::StrCat("token file: ", token.status().message()));
+  }
+  return token;
+}
+
+std::string FindClientCaFile() {
+  if (const char* ca = std::getenv("STEMMA_CA"); ca != nullptr && *ca != '\0') return ca;
+  const std::string home = HomeConfig("ca.pem");
+  struct stat st;
+  if (!home.empty() && ::stat(home.c_str(), &st) == 0) return home;
+  return "";
+}
+
+bool IsLoopbackAddress(absl::string_view address) {
+  if (address.substr(0, 5) == "unix:") return true;
+  absl::string_view host = address;
+  if (!host.empty() && host[0] == '[') {
+    size_t end = host.find(']');
+    if (end == absl::string_view::npos) return false;
+    host = host.substr(1, end - 1);
+  } else if (size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
+    host = host.substr(0, colon);
+  }
+  if (host == "localhost" || host == "::1") return true;
+  if (host.substr(0, 4) == "127.") {
+    for (char c : host) {
+      if (!(c == '.' || (c >= '0' && c <= '9'))) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace stemma
