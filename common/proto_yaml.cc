@@ -73,6 +73,7 @@ class YamlToProto {
         pb::Message* e = r->AddMessage(msg, f);
         const YamlNode& key = node.items[k];
         const std::string entry_path = absl::StrCat(path, ".", key.scalar);
+        if (lines_ != nullptr && key.line > 0) lines_->Set(entry_path, key.line);
         RETURN_IF_ERROR(Scalar(key, e, entry->map_key(), entry_path, -1));
         RETURN_IF_ERROR(Value(node.items[k + 1], e, entry->map_value(), entry_path, -1));
       }
@@ -85,6 +86,8 @@ class YamlToProto {
         return Error(path, "must be a list");
       }
       for (size_t i = 0; i < node.size(); ++i) {
+        // Each item's own line, for errors about the item as a whole ("tasks[2]: ...").
+        if (lines_ != nullptr && node.items[i].line > 0) lines_->Set(absl::StrCat(path, "[", i, "]"), node.items[i].line);
         RETURN_IF_ERROR(Value(node.items[i], msg, f, absl::StrCat(path, "[", i, "]"), static_cast<int>(i)));
       }
       return absl::OkStatus();
