@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "engine/io/durable.h"
 
 namespace stemma::engine::data {
 namespace {
@@ -77,6 +78,7 @@ absl::StatusOr<std::unique_ptr<DatasetWriter>> DatasetWriter::Create(DatasetWrit
     return absl::AlreadyExistsError(
         absl::StrCat("--out: ", options.out_dir, " already exists (pass --overwrite)"));
   }
+  if (options.overwrite) RETURN_IF_ERROR(io::CheckReplaceable(options.out_dir));
   std::string staging = absl::StrCat(options.out_dir, ".staging-", ::getpid());
   fs::remove_all(staging, ec);
   fs::create_directories(staging, ec);
@@ -180,21 +182,10 @@ absl::Status DatasetWriter::Finish(const std::vector<SourceFile>& sources) {
   RETURN_IF_ERROR(WriteSynced(staging_ + "/index.json", text.data(), text.size()));
   RETURN_IF_ERROR(FsyncPath(staging_, /*directory=*/true));
 
-  std::error_code ec;
-  std::string old;
-  if (fs::exists(options_.out_dir, ec)) {
-    old = absl::StrCat(options_.out_dir, ".old-", ::getpid());
-    fs::remove_all(old, ec);
-    if (::rename(options_.out_dir.c_str(), old.c_str()) != 0) {
-      return ErrnoStatus("rename " + options_.out_dir, errno);
-    }
-  }
-  if (::rename(staging_.c_str(), options_.out_dir.c_str()) != 0) {
-    return ErrnoStatus(absl::StrCat("rename ", staging_, " to ", options_.out_dir), errno);
-  }
+  // The durability door (engine/io/durable.h): a replaced dataset is swapped atomically,
+  // so `out_dir` is the old dataset or the new one at every instant, never missing.
+  RETURN_IF_ERROR(io::PublishDir(staging_, options_.out_dir, options_.overwrite));
   finished_ = true;
-  RETURN_IF_ERROR(FsyncPath(ParentOf(options_.out_dir), /*directory=*/true));
-  if (!old.empty()) fs::remove_all(old, ec);
   return absl::OkStatus();
 }
 

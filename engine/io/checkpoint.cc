@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "engine/io/durable.h"
 #include "engine/io/fs.h"
 #include "engine/io/sha256.h"
 
@@ -85,11 +86,6 @@ int64_t NowMs() {
       .count();
 }
 
-std::string ParentDir(const std::string& path) {
-  std::filesystem::path p(path);
-  std::string parent = p.parent_path().string();
-  return parent.empty() ? "." : parent;
-}
 
 }  // namespace
 
@@ -265,19 +261,16 @@ absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(
   if (out.empty()) return absl::InvalidArgumentError("checkpoint output path is empty");
   std::string target = out;
   while (target.size() > 1 && target.back() == '/') target.pop_back();
-  if (!options.overwrite && PathExists(target)) {
-    return absl::AlreadyExistsError(target + ": already exists (refusing to overwrite)");
-  }
   if (options.max_shard_bytes == 0) {
     return absl::InvalidArgumentError("max_shard_bytes must be positive");
   }
   std::unique_ptr<CheckpointWriter> w(new CheckpointWriter());
   w->out_ = target;
-  w->staging_ = absl::StrCat(target, ".tmp-", ::getpid());
   w->options_ = std::move(options);
   w->impl_ = std::make_unique<Impl>();
-  RETURN_IF_ERROR(RemoveTree(w->staging_));  // left by an earlier process with our pid
-  if (::mkdir(w->staging_.c_str(), 0755) != 0) return ErrnoStatus("mkdir " + w->staging_, errno);
+  // Refuses an existing `out` (unless overwrite, and then only one Stemma wrote) and
+  // creates `<out>.tmp-<pid>` (engine/io/durable.h).
+  ASSIGN_OR_RETURN(w->staging_, CreateStagingDir(target, w->options_.overwrite));
   return w;
 }
 
@@ -396,24 +389,10 @@ absl::Status CheckpointWriter::CommitImpl() {
   RETURN_IF_ERROR(
       WriteFileSynced(Join(staging_, kManifestName), ManifestToJson(manifest).dump(2) + "\n"));
   RETURN_IF_ERROR(after(kManifestName));
-  RETURN_IF_ERROR(SyncDir(staging_));
 
-  // Publish. RENAME_NOREPLACE makes "refuse to overwrite" atomic; with overwrite, swap the
-  // directories (RENAME_EXCHANGE) so `out` is never missing, then drop the old one.
-  const std::string parent_dir = ParentDir(out_);
-  if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, out_.c_str(), RENAME_NOREPLACE) == 0) {
-    return SyncDir(parent_dir);
-  }
-  if (errno != EEXIST || !options_.overwrite) {
-    return errno == EEXIST ? absl::AlreadyExistsError(out_ + ": already exists (refusing to overwrite)")
-                           : ErrnoStatus("rename " + staging_ + " -> " + out_, errno);
-  }
-  if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, out_.c_str(), RENAME_EXCHANGE) != 0) {
-    return ErrnoStatus("swap " + staging_ + " <-> " + out_, errno);
-  }
-  RETURN_IF_ERROR(SyncDir(parent_dir));
-  // staging_ now holds the old checkpoint; Commit's caller sees success, the old is dropped.
-  return RemoveTree(staging_);
+  // Publish through the durability door: `out` is the old checkpoint or the new one at
+  // every instant, never missing.
+  return PublishDir(staging_, out_, options_.overwrite);
 }
 
 }  // namespace stemma::engine::io

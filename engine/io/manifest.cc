@@ -26,7 +26,8 @@ nlohmann::json ManifestToJson(const Manifest& m) {
             {"attempt", m.producer.attempt},
             {"command", m.producer.command},
             {"params", m.producer.params}}},
-          {"created_ms", m.created_ms}};
+          {"created_ms", m.created_ms},
+          {"type", m.type}};
 }
 
 absl::StatusOr<Manifest> ParseManifest(absl::string_view text, absl::string_view source) {
@@ -84,6 +85,10 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text, absl::string_view
     m.producer.attempt = str("attempt");
     m.producer.command = str("command");
     if (p.contains("params")) m.producer.params = p["params"];
+  }
+  if (j.contains("type")) {
+    if (!j["type"].is_string()) return bad("type is not a string");
+    m.type = j["type"].get<std::string>();
   }
   if (j.contains("created_ms") && j["created_ms"].is_number_integer()) {
     m.created_ms = j["created_ms"].get<int64_t>();

@@ -3,7 +3,10 @@
 //    "files": {"model.safetensors": {"sha256": "...", "bytes": N, "tensors": {name: sha256}}},
 //    "parents": [{"path": "/ckpt/base", "manifest_sha256": "..." | null}],
 //    "producer": {"job": "...", "attempt": "...", "command": "...", "params": {...}},
-//    "created_ms": 1700000000000}
+//    "created_ms": 1700000000000,
+//    "type": "checkpoint" | "dataset"}
+// "type" says what Stemma wrote (absent in manifests older than it: a checkpoint);
+// `overwrite` replaces only a directory whose manifest parses (engine/io/durable.h).
 // "tensors" (sha256 of each tensor's bytes) is present for safetensors files only, so a
 // damaged file can be narrowed to the damaged tensor.
 #pragma once
@@ -41,8 +44,12 @@ struct ManifestProducer {
   nlohmann::json params = nlohmann::json::object();
 };
 
+inline constexpr char kManifestTypeCheckpoint[] = "checkpoint";
+inline constexpr char kManifestTypeDataset[] = "dataset";
+
 struct Manifest {
   int format = kManifestFormat;
+  std::string type = kManifestTypeCheckpoint;  // checkpoint | dataset
   std::map<std::string, ManifestFile> files;  // by file name, relative to the checkpoint
   std::vector<ManifestParent> parents;
   ManifestProducer producer;

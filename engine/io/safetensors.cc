@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "engine/io/durable.h"
 #include "engine/io/sha256.h"
 
 namespace stemma::engine::io {
@@ -65,9 +66,7 @@ int64_t TensorInfo::numel() const {
   return n;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) ::munmap(map_, file_bytes_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 const TensorInfo* SafetensorsFile::Find(absl::string_view name) const {
   auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
@@ -79,28 +78,16 @@ const TensorInfo* SafetensorsFile::Find(absl::string_view name) const {
 absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());
   file->path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("open " + path, errno);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return ErrnoStatus("stat " + path, err);
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  // Private and writable: copy-on-write pages, so tensors over the mapping may be modified
+  // by their users without changing the file.
+  ASSIGN_OR_RETURN(file->map_, MappedFile::Open(path, /*writable=*/true));
+  const uint64_t size = file->map_->size();
   if (size < 8) {
-    ::close(fd);
     return absl::DataLossError(
         absl::StrCat(path, ": ", size, " bytes, too short for a safetensors header (truncated?)"));
   }
-  // Private and writable: copy-on-write pages, so tensors over the mapping may be modified
-  // by their users without changing the file.
-  void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
-  int map_err = errno;
-  ::close(fd);
-  if (map == MAP_FAILED) return ErrnoStatus("mmap " + path, map_err);
-  file->map_ = map;
   file->file_bytes_ = size;
+  uint8_t* map = file->map_->data();
   const auto* bytes = static_cast<const uint8_t*>(map);
 
   uint64_t n = 0;

@@ -16,6 +16,8 @@
 
 namespace stemma::engine::io {
 
+class MappedFile;  // engine/io/durable.h
+
 // The element types the engine reads and writes. Names as in the format ("BF16", ...).
 enum class Dtype { kF64, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
 
@@ -70,7 +72,7 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   std::string path_;
-  void* map_ = nullptr;
+  std::unique_ptr<MappedFile> map_;
   uint64_t file_bytes_ = 0;
   uint64_t header_bytes_ = 0;
   uint8_t* data_ = nullptr;

@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "engine/io/durable.h"
 #include "engine/io/fs.h"
 #include "engine/io/sha256.h"
 
@@ -59,11 +60,6 @@ absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
   return j;
 }
 
-std::string ParentDir(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
 
 int64_t CreatedMs(int64_t option) {
   if (option >= 0) return option;
@@ -74,25 +70,6 @@ int64_t CreatedMs(int64_t option) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-// Staging directories `<out>.tmp-<pid>` whose process is gone are leftovers of a killed
-// writer: remove them so they do not pile up.
-void RemoveStaleStaging(const std::string& out) {
-  const std::string dir = ParentDir(out);
-  const std::string prefix = out.substr(out.rfind('/') + 1) + ".tmp-";
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return;
-  std::vector<std::string> stale;
-  while (dirent* e = ::readdir(d)) {
-    absl::string_view name = e->d_name;
-    if (!absl::StartsWith(name, prefix)) continue;
-    int pid = 0;
-    if (!absl::SimpleAtoi(name.substr(prefix.size()), &pid) || pid <= 0) continue;
-    if (pid != ::getpid() && ::kill(pid, 0) != 0 && errno == ESRCH) stale.emplace_back(name);
-  }
-  ::closedir(d);
-  for (const auto& name : stale) io::RemoveTree(Join(dir, name)).IgnoreError();
 }
 
 // The safetensors header io::WriteSafetensors writes for these tensors, and the file
@@ -435,26 +412,8 @@ absl::Status WriteStaging(const std::string& staging, const std::vector<OutputTe
   }
   manifest.producer = options.producer;
   manifest.created_ms = CreatedMs(options.created_ms);
-  RETURN_IF_ERROR(io::WriteFileSynced(Join(staging, io::kManifestName),
-                                      io::ManifestToJson(manifest).dump(2) + "\n"));
-  return io::SyncDir(staging);
-}
-
-absl::Status Publish(const std::string& staging, const std::string& out, bool overwrite) {
-  const std::string parent = ParentDir(out);
-  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) == 0) {
-    return io::SyncDir(parent);
-  }
-  if (errno != EEXIST || !overwrite) {
-    return errno == EEXIST ? absl::AlreadyExistsError(out + ": already exists (set overwrite: true to replace it)")
-                           : Errno("rename " + staging + " -> " + out, errno);
-  }
-  // Swap so `out` is never missing, then drop the old checkpoint (now at `staging`).
-  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) != 0) {
-    return Errno("swap " + staging + " <-> " + out, errno);
-  }
-  RETURN_IF_ERROR(io::SyncDir(parent));
-  return io::RemoveTree(staging);
+  return io::WriteFileSynced(Join(staging, io::kManifestName),
+                             io::ManifestToJson(manifest).dump(2) + "\n");
 }
 
 }  // namespace
@@ -555,16 +514,12 @@ absl::Status WriteCheckpoint(const std::string& out_in, const std::vector<Output
   std::string out = out_in;
   while (out.size() > 1 && out.back() == '/') out.pop_back();
   if (out.empty()) return absl::InvalidArgumentError("output path is empty");
-  if (!options.overwrite && io::PathExists(out)) {
-    return absl::AlreadyExistsError(out + ": already exists (set overwrite: true to replace it)");
-  }
   if (options.max_shard_bytes == 0) return absl::InvalidArgumentError("shard size must be positive");
-  RemoveStaleStaging(out);
-  const std::string staging = absl::StrCat(out, ".tmp-", ::getpid());
-  RETURN_IF_ERROR(io::RemoveTree(staging));
-  if (::mkdir(staging.c_str(), 0755) != 0) return Errno("mkdir " + staging, errno);
+  // Refuses an existing `out` (unless overwrite, and then only one Stemma wrote), removes
+  // staging directories of dead writers, creates `<out>.tmp-<pid>` (engine/io/durable.h).
+  ASSIGN_OR_RETURN(const std::string staging, io::CreateStagingDir(out, options.overwrite));
   absl::Status s = WriteStaging(staging, tensors, fill, options);
-  if (s.ok()) s = Publish(staging, out, options.overwrite);
+  if (s.ok()) s = io::PublishDir(staging, out, options.overwrite);
   if (!s.ok()) io::RemoveTree(staging).IgnoreError();
   return s;
 }

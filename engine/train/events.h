@@ -1,33 +1,12 @@
-// JSON-line events on stdout (docs/engine-events.md): one object per line with "event"
-// first, flushed at once so the worker sees progress as it happens. Human logs go to stderr.
+// Forwarding header: the event writer moved to engine/events.h (one writer for the whole
+// engine). Kept until engine/train switches its includes; then removed.
 #pragma once
 
-#include <cstdio>
-#include <string>
-
-#include "nlohmann/json.hpp"
+#include "engine/events.h"
 
 namespace stemma::engine::train {
 
-// Ordered, so that "event" stays the first key as the worker expects.
-using Event = nlohmann::ordered_json;
-
-// Writes `event` as one line; does nothing when !enabled (data-parallel ranks other than 0).
-class EventWriter {
- public:
-  explicit EventWriter(bool enabled, std::FILE* out = stdout) : enabled_(enabled), out_(out) {}
-  void Emit(const Event& event) const {
-    if (!enabled_) return;
-    const std::string line = event.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-    std::fwrite(line.data(), 1, line.size(), out_);
-    std::fputc('\n', out_);
-    std::fflush(out_);
-  }
-  bool enabled() const { return enabled_; }
-
- private:
-  bool enabled_;
-  std::FILE* out_;
-};
+using Event = ::stemma::engine::Event;
+using EventWriter = ::stemma::engine::EventWriter;
 
 }  // namespace stemma::engine::train

@@ -1,0 +1,88 @@
+// engine/events.h: lines start with "event"; the output event carries what the registry
+// needs (type, manifest sha256, bytes, parents, operation) read from the published result.
+#include "engine/events.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "engine/io/fs.h"
+#include "engine/io/manifest.h"
+#include "engine/io/sha256.h"
+
+namespace stemma::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Capture(const std::function<void(const EventWriter&)>& body) {
+  std::FILE* f = std::tmpfile();
+  body(EventWriter(true, f));
+  std::fflush(f);
+  std::rewind(f);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  std::fclose(f);
+  return out;
+}
+
+TEST(EventWriterTest, EventIsTheFirstKeyOfEveryLine) {
+  const std::string out = Capture([](const EventWriter& w) {
+    w.Emit("progress", {{"step", 3}, {"fraction", 0.5}});
+    Event e = Event::object();
+    e["alpha"] = 1;
+    e["event"] = "metric";  // given last: still written first
+    w.Emit(e);
+    EventWriter(false).Emit("start");  // disabled: nothing
+  });
+  EXPECT_EQ(out, "{\"event\":\"progress\",\"step\":3,\"fraction\":0.5}\n"
+                 "{\"event\":\"metric\",\"alpha\":1}\n");
+}
+
+TEST(OutputEventTest, DirectoryFromItsManifestAndFileFromItsBytes) {
+  const std::string dir = (fs::temp_directory_path() / ("stemma-events-" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  fs::create_directories(dir + "/ckpt");
+  io::Manifest m;
+  m.files["model.safetensors"] = {"aa", 1000, {}};
+  m.files["config.json"] = {"bb", 24, {}};
+  m.parents.push_back({"/ckpt/base", ""});
+  m.parents.push_back({"/ckpt/expert", "cc"});
+  const std::string text = io::ManifestToJson(m).dump(2) + "\n";
+  ASSERT_TRUE(io::WriteFileSynced(dir + "/ckpt/stemma.json", text).ok());
+  ASSERT_TRUE(io::WriteFileSynced(dir + "/ckpt/model.safetensors", "x").ok());
+
+  auto e = OutputEvent("model", dir + "/ckpt/", "soup");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->begin().key(), "event");
+  EXPECT_EQ((*e)["event"], "output");
+  EXPECT_EQ((*e)["path"], dir + "/ckpt");
+  EXPECT_EQ((*e)["type"], "checkpoint");
+  EXPECT_EQ((*e)["manifest_sha256"], io::Sha256Hex(text));
+  EXPECT_EQ((*e)["bytes"], 1024);
+  EXPECT_EQ((*e)["parents"], Event::array({"/ckpt/base", "/ckpt/expert"}));
+  EXPECT_EQ((*e)["operation"], "soup");
+
+  ASSERT_TRUE(io::WriteFileSynced(dir + "/results.json", "{\"ppl\": 3}").ok());
+  auto f = OutputEvent("results", dir + "/results.json", "eval", {"/ckpt/soup"});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ((*f)["type"], "file");
+  EXPECT_EQ((*f)["bytes"], 10);
+  EXPECT_EQ((*f)["manifest_sha256"], io::Sha256Hex("{\"ppl\": 3}"));
+  EXPECT_EQ((*f)["parents"], Event::array({"/ckpt/soup"}));
+
+  EXPECT_EQ(OutputEvent("x", dir + "/missing", "eval").status().code(), absl::StatusCode::kNotFound);
+  fs::create_directories(dir + "/bare");
+  EXPECT_FALSE(OutputEvent("x", dir + "/bare", "eval").ok());
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace stemma::engine
