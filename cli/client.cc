@@ -3,9 +3,15 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <random>
+#include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/auth.h"
 #include "common/rpc.h"
 #include "stemma/v1/user_service.grpc.pb.h"
 
@@ -22,6 +28,24 @@ std::chrono::system_clock::time_point ToChrono(absl::Time t) { return absl::ToCh
 class CoordinatorClient::Impl {
  public:
   explicit Impl(const std::string& address) {
+    // The token from $STEMMA_TOKEN or a file, the CA from --ca / $STEMMA_CA / the config
+    // directory. A token file that is named but unusable fails every call with its reason.
+    absl::StatusOr<std::string> token = FindClientToken();
+    if (token.ok()) {
+      security_.token = *token;
+    } else {
+      setup_ = token.status();
+    }
+    security_.ca_file = FindClientCaFile();
+    if (const char* name = std::getenv("STEMMA_TLS_SERVER_NAME"); name != nullptr) {
+      security_.server_name = name;
+    }
+    if (setup_.ok() && !security_.tls() && !security_.token.empty() &&
+        !IsLoopbackAddress(address)) {
+      setup_ = absl::FailedPreconditionError(absl::StrCat(
+          "refusing to send a token in clear text to ", address,
+          ": give the coordinator's CA with --ca or STEMMA_CA"));
+    }
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
     args.SetMaxSendMessageSize(kMaxReceiveBytes);
@@ -32,12 +56,22 @@ class CoordinatorClient::Impl {
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     // A fresh client means a fresh connection, not a shared one still in backoff.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    channel_ = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    auto credentials = MakeChannelCredentials(security_, &args);
+    if (!credentials.ok()) {
+      if (setup_.ok()) setup_ = credentials.status();
+      credentials = grpc::InsecureChannelCredentials();  // never used: setup_ fails calls
+    }
+    channel_ = grpc::CreateCustomChannel(address, *credentials, args);
     stub_ = v1::UserService::NewStub(channel_);
   }
   v1::UserService::Stub* stub() { return stub_.get(); }
+  // OK, or why no call can be made (an unusable token file or CA).
+  const absl::Status& setup() const { return setup_; }
+  void Prepare(grpc::ClientContext* ctx) const { AddCallCredentials(security_, ctx); }
 
  private:
+  ClientSecurity security_;
+  absl::Status setup_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::UserService::Stub> stub_;
 };
@@ -55,8 +89,18 @@ absl::Status Convert(const grpc::Status& status, const std::string& address,
   if (status.ok()) return absl::OkStatus();
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
+      if (absl::StrContains(status.error_message(), "ssl") ||
+          absl::StrContains(status.error_message(), "SSL") ||
+          absl::StrContains(status.error_message(), "handshake")) {
+        return absl::UnavailableError(absl::StrCat(
+            "cannot reach the coordinator at ", address, " over TLS: ", status.error_message(),
+            " (check --ca / STEMMA_CA and that the coordinator serves TLS)"));
+      }
       return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", address,
                                                  " (start one with 'stemma up')"));
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return absl::UnauthenticatedError(absl::StrCat(
+          "the coordinator at ", address, " refused the credentials: ", status.error_message()));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return absl::DeadlineExceededError(absl::StrCat("the coordinator at ", address,
                                                       " did not answer within ",
@@ -71,29 +115,73 @@ absl::Status Convert(const grpc::Status& status, const std::string& address,
   }
 }
 
+}  // namespace
+
 template <typename Request, typename Response, typename Method>
-absl::StatusOr<Response> Unary(v1::UserService::Stub* stub, Method method, const Request& request,
-                               const std::string& address, absl::Duration timeout) {
+absl::StatusOr<Response> Unary(CoordinatorClient::Impl* impl, Method method,
+                               const Request& request, const std::string& address,
+                               absl::Duration timeout) {
+  if (!impl->setup().ok()) return impl->setup();
   grpc::ClientContext ctx;
   ctx.set_deadline(ToChrono(absl::Now() + timeout));
+  impl->Prepare(&ctx);
   Response response;
-  grpc::Status status = (stub->*method)(&ctx, request, &response);
+  grpc::Status status = (impl->stub()->*method)(&ctx, request, &response);
   if (!status.ok()) return Convert(status, address, timeout);
   return response;
 }
 
-}  // namespace
-
 absl::StatusOr<v1::SubmitResponse> CoordinatorClient::Submit(const v1::SubmitRequest& request) {
-  return Unary<v1::SubmitRequest, v1::SubmitResponse>(impl_->stub(), &v1::UserService::Stub::Submit,
-                                                      request, address_, timeout_);
+  if (!impl_->setup().ok()) return impl_->setup();
+  // Every submit carries an idempotency key (the caller's, or a fresh random one), and a
+  // submit whose answer is lost is sent again with the same key until `timeout_` has
+  // passed: a job committed just before a crash is found, not duplicated, and not
+  // reported as failed.
+  v1::SubmitRequest keyed = request;
+  if (keyed.idempotency_key().empty()) {
+    std::random_device rd;
+    keyed.set_idempotency_key(absl::StrFormat("cli-%08x%08x%08x%08x", rd(), rd(), rd(), rd()));
+  }
+  const absl::Time deadline = absl::Now() + timeout_;
+  absl::Duration backoff = absl::Milliseconds(100);
+  bool sent_once = false;
+  grpc::Status status;
+  for (int attempt = 0;; ++attempt) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(ToChrono(deadline));
+    // After a failure, wait for the coordinator to be back rather than failing at once.
+    if (attempt > 0) ctx.set_wait_for_ready(true);
+    impl_->Prepare(&ctx);
+    v1::SubmitResponse response;
+    status = impl_->stub()->Submit(&ctx, keyed, &response);
+    if (status.ok()) return response;
+    const bool lost = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                      status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!lost) return Convert(status, address_, timeout_);
+    // A connection that was never made cannot have carried the request: nothing to find.
+    const bool never_connected =
+        status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+        (absl::StrContains(status.error_message(), "onnection refused") ||
+         absl::StrContains(status.error_message(), "ailed to connect"));
+    if (attempt == 0 && never_connected) return Convert(status, address_, timeout_);
+    sent_once = sent_once || !never_connected;
+    if (absl::Now() + backoff >= deadline) break;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+  if (!sent_once) return Convert(status, address_, timeout_);
+  return absl::UnavailableError(absl::StrCat(
+      "the coordinator at ", address_, " did not confirm the submit within ",
+      absl::FormatDuration(timeout_), " (", status.error_message(),
+      "); it may have been committed: submit again with --idempotency-key ",
+      keyed.idempotency_key(), " to get the same jobs without duplicates"));
 }
 
 absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& id) {
   v1::GetJobRequest request;
   request.set_id(id);
   auto response = Unary<v1::GetJobRequest, v1::JobResponse>(
-      impl_->stub(), &v1::UserService::Stub::GetJob, request, address_, timeout_);
+      impl_.get(), &v1::UserService::Stub::GetJob, request, address_, timeout_);
   if (!response.ok()) return response.status();
   return std::move(*response->mutable_job());
 }
@@ -101,7 +189,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& id) {
 absl::StatusOr<v1::ListJobsResponse> CoordinatorClient::ListJobs(
     const v1::ListJobsRequest& request) {
   return Unary<v1::ListJobsRequest, v1::ListJobsResponse>(
-      impl_->stub(), &v1::UserService::Stub::ListJobs, request, address_, timeout_);
+      impl_.get(), &v1::UserService::Stub::ListJobs, request, address_, timeout_);
 }
 
 absl::StatusOr<v1::Job> CoordinatorClient::Cancel(const std::string& id,
@@ -110,7 +198,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::Cancel(const std::string& id,
   request.set_id(id);
   request.set_reason(reason);
   auto response = Unary<v1::CancelRequest, v1::JobResponse>(
-      impl_->stub(), &v1::UserService::Stub::Cancel, request, address_, timeout_);
+      impl_.get(), &v1::UserService::Stub::Cancel, request, address_, timeout_);
   if (!response.ok()) return response.status();
   return std::move(*response->mutable_job());
 }
@@ -119,7 +207,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::Retry(const std::string& id) {
   v1::RetryRequest request;
   request.set_id(id);
   auto response = Unary<v1::RetryRequest, v1::JobResponse>(
-      impl_->stub(), &v1::UserService::Stub::Retry, request, address_, timeout_);
+      impl_.get(), &v1::UserService::Stub::Retry, request, address_, timeout_);
   if (!response.ok()) return response.status();
   return std::move(*response->mutable_job());
 }
@@ -130,7 +218,7 @@ absl::StatusOr<v1::ListWorkersResponse> CoordinatorClient::ListWorkers() {
 
 absl::StatusOr<v1::ListWorkersResponse> CoordinatorClient::ListWorkers(absl::Duration timeout) {
   return Unary<v1::ListWorkersRequest, v1::ListWorkersResponse>(
-      impl_->stub(), &v1::UserService::Stub::ListWorkers, v1::ListWorkersRequest(), address_,
+      impl_.get(), &v1::UserService::Stub::ListWorkers, v1::ListWorkersRequest(), address_,
       timeout);
 }
 
@@ -140,7 +228,7 @@ absl::StatusOr<v1::WorkerInfo> CoordinatorClient::Drain(const std::string& worke
   request.set_worker_id(worker_id);
   request.set_undrain(undrain);
   auto response = Unary<v1::DrainRequest, v1::DrainResponse>(
-      impl_->stub(), &v1::UserService::Stub::Drain, request, address_, timeout_);
+      impl_.get(), &v1::UserService::Stub::Drain, request, address_, timeout_);
   if (!response.ok()) return response.status();
   return std::move(*response->mutable_worker());
 }
@@ -148,7 +236,9 @@ absl::StatusOr<v1::WorkerInfo> CoordinatorClient::Drain(const std::string& worke
 absl::Status CoordinatorClient::Watch(const v1::WatchRequest& request,
                                       const std::function<bool(const v1::JobEvent&)>& on_event,
                                       absl::Time deadline, int64_t* received) {
+  if (!impl_->setup().ok()) return impl_->setup();
   grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
   if (deadline != absl::InfiniteFuture()) ctx.set_deadline(ToChrono(deadline));
   std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = impl_->stub()->Watch(&ctx, request);
   v1::JobEvent event;
@@ -169,7 +259,9 @@ absl::Status CoordinatorClient::Watch(const v1::WatchRequest& request,
 
 absl::Status CoordinatorClient::Logs(const v1::LogsRequest& request,
                                      const std::function<void(const v1::LogChunk&)>& on_chunk) {
+  if (!impl_->setup().ok()) return impl_->setup();
   grpc::ClientContext ctx;
+  impl_->Prepare(&ctx);
   std::unique_ptr<grpc::ClientReader<v1::LogChunk>> reader = impl_->stub()->Logs(&ctx, request);
   v1::LogChunk chunk;
   while (reader->Read(&chunk)) on_chunk(chunk);

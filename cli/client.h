@@ -30,6 +30,10 @@ class CoordinatorClient {
 
   const std::string& address() const { return address_; }
 
+  // Sends an idempotency key (a random one when the request has none) and, when the answer
+  // is lost (UNAVAILABLE, DEADLINE_EXCEEDED), sends the same request again until the
+  // timeout: never a duplicate, and a submit that may have been committed says so with
+  // its key instead of reporting a failure.
   absl::StatusOr<v1::SubmitResponse> Submit(const v1::SubmitRequest& request);
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
@@ -51,8 +55,10 @@ class CoordinatorClient {
   absl::Status Logs(const v1::LogsRequest& request,
                     const std::function<void(const v1::LogChunk&)>& on_chunk);
 
- private:
+ public:
   class Impl;
+
+ private:
   std::string address_;
   absl::Duration timeout_;
   std::unique_ptr<Impl> impl_;

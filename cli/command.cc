@@ -1,8 +1,13 @@
 #include "cli/command.h"
 
+#include <CLI/CLI.hpp>
 #include <iostream>
+#include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
+#include "common/status.h"
 
 namespace stemma::cli {
 
@@ -15,5 +20,60 @@ void PrintStructured(const nlohmann::json& value, OutputFormat format) {
 }
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+namespace {
+
+struct TokenOptions {
+  std::string role;
+  std::string subject;
+  std::string file;
+};
+
+absl::StatusOr<int> RunTokenCreate(const GlobalOptions& g, const TokenOptions& o) {
+  ASSIGN_OR_RETURN(Role role, ParseRole(o.role));
+  std::string token;
+  std::string line;
+  if (!o.file.empty()) {
+    ASSIGN_OR_RETURN(token, CreateTokenInFile(o.file, role, o.subject));
+  } else {
+    ASSIGN_OR_RETURN(token, NewToken());
+  }
+  ASSIGN_OR_RETURN(line, TokenFileLine(token, role, o.subject));
+  // The token is shown once, here; only its digest is kept.
+  if (g.format == OutputFormat::kJson || g.format == OutputFormat::kYaml) {
+    nlohmann::json j = {{"token", token}, {"role", std::string(RoleName(role))},
+                        {"subject", o.subject}, {"line", line}};
+    if (!o.file.empty()) j["file"] = o.file;
+    PrintStructured(j, g.format);
+  } else {
+    std::cout << token << "\n";
+    if (o.file.empty()) {
+      std::cerr << "add this line to the coordinator's --tokens file:\n" << line << "\n";
+    } else {
+      std::cerr << "added " << RoleName(role) << " token for " << o.subject << " to " << o.file
+                << " (the coordinator reloads it within seconds)\n";
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddTokenCommand(CLI::App* app, const GlobalOptions* globals, Action* action) {
+  CLI::App* token = app->add_subcommand("token", "Bearer tokens for the coordinator");
+  token->require_subcommand(1);
+  auto o = std::make_shared<TokenOptions>();
+  CLI::App* create = token->add_subcommand(
+      "create", "Print a new token once; store its sha256 digest in the token file");
+  create->add_option("--role", o->role, "admin | user | worker | read-only")->required();
+  create->add_option("--subject", o->subject,
+                     "who holds it: a user name, or the worker id for a worker token")
+      ->required();
+  create->add_option("--file", o->file,
+                     "append the digest line to this token file (created with mode 0600)");
+  create->callback([globals, action, o] {
+    *action = [globals, o] { return RunTokenCreate(*globals, *o); };
+  });
+}
 
 }  // namespace stemma::cli

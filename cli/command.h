@@ -21,6 +21,10 @@ struct GlobalOptions {
   std::string coordinator = "localhost:7070";
   std::string output = "table";
   double timeout_s = 10;  // deadline for each unary call
+  // TLS and token: main exports them as $STEMMA_CA / $STEMMA_TOKEN_FILE, where the client
+  // (and any child `stemma up` starts) reads them.
+  std::string ca_file;
+  std::string token_file;
 
   OutputFormat format = OutputFormat::kTable;  // parsed from `output` by main
   absl::Duration timeout() const { return absl::Seconds(timeout_s); }
@@ -37,6 +41,10 @@ void AddJobCommands(CLI::App* app, const GlobalOptions* globals, Action* action)
 void AddStreamCommands(CLI::App* app, const GlobalOptions* globals, Action* action);
 void AddWorkerCommands(CLI::App* app, const GlobalOptions* globals, Action* action);
 void AddUpCommand(CLI::App* app, const GlobalOptions* globals, Action* action);
+// `stemma explain [COMMAND] [--markdown]`: an engine spec's fields (local).
+void AddExplainCommand(CLI::App* app, const GlobalOptions* globals, Action* action);
+// `stemma token create`: a new bearer token (local; no coordinator involved).
+void AddTokenCommand(CLI::App* app, const GlobalOptions* globals, Action* action);
 
 // Prints `value` as one JSON document (json) or YAML document (yaml) to stdout.
 void PrintStructured(const nlohmann::json& value, OutputFormat format);

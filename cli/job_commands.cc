@@ -20,7 +20,9 @@ struct SubmitOptions {
 absl::StatusOr<int> RunSubmit(const GlobalOptions& g, const SubmitOptions& o) {
   v1::SubmitRequest request;
   for (const std::string& file : o.files) {
-    ASSIGN_OR_RETURN(std::vector<v1::JobSpec> specs, ReadJobsFile(file));
+    // Checked here, before anything is sent: a bad engine spec is refused with its file,
+    // line and field, and nothing is queued.
+    ASSIGN_OR_RETURN(std::vector<v1::JobSpec> specs, ReadAndCheckJobsFile(file));
     for (auto& spec : specs) *request.add_jobs() = std::move(spec);
   }
   request.set_idempotency_key(o.idempotency_key);
@@ -32,7 +34,11 @@ absl::StatusOr<int> RunSubmit(const GlobalOptions& g, const SubmitOptions& o) {
     if (response.existing()) j["existing"] = true;
     PrintStructured(j, g.format);
   } else {
-    for (const std::string& id : response.job_ids()) std::cout << id << "\n";
+    // "id name": the names are what later commands may use instead of ids.
+    for (int i = 0; i < response.job_ids_size(); ++i) {
+      const std::string& name = i < request.jobs_size() ? request.jobs(i).name() : std::string();
+      std::cout << response.job_ids(i) << (name.empty() ? "" : " ") << name << "\n";
+    }
   }
   return 0;
 }

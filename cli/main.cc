@@ -35,11 +35,19 @@ int main(int argc, char** argv) {
   app.add_option("-o,--output", globals.output, "table | wide | json | yaml (default table)");
   app.add_option("--timeout", globals.timeout_s,
                  "seconds to wait for each request to the coordinator (default 10)");
+  app.add_option("--ca", globals.ca_file,
+                 "PEM CA of the coordinator's TLS certificate (default $STEMMA_CA, else "
+                 "~/.config/stemma/ca.pem if present; none: plaintext)");
+  app.add_option("--token-file", globals.token_file,
+                 "file holding the token, mode 0600 (default $STEMMA_TOKEN, else "
+                 "~/.config/stemma/token if present)");
 
   stemma::cli::AddJobCommands(&app, &globals, &action);
   stemma::cli::AddStreamCommands(&app, &globals, &action);
   stemma::cli::AddWorkerCommands(&app, &globals, &action);
   stemma::cli::AddUpCommand(&app, &globals, &action);
+  stemma::cli::AddTokenCommand(&app, &globals, &action);
+  stemma::cli::AddExplainCommand(&app, &globals, &action);
 
   try {
     app.parse(argc, argv);
@@ -54,7 +62,8 @@ int main(int argc, char** argv) {
     if (app.get_subcommands().empty()) {
       for (int i = 1; i < argc; ++i) {
         std::string arg = argv[i];
-        if (arg == "--coordinator" || arg == "-o" || arg == "--output" || arg == "--timeout") {
+        if (arg == "--coordinator" || arg == "-o" || arg == "--output" || arg == "--timeout" ||
+            arg == "--ca" || arg == "--token-file") {
           ++i;
         } else if (!arg.empty() && arg[0] != '-') {
           return PrintError("unknown command '" + arg + "' (see stemma --help)", 2);
@@ -69,6 +78,12 @@ int main(int argc, char** argv) {
   globals.format = *format;
   if (!(globals.timeout_s > 0)) return PrintError("--timeout must be positive", 2);
   if (!action) return PrintError("no command given", 2);
+  // The client reads these where every command builds it.
+  if (!globals.ca_file.empty()) ::setenv("STEMMA_CA", globals.ca_file.c_str(), 1);
+  if (!globals.token_file.empty()) {
+    ::setenv("STEMMA_TOKEN_FILE", globals.token_file.c_str(), 1);
+    ::unsetenv("STEMMA_TOKEN");  // the flag wins over the environment
+  }
 
   absl::StatusOr<int> result = action();
   if (!result.ok()) {

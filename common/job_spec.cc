@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/engine_cli.h"
 #include "common/engine_spec.h"
 #include "common/proto_yaml.h"
 #include "common/status.h"
@@ -248,6 +249,37 @@ absl::StatusOr<std::vector<v1::JobSpec>> ReadJobsFile(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ParseJobsYaml(ss.str(), path);
+}
+
+absl::StatusOr<std::vector<v1::JobSpec>> ReadAndCheckJobsFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return ErrnoStatus(absl::StrCat("cannot read ", path), errno);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::vector<JobSource> sources;
+  ASSIGN_OR_RETURN(std::vector<v1::JobSpec> specs, ParseJobsYaml(ss.str(), path, &sources));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    v1::JobSpec job = specs[i];
+    ApplyDefaults(&job);
+    if (IsEngineJob(job)) {
+      SpecContext context;
+      context.where = sources[i].where;
+      context.path = JobKind(job);
+      context.lines = &sources[i].lines;
+      context.model_layers = ModelLayersFromConfig;
+      context.job_cpus = static_cast<int64_t>(std::ceil(job.resources().cpus()));
+      google::protobuf::Message* spec = MutableEngineSpecOf(&job);
+      FillSpecDefaults(spec);
+      RETURN_IF_ERROR(ValidateEngineSpec(*spec, context));
+    }
+    absl::Status st = ValidateJobSpec(job);
+    if (!st.ok()) {
+      const std::string message(st.message());
+      const std::string field = message.substr(0, message.find(':'));
+      return SpecError(sources[i].where, sources[i].lines.Line(field), "", message);
+    }
+  }
+  return specs;
 }
 
 }  // namespace stemma

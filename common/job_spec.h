@@ -63,6 +63,12 @@ absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
                                                        absl::string_view source);
 absl::StatusOr<std::vector<v1::JobSpec>> ReadJobsFile(const std::string& path);
 
+// ReadJobsFile, then every job checked as the coordinator will check it (on a copy with
+// defaults applied), engine specs with their rules; errors name the file, line and field.
+// A layer range is checked against a model's layer count when the model's config.json is
+// readable here. What `stemma submit` runs before it sends anything.
+absl::StatusOr<std::vector<v1::JobSpec>> ReadAndCheckJobsFile(const std::string& path);
+
 // Where one job of a file came from, for errors found after parsing (e.g. an engine spec's
 // rules): "jobs.yaml document 2" and the line of each field.
 struct JobSource {

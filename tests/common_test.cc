@@ -1,7 +1,17 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <tuple>
 
 #include "absl/status/status.h"
+#include "common/engine_cli.h"
+#include "common/engine_contract.h"
+#include "common/engine_spec.h"
 #include "common/job_spec.h"
+#include "common/layer_range.h"
+#include "stemma/v1/spec_options.pb.h"
 #include "common/spec_file.h"
 #include "common/yaml_json.h"
 
@@ -48,7 +58,7 @@ TEST(JobYaml, WrongTypesAndTwoKindsNameTheFieldPath) {
     const char* expected;
   };
   for (const Case& c : {
-           Case{"noop: {}\nresources: {gpus: two}\n", "job.yaml: resources.gpus: must be an integer, not 'two'"},
+           Case{"noop: {}\nresources: {gpus: two}\n", "job.yaml: line 2: resources.gpus: must be an integer, not 'two'"},
            Case{"noop: {}\nmax_attempts: 1.5\n", "max_attempts: must be an integer"},
            Case{"noop: {}\nresources: {cpus: [1]}\n", "resources.cpus: must be a single value"},
            Case{"noop: {}\nexec: {argv: [ls]}\n", "exec: only one of a kind may be given (noop is already)"},
@@ -174,29 +184,182 @@ TEST(SpecFile, ErrorsNameTheFileAndField) {
 namespace stemma {
 namespace {
 
-TEST(JobYaml, EngineSpecMayBeAMappingAndTravelsAsJson) {
-  auto specs = ParseJobsYaml(
-      "name: cpt\n"
-      "engine:\n"
-      "  command: train\n"
-      "  spec:\n"
-      "    model: /ckpt/base\n"
-      "    steps: 10\n"
-      "    strategy: {freeze: {layers: [\"9:28\"]}}\n",
-      "job.yaml");
-  ASSERT_TRUE(specs.ok()) << specs.status();
-  ASSERT_EQ(specs->size(), 1u);
-  const v1::EngineSpec& engine = (*specs)[0].engine();
-  EXPECT_EQ(engine.command(), "train");
-  nlohmann::json spec = nlohmann::json::parse(engine.spec());
-  EXPECT_EQ(spec["model"], "/ckpt/base");
-  EXPECT_EQ(spec["steps"], 10);
-  EXPECT_EQ(spec["strategy"]["freeze"]["layers"][0], "9:28");
+TEST(JobYaml, EngineJobsAreTypedAndTheEngineFormStillReads) {
+  // `init: {...}` and `engine: {command: init, spec: {...}}` are the same job.
+  for (const char* yaml : {"name: base\ninit: {arch: qwen2, out: /ckpt/base, hidden_size: 64}\n",
+                           "name: base\nengine:\n  command: init\n  spec:\n    arch: qwen2\n"
+                           "    out: /ckpt/base\n    hidden_size: 64\n"}) {
+    auto specs = ParseJobsYaml(yaml, "job.yaml");
+    ASSERT_TRUE(specs.ok()) << specs.status();
+    ASSERT_EQ(specs->size(), 1u);
+    const v1::JobSpec& job = (*specs)[0];
+    EXPECT_EQ(JobKind(job), "init");
+    EXPECT_TRUE(IsEngineJob(job));
+    EXPECT_EQ(job.init().arch(), "qwen2");
+    EXPECT_EQ(job.init().hidden_size(), 64);
+    EXPECT_EQ(EngineSpecOf(job), &job.init());
+  }
+  auto unknown = ParseJobsYaml("engine: {command: trian, spec: {}}\n", "job.yaml");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("job.yaml: line 1: engine.command: unknown engine command 'trian'"),
+            std::string::npos) << unknown.status();
+  EXPECT_FALSE(IsEngineJob(v1::JobSpec()));
+  EXPECT_EQ(EngineSpecOf(v1::JobSpec()), nullptr);
+}
 
-  // A spec given as text stays as written.
-  auto text = ParseJobsYaml("name: t\nengine: {command: eval, spec: \"model: /m\\n\"}\n", "t.yaml");
-  ASSERT_TRUE(text.ok()) << text.status();
-  EXPECT_EQ((*text)[0].engine().spec(), "model: /m\n");
+// What `stemma submit` refuses before anything is sent: one line naming file, line, field.
+TEST(JobYaml, SubmitChecksRefuseBadEngineSpecsWithFileLineAndField) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("stemma-common-test-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "model");
+  {
+    std::ofstream(dir / "model" / "config.json") << "{\"num_hidden_layers\": 8}";
+  }
+  struct Case {
+    std::string yaml;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"name: a\ninit:\n  out: /x\n  hiden_size: 64\n", "line 4: init.hiden_size: unknown field (allowed: arch, preset"},
+      {"name: a\ninit:\n  out: /x\n  hidden_size: wide\n", "line 4: init.hidden_size: must be an integer, not 'wide'"},
+      {"name: a\ninit:\n  out: /x\n  hidden_size: 4\n", "line 4: init.hidden_size: 4 must be >= 8"},
+      {"name: a\ninit:\n  arch: llama\n", "line 2: init.out: is required"},
+      {"name: a\ninit:\n  out: /x\n  arch: gpt2\n", "line 4: init.arch: 'gpt2' is not one of llama, qwen2, gemma3, olmoe"},
+      {"name: a\nresources: {cpus: -1}\ninit: {out: /x}\n", "line 2: resources.cpus"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string file = (dir / ("job" + std::to_string(i) + ".yaml")).string();
+    std::ofstream(file) << cases[i].yaml;
+    auto specs = ReadAndCheckJobsFile(file);
+    ASSERT_FALSE(specs.ok()) << cases[i].yaml;
+    EXPECT_TRUE(absl::IsInvalidArgument(specs.status()));
+    EXPECT_NE(specs.status().message().find(file + ": " + cases[i].expected), std::string::npos)
+        << specs.status() << "\nwanted: " << cases[i].expected;
+  }
+  std::ofstream(dir / "ok.yaml") << "name: a\ninit: {out: /x}\n";
+  auto ok = ReadAndCheckJobsFile((dir / "ok.yaml").string());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_FALSE((*ok)[0].init().has_arch()) << "defaults are filled on a copy, not in what is sent";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(EngineSpec, DefaultsFillOnlyWhatIsUnset) {
+  v1::InitSpec spec;
+  spec.set_preset("small");
+  FillSpecDefaults(&spec);
+  EXPECT_EQ(spec.arch(), "llama");
+  EXPECT_EQ(spec.preset(), "small");
+  EXPECT_EQ(spec.tokenizer(), "bytes");
+  EXPECT_TRUE(spec.has_seed());
+  EXPECT_FALSE(spec.has_hidden_size()) << "no default: the preset decides";
+}
+
+TEST(EngineSpec, CommandsAndTheirSpecsComeFromTheJobKinds) {
+  const std::vector<std::string> expected = {"init", "tokenize", "train", "merge", "revert",
+                                             "interpolate", "graft", "upcycle", "eval", "analyze"};
+  EXPECT_EQ(EngineCommands(), expected);
+  for (const std::string& c : expected) {
+    ASSERT_NE(EngineSpecDescriptor(c), nullptr) << c;
+    EXPECT_EQ(EngineSpecDescriptor(c)->options().GetExtension(v1::message_rules).command(), c)
+        << c << ": its message_rules.command must name the command";
+  }
+  EXPECT_EQ(EngineSpecDescriptor("noop"), nullptr);
+  EXPECT_EQ(EngineSpecDescriptor("nope"), nullptr);
+}
+
+// The schema's own rules: a default on a field without presence could never be filled.
+TEST(EngineSpec, EveryDefaultedScalarHasPresenceAndEveryFieldADoc) {
+  for (const std::string& c : EngineCommands()) {
+    std::vector<const google::protobuf::Descriptor*> todo = {EngineSpecDescriptor(c)};
+    for (size_t i = 0; i < todo.size(); ++i) {
+      for (int k = 0; k < todo[i]->field_count(); ++k) {
+        const auto* f = todo[i]->field(k);
+        const auto& rules = f->options().GetExtension(v1::rules);
+        if (!rules.default_value().empty() && !f->is_repeated()) {
+          EXPECT_TRUE(f->has_presence()) << f->full_name() << " has a default but is not `optional`";
+        }
+        const bool message_doc =
+            f->message_type() != nullptr &&
+            !f->message_type()->options().GetExtension(v1::message_rules).doc().empty();
+        EXPECT_TRUE(!rules.doc().empty() || message_doc) << f->full_name() << " has no doc";
+        if (!rules.default_value().empty()) {
+          std::unique_ptr<google::protobuf::Message> m(
+              google::protobuf::MessageFactory::generated_factory()->GetPrototype(todo[i])->New());
+          FillSpecDefaults(m.get());
+          EXPECT_TRUE(f->is_repeated() ? m->GetReflection()->FieldSize(*m, f) > 0
+                                       : m->GetReflection()->HasField(*m, f))
+              << f->full_name() << ": default '" << rules.default_value() << "' does not read";
+        }
+        if (f->cpp_type() == google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE && !f->is_map()) {
+          todo.push_back(f->message_type());
+        }
+      }
+    }
+  }
+}
+
+TEST(LayerRange, OneConventionWithMiddle) {
+  auto r = ParseLayerRange("2:6", "f");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->begin, 2);
+  EXPECT_EQ(r->end, 6);
+  auto one = ParseLayerRange("7", "f");
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->end, 8);
+  for (auto [layers, begin, end] : std::vector<std::tuple<int, int, int>>{
+           {34, 9, 28}, {8, 2, 7}, {16, 4, 13}, {32, 8, 26}, {2, 1, 2}}) {
+    auto m = ResolveLayerRange(*ParseLayerRange("middle", "f"), layers, "f");
+    ASSERT_TRUE(m.ok()) << layers;
+    EXPECT_EQ(m->begin, begin) << layers;
+    EXPECT_EQ(m->end, end) << layers;
+  }
+  auto open = ResolveLayerRange(*ParseLayerRange("5:", "f"), 8, "f");
+  ASSERT_TRUE(open.ok());
+  EXPECT_EQ(open->end, 8);
+  for (const char* bad : {"6:2", "a:b", "1:2:3", "-1", ":", "mid"}) {
+    EXPECT_FALSE(ParseLayerRange(bad, "f").ok()) << bad;
+  }
+  auto past = ResolveLayerRange(*ParseLayerRange("4:12", "freeze.layers[0]"), 8, "freeze.layers[0]");
+  ASSERT_FALSE(past.ok());
+  EXPECT_NE(past.status().message().find("reach past the model's 8 layers"), std::string::npos) << past.status();
+}
+
+TEST(EngineCli, FlagsSetFieldsAndHelpListsThem) {
+  std::vector<std::string> args = {"init", "--out", "/tmp/m", "--hidden-size", "96", "--tie-embeddings", "--arch=qwen2"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  auto inv = ParseEngineCommandLine("init", static_cast<int>(argv.size()), argv.data(), {});
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  const auto& spec = dynamic_cast<const v1::InitSpec&>(*inv->spec);
+  EXPECT_EQ(spec.out(), "/tmp/m");
+  EXPECT_EQ(spec.hidden_size(), 96);
+  EXPECT_TRUE(spec.tie_embeddings());
+  EXPECT_EQ(spec.arch(), "qwen2");
+  EXPECT_EQ(spec.preset(), "tiny");  // default filled
+
+  std::vector<std::string> bad = {"init", "--out", "/tmp/m", "--hidden-sise", "96"};
+  argv.clear();
+  for (auto& a : bad) argv.push_back(a.data());
+  auto refused = ParseEngineCommandLine("init", static_cast<int>(argv.size()), argv.data(), {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("unknown flag --hidden-sise"), std::string::npos);
+
+  std::vector<std::string> help = {"init", "--help"};
+  argv.clear();
+  for (auto& a : help) argv.push_back(a.data());
+  auto h = ParseEngineCommandLine("init", 2, argv.data(), {});
+  ASSERT_TRUE(h.ok());
+  EXPECT_TRUE(h->help);
+  const std::string text = EngineHelp("init", "stemma-engine init [--spec FILE] [--FIELD VALUE]");
+  EXPECT_NE(text.find("hidden_size"), std::string::npos);
+  EXPECT_NE(text.find("default llama"), std::string::npos);
+}
+
+TEST(EngineCli, ExitCodesFollowTheContract) {
+  EXPECT_EQ(ReportEngineFailure(absl::InvalidArgumentError("x")), engine_contract::kExitBadInput);
+  EXPECT_EQ(ReportEngineFailure(absl::NotFoundError("x")), engine_contract::kExitBadInput);
+  EXPECT_EQ(ReportEngineFailure(absl::InternalError("x")), engine_contract::kExitFailed);
 }
 
 TEST(YamlTree, ScalarsNullsAnchorsAndBlockText) {

@@ -263,7 +263,7 @@ TEST_F(ExecutorTest, EngineEventLinesBecomeProgressAndOutputs) {
 TEST_F(ExecutorTest, EngineMissingIsRefused) {
   config_.engine_path = (dir_ / "no-such-engine").string();
   v1::Assignment a = Noop("engine-missing", 0, 0);
-  a.mutable_spec()->mutable_engine()->set_command("train");
+  a.mutable_spec()->mutable_train()->set_model("/m");
   AttemptSnapshot s = Run(a);
   EXPECT_EQ(s.result.reason(), "refused: stemma-engine not found");
   EXPECT_FALSE(s.result.retryable());
@@ -278,28 +278,59 @@ TEST_F(ExecutorTest, EngineJobsWaitPassivelyOnTheirCores) {
   fs::permissions(engine, fs::perms::owner_all);
   config_.engine_path = engine.string();
   v1::Assignment a = Noop("engine-env", 0, 0);
-  a.mutable_spec()->mutable_engine()->set_command("train");
+  a.mutable_spec()->mutable_train();
   a.mutable_spec()->mutable_resources()->set_cpus(3);
   AttemptSnapshot s = Run(a);
   EXPECT_EQ(s.result.reason(), "exit 0");
   const std::string log = Log("engine-env");
   EXPECT_NE(log.find("OMP_WAIT_POLICY=PASSIVE\n"), std::string::npos) << log;
   EXPECT_NE(log.find("OMP_NUM_THREADS=3\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("STEMMA_CPUS=3\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("STEMMA_ATTEMPT_ID=engine-env\n"), std::string::npos) << log;
+}
+
+// Exit 4 is the engine's "bad spec or bad input": the same attempt would fail again, so it
+// is not retried, and the engine's error line is the reason the user sees.
+TEST_F(ExecutorTest, EngineBadInputIsNotRetriedAndCarriesTheEngineMessage) {
+  const fs::path engine = dir_ / "bad-input";
+  {
+    std::ofstream out(engine);
+    out << "#!/bin/sh\necho '{\"event\":\"start\"}'\n"
+           "echo 'stemma-engine: error: spec.json: line 3: steps: -1 must be >= 0' >&2\nexit 4\n";
+  }
+  fs::permissions(engine, fs::perms::owner_all);
+  config_.engine_path = engine.string();
+  v1::Assignment a = Noop("engine-bad", 0, 0);
+  a.mutable_spec()->mutable_train();
+  AttemptSnapshot s = Run(a);
+  EXPECT_EQ(s.result.exit_code(), 4);
+  EXPECT_FALSE(s.result.retryable());
+  EXPECT_EQ(s.result.reason(), "bad input: spec.json: line 3: steps: -1 must be >= 0");
+
+  // Any other failure stays retryable, with the engine's line after the exit status.
+  {
+    std::ofstream out(engine);
+    out << "#!/bin/sh\necho 'stemma-engine: error: CUDA out of memory' >&2\nexit 1\n";
+  }
+  v1::Assignment b = Noop("engine-oom", 0, 0);
+  b.mutable_spec()->mutable_train();
+  AttemptSnapshot t = Run(b);
+  EXPECT_TRUE(t.result.retryable());
+  EXPECT_EQ(t.result.reason(), "exit 1: CUDA out of memory");
 }
 
 TEST_F(ExecutorTest, EngineGetsCommandAndSpecFile) {
   config_.engine_path = "/bin/echo";
   v1::Assignment a = Noop("engine", 0, 0);
-  a.mutable_spec()->mutable_engine()->set_command("merge");
-  a.mutable_spec()->mutable_engine()->set_spec("method: linear\n");
+  a.mutable_spec()->mutable_init()->set_out("/ckpt/new");
   AttemptSnapshot s = Run(a);
   EXPECT_EQ(s.result.reason(), "exit 0");
-  const fs::path spec = fs::absolute(dir_ / "attempts" / "engine" / "spec.yaml").lexically_normal();
-  EXPECT_EQ(Log("engine"), "merge --spec " + spec.string() + "\n");
+  const fs::path spec = fs::absolute(dir_ / "attempts" / "engine" / "spec.json").lexically_normal();
+  EXPECT_EQ(Log("engine"), "init --spec " + spec.string() + "\n");
   std::ifstream in(spec);
   std::string line;
   std::getline(in, line);
-  EXPECT_EQ(line, "method: linear");
+  EXPECT_EQ(line, "{\"out\":\"/ckpt/new\"}");  // the typed spec as JSON, proto field names
 }
 
 TEST_F(ExecutorTest, DuplicateAndBadIdsAndForget) {

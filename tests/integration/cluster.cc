@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -61,11 +62,13 @@ Cluster::~Cluster() {
   else std::fprintf(stderr, "kept %s for inspection\n", dir_.c_str());
 }
 
-pid_t Cluster::Spawn(const std::vector<std::string>& argv, const std::string& log) const {
+pid_t Cluster::Spawn(const std::vector<std::string>& argv, const std::string& log,
+                     const std::vector<std::string>& env) const {
   pid_t pid = ::fork();
   if (pid == 0) {
     // Daemons die with the test process, even when it crashes.
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
     int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
@@ -78,13 +81,101 @@ pid_t Cluster::Spawn(const std::vector<std::string>& argv, const std::string& lo
   return pid;
 }
 
-void Cluster::StartCoordinator(std::vector<std::string> extra) {
+std::string RunShell(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen(command.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
+std::string Cluster::MakeCaAndServerCert(const std::string& name) {
+  const std::string ca = dir_ + "/ca-" + name;
+  const std::string server = dir_ + "/server-" + name;
+  std::ofstream(dir_ + "/san.ext") << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
+  const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
+  std::string cmd = "cd " + dir_ + " && openssl req -x509" + ec + "-keyout " + ca + ".key -out " +
+                    ca + ".pem -days 2 -subj /CN=stemma-test-ca-" + name +
+                    " 2>&1 && openssl req" + ec + "-keyout " + server + ".key -out " + server +
+                    ".csr -subj /CN=localhost 2>&1 && openssl x509 -req -in " + server +
+                    ".csr -CA " + ca + ".pem -CAkey " + ca + ".key -CAcreateserial -out " +
+                    server + ".pem -days 2 -extfile san.ext 2>&1";
+  std::string out = RunShell(cmd + "; echo rc=$?");
+  EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
+  return ca + ".pem";
+}
+
+void Cluster::EnableTls(bool mtls) {
+  ca_ = MakeCaAndServerCert("1");
+  std::filesystem::copy_file(dir_ + "/server-1.pem", server_cert());
+  std::filesystem::copy_file(dir_ + "/server-1.key", server_key());
+  mtls_ = mtls;
+}
+
+std::string Cluster::MakeClientCert(const std::string& cn) {
+  const std::string base = dir_ + "/client-" + cn;
+  std::string cmd = "cd " + dir_ +
+                    " && openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+                    "-keyout " + base + ".key -out " + base + ".csr -subj /CN=" + cn +
+                    " 2>&1 && openssl x509 -req -in " + base + ".csr -CA ca-1.pem -CAkey "
+                    "ca-1.key -CAcreateserial -out " + base + ".pem -days 2 2>&1";
+  std::string out = RunShell(cmd + "; echo rc=$?");
+  EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
+  return base + ".pem";
+}
+
+void Cluster::EnableTokens() {
+  tokens_file_ = dir_ + "/tokens";
+  admin_token_ = CreateToken("admin", "test-admin");
+}
+
+std::string Cluster::CreateToken(const std::string& role, const std::string& subject) {
+  CliResult r = CliAs("", {"token", "create", "--role", role, "--subject", subject, "--file",
+                           tokens_file_});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::string token = r.out;
+  while (!token.empty() && (token.back() == '\n' || token.back() == ' ')) token.pop_back();
+  return token;
+}
+
+std::vector<std::string> Cluster::SecurityFlags() const {
+  std::vector<std::string> flags;
+  if (tls()) {
+    flags.insert(flags.end(), {"--tls-cert", server_cert(), "--tls-key", server_key()});
+    if (mtls_) flags.insert(flags.end(), {"--tls-client-ca", ca_});
+  }
+  if (tokens()) flags.insert(flags.end(), {"--tokens", tokens_file_});
+  return flags;
+}
+
+pid_t Cluster::SpawnCoordinator(std::vector<std::string> extra,
+                                const std::vector<std::string>& env) {
   std::vector<std::string> argv = {BinDir() + "/stemma-coordinator", "--data", coordinator_data(),
                                    "--listen", address_, "--metrics-listen", metrics_address_,
                                    "--lease-ms", std::to_string(lease_ms), "--heartbeat-ms",
                                    std::to_string(heartbeat_ms)};
+  std::vector<std::string> security = SecurityFlags();
+  argv.insert(argv.end(), security.begin(), security.end());
   argv.insert(argv.end(), extra.begin(), extra.end());
-  coordinator_ = Spawn(argv, dir_ + "/coordinator.log");
+  return Spawn(argv, dir_ + "/coordinator.log", env);
+}
+
+int Cluster::WaitExit(pid_t pid, int timeout_s) {
+  int status = 0;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return -1;
+}
+
+void Cluster::StartCoordinator(std::vector<std::string> extra) {
+  coordinator_ = SpawnCoordinator(std::move(extra));
   bool up = WaitUntil([&] { return Cli({"workers", "-o", "json"}).exit_code == 0; }, 20);
   ASSERT_TRUE(up) << ReadFile(dir_ + "/coordinator.log");
 }
@@ -102,6 +193,14 @@ void Cluster::StartWorker(const std::string& name, const WorkerOptions& o) {
                                    std::to_string(o.gpus), "--cpus", std::to_string(o.cpus),
                                    "--kill-grace-ms", "500"};
   if (o.allow_exec) argv.push_back("--allow-exec");
+  if (tls()) argv.insert(argv.end(), {"--ca", ca_});
+  if (tokens() && !o.token.empty()) {
+    const std::string token = o.token == "default" ? CreateToken("worker", name) : o.token;
+    const std::string file = dir_ + "/token-" + name;
+    std::ofstream(file) << token << "\n";
+    ::chmod(file.c_str(), 0600);
+    argv.insert(argv.end(), {"--token-file", file});
+  }
   argv.insert(argv.end(), o.extra.begin(), o.extra.end());
   workers_[name] = Spawn(argv, dir_ + "/worker-" + name + ".log");
 }
@@ -129,6 +228,11 @@ void Cluster::WaitForWorkers(int n) {
 }
 
 CliResult Cluster::Cli(const std::vector<std::string>& args) const {
+  return CliAs(admin_token_, args);
+}
+
+CliResult Cluster::CliAs(const std::string& token, const std::vector<std::string>& args,
+                         const std::vector<std::string>& env) const {
   int out[2], err[2];
   EXPECT_EQ(::pipe(out), 0);
   EXPECT_EQ(::pipe(err), 0);
@@ -138,6 +242,18 @@ CliResult Cluster::Cli(const std::vector<std::string>& args) const {
     ::dup2(err[1], 2);
     ::close(out[0]);
     ::close(err[0]);
+    if (tls() || tokens()) {
+      // Nothing from the developer's own ~/.config/stemma.
+      ::setenv("HOME", dir_.c_str(), 1);
+      ::unsetenv("STEMMA_TOKEN_FILE");
+      if (tls()) ::setenv("STEMMA_CA", ca_.c_str(), 1);
+    }
+    if (!token.empty()) {
+      ::setenv("STEMMA_TOKEN", token.c_str(), 1);
+    } else {
+      ::unsetenv("STEMMA_TOKEN");
+    }
+    for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
     std::vector<std::string> argv = {BinDir() + "/stemma", "--coordinator", address_};
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> a;
@@ -180,7 +296,7 @@ std::vector<std::string> Cluster::Submit(const std::string& yaml, const std::str
   std::istringstream in(r.out);
   std::string line;
   while (std::getline(in, line)) {
-    if (!line.empty()) ids.push_back(line);
+    if (!line.empty()) ids.push_back(line.substr(0, line.find(' ')));  // "id name"
   }
   return ids;
 }
