@@ -2,6 +2,8 @@
 // metrics endpoint. Nothing else lives here.
 #include <malloc.h>
 
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -13,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "common/auth.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "coordinator/coordinator.h"
@@ -29,6 +32,13 @@ struct Config {
   int64_t lease_ms = 10000;
   int64_t heartbeat_ms = 2000;
   std::string log_level = "info";
+  // Security: TLS from files (reloaded when they change), tokens from a digest file.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;  // mTLS: workers may authenticate with a certificate
+  std::string tokens;
+  bool insecure = false;
+  std::string health_listen;  // grpc.health.v1, plaintext, on its own port
 };
 
 int MakeDirs(const std::string& path) {
@@ -63,6 +73,18 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-ms", cfg.heartbeat_ms, "Heartbeat interval for workers")
       ->check(CLI::Range(int64_t{10}, int64_t{600000}))
       ->capture_default_str();
+  app.add_option("--tls-cert", cfg.tls_cert, "PEM server certificate chain (enables TLS)");
+  app.add_option("--tls-key", cfg.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", cfg.tls_client_ca,
+                 "PEM CA for client certificates: workers may authenticate with one (mTLS)");
+  app.add_option("--tokens", cfg.tokens,
+                 "token file (sha256 digests, roles, subjects; see stemma token create); "
+                 "enables authentication");
+  app.add_flag("--insecure", cfg.insecure,
+               "allow listening beyond loopback without TLS and tokens (anyone who can reach "
+               "the port can run jobs)");
+  app.add_option("--health-listen", cfg.health_listen,
+                 "HOST:PORT for grpc.health.v1 (plaintext, nothing else on it)");
   app.add_option("--log-level", cfg.log_level)->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   try {
     app.parse(argc, argv);
@@ -74,6 +96,23 @@ int main(int argc, char** argv) {
     return 2;
   }
   stemma::InitLogging("coordinator", cfg.log_level);
+
+  // Open beyond loopback only with TLS and tokens, or when told so in as many words.
+  const bool tls = !cfg.tls_cert.empty();
+  const bool tokens = !cfg.tokens.empty();
+  if (!stemma::IsLoopbackAddress(cfg.listen) && !(tls && tokens)) {
+    if (!cfg.insecure) {
+      std::fprintf(stderr,
+                   "stemma-coordinator: --listen %s reaches beyond loopback without %s%s%s: "
+                   "give --tls-cert/--tls-key and --tokens, or --insecure to run it open\n",
+                   cfg.listen.c_str(), tls ? "" : "TLS", !tls && !tokens ? " and " : "",
+                   tokens ? "" : "tokens");
+      return 2;
+    }
+    spdlog::warn("*** INSECURE: listening on {} without {}: anyone who can reach this port "
+                 "can submit jobs and register workers ***",
+                 cfg.listen, !tls && !tokens ? "TLS or tokens" : (tls ? "tokens" : "TLS"));
+  }
 
   // Signals are taken by a dedicated thread.
   sigset_t signals;
@@ -115,29 +154,89 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  auto auth = stemma::MakeAllowAllAuthenticator();
+  std::unique_ptr<stemma::Authenticator> auth;
+  if (tokens) {
+    auto store = stemma::TokenStore::Open(cfg.tokens);
+    if (!store.ok()) {
+      std::fprintf(stderr, "stemma-coordinator: --tokens: %s\n",
+                   std::string(store.status().message()).c_str());
+      return 2;
+    }
+    auto& failures = prometheus::BuildCounter()
+                         .Name("stemma_auth_failures_total")
+                         .Help("Calls refused by authentication or authorisation, by reason")
+                         .Register(*metrics.registry());
+    // Bounded label set: the reasons are fixed strings.
+    auth = stemma::MakeTokenAuthenticator(
+        std::shared_ptr<stemma::TokenStore>(std::move(*store)), !cfg.tls_client_ca.empty(),
+        [&failures](absl::string_view reason) {
+          failures.Add({{"reason", std::string(reason)}}).Increment();
+        });
+  } else {
+    if (!cfg.tls_client_ca.empty()) {
+      // Certificates alone would admit workers while users stayed unauthenticated.
+      std::fprintf(stderr, "stemma-coordinator: --tls-client-ca needs --tokens\n");
+      return 2;
+    }
+    auth = stemma::MakeAllowAllAuthenticator();
+  }
+  auto credentials = stemma::MakeServerCredentials(
+      {.cert_file = cfg.tls_cert, .key_file = cfg.tls_key, .client_ca_file = cfg.tls_client_ca});
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "stemma-coordinator: %s\n",
+                 std::string(credentials.status().message()).c_str());
+    return 2;
+  }
   auto user = stemma::coordinator::MakeUserService(&coordinator, auth.get(), &metrics);
   auto worker = stemma::coordinator::MakeWorkerService(&coordinator, auth.get(), &metrics);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(cfg.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(cfg.listen, *credentials, &port);
   builder.SetMaxReceiveMessageSize(stemma::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(stemma::kMaxMessageBytes);
+  // Keepalive policy: workers ping every few seconds even when idle; a client that pings
+  // more often than every 5 s without data is sent GOAWAY (too_many_pings) after 3 strikes.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 3);
+  // The server pings idle connections so that dead peers are found without traffic.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  // Bounded concurrency per connection, and handshakes that cannot hang a connection slot.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
   builder.RegisterService(user.get());
   builder.RegisterService(worker.get());
+  // The health service must not be on this server (every service is on every port, and
+  // health is unauthenticated): it gets a server of its own below.
+  grpc::EnableDefaultHealthCheckService(false);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
     spdlog::error("cannot listen on --listen {}", cfg.listen);
     return 1;
   }
-  spdlog::info("listening on {} (data {}{}{})", cfg.listen, cfg.data,
-               cfg.metrics_listen.empty() ? "" : ", metrics on ", cfg.metrics_listen);
+  std::unique_ptr<grpc::Server> health;
+  if (!cfg.health_listen.empty()) {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder hb;
+    int health_port = 0;
+    hb.AddListeningPort(cfg.health_listen, grpc::InsecureServerCredentials(), &health_port);
+    health = hb.BuildAndStart();
+    if (!health || health_port == 0) {
+      spdlog::error("cannot listen on --health-listen {}", cfg.health_listen);
+      return 1;
+    }
+    health->GetHealthCheckService()->SetServingStatus(true);
+  }
+  spdlog::info("listening on {} ({}, {}; data {}{}{}{}{})", cfg.listen, tls ? "TLS" : "plaintext",
+               tokens ? "tokens" : "no authentication", cfg.data,
+               cfg.metrics_listen.empty() ? "" : ", metrics on ", cfg.metrics_listen,
+               cfg.health_listen.empty() ? "" : ", health on ", cfg.health_listen);
 
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
+  if (health) health->Shutdown(std::chrono::system_clock::now());
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   coordinator.Stop();
   return 0;

@@ -1,13 +1,22 @@
 #include "coordinator/rpc/grpc_services.h"
 
 #include <chrono>
+#include <deque>
+#include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/auth.h"
+#include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 
 namespace stemma::coordinator {
 namespace {
+
+constexpr char kUserPrefix[] = "/stemma.v1.UserService/";
+constexpr char kWorkerSession[] = "/stemma.v1.WorkerService/Session";
+constexpr char kRedacted[] = "<redacted>";
 
 // Times one call into the method's histogram.
 class RpcTimer {
@@ -22,6 +31,18 @@ class RpcTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
+std::string Owner(const v1::Job& job) {
+  auto it = job.spec().labels().find(kOwnerLabel);
+  return it == job.spec().labels().end() ? "" : it->second;
+}
+
+// Secrets in a job's environment are for its owner only (and the worker that runs it).
+void Redact(const Caller& caller, v1::Job* job) {
+  if (!caller.authenticated || !job->spec().has_exec()) return;
+  if (Owner(*job) == caller.subject) return;
+  for (auto& [k, v] : *job->mutable_spec()->mutable_exec()->mutable_env()) v = kRedacted;
+}
+
 class UserServiceImpl final : public v1::UserService::Service {
  public:
   UserServiceImpl(UserHandler* h, const Authenticator* auth, CoordinatorMetrics* m)
@@ -29,8 +50,33 @@ class UserServiceImpl final : public v1::UserService::Service {
 
   grpc::Status Submit(grpc::ServerContext* ctx, const v1::SubmitRequest* req,
                       v1::SubmitResponse* resp) override {
-    return Call(ctx, "Submit", [&]() -> absl::Status {
-      auto r = h_->Submit(*req);
+    return Call(ctx, "Submit", [&](const Caller& caller) -> absl::Status {
+      if (!caller.authenticated) {
+        auto r = h_->Submit(*req);
+        if (!r.ok()) return r.status();
+        *resp = std::move(*r);
+        return absl::OkStatus();
+      }
+      // The owner is whoever the credential says, whatever the request claims; keys are
+      // per caller, so one user's key never returns another's jobs.
+      v1::SubmitRequest owned = *req;
+      for (auto& job : *owned.mutable_jobs()) {
+        auto* labels = job.mutable_labels();
+        labels->erase(kOwnerLabel);
+        if (static_cast<int>(labels->size()) >= kMaxLabels) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "labels: more than ", kMaxLabels - 1, " (the coordinator adds ", kOwnerLabel, ")"));
+        }
+        (*labels)[kOwnerLabel] = caller.subject;
+      }
+      if (!req->idempotency_key().empty()) {
+        if (req->idempotency_key().size() > 256) {
+          return absl::InvalidArgumentError("idempotency_key: longer than 256 characters");
+        }
+        owned.set_idempotency_key(
+            absl::StrCat("u:", Sha256Hex(absl::StrCat(caller.subject, "\n", req->idempotency_key()))));
+      }
+      auto r = h_->Submit(owned);
       if (!r.ok()) return r.status();
       *resp = std::move(*r);
       return absl::OkStatus();
@@ -39,47 +85,53 @@ class UserServiceImpl final : public v1::UserService::Service {
 
   grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                       v1::JobResponse* resp) override {
-    return Call(ctx, "GetJob", [&]() -> absl::Status {
+    return Call(ctx, "GetJob", [&](const Caller& caller) -> absl::Status {
       auto r = h_->GetJob(req->id());
       if (!r.ok()) return r.status();
       *resp->mutable_job() = std::move(*r);
+      Redact(caller, resp->mutable_job());
       return absl::OkStatus();
     });
   }
 
   grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                         v1::ListJobsResponse* resp) override {
-    return Call(ctx, "ListJobs", [&]() -> absl::Status {
+    return Call(ctx, "ListJobs", [&](const Caller& caller) -> absl::Status {
       auto r = h_->ListJobs(*req);
       if (!r.ok()) return r.status();
       *resp = std::move(*r);
+      for (auto& job : *resp->mutable_jobs()) Redact(caller, &job);
       return absl::OkStatus();
     });
   }
 
   grpc::Status Cancel(grpc::ServerContext* ctx, const v1::CancelRequest* req,
                       v1::JobResponse* resp) override {
-    return Call(ctx, "Cancel", [&]() -> absl::Status {
+    return Call(ctx, "Cancel", [&](const Caller& caller) -> absl::Status {
+      if (absl::Status own = CheckOwner(*ctx, "Cancel", caller, req->id()); !own.ok()) return own;
       auto r = h_->Cancel(req->id(), req->reason());
       if (!r.ok()) return r.status();
       *resp->mutable_job() = std::move(*r);
+      Redact(caller, resp->mutable_job());
       return absl::OkStatus();
     });
   }
 
   grpc::Status Retry(grpc::ServerContext* ctx, const v1::RetryRequest* req,
                      v1::JobResponse* resp) override {
-    return Call(ctx, "Retry", [&]() -> absl::Status {
+    return Call(ctx, "Retry", [&](const Caller& caller) -> absl::Status {
+      if (absl::Status own = CheckOwner(*ctx, "Retry", caller, req->id()); !own.ok()) return own;
       auto r = h_->Retry(req->id());
       if (!r.ok()) return r.status();
       *resp->mutable_job() = std::move(*r);
+      Redact(caller, resp->mutable_job());
       return absl::OkStatus();
     });
   }
 
   grpc::Status ListWorkers(grpc::ServerContext* ctx, const v1::ListWorkersRequest*,
                            v1::ListWorkersResponse* resp) override {
-    return Call(ctx, "ListWorkers", [&]() -> absl::Status {
+    return Call(ctx, "ListWorkers", [&](const Caller&) -> absl::Status {
       *resp = h_->ListWorkers();
       return absl::OkStatus();
     });
@@ -87,7 +139,7 @@ class UserServiceImpl final : public v1::UserService::Service {
 
   grpc::Status Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
                      v1::DrainResponse* resp) override {
-    return Call(ctx, "Drain", [&]() -> absl::Status {
+    return Call(ctx, "Drain", [&](const Caller&) -> absl::Status {
       auto r = h_->Drain(req->worker_id(), req->undrain());
       if (!r.ok()) return r.status();
       *resp->mutable_worker() = std::move(*r);
@@ -98,13 +150,14 @@ class UserServiceImpl final : public v1::UserService::Service {
   grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
                      grpc::ServerWriter<v1::JobEvent>* writer) override {
     Caller caller;
-    absl::Status auth = auth_->Authenticate(*ctx, "Watch", &caller);
+    absl::Status auth = auth_->Authenticate(*ctx, absl::StrCat(kUserPrefix, "Watch"), &caller);
     if (!auth.ok()) return ToGrpcStatus(auth);
     std::vector<v1::JobEvent> events;
     auto sub = h_->Watch(*req, &events);
     grpc::Status result = grpc::Status::OK;
     for (;;) {
-      for (const auto& ev : events) {
+      for (auto& ev : events) {
+        Redact(caller, ev.mutable_job());
         if (!writer->Write(ev)) {
           h_->Unwatch(sub);
           return grpc::Status::OK;
@@ -125,8 +178,11 @@ class UserServiceImpl final : public v1::UserService::Service {
   grpc::Status Logs(grpc::ServerContext* ctx, const v1::LogsRequest* req,
                     grpc::ServerWriter<v1::LogChunk>* writer) override {
     Caller caller;
-    absl::Status auth = auth_->Authenticate(*ctx, "Logs", &caller);
+    absl::Status auth = auth_->Authenticate(*ctx, absl::StrCat(kUserPrefix, "Logs"), &caller);
     if (!auth.ok()) return ToGrpcStatus(auth);
+    if (absl::Status own = CheckOwner(*ctx, "Logs", caller, req->job_id()); !own.ok()) {
+      return ToGrpcStatus(own);
+    }
     auto job = h_->GetJob(req->job_id());
     if (!job.ok()) return ToGrpcStatus(job.status());
     if (req->attempt() < 0 || req->attempt() > job->attempts()) {
@@ -177,9 +233,23 @@ class UserServiceImpl final : public v1::UserService::Service {
   grpc::Status Call(grpc::ServerContext* ctx, const char* method, F&& f) {
     RpcTimer timer(m_->Rpc(method));
     Caller caller;
-    absl::Status st = auth_->Authenticate(*ctx, method, &caller);
-    if (st.ok()) st = f();
+    absl::Status st = auth_->Authenticate(*ctx, absl::StrCat(kUserPrefix, method), &caller);
+    if (st.ok()) st = f(caller);
     return ToGrpcStatus(st);
+  }
+
+  // Users act on their own jobs only; admins on every job. NOT_FOUND passes through so
+  // that the handler says it (a job that does not exist has no owner to protect).
+  absl::Status CheckOwner(const grpc::ServerContext& ctx, const char* method,
+                          const Caller& caller, const std::string& id) {
+    if (!caller.authenticated || caller.is(Role::kAdmin)) return absl::OkStatus();
+    auto job = h_->GetJob(id);
+    if (!job.ok()) return absl::OkStatus();
+    if (Owner(*job) == caller.subject) return absl::OkStatus();
+    return auth_->Deny(ctx, absl::StrCat(kUserPrefix, method), caller, "not_owner",
+                       absl::StrCat("job ", id, " belongs to ",
+                                    Owner(*job).empty() ? "nobody" : Owner(*job), ", not to ",
+                                    caller.subject));
   }
 
   UserHandler* h_;
@@ -187,71 +257,134 @@ class UserServiceImpl final : public v1::UserService::Service {
   CoordinatorMetrics* m_;
 };
 
-// One worker session stream: writes are serialized; Close cancels the call, which ends
-// the blocking Read in the session thread.
+// One worker session stream. Messages are queued and written by the channel's own writer
+// thread, so a caller (the committer's durable hook, above all) never waits for a slow
+// peer: a worker that stops reading holds up its own stream only. A queue that passes
+// kMaxQueuedBytes means the worker is not keeping up; the stream is then cancelled and the
+// worker registers again. Close cancels the call, which ends the blocking Read in the
+// session thread and any Write stuck in the writer.
 class StreamChannel final : public WorkerChannel {
  public:
+  static constexpr size_t kMaxQueuedBytes = 64 << 20;
+
   // `batches`: the worker declared that it handles CoordinatorBatch.
   StreamChannel(grpc::ServerContext* ctx,
                 grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream,
                 bool batches)
-      : ctx_(ctx), stream_(stream), batches_(batches) {}
+      : ctx_(ctx), stream_(stream), batches_(batches), writer_([this] { WriterLoop(); }) {}
+
+  ~StreamChannel() override { Detach(); }
 
   bool Send(const v1::CoordinatorMessage& message) override {
-    absl::MutexLock lock(&mu_);
-    return WriteLocked(message);
+    std::vector<v1::CoordinatorMessage> one;
+    one.push_back(message);
+    return SendAll(std::move(one));
   }
 
-  // One stream message for all of them (a CoordinatorBatch), or a few when they would
-  // not fit in one.
   bool SendAll(std::vector<v1::CoordinatorMessage> messages) override {
     absl::MutexLock lock(&mu_);
-    if (!batches_) {  // an older worker: one message each, sent together
-      for (size_t i = 0; i < messages.size(); ++i) {
-        if (!WriteLocked(messages[i], i + 1 < messages.size())) return false;
-      }
-      return true;
-    }
-    if (messages.size() == 1) return WriteLocked(messages[0]);
-    v1::CoordinatorMessage batch;
-    size_t bytes = 0;
+    if (closed_) return false;
     for (auto& m : messages) {
-      const size_t size = m.ByteSizeLong();
-      if (bytes > 0 && bytes + size > kBatchBytes) {
-        if (!WriteLocked(batch)) return false;
-        batch.Clear();
-        bytes = 0;
-      }
-      *batch.mutable_batch()->add_messages() = std::move(m);
-      bytes += size + 8;
+      queued_bytes_ += m.ByteSizeLong();
+      queue_.push_back(std::move(m));
     }
-    return bytes == 0 || WriteLocked(batch);
+    if (queued_bytes_ > kMaxQueuedBytes) {
+      spdlog::warn("session: {} bytes queued for a worker that does not read; closing its stream",
+                   queued_bytes_);
+      CloseLocked();
+      return false;
+    }
+    return true;
   }
 
   void Close() override {
     absl::MutexLock lock(&mu_);
-    if (!closed_) ctx_->TryCancel();
-    closed_ = true;
+    CloseLocked();
   }
 
-  // Called when the session ends: no write may touch the stream afterwards.
-  void Detach() {
+  // Waits up to `timeout` for the queue to be written out.
+  void Drain(std::chrono::milliseconds timeout) {
     absl::MutexLock lock(&mu_);
-    closed_ = true;
+    mu_.AwaitWithTimeout(
+        absl::Condition(
+            +[](StreamChannel* c) { return c->closed_ || (c->queue_.empty() && !c->writing_); },
+            this),
+        absl::FromChrono(timeout));
+  }
+
+  // Called when the session ends: stops the writer; no write touches the stream after
+  // this returns. Idempotent.
+  void Detach() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!closed_) ctx_->TryCancel();
+      closed_ = true;
+    }
+    if (writer_.joinable()) writer_.join();
   }
 
  private:
   // Well under kMaxMessageBytes: a batch of large messages is split.
   static constexpr size_t kBatchBytes = kMaxMessageBytes / 4;
 
-  // `more`: another message follows at once, so the transport may send both together.
-  bool WriteLocked(const v1::CoordinatorMessage& message, bool more = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (closed_) return false;
+  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!closed_) ctx_->TryCancel();
+    closed_ = true;
+  }
+
+  void WriterLoop() {
+    std::vector<v1::CoordinatorMessage> take;
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](StreamChannel* c) { return c->closed_ || !c->queue_.empty(); }, this));
+        if (closed_) return;
+        take.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
+        queue_.clear();
+        queued_bytes_ = 0;
+        writing_ = true;
+      }
+      const bool ok = WriteAll(&take);
+      take.clear();
+      absl::MutexLock lock(&mu_);
+      writing_ = false;
+      if (!ok) {
+        CloseLocked();
+        return;
+      }
+    }
+  }
+
+  // Everything queued since the last write, as one stream message where the worker takes
+  // batches (a few when they would not fit in one).
+  bool WriteAll(std::vector<v1::CoordinatorMessage>* messages) {
+    if (!batches_ || messages->size() == 1) {
+      for (size_t i = 0; i < messages->size(); ++i) {
+        if (!Write((*messages)[i], i + 1 < messages->size())) return false;
+      }
+      return true;
+    }
+    v1::CoordinatorMessage batch;
+    size_t bytes = 0;
+    for (auto& m : *messages) {
+      const size_t size = m.ByteSizeLong();
+      if (bytes > 0 && bytes + size > kBatchBytes) {
+        if (!Write(batch, false)) return false;
+        batch.Clear();
+        bytes = 0;
+      }
+      *batch.mutable_batch()->add_messages() = std::move(m);
+      bytes += size + 8;
+    }
+    return bytes == 0 || Write(batch, false);
+  }
+
+  // Writer thread only. `more`: another message follows at once.
+  bool Write(const v1::CoordinatorMessage& message, bool more) {
     grpc::WriteOptions options;
     if (more) options.set_buffer_hint();
-    if (!stream_->Write(message, options)) closed_ = true;
-    return !closed_;
+    return stream_->Write(message, options);
   }
 
   absl::Mutex mu_;
@@ -259,6 +392,10 @@ class StreamChannel final : public WorkerChannel {
   grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream_;
   const bool batches_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // the writer holds messages taken off queue_
+  std::deque<v1::CoordinatorMessage> queue_ ABSL_GUARDED_BY(mu_);
+  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread writer_;  // last: starts once the members above exist
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
@@ -270,13 +407,21 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
       grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) override {
     Caller caller;
-    absl::Status auth = auth_->Authenticate(*ctx, "Session", &caller);
+    absl::Status auth = auth_->Authenticate(*ctx, kWorkerSession, &caller);
     if (!auth.ok()) return ToGrpcStatus(auth);
     v1::WorkerMessage msg;
     if (!stream->Read(&msg)) return grpc::Status::OK;
     if (!msg.has_register_()) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                           "a session must start with Register");
+    }
+    // A worker's id is its credential's subject: nobody registers as somebody else (that
+    // would take over the real worker's attempts and outputs).
+    if (caller.authenticated && msg.register_().info().id() != caller.subject) {
+      return ToGrpcStatus(auth_->Deny(
+          *ctx, kWorkerSession, caller, "wrong_identity",
+          absl::StrCat("worker credential for '", caller.subject, "' cannot register as '",
+                       msg.register_().info().id(), "'")));
     }
     auto channel = std::make_shared<StreamChannel>(ctx, stream, msg.register_().accepts_batches());
     uint64_t session = 0;
@@ -285,7 +430,10 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
       RpcTimer t(m_->Rpc("Register"));
       registered = h_->Register(msg.register_(), channel, &session);
     }
-    if (!registered.ok()) return ToGrpcStatus(registered.status());
+    if (!registered.ok()) {
+      channel->Detach();
+      return ToGrpcStatus(registered.status());
+    }
     const std::string worker_id = registered->worker_id();  // Registered went out already
     grpc::Status result = grpc::Status::OK;
     while (stream->Read(&msg)) {
@@ -311,6 +459,8 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
         break;
       }
     }
+    // Let what is queued (a last ack, a cancel) go out before the stream closes, briefly.
+    channel->Drain(std::chrono::milliseconds(200));
     channel->Detach();
     h_->Disconnected(worker_id, session);
     return result;

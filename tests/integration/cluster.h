@@ -31,9 +31,40 @@ class Cluster {
     int cpus = 8;
     bool allow_exec = true;
     std::vector<std::string> extra;
+    // With tokens enabled, the worker gets a worker token for its name unless this says
+    // otherwise ("" = none); with TLS, the CA.
+    std::string token = "default";
   };
 
+  // Security (call before StartCoordinator). EnableTls makes a CA and a server certificate
+  // for 127.0.0.1/localhost with openssl; the coordinator then serves TLS and every CLI
+  // call gets the CA. With `mtls`, the coordinator also accepts worker certificates.
+  void EnableTls(bool mtls = false);
+  // A token file for the coordinator, and an admin token the harness's own CLI calls use.
+  void EnableTokens();
+  // A new token made with `stemma token create --file` (the coordinator reloads the file).
+  std::string CreateToken(const std::string& role, const std::string& subject);
+  // A client certificate signed by the test CA with common name `cn`; returns the cert
+  // path (the key is beside it, KEY = cert path with .key for .pem).
+  std::string MakeClientCert(const std::string& cn);
+  // Makes a CA (ca-NAME.pem/.key) and a server certificate signed by it into
+  // server-NAME.pem/.key; returns the CA path.
+  std::string MakeCaAndServerCert(const std::string& name);
+  bool tls() const { return !ca_.empty(); }
+  bool tokens() const { return !tokens_file_.empty(); }
+  const std::string& ca() const { return ca_; }
+  const std::string& tokens_file() const { return tokens_file_; }
+  const std::string& admin_token() const { return admin_token_; }
+  std::string server_cert() const { return dir_ + "/server.pem"; }
+  std::string server_key() const { return dir_ + "/server.key"; }
+
   void StartCoordinator(std::vector<std::string> extra = {});
+  // Starts the coordinator without waiting for it; for tests of refusals at start.
+  pid_t SpawnCoordinator(std::vector<std::string> extra,
+                         const std::vector<std::string>& env = {});
+  // Waits for a process this harness started; its exit code (128+signal when killed), or
+  // -1 if it is still running after `timeout_s`.
+  int WaitExit(pid_t pid, int timeout_s = 20);
   void KillCoordinator(int sig = SIGKILL);
   void StartWorker(const std::string& name, const WorkerOptions& options);
   void StartWorker(const std::string& name) { StartWorker(name, WorkerOptions{}); }
@@ -41,8 +72,11 @@ class Cluster {
   // Waits until `n` workers are ALIVE.
   void WaitForWorkers(int n);
 
-  // Runs `stemma --coordinator ADDR args...`.
+  // Runs `stemma --coordinator ADDR args...` (as admin when tokens are enabled).
   CliResult Cli(const std::vector<std::string>& args) const;
+  // The same with this token ("" = none) and extra environment ("K=V").
+  CliResult CliAs(const std::string& token, const std::vector<std::string>& args,
+                  const std::vector<std::string>& env = {}) const;
   // Writes `yaml` to a file, submits it, returns the job ids.
   std::vector<std::string> Submit(const std::string& yaml, const std::string& name = "job.yaml");
   nlohmann::json Get(const std::string& id) const;
@@ -65,7 +99,13 @@ class Cluster {
   int64_t heartbeat_ms = 300;
 
  private:
-  pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) const;
+  pid_t Spawn(const std::vector<std::string>& argv, const std::string& log,
+              const std::vector<std::string>& env = {}) const;
+  std::vector<std::string> SecurityFlags() const;
+  std::string ca_;
+  bool mtls_ = false;
+  std::string tokens_file_;
+  std::string admin_token_;
 
   std::string dir_;
   std::string address_;
@@ -73,6 +113,9 @@ class Cluster {
   pid_t coordinator_ = -1;
   std::map<std::string, pid_t> workers_;
 };
+
+// Runs a shell command; its stdout.
+std::string RunShell(const std::string& command);
 
 // True if a process with this pid exists (and is not a zombie of ours).
 bool ProcessAlive(pid_t pid);
