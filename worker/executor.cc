@@ -113,6 +113,11 @@ struct Executor::Attempt {
   v1::Progress progress;
   // From stemma-engine `{"event":"output","name":N,"path":P}` lines: reported in Finished.
   std::map<std::string, std::string> outputs;
+  // From `step` / `metric` event lines, for the coordinator's metric series.
+  std::vector<v1::AttemptEvent::Metric> metrics;
+  int64_t metrics_dropped = 0;
+  // From `output` event lines with a type: what the registry records.
+  std::vector<v1::OutputArtifact> artifacts;
   bool engine = false;       // an engine job: its exit codes follow common/engine_contract.h
   std::string engine_error;  // the text of the last "stemma-engine: error: " line
 };
@@ -160,6 +165,7 @@ constexpr int kSpawners = 2;
 constexpr int64_t kLingerGiveUpMs = 30'000;
 
 int64_t NowMs() { return RealClock::Get()->MonoMs(); }
+int64_t WallNowMs() { return RealClock::Get()->WallMs(); }
 
 // An attempt id becomes a directory name: no separators, no dot names.
 bool IsSafeComponent(const std::string& s) {
@@ -658,6 +664,17 @@ std::vector<AttemptSnapshot> Executor::Snapshot() const {
   return out;
 }
 
+std::vector<v1::AttemptEvent::Metric> Executor::MetricsSince(const std::string& attempt_id,
+                                                            size_t from, size_t max) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::AttemptEvent::Metric> out;
+  auto it = attempts_.find(attempt_id);
+  if (it == attempts_.end()) return out;
+  const auto& points = it->second->metrics;
+  for (size_t i = from; i < points.size() && out.size() < max; ++i) out.push_back(points[i]);
+  return out;
+}
+
 std::optional<AttemptSnapshot> Executor::Get(const std::string& attempt_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = attempts_.find(attempt_id);
@@ -677,6 +694,7 @@ AttemptSnapshot Executor::SnapshotOf(const Attempt& a) const {
   if (a.finished) s.result = a.result;
   s.progress_version = a.progress_version;
   s.progress = a.progress;
+  s.metric_count = a.metrics.size();
   return s;
 }
 
@@ -1009,6 +1027,13 @@ void Executor::FinishLocked(Attempt& a, int exit_code, const std::string& reason
   a.result.set_reason(reason);
   a.result.set_retryable(retryable);
   for (const auto& [name, path] : a.outputs) (*a.result.mutable_outputs())[name] = path;
+  if (exit_code == 0) {
+    for (const v1::OutputArtifact& art : a.artifacts) *a.result.add_artifacts() = art;
+  }
+  if (a.metrics_dropped > 0) {
+    spdlog::warn("attempt {}: {} metric points past the first {} were not kept", a.id,
+                 a.metrics_dropped, kMaxMetricPoints);
+  }
   if (metrics_ != nullptr && !result.empty()) metrics_->AttemptFinished(result);
   spdlog::info("attempt finished: job={} attempt={} reason=\"{}\" exit_code={} log_bytes={}",
                a.job_id, a.id, reason, exit_code, a.log_bytes);
@@ -1060,9 +1085,62 @@ void Executor::ParseLineLocked(Attempt& a) {
     const std::string* path = string("path");
     if (name != nullptr && path != nullptr &&
         (a.outputs.size() < kMaxOutputs || a.outputs.count(*name) > 0)) {
+      const bool fresh = a.outputs.count(*name) == 0;
       a.outputs[*name] = *path;
+      if (const std::string* type = string("type"); type != nullptr && fresh) {
+        v1::OutputArtifact art;
+        art.set_name(*name);
+        art.set_path(*path);
+        art.set_type(*type);
+        if (const std::string* h = string("manifest_sha256")) art.set_manifest_sha256(*h);
+        if (const std::string* op = string("operation")) art.set_operation(*op);
+        if (const auto* bytes = number("bytes")) art.set_bytes(bytes->get<int64_t>());
+        if (auto it = j.find("parents"); it != j.end() && it->is_array()) {
+          for (const auto& p : *it) {
+            if (p.is_string() && art.parents_size() < 64) art.add_parents(p.get<std::string>());
+          }
+        }
+        a.artifacts.push_back(std::move(art));
+      }
     }
     return;
+  }
+  if (event == "metric" || event == "step") {
+    const int64_t wall = WallNowMs();
+    auto add = [&](const std::string& name, double value, int64_t step) {
+      if (a.metrics.size() >= kMaxMetricPoints) {
+        ++a.metrics_dropped;
+        return;
+      }
+      v1::AttemptEvent::Metric m;
+      m.set_name(name);
+      m.set_value(value);
+      m.set_step(step);
+      m.set_time_ms(wall);
+      a.metrics.push_back(std::move(m));
+    };
+    const auto* step_field = number("step");
+    const int64_t step = step_field != nullptr ? step_field->get<int64_t>() : 0;
+    if (event == "metric") {
+      const std::string* name = string("name");
+      const auto* value = number("value");
+      if (name != nullptr && value != nullptr && !name->empty() && name->size() <= 200) {
+        add(*name, value->get<double>(), step);
+        if (auto it = j.find("labels"); it != j.end() && it->is_object() && !a.metrics.empty() &&
+            a.metrics.back().name() == *name) {
+          auto* labels = a.metrics.back().mutable_labels();
+          for (const auto& [k, v] : it->items()) {
+            if (v.is_string() && labels->size() < 16) (*labels)[k] = v.get<std::string>();
+          }
+        }
+      }
+      return;
+    }
+    // A step event: every number but the step counters is a series of its own.
+    for (const auto& [key, value] : j.items()) {
+      if (!value.is_number() || key == "step" || key == "total_steps") continue;
+      add(key, value.get<double>(), step);
+    }
   }
   if (event != "progress" && event != "step") return;
   v1::Progress p;

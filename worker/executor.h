@@ -51,6 +51,7 @@ struct AttemptSnapshot {
   v1::AttemptEvent::Finished result;  // set when finished
   uint64_t progress_version = 0;      // grows with each STEMMA_PROGRESS line
   v1::Progress progress;
+  size_t metric_count = 0;            // metric points read so far (MetricsSince)
 };
 
 struct SpawnPlan;  // defined in executor.cc
@@ -70,6 +71,13 @@ class Executor {
   // poll Snapshot, which shows a start at once. Replaces the previous callback; after it
   // returns the old one is not running and will not run again.
   void SetChangeCallback(std::function<void()> callback);
+
+  // The metric points an attempt's output has reported (engine `step` and `metric` event
+  // lines, common/engine_contract.h), from index `from` on, at most `max` of them. Points
+  // are kept until Forget; past kMaxMetricPoints per attempt further ones are dropped.
+  std::vector<v1::AttemptEvent::Metric> MetricsSince(const std::string& attempt_id, size_t from,
+                                                     size_t max) const;
+  static constexpr size_t kMaxMetricPoints = 200000;
 
   // Starts an attempt: creates DATA/attempts/<id>/ and its log, and queues the child for a
   // spawner thread to fork. Refusals (exec without --allow-exec, no engine, bad spec) are not

@@ -333,6 +333,48 @@ TEST_F(ExecutorTest, EngineGetsCommandAndSpecFile) {
   EXPECT_EQ(line, "{\"out\":\"/ckpt/new\"}");  // the typed spec as JSON, proto field names
 }
 
+// Step and metric event lines become metric points for the coordinator's series; a typed
+// output event becomes an artifact for the registry (reported only when the attempt succeeds).
+TEST_F(ExecutorTest, EngineEventsBecomeMetricPointsAndArtifacts) {
+  const fs::path engine = dir_ / "events";
+  {
+    std::ofstream out(engine);
+    out << "#!/bin/sh\n"
+           "echo '{\"event\":\"step\",\"step\":1,\"total_steps\":2,\"loss\":2.5,\"lr\":0.001}'\n"
+           "echo '{\"event\":\"metric\",\"name\":\"heldout_loss/uk\",\"value\":2.75,\"step\":1,"
+           "\"labels\":{\"language\":\"uk\"}}'\n"
+           "echo '{\"event\":\"output\",\"name\":\"model\",\"path\":\"/ckpt/m\",\"type\":\"checkpoint\","
+           "\"manifest_sha256\":\"ab12\",\"bytes\":1024,\"parents\":[\"/ckpt/base\"],\"operation\":\"cpt\"}'\n";
+  }
+  fs::permissions(engine, fs::perms::owner_all);
+  config_.engine_path = engine.string();
+  v1::Assignment a = Noop("engine-events", 0, 0);
+  a.mutable_spec()->mutable_train();
+  AttemptSnapshot s = Run(a);
+  EXPECT_EQ(s.result.reason(), "exit 0");
+  ASSERT_EQ(s.metric_count, 3u);
+  auto points = executor().MetricsSince("engine-events", 0, 100);
+  ASSERT_EQ(points.size(), 3u);
+  EXPECT_EQ(points[0].name(), "loss");
+  EXPECT_DOUBLE_EQ(points[0].value(), 2.5);
+  EXPECT_EQ(points[0].step(), 1);
+  EXPECT_GT(points[0].time_ms(), 0);
+  EXPECT_EQ(points[1].name(), "lr");
+  EXPECT_EQ(points[2].name(), "heldout_loss/uk");
+  EXPECT_EQ(points[2].labels().at("language"), "uk");
+  EXPECT_EQ(executor().MetricsSince("engine-events", 2, 100).size(), 1u);
+  ASSERT_EQ(s.result.artifacts_size(), 1);
+  const v1::OutputArtifact& art = s.result.artifacts(0);
+  EXPECT_EQ(art.name(), "model");
+  EXPECT_EQ(art.type(), "checkpoint");
+  EXPECT_EQ(art.manifest_sha256(), "ab12");
+  EXPECT_EQ(art.bytes(), 1024);
+  ASSERT_EQ(art.parents_size(), 1);
+  EXPECT_EQ(art.parents(0), "/ckpt/base");
+  EXPECT_EQ(art.operation(), "cpt");
+  EXPECT_EQ(s.result.outputs().at("model"), "/ckpt/m");
+}
+
 TEST_F(ExecutorTest, DuplicateAndBadIdsAndForget) {
   ASSERT_TRUE(executor().Launch(Noop("dup", 0, 0)).ok());
   EXPECT_EQ(executor().Launch(Noop("dup", 0, 0)).code(), absl::StatusCode::kAlreadyExists);

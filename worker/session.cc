@@ -26,6 +26,7 @@ constexpr int64_t kTickMs = 50;               // log flush period (the brief ask
 constexpr int64_t kRegisterTimeoutMs = 15000;  // no Registered by then: reconnect
 constexpr size_t kLogChunk = 64 * 1024;
 constexpr int kChunksPerTick = 16;             // per attempt, so heartbeats stay on time
+constexpr size_t kMetricsPerTick = 4096;        // metric points per attempt per tick
 constexpr size_t kBatchBytes = kMaxMessageBytes / 4;  // an EventBatch is split beyond this
 
 int64_t NowMs() { return RealClock::Get()->MonoMs(); }
@@ -456,6 +457,16 @@ bool Session::ShipEvents(Stream* stream) {
       out.push_back(ev);
       s.progress_sent = a.progress_version;
     }
+    if (a.metric_count > s.metrics_sent) {
+      for (v1::AttemptEvent::Metric& m : executor_->MetricsSince(a.attempt_id, s.metrics_sent, kMetricsPerTick)) {
+        v1::AttemptEvent mev;
+        mev.set_attempt_id(a.attempt_id);
+        mev.set_rank(a.rank);
+        *mev.mutable_metric() = std::move(m);
+        out.push_back(std::move(mev));
+        ++s.metrics_sent;
+      }
+    }
     std::string chunk;
     for (int i = 0; i < kChunksPerTick && s.sent < a.log_bytes; ++i) {
       const size_t want = static_cast<size_t>(std::min<int64_t>(kLogChunk, a.log_bytes - s.sent));
@@ -471,7 +482,7 @@ bool Session::ShipEvents(Stream* stream) {
       out.push_back(ev);
       s.sent += static_cast<int64_t>(log->data().size());
     }
-    if (a.finished && !s.finished_sent && s.sent >= a.log_bytes) {
+    if (a.finished && !s.finished_sent && s.sent >= a.log_bytes && s.metrics_sent >= a.metric_count) {
       // A fresh seq on every (re)send keeps event_seq increasing along the stream.
       s.finished_seq = ++next_event_seq_;
       ev.set_event_seq(s.finished_seq);

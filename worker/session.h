@@ -60,6 +60,7 @@ class Session {
     int64_t sent = 0;  // log bytes sent
     bool started_sent = false;
     uint64_t progress_sent = 0;  // progress_version sent
+    size_t metrics_sent = 0;     // metric points sent (Executor::MetricsSince)
     bool finished_sent = false;
     uint64_t finished_seq = 0;   // event_seq of the Finished sent on this stream
   };
