@@ -4,8 +4,11 @@
 
 namespace stemma::engine {
 
-// Returns the process exit code: 0 on success, 1 on an error (one line on stderr), 2 on
-// bad usage. Events go to stdout as JSON lines.
+// Returns the process exit code (common/engine_contract.h): 0 on success; 4 for a bad spec
+// or bad inputs (a missing checkpoint, tensors or configs that do not fit, a layer range
+// past the model), which the worker does not retry; 1 for other failures (I/O). One line
+// `stemma-engine: error: ...` on stderr. --help prints the spec's fields. Events go to
+// stdout as JSON lines (engine/events.h).
 int RunMerge(int argc, char** argv);
 
 }  // namespace stemma::engine

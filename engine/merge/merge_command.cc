@@ -1,16 +1,16 @@
-// stemma-engine merge|revert|interpolate|graft|upcycle --spec FILE (docs/merge.md).
+// stemma-engine merge|revert|interpolate|graft|upcycle --spec FILE (docs/merge.md,
+// docs/engine/<command>.md).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <thread>
 
-#include <chrono>
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
-#include "common/spec_file.h"
+#include "common/engine_cli.h"
+#include "common/engine_contract.h"
 #include "common/status.h"
+#include "engine/events.h"
 #include "engine/merge/checkpoint_stream.h"
 #include "engine/merge/commands.h"
 #include "engine/merge/kernels.h"
@@ -19,31 +19,34 @@
 namespace stemma::engine {
 namespace {
 
-using nlohmann::json;
-
-void Emit(const json& event) {
-  std::string line = event.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), stdout);
-  std::fflush(stdout);
-}
-
-std::string Env(const char* name) {
-  const char* v = std::getenv(name);
+std::string Env(std::string_view name) {
+  const char* v = std::getenv(std::string(name).c_str());
   return v == nullptr ? "" : v;
 }
 
-absl::Status Run(const std::string& command, const std::string& spec_path) {
+// The registry's name for what a command made (common/engine_contract.h, `operation`).
+std::string Operation(const std::string& command, const nlohmann::json& params) {
+  if (command != "merge") return command;
+  return params.value("method", "linear") == "linear" ? "soup" : "merge";
+}
+
+absl::Status Run(const std::string& command, const EngineInvocation& inv) {
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(json spec, ReadSpecFile(spec_path));
-  ASSIGN_OR_RETURN(merge::MergePlan plan, merge::PlanFromSpec(command, spec, spec_path));
+  const EventWriter events;
+  const std::string where = inv.spec_file.empty() ? "command line" : inv.spec_file;
+  // Everything that needs the checkpoints is checked here, before a byte is written.
+  ASSIGN_OR_RETURN(merge::MergePlan plan, merge::PlanFromSpec(*inv.spec, where));
   size_t total = 0;
   for (const auto& o : plan.outputs) total += o.tensors.size();
-  Emit({{"event", "start"}, {"command", command}, {"spec", spec_path},
-        {"outputs", plan.outputs.size()}, {"tensors", total}});
+  Event fields = {{"command", command}, {"spec", where}};
+  for (auto it = plan.start.begin(); it != plan.start.end(); ++it) fields[it.key()] = it.value();
+  fields["outputs"] = plan.outputs.size();
+  fields["tensors"] = total;
+  events.Emit(engine_contract::kEventStart, fields);
 
   size_t done_before = 0;
   uint64_t bytes = 0;
-  json outputs = json::array();
+  Event outputs = Event::array();
   for (const merge::PlannedOutput& o : plan.outputs) {
     merge::StreamWriterOptions options;
     options.max_shard_bytes = plan.max_shard_bytes;
@@ -53,17 +56,20 @@ absl::Status Run(const std::string& command, const std::string& spec_path) {
     options.files = o.files;
     options.carry_from = o.carry_from;
     options.parents = o.parents;
-    options.producer = {Env("STEMMA_JOB_ID"), Env("STEMMA_ATTEMPT_ID"), command, o.params};
+    options.producer = {Env(engine_contract::kEnvJobId), Env(engine_contract::kEnvAttemptId), command,
+                        o.params};
     // Progress per batch of tensors: at most ~100 events per job, and the last one.
     const size_t every = std::max<size_t>(1, total / 100);
     options.on_tensor = [&](size_t n) {
       const size_t step = done_before + n;
       if (step % every != 0 && step != total) return;
-      Emit({{"event", "progress"}, {"step", step}, {"total_steps", total},
-            {"message", absl::StrCat(o.out, ": ", n, "/", o.tensors.size(), " tensors")}});
+      events.Emit(engine_contract::kEventProgress,
+                  {{"step", step}, {"total_steps", total},
+                   {"fraction", total == 0 ? 1.0 : static_cast<double>(step) / static_cast<double>(total)},
+                   {"message", absl::StrCat(o.out, ": ", n, "/", o.tensors.size(), " tensors")}});
     };
-    // Test hook (tests/engine merge kill test): stop after the first shard so a test can
-    // kill the process at a known point.
+    // Test hook (merge_test's kill test): stop after the first shard so a test can kill the
+    // process at a known point.
     if (const std::string pause = Env("STEMMA_MERGE_TEST_PAUSE_S"); !pause.empty()) {
       options.after_first_shard_for_test = [pause] {
         std::fprintf(stderr, "stemma-engine: test pause after the first shard\n");
@@ -77,13 +83,14 @@ absl::Status Run(const std::string& command, const std::string& spec_path) {
         options));
     for (const auto& t : o.tensors) bytes += t.nbytes();
     done_before += o.tensors.size();
-    Emit({{"event", "output"}, {"name", "model"}, {"path", o.out}});
+    ASSIGN_OR_RETURN(Event output, OutputEvent("model", o.out, Operation(command, o.params)));
+    events.Emit(output);
     outputs.push_back(o.out);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  Emit({{"event", "done"}, {"command", command}, {"outputs", outputs}, {"tensors", total},
-        {"tensor_bytes", bytes}, {"seconds", seconds}});
+  events.Emit(engine_contract::kEventDone, {{"command", command}, {"outputs", outputs}, {"tensors", total},
+                                            {"tensor_bytes", bytes}, {"seconds", seconds}});
   return absl::OkStatus();
 }
 
@@ -91,28 +98,17 @@ absl::Status Run(const std::string& command, const std::string& spec_path) {
 
 int RunMerge(int argc, char** argv) {
   const std::string command = argv[0];
-  std::string spec;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--spec") == 0 && i + 1 < argc) {
-      spec = argv[++i];
-    } else if (std::strncmp(argv[i], "--spec=", 7) == 0) {
-      spec = argv[i] + 7;
-    } else {
-      std::fprintf(stderr, "stemma-engine: error: %s: unknown argument %s\nusage: stemma-engine %s --spec FILE\n",
-                   command.c_str(), argv[i], command.c_str());
-      return 2;
-    }
+  absl::StatusOr<EngineInvocation> inv = ParseEngineCommandLine(command, argc, argv, {});
+  if (!inv.ok()) return ReportEngineFailure(inv.status());
+  if (inv->help) {
+    std::fputs(EngineHelp(command, absl::StrCat("stemma-engine ", command,
+                                                " --spec FILE [--<field> VALUE ...]")).c_str(),
+               stdout);
+    return engine_contract::kExitOk;
   }
-  if (spec.empty()) {
-    std::fprintf(stderr, "usage: stemma-engine %s --spec FILE (docs/merge.md)\n", command.c_str());
-    return 2;
-  }
-  absl::Status s = Run(command, spec);
-  if (!s.ok()) {
-    std::fprintf(stderr, "stemma-engine: error: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  return 0;
+  absl::Status s = Run(command, *inv);
+  if (!s.ok()) return ReportEngineFailure(s);
+  return engine_contract::kExitOk;
 }
 
 }  // namespace stemma::engine

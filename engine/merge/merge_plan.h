@@ -1,6 +1,8 @@
-// From a spec (docs/merge.md) to what to write: the opened sources, and for every output
-// checkpoint its tensors with one Recipe each. Planning validates everything (names,
-// shapes, dtypes, configs, weights) before a single byte is written.
+// From a typed spec (stemma/v1/specs/merge.proto, docs/merge.md) to what to write: the
+// opened sources, and for every output checkpoint its tensors with one Recipe each. The
+// spec's own rules were checked when it was read (common/spec_checks_merge.cc); planning
+// checks what needs the checkpoints (names, shapes, dtypes, configs, layer counts) before a
+// single byte is written.
 #pragma once
 
 #include <map>
@@ -12,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/merge/checkpoint_stream.h"
+#include "google/protobuf/message.h"
 #include "engine/merge/kernels.h"
 
 namespace stemma::engine::merge {
@@ -33,26 +36,29 @@ struct MergePlan {
   bool overwrite = false;
   bool tensor_hashes = false;  // per-tensor sha256 in stemma.json
   bool direct_io = true;       // O_DIRECT shard writes where supported
+  // Extra fields of the start event: the layer ranges as resolved against the model
+  // ("layers": ["2:7"] for "middle" of 8 layers), per-range alphas.
+  nlohmann::ordered_json start = nlohmann::ordered_json::object();
 };
 
-// `command` is merge, revert, interpolate, graft or upcycle; `where` names the spec file in
-// errors. InvalidArgument names the field; NotFound/DataLoss name the checkpoint.
-absl::StatusOr<MergePlan> PlanFromSpec(const std::string& command, const nlohmann::json& spec,
+// `spec` is the command's message (MergeSpec, RevertSpec, InterpolateSpec, GraftSpec or
+// UpcycleSpec), defaults filled and rules checked; `where` names the spec file in errors.
+// NotFound (a missing checkpoint), InvalidArgument (tensors, shapes, configs that do not
+// fit the operation, a layer range past the model's layers), DataLoss (a damaged file): each
+// names the field, the checkpoint and the tensor.
+absl::StatusOr<MergePlan> PlanFromSpec(const google::protobuf::Message& spec,
                                        const std::string& where);
 
 // Which tensors an operation touches (revert, interpolate): tensors of the layer ranges,
 // of the modules, and matching the pattern; every given criterion must hold.
 struct TensorSelector {
-  std::vector<std::pair<int, int>> layers;  // inclusive ranges; empty with has_layers: none
+  std::vector<std::pair<int, int>> layers;  // half-open [begin, end) (common/layer_range.h)
   bool has_layers = false;
   std::vector<std::string> modules;         // attention, mlp, norms, embeddings
   std::string pattern;                      // ECMAScript regex, searched in the name
   bool Matches(const std::string& name) const;
 };
 
-// The default "middle" range of an L-layer model: layers round(9L/34) .. round(28L/34) - 1,
-// which is 9..27 for Gemma-3-4B's 34 layers (the reference split, algorithms.md 0.2).
-std::pair<int, int> MiddleLayers(int num_layers);
 // Layer index of a decoder tensor ("...layers.12.mlp..." -> 12, any prefix such as
 // "language_model."), or -1: non-layer tensors and a multimodal model's vision tower and
 // projector, which layer ranges and modules never select (a pattern can).

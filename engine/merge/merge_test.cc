@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/io/checkpoint.h"
 #include "engine/io/safetensors.h"
+#include "engine/io/sha256.h"
 #include "engine/merge/checkpoint_stream.h"
 #include "engine/merge/dtype_convert.h"
 #include "engine/merge/kernels.h"
@@ -162,6 +163,13 @@ void ExpectRounded(const Tensor& out, const std::vector<double>& ref, const std:
   EXPECT_EQ(bad, 0) << name;
 }
 
+// `models:` as the spec writes them: one {path: ...} mapping per checkpoint.
+json Paths(std::initializer_list<std::string> paths) {
+  json out = json::array();
+  for (const std::string& p : paths) out.push_back({{"path", p}});
+  return out;
+}
+
 struct Result {
   int code = -1;
   std::string out, err;
@@ -217,7 +225,7 @@ TEST(TensorSelectorTest, LayersModulesAndPatternsOnDecoderNames) {
   EXPECT_EQ(LayerOf("language_model.model.layers.3.self_attn.q_norm.weight"), 3);
   EXPECT_EQ(LayerOf("model.embed_tokens.weight"), -1);
   EXPECT_EQ(LayerOf("vision_tower.vision_model.encoder.layers.5.mlp.fc1.weight"), -1);
-  TensorSelector middle{{{9, 27}}, true, {}, ""};
+  TensorSelector middle{{{9, 28}}, true, {}, ""};  // half-open: layers 9..27
   EXPECT_TRUE(middle.Matches("language_model.model.layers.9.mlp.down_proj.weight"));
   EXPECT_FALSE(middle.Matches("model.layers.28.mlp.down_proj.weight"));
   EXPECT_FALSE(middle.Matches("vision_tower.vision_model.encoder.layers.10.mlp.fc1.weight"));
@@ -242,6 +250,22 @@ TEST_F(MergeTest, SoupOfMixedDtypesAndShardsIsTheWeightedAverage) {
                                        {{"path", P("c")}, {"weight", 1}}}},
                            {"out", P("soup")}, {"shard_size", 3000}, {"tensor_hashes", true}});
   ASSERT_EQ(r.code, 0) << r.err;
+  // The output event carries what the checkpoint registry records (engine/events.h).
+  const json* output = nullptr;
+  for (const json& e : r.events) {
+    if (e["event"] == "output") output = &e;
+  }
+  ASSERT_NE(output, nullptr) << r.out;
+  EXPECT_EQ((*output)["path"], P("soup"));
+  EXPECT_EQ((*output)["type"], "checkpoint");
+  EXPECT_EQ((*output)["operation"], "soup");
+  EXPECT_EQ((*output)["parents"], json::array({P("a"), P("b"), P("c")}));
+  EXPECT_EQ((*output)["manifest_sha256"], io::Sha256Hex(ReadText(P("soup/stemma.json"))));
+  uint64_t on_disk = 0;
+  for (const auto& e : fs::directory_iterator(P("soup"))) {
+    if (e.path().filename() != "stemma.json") on_disk += fs::file_size(e.path());
+  }
+  EXPECT_EQ((*output)["bytes"], on_disk);
   Model soup = ReadModel(P("soup"));
   ASSERT_EQ(soup.size(), a.size());
   for (const auto& [name, t] : soup) {
@@ -284,7 +308,7 @@ TEST_F(MergeTest, SoupOfMixedDtypesAndShardsIsTheWeightedAverage) {
 TEST_F(MergeTest, OutputDtypeCanBeChosen) {
   WriteModel(P("a"), RandomModel(1, Dtype::kBF16), TinyConfig());
   WriteModel(P("b"), RandomModel(2, Dtype::kBF16), TinyConfig());
-  Result r = Run("merge", {{"models", {P("a"), P("b")}}, {"out", P("soup")}, {"dtype", "float32"}});
+  Result r = Run("merge", {{"models", Paths({P("a"), P("b")})}, {"out", P("soup")}, {"dtype", "float32"}});
   ASSERT_EQ(r.code, 0) << r.err;
   Model a = ReadModel(P("a")), b = ReadModel(P("b")), soup = ReadModel(P("soup"));
   // By default stemma.json hashes whole files only.
@@ -415,24 +439,32 @@ TEST_F(MergeTest, RevertCopiesTheMiddleLayersOrModulesBackFromTheBase) {
   WriteModel(P("model"), model, TinyConfig(8));
   base = ReadModel(P("base"));
   model = ReadModel(P("model"));
-  // Default: the middle range, round(9*8/34)=2 .. round(28*8/34)-1=6 of 8 layers.
-  ASSERT_EQ(MiddleLayers(8), (std::pair<int, int>{2, 6}));
-  ASSERT_EQ(MiddleLayers(34), (std::pair<int, int>{9, 27}));
-  ASSERT_EQ(Run("revert", {{"base", P("base")}, {"model", P("model")}, {"out", P("mid")}}).code, 0);
+  // Default: the middle block, the one convention (common/layer_range.h): of 8 layers,
+  // [round(9*8/34), 8 - round(6*8/34)) = 2:7, i.e. layers 2..6 — and the start event says so.
+  Result r = Run("revert", {{"base", P("base")}, {"model", P("model")}, {"out", P("mid")}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  ASSERT_FALSE(r.events.empty());
+  EXPECT_EQ(r.events[0]["event"], "start");
+  EXPECT_EQ(r.events[0]["layers"], json::array({"2:7"})) << r.events[0].dump();
+  EXPECT_EQ(r.events[0]["num_layers"], 8);
   Model mid = ReadModel(P("mid"));
   for (const auto& [name, t] : mid) {
     const int layer = LayerOf(name);
-    const bool reverted = layer >= 2 && layer <= 6;
+    const bool reverted = layer >= 2 && layer < 7;
     EXPECT_EQ(t.values, (reverted ? base : model)[name].values) << name;
   }
+  // "middle" written out gives the same bytes; a half-open "2:7" too.
+  ASSERT_EQ(Run("revert", {{"base", P("base")}, {"model", P("model")}, {"out", P("mid2")},
+                           {"layers", {"2:7"}}}).code, 0);
+  EXPECT_EQ(ReadText(P("mid2/model.safetensors")), ReadText(P("mid/model.safetensors")));
   ASSERT_EQ(Run("revert", {{"base", P("base")}, {"model", P("model")}, {"out", P("attn")},
-                           {"modules", {"attention", "embeddings"}}, {"layers", {0, 1}}})
+                           {"modules", {"attention", "embeddings"}}, {"layers", {"0:2"}}})
                 .code,
             0);
   Model attn = ReadModel(P("attn"));
   for (const auto& [name, t] : attn) {
     const int layer = LayerOf(name);
-    const bool reverted = layer >= 0 && layer <= 1 && name.find("self_attn") != std::string::npos;
+    const bool reverted = layer >= 0 && layer < 2 && name.find("self_attn") != std::string::npos;
     EXPECT_EQ(t.values, (reverted ? base : model)[name].values) << name;
   }
   ASSERT_EQ(Run("revert", {{"base", P("base")}, {"model", P("model")}, {"out", P("pat")},
@@ -450,7 +482,7 @@ TEST_F(MergeTest, InterpolationSweepWritesOneCheckpointPerAlpha) {
   WriteModel(P("base"), base, TinyConfig());
   WriteModel(P("model"), model, TinyConfig(), 2);
   Result r = Run("interpolate", {{"base", P("base")}, {"model", P("model")}, {"alphas", {0, 0.25, 1}},
-                                 {"layers", {1, 2}}, {"out_pattern", P("interp-{alpha}")}});
+                                 {"layers", {"1:3"}}, {"out_pattern", P("interp-{alpha}")}});
   ASSERT_EQ(r.code, 0) << r.err;
   int outputs = 0;
   for (const json& e : r.events) outputs += e["event"] == "output";
@@ -470,7 +502,7 @@ TEST_F(MergeTest, InterpolationSweepWritesOneCheckpointPerAlpha) {
   }
   // Per-range alphas in one checkpoint; tensors outside every range stay trained.
   ASSERT_EQ(Run("interpolate", {{"base", P("base")}, {"model", P("model")}, {"out", P("ranges")},
-                                {"ranges", {{{"layers", {0, 0}}, {"alpha", 0.5}}, {{"layers", {3, 3}}, {"alpha", 0}}}}})
+                                {"ranges", {{{"layers", {"0"}}, {"alpha", 0.5}}, {{"layers", {"3"}}, {"alpha", 0}}}}})
                 .code,
             0);
   Model ranges = ReadModel(P("ranges"));
@@ -586,28 +618,47 @@ TEST_F(MergeTest, BadInputsFailNamingTheProblemAndWriteNothing) {
     std::string expect;
   };
   const std::vector<Case> cases = {
-      {"merge", {{"models", {P("a"), P("b")}}, {"out", P("o")}}, "model.layers.1.mlp.up_proj.weight [32, 16] vs [16, 32]"},
-      {"merge", {{"models", {P("a"), P("c")}}, {"out", P("o")}}, "hidden_act \"silu\" vs \"gelu\""},
-      {"merge", {{"models", {P("a"), P("d")}}, {"out", P("o")}}, "lm_head.weight"},
-      {"merge", {{"models", {P("a")}}, {"out", P("o")}, {"wieght", 1}}, "wieght"},
+      {"merge", {{"models", Paths({P("a"), P("b")})}, {"out", P("o")}}, "model.layers.1.mlp.up_proj.weight [32, 16] vs [16, 32]"},
+      {"merge", {{"models", Paths({P("a"), P("c")})}, {"out", P("o")}}, "hidden_act \"silu\" vs \"gelu\""},
+      {"merge", {{"models", Paths({P("a"), P("d")})}, {"out", P("o")}}, "lm_head.weight"},
+      {"merge", {{"models", Paths({P("a")})}, {"out", P("o")}, {"wieght", 1}}, "wieght"},
       {"merge", {{"models", {{{"path", P("a")}, {"weight", 1}}, {{"path", P("a")}, {"weight", -1}}}}, {"out", P("o")}}, "weights sum to 0"},
       {"merge", {{"method", "ties"}, {"base", P("a")}, {"models", {{{"path", P("a")}, {"density", 0}}}}, {"out", P("o")}}, "density"},
-      {"merge", {{"method", "ties"}, {"models", {P("a")}}, {"out", P("o")}}, "base: is required"},
-      {"merge", {{"models", {P("nope")}}, {"out", P("o")}}, P("nope")},
-      {"revert", {{"base", P("a")}, {"model", P("a")}, {"out", P("o")}, {"layers", {2, 9}}}, "layers"},
+      {"merge", {{"method", "ties"}, {"models", Paths({P("a")})}, {"out", P("o")}}, "base: is required by method ties"},
+      {"merge", {{"models", Paths({P("nope")})}, {"out", P("o")}}, P("nope")},
+      {"revert", {{"base", P("a")}, {"model", P("a")}, {"out", P("o")}, {"layers", {"2:9"}}}, "layers[0]: layers '2:9' reach past the model's 4 layers"},
       {"interpolate", {{"base", P("a")}, {"model", P("a")}, {"alphas", {0.5}}, {"out_pattern", P("x")}}, "{alpha}"},
       {"upcycle", {{"model", P("a")}, {"out", P("o")}, {"experts", 2}, {"top_k", 3}}, "top_k"},
-      {"merge", {{"models", {P("a")}}, {"out", P("a")}}, "already exists"},
+      {"merge", {{"models", Paths({P("a")})}, {"out", P("a")}}, "already exists"},
+      // overwrite replaces only what Stemma wrote: P("a") has no stemma.json.
+      {"merge", {{"models", Paths({P("b")})}, {"out", P("a")}, {"overwrite", true}}, "Stemma did not write it"},
+      // The one layer-range convention: strings, half-open; a bare integer is refused.
+      {"revert", {{"base", P("a")}, {"model", P("a")}, {"out", P("o")}, {"layers", {2}}}, "write layer ranges as strings"},
+      {"merge", {{"models", Paths({P("a")})}, {"out", P("o")}, {"shard_size", "5XB"}}, "shard_size: '5XB' is not a byte count"},
   };
   for (const Case& c : cases) {
     Result r = Run(c.command, c.spec);
-    EXPECT_EQ(r.code, 1) << c.spec.dump();
+    // 4: a bad spec or bad input, which the worker does not retry (common/engine_contract.h).
+    EXPECT_EQ(r.code, 4) << c.spec.dump() << "\n" << r.err;
     EXPECT_NE(r.err.find("stemma-engine: error: "), std::string::npos) << r.err;
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << "want \"" << c.expect << "\" in: " << r.err;
     EXPECT_FALSE(fs::exists(P("o"))) << c.spec.dump();
   }
   for (const auto& entry : fs::directory_iterator(dir_)) {
     EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+}
+
+TEST_F(MergeTest, HelpListsTheSpecFields) {
+  for (const std::string command : {"merge", "revert", "interpolate", "graft", "upcycle"}) {
+    const std::string cmd = absl::StrCat(EngineBin(), " ", command, " --help >", P("help"), " 2>&1");
+    const int status = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << command;
+    EXPECT_EQ(WEXITSTATUS(status), 0) << command;
+    const std::string help = ReadText(P("help"));
+    EXPECT_NE(help.find("usage: stemma-engine " + command), std::string::npos) << help;
+    EXPECT_NE(help.find("  out  (path (written)"), std::string::npos) << help;
+    EXPECT_NE(help.find("docs/engine/" + command + ".md"), std::string::npos) << help;
   }
 }
 
@@ -641,7 +692,7 @@ TEST_F(MergeTest, SameInputsGiveIdenticalBytes) {
 TEST_F(MergeTest, KillDuringMergePublishesNothingAndRerunGivesTheSameBytes) {
   WriteModel(P("a"), RandomModel(90, Dtype::kBF16), TinyConfig());
   WriteModel(P("b"), RandomModel(91, Dtype::kBF16), TinyConfig());
-  const json spec = {{"models", {P("a"), P("b")}}, {"out", P("soup")}, {"shard_size", 2000}};
+  const json spec = {{"models", Paths({P("a"), P("b")})}, {"out", P("soup")}, {"shard_size", 2000}};
   const std::string spec_path = SpecFile(spec);
   pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
@@ -668,7 +719,7 @@ TEST_F(MergeTest, KillDuringMergePublishesNothingAndRerunGivesTheSameBytes) {
   EXPECT_TRUE(fs::exists(staging)) << "the killed writer's staging directory";
   ASSERT_EQ(Run("merge", spec).code, 0);
   EXPECT_FALSE(fs::exists(staging)) << "a rerun removes a dead writer's staging directory";
-  ASSERT_EQ(Run("merge", {{"models", {P("a"), P("b")}}, {"out", P("again")}, {"shard_size", 2000}}).code, 0);
+  ASSERT_EQ(Run("merge", {{"models", Paths({P("a"), P("b")})}, {"out", P("again")}, {"shard_size", 2000}}).code, 0);
   int shards = 0;
   for (const auto& entry : fs::directory_iterator(P("soup"))) {
     const std::string name = entry.path().filename().string();

@@ -69,7 +69,7 @@ def main():
     raw, stemma, rss = [], [], []
     spec = os.path.join(work, "soup.json")
     with open(spec, "w") as f:
-        json.dump({"models": models, "out": os.path.join(work, "stemma")}, f)
+        json.dump({"models": [{"path": m} for m in models], "out": os.path.join(work, "stemma")}, f)
     for _ in range(args.rounds):
         # Physical limit: read every input byte and write (and fsync) an output of one model's size.
         fresh(os.path.join(work, "raw"))
