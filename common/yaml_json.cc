@@ -6,7 +6,9 @@
 #include <cstring>
 #include <map>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace stemma {
 namespace {
@@ -36,9 +38,16 @@ YamlNode ScalarNode(const yaml_event_t& e) {
 // Builds the documents from libyaml's event stream. Containers being filled are on a stack
 // of pointers into their parent's `items` (or into `docs`); a parent never grows while a
 // child is open, so the pointers stay valid.
+//
+// Bounds, so that refusing a hostile file costs time linear in its size: nesting depth,
+// alias count, and a budget of nodes built (an alias costs the size of what it copies,
+// and so does remembering an anchor) that is linear in the input.
 class Builder {
  public:
-  Builder(std::string_view text, std::string_view source) : text_(text), source_(source) {}
+  Builder(std::string_view text, std::string_view source)
+      : text_(text),
+        source_(source),
+        node_budget_(kYamlNodesPerByte * text.size() + kYamlBaseNodes) {}
 
   absl::StatusOr<std::vector<YamlNode>> Run() {
     yaml_parser_t parser;
@@ -77,26 +86,45 @@ class Builder {
         in_document_ = false;
         return absl::OkStatus();
       case YAML_SCALAR_EVENT: {
-        YamlNode* n = Add(ScalarNode(e));
-        Remember(e.data.scalar.anchor, *n);
+        const size_t weight = 1 + e.data.scalar.length / 16;
+        RETURN_IF_ERROR(Charge(weight, e));
+        YamlNode* n = Add(ScalarNode(e), weight);
+        if (e.data.scalar.anchor != nullptr) {
+          RETURN_IF_ERROR(Charge(weight, e));
+          anchors_[reinterpret_cast<const char*>(e.data.scalar.anchor)] = {*n, weight};
+        }
         return absl::OkStatus();
       }
       case YAML_SEQUENCE_START_EVENT:
       case YAML_MAPPING_START_EVENT: {
+        if (stack_.size() >= kMaxYamlDepth) {
+          return absl::InvalidArgumentError(absl::StrCat(source_, ": line ", e.start_mark.line + 1,
+                                                         ": nested deeper than ", kMaxYamlDepth,
+                                                         " levels"));
+        }
+        RETURN_IF_ERROR(Charge(1, e));
         YamlNode n;
         n.line = static_cast<int>(e.start_mark.line) + 1;
         const bool map = e.type == YAML_MAPPING_START_EVENT;
         n.kind = map ? YamlNode::Kind::kMapping : YamlNode::Kind::kSequence;
         const yaml_char_t* anchor = map ? e.data.mapping_start.anchor : e.data.sequence_start.anchor;
-        stack_.push_back(Add(std::move(n)));
+        stack_.push_back(Add(std::move(n), 1, /*opening=*/true));
+        open_weights_.push_back(1);
         anchors_open_.push_back(anchor ? reinterpret_cast<const char*>(anchor) : "");
         return absl::OkStatus();
       }
       case YAML_SEQUENCE_END_EVENT:
       case YAML_MAPPING_END_EVENT: {
         YamlNode* closed = stack_.back();
+        const size_t weight = open_weights_.back();
         stack_.pop_back();
-        if (!anchors_open_.back().empty()) anchors_[anchors_open_.back()] = *closed;
+        open_weights_.pop_back();
+        if (!open_weights_.empty()) open_weights_.back() += weight;
+        if (closed->IsMap()) RETURN_IF_ERROR(CheckDuplicateKeys(*closed));
+        if (!anchors_open_.back().empty()) {
+          RETURN_IF_ERROR(Charge(weight, e));
+          anchors_[anchors_open_.back()] = {*closed, weight};
+        }
         anchors_open_.pop_back();
         return absl::OkStatus();
       }
@@ -107,7 +135,14 @@ class Builder {
           return absl::InvalidArgumentError(absl::StrCat(source_, ": line ", e.start_mark.line + 1,
                                                          ": unknown alias *", name));
         }
-        Add(it->second)->line = static_cast<int>(e.start_mark.line) + 1;  // errors point here
+        if (++aliases_ > kMaxYamlAliases) {
+          return absl::InvalidArgumentError(absl::StrCat(source_, ": line ", e.start_mark.line + 1,
+                                                         ": more than ", kMaxYamlAliases,
+                                                         " aliases"));
+        }
+        RETURN_IF_ERROR(Charge(it->second.weight, e));
+        Add(it->second.node, it->second.weight)->line =
+            static_cast<int>(e.start_mark.line) + 1;  // errors point here
         return absl::OkStatus();
       }
       default:
@@ -115,7 +150,10 @@ class Builder {
     }
   }
 
-  YamlNode* Add(YamlNode node) {
+  // `weight`: the node's size in the budget's units (its nodes, and scalar bytes / 16),
+  // added to the open parent's; a container that opens here is added when it closes.
+  YamlNode* Add(YamlNode node, size_t weight, bool opening = false) {
+    if (!opening && !open_weights_.empty()) open_weights_.back() += weight;
     if (stack_.empty()) {  // the document's root
       if (!in_document_) docs_.emplace_back();
       docs_.back() = std::move(node);
@@ -125,8 +163,32 @@ class Builder {
     return &stack_.back()->items.back();
   }
 
-  void Remember(const yaml_char_t* anchor, const YamlNode& node) {
-    if (anchor != nullptr) anchors_[reinterpret_cast<const char*>(anchor)] = node;
+  absl::Status Charge(size_t weight, const yaml_event_t& e) {
+    spent_ += weight;
+    if (spent_ > node_budget_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source_, ": line ", e.start_mark.line + 1, ": expands to more than ", node_budget_,
+          " nodes (", kYamlNodesPerByte, " per input byte); aliases are bounded"));
+    }
+    return absl::OkStatus();
+  }
+
+  // A key twice in one mapping is refused: silently keeping the last value hides typos.
+  absl::Status CheckDuplicateKeys(const YamlNode& map) {
+    if (map.items.size() <= 2) return absl::OkStatus();
+    absl::flat_hash_map<std::string_view, int> seen;
+    seen.reserve(map.items.size() / 2);
+    for (size_t i = 0; i + 1 < map.items.size(); i += 2) {
+      const YamlNode& k = map.items[i];
+      if (k.kind != YamlNode::Kind::kScalar) continue;
+      auto [it, fresh] = seen.emplace(k.scalar, k.line);
+      if (!fresh) {
+        return absl::InvalidArgumentError(absl::StrCat(source_, ": line ", k.line,
+                                                       ": duplicate key '", k.scalar,
+                                                       "' (first at line ", it->second, ")"));
+      }
+    }
+    return absl::OkStatus();
   }
 
   std::string_view text_;
@@ -134,8 +196,16 @@ class Builder {
   std::vector<YamlNode> docs_;
   std::vector<YamlNode*> stack_;
   std::vector<std::string> anchors_open_;  // parallel to stack_: "" when none
-  std::map<std::string, YamlNode> anchors_;
+  std::vector<size_t> open_weights_;       // parallel to stack_: weight so far
+  struct Anchor {
+    YamlNode node;
+    size_t weight = 1;
+  };
+  std::map<std::string, Anchor> anchors_;
   bool in_document_ = false;
+  const size_t node_budget_;
+  size_t spent_ = 0;
+  size_t aliases_ = 0;
 };
 
 // The JSON number grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?

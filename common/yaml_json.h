@@ -32,8 +32,18 @@ struct YamlNode {
   size_t size() const { return kind == Kind::kMapping ? items.size() / 2 : items.size(); }
 };
 
+// Bounds on what LoadYamlDocuments builds, so that a hostile file (an alias bomb, 100k
+// levels of nesting) is refused at a cost linear in its size: at most kYamlNodesPerByte
+// nodes per input byte (+ kYamlBaseNodes), counting every copy an alias makes (and a long
+// scalar as one node per 16 bytes); kMaxYamlAliases aliases; kMaxYamlDepth levels.
+inline constexpr size_t kYamlNodesPerByte = 4;
+inline constexpr size_t kYamlBaseNodes = 100000;
+inline constexpr size_t kMaxYamlAliases = 100000;
+inline constexpr size_t kMaxYamlDepth = 128;
+
 // Every document of a YAML stream (an empty document is a null node). Syntax errors are
-// InvalidArgument "<source>: line L, column C: <problem>".
+// InvalidArgument "<source>: line L, column C: <problem>"; so are the bounds above and a
+// key given twice in one mapping ("<source>: line L: duplicate key 'k' (first at line M)").
 absl::StatusOr<std::vector<YamlNode>> LoadYamlDocuments(std::string_view text,
                                                         std::string_view source);
 
