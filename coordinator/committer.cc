@@ -32,15 +32,10 @@ Committer::~Committer() {
 
 uint64_t Committer::Add(StoreBatch batch, bool urgent) {
   absl::MutexLock lock(&mu_);
-  for (auto& j : batch.jobs) {
-    std::string id = j.id();
-    jobs_[id] = std::move(j);
-  }
-  for (auto& w : batch.workers) {
-    std::string id = w.id();
-    workers_[id] = std::move(w);
-  }
-  for (auto& k : batch.idempotency_keys) keys_.push_back(std::move(k));
+  // The lambdas run inside ForEach, under mu_.
+  batch.ForEach([this](auto table, auto& rows) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (!rows.empty()) pending_.of<decltype(table)>().Add(rows);
+  });
   ++added_;
   if (urgent) {
     urgent_ = added_;
@@ -93,14 +88,10 @@ void Committer::Loop() {
         continue;
       }
       ticket = added_;
-      batch.jobs.reserve(jobs_.size());
-      for (auto& [id, j] : jobs_) batch.jobs.push_back(std::move(j));
-      for (auto& [id, w] : workers_) batch.workers.push_back(std::move(w));
-      batch.idempotency_keys = std::move(keys_);
+      batch.ForEach([this](auto table, auto& rows) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        pending_.of<decltype(table)>().TakeInto(&rows);
+      });
       lazy_deadline_us_ = kNoDeadline;
-      jobs_.clear();
-      workers_.clear();
-      keys_.clear();
     }
     // Retry until the store takes it: the in-memory state is already ahead of the disk,
     // and answering a caller before its change is durable would break the contract.

@@ -12,6 +12,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <iterator>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -62,9 +64,50 @@ class Committer {
   static constexpr int64_t kNoDeadline = INT64_MAX;
   int64_t lazy_deadline_us_ ABSL_GUARDED_BY(mu_) = kNoDeadline;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  absl::flat_hash_map<std::string, v1::Job> jobs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, v1::WorkerInfo> workers_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<std::string, std::vector<std::string>>> keys_ ABSL_GUARDED_BY(mu_);
+  // Records not yet taken by a transaction, per durable table: state tables merged by key
+  // (repeated updates of one job are written once), series tables appended.
+  template <typename T, bool = T::kKind == TableKind::kState>
+  struct PendingRows {
+    absl::flat_hash_map<typename T::Key, typename T::Record> rows;
+    void Add(std::vector<typename T::Record>& added) {
+      for (auto& r : added) {
+        auto key = T::KeyOf(r);
+        rows.insert_or_assign(std::move(key), std::move(r));
+      }
+    }
+    void TakeInto(std::vector<typename T::Record>* out) {
+      out->reserve(rows.size());
+      for (auto& [key, r] : rows) out->push_back(std::move(r));
+      rows.clear();
+    }
+  };
+  template <typename T>
+  struct PendingRows<T, false> {
+    std::vector<typename T::Record> rows;
+    void Add(std::vector<typename T::Record>& added) {
+      if (rows.empty()) {
+        rows = std::move(added);
+      } else {
+        rows.insert(rows.end(), std::make_move_iterator(added.begin()),
+                    std::make_move_iterator(added.end()));
+      }
+    }
+    void TakeInto(std::vector<typename T::Record>* out) {
+      *out = std::move(rows);
+      rows.clear();
+    }
+  };
+  template <typename List>
+  struct Pending;
+  template <typename... T>
+  struct Pending<TableList<T...>> {
+    std::tuple<PendingRows<T>...> tables;
+    template <typename Table>
+    PendingRows<Table>& of() {
+      return std::get<internal::IndexOf<Table, T...>()>(tables);
+    }
+  };
+  Pending<DurableTables> pending_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -316,10 +316,13 @@ class RecordingStore : public Store {
   absl::StatusOr<StoreSnapshot> Load() override { return StoreSnapshot{}; }
   absl::Status Commit(const StoreBatch& batch) override {
     absl::MutexLock l(&mu_);
-    for (const auto& j : batch.jobs) committed_.push_back(j.id());
+    for (const auto& j : batch.of<JobsTable>()) committed_.push_back(j.id());
     return absl::OkStatus();
   }
   absl::StatusOr<std::string> IntegrityCheck() override { return std::string("ok"); }
+  absl::StatusOr<std::vector<v1::MetricPoint>> ReadMetrics(const MetricQuery&, bool*) override {
+    return std::vector<v1::MetricPoint>();
+  }
   std::vector<std::string> committed() {
     absl::MutexLock l(&mu_);
     return committed_;
@@ -342,7 +345,7 @@ TEST(CommitterTest, ALazyRecordAddedWhileIdleIsCommittedWithoutCompany) {
   });
   absl::SleepFor(absl::Milliseconds(20));  // let it go idle
   StoreBatch batch;
-  batch.jobs.emplace_back().set_id("j-7");
+  batch.of<JobsTable>().emplace_back().set_id("j-7");
   const uint64_t ticket = committer.Add(std::move(batch), /*urgent=*/false);
   bool done = false;
   for (int i = 0; i < 2000 && !done; ++i) {
@@ -358,11 +361,11 @@ TEST(CommitterTest, UrgentRecordsAndLaterLazyOnesKeepTheirOrderAndAllArrive) {
   RecordingStore store;
   Committer committer(&store, nullptr);
   StoreBatch a;
-  a.jobs.emplace_back().set_id("j-1");
+  a.of<JobsTable>().emplace_back().set_id("j-1");
   committer.Wait(committer.Add(std::move(a)));
   EXPECT_EQ(store.committed(), std::vector<std::string>{"j-1"});
   StoreBatch b;
-  b.jobs.emplace_back().set_id("j-2");
+  b.of<JobsTable>().emplace_back().set_id("j-2");
   const uint64_t lazy = committer.Add(std::move(b), /*urgent=*/false);
   committer.Wait(lazy);  // waiting makes it urgent
   EXPECT_EQ(store.committed(), (std::vector<std::string>{"j-1", "j-2"}));

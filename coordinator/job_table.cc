@@ -18,7 +18,7 @@ std::string JobLabel(const v1::Job& job) {
 }  // namespace
 
 void JobTable::Load(const StoreSnapshot& snapshot) {
-  for (const auto& job : snapshot.jobs) {
+  for (const auto& job : snapshot.of<JobsTable>()) {
     Entry& e = jobs_[job.id()];
     e.job = job;
     order_.push_back(job.id());
@@ -31,7 +31,7 @@ void JobTable::Load(const StoreSnapshot& snapshot) {
       if (it != jobs_.end()) it->second.dependents.push_back(id);
     }
   }
-  for (const auto& [key, ids] : snapshot.idempotency_keys) idempotency_[key] = ids;
+  for (const auto& [key, ids] : snapshot.of<IdempotencyKeysTable>()) idempotency_[key] = ids;
   if (observer_) {
     for (const auto& id : order_) {
       observer_(jobs_[id].job, v1::JOB_STATE_UNSPECIFIED, jobs_[id].job.state());
@@ -144,7 +144,7 @@ absl::StatusOr<JobTable::SubmitResult> JobTable::Submit(const v1::SubmitRequest&
   for (size_t i = 0; i < specs.size(); ++i) Release(jobs_[ids[i]], changes);
   if (!request.idempotency_key().empty()) {
     idempotency_[request.idempotency_key()] = ids;
-    changes->batch.idempotency_keys.emplace_back(request.idempotency_key(), ids);
+    changes->batch.of<IdempotencyKeysTable>().emplace_back(request.idempotency_key(), ids);
   }
   return SubmitResult{std::move(ids), false};
 }
@@ -232,7 +232,7 @@ absl::StatusOr<v1::ListJobsResponse> JobTable::List(const v1::ListJobsRequest& r
 
 void JobTable::Record(Entry& e, v1::JobState previous, Changes* changes) {
   e.job.set_updated_ms(clock_->WallMs());
-  changes->batch.jobs.push_back(e.job);
+  changes->batch.of<JobsTable>().push_back(e.job);
   if (!changes->want_events) return;
   if (changes->want_event && !changes->want_event(e.job.id())) return;
   v1::JobEvent ev;

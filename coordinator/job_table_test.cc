@@ -25,7 +25,7 @@ class JobTableTest : public ::testing::Test {
     Changes ch;
     auto r = table_.Submit(req, &ch);
     if (!r.ok()) return r.status();
-    committed_ += ch.batch.jobs.size();
+    committed_ += ch.batch.of<JobsTable>().size();
     return r->ids;
   }
   v1::JobState State(const std::string& id) { return table_.Find(id)->state(); }
@@ -213,10 +213,10 @@ TEST_F(JobTableTest, ReloadKeepsEverything) {
   auto ids = Submit({Noop("a"), Noop("b", {"a"})}, "key");
   ASSERT_TRUE(ids.ok());
   StoreSnapshot snap;
-  table_.ForEach([&](const v1::Job& j) { snap.jobs.push_back(j); });
-  std::sort(snap.jobs.begin(), snap.jobs.end(),
+  table_.ForEach([&](const v1::Job& j) { snap.of<JobsTable>().push_back(j); });
+  std::sort(snap.of<JobsTable>().begin(), snap.of<JobsTable>().end(),
             [](const auto& a, const auto& b) { return a.seq() < b.seq(); });
-  snap.idempotency_keys.push_back({"key", *ids});
+  snap.of<IdempotencyKeysTable>().push_back({"key", *ids});
   JobTable reloaded(&clock_);
   reloaded.Load(snap);
   EXPECT_EQ(reloaded.queue().size(), 1u);

@@ -1,5 +1,7 @@
 #include "coordinator/metrics.h"
 
+#include <map>
+
 #include "common/job_spec.h"
 
 namespace stemma::coordinator {
@@ -27,6 +29,18 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
                    .Name("stemma_coordinator_attempts_ended_total")
                    .Help("Attempts that ended, by result")
                    .Register(*registry_);
+  train_loss_ = &BuildGauge()
+                     .Name("stemma_train_loss")
+                     .Help("Latest training loss of a running job, by experiment and stage")
+                     .Register(*registry_);
+  train_tokens_ = &BuildGauge()
+                       .Name("stemma_train_tokens_per_second")
+                       .Help("Latest training throughput of a running job, by experiment and stage")
+                       .Register(*registry_);
+  train_step_ = &BuildGauge()
+                     .Name("stemma_train_step")
+                     .Help("Latest optimizer step of a running job, by experiment and stage")
+                     .Register(*registry_);
   submitted_ = &BuildCounter()
                     .Name("stemma_coordinator_jobs_submitted_total")
                     .Help("Jobs accepted by Submit")
@@ -106,6 +120,47 @@ void CoordinatorMetrics::AttemptEnded(const std::string& result) {
   auto [it, inserted] = attempts_cache_.try_emplace(result);
   if (inserted) it->second = &attempts_->Add({{"result", result}});
   it->second->Increment();
+}
+
+CoordinatorMetrics::TrainingSeries& CoordinatorMetrics::Training(const std::string& experiment,
+                                                                const std::string& stage) {
+  auto [it, inserted] = training_.try_emplace({experiment, stage});
+  if (inserted) {
+    const std::map<std::string, std::string> labels = {{"experiment", experiment},
+                                                       {"stage", stage}};
+    it->second.loss = &train_loss_->Add(labels);
+    it->second.tokens = &train_tokens_->Add(labels);
+    it->second.step = &train_step_->Add(labels);
+  }
+  return it->second;
+}
+
+void CoordinatorMetrics::TrainingLoss(const std::string& experiment, const std::string& stage,
+                                      double v) {
+  absl::MutexLock lock(&cache_mu_);
+  Training(experiment, stage).loss->Set(v);
+}
+
+void CoordinatorMetrics::TrainingTokensPerSecond(const std::string& experiment,
+                                                 const std::string& stage, double v) {
+  absl::MutexLock lock(&cache_mu_);
+  Training(experiment, stage).tokens->Set(v);
+}
+
+void CoordinatorMetrics::TrainingStep(const std::string& experiment, const std::string& stage,
+                                      double v) {
+  absl::MutexLock lock(&cache_mu_);
+  Training(experiment, stage).step->Set(v);
+}
+
+void CoordinatorMetrics::RemoveTraining(const std::string& experiment, const std::string& stage) {
+  absl::MutexLock lock(&cache_mu_);
+  auto it = training_.find({experiment, stage});
+  if (it == training_.end()) return;
+  train_loss_->Remove(it->second.loss);
+  train_tokens_->Remove(it->second.tokens);
+  train_step_->Remove(it->second.step);
+  training_.erase(it);
 }
 
 }  // namespace stemma::coordinator

@@ -51,6 +51,14 @@ class CoordinatorMetrics {
   }
   void AttemptEnded(const std::string& result);
 
+  // Live training series of running jobs, labelled by experiment and stage (bounded: one
+  // series per stage of an experiment, whichever of its jobs reported last).
+  void TrainingLoss(const std::string& experiment, const std::string& stage, double v);
+  void TrainingTokensPerSecond(const std::string& experiment, const std::string& stage, double v);
+  void TrainingStep(const std::string& experiment, const std::string& stage, double v);
+  // Removes the three series of (experiment, stage): no job of it runs any more.
+  void RemoveTraining(const std::string& experiment, const std::string& stage);
+
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>* jobs_;
@@ -65,6 +73,9 @@ class CoordinatorMetrics {
   prometheus::Histogram* store_batch_;
   prometheus::Histogram* heartbeat_age_;
   prometheus::Counter* stale_reports_;
+  prometheus::Family<prometheus::Gauge>* train_loss_;
+  prometheus::Family<prometheus::Gauge>* train_tokens_;
+  prometheus::Family<prometheus::Gauge>* train_step_;
   prometheus::Gauge* workers_alive_;
   prometheus::Gauge* workers_draining_;
   prometheus::Gauge* workers_lost_;
@@ -81,6 +92,15 @@ class CoordinatorMetrics {
   absl::flat_hash_map<std::pair<int, int>, prometheus::Counter*> transitions_cache_
       ABSL_GUARDED_BY(cache_mu_);
   absl::flat_hash_map<std::string, prometheus::Counter*> attempts_cache_
+      ABSL_GUARDED_BY(cache_mu_);
+  struct TrainingSeries {
+    prometheus::Gauge* loss = nullptr;
+    prometheus::Gauge* tokens = nullptr;
+    prometheus::Gauge* step = nullptr;
+  };
+  TrainingSeries& Training(const std::string& experiment, const std::string& stage)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
+  absl::flat_hash_map<std::pair<std::string, std::string>, TrainingSeries> training_
       ABSL_GUARDED_BY(cache_mu_);
 };
 

@@ -33,6 +33,20 @@ class UserHandler {
                                                         std::vector<v1::JobEvent>* initial) = 0;
   virtual void Unwatch(const std::shared_ptr<EventHub::Subscription>& sub) = 0;
   virtual const LogStore& logs() const = 0;
+
+  // Metric series. INVALID_ARGUMENT without jobs or experiment; NOT_FOUND for unknown ones.
+  virtual absl::StatusOr<v1::QueryMetricsResponse> QueryMetrics(
+      const v1::QueryMetricsRequest& request) = 0;
+  // The checkpoint registry. NOT_FOUND for an unknown artifact (id, ckpt:ID or path).
+  virtual absl::StatusOr<v1::ListArtifactsResponse> ListArtifacts(
+      const v1::ListArtifactsRequest& request) = 0;
+  virtual absl::StatusOr<v1::ArtifactDetails> GetArtifact(const std::string& id) = 0;
+  virtual absl::StatusOr<v1::LineageResponse> Lineage(const v1::LineageRequest& request) = 0;
+  // Reads the artifact's files on the coordinator's file system.
+  virtual absl::StatusOr<v1::VerifyArtifactResponse> VerifyArtifact(const std::string& id) = 0;
+  virtual absl::StatusOr<v1::Artifact> PinArtifact(const std::string& id, bool unpin) = 0;
+  // INVALID_ARGUMENT for a bad policy. A dry run unless request.apply().
+  virtual absl::StatusOr<v1::GcResponse> CollectGarbage(const v1::GcRequest& request) = 0;
 };
 
 // The coordinator's end of one worker session stream. Thread-safe.

@@ -9,7 +9,7 @@ int WorkerEntry::free_gpus() const {
 }
 
 void WorkerTable::Load(const StoreSnapshot& snapshot, int64_t now_mono, int64_t grace_ms) {
-  for (const auto& info : snapshot.workers) {
+  for (const auto& info : snapshot.of<WorkersTable>()) {
     WorkerEntry& w = Upsert(info);
     w.connected = false;
     // A restarted coordinator gives every worker a full lease (counted from now) to come

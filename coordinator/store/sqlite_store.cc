@@ -1,6 +1,7 @@
 // The SQLite backend: the only file in the project that includes <sqlite3.h>.
 #include <sqlite3.h>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -16,27 +17,44 @@
 namespace stemma::coordinator {
 namespace {
 
-// Schema migrations: entry i takes the database from version i to i + 1.
-const char* const kMigrations[] = {
-    R"sql(
-CREATE TABLE jobs (
-  seq INTEGER PRIMARY KEY,       -- submission order; the id is "j-<seq>"
-  id TEXT NOT NULL,
-  state TEXT NOT NULL,
-  experiment TEXT NOT NULL DEFAULT '',
-  record BLOB NOT NULL           -- stemma.v1.Job
-);
-CREATE TABLE workers (
-  id TEXT PRIMARY KEY,
-  record BLOB NOT NULL
-);
-CREATE TABLE idempotency_keys (
-  key TEXT PRIMARY KEY,
-  job_ids TEXT NOT NULL
-);
-)sql",
-};
-static_assert(sizeof(kMigrations) / sizeof(kMigrations[0]) == kSchemaVersion);
+// Statements run after the tables of a version are created, to take the database from
+// version i to i + 1 (index i). Tables themselves come from their descriptors (kSince).
+const char* const kMigrationExtras[] = {"", ""};
+static_assert(sizeof(kMigrationExtras) / sizeof(kMigrationExtras[0]) == kSchemaVersion);
+
+// "INSERT INTO t(a, b, c) VALUES(?1, ?2, ?3) ON CONFLICT(a) DO UPDATE SET b=excluded.b, ..."
+template <typename T>
+std::string PutSql() {
+  std::vector<std::string> names, params, updates;
+  int i = 0;
+  for (const Column& c : T::kColumns) {
+    names.push_back(c.name);
+    params.push_back(absl::StrCat("?", ++i));
+    if (T::kConflict != nullptr && std::string(c.name) != T::kConflict) {
+      updates.push_back(absl::StrCat(c.name, "=excluded.", c.name));
+    }
+  }
+  std::string sql = absl::StrCat("INSERT INTO ", T::kName, "(", absl::StrJoin(names, ", "),
+                                 ") VALUES(", absl::StrJoin(params, ", "), ")");
+  if (T::kConflict != nullptr) {
+    absl::StrAppend(&sql, " ON CONFLICT(", T::kConflict, ") DO UPDATE SET ",
+                    absl::StrJoin(updates, ", "));
+  }
+  return sql;
+}
+
+template <typename... T>
+constexpr size_t CountTables(TableList<T...>) {
+  return sizeof...(T);
+}
+
+template <typename T>
+std::string LoadSql() {
+  std::vector<std::string> names;
+  for (const Column& c : T::kColumns) names.push_back(c.name);
+  return absl::StrCat("SELECT ", absl::StrJoin(names, ", "), " FROM ", T::kName, " ORDER BY ",
+                      T::kOrderBy);
+}
 
 class Statement {
  public:
@@ -64,6 +82,7 @@ class SqliteStore final : public Store {
     checkpoint_cv_.notify_all();
     if (checkpointer_.joinable()) checkpointer_.join();
     if (checkpoint_db_) sqlite3_close_v2(checkpoint_db_);
+    if (read_db_) sqlite3_close_v2(read_db_);
     sqlite3_close_v2(db_);
   }
 
@@ -88,18 +107,19 @@ class SqliteStore final : public Store {
     sqlite3_busy_timeout(checkpoint_db_, 5000);
     sqlite3_exec(checkpoint_db_, "PRAGMA synchronous=FULL", nullptr, nullptr, nullptr);
     checkpointer_ = std::thread([this] { CheckpointLoop(); });
-    RETURN_IF_ERROR(Prepare(
-        "INSERT INTO jobs(id, seq, state, experiment, record) VALUES(?1, ?2, ?3, ?4, ?5) "
-        "ON CONFLICT(seq) DO UPDATE SET state=excluded.state, record=excluded.record",
-        &put_job_));
-    RETURN_IF_ERROR(Prepare(
-        "INSERT INTO workers(id, record) VALUES(?1, ?2) "
-        "ON CONFLICT(id) DO UPDATE SET record=excluded.record",
-        &put_worker_));
-    RETURN_IF_ERROR(Prepare(
-        "INSERT INTO idempotency_keys(key, job_ids) VALUES(?1, ?2) "
-        "ON CONFLICT(key) DO UPDATE SET job_ids=excluded.job_ids",
-        &put_key_));
+    absl::Status prepared;
+    ForEachTable([&](auto table, Statement& put) {
+      using T = decltype(table);
+      if (prepared.ok()) prepared = Prepare(PutSql<T>().c_str(), &put);
+    });
+    RETURN_IF_ERROR(prepared);
+    // Queries run on their own connection (WAL readers never block the writer), so that
+    // RPC threads can read while the committer writes.
+    if (sqlite3_open_v2(path_.c_str(), &read_db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX,
+                        nullptr) != SQLITE_OK) {
+      return Error("open query connection", SQLITE_CANTOPEN);
+    }
+    sqlite3_busy_timeout(read_db_, 5000);
     // Prepared once: sqlite3_exec would parse them again for every transaction.
     RETURN_IF_ERROR(Prepare("BEGIN IMMEDIATE", &begin_));
     RETURN_IF_ERROR(Prepare("COMMIT", &commit_));
@@ -108,48 +128,68 @@ class SqliteStore final : public Store {
 
   absl::StatusOr<StoreSnapshot> Load() override {
     StoreSnapshot snap;
-    {
-      Statement st;
-      RETURN_IF_ERROR(Prepare("SELECT id, record FROM jobs ORDER BY seq", &st));
-      int rc;
-      while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
-        v1::Job job;
-        if (!job.ParseFromArray(sqlite3_column_blob(st.get(), 1),
-                                sqlite3_column_bytes(st.get(), 1))) {
-          return absl::DataLossError(absl::StrCat(path_, ": job record ",
-                                                  ColumnText(st.get(), 0), " does not parse"));
-        }
-        snap.jobs.push_back(std::move(job));
-      }
-      if (rc != SQLITE_DONE) return Error("load jobs", rc);
-    }
-    {
-      Statement st;
-      RETURN_IF_ERROR(Prepare("SELECT id, record FROM workers ORDER BY id", &st));
-      int rc;
-      while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
-        v1::WorkerInfo w;
-        if (!w.ParseFromArray(sqlite3_column_blob(st.get(), 1),
-                              sqlite3_column_bytes(st.get(), 1))) {
-          return absl::DataLossError(absl::StrCat(path_, ": worker record ",
-                                                  ColumnText(st.get(), 0), " does not parse"));
-        }
-        snap.workers.push_back(std::move(w));
-      }
-      if (rc != SQLITE_DONE) return Error("load workers", rc);
-    }
-    {
-      Statement st;
-      RETURN_IF_ERROR(Prepare("SELECT key, job_ids FROM idempotency_keys", &st));
-      int rc;
-      while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
-        std::vector<std::string> ids = absl::StrSplit(ColumnText(st.get(), 1), ',',
-                                                      absl::SkipEmpty());
-        snap.idempotency_keys.emplace_back(ColumnText(st.get(), 0), std::move(ids));
-      }
-      if (rc != SQLITE_DONE) return Error("load idempotency keys", rc);
-    }
+    absl::Status st;
+    snap.ForEach([&](auto table, auto& rows) {
+      using T = decltype(table);
+      if (st.ok() && T::kKind == TableKind::kState) st = LoadTable<T>(&rows);
+    });
+    RETURN_IF_ERROR(st);
     return snap;
+  }
+
+  absl::StatusOr<std::vector<v1::MetricPoint>> ReadMetrics(const MetricQuery& query,
+                                                            bool* truncated) override {
+    std::lock_guard<std::mutex> lock(read_mu_);
+    if (!read_all_.get()) {
+      RETURN_IF_ERROR(PrepareOn(read_db_,
+                                absl::StrCat(LoadSql<MetricPointsTable>().substr(
+                                                 0, LoadSql<MetricPointsTable>().find(" ORDER BY")),
+                                             " WHERE job = ?1 ORDER BY rowid"),
+                                &read_all_));
+      RETURN_IF_ERROR(PrepareOn(
+          read_db_,
+          absl::StrCat(LoadSql<MetricPointsTable>().substr(
+                           0, LoadSql<MetricPointsTable>().find(" ORDER BY")),
+                       " WHERE rowid IN (SELECT max(rowid) FROM metric_points WHERE job = ?1 "
+                       "GROUP BY name) ORDER BY rowid"),
+          &read_last_));
+    }
+    sqlite3_stmt* s = query.last_only ? read_last_.get() : read_all_.get();
+    std::vector<v1::MetricPoint> out;
+    bool cut = false;
+    // One read transaction for all jobs: a consistent view.
+    sqlite3_exec(read_db_, "BEGIN", nullptr, nullptr, nullptr);
+    absl::Status st;
+    for (const std::string& job : query.job_ids) {
+      sqlite3_reset(s);
+      sqlite3_bind_text(s, 1, job.data(), job.size(), SQLITE_TRANSIENT);
+      int rc = SQLITE_DONE;
+      StatementRow row(s);
+      while (!cut && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+        auto name = row.Text(2);
+        if (!MetricNameMatches(query.name_pattern, std::string(name))) continue;
+        if (out.size() >= query.limit) {
+          cut = true;
+          break;
+        }
+        auto p = MetricPointsTable::Read(row);
+        if (!p.ok()) {
+          st = absl::DataLossError(absl::StrCat(path_, ": ", p.status().message()));
+          break;
+        }
+        out.push_back(std::move(*p));
+      }
+      if (!st.ok() || cut) break;
+      if (rc != SQLITE_DONE) {
+        st = ErrorOn(read_db_, "read metric points", rc);
+        break;
+      }
+    }
+    sqlite3_reset(s);
+    sqlite3_exec(read_db_, "COMMIT", nullptr, nullptr, nullptr);
+    RETURN_IF_ERROR(st);
+    if (truncated) *truncated = cut;
+    return out;
   }
 
   absl::Status Commit(const StoreBatch& batch) override {
@@ -197,42 +237,88 @@ class SqliteStore final : public Store {
   }
 
  private:
-  absl::Status WriteBatch(const StoreBatch& batch) {
-    std::string buf;
-    for (const auto& job : batch.jobs) {
-      sqlite3_stmt* s = put_job_.get();
-      sqlite3_reset(s);
-      job.SerializeToString(&buf);
-      sqlite3_bind_text(s, 1, job.id().data(), job.id().size(), SQLITE_TRANSIENT);
-      sqlite3_bind_int64(s, 2, static_cast<int64_t>(job.seq()));
-      const std::string& state = v1::JobState_Name(job.state());
-      sqlite3_bind_text(s, 3, state.data(), state.size(), SQLITE_TRANSIENT);
-      sqlite3_bind_text(s, 4, job.spec().experiment().data(), job.spec().experiment().size(),
-                        SQLITE_TRANSIENT);
-      sqlite3_bind_blob(s, 5, buf.data(), buf.size(), SQLITE_TRANSIENT);
-      int rc = sqlite3_step(s);
-      if (rc != SQLITE_DONE) return Error(absl::StrCat("write job ", job.id()), rc);
+  // Binds a record's columns to a prepared statement, in order.
+  class BindingWriter final : public RowWriter {
+   public:
+    explicit BindingWriter(sqlite3_stmt* s) : s_(s) {}
+    void Int(int64_t v) override { sqlite3_bind_int64(s_, ++i_, v); }
+    void Real(double v) override { sqlite3_bind_double(s_, ++i_, v); }
+    void Text(absl::string_view v) override {
+      sqlite3_bind_text(s_, ++i_, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     }
-    for (const auto& w : batch.workers) {
-      sqlite3_stmt* s = put_worker_.get();
-      sqlite3_reset(s);
-      w.SerializeToString(&buf);
-      sqlite3_bind_text(s, 1, w.id().data(), w.id().size(), SQLITE_TRANSIENT);
-      sqlite3_bind_blob(s, 2, buf.data(), buf.size(), SQLITE_TRANSIENT);
-      int rc = sqlite3_step(s);
-      if (rc != SQLITE_DONE) return Error(absl::StrCat("write worker ", w.id()), rc);
+    void Blob(absl::string_view v) override {
+      sqlite3_bind_blob(s_, ++i_, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     }
-    for (const auto& [key, ids] : batch.idempotency_keys) {
-      sqlite3_stmt* s = put_key_.get();
-      sqlite3_reset(s);
-      std::string joined = absl::StrJoin(ids, ",");
-      sqlite3_bind_text(s, 1, key.data(), key.size(), SQLITE_TRANSIENT);
-      sqlite3_bind_text(s, 2, joined.data(), joined.size(), SQLITE_TRANSIENT);
-      int rc = sqlite3_step(s);
-      if (rc != SQLITE_DONE) return Error("write idempotency key", rc);
+
+   private:
+    sqlite3_stmt* s_;
+    int i_ = 0;
+  };
+
+  // The current row of a stepped statement.
+  class StatementRow final : public RowReader {
+   public:
+    explicit StatementRow(sqlite3_stmt* s) : s_(s) {}
+    int64_t Int(int c) const override { return sqlite3_column_int64(s_, c); }
+    double Real(int c) const override { return sqlite3_column_double(s_, c); }
+    absl::string_view Text(int c) const override {
+      const unsigned char* t = sqlite3_column_text(s_, c);
+      return t ? absl::string_view(reinterpret_cast<const char*>(t), sqlite3_column_bytes(s_, c))
+               : absl::string_view();
     }
+    absl::string_view Blob(int c) const override {
+      const void* b = sqlite3_column_blob(s_, c);
+      return b ? absl::string_view(static_cast<const char*>(b), sqlite3_column_bytes(s_, c))
+               : absl::string_view();
+    }
+
+   private:
+    sqlite3_stmt* s_;
+  };
+
+  template <typename T>
+  absl::Status LoadTable(std::vector<typename T::Record>* rows) {
+    Statement st;
+    RETURN_IF_ERROR(Prepare(LoadSql<T>().c_str(), &st));
+    StatementRow row(st.get());
+    int rc;
+    while ((rc = sqlite3_step(st.get())) == SQLITE_ROW) {
+      auto r = T::Read(row);
+      if (!r.ok()) return absl::DataLossError(absl::StrCat(path_, ": ", r.status().message()));
+      rows->push_back(std::move(*r));
+    }
+    if (rc != SQLITE_DONE) return Error(absl::StrCat("load ", T::kName), rc);
     return absl::OkStatus();
   }
+
+  absl::Status WriteBatch(const StoreBatch& batch) {
+    absl::Status st;
+    ForEachTable([&](auto table, Statement& put) {
+      using T = decltype(table);
+      sqlite3_stmt* s = put.get();
+      for (const auto& r : batch.of<T>()) {
+        if (!st.ok()) return;
+        sqlite3_reset(s);
+        BindingWriter w(s);
+        T::Write(r, &w);
+        int rc = sqlite3_step(s);
+        if (rc != SQLITE_DONE) st = Error(absl::StrCat("write ", T::Describe(r)), rc);
+      }
+    });
+    return st;
+  }
+
+  // f(Table{}, that table's upsert statement) for every durable table.
+  template <typename F>
+  void ForEachTable(F&& f) {
+    ForEachTableIn(DurableTables{}, f);
+  }
+  template <typename... T, typename F>
+  void ForEachTableIn(TableList<T...>, F& f) {
+    size_t i = 0;
+    (f(T{}, puts_[i++]), ...);  // left to right: the list's order
+  }
+
 
   absl::Status Migrate() {
     RETURN_IF_ERROR(Exec("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"));
@@ -250,7 +336,13 @@ class SqliteStore final : public Store {
     if (version == kSchemaVersion) return absl::OkStatus();
     RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE"));
     absl::Status st;
-    for (int v = version; v < kSchemaVersion && st.ok(); ++v) st = Exec(kMigrations[v]);
+    for (int v = version; v < kSchemaVersion && st.ok(); ++v) {
+      ForEachTable([&](auto table, Statement&) {
+        using T = decltype(table);
+        if (st.ok() && T::kSince == v + 1) st = Exec(T::kSchema);
+      });
+      if (st.ok() && *kMigrationExtras[v] != '\0') st = Exec(kMigrationExtras[v]);
+    }
     if (st.ok()) st = Exec("DELETE FROM schema_version");
     if (st.ok()) st = Exec(absl::StrCat("INSERT INTO schema_version VALUES(", kSchemaVersion, ")"));
     if (st.ok()) st = Exec("COMMIT");
@@ -283,13 +375,21 @@ class SqliteStore final : public Store {
     return absl::OkStatus();
   }
 
+  absl::Status PrepareOn(sqlite3* db, const std::string& sql, Statement* st) {
+    int rc = sqlite3_prepare_v2(db, sql.c_str(), -1, st->out(), nullptr);
+    if (rc != SQLITE_OK) return ErrorOn(db, absl::StrCat("prepare ", sql), rc);
+    return absl::OkStatus();
+  }
+
   static std::string ColumnText(sqlite3_stmt* st, int col) {
     const unsigned char* t = sqlite3_column_text(st, col);
     return t ? reinterpret_cast<const char*>(t) : "";
   }
 
-  absl::Status Error(absl::string_view what, int rc) const {
-    const char* msg = db_ ? sqlite3_errmsg(db_) : sqlite3_errstr(rc);
+  absl::Status Error(absl::string_view what, int rc) const { return ErrorOn(db_, what, rc); }
+
+  absl::Status ErrorOn(sqlite3* db, absl::string_view what, int rc) const {
+    const char* msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
     return Status(rc, absl::StrCat(path_, ": ", what, ": ", msg));
   }
 
@@ -314,9 +414,13 @@ class SqliteStore final : public Store {
   std::mutex checkpoint_mu_;
   std::condition_variable checkpoint_cv_;
   bool stop_checkpoints_ = false;
-  Statement put_job_;
-  Statement put_worker_;
-  Statement put_key_;
+  // One upsert (or insert) statement per durable table, in DurableTables order.
+  std::array<Statement, CountTables(DurableTables{})> puts_;
+  // The query connection (ReadMetrics), its statements and the lock that serializes them.
+  std::mutex read_mu_;
+  sqlite3* read_db_ = nullptr;
+  Statement read_all_;
+  Statement read_last_;
   Statement begin_;
   Statement commit_;
 };

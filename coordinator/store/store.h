@@ -1,9 +1,11 @@
 // Durable coordinator state. Two backends share one interface and one test suite:
 // SqliteStore (production) and MemoryStore (fast, deterministic tests).
 //
-// The coordinator keeps its working set in memory and uses the store for durability:
-// Load() once at start-up, then Commit() of batches of records. A committed batch is one
-// transaction: all of it survives a crash, or none of it does.
+// The coordinator keeps its working set (the state tables of store/tables.h) in memory and
+// uses the store for durability: Load() once at start-up, then Commit() of batches of
+// records. A committed batch is one transaction: all of it survives a crash, or none of it
+// does. Series tables (metric points) are written the same way but never loaded; queries
+// read them.
 #pragma once
 
 #include <memory>
@@ -11,37 +13,34 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "stemma/v1/job.pb.h"
-#include "stemma/v1/user_service.pb.h"
+#include "coordinator/store/tables.h"
 
 namespace stemma::coordinator {
 
-// A set of upserts applied atomically. Later puts of the same key win.
-struct StoreBatch {
-  std::vector<v1::Job> jobs;
-  std::vector<v1::WorkerInfo> workers;
-  std::vector<std::pair<std::string, std::vector<std::string>>> idempotency_keys;
-
-  bool empty() const { return jobs.empty() && workers.empty() && idempotency_keys.empty(); }
-  size_t size() const { return jobs.size() + workers.size() + idempotency_keys.size(); }
+// Which metric points ReadMetrics returns.
+struct MetricQuery {
+  std::vector<std::string> job_ids;  // in this order
+  std::string name_pattern;          // fnmatch(3) glob over names; empty: every name
+  bool last_only = false;            // only the last point of each (job, name)
+  size_t limit = 100000;             // at most this many points
 };
 
-struct StoreSnapshot {
-  std::vector<v1::Job> jobs;  // in submission order (seq)
-  std::vector<v1::WorkerInfo> workers;
-  std::vector<std::pair<std::string, std::vector<std::string>>> idempotency_keys;
-};
-
-// Not thread-safe: the coordinator's committer is the only caller after start-up.
+// Load, Commit and IntegrityCheck are not thread-safe: the coordinator's committer is the
+// only caller after start-up. ReadMetrics may be called from any thread, also while a
+// Commit runs; it sees committed transactions only.
 class Store {
  public:
   virtual ~Store() = default;
-  // Everything committed so far.
+  // Every state table's committed rows.
   virtual absl::StatusOr<StoreSnapshot> Load() = 0;
   // One transaction, durable when this returns OK. On error nothing of the batch is kept.
   virtual absl::Status Commit(const StoreBatch& batch) = 0;
   // "ok", or what the backend's consistency check found.
   virtual absl::StatusOr<std::string> IntegrityCheck() = 0;
+  // Metric points of the given jobs, per job in the order asked, then in the order they
+  // were committed. `*truncated` (optional) tells whether the limit cut the answer.
+  virtual absl::StatusOr<std::vector<v1::MetricPoint>> ReadMetrics(const MetricQuery& query,
+                                                                    bool* truncated) = 0;
 };
 
 // Opens (creating and migrating as needed) the database at `path`.
@@ -51,7 +50,7 @@ absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const std::string& path);
 // A store that lives in memory only (tests).
 std::unique_ptr<Store> MakeMemoryStore();
 
-// The schema version OpenSqliteStore migrates to.
-inline constexpr int kSchemaVersion = 1;
+// True when `name` matches the ReadMetrics pattern (empty matches everything).
+bool MetricNameMatches(const std::string& pattern, const std::string& name);
 
 }  // namespace stemma::coordinator

@@ -61,59 +61,59 @@ class StoreTest : public ::testing::TestWithParam<Backend> {
 TEST_P(StoreTest, EmptyStoreLoadsNothing) {
   auto snap = store_->Load();
   ASSERT_TRUE(snap.ok()) << snap.status();
-  EXPECT_TRUE(snap->jobs.empty());
-  EXPECT_TRUE(snap->workers.empty());
+  EXPECT_TRUE(snap->of<JobsTable>().empty());
+  EXPECT_TRUE(snap->of<WorkersTable>().empty());
 }
 
 TEST_P(StoreTest, CommittedRecordsSurviveReopenInSubmissionOrder) {
   StoreBatch b;
-  b.jobs.push_back(MakeJob("j-2", 2, v1::QUEUED));
-  b.jobs.push_back(MakeJob("j-1", 1, v1::PENDING));
+  b.of<JobsTable>().push_back(MakeJob("j-2", 2, v1::QUEUED));
+  b.of<JobsTable>().push_back(MakeJob("j-1", 1, v1::PENDING));
   v1::WorkerInfo w;
   w.set_id("w0");
   w.set_cpus(8);
   w.add_gpus()->set_id(3);
-  b.workers.push_back(w);
-  b.idempotency_keys.push_back({"key-1", {"j-1", "j-2"}});
+  b.of<WorkersTable>().push_back(w);
+  b.of<IdempotencyKeysTable>().push_back({"key-1", {"j-1", "j-2"}});
   ASSERT_TRUE(store_->Commit(b).ok());
   Reopen();
   auto snap = store_->Load();
   ASSERT_TRUE(snap.ok()) << snap.status();
-  ASSERT_EQ(snap->jobs.size(), 2u);
-  EXPECT_EQ(snap->jobs[0].id(), "j-1");
-  EXPECT_EQ(snap->jobs[1].id(), "j-2");
-  EXPECT_EQ(snap->jobs[1].state(), v1::QUEUED);
-  EXPECT_EQ(snap->jobs[0].spec().name(), "job j-1");
-  ASSERT_EQ(snap->workers.size(), 1u);
-  EXPECT_EQ(snap->workers[0].gpus(0).id(), 3);
-  ASSERT_EQ(snap->idempotency_keys.size(), 1u);
-  EXPECT_EQ(snap->idempotency_keys[0].second, (std::vector<std::string>{"j-1", "j-2"}));
+  ASSERT_EQ(snap->of<JobsTable>().size(), 2u);
+  EXPECT_EQ(snap->of<JobsTable>()[0].id(), "j-1");
+  EXPECT_EQ(snap->of<JobsTable>()[1].id(), "j-2");
+  EXPECT_EQ(snap->of<JobsTable>()[1].state(), v1::QUEUED);
+  EXPECT_EQ(snap->of<JobsTable>()[0].spec().name(), "job j-1");
+  ASSERT_EQ(snap->of<WorkersTable>().size(), 1u);
+  EXPECT_EQ(snap->of<WorkersTable>()[0].gpus(0).id(), 3);
+  ASSERT_EQ(snap->of<IdempotencyKeysTable>().size(), 1u);
+  EXPECT_EQ(snap->of<IdempotencyKeysTable>()[0].second, (std::vector<std::string>{"j-1", "j-2"}));
 }
 
 TEST_P(StoreTest, UpsertReplacesTheRecord) {
   StoreBatch b;
-  b.jobs.push_back(MakeJob("j-1", 1, v1::QUEUED));
+  b.of<JobsTable>().push_back(MakeJob("j-1", 1, v1::QUEUED));
   ASSERT_TRUE(store_->Commit(b).ok());
-  b.jobs[0].set_state(v1::SUCCEEDED);
-  b.jobs[0].set_attempts(2);
+  b.of<JobsTable>()[0].set_state(v1::SUCCEEDED);
+  b.of<JobsTable>()[0].set_attempts(2);
   ASSERT_TRUE(store_->Commit(b).ok());
   Reopen();
   auto snap = store_->Load();
   ASSERT_TRUE(snap.ok());
-  ASSERT_EQ(snap->jobs.size(), 1u);
-  EXPECT_EQ(snap->jobs[0].state(), v1::SUCCEEDED);
-  EXPECT_EQ(snap->jobs[0].attempts(), 2);
+  ASSERT_EQ(snap->of<JobsTable>().size(), 1u);
+  EXPECT_EQ(snap->of<JobsTable>()[0].state(), v1::SUCCEEDED);
+  EXPECT_EQ(snap->of<JobsTable>()[0].attempts(), 2);
 }
 
 TEST_P(StoreTest, ManyJobsInOneTransaction) {
   StoreBatch b;
-  for (int i = 1; i <= 5000; ++i) b.jobs.push_back(MakeJob("j-" + std::to_string(i), i, v1::QUEUED));
+  for (int i = 1; i <= 5000; ++i) b.of<JobsTable>().push_back(MakeJob("j-" + std::to_string(i), i, v1::QUEUED));
   ASSERT_TRUE(store_->Commit(b).ok());
   Reopen();
   auto snap = store_->Load();
   ASSERT_TRUE(snap.ok());
-  EXPECT_EQ(snap->jobs.size(), 5000u);
-  EXPECT_EQ(snap->jobs.back().id(), "j-5000");
+  EXPECT_EQ(snap->of<JobsTable>().size(), 5000u);
+  EXPECT_EQ(snap->of<JobsTable>().back().id(), "j-5000");
   auto check = store_->IntegrityCheck();
   ASSERT_TRUE(check.ok());
   EXPECT_EQ(*check, "ok");

@@ -1,0 +1,133 @@
+#include "coordinator/artifact_files.h"
+
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace stemma::coordinator {
+
+absl::StatusOr<std::string> Sha256File(const std::string& path, int64_t* bytes) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
+    ::close(fd);
+    return absl::InternalError("sha256: OpenSSL could not start a digest");
+  }
+  std::vector<char> buf(1 << 20);
+  int64_t total = 0;
+  for (;;) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      return ErrnoStatus(absl::StrCat("read ", path), err);
+    }
+    if (n == 0) break;
+    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
+    total += n;
+  }
+  ::close(fd);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx.get(), digest, &len);
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(len * 2);
+  for (unsigned int i = 0; i < len; ++i) {
+    hex.push_back(kHex[digest[i] >> 4]);
+    hex.push_back(kHex[digest[i] & 15]);
+  }
+  if (bytes) *bytes = total;
+  return hex;
+}
+
+std::string ManifestFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return path + "/stemma.json";
+  return path;
+}
+
+ManifestCheck CheckManifest(const std::string& path, const std::string& expected) {
+  ManifestCheck c;
+  const std::string file = ManifestFile(path);
+  auto sha = Sha256File(file);
+  if (!sha.ok()) {
+    c.result = v1::UNREADABLE;
+    c.detail = std::string(sha.status().message());
+    return c;
+  }
+  if (*sha != expected) {
+    c.result = v1::MISMATCH;
+    c.detail = absl::StrCat(file, ": sha256 ", *sha, ", reported ",
+                            expected.empty() ? "(none)" : expected);
+    return c;
+  }
+  c.result = v1::VERIFIED;
+  return c;
+}
+
+DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expected) {
+  DeepCheck d;
+  d.manifest = CheckManifest(path, expected);
+  if (d.manifest.result != v1::VERIFIED) {
+    d.problems.push_back(d.manifest.detail);
+    return d;
+  }
+  d.files_checked = 1;
+  const std::string manifest = ManifestFile(path);
+  if (manifest == path) return d;  // a plain file: its own hash is the manifest hash
+  std::ifstream in(manifest);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("files") || !j["files"].is_object()) {
+    d.problems.push_back(absl::StrCat(manifest, ": not a manifest (no files object)"));
+    return d;
+  }
+  for (auto it = j["files"].begin(); it != j["files"].end(); ++it) {
+    const std::string file = path + "/" + it.key();
+    const auto& entry = it.value();
+    if (!entry.is_object() || !entry.contains("sha256") || !entry["sha256"].is_string()) {
+      d.problems.push_back(absl::StrCat(manifest, ": files.", it.key(), " has no sha256"));
+      continue;
+    }
+    int64_t bytes = 0;
+    auto sha = Sha256File(file, &bytes);
+    ++d.files_checked;
+    if (!sha.ok()) {
+      d.problems.push_back(std::string(sha.status().message()));
+      continue;
+    }
+    if (entry.contains("bytes") && entry["bytes"].is_number_integer() &&
+        entry["bytes"].get<int64_t>() != bytes) {
+      d.problems.push_back(absl::StrCat(file, ": ", bytes, " bytes, manifest says ",
+                                        entry["bytes"].get<int64_t>()));
+      continue;
+    }
+    if (*sha != entry["sha256"].get<std::string>()) {
+      d.problems.push_back(absl::StrCat(file, ": sha256 differs from the manifest"));
+    }
+  }
+  return d;
+}
+
+absl::Status RemoveArtifactFiles(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat("remove ", path, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace stemma::coordinator

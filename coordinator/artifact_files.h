@@ -1,0 +1,42 @@
+// The coordinator's door to artifact files: manifest hashes, deep verification and removal.
+// The only coordinator file that includes OpenSSL. Thread-safe (no state); every function
+// reads or changes the file system, so none may run under the core mutex.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stemma/v1/user_service.pb.h"
+
+namespace stemma::coordinator {
+
+// Lowercase hex sha256 of a file's bytes; `*bytes` (optional) gets its size. Errors name
+// the file.
+absl::StatusOr<std::string> Sha256File(const std::string& path, int64_t* bytes = nullptr);
+
+// The file whose sha256 is an artifact's manifest hash: <path>/stemma.json for a
+// directory (checkpoint, dataset), the file itself otherwise.
+std::string ManifestFile(const std::string& path);
+
+struct ManifestCheck {
+  v1::Verification result = v1::UNCHECKED;
+  std::string detail;  // what differed or could not be read
+};
+// Compares the manifest's sha256 with `expected`: VERIFIED, MISMATCH or UNREADABLE.
+ManifestCheck CheckManifest(const std::string& path, const std::string& expected);
+
+struct DeepCheck {
+  ManifestCheck manifest;
+  std::vector<std::string> problems;  // one line per file missing or different
+  int files_checked = 0;
+};
+// The manifest check, then (for directories) every file the manifest lists: present, of
+// its recorded size, with its recorded sha256.
+DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expected);
+
+// Removes an artifact's directory or file. OK when it is already gone.
+absl::Status RemoveArtifactFiles(const std::string& path);
+
+}  // namespace stemma::coordinator

@@ -1,0 +1,444 @@
+#include "coordinator/artifact_registry.h"
+
+#include <algorithm>
+#include <deque>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "coordinator/gc_policy.h"
+#include "coordinator/spec_refs.h"
+
+namespace stemma::coordinator {
+namespace {
+
+bool IsLiveState(v1::JobState s) { return s == v1::ASSIGNED || s == v1::RUNNING; }
+bool Terminal(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
+
+std::string NormalPath(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+void AppendUnique(std::vector<std::string>* v, const std::string& id) {
+  if (std::find(v->begin(), v->end(), id) == v->end()) v->push_back(id);
+}
+
+}  // namespace
+
+void ArtifactRegistry::Load(const StoreSnapshot& snapshot) {
+  for (const v1::Artifact& a : snapshot.of<ArtifactsTable>()) {
+    by_id_[a.id()] = a;
+    order_.push_back(a.id());
+    next_seq_ = std::max(next_seq_, a.seq() + 1);
+    Index(by_id_[a.id()], /*inserted=*/true);
+  }
+}
+
+void ArtifactRegistry::Index(const v1::Artifact& a, bool inserted) {
+  if (a.state() == v1::ARTIFACT_PRESENT) by_path_[a.path()] = a.id();
+  if (!a.manifest_sha256().empty()) {
+    // An external artifact learns its hash at its first verify.
+    auto& ids = by_manifest_[a.manifest_sha256()];
+    if (inserted || std::find(ids.begin(), ids.end(), a.id()) == ids.end()) ids.push_back(a.id());
+  }
+  if (!inserted) return;  // job and parents never change
+  if (!a.job_id().empty()) by_job_[a.job_id()].push_back(a.id());
+  for (const std::string& parent : a.parents()) children_[parent].push_back(a.id());
+}
+
+v1::Artifact* ArtifactRegistry::Put(v1::Artifact artifact, Changes* changes) {
+  auto [it, inserted] = by_id_.try_emplace(artifact.id());
+  if (inserted) order_.push_back(artifact.id());
+  const bool was_at_path = !inserted && it->second.state() == v1::ARTIFACT_PRESENT;
+  it->second = std::move(artifact);
+  v1::Artifact& a = it->second;
+  if (was_at_path && a.state() != v1::ARTIFACT_PRESENT) {
+    auto p = by_path_.find(a.path());
+    if (p != by_path_.end() && p->second == a.id()) by_path_.erase(p);
+  }
+  Index(a, inserted);
+  changes->batch.of<ArtifactsTable>().push_back(a);
+  return &a;
+}
+
+std::string ArtifactRegistry::ResolveParent(const std::string& path, Changes* changes) {
+  auto it = by_path_.find(path);
+  if (it != by_path_.end()) return it->second;
+  v1::Artifact a;
+  const uint64_t seq = next_seq_++;
+  a.set_id(absl::StrCat("a-", seq));
+  a.set_seq(seq);
+  a.set_type("checkpoint");
+  a.set_path(path);
+  a.set_operation("external");
+  a.set_external(true);
+  a.set_state(v1::ARTIFACT_PRESENT);
+  a.set_verification(v1::UNCHECKED);
+  a.set_created_ms(core_->clock->WallMs());
+  return Put(std::move(a), changes)->id();
+}
+
+void ArtifactRegistry::Stage(const std::string& attempt_id,
+                             const google::protobuf::RepeatedPtrField<v1::OutputArtifact>& artifacts,
+                             std::vector<ManifestCheck> checks) {
+  if (artifacts.empty()) return;
+  auto& staged = staged_[attempt_id];
+  for (int i = 0; i < artifacts.size(); ++i) {
+    Staged s;
+    s.output = artifacts[i];
+    if (static_cast<size_t>(i) < checks.size()) s.check = std::move(checks[i]);
+    staged.push_back(std::move(s));
+  }
+}
+
+void ArtifactRegistry::OnTransition(const v1::Job& job, v1::JobState from, v1::JobState to) {
+  if (!IsLiveState(from) || IsLiveState(to) || to == v1::SUCCEEDED) return;
+  staged_.erase(job.current().id());
+}
+
+void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
+  series_->AssertHeld();
+  const absl::flat_hash_map<std::string, double> last = series_->LastValues(job.id());
+  series_->Forget(job.id());
+  std::vector<Staged> staged;
+  if (auto it = staged_.find(job.current().id()); it != staged_.end()) {
+    staged = std::move(it->second);
+    staged_.erase(it);
+  }
+  const int64_t now = core_->clock->WallMs();
+  std::string stage;
+  if (auto it = job.spec().labels().find("stage"); it != job.spec().labels().end()) {
+    stage = it->second;
+  }
+  bool made_checkpoint = false;
+  for (Staged& s : staged) {
+    const v1::OutputArtifact& out = s.output;
+    if (out.path().empty()) continue;
+    const std::string path = NormalPath(out.path());
+    v1::Artifact a;
+    const uint64_t seq = next_seq_++;
+    a.set_id(absl::StrCat("a-", seq));
+    a.set_seq(seq);
+    a.set_name(out.name());
+    a.set_type(out.type().empty() ? "checkpoint" : out.type());
+    a.set_path(path);
+    a.set_manifest_sha256(out.manifest_sha256());
+    a.set_bytes(out.bytes());
+    a.set_job_id(job.id());
+    a.set_attempt(job.current().number());
+    a.set_experiment(job.spec().experiment());
+    a.set_stage(stage);
+    a.set_operation(out.operation());
+    for (const std::string& parent : out.parents()) {
+      const std::string p = NormalPath(parent);
+      if (p.empty() || p == path) continue;
+      const std::string id = ResolveParent(p, changes);
+      if (std::find(a.parents().begin(), a.parents().end(), id) == a.parents().end()) {
+        a.add_parents(id);
+      }
+    }
+    for (const auto& [name, value] : last) (*a.mutable_metrics())[name] = value;
+    a.set_state(v1::ARTIFACT_PRESENT);
+    a.set_created_ms(now);
+    a.set_verification(s.check.result);
+    a.set_verification_detail(s.check.detail);
+    if (s.check.result == v1::MISMATCH) {
+      spdlog::warn("job={} output {} at {}: {}", job.id(), out.name(), path, s.check.detail);
+    }
+    // A new artifact at the path of a present one replaced its files: the old record must
+    // never be collected (that would delete the new files).
+    if (auto old = by_path_.find(path); old != by_path_.end()) {
+      v1::Artifact replaced = by_id_.at(old->second);
+      replaced.set_state(v1::ARTIFACT_DELETED);
+      replaced.set_deleted_ms(now);
+      replaced.set_deleted_by(absl::StrCat("replaced by ", a.id(), " (same path)"));
+      Put(std::move(replaced), changes);
+    }
+    made_checkpoint |= a.type() == "checkpoint";
+    Put(std::move(a), changes);
+  }
+  // An evaluation (no checkpoint of its own) measured the checkpoints it read.
+  if (!made_checkpoint && !last.empty()) {
+    for (const std::string& id : ReferencedBy(job.spec())) {
+      v1::Artifact a = by_id_.at(id);
+      if (a.type() != "checkpoint" || a.state() != v1::ARTIFACT_PRESENT) continue;
+      for (const auto& [name, value] : last) (*a.mutable_metrics())[name] = value;
+      Put(std::move(a), changes);
+    }
+  }
+}
+
+const v1::Artifact* ArtifactRegistry::Find(const std::string& id_or_path) const {
+  if (auto it = by_id_.find(id_or_path); it != by_id_.end()) return &it->second;
+  std::string id = id_or_path;
+  if (absl::StartsWith(id, "ckpt:")) id = id.substr(5);
+  if (auto it = by_id_.find(id); it != by_id_.end()) return &it->second;
+  if (auto it = by_path_.find(NormalPath(id_or_path)); it != by_path_.end()) {
+    return &by_id_.at(it->second);
+  }
+  return nullptr;
+}
+
+std::vector<const v1::Artifact*> ArtifactRegistry::FindByManifest(const std::string& sha256) const {
+  std::vector<const v1::Artifact*> out;
+  if (auto it = by_manifest_.find(sha256); it != by_manifest_.end()) {
+    for (const auto& id : it->second) out.push_back(&by_id_.at(id));
+  }
+  return out;
+}
+
+std::vector<const v1::Artifact*> ArtifactRegistry::FindByJob(const std::string& job_id) const {
+  std::vector<const v1::Artifact*> out;
+  if (auto it = by_job_.find(job_id); it != by_job_.end()) {
+    for (const auto& id : it->second) out.push_back(&by_id_.at(id));
+  }
+  return out;
+}
+
+std::vector<std::string> ArtifactRegistry::ReferencedBy(const v1::JobSpec& spec) const {
+  std::vector<std::string> strings;
+  CollectStrings(spec, &strings);
+  std::vector<std::string> ids;
+  for (const std::string& s : strings) {
+    if (absl::StartsWith(s, "ckpt:")) {
+      if (by_id_.contains(s.substr(5))) AppendUnique(&ids, s.substr(5));
+      continue;
+    }
+    if (s.empty() || s[0] != '/' || by_path_.empty()) continue;
+    // The path itself, or any directory above it (a file inside a checkpoint).
+    std::string p = NormalPath(s);
+    while (!p.empty()) {
+      if (auto it = by_path_.find(p); it != by_path_.end()) {
+        AppendUnique(&ids, it->second);
+        break;
+      }
+      auto slash = p.rfind('/');
+      if (slash == std::string::npos || slash == 0) break;
+      p.resize(slash);
+    }
+  }
+  return ids;
+}
+
+absl::StatusOr<v1::ListArtifactsResponse> ArtifactRegistry::List(
+    const v1::ListArtifactsRequest& request) {
+  if (request.limit() < 0) return absl::InvalidArgumentError("limit: must not be negative");
+  const int limit = request.limit() > 0 ? request.limit() : 1000;
+  absl::MutexLock lock(&core_->mu);
+  v1::ListArtifactsResponse resp;
+  auto matches = [&](const v1::Artifact& a) {
+    if (!request.include_deleted() && a.state() != v1::ARTIFACT_PRESENT) return false;
+    if (!request.experiment().empty() && a.experiment() != request.experiment()) return false;
+    if (!request.job_id().empty() && a.job_id() != request.job_id()) return false;
+    if (!request.type().empty() && a.type() != request.type()) return false;
+    if (!request.manifest_sha256().empty() && a.manifest_sha256() != request.manifest_sha256()) {
+      return false;
+    }
+    return true;
+  };
+  // Newest first: the ones a person looks for.
+  for (auto it = order_.rbegin(); it != order_.rend() && resp.artifacts_size() < limit; ++it) {
+    const v1::Artifact& a = by_id_.at(*it);
+    if (matches(a)) *resp.add_artifacts() = a;
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::ArtifactDetails> ArtifactRegistry::Get(const std::string& id) {
+  absl::MutexLock lock(&core_->mu);
+  const v1::Artifact* a = Find(id);
+  if (a == nullptr) return absl::NotFoundError(absl::StrCat("no artifact ", id));
+  v1::ArtifactDetails d;
+  *d.mutable_artifact() = *a;
+  for (const std::string& p : a->parents()) {
+    if (auto it = by_id_.find(p); it != by_id_.end()) *d.add_parents() = it->second;
+  }
+  if (!a->job_id().empty()) {
+    if (const v1::Job* job = core_->jobs.Find(a->job_id())) *d.mutable_producer() = *job;
+  }
+  if (auto it = children_.find(a->id()); it != children_.end()) {
+    for (const std::string& c : it->second) *d.add_children() = by_id_.at(c);
+  }
+  std::vector<std::pair<uint64_t, std::string>> consumers;
+  core_->jobs.ForEach([&](const v1::Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under mu
+    if (job.id() == a->job_id()) return;
+    auto refs = ReferencedBy(job.spec());
+    if (std::find(refs.begin(), refs.end(), a->id()) != refs.end()) {
+      consumers.emplace_back(job.seq(), job.id());
+    }
+  });
+  std::sort(consumers.begin(), consumers.end());
+  for (auto& [seq, job] : consumers) d.add_consumer_jobs(job);
+  return d;
+}
+
+absl::StatusOr<v1::LineageResponse> ArtifactRegistry::Lineage(const v1::LineageRequest& request) {
+  if (request.max_depth() < 0) return absl::InvalidArgumentError("max_depth: must not be negative");
+  constexpr int kMaxNodes = 100000;
+  absl::MutexLock lock(&core_->mu);
+  const v1::Artifact* root = Find(request.id());
+  if (root == nullptr) return absl::NotFoundError(absl::StrCat("no artifact ", request.id()));
+  v1::LineageResponse resp;
+  absl::flat_hash_set<std::string> seen = {root->id()};
+  std::deque<std::pair<const v1::Artifact*, int>> queue = {{root, 0}};
+  while (!queue.empty()) {
+    auto [a, depth] = queue.front();
+    queue.pop_front();
+    *resp.add_artifacts() = *a;
+    if (resp.artifacts_size() >= kMaxNodes) {
+      resp.set_truncated(!queue.empty());
+      break;
+    }
+    for (const std::string& p : a->parents()) {
+      if (request.max_depth() > 0 && depth + 1 > request.max_depth()) {
+        resp.set_truncated(true);
+        break;
+      }
+      auto it = by_id_.find(p);
+      if (it == by_id_.end() || !seen.insert(p).second) continue;
+      queue.emplace_back(&it->second, depth + 1);
+    }
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::VerifyArtifactResponse> ArtifactRegistry::Verify(const std::string& id) {
+  std::string path, sha, artifact_id;
+  {
+    absl::MutexLock lock(&core_->mu);
+    const v1::Artifact* a = Find(id);
+    if (a == nullptr) return absl::NotFoundError(absl::StrCat("no artifact ", id));
+    if (a->state() != v1::ARTIFACT_PRESENT) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("artifact ", a->id(), " was deleted (", a->deleted_by(), ")"));
+    }
+    path = a->path();
+    sha = a->manifest_sha256();
+    artifact_id = a->id();
+  }
+  const bool external = sha.empty();
+  DeepCheck check;
+  if (external) {
+    // An external artifact has no reported hash: record the one found, check the files.
+    auto found = Sha256File(ManifestFile(path));
+    if (found.ok()) sha = *found;
+  }
+  check = VerifyArtifactFiles(path, sha);
+  v1::VerifyArtifactResponse resp;
+  uint64_t ticket;
+  {
+    absl::MutexLock lock(&core_->mu);
+    auto it = by_id_.find(artifact_id);
+    if (it == by_id_.end()) return absl::NotFoundError(absl::StrCat("no artifact ", id));
+    v1::Artifact a = it->second;
+    if (external && a.manifest_sha256().empty() && check.manifest.result == v1::VERIFIED) {
+      a.set_manifest_sha256(sha);
+    }
+    a.set_verification(check.problems.empty() ? v1::VERIFIED : check.manifest.result == v1::VERIFIED
+                                                                  ? v1::MISMATCH
+                                                                  : check.manifest.result);
+    a.set_verification_detail(check.problems.empty() ? "" : check.problems.front());
+    Changes changes = core_->NewChanges();
+    *resp.mutable_artifact() = *Put(std::move(a), &changes);
+    ticket = core_->Finish(std::move(changes));
+  }
+  core_->Wait(ticket);
+  resp.set_ok(check.problems.empty());
+  for (auto& p : check.problems) resp.add_problems(std::move(p));
+  resp.set_files_checked(check.files_checked);
+  return resp;
+}
+
+absl::StatusOr<v1::Artifact> ArtifactRegistry::Pin(const std::string& id, bool unpin) {
+  v1::Artifact result;
+  uint64_t ticket;
+  {
+    absl::MutexLock lock(&core_->mu);
+    const v1::Artifact* found = Find(id);
+    if (found == nullptr) return absl::NotFoundError(absl::StrCat("no artifact ", id));
+    v1::Artifact a = *found;
+    a.set_pinned(!unpin);
+    Changes changes = core_->NewChanges();
+    result = *Put(std::move(a), &changes);
+    ticket = core_->Finish(std::move(changes));
+  }
+  core_->Wait(ticket);
+  return result;
+}
+
+absl::StatusOr<v1::GcResponse> ArtifactRegistry::CollectGarbage(const v1::GcRequest& request) {
+  RETURN_IF_ERROR(ValidateGcPolicy(request.policy()));
+  v1::GcResponse resp;
+  resp.set_applied(request.apply());
+  std::vector<std::pair<v1::Artifact, std::string>> doomed;  // copies: files go unlocked
+  {
+    absl::MutexLock lock(&core_->mu);
+    GcFacts facts;
+    for (const std::string& id : order_) {
+      const v1::Artifact& a = by_id_.at(id);
+      facts.artifacts.push_back(&a);
+      if (!a.job_id().empty() && !facts.job_states.contains(a.job_id())) {
+        const v1::Job* job = core_->jobs.Find(a.job_id());
+        if (job != nullptr) facts.job_states[a.job_id()] = job->state();
+      }
+    }
+    core_->jobs.ForEach([&](const v1::Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under mu
+      if (Terminal(job.state())) return;
+      for (const std::string& id : ReferencedBy(job.spec())) facts.read_by_live_jobs.insert(id);
+    });
+    for (const GcPlanEntry& e : PlanGc(facts, request.policy())) {
+      v1::GcDecision* d = resp.add_decisions();
+      *d->mutable_artifact() = *e.artifact;
+      d->set_deleted(e.remove);
+      d->set_reason(e.reason);
+      if (e.remove) {
+        resp.set_bytes_freed(resp.bytes_freed() + e.artifact->bytes());
+        doomed.emplace_back(*e.artifact, e.reason);
+      }
+    }
+  }
+  if (!request.apply() || doomed.empty()) return resp;
+  absl::flat_hash_map<std::string, std::string> errors;
+  for (const auto& [a, reason] : doomed) {
+    absl::Status st = RemoveArtifactFiles(a.path());
+    if (!st.ok()) errors[a.id()] = std::string(st.message());
+  }
+  uint64_t ticket;
+  {
+    absl::MutexLock lock(&core_->mu);
+    Changes changes = core_->NewChanges();
+    const int64_t now = core_->clock->WallMs();
+    for (const auto& [old, reason] : doomed) {
+      if (errors.contains(old.id())) continue;
+      auto it = by_id_.find(old.id());
+      if (it == by_id_.end()) continue;
+      v1::Artifact a = it->second;
+      a.set_state(v1::ARTIFACT_DELETED);
+      a.set_deleted_ms(now);
+      a.set_deleted_by(absl::StrCat("gc-", now, ": ", reason));
+      Put(std::move(a), &changes);
+      spdlog::info("gc: deleted {} ({}): {}", old.id(), old.path(), reason);
+    }
+    ticket = core_->Finish(std::move(changes));
+  }
+  core_->Wait(ticket);
+  int64_t freed = 0;
+  for (auto& d : *resp.mutable_decisions()) {
+    if (!d.deleted()) continue;
+    if (auto it = errors.find(d.artifact().id()); it != errors.end()) {
+      d.set_deleted(false);
+      d.set_error(it->second);
+    } else {
+      freed += d.artifact().bytes();
+      d.mutable_artifact()->set_state(v1::ARTIFACT_DELETED);
+    }
+  }
+  resp.set_bytes_freed(freed);
+  return resp;
+}
+
+}  // namespace stemma::coordinator

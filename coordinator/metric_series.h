@@ -1,0 +1,60 @@
+// Metric series: the engine's `step` and `metric` events, one row per point in the store's
+// append-only metric_points table (committed with the job records, never loaded at start),
+// the last values of live jobs (for the registry and Prometheus) and the QueryMetrics read.
+//
+// Thread-safety: Record, OnTransition, LastValues and Forget run under the core mutex;
+// Query takes it briefly and reads the store outside it.
+#pragma once
+
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "coordinator/core.h"
+
+namespace stemma::coordinator {
+
+class MetricSeries {
+ public:
+  explicit MetricSeries(CoordinatorCore* core) : core_(core) {}
+  // The core mutex is held. Every part shares the core's one mutex; the thread-safety
+  // analysis cannot see that through two parts' pointers, so callers in other parts say so.
+  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_->mu) { core_->mu.AssertHeld(); }
+
+
+  // At most this many distinct names per job are remembered as last values.
+  static constexpr size_t kMaxNamesPerJob = 1024;
+
+  // One Metric event of the job's current attempt: a row for the next transaction, the
+  // job's last value of the name and, for loss / tokens_per_s / the step, its gauges.
+  void Record(const v1::Job& job, const v1::AttemptEvent::Metric& metric, Changes* changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // A job leaving ASSIGNED/RUNNING loses its gauges; its last values are kept only when it
+  // succeeded (the registry takes them, then calls Forget).
+  void OnTransition(const v1::Job& job, v1::JobState from, v1::JobState to)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // The last value of every name the job's current attempt reported.
+  absl::flat_hash_map<std::string, double> LastValues(const std::string& job_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  void Forget(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+
+  // INVALID_ARGUMENT without jobs or experiment, NOT_FOUND for an unknown job or an
+  // experiment with no jobs. Sees every point reported before the call.
+  absl::StatusOr<v1::QueryMetricsResponse> Query(const v1::QueryMetricsRequest& request);
+
+ private:
+  using Group = std::pair<std::string, std::string>;  // (experiment, stage)
+  struct Live {
+    Group group;
+    bool in_group = false;  // counted in groups_ (it reported a gauge value)
+    absl::flat_hash_map<std::string, double> last;
+  };
+  void LeaveGroup(Live& live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+
+  CoordinatorCore* const core_;
+  absl::flat_hash_map<std::string, Live> live_ ABSL_GUARDED_BY(core_->mu);
+  // Live jobs per (experiment, stage) that set its gauges; at 0 the series are removed.
+  absl::flat_hash_map<Group, int> groups_ ABSL_GUARDED_BY(core_->mu);
+};
+
+}  // namespace stemma::coordinator

@@ -1,0 +1,80 @@
+#include "coordinator/placement.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace stemma::coordinator {
+
+int Placer::Place(Changes* changes) {
+  CoordinatorCore& c = *core_;
+  c.mu.AssertHeld();
+  const int64_t now = c.clock->WallMs();
+  std::vector<Placement> placements = Schedule(c.jobs, c.workers, now, c.options.scheduler);
+  for (const auto& p : placements) {
+    const v1::Job* queued = c.jobs.Find(p.job_id);
+    const auto& r = queued->spec().resources();
+    double wait_s = (now - queued->queued_ms()) / 1000.0;
+    double latency_s = (now - std::max(queued->queued_ms(), queued->not_before_ms())) / 1000.0;
+    std::string attempt_id = absl::StrCat(p.job_id, ".", queued->attempts() + 1);
+    std::vector<v1::AttemptPart> parts;
+    for (size_t rank = 0; rank < p.workers.size(); ++rank) {
+      WorkerEntry* w = c.workers.Find(p.workers[rank]);
+      Allocation a = c.workers.Allocate(*w, AllocationKey(attempt_id, rank), r.gpus(), r.cpus(),
+                                        r.memory_mb());
+      v1::AttemptPart part;
+      part.set_rank(rank);
+      part.set_worker_id(p.workers[rank]);
+      part.mutable_gpu_ids()->Assign(a.gpu_ids.begin(), a.gpu_ids.end());
+      parts.push_back(std::move(part));
+    }
+    std::string rendezvous;
+    if (p.workers.size() > 1) {
+      const WorkerEntry* w0 = c.workers.Find(p.workers[0]);
+      // A port derived from the job keeps concurrent gangs on one host apart.
+      uint64_t seq = queued->seq();
+      rendezvous = absl::StrCat(w0->info.host().empty() ? "127.0.0.1" : w0->info.host(), ":",
+                                29500 + (seq % 20000));
+    }
+    v1::Job* job = c.jobs.Assign(p.job_id, std::move(parts), rendezvous, changes);
+    for (int rank = 0; rank < job->current().parts_size(); ++rank) {
+      v1::CoordinatorMessage msg;
+      *msg.mutable_assign() = MakeAssignment(*job, rank);
+      changes->messages.push_back({job->current().parts(rank).worker_id(), std::move(msg)});
+    }
+    c.metrics->QueueWait(std::max(0.0, wait_s));
+    c.metrics->SchedulingLatency(std::max(0.0, latency_s));
+  }
+  return static_cast<int>(placements.size());
+}
+
+v1::Assignment Placer::MakeAssignment(const v1::Job& job, int rank) {
+  v1::Assignment a;
+  a.set_job_id(job.id());
+  a.set_attempt_id(job.current().id());
+  *a.mutable_spec() = job.spec();
+  a.set_rank(rank);
+  a.set_world_size(job.current().parts_size());
+  a.set_rendezvous(job.current().rendezvous());
+  *a.mutable_gpu_ids() = job.current().parts(rank).gpu_ids();
+  return a;
+}
+
+void Placer::UpdateGauges() {
+  int alive = 0, draining = 0, lost = 0, free = 0, used = 0;
+  for (const auto& [id, w] : core_->workers.all()) {
+    switch (w.info.state()) {
+      case v1::WORKER_ALIVE: ++alive; break;
+      case v1::WORKER_DRAINING: ++draining; break;
+      case v1::WORKER_LOST: ++lost; continue;
+      default: continue;
+    }
+    int f = w.free_gpus();
+    free += f;
+    used += static_cast<int>(w.gpu_used.size()) - f;
+  }
+  core_->metrics->WorkerCounts(alive, draining, lost);
+  core_->metrics->Gpus(free, used);
+}
+
+}  // namespace stemma::coordinator

@@ -1,0 +1,27 @@
+// Placement: turns the scheduler's decisions into attempts, allocations and assignments.
+#pragma once
+
+#include "coordinator/core.h"
+
+namespace stemma::coordinator {
+
+class Placer {
+ public:
+  explicit Placer(CoordinatorCore* core) : core_(core) {}
+  // The core mutex is held. Every part shares the core's one mutex; the thread-safety
+  // analysis cannot see that through two parts' pointers, so callers in other parts say so.
+  void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_->mu) { core_->mu.AssertHeld(); }
+
+
+  // Places what fits now. Returns the number of jobs placed.
+  int Place(Changes* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // The assignment message for one part (rank) of the job's current attempt.
+  static v1::Assignment MakeAssignment(const v1::Job& job, int rank);
+  // Worker and GPU gauges.
+  void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+
+ private:
+  CoordinatorCore* const core_;
+};
+
+}  // namespace stemma::coordinator

@@ -1,0 +1,274 @@
+// The coordinator's durable tables, each described once. The batch the committer hands to a
+// store, the snapshot a store loads, both stores and the committer's merge step all iterate
+// `DurableTables`: a new table is one descriptor here plus its name in that list.
+//
+// A descriptor is a type with:
+//   using Record;  using Key;           the row type and its identity (later rows of a key
+//                                       replace earlier ones; unused for series tables)
+//   kName, kKind, kSince, kSchema       SQL table name; kState (upserted, loaded whole at
+//                                       start) or kSeries (append-only, never loaded, read
+//                                       by queries); the schema version that created it and
+//                                       the SQL that does (run by the SQLite migration)
+//   kColumns, kConflict, kOrderBy       columns in the order Write/Read use; the upsert key
+//                                       column; the load order
+//   Key KeyOf(const Record&)            identity
+//   bool LoadsBefore(a, b)              the load order, for stores that sort themselves
+//   void Write(const Record&, RowWriter*)   every column, in order
+//   absl::StatusOr<Record> Read(const RowReader&)   DATA_LOSS naming the row when it does not parse
+//   std::string Describe(const Record&)      for error messages ("job j-12")
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "stemma/v1/job.pb.h"
+#include "stemma/v1/user_service.pb.h"
+
+namespace stemma::coordinator {
+
+enum class ColumnType { kInt, kReal, kText, kBlob };
+struct Column {
+  const char* name;
+  ColumnType type;
+};
+
+enum class TableKind {
+  kState,   // keyed upserts, loaded whole at start (the in-memory working set)
+  kSeries,  // append-only rows, never loaded; the store answers queries over them
+};
+
+// Receives one record's columns, in the descriptor's column order.
+class RowWriter {
+ public:
+  virtual void Int(int64_t value) = 0;
+  virtual void Real(double value) = 0;
+  virtual void Text(absl::string_view value) = 0;
+  virtual void Blob(absl::string_view value) = 0;
+
+ protected:
+  ~RowWriter() = default;
+};
+
+// One stored row's columns, by index in the descriptor's column order.
+class RowReader {
+ public:
+  virtual int64_t Int(int column) const = 0;
+  virtual double Real(int column) const = 0;
+  virtual absl::string_view Text(int column) const = 0;
+  virtual absl::string_view Blob(int column) const = 0;
+
+ protected:
+  ~RowReader() = default;
+};
+
+// ------------------------------------------------------------------------ tables
+
+struct JobsTable {
+  using Record = v1::Job;
+  using Key = std::string;  // the id
+  static constexpr const char* kName = "jobs";
+  static constexpr TableKind kKind = TableKind::kState;
+  static constexpr int kSince = 1;
+  static constexpr const char* kSchema = R"sql(
+CREATE TABLE jobs (
+  seq INTEGER PRIMARY KEY,       -- submission order; the id is "j-<seq>"
+  id TEXT NOT NULL,
+  state TEXT NOT NULL,
+  experiment TEXT NOT NULL DEFAULT '',
+  record BLOB NOT NULL           -- stemma.v1.Job
+);)sql";
+  static constexpr Column kColumns[] = {{"seq", ColumnType::kInt},
+                                        {"id", ColumnType::kText},
+                                        {"state", ColumnType::kText},
+                                        {"experiment", ColumnType::kText},
+                                        {"record", ColumnType::kBlob}};
+  static constexpr const char* kConflict = "seq";
+  static constexpr const char* kOrderBy = "seq";
+  static Key KeyOf(const Record& r) { return r.id(); }
+  static bool LoadsBefore(const Record& a, const Record& b) { return a.seq() < b.seq(); }
+  static void Write(const Record& r, RowWriter* w);
+  static absl::StatusOr<Record> Read(const RowReader& r);
+  static std::string Describe(const Record& r) { return "job " + r.id(); }
+};
+
+struct WorkersTable {
+  using Record = v1::WorkerInfo;
+  using Key = std::string;
+  static constexpr const char* kName = "workers";
+  static constexpr TableKind kKind = TableKind::kState;
+  static constexpr int kSince = 1;
+  static constexpr const char* kSchema = R"sql(
+CREATE TABLE workers (
+  id TEXT PRIMARY KEY,
+  record BLOB NOT NULL           -- stemma.v1.WorkerInfo
+);)sql";
+  static constexpr Column kColumns[] = {{"id", ColumnType::kText}, {"record", ColumnType::kBlob}};
+  static constexpr const char* kConflict = "id";
+  static constexpr const char* kOrderBy = "id";
+  static Key KeyOf(const Record& r) { return r.id(); }
+  static bool LoadsBefore(const Record& a, const Record& b) { return a.id() < b.id(); }
+  static void Write(const Record& r, RowWriter* w);
+  static absl::StatusOr<Record> Read(const RowReader& r);
+  static std::string Describe(const Record& r) { return "worker " + r.id(); }
+};
+
+// Idempotency key -> the job ids its request created.
+struct IdempotencyKeysTable {
+  using Record = std::pair<std::string, std::vector<std::string>>;
+  using Key = std::string;
+  static constexpr const char* kName = "idempotency_keys";
+  static constexpr TableKind kKind = TableKind::kState;
+  static constexpr int kSince = 1;
+  static constexpr const char* kSchema = R"sql(
+CREATE TABLE idempotency_keys (
+  key TEXT PRIMARY KEY,
+  job_ids TEXT NOT NULL          -- comma-separated
+);)sql";
+  static constexpr Column kColumns[] = {{"key", ColumnType::kText},
+                                        {"job_ids", ColumnType::kText}};
+  static constexpr const char* kConflict = "key";
+  static constexpr const char* kOrderBy = "key";
+  static Key KeyOf(const Record& r) { return r.first; }
+  static bool LoadsBefore(const Record& a, const Record& b) { return a.first < b.first; }
+  static void Write(const Record& r, RowWriter* w);
+  static absl::StatusOr<Record> Read(const RowReader& r);
+  static std::string Describe(const Record& r) { return "idempotency key " + r.first; }
+};
+
+// The engine's step and metric events, one row per point. Append-only, not loaded.
+struct MetricPointsTable {
+  using Record = v1::MetricPoint;
+  using Key = int;  // unused: rows are never replaced
+  static constexpr const char* kName = "metric_points";
+  static constexpr TableKind kKind = TableKind::kSeries;
+  static constexpr int kSince = 2;
+  static constexpr const char* kSchema = R"sql(
+CREATE TABLE metric_points (
+  job TEXT NOT NULL,
+  attempt INTEGER NOT NULL,
+  name TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  value REAL NOT NULL,
+  labels TEXT NOT NULL DEFAULT '', -- k=v pairs joined by \x1f, sorted by key
+  time_ms INTEGER NOT NULL
+);
+CREATE INDEX metric_points_by_job ON metric_points(job, name);)sql";
+  static constexpr Column kColumns[] = {
+      {"job", ColumnType::kText},   {"attempt", ColumnType::kInt},
+      {"name", ColumnType::kText},  {"step", ColumnType::kInt},
+      {"value", ColumnType::kReal}, {"labels", ColumnType::kText},
+      {"time_ms", ColumnType::kInt}};
+  static constexpr const char* kConflict = nullptr;
+  static constexpr const char* kOrderBy = "rowid";
+  static Key KeyOf(const Record&) { return 0; }
+  static bool LoadsBefore(const Record&, const Record&) { return false; }
+  static void Write(const Record& r, RowWriter* w);
+  static absl::StatusOr<Record> Read(const RowReader& r);
+  static std::string Describe(const Record& r) { return "metric point of " + r.job_id(); }
+};
+
+// The checkpoint registry: one row per registered artifact (checkpoint, dataset, file).
+struct ArtifactsTable {
+  using Record = v1::Artifact;
+  using Key = std::string;  // the id
+  static constexpr const char* kName = "artifacts";
+  static constexpr TableKind kKind = TableKind::kState;
+  static constexpr int kSince = 2;
+  static constexpr const char* kSchema = R"sql(
+CREATE TABLE artifacts (
+  seq INTEGER PRIMARY KEY,       -- registration order; the id is "a-<seq>"
+  id TEXT NOT NULL,
+  path TEXT NOT NULL,
+  manifest_sha256 TEXT NOT NULL,
+  job TEXT NOT NULL,             -- the producing job ('' for external artifacts)
+  experiment TEXT NOT NULL,
+  state TEXT NOT NULL,
+  record BLOB NOT NULL           -- stemma.v1.Artifact
+);
+CREATE INDEX artifacts_by_manifest ON artifacts(manifest_sha256);
+CREATE INDEX artifacts_by_job ON artifacts(job);
+CREATE INDEX artifacts_by_path ON artifacts(path);)sql";
+  static constexpr Column kColumns[] = {
+      {"seq", ColumnType::kInt},   {"id", ColumnType::kText},
+      {"path", ColumnType::kText}, {"manifest_sha256", ColumnType::kText},
+      {"job", ColumnType::kText},  {"experiment", ColumnType::kText},
+      {"state", ColumnType::kText}, {"record", ColumnType::kBlob}};
+  static constexpr const char* kConflict = "seq";
+  static constexpr const char* kOrderBy = "seq";
+  static Key KeyOf(const Record& r) { return r.id(); }
+  static bool LoadsBefore(const Record& a, const Record& b) { return a.seq() < b.seq(); }
+  static void Write(const Record& r, RowWriter* w);
+  static absl::StatusOr<Record> Read(const RowReader& r);
+  static std::string Describe(const Record& r) { return "artifact " + r.id(); }
+};
+
+template <typename... T>
+struct TableList {};
+
+// Every durable table. Adding one: its descriptor above, and its name here.
+using DurableTables =
+    TableList<JobsTable, WorkersTable, IdempotencyKeysTable, MetricPointsTable, ArtifactsTable>;
+
+namespace internal {
+template <typename T, typename... Ts>
+constexpr size_t IndexOf() {
+  constexpr bool same[] = {std::is_same_v<T, Ts>...};
+  for (size_t i = 0; i < sizeof...(Ts); ++i) {
+    if (same[i]) return i;
+  }
+  return sizeof...(Ts);
+}
+template <typename... T>
+constexpr int MaxSince(TableList<T...>) {
+  int v = 0;
+  ((v = T::kSince > v ? T::kSince : v), ...);
+  return v;
+}
+}  // namespace internal
+
+// The schema version the tables add up to.
+inline constexpr int kSchemaVersion = internal::MaxSince(DurableTables{});
+
+// Rows for every table of a list, by table: `rows.of<JobsTable>()`.
+template <typename List>
+class TableRows;
+template <typename... T>
+class TableRows<TableList<T...>> {
+ public:
+  template <typename Table>
+  std::vector<typename Table::Record>& of() {
+    static_assert(internal::IndexOf<Table, T...>() < sizeof...(T), "not a durable table");
+    return std::get<internal::IndexOf<Table, T...>()>(rows_);
+  }
+  template <typename Table>
+  const std::vector<typename Table::Record>& of() const {
+    static_assert(internal::IndexOf<Table, T...>() < sizeof...(T), "not a durable table");
+    return std::get<internal::IndexOf<Table, T...>()>(rows_);
+  }
+  // f(Table{}, rows) for every table, in list order.
+  template <typename F>
+  void ForEach(F&& f) {
+    (f(T{}, of<T>()), ...);
+  }
+  template <typename F>
+  void ForEach(F&& f) const {
+    (f(T{}, of<T>()), ...);
+  }
+  bool empty() const { return (of<T>().empty() && ...); }
+  size_t size() const { return (of<T>().size() + ...); }
+
+ private:
+  std::tuple<std::vector<typename T::Record>...> rows_;
+};
+
+// A set of writes applied atomically: upserts (later puts of a key win) and appends.
+using StoreBatch = TableRows<DurableTables>;
+// What Load() returns: every state table's rows in load order; series tables stay empty.
+using StoreSnapshot = TableRows<DurableTables>;
+
+}  // namespace stemma::coordinator

@@ -1,0 +1,167 @@
+#include "coordinator/user_operations.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "coordinator/attempts.h"
+
+namespace stemma::coordinator {
+
+absl::StatusOr<v1::SubmitResponse> UserOperations::Submit(const v1::SubmitRequest& request) {
+  CoordinatorCore& c = *core_;
+  uint64_t ticket;
+  v1::SubmitResponse resp;
+  {
+    absl::MutexLock lock(&c.mu);
+    bool exec = false;
+    for (const auto& spec : request.jobs()) exec |= spec.kind_case() == v1::JobSpec::kExec;
+    if (exec) {
+      bool allowed = false;
+      int registered = 0;
+      for (const auto& [id, w] : c.workers.all()) {
+        if (w.info.state() == v1::WORKER_LOST) continue;
+        ++registered;
+        allowed |= w.info.allow_exec();
+      }
+      if (!allowed) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "exec jobs need a worker started with --allow-exec; none of the ", registered,
+            " registered workers allows it"));
+      }
+    }
+    Changes changes = c.NewChanges();
+    ASSIGN_OR_RETURN(JobTable::SubmitResult result, c.jobs.Submit(request, &changes));
+    resp.mutable_job_ids()->Assign(result.ids.begin(), result.ids.end());
+    resp.set_existing(result.existing);
+    if (!result.existing) {
+      c.metrics->Submitted(static_cast<int>(result.ids.size()));
+      placer_->AssertHeld();
+      placer_->Place(&changes);  // idle capacity takes new jobs in the same transaction
+    }
+    // An existing key may still be on its way to disk: wait for everything so far.
+    ticket = result.existing ? c.LastTicket() : c.Finish(std::move(changes));
+  }
+  c.Wait(ticket);
+  return resp;
+}
+
+absl::StatusOr<v1::Job> UserOperations::GetJob(const std::string& id) {
+  absl::MutexLock lock(&core_->mu);
+  const v1::Job* job = core_->jobs.Find(id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", id));
+  return *job;
+}
+
+absl::StatusOr<v1::ListJobsResponse> UserOperations::ListJobs(const v1::ListJobsRequest& request) {
+  absl::MutexLock lock(&core_->mu);
+  return core_->jobs.List(request);
+}
+
+absl::StatusOr<v1::Job> UserOperations::Cancel(const std::string& id, const std::string& reason) {
+  CoordinatorCore& c = *core_;
+  uint64_t ticket;
+  v1::Job result;
+  {
+    absl::MutexLock lock(&c.mu);
+    const v1::Job* job = c.jobs.Find(id);
+    if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", id));
+    Changes changes = c.NewChanges();
+    bool live = c.jobs.IsLive(*job);
+    std::string why = reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason);
+    RETURN_IF_ERROR(c.jobs.Cancel(id, why, &changes));
+    if (live) {
+      StopParts(c, *job, why, "", &changes);
+      c.metrics->AttemptEnded("cancelled");
+    }
+    result = *job;
+    ticket = c.Finish(std::move(changes));
+  }
+  c.Kick();
+  c.Wait(ticket);
+  return result;
+}
+
+absl::StatusOr<v1::Job> UserOperations::Retry(const std::string& id) {
+  CoordinatorCore& c = *core_;
+  uint64_t ticket;
+  v1::Job result;
+  {
+    absl::MutexLock lock(&c.mu);
+    Changes changes = c.NewChanges();
+    RETURN_IF_ERROR(c.jobs.Retry(id, &changes));
+    result = *c.jobs.Find(id);
+    ticket = c.Finish(std::move(changes));
+  }
+  c.Kick();
+  c.Wait(ticket);
+  return result;
+}
+
+v1::ListWorkersResponse UserOperations::ListWorkers() {
+  CoordinatorCore& c = *core_;
+  absl::MutexLock lock(&c.mu);
+  v1::ListWorkersResponse resp;
+  const int64_t now = c.clock->MonoMs();
+  std::vector<const WorkerEntry*> all;
+  for (const auto& [id, w] : c.workers.all()) all.push_back(&w);
+  std::sort(all.begin(), all.end(),
+            [](const WorkerEntry* a, const WorkerEntry* b) { return a->info.id() < b->info.id(); });
+  for (const auto* w : all) *resp.add_workers() = c.workers.View(*w, now);
+  return resp;
+}
+
+absl::StatusOr<v1::WorkerInfo> UserOperations::Drain(const std::string& worker_id, bool undrain) {
+  CoordinatorCore& c = *core_;
+  uint64_t ticket;
+  v1::WorkerInfo view;
+  {
+    absl::MutexLock lock(&c.mu);
+    WorkerEntry* w = c.workers.Find(worker_id);
+    if (w == nullptr) return absl::NotFoundError(absl::StrCat("no worker ", worker_id));
+    if (w->info.state() == v1::WORKER_LOST) {
+      return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is lost"));
+    }
+    w->info.set_state(undrain ? v1::WORKER_ALIVE : v1::WORKER_DRAINING);
+    Changes changes = c.NewChanges();
+    changes.batch.of<WorkersTable>().push_back(w->info);
+    view = c.workers.View(*w, c.clock->MonoMs());
+    ticket = c.Finish(std::move(changes));
+  }
+  c.Kick();
+  c.Wait(ticket);
+  return view;
+}
+
+std::shared_ptr<EventHub::Subscription> UserOperations::Watch(const v1::WatchRequest& request,
+                                                              std::vector<v1::JobEvent>* initial) {
+  CoordinatorCore& c = *core_;
+  std::vector<std::string> ids(request.job_ids().begin(), request.job_ids().end());
+  absl::MutexLock lock(&c.mu);
+  auto sub = c.hub.Subscribe(ids);
+  if (request.send_initial()) {
+    auto add = [&](const v1::Job& job) {
+      v1::JobEvent ev;
+      *ev.mutable_job() = job;
+      ev.set_previous(v1::JOB_STATE_UNSPECIFIED);  // a snapshot, not a transition
+      initial->push_back(std::move(ev));
+    };
+    if (ids.empty()) {
+      c.jobs.ForEach(add);
+      std::sort(initial->begin(), initial->end(), [](const auto& a, const auto& b) {
+        return a.job().seq() < b.job().seq();
+      });
+    } else {
+      for (const auto& id : ids) {
+        if (const v1::Job* job = c.jobs.Find(id)) add(*job);
+      }
+    }
+  }
+  return sub;
+}
+
+void UserOperations::Unwatch(const std::shared_ptr<EventHub::Subscription>& sub) {
+  core_->hub.Unsubscribe(sub);
+}
+
+}  // namespace stemma::coordinator

@@ -1,0 +1,34 @@
+// What users do to jobs and workers: submit, read, cancel, retry, drain, watch.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coordinator/core.h"
+#include "coordinator/placement.h"
+
+namespace stemma::coordinator {
+
+class UserOperations {
+ public:
+  UserOperations(CoordinatorCore* core, Placer* placer) : core_(core), placer_(placer) {}
+
+  // See UserHandler.
+  absl::StatusOr<v1::SubmitResponse> Submit(const v1::SubmitRequest& request);
+  absl::StatusOr<v1::Job> GetJob(const std::string& id);
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
+  absl::StatusOr<v1::Job> Retry(const std::string& id);
+  v1::ListWorkersResponse ListWorkers();
+  absl::StatusOr<v1::WorkerInfo> Drain(const std::string& worker_id, bool undrain);
+  std::shared_ptr<EventHub::Subscription> Watch(const v1::WatchRequest& request,
+                                                std::vector<v1::JobEvent>* initial);
+  void Unwatch(const std::shared_ptr<EventHub::Subscription>& sub);
+
+ private:
+  CoordinatorCore* const core_;
+  Placer* const placer_;
+};
+
+}  // namespace stemma::coordinator

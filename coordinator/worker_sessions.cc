@@ -1,0 +1,244 @@
+#include "coordinator/worker_sessions.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "coordinator/attempts.h"
+
+namespace stemma::coordinator {
+namespace {
+
+absl::Status ValidateWorkerInfo(const v1::WorkerInfo& info) {
+  if (info.id().empty() || info.id().size() > 128) {
+    return absl::InvalidArgumentError("register: worker id must have 1..128 characters");
+  }
+  for (char c : info.id()) {
+    if (!isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("register: worker id '", info.id(), "' may use only [A-Za-z0-9._-]"));
+    }
+  }
+  if (info.gpus_size() > 1024) return absl::InvalidArgumentError("register: more than 1024 GPUs");
+  if (info.cpus() < 0 || info.cpus() > 1e6) return absl::InvalidArgumentError("register: bad cpus");
+  if (info.memory_mb() < 0) return absl::InvalidArgumentError("register: bad memory_mb");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Registered> WorkerSessions::Register(const v1::Register& request,
+                                                        std::shared_ptr<WorkerChannel> channel,
+                                                        uint64_t* session) {
+  RETURN_IF_ERROR(ValidateWorkerInfo(request.info()));
+  CoordinatorCore& c = *core_;
+  const std::string& id = request.info().id();
+  v1::Registered reply;
+  uint64_t ticket;
+  {
+    absl::MutexLock lock(&c.mu);
+    WorkerEntry* existing = c.workers.Find(id);
+    bool draining = existing != nullptr && existing->info.state() == v1::WORKER_DRAINING;
+    v1::WorkerInfo info = request.info();
+    info.set_state(draining ? v1::WORKER_DRAINING : v1::WORKER_ALIVE);
+    info.set_registered_ms(c.clock->WallMs());
+    WorkerEntry& w = c.workers.Upsert(info);
+    w.info.set_state(info.state());
+    auto old = c.channels.find(id);
+    if (old != c.channels.end() && old->second != channel) old->second->Close();
+    c.channels[id] = channel;
+    w.connected = true;
+    w.session = *session = ++c.next_session;
+    w.live->last_heartbeat_mono = c.clock->MonoMs();
+    w.live->lost = false;
+    w.live->session = w.session;
+    {
+      absl::MutexLock live_lock(&c.live_mu);
+      c.live[id] = w.live;
+    }
+
+    // Reconcile what the worker runs with what the coordinator believes it runs.
+    Changes changes = c.NewChanges();
+    absl::flat_hash_map<std::string, const v1::RunningAttempt*> reported;
+    for (const auto& r : request.running()) {
+      reported[AllocationKey(r.attempt_id(), r.rank())] = &r;
+    }
+    for (const auto& r : request.running()) {
+      v1::Job* job = c.jobs.FindCurrentAttempt(r.attempt_id());
+      if (job == nullptr || !c.jobs.IsLive(*job) || r.rank() < 0 ||
+          r.rank() >= job->current().parts_size()) {
+        continue;  // not kept: the worker kills it
+      }
+      const v1::AttemptPart& part = job->current().parts(r.rank());
+      if (part.worker_id() != id || part.finished()) continue;
+      v1::RunningAttempt* keep = reply.add_keep();
+      keep->set_attempt_id(r.attempt_id());
+      keep->set_rank(r.rank());
+      keep->set_log_offset(c.logs.Size(job->id(), job->current().number()));
+    }
+    std::vector<std::string> missing;
+    for (const auto& [key, a] : w.allocations) {
+      if (!reported.contains(key)) missing.push_back(key);
+    }
+    for (const auto& key : missing) {
+      std::string attempt = key.substr(0, key.rfind('/'));
+      int rank = std::stoi(key.substr(key.rfind('/') + 1));
+      v1::Job* job = c.jobs.FindCurrentAttempt(attempt);
+      if (job == nullptr || !c.jobs.IsLive(*job) || rank >= job->current().parts_size()) {
+        c.workers.Free(w, key);
+        continue;
+      }
+      if (!job->current().parts(rank).running()) {
+        // Assigned but never started: the assignment may have been lost in transit.
+        v1::CoordinatorMessage msg;
+        *msg.mutable_assign() = Placer::MakeAssignment(*job, rank);
+        changes.messages.push_back({id, std::move(msg)});
+      } else {
+        EndAttempt(c, job, absl::StrCat("lost on worker ", id, " (the worker restarted)"), -1,
+                   true, "", &changes);
+      }
+    }
+    changes.batch.of<WorkersTable>().push_back(w.info);
+    reply.set_worker_id(id);
+    reply.set_lease_ms(c.options.lease_ms);
+    reply.set_heartbeat_interval_ms(c.options.heartbeat_ms);
+    reply.set_accepts_batches(true);
+    spdlog::info("worker={} registered: {} gpus, {} cpus, {} running, {} kept", id,
+                 info.gpus_size(), info.cpus(), request.running_size(), reply.keep_size());
+    // The answer leads: the worker ignores assignments that come before it, and this
+    // change's re-sent assignments (or a placement right after) would otherwise overtake
+    // an answer written by the caller.
+    OutgoingMessage hello{id, v1::CoordinatorMessage()};
+    *hello.message.mutable_registered() = reply;
+    changes.messages.insert(changes.messages.begin(), std::move(hello));
+    ticket = c.Finish(std::move(changes));
+  }
+  c.Wait(ticket);
+  c.Kick();
+  return reply;
+}
+
+void WorkerSessions::Events(const std::string& worker_id, uint64_t session,
+                            absl::Span<const v1::AttemptEvent* const> events) {
+  CoordinatorCore& c = *core_;
+  // Logs go to their attempt's file whatever the attempt's state (offsets make a resent
+  // chunk harmless), and reported outputs are hashed, before the lock: file work needs none.
+  bool state_events = false;
+  std::vector<std::vector<ManifestCheck>> checks;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const v1::AttemptEvent* event = events[i];
+    if (!event->has_log()) {
+      state_events = true;
+      if (c.options.verify_artifacts && event->has_finished() &&
+          event->finished().exit_code() == 0 && !event->finished().artifacts().empty()) {
+        checks.resize(events.size());
+        for (const auto& a : event->finished().artifacts()) {
+          checks[i].push_back(CheckManifest(a.path(), a.manifest_sha256()));
+        }
+      }
+      continue;
+    }
+    std::string job_id;
+    int number;
+    if (ParseAttemptId(event->attempt_id(), &job_id, &number)) {
+      absl::Status st = c.logs.Append(job_id, number, event->log().offset(), event->log().data());
+      if (!st.ok()) spdlog::warn("worker={} log: {}", worker_id, st.ToString());
+    }
+  }
+  if (!state_events) return;
+  absl::MutexLock lock(&c.mu);
+  WorkerEntry* w = c.workers.Find(worker_id);
+  if (w == nullptr || w->session != session) return;
+  Changes changes = c.NewChanges();
+  core_->mu.AssertHeld();  // as c.mu: ApplyEvent's annotation names core_->mu
+  placer_->AssertHeld();
+  bool freed = false;
+  for (size_t i = 0; i < events.size(); ++i) {
+    if (events[i]->has_log()) continue;
+    freed |= ApplyEvent(worker_id, *w, *events[i],
+                        i < checks.size() ? std::move(checks[i]) : std::vector<ManifestCheck>(),
+                        &changes);
+  }
+  // The freed resources are placed at once, in the same transaction: one thread hop and
+  // one commit less between a job ending and the next one starting.
+  if (freed) placer_->Place(&changes);
+  c.Finish(std::move(changes));
+}
+
+bool WorkerSessions::ApplyEvent(const std::string& worker_id, WorkerEntry& w,
+                                const v1::AttemptEvent& event, std::vector<ManifestCheck> checks,
+                                Changes* changes) {
+  CoordinatorCore& c = *core_;
+  c.mu.AssertHeld();
+  v1::Job* job = c.jobs.FindCurrentAttempt(event.attempt_id());
+  bool valid = job != nullptr && event.rank() >= 0 && event.rank() < job->current().parts_size() &&
+               job->current().parts(event.rank()).worker_id() == worker_id;
+  auto ack = [&] {
+    if (event.has_finished()) {
+      v1::CoordinatorMessage msg;
+      msg.mutable_event_ack()->set_event_seq(event.event_seq());
+      changes->messages.push_back({worker_id, std::move(msg)});
+    }
+  };
+  if (!valid) {
+    c.metrics->StaleReport();
+    spdlog::info("worker={} attempt={} stale report refused", worker_id, event.attempt_id());
+    if (!event.has_finished()) {
+      v1::CoordinatorMessage msg;
+      msg.mutable_cancel()->set_attempt_id(event.attempt_id());
+      msg.mutable_cancel()->set_reason("stale attempt");
+      changes->messages.push_back({worker_id, std::move(msg)});
+    }
+    ack();
+    return false;
+  }
+  const v1::AttemptPart& part = job->current().parts(event.rank());
+  if (event.has_started()) {
+    if (c.jobs.IsLive(*job) && !part.finished()) c.jobs.MarkStarted(job, event.rank(), changes);
+    return false;
+  }
+  if (event.has_progress()) {
+    if (c.jobs.IsLive(*job)) c.jobs.SetProgress(job, event.progress(), changes);
+    return false;
+  }
+  if (event.has_metric()) {
+    series_->AssertHeld();
+    if (c.jobs.IsLive(*job) && !part.finished()) series_->Record(*job, event.metric(), changes);
+    return false;
+  }
+  if (!event.has_finished()) return false;
+  const auto& f = event.finished();
+  if (!part.finished()) {
+    c.workers.Free(w, AllocationKey(event.attempt_id(), event.rank()));
+    if (!c.jobs.IsLive(*job)) {
+      // Cancelled while it ran: record how the part ended.
+      job->mutable_current()->mutable_parts(event.rank())->set_finished(true);
+      job->mutable_current()->mutable_parts(event.rank())->set_exit_code(f.exit_code());
+      changes->batch.of<JobsTable>().push_back(*job);
+    } else if (f.exit_code() == 0) {
+      c.metrics->AttemptEnded("succeeded");
+      registry_->AssertHeld();
+      registry_->Stage(event.attempt_id(), f.artifacts(), std::move(checks));
+      c.jobs.PartSucceeded(job, event.rank(), f.outputs(), changes);
+      if (job->state() == v1::SUCCEEDED) registry_->JobSucceeded(*job, changes);
+    } else {
+      job->mutable_current()->mutable_parts(event.rank())->set_finished(true);
+      job->mutable_current()->mutable_parts(event.rank())->set_exit_code(f.exit_code());
+      EndAttempt(c, job, f.reason().empty() ? absl::StrCat("exit ", f.exit_code()) : f.reason(),
+                 f.exit_code(), f.retryable(), worker_id, changes);
+    }
+  }
+  ack();
+  return true;
+}
+
+void WorkerSessions::Disconnected(const std::string& worker_id, uint64_t session) {
+  CoordinatorCore& c = *core_;
+  absl::MutexLock lock(&c.mu);
+  WorkerEntry* w = c.workers.Find(worker_id);
+  if (w == nullptr || w->session != session) return;
+  w->connected = false;
+  c.channels.erase(worker_id);
+  spdlog::info("worker={} disconnected; its lease runs for {} ms", worker_id, c.options.lease_ms);
+}
+
+}  // namespace stemma::coordinator

@@ -1,0 +1,45 @@
+// Worker sessions: registration and reconcile (what a worker runs against what the
+// coordinator believes it runs), the events of a session (logs, starts, progress, metric
+// points, finishes), and disconnects.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/types/span.h"
+#include "coordinator/artifact_registry.h"
+#include "coordinator/core.h"
+#include "coordinator/metric_series.h"
+#include "coordinator/placement.h"
+
+namespace stemma::coordinator {
+
+class WorkerSessions {
+ public:
+  WorkerSessions(CoordinatorCore* core, Placer* placer, MetricSeries* series,
+                 ArtifactRegistry* registry)
+      : core_(core), placer_(placer), series_(series), registry_(registry) {}
+
+  // See WorkerHandler.
+  absl::StatusOr<v1::Registered> Register(const v1::Register& request,
+                                          std::shared_ptr<WorkerChannel> channel,
+                                          uint64_t* session);
+  void Events(const std::string& worker_id, uint64_t session,
+              absl::Span<const v1::AttemptEvent* const> events);
+  void Disconnected(const std::string& worker_id, uint64_t session);
+
+ private:
+  // One started, progress, metric or finished event (logs are handled outside the lock).
+  // `checks`: the manifest checks of a finished event's artifacts (empty: unchecked).
+  // True when it freed resources, so a placement pass is due.
+  bool ApplyEvent(const std::string& worker_id, WorkerEntry& w, const v1::AttemptEvent& event,
+                  std::vector<ManifestCheck> checks, Changes* changes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+
+  CoordinatorCore* const core_;
+  Placer* const placer_;
+  MetricSeries* const series_;
+  ArtifactRegistry* const registry_;
+};
+
+}  // namespace stemma::coordinator
