@@ -1,0 +1,105 @@
+// Experiment files: one YAML file that describes a whole study, expanded into a DAG of
+// typed jobs. Pure functions (no store, no clock): the coordinator expands, validates and
+// submits the result in one transaction; `stemma sweep --dry-run` prints it.
+//
+//   name: family-experts
+//   vars: {base: /ckpt/base, steps: 40}
+//   stages:
+//     cpt:
+//       matrix:
+//         family: [slavic, germanic]
+//         strategy: [dense, freeze]
+//         exclude: [{family: germanic, strategy: freeze}]
+//         include: [{family: romance, strategy: dense}]
+//       resources: {cpus: 1}
+//       train:
+//         model: ${{ vars.base }}
+//         data: {datasets: [{path: data/${{ matrix.family }}}], seq_len: 64}
+//         steps: ${{ vars.steps }}
+//     revert:
+//       needs: [{stage: cpt, where: {strategy: dense}}]   # one revert per dense expert
+//       matrix: {family: [slavic, germanic]}
+//       revert: {base: ${{ vars.base }}, model: ${{ needs.cpt.outputs.model }}, layers: middle}
+//     soup:
+//       needs: [cpt]                                     # fan-in: every cpt cell
+//       merge: {method: linear, models: [${{ needs.cpt.outputs.model }}]}
+//
+// Rules:
+// - `${{ vars.X }}` and `${{ matrix.X }}` may appear in any scalar; a scalar that is only the
+//   expression takes the value's type (so `steps: ${{ vars.steps }}` is a number).
+// - `${{ needs.S.outputs.O }}` names output O of stage S, which the stage must list in
+//   `needs`. A cell reads the cells of S that agree with it on every matrix axis the two
+//   stages share and that pass the need's `where` filter. As an item of a list it becomes one
+//   item per matching cell (fan-in, in S's cell order); elsewhere it must match exactly one
+//   cell. A cell depends only on the cells it reads (a need no expression uses: on every
+//   matching cell), never on the whole upstream stage.
+// - Cells are named `<stage>[axis=value,...]` (axes in matrix order); a stage without a
+//   matrix has one cell named after the stage.
+// - An engine spec's unset top-level output path (`out`) becomes
+//   experiments/<name>/<cell path>, relative to the worker's storage root.
+// - Every error is one InvalidArgument "<file>: line L: <path>: <problem>", and nothing of
+//   the experiment is submitted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stemma/v1/job.pb.h"
+
+namespace stemma::experiments {
+
+struct PlanCell {
+  std::string stage;
+  std::vector<std::pair<std::string, std::string>> coords;  // matrix axis → value, in order
+  std::string job_name;                                     // cpt[family=slavic,strategy=dense]
+  v1::JobSpec spec;  // typed; name, experiment, labels, depends_on (job names) set
+  // Inputs still to be wired: "${{ <job name>.outputs.<output> }}" tokens in its spec.
+  std::vector<std::string> reads;  // job names whose outputs the spec reads
+};
+
+struct PlanStage {
+  std::string name;
+  std::string kind;                 // JobSpec kind: train, merge, eval, noop, ...
+  std::vector<std::string> needs;   // upstream stages
+  int first_cell = 0;               // cells of this stage: [first_cell, first_cell + cells)
+  int cells = 0;
+};
+
+struct ExperimentPlan {
+  std::string name;
+  std::vector<PlanStage> stages;  // topological order
+  std::vector<PlanCell> cells;    // stage by stage, in that order
+  int64_t edges = 0;              // dependency edges between cells
+  int64_t gpus = 0;               // GPUs asked for by all cells together (gpus × nodes)
+  // 6·N·tokens over an assumed 400 TFLOP/s at 40% utilisation, for train cells whose model
+  // size and token budget are known here; unknown_cost_cells counts the others.
+  double gpu_hours_estimate = 0;
+  int64_t unknown_cost_cells = 0;
+};
+
+// Expands the experiment file `text` (named `file` in errors).
+absl::StatusOr<ExperimentPlan> ExpandExperiment(std::string_view text, std::string_view file);
+
+// The DAG as text for people: stages with their cells and what each reads, then totals.
+std::string FormatPlan(const ExperimentPlan& plan);
+
+// "${{ <job>.outputs.<name> }}", the wiring token left in a cell's spec.
+std::string OutputToken(const std::string& job_name, const std::string& output);
+
+// Replaces every wiring token in `spec`'s engine spec with the output path that job
+// reported. `outputs_of(job name)` returns that job's outputs map, or null when the job is
+// not one of this job's dependencies. FailedPrecondition naming the job and output when an
+// output is missing.
+absl::Status WireInputs(
+    v1::JobSpec* spec,
+    const std::function<const google::protobuf::Map<std::string, std::string>*(const std::string&)>&
+        outputs_of);
+
+// The outputs a job kind reports (its `output` events' names).
+std::vector<std::string> OutputsOfKind(std::string_view kind);
+
+}  // namespace stemma::experiments
