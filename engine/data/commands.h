@@ -7,7 +7,8 @@ namespace stemma::engine {
 
 // stemma-engine tokenize --tokenizer DIR --input FILE... --format text|jsonl [--field text]
 //   [--line-docs] --language L --out DIR [--shard-tokens N] [--eos] [--overwrite]
-// Writes a token dataset (docs/data-format.md) and prints one JSON line with its counts.
+//   (or --spec FILE: stemma.v1.TokenizeSpec, docs/engine/tokenize.md)
+// Writes a token dataset (docs/data-format.md) and prints start, output and done events.
 int RunTokenize(int argc, char** argv);
 
 }  // namespace stemma::engine

@@ -205,11 +205,23 @@ TEST_F(DataTest, JsonlRoundTripAndCommand) {
   EXPECT_EQ((*ds)->Document(0), Bytes("alpha"));
   EXPECT_EQ((*ds)->Document(1), Bytes("beta\ngamma"));
   EXPECT_EQ((*ds)->language(), "de");
-  // Usage errors exit 2.
+  // A bad spec exits 4 (bad input: the worker does not retry it).
   std::vector<std::string> bad = {"tokenize", "--tokenizer", tok, "--format", "xml"};
   argv.clear();
   for (std::string& s : bad) argv.push_back(s.data());
-  EXPECT_EQ(RunTokenize(static_cast<int>(argv.size()), argv.data()), 2);
+  EXPECT_EQ(RunTokenize(static_cast<int>(argv.size()), argv.data()), 4);
+  // Several inputs after one --input, and --help.
+  std::string b = Write("b.jsonl", "{\"text\": \"delta\"}\n");
+  std::vector<std::string> two = {"tokenize", "--tokenizer", tok, "--input", a, b, "--format", "jsonl",
+                                  "--language", "de", "--out", Path("ds2")};
+  argv.clear();
+  for (std::string& s : two) argv.push_back(s.data());
+  ASSERT_EQ(RunTokenize(static_cast<int>(argv.size()), argv.data()), 0);
+  EXPECT_EQ((*Dataset::Open(Path("ds2")))->num_documents(), 3);
+  std::vector<std::string> help = {"tokenize", "--help"};
+  argv.clear();
+  for (std::string& s : help) argv.push_back(s.data());
+  EXPECT_EQ(RunTokenize(static_cast<int>(argv.size()), argv.data()), 0);
 }
 
 TEST_F(DataTest, BadInputsNameFileLineAndField) {
@@ -321,28 +333,115 @@ TEST_F(DataTest, TemperatureAndFamilyMixtures) {
   EXPECT_FALSE(Loader::Create(spec, o).ok());  // weight and temperature
 }
 
-TEST_F(DataTest, MixtureSpecFromJson) {
+TEST_F(DataTest, OpenMixtureFromTheTypedSpec) {
   Synthetic("uk", {10, 20}, 100);
   Synthetic("en", {30}, 500);
-  nlohmann::json j = {
-      {"datasets",
-       {{{"path", "uk"}, {"family", "slavic"}}, {{"path", Path("en")}, {"family", "germanic"}}}},
-      {"temperature", 1.0},
-      {"family_weights", {{"slavic", 3}, {"germanic", 1}}}};
-  auto spec = MixtureSpecFromJson(j, root_.string());
+  v1::TrainData data;
+  auto* uk = data.add_datasets();
+  uk->set_path(Path("uk"));
+  uk->set_family("slavic");
+  auto* en = data.add_datasets();
+  en->set_path(Path("en"));
+  en->set_family("germanic");
+  data.set_temperature(1.0);
+  (*data.mutable_family_weights())["slavic"] = 3;
+  (*data.mutable_family_weights())["germanic"] = 1;
+  auto spec = OpenMixture(data);
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto loader = Loader::Create(*spec, {.seq_len = 4});
   ASSERT_TRUE(loader.ok()) << loader.status();
   EXPECT_NEAR((*loader)->probabilities()[0], 0.75, 1e-12);
-  j["datasets"][1]["weight"] = "heavy";
-  EXPECT_CONTAINS(MixtureSpecFromJson(j, root_.string()).status().message(),
-                  "data.datasets[1]: field 'weight'");
-  j["datasets"][1] = {{"path", "missing"}};
-  EXPECT_CONTAINS(MixtureSpecFromJson(j, root_.string()).status().message(),
-                  "data.datasets[1].path");
-  EXPECT_CONTAINS(
-      MixtureSpecFromJson({{"datasets", j["datasets"]}, {"temp", 1}}).status().message(),
-      "unknown field 'temp'");
+  data.mutable_datasets(1)->set_path(Path("missing"));
+  auto missing = OpenMixture(data);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound) << missing.status();
+  EXPECT_CONTAINS(missing.status().message(), "data.datasets[1].path");
+  data.mutable_datasets(1)->set_path(Path("en"));
+  data.mutable_datasets(1)->set_heldout_path(Path("missing"));
+  EXPECT_CONTAINS(OpenMixture(data).status().message(), "data.datasets[1].heldout_path");
+}
+
+// Issue 16 point 2: one dataset, or several, with no weights: equal shares.
+TEST_F(DataTest, DatasetsWithoutWeightsGetEqualShares) {
+  Synthetic("a", {10, 20}, 100);
+  Synthetic("b", {300}, 500);
+  v1::TrainData data;
+  data.add_datasets()->set_path(Path("a"));
+  auto one = OpenMixture(data);
+  ASSERT_TRUE(one.ok()) << one.status();
+  auto loader = Loader::Create(*one, {.seq_len = 4});
+  ASSERT_TRUE(loader.ok()) << loader.status();
+  EXPECT_EQ((*loader)->probabilities(), std::vector<double>{1.0});
+  data.add_datasets()->set_path(Path("b"));
+  auto two = OpenMixture(data);
+  ASSERT_TRUE(two.ok()) << two.status();
+  loader = Loader::Create(*two, {.seq_len = 4});
+  ASSERT_TRUE(loader.ok()) << loader.status();
+  EXPECT_EQ((*loader)->probabilities(), (std::vector<double>{0.5, 0.5}));  // not by size
+}
+
+// Issue 16 point 4: the end of a corpus held out by position.
+TEST_F(DataTest, HeldOutByPositionTakesTheLastDocuments) {
+  auto ds = Synthetic("a", std::vector<int>(50, 3), 100);
+  MixtureSpec spec;
+  spec.components = {{ds, 1.0, ""}};
+  LoaderOptions o{.seq_len = 4, .heldout_fraction = 0.1, .heldout_last = true};
+  auto train = Loader::Create(spec, o);
+  o.split = Split::kHeldOut;
+  auto held = Loader::Create(spec, o);
+  ASSERT_TRUE(train.ok() && held.ok());
+  EXPECT_EQ((*held)->documents(0), (std::vector<int64_t>{45, 46, 47, 48, 49}));
+  EXPECT_EQ((*train)->documents(0).size(), 45u);
+  EXPECT_EQ((*train)->documents(0).back(), 44);
+  // ceil: a small fraction still holds out one document; a tiny corpus keeps its first.
+  EXPECT_EQ(FirstHeldOutByPosition(50, 0.001), 49);
+  EXPECT_EQ(FirstHeldOutByPosition(50, 0.0), 50);
+  EXPECT_EQ(FirstHeldOutByPosition(3, 0.5), 1);
+}
+
+// Issue 16 point 4: a separate dataset as the held-out set.
+TEST_F(DataTest, HeldOutFromASeparateDataset) {
+  auto train_ds = Synthetic("train", {5, 6, 7}, 100);
+  auto valid_ds = Synthetic("valid", {4, 4}, 900);
+  MixtureSpec spec;
+  spec.components = {{train_ds, 1.0, "", valid_ds}};
+  LoaderOptions o{.seq_len = 3, .shuffle = false};
+  o.heldout_fraction = 0.5;  // does not apply to a dataset with its own held-out set
+  auto train = Loader::Create(spec, o);
+  o.split = Split::kHeldOut;
+  auto held = Loader::Create(spec, o);
+  ASSERT_TRUE(train.ok()) << train.status();
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_EQ((*train)->documents(0), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ((*held)->documents(0), (std::vector<int64_t>{0, 1}));
+  const std::vector<int32_t> row = (*held)->NextBatch(1);
+  EXPECT_EQ(row, (std::vector<int32_t>{900, 901, 902, 903}));  // the valid dataset's tokens
+  EXPECT_EQ((*held)->state().cursors[0].dir, valid_ds->dir());
+}
+
+// Issue 16 point 11: a one-paragraph-per-line file read without line_docs gets a hint.
+TEST_F(DataTest, AHugeOneParagraphTextGetsALineDocsHint) {
+  std::string text;
+  for (int i = 0; text.size() < static_cast<size_t>(kLineDocsHintBytes) + 10; ++i) {
+    text += "line " + std::to_string(i) + " of a corpus with one paragraph per line\n";
+  }
+  const std::string path = Write("lines.txt", text);
+  TokenizeOptions o = Options({path}, InputFormat::kText, "lines_ds");
+  auto summary = TokenizeFiles(o);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->num_documents, 1);
+  const std::string hint = LineDocsHint(o, *summary);
+  EXPECT_CONTAINS(hint, "lines.txt:1");
+  EXPECT_CONTAINS(hint, "--line-docs");
+  o.line_docs = true;
+  o.out_dir = Path("lines_ds2");
+  auto per_line = TokenizeFiles(o);
+  ASSERT_TRUE(per_line.ok());
+  EXPECT_GT(per_line->num_documents, 10000);
+  EXPECT_EQ(LineDocsHint(o, *per_line), "");
+  // Ordinary paragraphs get none.
+  o = Options({Write("p.txt", "one\ntwo\n\nthree\n")}, InputFormat::kText, "p_ds");
+  EXPECT_EQ(LineDocsHint(o, *TokenizeFiles(o)), "");
 }
 
 TEST_F(DataTest, MixtureRefusesDifferentTokenizers) {

@@ -89,45 +89,39 @@ absl::StatusOr<std::vector<double>> TemperatureProbabilities(const std::vector<d
   return p;
 }
 
-absl::StatusOr<MixtureSpec> MixtureSpecFromJson(const nlohmann::json& j,
-                                                const std::string& base_dir) {
-  const std::string kPrefix = "data";
-  if (!j.is_object()) return absl::InvalidArgumentError("data: not a JSON object");
-  for (const auto& [key, value] : j.items()) {
-    if (key != "datasets" && key != "temperature" && key != "family_weights") {
-      return absl::InvalidArgumentError(absl::StrCat("data: unknown field '", key, "'"));
-    }
-  }
+int64_t FirstHeldOutByPosition(int64_t num_documents, double fraction) {
+  if (fraction <= 0) return num_documents;
+  const auto held = static_cast<int64_t>(std::ceil(fraction * static_cast<double>(num_documents) - 1e-9));
+  return num_documents - std::min(held, num_documents);
+}
+
+absl::StatusOr<MixtureSpec> OpenMixture(const v1::TrainData& data) {
   MixtureSpec spec;
-  ASSIGN_OR_RETURN(nlohmann::json datasets, Field<nlohmann::json>(j, "datasets", kPrefix));
-  if (!datasets.is_array() || datasets.empty()) {
-    return absl::InvalidArgumentError("data: field 'datasets' must be a non-empty array");
-  }
-  if (j.contains("temperature")) {
-    ASSIGN_OR_RETURN(spec.temperature, Field<double>(j, "temperature", kPrefix));
-  }
-  if (j.contains("family_weights")) {
-    ASSIGN_OR_RETURN(spec.family_weights,
-                     (Field<std::map<std::string, double>>(j, "family_weights", kPrefix)));
-  }
-  for (size_t i = 0; i < datasets.size(); ++i) {
-    std::string prefix = absl::StrCat("data.datasets[", i, "]");
-    const nlohmann::json& d = datasets[i];
-    ASSIGN_OR_RETURN(std::string path, Field<std::string>(d, "path", prefix));
-    MixtureComponent c;
-    if (d.contains("weight")) {
-      ASSIGN_OR_RETURN(c.weight, Field<double>(d, "weight", prefix));
-    }
-    if (d.contains("family")) {
-      ASSIGN_OR_RETURN(c.family, Field<std::string>(d, "family", prefix));
-    }
-    if (!base_dir.empty() && !path.empty() && path[0] != '/') path = base_dir + "/" + path;
+  if (data.datasets_size() == 0) return absl::InvalidArgumentError("data.datasets: no datasets");
+  if (data.has_temperature()) spec.temperature = data.temperature();
+  for (const auto& [family, weight] : data.family_weights()) spec.family_weights[family] = weight;
+  bool any_weight = false;
+  for (const auto& d : data.datasets()) any_weight |= d.has_weight();
+  auto open = [](const std::string& path, const std::string& field)
+      -> absl::StatusOr<std::shared_ptr<const Dataset>> {
     auto ds = Dataset::Open(path);
-    if (!ds.ok()) {
-      return absl::Status(ds.status().code(),
-                          absl::StrCat(prefix, ".path: ", ds.status().message()));
+    if (!ds.ok()) return absl::Status(ds.status().code(), absl::StrCat(field, ": ", ds.status().message()));
+    return std::shared_ptr<const Dataset>(std::move(*ds));
+  };
+  for (int i = 0; i < data.datasets_size(); ++i) {
+    const v1::TrainDataset& d = data.datasets(i);
+    const std::string prefix = absl::StrCat("data.datasets[", i, "]");
+    MixtureComponent c;
+    if (d.has_weight()) {
+      c.weight = d.weight();
+    } else if (!any_weight && !spec.temperature.has_value()) {
+      c.weight = 1.0;  // no weights anywhere: equal shares
     }
-    c.dataset = std::shared_ptr<const Dataset>(std::move(*ds));
+    c.family = d.family();
+    ASSIGN_OR_RETURN(c.dataset, open(d.path(), prefix + ".path"));
+    if (!d.heldout_path().empty()) {
+      ASSIGN_OR_RETURN(c.heldout, open(d.heldout_path(), prefix + ".heldout_path"));
+    }
     spec.components.push_back(std::move(c));
   }
   return spec;
@@ -177,10 +171,11 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(MixtureSpec spec, LoaderO
   for (const MixtureComponent& c : spec.components) {
     if (c.dataset == nullptr) return absl::InvalidArgumentError("mixture: a dataset is null");
     const TokenizerInfo& first = spec.components[0].dataset->tokenizer();
-    if (c.dataset->tokenizer().sha256 != first.sha256) {
+    for (const Dataset* ds : {c.dataset.get(), c.heldout.get()}) {
+      if (ds == nullptr || ds->tokenizer().sha256 == first.sha256) continue;
       return absl::InvalidArgumentError(absl::StrCat(
-          "mixture: ", c.dataset->dir(), " was tokenized with ", c.dataset->tokenizer().name,
-          " (sha256 ", c.dataset->tokenizer().sha256, "), ", spec.components[0].dataset->dir(),
+          "mixture: ", ds->dir(), " was tokenized with ", ds->tokenizer().name,
+          " (sha256 ", ds->tokenizer().sha256, "), ", spec.components[0].dataset->dir(),
           " with ", first.name, " (sha256 ", first.sha256, ")"));
     }
   }
@@ -189,34 +184,46 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(MixtureSpec spec, LoaderO
   for (size_t i = 0; i < spec.components.size(); ++i) {
     const MixtureComponent& c = spec.components[i];
     Stream s;
-    s.dataset = c.dataset;
-    s.cursor.dir = c.dataset->dir();
+    // With a separate held-out dataset, the held-out stream reads it whole and the training
+    // stream all of the component's own dataset.
+    const bool separate = c.heldout != nullptr;
+    s.dataset = separate && options.split == Split::kHeldOut ? c.heldout : c.dataset;
+    const Dataset& ds = *s.dataset;
+    s.cursor.dir = ds.dir();
     int64_t split_tokens = 0;
-    for (int64_t d = 0; d < c.dataset->num_documents(); ++d) {
+    const int64_t first_last = FirstHeldOutByPosition(ds.num_documents(), options.heldout_fraction);
+    for (int64_t d = 0; d < ds.num_documents(); ++d) {
       bool held = false;
-      if (options.heldout_fraction > 0) {
-        buf.resize(c.dataset->document_size(d));
-        c.dataset->Read(c.dataset->document_begin(d), buf);
+      if (separate) {
+        held = options.split == Split::kHeldOut;
+      } else if (options.heldout_last) {
+        held = d >= first_last;
+      } else if (options.heldout_fraction > 0) {
+        buf.resize(ds.document_size(d));
+        ds.Read(ds.document_begin(d), buf);
         held = IsHeldOut(buf, options.heldout_fraction, options.split_seed);
       }
       if (held == (options.split == Split::kHeldOut)) {
         s.docs.push_back(d);
-        split_tokens += c.dataset->document_size(d);
+        split_tokens += ds.document_size(d);
       }
     }
     if (s.docs.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("dataset ", c.dataset->dir(), ": no documents in the ",
-                       options.split == Split::kTrain ? "training" : "held-out",
-                       " split (fraction ", options.heldout_fraction, ")"));
+          absl::StrCat("dataset ", ds.dir(), ": no documents in the ",
+                       options.split == Split::kTrain ? "training" : "held-out", " split (",
+                       separate ? "a separate held-out dataset"
+                                : absl::StrCat(options.heldout_last ? "last " : "hash, fraction ",
+                                               options.heldout_fraction),
+                       ")"));
     }
-    s.insert_eos = !c.dataset->eos_appended();
+    s.insert_eos = !ds.eos_appended();
     if (s.insert_eos) {
       std::optional<int32_t> eos =
-          options.eos_id.has_value() ? options.eos_id : c.dataset->tokenizer().eos_id;
+          options.eos_id.has_value() ? options.eos_id : ds.tokenizer().eos_id;
       if (!eos) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "dataset ", c.dataset->dir(), ": its tokenizer has no EOS id and none was given"));
+            "dataset ", ds.dir(), ": its tokenizer has no EOS id and none was given"));
       }
       s.eos = *eos;
     }

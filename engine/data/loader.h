@@ -13,11 +13,16 @@
 //
 // Mixture: before each row, a dataset i is drawn with probability p_i (MixtureProbabilities).
 //
-// Held-out split: document d of a dataset is held out when
-//   SplitMix64(hash(document tokens) ^ split_seed) / 2^64 < heldout_fraction
-// (hash: FNV-1a 64 over the uint32 tokens). It depends only on the document's tokens and the
-// seed, so it is stable across re-tokenization into different shards or file orders, and the
-// train and held-out loaders see disjoint documents.
+// Held-out split, one of three per dataset (the train and held-out loaders see disjoint
+// documents in each):
+//   hash (default): document d is held out when
+//     SplitMix64(hash(document tokens) ^ split_seed) / 2^64 < heldout_fraction
+//   (hash: FNV-1a 64 over the uint32 tokens). It depends only on the document's tokens and the
+//   seed, so it is stable across re-tokenization into different shards or file orders.
+//   last: the last ceil(heldout_fraction * N) of the dataset's N documents (file order): the
+//   end of a corpus.
+//   a separate dataset (MixtureComponent::heldout): every document of the dataset trains and
+//   the held-out split is that other dataset, whole.
 //
 // Determinism: all randomness comes from counter-based SplitMix64 streams derived from
 // `seed` (no std:: distributions, whose results differ between standard libraries), so the
@@ -41,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "engine/data/dataset.h"
 #include "nlohmann/json.hpp"
+#include "stemma/v1/specs/train.pb.h"
 
 namespace stemma::engine::data {
 
@@ -57,6 +63,9 @@ struct MixtureComponent {
   std::optional<double> weight;
   // Language family (e.g. "slavic"); used with MixtureSpec::family_weights.
   std::string family;
+  // A separate held-out dataset (same tokenizer): when set, all of `dataset` is the training
+  // split and this, whole, the held-out split.
+  std::shared_ptr<const Dataset> heldout;
 };
 
 struct MixtureSpec {
@@ -70,13 +79,12 @@ struct MixtureSpec {
   std::map<std::string, double> family_weights;
 };
 
-// Parses a mixture from JSON (the `data` section of a training spec) and opens its datasets:
-//   {"datasets": [{"path": "uk", "weight": 2, "family": "slavic"}, ...],
-//    "temperature": 3.0, "family_weights": {"slavic": 0.9, "germanic": 0.1}}
-// Relative paths are resolved against `base_dir`. Errors name the field
-// ("data.datasets[1].weight: ...") or the dataset directory.
-absl::StatusOr<MixtureSpec> MixtureSpecFromJson(const nlohmann::json& j,
-                                                const std::string& base_dir = "");
+// The mixture of a training spec's `data` (already checked by its rules) with its datasets
+// opened: datasets[i].path (and heldout_path), weight, family, temperature, family_weights.
+// No weight on any dataset and no temperature: equal weights. Errors name the field
+// ("data.datasets[1].path: ...") and the dataset directory: NotFound for a missing one,
+// InvalidArgument (or DataLoss) for a damaged one.
+absl::StatusOr<MixtureSpec> OpenMixture(const v1::TrainData& data);
 
 enum class Split { kTrain, kHeldOut };
 
@@ -85,6 +93,7 @@ struct LoaderOptions {
   uint64_t seed = 0;    // mixture draws and epoch shuffles
   Split split = Split::kTrain;
   double heldout_fraction = 0.0;  // in [0, 1)
+  bool heldout_last = false;      // the last documents instead of the hash split
   uint64_t split_seed = 0;
   bool shuffle = true;  // shuffle document order per epoch (false: index order)
   // EOS between documents for datasets not tokenized with --eos; defaults to each dataset's
@@ -161,7 +170,11 @@ class Loader {
   std::vector<int64_t> rows_per_component_;
 };
 
-// Whether document `tokens` is held out for (fraction, seed); the rule in the header comment.
+// Whether document `tokens` is held out for (fraction, seed); the hash rule above.
 bool IsHeldOut(std::span<const int32_t> tokens, double fraction, uint64_t seed);
+
+// The first held-out document of the `last` split of `num_documents` documents:
+// num_documents - ceil(fraction * num_documents).
+int64_t FirstHeldOutByPosition(int64_t num_documents, double fraction);
 
 }  // namespace stemma::engine::data

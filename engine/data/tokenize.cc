@@ -1,5 +1,6 @@
 #include "engine/data/tokenize.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -58,9 +59,15 @@ absl::StatusOr<TokenizerInfo> DescribeTokenizer(const std::string& dir,
 
 class DocumentSink {
  public:
-  DocumentSink(const tokenizer::Tokenizer& tok, DatasetWriter& writer, bool append_eos)
-      : tok_(tok), writer_(writer), append_eos_(append_eos) {}
-  absl::Status Add(std::string_view text, const std::string& where) {
+  DocumentSink(const tokenizer::Tokenizer& tok, DatasetWriter& writer, bool append_eos,
+               TokenizeSummary& summary)
+      : tok_(tok), writer_(writer), append_eos_(append_eos), summary_(summary) {}
+  absl::Status Add(std::string_view text, const std::string& where, int64_t lines = 1) {
+    if (static_cast<int64_t>(text.size()) > summary_.largest_document_bytes) {
+      summary_.largest_document_bytes = static_cast<int64_t>(text.size());
+      summary_.largest_document_lines = lines;
+      summary_.largest_document_where = where;
+    }
     std::vector<int32_t> ids = tok_.Encode(text);
     if (ids.empty()) return absl::OkStatus();
     if (append_eos_) ids.push_back(*tok_.eos_id());
@@ -73,6 +80,7 @@ class DocumentSink {
   const tokenizer::Tokenizer& tok_;
   DatasetWriter& writer_;
   bool append_eos_;
+  TokenizeSummary& summary_;
 };
 
 absl::Status ReadText(const std::string& path, std::istream& in, bool line_docs,
@@ -81,7 +89,8 @@ absl::Status ReadText(const std::string& path, std::istream& in, bool line_docs,
   int64_t line_no = 0, doc_line = 0;
   auto flush = [&]() -> absl::Status {
     if (doc.empty()) return absl::OkStatus();
-    absl::Status s = sink.Add(doc, absl::StrCat(path, ":", doc_line));
+    absl::Status s = sink.Add(doc, absl::StrCat(path, ":", doc_line),
+                              1 + static_cast<int64_t>(std::count(doc.begin(), doc.end(), '\n')));
     doc.clear();
     return s;
   };
@@ -153,7 +162,8 @@ absl::StatusOr<TokenizeSummary> TokenizeFiles(const TokenizeOptions& options) {
   wopts.eos_appended = options.append_eos;
   wopts.overwrite = options.overwrite;
   ASSIGN_OR_RETURN(std::unique_ptr<DatasetWriter> writer, DatasetWriter::Create(wopts));
-  DocumentSink sink(*tok, *writer, options.append_eos);
+  TokenizeSummary summary;
+  DocumentSink sink(*tok, *writer, options.append_eos, summary);
   for (const std::string& path : options.inputs) {
     std::ifstream in(path, std::ios::binary);
     if (!in) return absl::NotFoundError(absl::StrCat("--input ", path, ": cannot open"));
@@ -172,12 +182,23 @@ absl::StatusOr<TokenizeSummary> TokenizeFiles(const TokenizeOptions& options) {
         options.format == InputFormat::kJsonl ? absl::StrCat(" (field '", options.field, "')")
                                               : std::string()));
   }
-  TokenizeSummary summary;
   summary.num_documents = writer->num_documents();
   summary.num_tokens = writer->num_tokens();
   summary.num_shards = (summary.num_tokens + wopts.shard_tokens - 1) / wopts.shard_tokens;
   RETURN_IF_ERROR(writer->Finish(sources));
   return summary;
+}
+
+std::string LineDocsHint(const TokenizeOptions& options, const TokenizeSummary& summary) {
+  if (options.format != InputFormat::kText || options.line_docs) return "";
+  if (summary.largest_document_bytes < kLineDocsHintBytes ||
+      summary.largest_document_lines < kLineDocsHintLines) {
+    return "";
+  }
+  return absl::StrCat("the document at ", summary.largest_document_where, " is ONE paragraph of ",
+                      summary.largest_document_lines, " lines (", summary.largest_document_bytes,
+                      " bytes): text documents end at blank lines; for one document per line use "
+                      "--line-docs (line_docs: true)");
 }
 
 }  // namespace stemma::engine::data

@@ -39,7 +39,19 @@ struct TokenizeSummary {
   int64_t num_documents = 0;
   int64_t num_tokens = 0;
   int64_t num_shards = 0;
+  // The longest document (in input bytes), its line count and where it starts ("a.txt:1").
+  int64_t largest_document_bytes = 0;
+  int64_t largest_document_lines = 0;
+  std::string largest_document_where;
 };
+
+// A text document this large, made of this many lines, is most likely a file with one
+// paragraph per line read without line_docs (paragraphs end at blank lines).
+inline constexpr int64_t kLineDocsHintBytes = 1 << 20;
+inline constexpr int64_t kLineDocsHintLines = 100;
+
+// The hint to print when `summary` looks like that ("" when it does not).
+std::string LineDocsHint(const TokenizeOptions& options, const TokenizeSummary& summary);
 
 // Loads the tokenizer from options.tokenizer_dir and writes the dataset atomically.
 absl::StatusOr<TokenizeSummary> TokenizeFiles(const TokenizeOptions& options);

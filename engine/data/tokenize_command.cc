@@ -1,106 +1,115 @@
+// `stemma-engine tokenize` (docs/engine/tokenize.md): the spec stemma.v1.TokenizeSpec from
+// --spec FILE and/or flags, through the one engine command-line parser.
 #include <cstdio>
-#include <cstdlib>
 #include <string>
-#include <string_view>
+#include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/engine_cli.h"
+#include "common/engine_contract.h"
 #include "engine/data/commands.h"
 #include "engine/data/tokenize.h"
 #include "nlohmann/json.hpp"
+#include "stemma/v1/specs/data.pb.h"
 
 namespace stemma::engine {
 namespace {
 
-constexpr const char* kTokenizeUsage =
-    "usage: stemma-engine tokenize --tokenizer DIR --input FILE... --format text|jsonl\n"
-    "         [--field text] [--line-docs] --language L --out DIR [--shard-tokens N] [--eos]\n"
-    "         [--overwrite]\n";
+constexpr char kUsage[] =
+    "stemma-engine tokenize --tokenizer DIR --input FILE... --format text|jsonl [--field text]\n"
+    "         [--line-docs] --language L --out DIR [--shard-tokens N] [--eos] [--overwrite]\n"
+    "       stemma-engine tokenize --spec FILE";
 
-int Fail(const std::string& message) {
-  std::fprintf(stderr, "stemma-engine tokenize: error: %s\n", message.c_str());
-  return 1;
+// `--input a b c` (every argument up to the next flag, as documented) becomes the one
+// `--input ["a","b","c"]` the spec parser reads as a list.
+std::vector<std::string> GatherInputs(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    std::vector<std::string> files;
+    if (arg.rfind("--input=", 0) == 0) {
+      std::string value = arg.substr(8);
+      if (!value.empty() && value[0] == '[') {
+        args.push_back(arg);
+        continue;
+      }
+      files.push_back(value);
+    } else if (arg == "--input") {
+      if (i + 1 < argc && argv[i + 1][0] == '[') {
+        args.push_back(arg);
+        continue;
+      }
+      while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) files.push_back(argv[++i]);
+    } else {
+      args.push_back(arg);
+      continue;
+    }
+    args.push_back("--input");
+    args.push_back(nlohmann::json(files).dump());
+  }
+  return args;
 }
 
-int Usage(const std::string& message) {
-  std::fprintf(stderr, "stemma-engine tokenize: error: %s\n%s", message.c_str(), kTokenizeUsage);
-  return 2;
+void Emit(const nlohmann::ordered_json& event) {
+  std::printf("%s\n", event.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace
 
 int RunTokenize(int argc, char** argv) {
+  std::vector<std::string> args = GatherInputs(argc, argv);
+  std::vector<char*> pointers;
+  for (std::string& a : args) pointers.push_back(a.data());
+  absl::StatusOr<EngineInvocation> inv =
+      ParseEngineCommandLine("tokenize", static_cast<int>(pointers.size()), pointers.data(), {});
+  if (!inv.ok()) return ReportEngineFailure(inv.status());
+  if (inv->help) {
+    std::fputs(EngineHelp("tokenize", kUsage).c_str(), stdout);
+    return engine_contract::kExitOk;
+  }
+  const auto& spec = static_cast<const v1::TokenizeSpec&>(*inv->spec);
   data::TokenizeOptions options;
-  bool have_format = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    std::string v;
-    if (arg == "-h" || arg == "--help") {
-      std::fputs(kTokenizeUsage, stdout);
-      return 0;
-    } else if (arg == "--tokenizer") {
-      if (!value(&options.tokenizer_dir)) return Usage("--tokenizer needs a directory");
-    } else if (arg == "--input") {
-      // One or more files, up to the next flag.
-      while (i + 1 < argc && std::string_view(argv[i + 1]).substr(0, 2) != "--") {
-        options.inputs.push_back(argv[++i]);
-      }
-      if (options.inputs.empty()) return Usage("--input needs at least one file");
-    } else if (arg == "--format") {
-      if (!value(&v)) return Usage("--format needs text or jsonl");
-      if (v == "text") {
-        options.format = data::InputFormat::kText;
-      } else if (v == "jsonl") {
-        options.format = data::InputFormat::kJsonl;
-      } else {
-        return Usage("--format: '" + v + "', expected text or jsonl");
-      }
-      have_format = true;
-    } else if (arg == "--field") {
-      if (!value(&options.field)) return Usage("--field needs a name");
-    } else if (arg == "--line-docs") {
-      options.line_docs = true;
-    } else if (arg == "--language") {
-      if (!value(&options.language)) return Usage("--language needs a code");
-    } else if (arg == "--out") {
-      if (!value(&options.out_dir)) return Usage("--out needs a directory");
-    } else if (arg == "--shard-tokens") {
-      if (!value(&v) || !absl::SimpleAtoi(v, &options.shard_tokens) || options.shard_tokens <= 0) {
-        return Usage("--shard-tokens needs a positive integer");
-      }
-    } else if (arg == "--eos") {
-      options.append_eos = true;
-    } else if (arg == "--overwrite") {
-      options.overwrite = true;
-    } else {
-      return Usage("unknown argument '" + std::string(arg) + "'");
-    }
-  }
-  if (options.tokenizer_dir.empty()) return Usage("--tokenizer is required");
-  if (options.inputs.empty()) return Usage("--input is required");
-  if (!have_format) return Usage("--format is required");
-  if (options.language.empty()) return Usage("--language is required");
-  if (options.out_dir.empty()) return Usage("--out is required");
-  if (options.line_docs && options.format != data::InputFormat::kText) {
-    return Usage("--line-docs applies to --format text only");
-  }
+  options.tokenizer_dir = spec.tokenizer();
+  options.inputs.assign(spec.input().begin(), spec.input().end());
+  options.format = spec.format() == "jsonl" ? data::InputFormat::kJsonl : data::InputFormat::kText;
+  options.field = spec.field();
+  options.line_docs = spec.line_docs();
+  options.language = spec.language();
+  options.out_dir = spec.out();
+  options.shard_tokens = spec.shard_tokens();
+  options.append_eos = spec.eos();
+  options.overwrite = spec.overwrite();
+
+  // docs/engine/tokenize.md, "Events".
+  Emit({{"event", std::string(engine_contract::kEventStart)},
+        {"command", "tokenize"},
+        {"spec", inv->spec_file.empty() ? "command line" : inv->spec_file},
+        {"inputs", options.inputs},
+        {"format", spec.format()},
+        {"line_docs", options.line_docs},
+        {"language", options.language},
+        {"out", options.out_dir}});
   absl::StatusOr<data::TokenizeSummary> summary = data::TokenizeFiles(options);
-  if (!summary.ok()) return Fail(std::string(summary.status().message()));
-  // docs/engine-events.md: the dataset as an output, then a summary.
-  nlohmann::json output = {{"event", "output"}, {"name", "dataset"}, {"path", options.out_dir}};
-  std::printf("%s\n", output.dump().c_str());
-  nlohmann::json out = {{"event", "done"},
-                        {"out", options.out_dir},
-                        {"language", options.language},
-                        {"documents", summary->num_documents},
-                        {"tokens", summary->num_tokens},
-                        {"shards", summary->num_shards}};
-  std::printf("%s\n", out.dump().c_str());
-  return 0;
+  if (!summary.ok()) return ReportEngineFailure(summary.status());
+  const std::string hint = data::LineDocsHint(options, *summary);
+  if (!hint.empty()) std::fprintf(stderr, "stemma-engine tokenize: hint: %s\n", hint.c_str());
+  Emit({{"event", std::string(engine_contract::kEventOutput)},
+        {"name", "dataset"},
+        {"path", options.out_dir},
+        {"type", "dataset"},
+        {"operation", "tokenize"}});
+  nlohmann::ordered_json done = {{"event", std::string(engine_contract::kEventDone)},
+                                 {"command", "tokenize"},
+                                 {"out", options.out_dir},
+                                 {"language", options.language},
+                                 {"documents", summary->num_documents},
+                                 {"tokens", summary->num_tokens},
+                                 {"shards", summary->num_shards},
+                                 {"largest_document_bytes", summary->largest_document_bytes}};
+  if (!hint.empty()) done["hint"] = hint;
+  Emit(done);
+  return engine_contract::kExitOk;
 }
 
 }  // namespace stemma::engine

@@ -5,6 +5,9 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
 #include <cstdio>
 #include <exception>
 #include <map>
@@ -17,10 +20,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/engine_cli.h"
+#include "common/engine_contract.h"
+#include "common/engine_spec.h"
 #include "common/status.h"
 #include "engine/io/safetensors.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/config.h"
+#include "engine/tokenizer/tokenizer.h"
+#include "stemma/v1/specs/model.pb.h"
 
 namespace stemma::engine {
 namespace {
@@ -80,48 +88,112 @@ absl::Status Guarded(Fn&& fn) {
   }
 }
 
-absl::Status Init(int argc, char** argv) {
-  ASSIGN_OR_RETURN(auto flags,
-                   ParseFlags(argc, argv, {"arch", "preset", "seed", "out", "tokenizer"}));
-  ASSIGN_OR_RETURN(std::string arch_name, Required(flags, "arch"));
-  ASSIGN_OR_RETURN(std::string out, Required(flags, "out"));
-  const std::string preset = flags.count("preset") ? flags["preset"] : "tiny";
-  uint64_t seed = 0;
-  if (flags.count("seed") && !absl::SimpleAtoi(flags["seed"], &seed)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--seed must be a non-negative integer, got '", flags["seed"], "'"));
-  }
-  ASSIGN_OR_RETURN(model::Arch arch, model::ArchFromName(arch_name));
-  ASSIGN_OR_RETURN(nlohmann::json config_json, model::PresetConfigJson(arch, preset));
-  if (flags.count("tokenizer")) {
-    if (flags["tokenizer"] != "bytes") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--tokenizer must be 'bytes', got '", flags["tokenizer"], "'"));
-    }
+constexpr char kInitUsage[] =
+    "stemma-engine init [--spec FILE] --out DIR [--arch llama|qwen2|gemma3|olmoe] "
+    "[--preset tiny|small]\n"
+    "         [--tokenizer bytes|DIR] [--seed S] [--hidden-size N] [--num-layers N] "
+    "[--num-heads N] [--num-kv-heads N]\n"
+    "         [--head-dim N] [--intermediate-size N] [--tie-embeddings true|false]\n"
+    "         [--max-position-embeddings N] [--vocab-size N] [--num-experts N] "
+    "[--experts-per-token K]";
+
+template <typename T>
+std::optional<T> Opt(bool has, T value) {
+  return has ? std::optional<T>(value) : std::nullopt;
+}
+
+absl::Status Init(const v1::InitSpec& spec, const std::string& where) {
+  ASSIGN_OR_RETURN(model::Arch arch, model::ArchFromName(spec.arch()));
+  ASSIGN_OR_RETURN(nlohmann::json config_json, model::PresetConfigJson(arch, spec.preset()));
+  // The tokenizer first: its vocabulary is the default vocab_size and the floor of any other.
+  int64_t tokenizer_vocab = 0;
+  model::SaveOptions options;
+  if (spec.tokenizer() == "bytes") {
     // The byte tokenizer (engine/tokenizer/tokenizer.h): bytes 0..255, BOS 256, EOS 257,
     // PAD 258; config.json names it, so `tokenize`, `train` and `eval` find it in the model.
-    config_json["vocab_size"] = 259;
+    tokenizer_vocab = 259;
     config_json["bos_token_id"] = 256;
     config_json["eos_token_id"] = 257;
     config_json["pad_token_id"] = 258;
     config_json["stemma_tokenizer"] = {{"type", "bytes"}};
+  } else {
+    std::string dir = spec.tokenizer();
+    if (!std::filesystem::path(dir).is_absolute()) {
+      const char* root = std::getenv(std::string(engine_contract::kEnvStorageRoot).c_str());
+      dir = (std::filesystem::path(root != nullptr && *root != '\0' ? root : ".") / dir).lexically_normal().string();
+    }
+    auto tok = tokenizer::Tokenizer::Load(dir);
+    if (!tok.ok()) {
+      return absl::Status(tok.status().code(), absl::StrCat(where, ": tokenizer: ", tok.status().message()));
+    }
+    tokenizer_vocab = (*tok)->vocab_size();
+    for (auto [key, id] : {std::pair{"bos_token_id", (*tok)->bos_id()}, std::pair{"eos_token_id", (*tok)->eos_id()},
+                           std::pair{"pad_token_id", (*tok)->pad_id()}}) {
+      if (id.has_value()) {
+        config_json[key] = *id;
+      } else {
+        config_json.erase(key);
+      }
+    }
+    options.source_dir = dir;  // tokenizer files are copied beside the model
   }
-  ASSIGN_OR_RETURN(model::ModelConfig config, model::ParseModelConfig(config_json));
-  ASSIGN_OR_RETURN(CausalLM lm, model::InitModel(config, seed));
-  model::SaveOptions options;
+  config_json["vocab_size"] = tokenizer_vocab;
+  if (spec.has_vocab_size() && spec.vocab_size() < tokenizer_vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": vocab_size: ", spec.vocab_size(),
+                                                   " is less than the tokenizer's ", tokenizer_vocab, " ids"));
+  }
+  model::ModelSizes sizes;
+  sizes.hidden_size = Opt(spec.has_hidden_size(), spec.hidden_size());
+  sizes.num_layers = Opt(spec.has_num_layers(), spec.num_layers());
+  sizes.num_heads = Opt(spec.has_num_heads(), spec.num_heads());
+  sizes.num_kv_heads = Opt(spec.has_num_kv_heads(), spec.num_kv_heads());
+  sizes.head_dim = Opt(spec.has_head_dim(), spec.head_dim());
+  sizes.intermediate_size = Opt(spec.has_intermediate_size(), spec.intermediate_size());
+  sizes.max_position_embeddings = Opt(spec.has_max_position_embeddings(), spec.max_position_embeddings());
+  sizes.vocab_size = Opt(spec.has_vocab_size(), spec.vocab_size());
+  sizes.num_experts = Opt(spec.has_num_experts(), spec.num_experts());
+  sizes.experts_per_token = Opt(spec.has_experts_per_token(), spec.experts_per_token());
+  sizes.tie_embeddings = Opt(spec.has_tie_embeddings(), spec.tie_embeddings());
+  absl::Status sized = model::ApplyModelSizes(arch, sizes, &config_json);
+  if (!sized.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", sized.message()));
+  auto config = model::ParseModelConfig(config_json);
+  if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", config.status().message()));
+  const uint64_t seed = spec.seed();
+  ASSIGN_OR_RETURN(CausalLM lm, model::InitModel(*config, seed));
   options.producer.command = "init";
-  options.producer.params = {{"arch", arch_name}, {"preset", preset}, {"seed", seed}};
-  if (flags.count("tokenizer")) options.producer.params["tokenizer"] = flags["tokenizer"];
-  RETURN_IF_ERROR(model::SaveModel(lm, out, options));
+  options.producer.params = nlohmann::json::parse(SpecToJson(spec), nullptr, false);
+  if (const char* job = std::getenv(std::string(engine_contract::kEnvJobId).c_str())) options.producer.job = job;
+  if (const char* attempt = std::getenv(std::string(engine_contract::kEnvAttemptId).c_str())) {
+    options.producer.attempt = attempt;
+  }
+  RETURN_IF_ERROR(model::SaveModel(lm, spec.out(), options));
   int64_t count = 0;
   for (const auto& p : lm->parameters()) count += p.numel();
-  std::fprintf(stderr, "init: wrote %s (%s, preset %s, seed %llu, %lld parameters)\n",
-               out.c_str(), arch_name.c_str(), preset.c_str(),
-               static_cast<unsigned long long>(seed), static_cast<long long>(count));
+  const auto& c = *config;
+  std::fprintf(stderr, "init: wrote %s (%s, preset %s, seed %llu, %lld parameters)\n", spec.out().c_str(),
+               spec.arch().c_str(), spec.preset().c_str(), static_cast<unsigned long long>(seed),
+               static_cast<long long>(count));
   // stdout carries only events (docs/engine-events.md).
-  nlohmann::json output = {{"event", "output"}, {"name", "model"}, {"path", out}};
-  nlohmann::json done = {{"event", "done"}, {"command", "init"}, {"arch", arch_name},
-                         {"preset", preset}, {"parameters", count}};
+  nlohmann::ordered_json output = {{"event", "output"}, {"name", "model"}, {"path", spec.out()},
+                                   {"type", "checkpoint"}, {"operation", "init"}};
+  nlohmann::ordered_json done = {{"event", "done"},
+                                 {"command", "init"},
+                                 {"arch", spec.arch()},
+                                 {"preset", spec.preset()},
+                                 {"parameters", count},
+                                 {"hidden_size", c.hidden_size},
+                                 {"num_layers", c.num_hidden_layers},
+                                 {"num_heads", c.num_attention_heads},
+                                 {"num_kv_heads", c.num_key_value_heads},
+                                 {"head_dim", c.head_dim},
+                                 {"intermediate_size", c.intermediate_size},
+                                 {"tie_embeddings", c.tie_word_embeddings},
+                                 {"max_position_embeddings", c.max_position_embeddings},
+                                 {"vocab_size", c.vocab_size}};
+  if (c.is_moe()) {
+    done["num_experts"] = c.num_experts;
+    done["experts_per_token"] = c.num_experts_per_tok;
+  }
   std::printf("%s\n%s\n", output.dump().c_str(), done.dump().c_str());
   std::fflush(stdout);
   return absl::OkStatus();
@@ -174,8 +246,16 @@ absl::Status Logits(int argc, char** argv) {
 }  // namespace
 
 int RunInit(int argc, char** argv) {
-  absl::Status status = Guarded([&] { return Init(argc, argv); });
-  return status.ok() ? 0 : Fail("init", status);
+  absl::StatusOr<EngineInvocation> inv = ParseEngineCommandLine("init", argc, argv, {});
+  if (!inv.ok()) return ReportEngineFailure(inv.status());
+  if (inv->help) {
+    std::fputs(EngineHelp("init", kInitUsage).c_str(), stdout);
+    return engine_contract::kExitOk;
+  }
+  const std::string where = inv->spec_file.empty() ? "command line" : inv->spec_file;
+  absl::Status status =
+      Guarded([&] { return Init(static_cast<const v1::InitSpec&>(*inv->spec), where); });
+  return status.ok() ? engine_contract::kExitOk : ReportEngineFailure(status);
 }
 
 int RunLogits(int argc, char** argv) {

@@ -484,4 +484,66 @@ absl::StatusOr<nlohmann::json> PresetConfigJson(Arch arch, absl::string_view pre
   return j;
 }
 
+absl::Status ApplyModelSizes(Arch arch, const ModelSizes& sizes, json* config) {
+  json& j = *config;
+  auto bad = [](absl::string_view field, absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+  };
+  if (sizes.hidden_size) j["hidden_size"] = *sizes.hidden_size;
+  if (sizes.num_layers) j["num_hidden_layers"] = *sizes.num_layers;
+  if (sizes.num_heads) j["num_attention_heads"] = *sizes.num_heads;
+  if (sizes.num_kv_heads) j["num_key_value_heads"] = *sizes.num_kv_heads;
+  if (sizes.intermediate_size) j["intermediate_size"] = *sizes.intermediate_size;
+  if (sizes.max_position_embeddings) j["max_position_embeddings"] = *sizes.max_position_embeddings;
+  if (sizes.vocab_size) j["vocab_size"] = *sizes.vocab_size;
+  if (sizes.tie_embeddings) j["tie_word_embeddings"] = *sizes.tie_embeddings;
+  if (sizes.num_experts || sizes.experts_per_token) {
+    if (arch != Arch::kOlmoe) {
+      return bad(sizes.num_experts ? "num_experts" : "experts_per_token", "applies to arch olmoe only");
+    }
+    if (sizes.num_experts) j["num_experts"] = *sizes.num_experts;
+    if (sizes.experts_per_token) j["num_experts_per_tok"] = *sizes.experts_per_token;
+  }
+  const int64_t hidden = j.at("hidden_size").get<int64_t>();
+  const int64_t heads = j.at("num_attention_heads").get<int64_t>();
+  const int64_t kv = j.at("num_key_value_heads").get<int64_t>();
+  if (heads % kv != 0) {
+    return bad("num_kv_heads", absl::StrCat(kv, " does not divide the ", heads, " attention heads"));
+  }
+  int64_t head_dim = 0;
+  if (sizes.head_dim) {
+    head_dim = *sizes.head_dim;
+  } else if (hidden % heads != 0) {
+    return bad("num_heads", absl::StrCat(heads, " does not divide hidden_size ", hidden, " (or give head_dim)"));
+  } else {
+    head_dim = hidden / heads;
+  }
+  if (head_dim % 2 != 0) return bad("head_dim", absl::StrCat(head_dim, " must be even (RoPE rotates pairs)"));
+  if (arch == Arch::kOlmoe) {
+    // OLMoE's config has no head_dim: transformers derives hidden_size / heads.
+    if (sizes.head_dim && *sizes.head_dim * heads != hidden) {
+      return bad("head_dim", "olmoe takes no head_dim of its own (it is hidden_size / num_heads)");
+    }
+    if (hidden % heads != 0) return bad("num_heads", absl::StrCat(heads, " does not divide hidden_size ", hidden));
+    const int64_t experts = j.at("num_experts").get<int64_t>();
+    if (j.at("num_experts_per_tok").get<int64_t>() > experts) {
+      return bad("experts_per_token", absl::StrCat(j.at("num_experts_per_tok").get<int64_t>(),
+                                                   " is more than the ", experts, " experts"));
+    }
+  } else {
+    j["head_dim"] = head_dim;
+  }
+  if (arch == Arch::kGemma3) {
+    j["query_pre_attn_scalar"] = head_dim;
+    const int64_t layers = j.at("num_hidden_layers").get<int64_t>();
+    json types = json::array();
+    for (int64_t i = 0; i < layers; ++i) {
+      const bool full = i % 6 == 5 || (layers < 6 && i == layers - 1);
+      types.push_back(full ? "full_attention" : "sliding_attention");
+    }
+    j["layer_types"] = types;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace stemma::engine::model

@@ -103,8 +103,23 @@ struct ModelConfig {
 // range, or an unsupported value such as an unknown model_type or rope type).
 absl::StatusOr<ModelConfig> ParseModelConfig(const nlohmann::json& json);
 
-// The `--preset tiny` configuration of `arch` as a config.json that transformers loads
-// (old-style rope fields, which transformers still reads). Sized for a 2-core CPU.
+// The `--preset tiny` (or `small`) configuration of `arch` as a config.json that transformers
+// loads (old-style rope fields, which transformers still reads). tiny is sized for unit tests
+// on a 2-core CPU, small (8 layers: a middle block) for demos; docs/engine/init.md lists both.
 absl::StatusOr<nlohmann::json> PresetConfigJson(Arch arch, absl::string_view preset);
+
+// Sizes that override a preset's (`stemma-engine init --hidden-size 256 ...`); unset keeps it.
+struct ModelSizes {
+  std::optional<int64_t> hidden_size, num_layers, num_heads, num_kv_heads, head_dim,
+      intermediate_size, max_position_embeddings, vocab_size, num_experts, experts_per_token;
+  std::optional<bool> tie_embeddings;
+};
+
+// Applies `sizes` to a preset's config.json: head_dim follows hidden_size / num_heads unless
+// given (Gemma3's query_pre_attn_scalar with it), Gemma3's layer_types are laid out again for
+// the new depth (every sixth layer full attention, and the last of a model under six layers).
+// InvalidArgument naming the size field for a combination no model can have (heads that do
+// not divide the width, KV heads that do not divide the heads, top-k above the experts).
+absl::Status ApplyModelSizes(Arch arch, const ModelSizes& sizes, nlohmann::json* config);
 
 }  // namespace stemma::engine::model

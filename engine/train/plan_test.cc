@@ -15,7 +15,8 @@ namespace {
 
 using json = nlohmann::json;
 
-TEST(LayerRangeTest, HalfOpenLikePythonSlices) {
+// The one convention of common/layer_range.h, as the planner sees it.
+TEST(LayerRangeTest, HalfOpenLikePythonSlicesAndMiddle) {
   auto r = ParseLayerRange("9:28", "x");
   ASSERT_TRUE(r.ok());
   auto resolved = ResolveLayerRange(*r, 34, "x");
@@ -25,6 +26,8 @@ TEST(LayerRangeTest, HalfOpenLikePythonSlices) {
   EXPECT_EQ(ResolveLayerRange(*ParseLayerRange("28:", "x"), 34, "x")->end, 34);
   EXPECT_EQ(ResolveLayerRange(*ParseLayerRange(":9", "x"), 34, "x")->begin, 0);
   EXPECT_EQ(ResolveLayerRange(*ParseLayerRange("7", "x"), 34, "x")->end, 8);
+  EXPECT_EQ(FormatLayerRange(*ResolveLayerRange(*ParseLayerRange("middle", "x"), 34, "x")), "9:28");
+  EXPECT_EQ(FormatLayerRange(*ResolveLayerRange(*ParseLayerRange("middle", "x"), 8, "x")), "2:7");
   for (const char* bad : {"", "a:b", "5:5", "6:2", "-1:3", "1:2:3", "x"}) {
     auto p = ParseLayerRange(bad, "spec.yaml: strategy.freeze.layers[0]");
     ASSERT_FALSE(p.ok()) << bad;
@@ -76,16 +79,16 @@ const ParamPlan& Find(const TrainPlan& plan, const std::string& name) {
 }
 
 StrategySpec Strategy(const json& j) {
-  json doc = {{"model", "m"}, {"out", "o"}, {"steps", 1},
-              {"data", {{"datasets", json::array()}, {"seq_len", 4}}}, {"strategy", j}};
-  auto spec = ParseTrainSpec(doc, "spec.yaml", "");
+  json doc = {{"model", "/m"}, {"out", "/o"}, {"steps", 1},
+              {"data", {{"datasets", {{{"path", "/d"}}}}, {"seq_len", 4}}}, {"strategy", j}};
+  auto spec = ParseTrainSpecText(doc.dump(), "spec.yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
   return spec.ok() ? spec->strategy : StrategySpec{};
 }
 
 TEST(PlanTest, FreezeRangesAndL2spLambdas) {
   ModelShape shape{4, 8, 0, false};
-  auto plan = BuildPlan(Strategy({{"freeze", {{"layers", "1:3"}, {"head", true}}},
+  auto plan = BuildPlan(Strategy({{"freeze", {{"layers", {"1:3"}}, {"head", true}}},
                                   {"l2sp", {{{"layers", {"3"}}, {"lambda", 0.05}}, {{"lambda", 0.001}}}}}),
                         shape, DenseParams(4, 4, 8));
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -134,23 +137,28 @@ TEST(PlanTest, NeuronMaskSelectsRowsAndColumnsOfUnionOfLanguages) {
 }
 
 TEST(PlanTest, SpecErrorsNameTheField) {
-  json doc = {{"model", "m"}, {"out", "o"}, {"steps", 1},
-              {"data", {{"datasets", json::array()}, {"seq_len", 4}}}};
+  json doc = {{"model", "/m"}, {"out", "/o"}, {"steps", 1},
+              {"data", {{"datasets", {{{"path", "/d"}}}}, {"seq_len", 4}}}};
   struct Case {
     json patch;
     std::string message;
   } cases[] = {
-      {{{"optimizer", {{"lr", -1}}}}, "spec.yaml: optimizer.lr: must be > 0"},
-      {{{"strategy", {{"freze", 1}}}}, "freze"},
-      {{{"batch_size", 0}}, "spec.yaml: batch_size: must be >= 1"},
-      {{{"strategy", {{"l2sp", {{{"layers", "0:2"}}}}}}}, "lambda: is required"},
-      {{{"schedule", {{"type", "step"}}}}, "schedule.type"},
-      {{{"data", {{"seq_len", 0}}}}, "data.seq_len"},
+      {{{"optimizer", {{"lr", -1}}}}, "spec.yaml: line 1: optimizer.lr: -1 must be > 0"},
+      {{{"strategy", {{"freze", 1}}}}, "strategy.freze: unknown field"},
+      {{{"batch_size", 0}}, "spec.yaml: line 1: batch_size: 0 must be >= 1"},
+      {{{"strategy", {{"l2sp", {{{"layers", {"0:2"}}}}}}}}, "strategy.l2sp[0].lambda: is required"},
+      {{{"strategy", {{"freeze", {{"layers", {"middle", "1:"}}}}}}}, ""},  // accepted
+      {{{"schedule", {{"type", "step"}}}}, "schedule.type: 'step' is not one of cosine, linear, constant"},
+      {{{"data", {{"seq_len", 0}}}}, "data.seq_len: 0 must be >= 1"},
   };
   for (const Case& c : cases) {
     json d = doc;
     d.merge_patch(c.patch);
-    auto spec = ParseTrainSpec(d, "spec.yaml", "");
+    auto spec = ParseTrainSpecText(d.dump(), "spec.yaml");
+    if (c.message.empty()) {
+      EXPECT_TRUE(spec.ok()) << c.patch << " " << spec.status();
+      continue;
+    }
     ASSERT_FALSE(spec.ok()) << c.patch;
     EXPECT_TRUE(absl::StrContains(spec.status().message(), c.message)) << spec.status();
   }

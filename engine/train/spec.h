@@ -1,39 +1,25 @@
-// The training spec of `stemma-engine train --spec FILE` (docs/train.md): a YAML or JSON
-// document parsed into typed structs. No LibTorch here: the spec is checked completely (types,
-// ranges, unknown fields) before any model is loaded, so a typo fails in milliseconds.
-//
-// Errors are InvalidArgument naming the file and the field ("spec.yaml: optimizer.lr: must
-// be > 0"). Relative paths are resolved against the spec file's directory.
+// The training spec of `stemma-engine train` (docs/engine/train.md): the typed message
+// stemma.v1.TrainSpec (proto/stemma/v1/specs/train.proto), read and checked by
+// common/engine_cli.h (YAML or JSON, defaults, rules, relative paths), turned into the
+// plain structs the planner and the trainer use. No LibTorch here: the spec is checked
+// completely before any model is loaded, so a typo fails in milliseconds.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
-#include "absl/strings/string_view.h"
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/layer_range.h"
 #include "nlohmann/json.hpp"
+#include "stemma/v1/specs/train.pb.h"
 
 namespace stemma::engine::train {
 
-// Decoder layers [begin, end): Python slice convention, so "9:28" is layers 9..27 — the
-// middle block M of algorithms.md §0.2. "7" is layer 7 alone; "9:" runs to the last layer and
-// ":9" starts at 0 (end < 0 and begin < 0 stand for those open ends until resolved).
-struct LayerRange {
-  int64_t begin = 0;
-  int64_t end = -1;  // -1: through the last layer
-  std::string text;  // as written, for errors
-};
-
-// "a:b", "a", "a:" or ":b" with non-negative decimal integers. Bounds are checked against the
-// model later (ResolveLayerRange), since the spec does not know the layer count.
-absl::StatusOr<LayerRange> ParseLayerRange(absl::string_view text, absl::string_view where);
-
-// [begin, end) within a model of `num_layers` layers; InvalidArgument naming `where` for an
-// empty range or one past the last layer.
-absl::StatusOr<LayerRange> ResolveLayerRange(const LayerRange& range, int64_t num_layers,
-                                             absl::string_view where);
+// Decoder layers, half-open, with "middle" (common/layer_range.h: the one convention).
+using ::stemma::LayerRange;
 
 struct OptimizerSpec {
   double lr = 3e-4;
@@ -97,9 +83,10 @@ struct StrategySpec {
 };
 
 struct DataSpec {
-  nlohmann::json mixture;  // datasets / temperature / family_weights: data::MixtureSpecFromJson
+  v1::TrainData mixture;  // datasets / weights / temperature: data::OpenMixture
   int64_t seq_len = 0;
   double heldout_fraction = 0.0;
+  bool heldout_last = false;  // heldout_split: last (else hash)
   uint64_t split_seed = 0;
   bool shuffle = true;
 };
@@ -128,7 +115,7 @@ struct TrainSpec {
   int64_t steps = 0;       // optimizer steps; or derived from max_tokens
   int64_t max_tokens = 0;
   uint64_t seed = 0;
-  int threads = 0;  // at::set_num_threads; 0 keeps LibTorch's default
+  int64_t threads = 0;  // 0: EffectiveThreads (the job's CPUs, else LibTorch's default)
   OptimizerSpec optimizer;
   ScheduleSpec schedule;
   double clip_grad_norm = 1.0;  // 0: no clipping
@@ -143,20 +130,21 @@ struct TrainSpec {
   // bf16, losses and reductions in fp32), the usual mixed precision on GPUs.
   std::string precision = "float32";
   bool overwrite = false;              // replace an existing `out`
-  int64_t log_every = 1;               // step events every N steps (and the last)
+  int64_t log_every = 1;               // step events every N steps (and the first and last)
 
-  std::string source;    // the spec file, for errors
-  nlohmann::json raw;    // the parsed document, recorded in manifests
+  std::string source;  // the spec file, for errors
+  nlohmann::json raw;  // the typed spec as JSON (defaults filled), recorded in manifests
 
   int64_t tokens_per_step() const { return batch_size * grad_accum * data.seq_len; }
 };
 
-// Parses a spec document. `source` names the file in errors; relative paths are resolved
-// against `base_dir` (the spec file's directory) when it is not empty.
-absl::StatusOr<TrainSpec> ParseTrainSpec(const nlohmann::json& doc, const std::string& source,
-                                         const std::string& base_dir);
+// The structs of a spec read by ParseEngineCommandLine (defaults filled, rules checked, paths
+// resolved). Fills the defaults of sub-messages the spec left out. `source` names the file in
+// errors. InvalidArgument for what the rules cannot say (a layer range that does not parse).
+absl::StatusOr<TrainSpec> TrainSpecFromProto(v1::TrainSpec proto, const std::string& source);
 
-// ReadSpecFile + ParseTrainSpec.
-absl::StatusOr<TrainSpec> LoadTrainSpec(const std::string& path);
+// YAML or JSON text → TrainSpec, with the same reading and checks as the command line
+// (relative paths are left as they are). For tests and tools.
+absl::StatusOr<TrainSpec> ParseTrainSpecText(std::string_view text, const std::string& source);
 
 }  // namespace stemma::engine::train

@@ -1,4 +1,5 @@
-// `stemma-engine train --spec FILE [--stop-after-step N]` (docs/train.md).
+// `stemma-engine train --spec FILE [--<field> VALUE ...] [--stop-after-step N]`
+// (docs/engine/train.md).
 #include <malloc.h>
 
 #include <cstdio>
@@ -6,6 +7,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/engine_cli.h"
+#include "common/engine_contract.h"
 #include "common/status.h"
 #include "engine/train/commands.h"
 #include "engine/train/spec.h"
@@ -14,37 +17,9 @@
 namespace stemma::engine {
 namespace {
 
-struct Flags {
-  std::string spec;
-  int64_t stop_after_step = 0;
-};
-
-absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
-  Flags flags;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i], value;
-    if (auto eq = arg.find('='); eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("flag ", arg, " needs a value"));
-    }
-    if (arg == "--spec") {
-      flags.spec = value;
-    } else if (arg == "--stop-after-step") {
-      if (!absl::SimpleAtoi(value, &flags.stop_after_step) || flags.stop_after_step < 1) {
-        return absl::InvalidArgumentError("--stop-after-step wants a positive step number");
-      }
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown argument '", arg, "' (usage: train --spec FILE [--stop-after-step N])"));
-    }
-  }
-  if (flags.spec.empty()) return absl::InvalidArgumentError("missing --spec FILE");
-  return flags;
-}
+constexpr char kUsage[] =
+    "stemma-engine train --spec FILE [--<field> VALUE ...] [--stop-after-step N]\n"
+    "  --stop-after-step N  stop right after step N as if preempted (exit 3); run again to resume";
 
 // A training step frees and reallocates the same few-megabyte activations and gradients
 // every step. glibc serves blocks that large with fresh mmaps by default, so each step paid
@@ -55,32 +30,38 @@ void KeepLargeBlocksInTheHeap() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
-absl::StatusOr<train::RunResult> Run(int argc, char** argv, Flags& flags) {
-  KeepLargeBlocksInTheHeap();
-  ASSIGN_OR_RETURN(flags, ParseFlags(argc, argv));
-  ASSIGN_OR_RETURN(train::TrainSpec spec, train::LoadTrainSpec(flags.spec));
-  train::RunOptions options;
-  options.stop_after_step = flags.stop_after_step;
-  return train::Train(spec, options, train::EventWriter(/*enabled=*/true));
-}
-
 }  // namespace
 
 int RunTrain(int argc, char** argv) {
-  Flags flags;
-  absl::StatusOr<train::RunResult> result = Run(argc, argv, flags);
-  if (!result.ok()) {
-    std::fprintf(stderr, "stemma-engine: error: %s\n", std::string(result.status().message()).c_str());
-    return 1;
+  absl::StatusOr<EngineInvocation> inv = ParseEngineCommandLine("train", argc, argv, {"stop-after-step"});
+  if (!inv.ok()) return ReportEngineFailure(inv.status());
+  if (inv->help) {
+    std::fputs(EngineHelp("train", kUsage).c_str(), stdout);
+    return engine_contract::kExitOk;
   }
+  int64_t stop_after_step = 0;
+  if (auto it = inv->flags.find("stop-after-step"); it != inv->flags.end()) {
+    if (!absl::SimpleAtoi(it->second, &stop_after_step) || stop_after_step < 1) {
+      return ReportEngineFailure(absl::InvalidArgumentError("--stop-after-step wants a positive step number"));
+    }
+  }
+  const std::string source = inv->spec_file.empty() ? "command line" : inv->spec_file;
+  absl::StatusOr<train::TrainSpec> spec =
+      train::TrainSpecFromProto(static_cast<const v1::TrainSpec&>(*inv->spec), source);
+  if (!spec.ok()) return ReportEngineFailure(spec.status());
+  KeepLargeBlocksInTheHeap();
+  train::RunOptions options;
+  options.stop_after_step = stop_after_step;
+  absl::StatusOr<train::RunResult> result = train::Train(*spec, options, train::EventWriter(/*enabled=*/true));
+  if (!result.ok()) return ReportEngineFailure(result.status());
   if (*result == train::RunResult::kStopped) {
     std::fprintf(stderr,
-                 "stemma-engine: error: stopped after step %lld as asked (--stop-after-step); "
-                 "run again to resume from the checkpoint\n",
-                 static_cast<long long>(flags.stop_after_step));
-    return 3;
+                 "%sstopped after step %lld as asked (--stop-after-step); run again to resume from "
+                 "the checkpoint\n",
+                 std::string(engine_contract::kErrorPrefix).c_str(), static_cast<long long>(stop_after_step));
+    return engine_contract::kExitStopped;
   }
-  return 0;
+  return engine_contract::kExitOk;
 }
 
 }  // namespace stemma::engine

@@ -20,6 +20,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/engine_cli.h"
+#include "common/engine_contract.h"
 #include "common/status.h"
 #include "engine/data/loader.h"
 #include "engine/io/checkpoint.h"
@@ -124,8 +126,10 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
 
 io::ManifestProducer Producer(const TrainSpec& spec, const std::string& spec_sha256) {
   io::ManifestProducer p;
-  if (const char* job = std::getenv("STEMMA_JOB_ID")) p.job = job;
-  if (const char* attempt = std::getenv("STEMMA_ATTEMPT")) p.attempt = attempt;
+  if (const char* job = std::getenv(std::string(engine_contract::kEnvJobId).c_str())) p.job = job;
+  if (const char* attempt = std::getenv(std::string(engine_contract::kEnvAttemptId).c_str())) {
+    p.attempt = attempt;
+  }
   p.command = "train";
   p.params = {{"spec", spec.raw}, {"spec_sha256", spec_sha256}};
   return p;
@@ -340,13 +344,14 @@ absl::Status BuildHeldOut(Run& run, const data::MixtureSpec& mixture, data::Load
   for (size_t i = 0; i < mixture.components.size(); ++i) {
     const auto& component = mixture.components[i];
     data::MixtureSpec one;
-    one.components.push_back({component.dataset, 1.0, component.family});
+    one.components.push_back({component.dataset, 1.0, component.family, component.heldout});
     auto loader = data::Loader::Create(std::move(one), options);
     if (!loader.ok()) {
       return absl::Status(loader.status().code(),
                           absl::StrCat(spec.source, ": eval: data.datasets[", i, "] (",
                                        component.dataset->dir(), "): ", loader.status().message(),
-                                       " (raise data.heldout_fraction or turn eval off)"));
+                                       " (raise data.heldout_fraction, give the dataset a "
+                                       "heldout_path, or turn eval off)"));
     }
     Run::HeldOut set;
     set.name = component.dataset->language();
@@ -359,15 +364,15 @@ absl::Status BuildHeldOut(Run& run, const data::MixtureSpec& mixture, data::Load
   return absl::OkStatus();
 }
 
-absl::Status BuildLoader(Run& run) {
+absl::Status BuildLoader(Run& run, data::MixtureSpec mixture) {
   const TrainSpec& spec = *run.spec;
-  ASSIGN_OR_RETURN(data::MixtureSpec mixture, data::MixtureSpecFromJson(spec.data.mixture));
   const int64_t vocab = run.lm->config().vocab_size;
   for (const auto& c : mixture.components) {
-    if (c.dataset->tokenizer().vocab_size > vocab) {
+    for (const data::Dataset* ds : {c.dataset.get(), c.heldout.get()}) {
+      if (ds == nullptr || ds->tokenizer().vocab_size <= vocab) continue;
       return absl::InvalidArgumentError(absl::StrCat(
-          "data: dataset ", c.dataset->dir(), " was tokenized with a vocabulary of ",
-          c.dataset->tokenizer().vocab_size, " tokens, the model has ", vocab));
+          "data: dataset ", ds->dir(), " was tokenized with a vocabulary of ",
+          ds->tokenizer().vocab_size, " tokens, the model has ", vocab));
     }
   }
   data::LoaderOptions options;
@@ -375,6 +380,7 @@ absl::Status BuildLoader(Run& run) {
   options.seed = spec.seed;
   options.split = data::Split::kTrain;
   options.heldout_fraction = spec.data.heldout_fraction;
+  options.heldout_last = spec.data.heldout_last;
   options.split_seed = spec.data.split_seed;
   options.shuffle = spec.data.shuffle;
   // The held-out sets share the opened datasets (components hold them by shared_ptr).
@@ -563,7 +569,10 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
                                                    " is not divisible by WORLD_SIZE ",
                                                    run.ranks.world()));
   }
-  if (spec.threads > 0) at::set_num_threads(spec.threads);
+  // threads 0: the job's CPUs ($STEMMA_CPUS), so a one-CPU job runs one thread.
+  if (const int64_t threads = EffectiveThreads(spec.threads); threads > 0) {
+    at::set_num_threads(static_cast<int>(threads));
+  }
   torch::manual_seed(spec.seed);
 
   if (!spec.overwrite && AlreadyDone(spec, run.spec_sha256)) {
@@ -576,7 +585,12 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
         spec.source, ": out: ", spec.out, " already exists (set overwrite: true to replace it)"));
   }
 
-  run.device = torch::Device(spec.device);  // checked by the spec parser
+  // Inputs that only the engine can check, before any work: the datasets open.
+  auto mixture = data::OpenMixture(spec.data.mixture);
+  if (!mixture.ok()) {
+    return absl::Status(mixture.status().code(), absl::StrCat(spec.source, ": ", mixture.status().message()));
+  }
+  run.device = torch::Device(spec.device);  // checked by the spec's rules
   if (run.device.is_cuda() && !torch::cuda::is_available()) {
     return absl::FailedPreconditionError(absl::StrCat(
         spec.source, ": device: ", spec.device, " was asked for, but LibTorch sees no CUDA GPU "
@@ -593,7 +607,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
     return absl::OkStatus();
   }));
   RestrictRouters(run);
-  RETURN_IF_ERROR(BuildLoader(run));
+  RETURN_IF_ERROR(BuildLoader(run, std::move(*mixture)));
   int64_t start_step = 0;
   if (spec.checkpoint.every > 0) {
     if (run.ranks.rank() == 0) RemoveStaleStaging(spec);
@@ -606,6 +620,20 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
   run.ranks.Broadcast(run.optimizer->parameters());
   run.lm->train();
 
+  // Every layer range as written and as resolved for this model ("middle" → "2:7").
+  Event layer_ranges = Event::array();
+  auto add_ranges = [&](const std::vector<LayerRange>& ranges, const std::string& field) {
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      auto r = ResolveLayerRange(ranges[i], run.lm->config().num_hidden_layers, field);
+      layer_ranges.push_back({{"field", absl::StrCat(field, "[", i, "]")},
+                              {"range", ranges[i].text},
+                              {"layers", r.ok() ? FormatLayerRange(*r) : std::string("?")}});
+    }
+  };
+  add_ranges(spec.strategy.freeze.layers, "strategy.freeze.layers");
+  for (size_t i = 0; i < spec.strategy.l2sp.size(); ++i) {
+    add_ranges(spec.strategy.l2sp[i].layers, absl::StrCat("strategy.l2sp[", i, "].layers"));
+  }
   events.Emit({{"event", "start"},
                {"command", "train"},
                {"spec", spec.source},
@@ -621,7 +649,9 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
                {"threads", at::get_num_threads()},
                {"total_params", run.plan.total_params},
                {"trainable_params", run.plan.trainable_params},
-               {"trainable_fraction", run.plan.trainable_fraction()}});
+               {"trainable_fraction", run.plan.trainable_fraction()},
+               {"num_layers", run.lm->config().num_hidden_layers},
+               {"layer_ranges", layer_ranges}});
 
   if (spec.eval.every > 0 && start_step == 0) {
     RETURN_IF_ERROR(TorchGuard("held-out evaluation before step 1", [&] {
@@ -644,7 +674,8 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
     ++steps_this_run;
     run.tokens += spec.tokens_per_step();
     last_loss = r.loss;
-    if (step % spec.log_every == 0 || step == spec.steps) {
+    // The first step of every run too, so a run always shows its starting loss.
+    if (step % spec.log_every == 0 || step == spec.steps || step == start_step + 1) {
       Event e = {{"event", "step"},
                  {"step", step},
                  {"total_steps", spec.steps},
