@@ -32,7 +32,8 @@ PROMETHEUS_RULE = DEPLOY / "kubernetes" / "components" / "monitoring" / "prometh
 
 # Metrics that other parts of Stemma are adding; panels on them are empty until then.
 AUTH = "issue 13: stemma_auth_failures_total (and only after a call was refused)"
-EXPERIMENT_METRICS = "issue 12: live training gauges with experiment/stage labels"
+EXPERIMENT_METRICS = "issue 12: stemma_train_* gauges (experiment, stage) of running train jobs"
+EVAL_METRICS = "a stemma_eval_score gauge (experiment, stage, suite, metric), which nothing exports yet"
 REGISTRY = "issue 12: the checkpoint registry's stemma_registry_checkpoints_registered_total"
 FAILURES = "a failed attempt"
 
@@ -209,18 +210,14 @@ EXPERIMENTS = Dashboard(
             Panel("Tokens per second", [
                 (f"stemma_train_tokens_per_second{sel(experiment=True)}", "{{experiment}} {{stage}}"),
             ], unit="short", needs=EXPERIMENT_METRICS, width=12),
-            Panel("Progress", [
-                (f"stemma_train_progress_ratio{sel(experiment=True)}", "{{experiment}} {{stage}}"),
-            ], unit="percentunit", needs=EXPERIMENT_METRICS, width=12,
-                description="Fraction of the stage's steps (or tokens) done."),
             Panel("Step", [
                 (f"stemma_train_step{sel(experiment=True)}", "{{experiment}} {{stage}}"),
-            ], needs=EXPERIMENT_METRICS, width=12),
+            ], needs=EXPERIMENT_METRICS, width=12, description="Latest optimizer step of each running train job."),
         ]),
         Row("Results", [
             Panel("Eval results", [
                 (f"stemma_eval_score{sel(experiment=True)}", "{{stage}} {{suite}} {{metric}}"),
-            ], needs=EXPERIMENT_METRICS, width=12,
+            ], needs=EVAL_METRICS, width=12,
                 description="Each eval suite's score as its job finishes."),
             Panel("Checkpoints registered", [
                 (f"sum by (operation) (increase(stemma_registry_checkpoints_registered_total{sel()}[$__rate_interval]))",

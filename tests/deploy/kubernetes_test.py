@@ -1,0 +1,369 @@
+#!/usr/bin/env python3
+"""Renders every kustomize overlay and checks what a cluster would be given:
+
+- `kubectl kustomize` succeeds; `kubernetes-validate --strict` accepts every object (and
+  rejects a misspelt field, so the check can fail); the CRD objects it cannot know
+  (ServiceMonitor, PrometheusRule) are checked here instead: the rules with promtool, the
+  ServiceMonitor against the Services it selects;
+- policy: one coordinator replica in a StatefulSet, no PodDisruptionBudget on it, its
+  database claim ReadWriteOncePod (ReadWriteOnce in dev), a shared ReadWriteMany checkpoint
+  claim in clusters; KubeRay's securityContext on every container; probes on the health
+  port; every Service selects pods and its ports exist in them; GPU pools request
+  nvidia.com/gpu, tolerate the device plugin's taint and select GPU nodes; every image
+  pinned; every ConfigMap/Secret a pod uses is generated (hash suffix, so a change rolls it);
+  every flag in a container's args is one the binary accepts (--help);
+- hadolint on the container files and yamllint on the YAML under deploy/.
+
+    kubernetes_test.py --coordinator BIN --worker BIN [--cli BIN]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import tempfile
+import pathlib
+
+import yaml
+
+import deploylib as lib
+
+# The overlays and what differs between them.
+OVERLAYS = {
+    "dev": {"db_access": ["ReadWriteOnce"], "checkpoints": ["ReadWriteOnce"], "gpu_pools": 0},
+    "gpu-cluster": {"db_access": ["ReadWriteOncePod"], "checkpoints": ["ReadWriteMany"], "gpu_pools": 2},
+}
+# Files the gpu-cluster overlay reads from secrets/ (the operator makes them).
+SECRET_FILES = ["worker-token", "tokens", "tls.crt", "tls.key", "ca.crt"]
+# Which binary each image runs.
+IMAGE_BINARY = {"stemma/coordinator": "coordinator", "stemma/worker": "worker",
+                "stemma/worker-cuda": "worker"}
+
+
+def pod_spec(obj: dict) -> dict | None:
+    if obj["kind"] in ("StatefulSet", "DaemonSet", "Deployment", "Job", "ReplicaSet"):
+        return obj["spec"]["template"]["spec"]
+    if obj["kind"] == "Pod":
+        return obj["spec"]
+    return None
+
+
+def pod_labels(obj: dict) -> dict:
+    return obj["spec"]["template"]["metadata"].get("labels", {})
+
+
+def matches(selector: dict, labels: dict) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def name_of(obj: dict) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def render(overlay: str, tmp: pathlib.Path, f: lib.Failures) -> list[dict]:
+    # A copy, so that the secrets the gpu-cluster overlay reads can be written beside it.
+    tree = tmp / f"kubernetes-{overlay}"
+    shutil.copytree(lib.KUBERNETES, tree)
+    secrets = tree / "overlays" / overlay / "secrets"
+    if secrets.is_dir():
+        for name in SECRET_FILES:
+            (secrets / name).write_text(f"test-{name}\n")
+    r = lib.run([lib.tool("kubectl"), "kustomize", str(tree / "overlays" / overlay)])
+    if not f.check(r.returncode == 0, f"kubectl kustomize overlays/{overlay}:\n{r.stderr}"):
+        return []
+    (tmp / f"{overlay}.yaml").write_text(r.stdout)
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def validate(overlay: str, tmp: pathlib.Path, objs: list[dict], f: lib.Failures) -> None:
+    validator = lib.tool("kubernetes-validate")
+    core = [o for o in objs if o["apiVersion"] != "monitoring.coreos.com/v1"]
+    path = tmp / f"{overlay}-core.yaml"
+    path.write_text(yaml.safe_dump_all(core))
+    r = lib.run([validator, "--strict", "--quiet", str(path)])
+    f.check(r.returncode == 0 and "ERROR" not in r.stdout + r.stderr,
+            f"kubernetes-validate --strict overlays/{overlay}:\n{r.stdout}{r.stderr}")
+    # The validator must be able to fail: a field misspelt in the StatefulSet.
+    bad = yaml.safe_load(yaml.safe_dump(core))
+    for o in bad:
+        if o["kind"] == "StatefulSet":
+            o["spec"]["replica"] = o["spec"].pop("replicas")
+    path.write_text(yaml.safe_dump_all(bad))
+    r = lib.run([validator, "--strict", "--quiet", str(path)])
+    f.check(r.returncode != 0, "kubernetes-validate accepted spec.replica: it checks nothing")
+
+
+def check_crds(overlay: str, tmp: pathlib.Path, objs: list[dict], f: lib.Failures) -> None:
+    crds = [o for o in objs if o["apiVersion"] == "monitoring.coreos.com/v1"]
+    if not crds:
+        return
+    services = [o for o in objs if o["kind"] == "Service"]
+    for o in crds:
+        n = f"overlays/{overlay} {name_of(o)}"
+        f.check(o["kind"] in ("ServiceMonitor", "PrometheusRule"), f"{n}: unexpected kind")
+        f.check(o["metadata"].get("labels", {}).get("release") == "kube-prometheus-stack",
+                f"{n}: no release label: kube-prometheus-stack would not select it")
+        if o["kind"] == "PrometheusRule":
+            path = tmp / f"{overlay}-prometheusrule.yaml"
+            path.write_text(yaml.safe_dump(o["spec"]))
+            r = lib.run([lib.tool("promtool"), "check", "rules", str(path)])
+            f.check(r.returncode == 0, f"{n}: promtool check rules:\n{r.stdout}{r.stderr}")
+            f.check(set(o["spec"]) == {"groups"}, f"{n}: spec has fields besides groups")
+        if o["kind"] == "ServiceMonitor":
+            spec = o["spec"]
+            f.check(set(spec) <= {"jobLabel", "selector", "endpoints", "namespaceSelector"},
+                    f"{n}: unknown spec fields {sorted(set(spec))}")
+            sel = spec.get("selector", {}).get("matchLabels", {})
+            selected = [s for s in services if matches(sel, s["metadata"].get("labels", {}))]
+            names = sorted(s["metadata"]["name"] for s in selected)
+            f.check(names == ["stemma-coordinator", "stemma-worker"],
+                    f"{n}: selects {names}, expected the coordinator and worker Services once each")
+            for s in selected:
+                jl = s["metadata"]["labels"].get(spec.get("jobLabel", ""))
+                f.check(jl == s["metadata"]["name"],
+                        f"{n}: jobLabel gives job={jl!r} for {name_of(s)}; the rules expect {s['metadata']['name']}")
+                ports = {p.get("name") for p in s["spec"]["ports"]}
+                for e in spec.get("endpoints", []):
+                    f.check(e.get("port") in ports, f"{n}: endpoint port {e.get('port')} not on {name_of(s)}")
+                    f.check(re.fullmatch(r"\d+s", e.get("interval", "")) is not None, f"{n}: no scrape interval")
+
+
+def check_security(where: str, pod: dict, c: dict, f: lib.Failures) -> None:
+    psc = pod.get("securityContext", {})
+    sc = c.get("securityContext", {})
+    f.check(sc.get("allowPrivilegeEscalation") is False, f"{where}: allowPrivilegeEscalation is not false")
+    f.check(sc.get("readOnlyRootFilesystem") is True, f"{where}: readOnlyRootFilesystem is not true")
+    f.check(sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True, f"{where}: runAsNonRoot is not true")
+    uid = sc.get("runAsUser", psc.get("runAsUser"))
+    f.check(isinstance(uid, int) and uid > 0, f"{where}: no non-zero runAsUser")
+    f.check("ALL" in sc.get("capabilities", {}).get("drop", []), f"{where}: capabilities not dropped (ALL)")
+    f.check(not sc.get("capabilities", {}).get("add"), f"{where}: adds capabilities")
+    f.check(not sc.get("privileged", False), f"{where}: privileged")
+    seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {}))
+    f.check(seccomp.get("type") == "RuntimeDefault", f"{where}: seccompProfile is not RuntimeDefault")
+
+
+def check_image(where: str, image: str, f: lib.Failures) -> None:
+    digest = "@sha256:" in image
+    tag = image.rsplit("/", 1)[-1].partition(":")[2]
+    f.check(digest or (tag and tag != "latest"), f"{where}: image {image} is not pinned to a tag or digest")
+
+
+def probe_port(probe: dict, ports: dict[str, int]) -> int | None:
+    for kind in ("httpGet", "tcpSocket", "grpc"):
+        if kind in probe:
+            p = probe[kind]["port"]
+            return ports.get(p) if isinstance(p, str) else p
+    return None
+
+
+def check_flags(where: str, c: dict, helps: dict[str, str], f: lib.Failures) -> None:
+    image = c["image"].split("@")[0].rsplit(":", 1)[0]
+    binary = next((b for suffix, b in IMAGE_BINARY.items() if image.endswith(suffix)), None)
+    if c.get("command"):
+        return  # not the daemon (an init step)
+    if not f.check(binary is not None, f"{where}: image {c['image']} runs no known binary"):
+        return
+    known = set(re.findall(r"(--[a-z][a-z0-9-]*)", helps[binary]))
+    for arg in c.get("args", []):
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("--"):
+            f.check(flag in known, f"{where}: stemma-{binary} has no flag {flag} (see its --help)")
+
+
+def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failures) -> None:
+    want = OVERLAYS[overlay]
+    by_kind: dict[str, list[dict]] = {}
+    for o in objs:
+        by_kind.setdefault(o["kind"], []).append(o)
+    ov = f"overlays/{overlay}"
+
+    # The coordinator: one StatefulSet with one replica, nothing else running it.
+    coordinators = [o for o in objs if pod_spec(o) is not None and
+                    pod_labels(o).get("app.kubernetes.io/component") == "coordinator"]
+    f.check([o["kind"] for o in coordinators] == ["StatefulSet"],
+            f"{ov}: the coordinator must be exactly one StatefulSet, found {[name_of(o) for o in coordinators]}")
+    for o in coordinators:
+        f.check(o["spec"].get("replicas") == 1, f"{ov}: {name_of(o)} replicas is not 1")
+        f.check(o["spec"].get("updateStrategy", {}).get("type", "RollingUpdate") == "RollingUpdate"
+                and o["spec"].get("podManagementPolicy", "OrderedReady") == "OrderedReady",
+                f"{ov}: {name_of(o)} could run two coordinators during an update")
+        claims = o["spec"].get("volumeClaimTemplates", [])
+        f.check(len(claims) == 1 and claims[0]["spec"]["accessModes"] == want["db_access"],
+                f"{ov}: database claim access modes {[c['spec']['accessModes'] for c in claims]}, want {want['db_access']}")
+        mounts = {m["name"]: m["mountPath"] for m in pod_spec(o)["containers"][0]["volumeMounts"]}
+        args = pod_spec(o)["containers"][0]["args"]
+        f.check(claims and f"--data={mounts.get(claims[0]['metadata']['name'])}" in args,
+                f"{ov}: the coordinator's --data is not on its volume claim")
+        f.check(pod_spec(o).get("terminationGracePeriodSeconds", 30) >= 30,
+                f"{ov}: the coordinator's termination grace is under 30 s")
+        for pdb in by_kind.get("PodDisruptionBudget", []):
+            f.check(not matches(pdb["spec"].get("selector", {}).get("matchLabels", {}), pod_labels(o)),
+                    f"{ov}: {name_of(pdb)} covers the single coordinator and would block node drains")
+    for pvc in by_kind.get("PersistentVolumeClaim", []):
+        if pvc["metadata"]["name"] == "stemma-checkpoints":
+            f.check(pvc["spec"]["accessModes"] == want["checkpoints"],
+                    f"{ov}: checkpoint claim access modes {pvc['spec']['accessModes']}, want {want['checkpoints']}")
+
+    generated = {(o["kind"], o["metadata"]["name"]) for o in objs if o["kind"] in ("ConfigMap", "Secret")}
+    services = by_kind.get("Service", [])
+    workloads = [o for o in objs if pod_spec(o) is not None]
+    for o in workloads:
+        pod = pod_spec(o)
+        f.check(pod.get("automountServiceAccountToken") is False, f"{ov}: {name_of(o)} mounts an API token")
+        f.check(not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC"),
+                f"{ov}: {name_of(o)} shares a host namespace")
+        for v in pod.get("volumes", []):
+            f.check("hostPath" not in v, f"{ov}: {name_of(o)} mounts a hostPath")
+            ref = (("ConfigMap", v["configMap"]["name"]) if "configMap" in v else
+                   ("Secret", v["secret"]["secretName"]) if "secret" in v else None)
+            if ref:
+                f.check(ref in generated and re.search(r"-[a-z0-9]{10}$", ref[1]) is not None,
+                        f"{ov}: {name_of(o)} uses {ref[0]} {ref[1]}, not a generated one")
+        for c in pod.get("initContainers", []) + pod["containers"]:
+            where = f"{ov}: {name_of(o)} container {c['name']}"
+            check_security(where, pod, c, f)
+            check_image(where, c["image"], f)
+            check_flags(where, c, helps, f)
+            f.check("memory" in c.get("resources", {}).get("requests", {}), f"{where}: no memory request")
+            for src in c.get("envFrom", []):
+                ref = ("ConfigMap", src["configMapRef"]["name"]) if "configMapRef" in src else ("Secret", src["secretRef"]["name"])
+                f.check(ref in generated, f"{where}: envFrom {ref} is not generated")
+            for e in c.get("env", []):
+                k = e.get("valueFrom", {}).get("secretKeyRef")
+                if k:
+                    f.check(("Secret", k["name"]) in generated, f"{where}: env {e['name']} from a Secret not generated")
+        for c in pod["containers"]:
+            where = f"{ov}: {name_of(o)} container {c['name']}"
+            ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+            health = ports.get("health") or ports.get("metrics")
+            # The port the Services call `health` for this pod.
+            for s in services:
+                if matches(s["spec"].get("selector", {}), pod_labels(o)):
+                    for p in s["spec"]["ports"]:
+                        if p["name"] == "health":
+                            t = p["targetPort"]
+                            health = ports.get(t) if isinstance(t, str) else t
+            for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+                probe = c.get(kind)
+                if f.check(probe is not None, f"{where}: no {kind}"):
+                    f.check(health is not None and probe_port(probe, ports) == health,
+                            f"{where}: {kind} is not on the health port ({health})")
+            if "--health-listen" in helps["coordinator" if "coordinator" in c["name"] else "worker"]:
+                f.check("health" in ports and any(a.startswith("--health-listen=") and
+                                                  a.endswith(f":{ports['health']}") for a in c.get("args", [])),
+                        f"{where}: the binary has --health-listen but the container does not serve health on its 'health' port")
+
+    # Services: each selects pods, and each port's target is a port of those pods.
+    for s in services:
+        n = f"{ov}: {name_of(s)}"
+        pods = [o for o in workloads if matches(s["spec"].get("selector", {}), pod_labels(o))]
+        if not f.check(bool(pods), f"{n}: selects no pods"):
+            continue
+        for p in s["spec"]["ports"]:
+            f.check(p.get("name") in ("grpc", "metrics", "health"), f"{n}: port {p.get('name')} is not grpc/metrics/health")
+            t = p.get("targetPort", p["port"])
+            for o in pods:
+                cports = [cp for c in pod_spec(o)["containers"] for cp in c.get("ports", [])]
+                f.check(any(cp["name"] == t or cp["containerPort"] == t for cp in cports),
+                        f"{n}: port {p['name']} targets {t}, which {name_of(o)} does not declare")
+    svc_ports = {s["metadata"]["name"]: sorted(p["name"] for p in s["spec"]["ports"]) for s in services}
+    f.check(svc_ports.get("stemma-coordinator") == ["grpc", "health", "metrics"],
+            f"{ov}: the coordinator Service's ports are {svc_ports.get('stemma-coordinator')}")
+    f.check(svc_ports.get("stemma-worker") == ["health", "metrics"],
+            f"{ov}: the worker Service's ports are {svc_ports.get('stemma-worker')}")
+    for o in by_kind.get("StatefulSet", []):
+        f.check(o["spec"]["serviceName"] in svc_ports, f"{ov}: {name_of(o)} serviceName names no Service")
+
+    # Workers: one DaemonSet per GPU pool, with distinct pod selectors.
+    workers = by_kind.get("DaemonSet", [])
+    f.check(len(workers) == max(1, want["gpu_pools"]), f"{ov}: {len(workers)} worker DaemonSets")
+    for a in workers:
+        for b in workers:
+            if a is not b:
+                f.check(not matches(a["spec"]["selector"]["matchLabels"], pod_labels(b)),
+                        f"{ov}: {name_of(a)}'s selector also matches {name_of(b)}'s pods")
+    gpu_counts = []
+    for o in workers:
+        n = f"{ov}: {name_of(o)}"
+        pod = pod_spec(o)
+        f.check(matches(o["spec"]["selector"]["matchLabels"], pod_labels(o)), f"{n}: selector does not match its pods")
+        c = pod["containers"][0]
+        gpus = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
+        mounts = {m["mountPath"] for m in c.get("volumeMounts", [])}
+        f.check("/checkpoints" in mounts and "--storage-root=/checkpoints" in c["args"],
+                f"{n}: the shared checkpoint volume is not the worker's storage root")
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
+        f.check(claims == ["stemma-checkpoints"], f"{n}: checkpoint volume claims {claims}")
+        f.check(any(e.get("valueFrom", {}).get("secretKeyRef", {}).get("name", "").startswith("stemma-worker-token")
+                    for e in c.get("env", []) if e["name"] == "STEMMA_TOKEN"), f"{n}: STEMMA_TOKEN not from the worker-token Secret")
+        if want["gpu_pools"]:
+            if f.check(isinstance(gpus, int) and gpus > 0, f"{n}: no nvidia.com/gpu limit"):
+                gpu_counts.append(gpus)
+            f.check(c["resources"].get("requests", {}).get("nvidia.com/gpu") in (None, gpus),
+                    f"{n}: GPU request differs from its limit")
+            f.check({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod.get("tolerations", []),
+                    f"{n}: no toleration for the device plugin's nvidia.com/gpu taint")
+            ns = pod.get("nodeSelector", {})
+            f.check(ns.get("nvidia.com/gpu.present") == "true", f"{n}: does not select GPU nodes")
+            pool = ns.get("stemma.dev/gpu-pool")
+            f.check(pool is not None and pod_labels(o).get("stemma.dev/gpu-pool") == pool
+                    and o["spec"]["selector"]["matchLabels"].get("stemma.dev/gpu-pool") == pool,
+                    f"{n}: pool label missing from node selector, pod labels or selector")
+            f.check("--gpus" not in " ".join(c["args"]), f"{n}: declares fake GPUs on a GPU node")
+        else:
+            f.check(gpus is None and not pod.get("tolerations"), f"{n}: GPU resources in an overlay without GPUs")
+    if want["gpu_pools"] > 1:
+        f.check(len(set(gpu_counts)) == len(gpu_counts), f"{ov}: GPU pools do not differ in GPU count: {gpu_counts}")
+
+    for ns in by_kind.get("Namespace", []):
+        f.check(ns["metadata"].get("labels", {}).get("pod-security.kubernetes.io/enforce") == "restricted",
+                f"{ov}: namespace {ns['metadata']['name']} does not enforce the restricted Pod Security Standard")
+
+
+def lint(f: lib.Failures) -> None:
+    dockerfiles = sorted((lib.DEPLOY / "images").glob("*Dockerfile"))
+    f.check(len(dockerfiles) == 3, f"expected three container files, found {[p.name for p in dockerfiles]}")
+    for p in dockerfiles:
+        r = lib.run([lib.tool("hadolint"), "--failure-threshold", "warning", str(p)])
+        f.check(r.returncode == 0, f"hadolint {p.name}:\n{r.stdout}{r.stderr}")
+        for line in p.read_text().splitlines():
+            m = re.match(r"FROM\s+(\S+)", line)
+            if m and not m.group(1).startswith("$"):
+                check_image(p.name, m.group(1), f)
+    config = "{extends: default, rules: {line-length: disable, document-start: disable, truthy: {check-keys: false}, comments: {min-spaces-from-content: 1}, indentation: {indent-sequences: consistent}}}"
+    files = [str(p) for p in sorted(lib.DEPLOY.rglob("*.yaml"))]
+    r = lib.run([lib.tool("yamllint"), "-d", config, *files])
+    f.check(r.returncode == 0, f"yamllint:\n{r.stdout}{r.stderr}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--coordinator", required=True)
+    parser.add_argument("--worker", required=True)
+    args = parser.parse_args()
+    helps = {}
+    for name, path in (("coordinator", args.coordinator), ("worker", args.worker)):
+        r = lib.run([path, "--help"])
+        if r.returncode != 0:
+            raise SystemExit(f"{path} --help failed: {r.stderr}")
+        helps[name] = r.stdout
+
+    f = lib.Failures()
+    with tempfile.TemporaryDirectory() as tmpdir:
+        tmp = pathlib.Path(tmpdir)
+        for overlay in OVERLAYS:
+            objs = render(overlay, tmp, f)
+            if not objs:
+                continue
+            print(f"overlays/{overlay}: {len(objs)} objects: "
+                  + ", ".join(name_of(o) for o in objs), flush=True)
+            validate(overlay, tmp, objs, f)
+            check_crds(overlay, tmp, objs, f)
+            policy(overlay, objs, helps, f)
+    lint(f)
+    f.exit("kubernetes_test")
+
+
+if __name__ == "__main__":
+    main()

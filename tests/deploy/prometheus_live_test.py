@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""A real Prometheus (Debian's) on loopback scraping a real coordinator and two workers:
+
+- `promtool check metrics` passes on each daemon's /metrics;
+- every target is up and every rule (a test copy of the alert rules with `for` cut to a few
+  seconds) evaluates without error;
+- after a few waves of noop jobs (one of which fails), every query of every dashboard,
+  with its variables filled in as Grafana would ("All", one coordinator, one worker), runs
+  through /api/v1/query_range without error, and every panel that should have data has
+  some (the generator's `needs` names the panels that cannot yet);
+- each dashboard is drawn to a PNG from the same query results (OUT/<uid>.png), for a
+  person to look at: Grafana itself cannot be installed here;
+- a worker killed with SIGKILL makes StemmaWorkerDown go pending, then firing, for that
+  worker only.
+
+    prometheus_live_test.py --bin-dir DIR --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+import yaml
+
+import deploylib as lib
+
+sys.path.insert(0, str(lib.DEPLOY))
+import generate  # noqa: E402  (the dashboards' source: which panels need what)
+
+SCRAPE_S = 1
+RATE_INTERVAL = f"{4 * SCRAPE_S}s"  # Grafana: max(4 x scrape interval, interval + scrape)
+TEST_FOR = "3s"
+
+
+def needs_by_panel() -> dict[tuple[str, str], str | None]:
+    return {(d.uid, p.title): p.needs for d in generate.DASHBOARDS for r in d.rows for p in r.panels}
+
+
+def has_data(result: list[dict]) -> bool:
+    return any(not math.isnan(float(v)) for s in result for _, v in s.get("values", []))
+
+
+def legend(fmt: str, labels: dict) -> str:
+    out = fmt
+    for k, v in labels.items():
+        out = out.replace("{{" + k + "}}", v)
+    return out or json.dumps(labels)
+
+
+def render(dashboard: dict, results: dict[int, list[tuple[dict, list[dict]]]], needs, path: pathlib.Path,
+           title_suffix: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    rows = [p for p in dashboard["panels"] if p["type"] == "row"]
+    height = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in dashboard["panels"])
+    fig = plt.figure(figsize=(24, height * 0.42))
+    fig.suptitle(f"{dashboard['title']} ({title_suffix})", fontsize=16, y=0.995)
+    unit_scale = {"percentunit": 100}
+
+    def box(g):  # gridPos -> figure coordinates, with a margin
+        return [g["x"] / 24 + 0.012, 1 - (g["y"] + g["h"]) / height + 0.02,
+                g["w"] / 24 - 0.024, g["h"] / height - 0.045]
+
+    for r in rows:
+        g = r["gridPos"]
+        fig.text(0.005, 1 - (g["y"] + 0.6) / height, r["title"], fontsize=13, weight="bold")
+    for p in panels:
+        ax = fig.add_axes(box(p["gridPos"]))
+        ax.set_title(p["title"], fontsize=10, loc="left")
+        series = results.get(p["id"], [])
+        unit = p["fieldConfig"]["defaults"].get("unit", "short")
+        scale = unit_scale.get(unit, 1)
+        if not any(has_data(res) for _, res in series):
+            ax.set_xticks([]); ax.set_yticks([])
+            why = needs.get((dashboard["uid"], p["title"]))
+            ax.text(0.5, 0.5, "No data" + (f"\n(until {why})" if why else ""), ha="center", va="center",
+                    fontsize=8, wrap=True, color="gray", transform=ax.transAxes)
+            continue
+        if p["type"] == "stat":
+            ax.set_xticks([]); ax.set_yticks([])
+            texts = []
+            for target, res in series:
+                for s in res:
+                    vals = [float(v) for _, v in s["values"] if not math.isnan(float(v))]
+                    if vals:
+                        v = vals[-1] * scale
+                        texts.append(f"{legend(target['legendFormat'], s['metric'])}: "
+                                     + (f"{v:.1f}%" if unit == "percentunit" else f"{v:g}"))
+            ax.text(0.5, 0.5, "\n".join(texts), ha="center", va="center", fontsize=14, transform=ax.transAxes)
+            continue
+        t0 = None
+        for target, res in series:
+            for s in res:
+                xs = [float(t) for t, _ in s["values"]]
+                t0 = xs[0] if t0 is None else min(t0, xs[0])
+        for target, res in series:
+            for s in res:
+                xs = [float(t) - t0 for t, _ in s["values"]]
+                ys = [float(v) * scale for _, v in s["values"]]
+                ax.plot(xs, ys, label=legend(target["legendFormat"], s["metric"]), linewidth=1)
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel("seconds", fontsize=7)
+        ax.set_ylabel({"s": "seconds", "percentunit": "%", "ops": "per second", "reqps": "requests/s"}.get(unit, ""),
+                      fontsize=7)
+        handles, labels = ax.get_legend_handles_labels()
+        if labels:
+            ax.legend(fontsize=6, loc="upper left", ncol=2 if len(labels) > 4 else 1)
+    fig.savefig(path, dpi=60)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin-dir", required=True)
+    parser.add_argument("--out", required=True, help="where the dashboard PNGs go")
+    args = parser.parse_args()
+    bin_dir = pathlib.Path(args.bin_dir)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    f = lib.Failures()
+    procs = lib.Processes()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="stemma-prometheus-"))
+    try:
+        run(bin_dir, out, tmp, procs, f)
+    finally:
+        procs.stop_all()
+    if f.items:
+        print(f"kept {tmp} (daemon and Prometheus logs)", flush=True)
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    f.exit("prometheus_live_test")
+
+
+def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.Processes, f: lib.Failures) -> None:
+    grpc, cmetrics, chealth, prom = (lib.free_port() for _ in range(4))
+    wmetrics = [lib.free_port() for _ in range(2)]
+    coordinator_cmd = [str(bin_dir / "stemma-coordinator"), f"--data={tmp}/coordinator",
+                       f"--listen=127.0.0.1:{grpc}", f"--metrics-listen=127.0.0.1:{cmetrics}",
+                       "--lease-ms=3000", "--heartbeat-ms=500"]
+    if "--health-listen" in lib.run([coordinator_cmd[0], "--help"]).stdout:
+        coordinator_cmd.append(f"--health-listen=127.0.0.1:{chealth}")
+    coordinator = procs.start(coordinator_cmd, tmp / "coordinator.log")
+    lib.wait_http(f"http://127.0.0.1:{cmetrics}/metrics", 20, coordinator)
+    workers = []
+    for i, port in enumerate(wmetrics):
+        w = procs.start([str(bin_dir / "stemma-worker"), f"--coordinator=127.0.0.1:{grpc}",
+                         f"--data={tmp}/w{i}", f"--name=w{i}", "--gpus=2", "--cpus=4", "--memory-mb=8192",
+                         f"--metrics-listen=127.0.0.1:{port}"], tmp / f"w{i}.log")
+        lib.wait_http(f"http://127.0.0.1:{port}/metrics", 20, w)
+        workers.append(w)
+
+    # The test's copy of the rules: the same expressions, `for` cut to seconds.
+    rules = yaml.safe_load(lib.RULES.read_text())
+    for g in rules["groups"]:
+        for rule in g["rules"]:
+            if "for" in rule:
+                rule["for"] = TEST_FOR
+    (tmp / "rules.yaml").write_text(yaml.safe_dump(rules))
+    config = {
+        "global": {"scrape_interval": f"{SCRAPE_S}s", "scrape_timeout": f"{SCRAPE_S}s",
+                   "evaluation_interval": f"{SCRAPE_S}s"},
+        "rule_files": [str(tmp / "rules.yaml")],
+        "scrape_configs": [
+            {"job_name": "stemma-coordinator", "static_configs": [{"targets": [f"127.0.0.1:{cmetrics}"]}]},
+            {"job_name": "stemma-worker", "static_configs": [{"targets": [f"127.0.0.1:{p}" for p in wmetrics]}]},
+        ],
+    }
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
+    r = lib.run([lib.tool("promtool"), "check", "config", str(tmp / "prometheus.yml")])
+    f.check(r.returncode == 0, f"promtool check config:\n{r.stdout}{r.stderr}")
+    prometheus = procs.start([lib.tool("prometheus"), f"--config.file={tmp}/prometheus.yml",
+                              f"--storage.tsdb.path={tmp}/tsdb", f"--web.listen-address=127.0.0.1:{prom}",
+                              "--storage.tsdb.retention.time=1h"], tmp / "prometheus.log")
+    base = f"http://127.0.0.1:{prom}"
+    lib.wait_http(f"{base}/-/ready", 30, prometheus)
+    t_start = time.time()
+    # Ready is not scraping: static targets reach the scrape loop through service
+    # discovery, which batches updates for a few seconds. Work starts once all are up.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        targets = lib.prom_api(base, "targets").get("data", {}).get("activeTargets", [])
+        if len(targets) == 3 and all(t["health"] == "up" for t in targets):
+            break
+        time.sleep(0.25)
+    time.sleep(2 * SCRAPE_S)
+
+    # Work: three waves of noop jobs, some holding a GPU, one failing twice.
+    cli = [str(bin_dir / "stemma"), f"--coordinator=127.0.0.1:{grpc}"]
+    total = 0
+    for wave in range(4):
+        docs = []
+        for i in range(8):
+            gpus = "resources: {gpus: 1}\n" if i % 3 == 0 else ""
+            docs.append(f"name: wave{wave}-{i}\nexperiment: live\n{gpus}noop: {{duration_ms: {300 + 150 * i}}}\n")
+        if wave in (1, 2):
+            # Two failing jobs: the coordinator creates a result's series at its first
+            # attempt, and Prometheus counts no increase for a series' first sample.
+            docs.append(f"name: fails{wave}\nexperiment: live\nmax_attempts: 2\nbackoff: {{initial_ms: 200}}\n"
+                        "noop: {duration_ms: 100, exit_code: 3}\n")
+        (tmp / f"wave{wave}.yaml").write_text("---\n".join(docs))
+        r = lib.run(cli + ["submit", "-f", str(tmp / f"wave{wave}.yaml")])
+        f.check(r.returncode == 0, f"stemma submit: {r.stdout}{r.stderr}")
+        total += len(docs)
+        time.sleep(3)
+    states: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        r = lib.run(cli + ["-o", "json", "ls", "--all"])
+        if r.returncode == 0:
+            states = [j["state"] for j in json.loads(r.stdout)]
+            if len(states) == total and all(s in ("SUCCEEDED", "FAILED") for s in states):
+                break
+        time.sleep(0.5)
+    f.check(sorted(states) == ["FAILED"] * 2 + ["SUCCEEDED"] * (total - 2),
+            f"jobs ended {sorted(states)}; want two FAILED and {total - 2} SUCCEEDED")
+    time.sleep(3 * SCRAPE_S)
+
+    # promtool's linter on each daemon's exposition.
+    for name, port in [("coordinator", cmetrics)] + [(f"w{i}", p) for i, p in enumerate(wmetrics)]:
+        text = lib.http_get(f"http://127.0.0.1:{port}/metrics")
+        r = lib.run([lib.tool("promtool"), "check", "metrics"], input=text)
+        f.check(r.returncode == 0, f"promtool check metrics on {name}'s /metrics:\n{r.stdout}{r.stderr}")
+
+    targets = lib.prom_api(base, "targets")["data"]["activeTargets"]
+    f.check(len(targets) == 3 and all(t["health"] == "up" for t in targets),
+            f"targets: {[(t['labels'].get('job'), t['scrapeUrl'], t['health'], t.get('lastError')) for t in targets]}")
+    groups = lib.prom_api(base, "rules")["data"]["groups"]
+    bad = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r.get("health") != "ok"]
+    n_rules = sum(len(g["rules"]) for g in groups)
+    f.check(n_rules > 0 and not bad, f"rules not healthy: {bad} of {n_rules}")
+    active = [(a["labels"]["alertname"], a["state"]) for a in lib.prom_api(base, "alerts")["data"]["alerts"]]
+    f.check(not active, f"alerts active on a healthy cluster: {active}")
+
+    # Every dashboard query, with variables filled in as Grafana would.
+    t_end = time.time()
+    span = f"{int(t_end - t_start) + 1}s"
+    instance_c = f"127.0.0.1:{cmetrics}"
+    instance_w = f"127.0.0.1:{wmetrics[0]}"
+    choices = {
+        "all": {"job": "stemma-.*", "instance": ".+", "experiment": ".*", "stage": ".*"},
+        "coordinator": {"job": "stemma-coordinator", "instance": instance_c, "experiment": ".*", "stage": ".*"},
+        "worker w0": {"job": "stemma-worker", "instance": instance_w, "experiment": ".*", "stage": ".*"},
+    }
+    needs = needs_by_panel()
+    caused = {generate.FAILURES}  # the failing job above
+    queries = empty_expected = 0
+    for path in lib.dashboard_files():
+        d = json.loads(path.read_text())
+        for v in d["templating"]["list"]:
+            if v["type"] != "query":
+                continue
+            sel, label = v["query"]["query"][len("label_values("):-1].rsplit(",", 1)
+            for choice, values in choices.items():
+                match = lib.substitute(sel, values)
+                a = lib.prom_api(base, f"label/{label.strip()}/values", **{"match[]": match})
+                f.check(a.get("status") == "success", f"{path.name} variable {v['name']} ({choice}): {a.get('error')}")
+                if choice == "all" and v["name"] == "job":
+                    f.check(sorted(a.get("data", [])) == ["stemma-coordinator", "stemma-worker"],
+                            f"{path.name}: $job offers {a.get('data')}")
+                if choice == "all" and v["name"] == "instance":
+                    f.check(len(a.get("data", [])) == 3, f"{path.name}: $instance offers {a.get('data')}")
+        for choice, values in choices.items():
+            values = dict(values, __rate_interval=RATE_INTERVAL, __interval=f"{SCRAPE_S}s", __range=span)
+            results: dict[int, list] = {}
+            for panel, target in lib.dashboard_targets(d):
+                expr = lib.substitute(target["expr"], values)
+                a = lib.prom_api(base, "query_range", query=expr, start=t_start, end=t_end, step=SCRAPE_S)
+                queries += 1
+                where = f"{path.name} '{panel['title']}' {target['refId']} ({choice})"
+                if f.check(a.get("status") == "success", f"{where}: {a.get('error')}: {expr}"):
+                    results.setdefault(panel["id"], []).append((target, a["data"]["result"]))
+            for panel in d["panels"]:
+                if panel["type"] == "row" or choice != "all":
+                    continue
+                why = needs[(d["uid"], panel["title"])]
+                data = any(has_data(res) for _, res in results.get(panel["id"], []))
+                if why is None or why in caused:
+                    f.check(data, f"{path.name} '{panel['title']}': no data after {total} jobs")
+                else:
+                    empty_expected += 1
+                    print(f"{path.name} '{panel['title']}': {'has data' if data else 'no data'} (needs {why})", flush=True)
+                if panel["title"] == "Attempt failure share":
+                    last = [float(s["values"][-1][1]) for _, res in results.get(panel["id"], []) for s in res
+                            if s["values"]]
+                    f.check(bool(last) and 0 < last[0] < 0.5,
+                            f"attempt failure share {last}: want the share of the failed attempts above")
+            if choice == "all":
+                png = out / f"{d['uid']}.png"
+                render(d, results, needs, png, f"{total} noop jobs, 2 workers, {span}")
+                print(f"drew {png}", flush=True)
+    print(f"{queries} dashboard queries run; {empty_expected} panels wait for metrics not exported yet", flush=True)
+
+    # A worker killed: its alert goes pending, then firing; the other worker's stays quiet.
+    victim = f"127.0.0.1:{wmetrics[1]}"
+    procs.stop(workers[1], signal.SIGKILL)
+    seen: list[str] = []
+    others: set = set()
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline and "firing" not in seen:
+        for a in lib.prom_api(base, "alerts")["data"]["alerts"]:
+            if a["labels"]["alertname"] == "StemmaWorkerDown":
+                if a["labels"].get("instance") == victim:
+                    if not seen or seen[-1] != a["state"]:
+                        seen.append(a["state"])
+                else:
+                    others.add(a["labels"].get("instance"))
+        time.sleep(0.25)
+    f.check(seen == ["pending", "firing"], f"StemmaWorkerDown for the killed worker went {seen}, want pending then firing")
+    f.check(not others, f"StemmaWorkerDown also for {others}")
+    alerts = lib.prom_api(base, "alerts")["data"]["alerts"]
+    fired = [a for a in alerts if a["labels"]["alertname"] == "StemmaWorkerDown" and a["state"] == "firing"]
+    if fired:
+        ann = fired[0]["annotations"]
+        f.check(victim in ann.get("description", "") and ann.get("runbook_url", "").endswith("StemmaWorkerDown.md"),
+                f"firing alert's annotations: {ann}")
+        f.check(fired[0]["labels"].get("severity") == "warning", f"severity {fired[0]['labels']}")
+    print(f"StemmaWorkerDown for {victim}: {' -> '.join(seen)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
