@@ -11,6 +11,8 @@
 #include "common/engine_contract.h"
 #include "common/status.h"
 #include "engine/events.h"
+#include "engine/io/durable.h"
+#include "engine/io/fs.h"
 #include "engine/merge/checkpoint_stream.h"
 #include "engine/merge/commands.h"
 #include "engine/merge/kernels.h"
@@ -36,6 +38,15 @@ absl::Status Run(const std::string& command, const EngineInvocation& inv) {
   const std::string where = inv.spec_file.empty() ? "command line" : inv.spec_file;
   // Everything that needs the checkpoints is checked here, before a byte is written.
   ASSIGN_OR_RETURN(merge::MergePlan plan, merge::PlanFromSpec(*inv.spec, where));
+  for (const merge::PlannedOutput& o : plan.outputs) {
+    if (!io::PathExists(o.out)) continue;
+    if (!plan.overwrite) {
+      return absl::AlreadyExistsError(absl::StrCat(where, ": out: ", o.out,
+                                                   " already exists (set overwrite: true to replace it)"));
+    }
+    absl::Status replaceable = io::CheckReplaceable(o.out);
+    if (!replaceable.ok()) return absl::Status(replaceable.code(), absl::StrCat(where, ": out: ", replaceable.message()));
+  }
   size_t total = 0;
   for (const auto& o : plan.outputs) total += o.tensors.size();
   Event fields = {{"command", command}, {"spec", where}};
