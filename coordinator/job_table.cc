@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
+#include "coordinator/experiments/experiment_plan.h"
 #include "common/status.h"
 
 namespace stemma::coordinator {
@@ -24,6 +25,9 @@ void JobTable::Load(const StoreSnapshot& snapshot) {
     order_.push_back(job.id());
     next_seq_ = std::max(next_seq_, job.seq() + 1);
     if (job.state() == v1::QUEUED) Enqueue(job);
+    if (job.state() == v1::SUCCEEDED && !job.cache_key().empty() && job.attempts() > 0) {
+      memo_[job.cache_key()] = job.id();
+    }
   }
   for (const auto& id : order_) {
     for (const auto& dep : jobs_[id].job.spec().depends_on()) {
@@ -274,10 +278,50 @@ void JobTable::Release(Entry& e, Changes* changes) {
   }
   if (waiting) {
     if (e.job.state() != v1::PENDING) SetState(e, v1::PENDING, "waiting for dependencies", changes);
-  } else {
-    e.job.set_not_before_ms(0);
-    SetState(e, v1::QUEUED, "", changes);
+    return;
   }
+  // An experiment cell reads its dependencies' outputs: the tokens the expansion left in its
+  // spec become the paths those jobs reported (coordinator/experiments/experiment_plan.h).
+  absl::Status wired = experiments::WireInputs(
+      e.job.mutable_spec(),
+      [&](const std::string& name) -> const google::protobuf::Map<std::string, std::string>* {
+        for (const auto& dep : e.job.spec().depends_on()) {
+          const v1::Job& d = jobs_.at(dep).job;
+          if (d.spec().name() == name || d.id() == name) return &d.outputs();
+        }
+        return nullptr;
+      },
+      e.job.id());
+  if (!wired.ok()) {
+    SetState(e, v1::FAILED, absl::StrCat("cannot wire its inputs: ", wired.message()), changes);
+    ReleaseDependents(e, changes);
+    return;
+  }
+  if (ServeFromCache(e, changes)) return;
+  e.job.set_not_before_ms(0);
+  SetState(e, v1::QUEUED, "", changes);
+}
+
+bool JobTable::ServeFromCache(Entry& e, Changes* changes) {
+  const auto& labels = e.job.spec().labels();
+  if (!IsEngineJob(e.job.spec())) return false;
+  if (auto it = labels.find("stemma.cache"); it != labels.end() && it->second == "false") return false;
+  const std::string key = experiments::CacheKey(e.job.spec(), engine_build_);
+  e.job.set_cache_key(key);
+  if (key.empty()) return false;
+  auto hit = memo_.find(key);
+  if (hit == memo_.end() || hit->second == e.job.id()) return false;
+  auto source = jobs_.find(hit->second);
+  if (source == jobs_.end() || source->second.job.state() != v1::SUCCEEDED ||
+      !experiments::OutputsStillThere(source->second.job.outputs())) {
+    memo_.erase(hit);  // a hit whose outputs are gone is a miss, and the entry goes
+    return false;
+  }
+  *e.job.mutable_outputs() = source->second.job.outputs();
+  e.job.set_exit_code(0);
+  SetState(e, v1::SUCCEEDED, absl::StrCat("memoized from ", source->first), changes);
+  ReleaseDependents(e, changes);
+  return true;
 }
 
 void JobTable::ReleaseDependents(Entry& e, Changes* changes) {
@@ -348,6 +392,7 @@ void JobTable::PartSucceeded(v1::Job* job, int rank,
   a->set_finished_ms(clock_->WallMs());
   a->set_result("exit 0");
   e.job.set_exit_code(0);
+  if (!e.job.cache_key().empty()) memo_[e.job.cache_key()] = e.job.id();
   SetState(e, v1::SUCCEEDED, "", changes);
   ReleaseDependents(e, changes);
 }

@@ -105,6 +105,9 @@ class JobTable {
   void Record(Entry& e, v1::JobState previous, Changes* changes);
   // PENDING or QUEUED depending on the dependencies; FAILED if one has failed.
   void Release(Entry& e, Changes* changes);
+  // An engine job whose cache key a SUCCEEDED job with outputs still in place ran under ends
+  // SUCCEEDED at once with that job's outputs ("memoized from j-…"); true when it did.
+  bool ServeFromCache(Entry& e, Changes* changes);
   // Re-evaluates the PENDING dependents of a job that ended.
   void ReleaseDependents(Entry& e, Changes* changes);
 
@@ -119,6 +122,9 @@ class JobTable {
   void Enqueue(const v1::Job& job);
   void Dequeue(const v1::Job& job);
   absl::flat_hash_map<std::string, std::vector<std::string>> idempotency_;
+  // Memoization: cache key → the SUCCEEDED job that ran with it (not one served from cache).
+  absl::flat_hash_map<std::string, std::string> memo_;
+  std::string engine_build_ = "stemma-engine/1";
   uint64_t next_seq_ = 1;
 };
 

@@ -1,6 +1,10 @@
 #include "coordinator/job_table.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "common/job_spec.h"
 
@@ -233,6 +237,76 @@ TEST_F(JobTableTest, ReloadKeepsEverything) {
   auto r = reloaded.Submit(req, &ch);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->ids[0], "j-3");
+}
+
+}  // namespace
+}  // namespace stemma::coordinator
+
+namespace stemma::coordinator {
+namespace {
+
+// Memoization: the same engine job with the same inputs ends at once with the first one's
+// outputs; a changed field, or outputs that are gone, run again.
+TEST(JobTableMemo, SameKeyIsServedAndMissingOutputsAreAMiss) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("stemma-memo-test-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "base");
+  std::filesystem::create_directories(dir / "out1");
+  std::ofstream(dir / "base" / "stemma.json") << "{\"files\": {}}";
+  std::ofstream(dir / "out1" / "stemma.json") << "{\"files\": {}}";
+  FakeClock clock;
+  JobTable table(&clock);
+  auto revert = [&](const std::string& name, const std::string& out, const std::string& layers) {
+    v1::JobSpec s;
+    s.set_name(name);
+    s.mutable_revert()->set_base((dir / "base").string());
+    s.mutable_revert()->set_model((dir / "base").string());
+    s.mutable_revert()->add_layers(layers);
+    s.mutable_revert()->set_out(out);
+    return s;
+  };
+  auto submit = [&](const v1::JobSpec& s) {
+    v1::SubmitRequest req;
+    *req.add_jobs() = s;
+    Changes ch;
+    auto r = table.Submit(req, &ch);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->ids[0];
+  };
+  const std::string first = submit(revert("r1", (dir / "out1").string(), "middle"));
+  ASSERT_EQ(table.Find(first)->state(), v1::QUEUED);
+  ASSERT_FALSE(table.Find(first)->cache_key().empty());
+  {
+    Changes ch;
+    v1::AttemptPart part;
+    part.set_worker_id("w0");
+    table.Assign(first, {part}, "", &ch);
+    google::protobuf::Map<std::string, std::string> outputs;
+    outputs["model"] = (dir / "out1").string();
+    table.PartSucceeded(table.FindCurrentAttempt(table.Find(first)->current().id()), 0, outputs, &ch);
+  }
+  // Another output path, same inputs: served from the first run.
+  const std::string second = submit(revert("r2", (dir / "out2").string(), "middle"));
+  EXPECT_EQ(table.Find(second)->state(), v1::SUCCEEDED);
+  EXPECT_EQ(table.Find(second)->reason(), "memoized from " + first);
+  EXPECT_EQ(table.Find(second)->outputs().at("model"), (dir / "out1").string());
+  EXPECT_EQ(table.Find(second)->attempts(), 0);
+  // Another layer range is another key.
+  const std::string third = submit(revert("r3", (dir / "out3").string(), "2:4"));
+  EXPECT_EQ(table.Find(third)->state(), v1::QUEUED);
+  // Opting out.
+  v1::JobSpec nocache = revert("r4", (dir / "out4").string(), "middle");
+  (*nocache.mutable_labels())["stemma.cache"] = "false";
+  EXPECT_EQ(table.Find(submit(nocache))->state(), v1::QUEUED);
+  // A changed input (its manifest) is another key.
+  std::ofstream(dir / "base" / "stemma.json") << "{\"files\": {\"x\": 1}}";
+  EXPECT_EQ(table.Find(submit(revert("r5", (dir / "out5").string(), "middle")))->state(), v1::QUEUED);
+  std::ofstream(dir / "base" / "stemma.json") << "{\"files\": {}}";
+  // The outputs gone: a miss, not a hit that serves nothing.
+  std::filesystem::remove_all(dir / "out1");
+  EXPECT_EQ(table.Find(submit(revert("r6", (dir / "out6").string(), "middle")))->state(), v1::QUEUED);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

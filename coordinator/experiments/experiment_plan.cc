@@ -1,6 +1,10 @@
 #include "coordinator/experiments/experiment_plan.h"
 
+#include <openssl/sha.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <optional>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -20,6 +24,7 @@
 #include "common/status.h"
 #include "common/yaml_json.h"
 #include "stemma/v1/spec_options.pb.h"
+#include "stemma/v1/specs/merge.pb.h"
 
 namespace stemma::experiments {
 namespace {
@@ -623,7 +628,9 @@ class Expander {
         const pb::FieldDescriptor* out = engine->GetDescriptor()->FindFieldByName("out");
         if (out != nullptr && out->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING && !out->is_repeated() &&
             engine->GetReflection()->GetString(*engine, out).empty()) {
-          engine->GetReflection()->SetString(engine, out, absl::StrCat("experiments/", plan_.name, "/", CellDir(def.name, coords)));
+          // Under the job's id, so a rerun with other inputs never meets an earlier output.
+          engine->GetReflection()->SetString(
+              engine, out, absl::StrCat("experiments/", plan_.name, "/", CellDir(def.name, coords), "/${{ self.id }}"));
         }
       }
       // Checked now, as the coordinator would at submit, with the stage's lines.
@@ -779,7 +786,8 @@ namespace {
 
 absl::Status WireMessage(
     pb::Message* m,
-    const std::function<const pb::Map<std::string, std::string>*(const std::string&)>& outputs_of) {
+    const std::function<const pb::Map<std::string, std::string>*(const std::string&)>& outputs_of,
+    const std::string& self_id) {
   const pb::Descriptor* d = m->GetDescriptor();
   const pb::Reflection* r = m->GetReflection();
   auto wire = [&](const std::string& value, std::string* out) -> absl::Status {
@@ -789,6 +797,11 @@ absl::Status WireMessage(
       const size_t close = out->find(" }}", pos);
       if (close == std::string::npos) return absl::OkStatus();
       const std::string inner = out->substr(pos + 4, close - pos - 4);
+      if (inner == "self.id" && !self_id.empty()) {
+        out->replace(pos, close + 3 - pos, self_id);
+        pos += self_id.size();
+        continue;
+      }
       const size_t dot = inner.rfind(".outputs.");
       if (dot == std::string::npos) {
         pos = close + 3;
@@ -813,9 +826,9 @@ absl::Status WireMessage(
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
       if (f->is_map()) continue;
       if (f->is_repeated()) {
-        for (int k = 0; k < r->FieldSize(*m, f); ++k) RETURN_IF_ERROR(WireMessage(r->MutableRepeatedMessage(m, f, k), outputs_of));
+        for (int k = 0; k < r->FieldSize(*m, f); ++k) RETURN_IF_ERROR(WireMessage(r->MutableRepeatedMessage(m, f, k), outputs_of, self_id));
       } else if (r->HasField(*m, f)) {
-        RETURN_IF_ERROR(WireMessage(r->MutableMessage(m, f), outputs_of));
+        RETURN_IF_ERROR(WireMessage(r->MutableMessage(m, f), outputs_of, self_id));
       }
       continue;
     }
@@ -842,10 +855,120 @@ absl::Status WireMessage(
 
 absl::Status WireInputs(
     v1::JobSpec* spec,
-    const std::function<const pb::Map<std::string, std::string>*(const std::string&)>& outputs_of) {
+    const std::function<const pb::Map<std::string, std::string>*(const std::string&)>& outputs_of,
+    const std::string& self_id) {
   pb::Message* engine = MutableEngineSpecOf(spec);
   if (engine == nullptr) return absl::OkStatus();
-  return WireMessage(engine, outputs_of);
+  return WireMessage(engine, outputs_of, self_id);
+}
+
+namespace {
+
+std::string Hex(const unsigned char* d, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    out += digits[d[i] >> 4];
+    out += digits[d[i] & 15];
+  }
+  return out;
+}
+
+std::string Sha256(std::string_view data) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
+  return Hex(digest, sizeof digest);
+}
+
+std::optional<std::string> ReadSmallFile(const std::string& path, size_t limit) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return std::nullopt;
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
+    text.append(buf, n);
+    if (text.size() > limit) {
+      std::fclose(f);
+      return std::nullopt;
+    }
+  }
+  std::fclose(f);
+  return text;
+}
+
+// What an input path stands for in the key: its manifest's hash when readable here.
+std::string InputIdentity(const std::string& path) {
+  if (auto manifest = ReadSmallFile(path + "/stemma.json", 64 << 20)) return "sha256:" + Sha256(*manifest);
+  if (auto file = ReadSmallFile(path, 64 << 20)) return "sha256:" + Sha256(*file);
+  return path;
+}
+
+void Canonicalize(pb::Message* m) {
+  const pb::Descriptor* d = m->GetDescriptor();
+  const pb::Reflection* r = m->GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (f->is_map()) continue;
+      if (f->is_repeated()) {
+        for (int k = 0; k < r->FieldSize(*m, f); ++k) Canonicalize(r->MutableRepeatedMessage(m, f, k));
+      } else if (r->HasField(*m, f)) {
+        Canonicalize(r->MutableMessage(m, f));
+      }
+      continue;
+    }
+    const int role = f->options().GetExtension(v1::rules).role();
+    if (role == v1::ROLE_OUTPUT_PATH) {
+      r->ClearField(m, f);
+      continue;
+    }
+    if ((role != v1::ROLE_INPUT_MODEL && role != v1::ROLE_INPUT_PATH) ||
+        f->cpp_type() != pb::FieldDescriptor::CPPTYPE_STRING) {
+      continue;
+    }
+    if (f->is_repeated()) {
+      for (int k = 0; k < r->FieldSize(*m, f); ++k) r->SetRepeatedString(m, f, k, InputIdentity(r->GetRepeatedString(*m, f, k)));
+    } else if (r->HasField(*m, f) || !r->GetString(*m, f).empty()) {
+      r->SetString(m, f, InputIdentity(r->GetString(*m, f)));
+    }
+  }
+}
+
+}  // namespace
+
+std::string CacheKey(const v1::JobSpec& spec, const std::string& engine_build) {
+  const pb::Message* engine = EngineSpecOf(spec);
+  if (engine == nullptr) return "";
+  std::unique_ptr<pb::Message> copy(engine->New());
+  copy->CopyFrom(*engine);
+  FillSpecDefaults(copy.get());
+  Canonicalize(copy.get());
+  if (auto* merge = dynamic_cast<v1::MergeSpec*>(copy.get()); merge != nullptr && merge->method() == "linear") {
+    // A uniform soup does not depend on the order of its models.
+    bool uniform = true;
+    for (const auto& m : merge->models()) uniform &= !m.has_weight() || m.weight() == merge->models(0).weight();
+    if (uniform) {
+      std::sort(merge->mutable_models()->begin(), merge->mutable_models()->end(),
+                [](const v1::MergeModel& a, const v1::MergeModel& b) { return a.path() < b.path(); });
+    }
+  }
+  const std::string json = SpecToJson(*copy);
+  if (json.find("${{") != std::string::npos) return "";
+  return Sha256(absl::StrCat(JobKind(spec), "\n", json, "\n", engine_build));
+}
+
+bool OutputsStillThere(const pb::Map<std::string, std::string>& outputs) {
+  if (outputs.empty()) return false;
+  for (const auto& [name, path] : outputs) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) {
+      if (!ReadSmallFile(path + "/stemma.json", 64 << 20).has_value()) return false;
+    } else if (!std::filesystem::is_regular_file(path, ec)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::string FormatPlan(const ExperimentPlan& plan) {

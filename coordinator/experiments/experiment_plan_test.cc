@@ -77,7 +77,7 @@ TEST(ExperimentPlan, MatrixIncludeExcludeAndPerLegEdges) {
   EXPECT_EQ(slavic.spec.train().model(), "/ckpt/base");
   EXPECT_EQ(slavic.spec.train().steps(), 12) << "a whole-scalar variable keeps its type";
   EXPECT_EQ(slavic.spec.train().data().datasets(0).path(), "data/slavic");
-  EXPECT_EQ(slavic.spec.train().out(), "experiments/study/cpt/family=slavic/strategy=dense");
+  EXPECT_EQ(slavic.spec.train().out(), "experiments/study/cpt/family=slavic/strategy=dense/${{ self.id }}");
   EXPECT_TRUE(Deps(slavic).empty());
 
   // One-to-one: each revert waits only for its own family's dense expert.
