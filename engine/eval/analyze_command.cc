@@ -1,21 +1,26 @@
-// stemma-engine analyze --spec FILE: LAPE neuron masks, MoE routing statistics with the
-// activation-gap expert selection, weight drift between two checkpoints, and cross-lingual
-// alignment of parallel sentences (docs/eval.md). Every analysis named in the spec runs; the
-// spec is checked as a whole before any model is loaded, and output files are written only
-// after every analysis has succeeded (each atomically), so a failed run leaves no outputs.
+// stemma-engine analyze --spec FILE: LAPE neuron masks (and their random baseline), MoE
+// routing statistics with the activation-gap expert selection, weight drift between two
+// checkpoints, and cross-lingual alignment of parallel sentences (docs/eval.md,
+// docs/engine/analyze.md). Every analysis named in the spec runs; the spec (the typed
+// stemma.v1.AnalyzeSpec) is checked as a whole and its input files found before any model
+// is loaded (a bad one exits 4), and output files are written only after every analysis has
+// succeeded (each atomically), so a failed run leaves no outputs.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/spec_file.h"
+#include "common/engine_cli.h"
+#include "common/layer_range.h"
 #include "common/status.h"
 #include "engine/eval/analyze_inputs.h"
 #include "engine/eval/analyze_model.h"
@@ -23,6 +28,7 @@
 #include "engine/eval/drift.h"
 #include "engine/eval/lape.h"
 #include "engine/eval/routing.h"
+#include "engine/events.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace stemma::engine {
@@ -32,19 +38,28 @@ using nlohmann::json;
 using namespace eval;  // NOLINT: this file is the eval namespace's command front end
 
 // ---- The spec ----
+// The typed stemma.v1.AnalyzeSpec (checked by ParseEngineCommandLine and
+// spec_checks_eval.cc) as the command uses it: defaults resolved, paths absolute.
 
 struct LapeSection {
   LapeParams params;
-  std::vector<std::string> languages;
+  std::vector<std::string> languages;  // empty with a profile: the profile's
+  bool random_mask = true;
+  uint64_t random_seed = 0;
+  bool keep_profile = true;
+  std::string profile;  // re-select from this neuron_mask.json, no model run
 };
 
 struct RoutingSection {
   std::vector<std::string> languages;
   SelectionParams select;
+  std::optional<LayerRange> layers;  // select.layers as written; resolved with the model
 };
 
 struct DriftSection {
   std::string base, trained;
+  std::string mask;                         // neuron_mask.json, or ""
+  std::vector<std::string> mask_languages;  // empty: all of the file's
 };
 
 struct AlignmentSection {
@@ -62,300 +77,155 @@ struct AnalyzeSpec {
   ModelAnalyzerOptions model_options;
   int64_t seq_len = 512, batch_size = 1, max_tokens = 1'024'000;
   std::map<std::string, LanguageSource> languages;
+  std::vector<std::string> language_order;  // as listed
   std::optional<LapeSection> lape;
   std::optional<RoutingSection> routing;
   std::optional<DriftSection> drift;
   std::optional<AlignmentSection> alignment;
 };
 
-// Relative paths in a spec are relative to the spec file's directory (as in eval's specs).
-// Absolute, so output events name files the worker can find whatever its directory.
-std::string Resolve(const std::string& spec_path, const std::string& path) {
-  if (path.empty()) return path;
-  std::filesystem::path p(path);
-  if (p.is_relative()) p = std::filesystem::path(spec_path).parent_path() / p;
-  return std::filesystem::absolute(p).lexically_normal().string();
-}
-
 absl::Status FieldError(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
 }
 
-absl::StatusOr<std::string> GetString(const json& obj, const std::string& key,
-                                      const std::string& where, bool required) {
-  if (!obj.contains(key)) {
-    if (required) return FieldError(absl::StrCat(where, key), "missing");
-    return std::string();
-  }
-  if (!obj[key].is_string() || obj[key].get<std::string>().empty()) {
-    return FieldError(absl::StrCat(where, key), "must be a non-empty string");
-  }
-  return obj[key].get<std::string>();
+std::vector<std::string> List(const google::protobuf::RepeatedPtrField<std::string>& list) {
+  return {list.begin(), list.end()};
 }
 
-absl::Status GetPositive(const json& obj, const std::string& key, const std::string& where,
-                         int64_t* value, bool allow_zero = false) {
-  if (!obj.contains(key)) return absl::OkStatus();
-  if (!obj[key].is_number_integer() || obj[key].get<int64_t>() < (allow_zero ? 0 : 1)) {
-    return FieldError(absl::StrCat(where, key),
-                      allow_zero ? "must be a non-negative integer" : "must be a positive integer");
-  }
-  *value = obj[key].get<int64_t>();
-  return absl::OkStatus();
-}
-
-absl::Status GetNumber(const json& obj, const std::string& key, const std::string& where,
-                       double* value) {
-  if (!obj.contains(key)) return absl::OkStatus();
-  if (!obj[key].is_number()) return FieldError(absl::StrCat(where, key), "must be a number");
-  *value = obj[key].get<double>();
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<std::string>> GetStrings(const json& obj, const std::string& key,
-                                                    const std::string& where) {
-  std::vector<std::string> out;
-  if (!obj.contains(key)) return out;
-  if (!obj[key].is_array()) return FieldError(absl::StrCat(where, key), "must be a list");
-  for (const auto& v : obj[key]) {
-    if (!v.is_string()) return FieldError(absl::StrCat(where, key), "must list strings");
-    out.push_back(v.get<std::string>());
-  }
-  return out;
-}
-
-absl::StatusOr<std::vector<int64_t>> GetInts(const json& obj, const std::string& key,
-                                             const std::string& where) {
-  std::vector<int64_t> out;
-  if (!obj.contains(key)) return out;
-  if (!obj[key].is_array()) return FieldError(absl::StrCat(where, key), "must be a list");
-  for (const auto& v : obj[key]) {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0) {
-      return FieldError(absl::StrCat(where, key), "must list non-negative integers");
-    }
-    out.push_back(v.get<int64_t>());
-  }
-  return out;
-}
-
-// A section may be written `lape: {}` or just `lape:` (null).
-absl::StatusOr<json> Section(const json& spec, const std::string& key, const std::string& file) {
-  json section = spec[key].is_null() ? json::object() : spec[key];
-  if (!section.is_object()) {
-    return FieldError(absl::StrCat(file, ": ", key), "must be a mapping");
-  }
-  return section;
-}
-
-// Languages an analysis uses: `requested` (each must be in the spec's `languages`), or all.
-absl::StatusOr<std::vector<std::string>> PickLanguages(const AnalyzeSpec& spec,
-                                                       const std::vector<std::string>& requested,
-                                                       const std::string& where) {
-  if (requested.empty()) {
-    std::vector<std::string> all;
-    for (const auto& [lang, source] : spec.languages) all.push_back(lang);
-    return all;
-  }
-  for (const auto& lang : requested) {
-    if (!spec.languages.count(lang)) {
-      return FieldError(where, absl::StrCat("language '", lang, "' is not under 'languages'"));
-    }
-  }
-  return requested;
-}
-
-absl::StatusOr<LapeSection> ParseLape(const json& s, const AnalyzeSpec& spec) {
-  const std::string where = spec.path + ": lape.";
-  RETURN_IF_ERROR(CheckKeys(s,
-                            {"top_rate", "filter_rate", "activation_bar_ratio",
-                             "activation_threshold", "languages"},
-                            spec.path + ": lape"));
-  LapeSection lape;
-  RETURN_IF_ERROR(GetNumber(s, "top_rate", where, &lape.params.top_rate));
-  RETURN_IF_ERROR(GetNumber(s, "filter_rate", where, &lape.params.filter_rate));
-  RETURN_IF_ERROR(GetNumber(s, "activation_bar_ratio", where, &lape.params.activation_bar_ratio));
-  RETURN_IF_ERROR(GetNumber(s, "activation_threshold", where, &lape.params.activation_threshold));
-  for (const auto& [value, field] : {std::pair{lape.params.top_rate, "top_rate"},
-                                     std::pair{lape.params.filter_rate, "filter_rate"},
-                                     std::pair{lape.params.activation_bar_ratio,
-                                               "activation_bar_ratio"}}) {
-    if (!(value > 0.0 && value <= 1.0)) {
-      return FieldError(absl::StrCat(where, field), "must be in (0, 1]");
-    }
-  }
-  ASSIGN_OR_RETURN(auto requested, GetStrings(s, "languages", where));
-  ASSIGN_OR_RETURN(lape.languages, PickLanguages(spec, requested, where + "languages"));
-  if (lape.languages.size() < 2) {
-    return FieldError(where + "languages", "LAPE needs at least two languages");
-  }
-  return lape;
-}
-
-absl::StatusOr<RoutingSection> ParseRouting(const json& s, const AnalyzeSpec& spec) {
-  const std::string where = spec.path + ": routing.";
-  RETURN_IF_ERROR(CheckKeys(s, {"languages", "select"}, spec.path + ": routing"));
-  RoutingSection routing;
-  ASSIGN_OR_RETURN(auto requested, GetStrings(s, "languages", where));
-  ASSIGN_OR_RETURN(routing.languages, PickLanguages(spec, requested, where + "languages"));
-  if (routing.languages.size() < 2) {
-    return FieldError(where + "languages", "the routing analysis needs at least two languages");
-  }
-  if (!s.contains("select")) return routing;
-  const json& sel = s["select"];
-  const std::string sw = where + "select.";
-  RETURN_IF_ERROR(CheckKeys(sel, {"layers", "alpha", "shared_k", "high_resource", "parents"},
-                            spec.path + ": routing.select"));
-  ASSIGN_OR_RETURN(routing.select.layers, GetInts(sel, "layers", sw));
-  RETURN_IF_ERROR(GetNumber(sel, "alpha", sw, &routing.select.alpha));
-  if (sel.contains("shared_k")) {
-    ASSIGN_OR_RETURN(routing.select.shared_k, GetInts(sel, "shared_k", sw));
-  }
-  ASSIGN_OR_RETURN(routing.select.high_resource, GetStrings(sel, "high_resource", sw));
-  for (const auto& lang : routing.select.high_resource) {
-    if (std::find(routing.languages.begin(), routing.languages.end(), lang) ==
-        routing.languages.end()) {
-      return FieldError(sw + "high_resource",
-                        absl::StrCat("language '", lang, "' is not analysed by routing"));
-    }
-  }
-  if (sel.contains("parents")) {
-    if (!sel["parents"].is_object()) return FieldError(sw + "parents", "must be a mapping");
-    for (const auto& [low, parent] : sel["parents"].items()) {
-      if (!parent.is_string()) {
-        return FieldError(absl::StrCat(sw, "parents.", low), "must be a language name");
-      }
-      routing.select.parents[low] = parent.get<std::string>();
-    }
-  }
-  return routing;
-}
-
-absl::StatusOr<DriftSection> ParseDrift(const json& s, const AnalyzeSpec& spec) {
-  const std::string where = spec.path + ": drift.";
-  RETURN_IF_ERROR(CheckKeys(s, {"base", "trained"}, spec.path + ": drift"));
-  DriftSection drift;
-  ASSIGN_OR_RETURN(drift.base, GetString(s, "base", where, /*required=*/true));
-  ASSIGN_OR_RETURN(drift.trained, GetString(s, "trained", where, /*required=*/false));
-  drift.base = Resolve(spec.path, drift.base);
-  drift.trained = Resolve(spec.path, drift.trained);
-  if (drift.trained.empty()) drift.trained = spec.model;
-  if (drift.trained.empty()) {
-    return FieldError(where + "trained", "missing (and no top-level 'model' to default to)");
-  }
-  return drift;
-}
-
-absl::StatusOr<AlignmentSection> ParseAlignment(const json& s, const AnalyzeSpec& spec) {
-  const std::string where = spec.path + ": alignment.";
-  RETURN_IF_ERROR(CheckKeys(
-      s, {"file", "texts", "languages", "max_sentences", "batch_size", "add_bos"},
-      spec.path + ": alignment"));
-  AlignmentSection alignment;
-  if (s.contains("file") == s.contains("texts")) {
-    return FieldError(spec.path + ": alignment",
-                      "give exactly one of 'file' (parallel JSONL) or 'texts' (language -> "
-                      "line-aligned text file)");
-  }
-  ASSIGN_OR_RETURN(alignment.file, GetString(s, "file", where, /*required=*/false));
-  alignment.file = Resolve(spec.path, alignment.file);
-  if (s.contains("texts")) {
-    if (!s["texts"].is_object()) return FieldError(where + "texts", "must be a mapping");
-    for (const auto& [lang, path] : s["texts"].items()) {
-      if (!path.is_string() || path.get<std::string>().empty()) {
-        return FieldError(absl::StrCat(where, "texts.", lang), "must be a path");
-      }
-      alignment.texts[lang] = Resolve(spec.path, path.get<std::string>());
-    }
-  }
-  ASSIGN_OR_RETURN(alignment.languages, GetStrings(s, "languages", where));
-  RETURN_IF_ERROR(GetPositive(s, "max_sentences", where, &alignment.max_sentences, true));
-  RETURN_IF_ERROR(GetPositive(s, "batch_size", where, &alignment.batch_size));
-  if (s.contains("add_bos")) {
-    if (!s["add_bos"].is_boolean()) return FieldError(where + "add_bos", "must be true or false");
-    alignment.add_bos = s["add_bos"].get<bool>();
-  }
-  for (const auto& lang : alignment.languages) {
-    if (!alignment.texts.empty() && !alignment.texts.count(lang)) {
-      return FieldError(where + "languages", absl::StrCat("language '", lang,
-                                                          "' has no file under 'texts'"));
-    }
-  }
-  if (alignment.languages.empty() && !alignment.texts.empty()) {
-    for (const auto& [lang, path] : alignment.texts) alignment.languages.push_back(lang);
-  } else if (alignment.languages.empty()) {
-    ASSIGN_OR_RETURN(alignment.languages, ParallelLanguages(alignment.file));
-  }
-  if (alignment.languages.size() < 2) {
-    return FieldError(where + "languages", "alignment needs at least two languages");
-  }
-  return alignment;
-}
-
-absl::StatusOr<AnalyzeSpec> ParseSpec(const std::string& path) {
-  ASSIGN_OR_RETURN(json j, ReadSpecFile(path));
-  RETURN_IF_ERROR(CheckKeys(j,
-                            {"model", "tokenizer", "out", "device", "dtype", "seq_len",
-                             "batch_size", "max_tokens", "languages", "lape", "routing", "drift",
-                             "alignment"},
-                            path));
+// What the rules already guaranteed is not checked again here; what needs the files is
+// (CheckInputsExist).
+absl::StatusOr<AnalyzeSpec> FromProto(const v1::AnalyzeSpec& p, const std::string& path) {
   AnalyzeSpec spec;
   spec.path = path;
-  const std::string where = path + ": ";
-  ASSIGN_OR_RETURN(spec.out, GetString(j, "out", where, /*required=*/true));
-  ASSIGN_OR_RETURN(spec.model, GetString(j, "model", where, /*required=*/false));
-  ASSIGN_OR_RETURN(spec.tokenizer, GetString(j, "tokenizer", where, /*required=*/false));
-  spec.out = Resolve(path, spec.out);
-  spec.model = Resolve(path, spec.model);
-  spec.tokenizer = Resolve(path, spec.tokenizer);
-  if (spec.tokenizer.empty()) spec.tokenizer = spec.model;
-  ASSIGN_OR_RETURN(std::string device, GetString(j, "device", where, false));
-  if (!device.empty()) spec.model_options.device = device;
-  ASSIGN_OR_RETURN(std::string dtype, GetString(j, "dtype", where, false));
-  if (!dtype.empty()) spec.model_options.dtype = dtype;
-  RETURN_IF_ERROR(GetPositive(j, "seq_len", where, &spec.seq_len));
-  RETURN_IF_ERROR(GetPositive(j, "batch_size", where, &spec.batch_size));
-  RETURN_IF_ERROR(GetPositive(j, "max_tokens", where, &spec.max_tokens, /*allow_zero=*/true));
-  if (j.contains("languages")) {
-    if (!j["languages"].is_object() || j["languages"].empty()) {
-      return FieldError(where + "languages", "must be a non-empty mapping of language -> source");
+  spec.model = p.model();
+  spec.tokenizer = p.tokenizer().empty() ? p.model() : p.tokenizer();
+  spec.out = p.out();
+  spec.model_options.device = p.device();
+  spec.model_options.dtype = p.dtype();
+  spec.model_options.threads = EffectiveThreads(p.threads());
+  spec.seq_len = p.seq_len();
+  spec.batch_size = p.batch_size();
+  spec.max_tokens = p.max_tokens();
+  for (const v1::LanguageSource& l : p.languages()) {
+    spec.languages.emplace(l.language(), LanguageSourceFromProto(l));
+    spec.language_order.push_back(l.language());
+  }
+  if (p.has_lape()) {
+    const v1::LapeOptions& l = p.lape();
+    LapeSection lape;
+    lape.params.top_rate = l.top_rate();
+    lape.params.filter_rate = l.filter_rate();
+    lape.params.activation_bar_ratio = l.activation_bar_ratio();
+    lape.params.activation_threshold = l.activation_threshold();
+    lape.params.exclusive = l.exclusive();
+    lape.random_mask = l.random_mask();
+    lape.random_seed = l.random_seed();
+    lape.keep_profile = l.keep_profile();
+    lape.profile = l.profile();
+    lape.languages = List(l.languages());
+    if (lape.languages.empty() && lape.profile.empty()) lape.languages = spec.language_order;
+    spec.lape = std::move(lape);
+  }
+  if (p.has_routing()) {
+    const v1::RoutingOptions& r = p.routing();
+    RoutingSection routing;
+    routing.languages = r.languages().empty() ? spec.language_order : List(r.languages());
+    const v1::SelectOptions& sel = r.select();
+    if (!sel.layers().empty()) {
+      ASSIGN_OR_RETURN(routing.layers, ParseLayerRange(sel.layers(), "routing.select.layers"));
     }
-    for (const auto& [lang, entry] : j["languages"].items()) {
-      ASSIGN_OR_RETURN(LanguageSource source,
-                       ParseLanguageSource(lang, entry, absl::StrCat(where, "languages.", lang)));
-      source.path = Resolve(path, source.path);
-      spec.languages.emplace(lang, std::move(source));
+    if (sel.has_alpha()) routing.select.alpha = sel.alpha();
+    routing.select.shared_k.assign(sel.shared_k().begin(), sel.shared_k().end());
+    routing.select.high_resource = List(sel.high_resource());
+    routing.select.parents.insert(sel.parents().begin(), sel.parents().end());
+    routing.select.targets = List(sel.targets());
+    spec.routing = std::move(routing);
+  }
+  if (p.has_drift()) {
+    DriftSection drift;
+    drift.base = p.drift().base();
+    drift.trained = p.drift().trained().empty() ? p.model() : p.drift().trained();
+    drift.mask = p.drift().mask();
+    drift.mask_languages = List(p.drift().mask_languages());
+    spec.drift = std::move(drift);
+  }
+  if (p.has_alignment()) {
+    const v1::AlignmentOptions& a = p.alignment();
+    AlignmentSection alignment;
+    alignment.file = a.file();
+    std::vector<std::string> text_order;
+    for (const v1::AlignedText& t : a.texts()) {
+      alignment.texts[t.language()] = t.path();
+      text_order.push_back(t.language());
     }
-  }
-  const bool any = j.contains("lape") || j.contains("routing") || j.contains("drift") ||
-                   j.contains("alignment");
-  if (!any) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": no analysis given (add one of lape, routing, drift, alignment)"));
-  }
-  if ((j.contains("lape") || j.contains("routing")) && spec.languages.empty()) {
-    return FieldError(where + "languages", "missing (lape and routing profile each language)");
-  }
-  if ((j.contains("lape") || j.contains("routing") || j.contains("alignment")) &&
-      spec.model.empty()) {
-    return FieldError(where + "model", "missing (the checkpoint to analyse)");
-  }
-  if (j.contains("lape")) {
-    ASSIGN_OR_RETURN(json s, Section(j, "lape", path));
-    ASSIGN_OR_RETURN(spec.lape, ParseLape(s, spec));
-  }
-  if (j.contains("routing")) {
-    ASSIGN_OR_RETURN(json s, Section(j, "routing", path));
-    ASSIGN_OR_RETURN(spec.routing, ParseRouting(s, spec));
-  }
-  if (j.contains("drift")) {
-    ASSIGN_OR_RETURN(json s, Section(j, "drift", path));
-    ASSIGN_OR_RETURN(spec.drift, ParseDrift(s, spec));
-  }
-  if (j.contains("alignment")) {
-    ASSIGN_OR_RETURN(json s, Section(j, "alignment", path));
-    ASSIGN_OR_RETURN(spec.alignment, ParseAlignment(s, spec));
+    alignment.languages = List(a.languages());
+    alignment.max_sentences = a.max_sentences();
+    alignment.batch_size = a.batch_size();
+    if (a.has_add_bos()) alignment.add_bos = a.add_bos();
+    if (alignment.languages.empty()) alignment.languages = text_order;
+    spec.alignment = std::move(alignment);
   }
   return spec;
+}
+
+// What only the engine can check, before any model is loaded: that the files exist and the
+// saved profile and the parallel file have what the spec asks of them.
+absl::Status CheckInputs(AnalyzeSpec& spec) {
+  std::error_code ec;
+  auto is_model = [&](const std::string& dir, const std::string& field) -> absl::Status {
+    if (!std::filesystem::exists(std::filesystem::path(dir) / "config.json", ec)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          field, ": ", dir, " has no config.json (is it a checkpoint directory?)"));
+    }
+    return absl::OkStatus();
+  };
+  const bool runs_model = (spec.lape && spec.lape->profile.empty()) || spec.routing || spec.alignment;
+  if (runs_model) RETURN_IF_ERROR(is_model(spec.model, "model"));
+  std::set<std::string> used;
+  if (spec.lape && spec.lape->profile.empty()) used.insert(spec.lape->languages.begin(), spec.lape->languages.end());
+  if (spec.routing) used.insert(spec.routing->languages.begin(), spec.routing->languages.end());
+  for (const auto& lang : used) RETURN_IF_ERROR(CheckLanguageSourceExists(spec.languages.at(lang)));
+  if (spec.lape && !spec.lape->profile.empty() &&
+      !std::filesystem::is_regular_file(spec.lape->profile, ec)) {
+    return absl::NotFoundError(absl::StrCat("lape.profile: ", spec.lape->profile, ": no such file"));
+  }
+  if (spec.drift) {
+    RETURN_IF_ERROR(is_model(spec.drift->base, "drift.base"));
+    RETURN_IF_ERROR(is_model(spec.drift->trained, "drift.trained"));
+    if (!spec.drift->mask.empty() && !std::filesystem::is_regular_file(spec.drift->mask, ec)) {
+      return absl::NotFoundError(absl::StrCat("drift.mask: ", spec.drift->mask, ": no such file"));
+    }
+  }
+  if (spec.alignment) {
+    AlignmentSection& a = *spec.alignment;
+    for (const auto& [lang, path] : a.texts) {
+      if (!std::filesystem::is_regular_file(path, ec)) {
+        return absl::NotFoundError(absl::StrCat("alignment.texts (", lang, "): ", path, ": no such file"));
+      }
+    }
+    if (a.texts.empty()) {
+      if (!std::filesystem::is_regular_file(a.file, ec)) {
+        return absl::NotFoundError(absl::StrCat("alignment.file: ", a.file, ": no such file"));
+      }
+      if (a.languages.empty()) {
+        ASSIGN_OR_RETURN(a.languages, ParallelLanguages(a.file));
+      }
+      if (a.languages.size() < 2) {
+        return FieldError("alignment.languages", absl::StrCat(a.file, " holds fewer than two languages"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<json> ReadJson(const std::string& path, const std::string& field) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(field, ": ", path, ": cannot open"));
+  std::stringstream text;
+  text << in.rdbuf();
+  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": not JSON"));
+  return j;
 }
 
 // ---- Running ----
@@ -380,9 +250,11 @@ class Analysis {
   explicit Analysis(AnalyzeSpec spec) : spec_(std::move(spec)) {}
 
   absl::Status Run() {
-    const bool profile = spec_.lape || spec_.routing;
+    const bool reselect = spec_.lape && !spec_.lape->profile.empty();
+    const bool profile = (spec_.lape && !reselect) || spec_.routing;
     total_steps_ = (profile ? static_cast<int64_t>(ProfiledLanguages().size()) : 0) +
-                   (spec_.drift ? 1 : 0) + (spec_.alignment ? 1 : 0) + 1;
+                   (reselect ? 1 : 0) + (spec_.drift ? 1 : 0) + (spec_.alignment ? 1 : 0) + 1;
+    if (reselect) RETURN_IF_ERROR(ReselectLape());
     if (profile || spec_.alignment) RETURN_IF_ERROR(LoadModel());
     if (profile) RETURN_IF_ERROR(ProfileLanguages());
     if (spec_.drift) RETURN_IF_ERROR(RunDrift());
@@ -391,9 +263,11 @@ class Analysis {
   }
 
  private:
+  bool ProfilesLape() const { return spec_.lape && spec_.lape->profile.empty(); }
+
   std::vector<std::string> ProfiledLanguages() const {
     std::set<std::string> langs;
-    if (spec_.lape) langs.insert(spec_.lape->languages.begin(), spec_.lape->languages.end());
+    if (ProfilesLape()) langs.insert(spec_.lape->languages.begin(), spec_.lape->languages.end());
     if (spec_.routing) {
       langs.insert(spec_.routing->languages.begin(), spec_.routing->languages.end());
     }
@@ -403,7 +277,7 @@ class Analysis {
   absl::Status LoadModel() {
     ASSIGN_OR_RETURN(model_, ModelAnalyzer::Load(spec_.model, spec_.model_options));
     // Refuse an analysis the architecture cannot answer before reading any data.
-    if (spec_.lape && model_->is_moe()) {
+    if (ProfilesLape() && model_->is_moe()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "lape: ", spec_.model, " (model_type ", model_->model_type(),
           ") has MoE layers; LAPE profiles the neurons of dense FFN layers"));
@@ -412,6 +286,25 @@ class Analysis {
       return absl::FailedPreconditionError(
           absl::StrCat("routing: ", spec_.model, " (model_type ", model_->model_type(),
                        ") has no MoE layers to analyse"));
+    }
+    if (spec_.routing) RETURN_IF_ERROR(ResolveSelectionLayers());
+    return absl::OkStatus();
+  }
+
+  // select.layers (a layer range) as the MoE layers it covers.
+  absl::Status ResolveSelectionLayers() {
+    RoutingSection& r = *spec_.routing;
+    if (!r.layers) return absl::OkStatus();  // the last two MoE layers
+    ASSIGN_OR_RETURN(LayerRange range, ResolveLayerRange(*r.layers, model_->num_layers(), "routing.select.layers"));
+    const std::vector<int64_t> moe = model_->moe_layers();
+    r.select.layers.clear();
+    for (int64_t l = range.begin; l < range.end; ++l) {
+      if (std::find(moe.begin(), moe.end(), l) == moe.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "routing.select.layers: \"", r.layers->text, "\" includes layer ", l,
+            ", which has no MoE block in ", spec_.model));
+      }
+      r.select.layers.push_back(l);
     }
     return absl::OkStatus();
   }
@@ -445,7 +338,7 @@ class Analysis {
       ProfileOptions options;
       options.seq_len = spec_.seq_len;
       options.batch_size = spec_.batch_size;
-      options.lape = spec_.lape && Contains(spec_.lape->languages, lang);
+      options.lape = ProfilesLape() && Contains(spec_.lape->languages, lang);
       options.routing = spec_.routing && Contains(spec_.routing->languages, lang);
       if (spec_.lape) options.activation_threshold = spec_.lape->params.activation_threshold;
       int64_t last_tenth = 0;
@@ -474,7 +367,7 @@ class Analysis {
       Progress(++step_, total_steps_,
                absl::StrCat("profiled ", lang, ": ", tokens.size(), " tokens"));
     }
-    if (spec_.lape) RETURN_IF_ERROR(FinishLape(lape_counts));
+    if (ProfilesLape()) RETURN_IF_ERROR(FinishLape(lape_counts));
     if (spec_.routing) RETURN_IF_ERROR(FinishRouting(routing_counts, vocab));
     return absl::OkStatus();
   }
@@ -486,18 +379,46 @@ class Analysis {
   absl::Status FinishLape(std::map<std::string, LapeCounts>& by_lang) {
     std::vector<LapeCounts> counts;
     for (const auto& lang : spec_.lape->languages) counts.push_back(std::move(by_lang[lang]));
-    ASSIGN_OR_RETURN(LapeResult result,
-                     IdentifyLapeNeurons(spec_.lape->languages, counts, model_->num_layers(),
-                                         model_->intermediate_size(), spec_.lape->params));
-    json mask = NeuronMaskJson(result, spec_.lape->params, counts);
-    mask["params"]["model"] = spec_.model;
+    return Lape(spec_.lape->languages, counts, model_->num_layers(), model_->intermediate_size(),
+                spec_.model, "");
+  }
+
+  // lape.profile: the counts of an earlier run's neuron_mask.json, selected again.
+  absl::Status ReselectLape() {
+    const std::string& file = spec_.lape->profile;
+    ASSIGN_OR_RETURN(json saved, ReadJson(file, "lape.profile"));
+    ASSIGN_OR_RETURN(SavedProfile profile,
+                     LapeCountsFromMask(saved, spec_.lape->languages, absl::StrCat("lape.profile ", file)));
+    if (profile.languages.size() < 2) {
+      return FieldError(absl::StrCat("lape.profile ", file), "holds fewer than two languages");
+    }
+    RETURN_IF_ERROR(Lape(profile.languages, profile.counts, profile.num_layers, profile.intermediate_size,
+                         profile.model.empty() ? spec_.model : profile.model, file));
+    Progress(++step_, total_steps_, absl::StrCat("re-selected from ", file));
+    return absl::OkStatus();
+  }
+
+  absl::Status Lape(const std::vector<std::string>& languages, const std::vector<LapeCounts>& counts,
+                    int64_t num_layers, int64_t intermediate_size, const std::string& model,
+                    const std::string& profile) {
+    ASSIGN_OR_RETURN(LapeResult result, IdentifyLapeNeurons(languages, counts, num_layers,
+                                                            intermediate_size, spec_.lape->params));
+    json mask = NeuronMaskJson(result, spec_.lape->params, counts, spec_.lape->keep_profile);
+    mask["params"]["model"] = model;
+    if (!profile.empty()) mask["params"]["reselected_from"] = profile;
     for (const auto& lang : result.languages) {
       int64_t total = 0;
       for (const auto& list : result.neurons.at(lang)) total += list.size();
       Metric("lape/neurons", total, {{"language", lang}});
     }
     Metric("lape/filter_threshold", result.filter_threshold);
+    if (spec_.lape->params.exclusive) Metric("lape/shared_dropped", result.num_shared);
     outputs_.files.emplace_back("neuron_mask", std::move(mask));
+    if (spec_.lape->random_mask) {
+      json random = RandomMaskJson(result, spec_.lape->random_seed);
+      random["params"]["model"] = model;
+      outputs_.files.emplace_back("random_mask", std::move(random));
+    }
     return absl::OkStatus();
   }
 
@@ -529,7 +450,18 @@ class Analysis {
   }
 
   absl::Status RunDrift() {
-    ASSIGN_OR_RETURN(json drift, WeightDrift(spec_.drift->base, spec_.drift->trained));
+    std::optional<std::vector<std::vector<int64_t>>> mask;
+    if (!spec_.drift->mask.empty()) {
+      ASSIGN_OR_RETURN(json file, ReadJson(spec_.drift->mask, "drift.mask"));
+      ASSIGN_OR_RETURN(mask, MaskUnion(file, spec_.drift->mask_languages,
+                                       absl::StrCat("drift.mask ", spec_.drift->mask)));
+    }
+    ASSIGN_OR_RETURN(json drift, WeightDrift(spec_.drift->base, spec_.drift->trained,
+                                             mask ? &*mask : nullptr));
+    if (mask) {
+      drift["mask"] = {{"file", spec_.drift->mask}, {"languages", spec_.drift->mask_languages}};
+      Metric("drift/masked_total", drift["masked_total"]);
+    }
     Metric("drift/total", drift["total"]);
     for (const auto& layer : drift["layers"]) {
       const std::string l = std::to_string(layer["layer"].get<int64_t>());
@@ -537,6 +469,9 @@ class Analysis {
              {{"layer", l}});
       if (!layer["asymmetry"].is_null()) {
         Metric("drift/asymmetry", layer["asymmetry"], {{"layer", l}});
+      }
+      if (layer.contains("masked")) {
+        Metric("drift/masked_relative", layer["masked"]["all"], {{"layer", l}});
       }
     }
     Progress(++step_, total_steps_, "weight drift");
@@ -557,7 +492,7 @@ class Analysis {
     ASSIGN_OR_RETURN(const tokenizer::Tokenizer* tok, GetTokenizer());
     const bool add_bos = a.add_bos.value_or(tok->bos_id().has_value());
     if (add_bos && !tok->bos_id()) {
-      return FieldError(spec_.path + ": alignment.add_bos", "the tokenizer has no BOS token");
+      return FieldError("alignment.add_bos", absl::StrCat("the tokenizer (", spec_.tokenizer, ") has no BOS token"));
     }
     std::vector<std::vector<std::vector<int32_t>>> ids(sentences.size());
     for (size_t i = 0; i < sentences.size(); ++i) {
@@ -618,8 +553,14 @@ class Analysis {
       RETURN_IF_ERROR(WriteJsonAtomically(path, content));
       written[name] = path;
     }
+    std::vector<std::string> parents;
+    for (const std::string& p : {spec_.model, spec_.drift ? spec_.drift->base : std::string(),
+                                 spec_.drift ? spec_.drift->trained : std::string()}) {
+      if (!p.empty() && std::find(parents.begin(), parents.end(), p) == parents.end()) parents.push_back(p);
+    }
     for (const auto& [name, path] : written.items()) {
-      EmitEvent("output", {{"name", name}, {"path", path}});
+      ASSIGN_OR_RETURN(Event output, OutputEvent(name, path.get<std::string>(), "analyze", parents));
+      EventWriter().Emit(output);
     }
     Progress(++step_, total_steps_, "outputs written");
     const double seconds =
@@ -644,28 +585,12 @@ class Analysis {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
-absl::StatusOr<std::string> SpecFlag(int argc, char** argv) {
-  std::string spec;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--spec" && i + 1 < argc) {
-      spec = argv[++i];
-    } else if (arg.rfind("--spec=", 0) == 0) {
-      spec = arg.substr(7);
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument '", arg, "' (usage: stemma-engine analyze --spec FILE)"));
-    }
-  }
-  if (spec.empty()) {
-    return absl::InvalidArgumentError("missing --spec FILE (usage: stemma-engine analyze --spec FILE)");
-  }
-  return spec;
-}
+constexpr char kUsage[] = "stemma-engine analyze --spec FILE [--<field> VALUE ...]";
 
-absl::Status Analyze(int argc, char** argv) {
-  ASSIGN_OR_RETURN(std::string path, SpecFlag(argc, argv));
-  ASSIGN_OR_RETURN(AnalyzeSpec spec, ParseSpec(path));
+absl::Status Analyze(const google::protobuf::Message& proto_spec, const std::string& path) {
+  const auto& proto = static_cast<const v1::AnalyzeSpec&>(proto_spec);
+  ASSIGN_OR_RETURN(AnalyzeSpec spec, FromProto(proto, path));
+  RETURN_IF_ERROR(CheckInputs(spec));
   json analyses = json::array();
   for (const auto& [name, on] : {std::pair{"lape", spec.lape.has_value()},
                                  std::pair{"routing", spec.routing.has_value()},
@@ -673,7 +598,24 @@ absl::Status Analyze(int argc, char** argv) {
                                  std::pair{"alignment", spec.alignment.has_value()}}) {
     if (on) analyses.push_back(name);
   }
-  EmitEvent("start", {{"command", "analyze"}, {"spec", path}, {"analyses", analyses}});
+  json start = {{"command", "analyze"}, {"spec", path}, {"analyses", analyses},
+                {"device", spec.model_options.device}, {"dtype", spec.model_options.dtype},
+                {"threads", spec.model_options.threads},
+                {"threads_source", proto.threads() > 0 ? "spec"
+                                   : spec.model_options.threads > 0 ? "job cpus (STEMMA_CPUS)"
+                                                                    : "torch default"}};
+  if (spec.lape && !spec.lape->profile.empty()) start["lape_profile"] = spec.lape->profile;
+  if (spec.routing) {
+    // The resolved selection layers, when config.json says how many layers there are.
+    const std::optional<int64_t> layers = ModelLayersFromConfig(spec.model);
+    if (spec.routing->layers && layers) {
+      ASSIGN_OR_RETURN(LayerRange r, ResolveLayerRange(*spec.routing->layers, *layers, "routing.select.layers"));
+      start["select_layers"] = FormatLayerRange(r);
+    } else if (layers) {
+      start["select_layers"] = absl::StrCat("the last two MoE layers of ", *layers);
+    }
+  }
+  EmitEvent("start", start);
   Analysis analysis(std::move(spec));
   return analysis.Run();
 }
@@ -681,15 +623,20 @@ absl::Status Analyze(int argc, char** argv) {
 }  // namespace
 
 int RunAnalyze(int argc, char** argv) {
+  absl::StatusOr<EngineInvocation> inv = ParseEngineCommandLine("analyze", argc, argv, {});
+  if (!inv.ok()) return ReportEngineFailure(inv.status());
+  if (inv->help) {
+    std::fputs(EngineHelp("analyze", kUsage).c_str(), stdout);
+    return 0;
+  }
   absl::Status status;
   try {
-    status = Analyze(argc, argv);
+    status = Analyze(*inv->spec, inv->spec_file);
   } catch (const std::exception& e) {  // anything LibTorch threw outside the guarded calls
     status = absl::InternalError(e.what());
   }
   if (status.ok()) return 0;
-  std::fprintf(stderr, "stemma-engine: error: %s\n", std::string(status.message()).c_str());
-  return 1;
+  return ReportEngineFailure(status);
 }
 
 }  // namespace stemma::engine

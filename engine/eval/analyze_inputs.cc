@@ -4,12 +4,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/spec_file.h"
 #include "common/status.h"
 #include "engine/data/dataset.h"
+#include "engine/events.h"
+#include "engine/io/durable.h"
 #include "engine/io/fs.h"
 
 namespace stemma::engine::eval {
@@ -93,35 +96,40 @@ absl::StatusOr<std::vector<int32_t>> FileTokens(const LanguageSource& source,
 
 }  // namespace
 
-absl::StatusOr<LanguageSource> ParseLanguageSource(const std::string& language,
-                                                   const json& entry, const std::string& where) {
-  RETURN_IF_ERROR(CheckKeys(entry, {"dataset", "text", "jsonl", "field"}, where));
+LanguageSource LanguageSourceFromProto(const v1::LanguageSource& proto) {
   LanguageSource source;
-  source.language = language;
-  int given = 0;
-  for (const auto& [key, kind] : {std::pair{"dataset", LanguageSource::Kind::kDataset},
-                                  std::pair{"text", LanguageSource::Kind::kText},
-                                  std::pair{"jsonl", LanguageSource::Kind::kJsonl}}) {
-    if (!entry.contains(key)) continue;
-    if (!entry[key].is_string() || entry[key].get<std::string>().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ".", key, ": must be a path"));
-    }
-    source.kind = kind;
-    source.path = entry[key].get<std::string>();
-    ++given;
-  }
-  if (given != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": give exactly one of 'dataset', 'text' or 'jsonl'"));
-  }
-  if (entry.contains("field")) {
-    if (source.kind != LanguageSource::Kind::kJsonl || !entry["field"].is_string()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ".field: a string, and only with 'jsonl'"));
-    }
-    source.field = entry["field"].get<std::string>();
+  source.language = proto.language();
+  if (!proto.dataset().empty()) {
+    source.kind = LanguageSource::Kind::kDataset;
+    source.path = proto.dataset();
+  } else if (!proto.jsonl().empty()) {
+    source.kind = LanguageSource::Kind::kJsonl;
+    source.path = proto.jsonl();
+    if (!proto.field().empty()) source.field = proto.field();
+  } else {
+    source.kind = LanguageSource::Kind::kText;
+    source.path = proto.text();
   }
   return source;
+}
+
+absl::Status CheckLanguageSourceExists(const LanguageSource& source) {
+  const std::string where = absl::StrCat("languages.", source.language);
+  std::error_code ec;
+  if (source.kind == LanguageSource::Kind::kDataset) {
+    if (!std::filesystem::is_directory(source.path, ec) ||
+        !std::filesystem::exists(std::filesystem::path(source.path) / "index.json", ec)) {
+      return absl::NotFoundError(absl::StrCat(where, ".dataset: ", source.path,
+                                              " is not a token dataset (no index.json)"));
+    }
+    return absl::OkStatus();
+  }
+  if (!std::filesystem::is_regular_file(source.path, ec)) {
+    return absl::NotFoundError(absl::StrCat(
+        where, source.kind == LanguageSource::Kind::kJsonl ? ".jsonl: " : ".text: ", source.path,
+        ": no such file"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int32_t>> LoadLanguageTokens(const LanguageSource& source,
@@ -227,24 +235,11 @@ absl::StatusOr<std::vector<std::string>> ParallelLanguages(const std::string& pa
 }
 
 absl::Status WriteJsonAtomically(const std::string& path, const json& value) {
-  const std::string temp = absl::StrCat(path, ".tmp-", getpid());
-  RETURN_IF_ERROR(io::WriteFileSynced(temp, value.dump(2) + "\n"));
-  if (std::rename(temp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(temp.c_str());
-    return ErrnoStatus(absl::StrCat("rename ", temp, " -> ", path), err);
-  }
-  return absl::OkStatus();
+  return io::WriteFileAtomic(path, value.dump(2) + "\n");
 }
 
 void EmitEvent(const std::string& event, const json& fields) {
-  std::string line = absl::StrCat("{\"event\":", json(event).dump());
-  for (const auto& [key, value] : fields.items()) {
-    absl::StrAppend(&line, ",", json(key).dump(), ":", value.dump());
-  }
-  line += "}\n";
-  std::fwrite(line.data(), 1, line.size(), stdout);
-  std::fflush(stdout);
+  EventWriter().Emit(event, Event(fields));
 }
 
 }  // namespace stemma::engine::eval

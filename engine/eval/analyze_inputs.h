@@ -11,12 +11,14 @@
 #include "absl/status/statusor.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "stemma/v1/specs/eval.pb.h"
 
 namespace stemma::engine::eval {
 
-// Where one language's text comes from (spec `languages.<lang>`): exactly one of a token
-// dataset directory (`stemma-engine tokenize` output), a UTF-8 text file (each non-blank line
-// tokenized on its own) or a JSONL file (the string in `field` of each non-blank line).
+// Where one language's text comes from (spec `languages[i]`, stemma.v1.LanguageSource):
+// exactly one of a token dataset directory (`stemma-engine tokenize` output), a UTF-8 text
+// file (each non-blank line tokenized on its own) or a JSONL file (the string in `field` of
+// each non-blank line).
 struct LanguageSource {
   std::string language;
   enum class Kind { kDataset, kText, kJsonl } kind = Kind::kText;
@@ -24,10 +26,14 @@ struct LanguageSource {
   std::string field = "text";
 };
 
-// Parses `languages.<lang>` of the spec. InvalidArgument naming the field.
-absl::StatusOr<LanguageSource> ParseLanguageSource(const std::string& language,
-                                                   const nlohmann::json& entry,
-                                                   const std::string& where);
+// The command's view of a checked spec entry (spec_checks_eval made sure exactly one
+// source is given).
+LanguageSource LanguageSourceFromProto(const v1::LanguageSource& proto);
+
+// FailedPrecondition / NotFound naming `languages.<lang>` and the path when the source
+// does not exist (a file, or a dataset directory with its index.json): checked at start,
+// before the model loads.
+absl::Status CheckLanguageSourceExists(const LanguageSource& source);
 
 // The language's tokens in document order, concatenated, at most `max_tokens` (0: all).
 // `tokenizer` is needed for text and JSONL (FailedPrecondition without one). Errors name the
@@ -59,8 +65,8 @@ absl::StatusOr<std::vector<std::string>> ParallelLanguages(const std::string& pa
 // fsynced and renamed, so a reader never sees half a file.
 absl::Status WriteJsonAtomically(const std::string& path, const nlohmann::json& value);
 
-// One event line on stdout (docs/engine-events.md), flushed: {"event": `event`, then the
-// fields of `fields` (an object)}. "event" comes first, as the worker's parser requires.
+// One event line on stdout (docs/engine-events.md) through engine/events.h's EventWriter:
+// {"event": `event`, then the fields of `fields` (an object)}.
 void EmitEvent(const std::string& event, const nlohmann::json& fields = nlohmann::json::object());
 
 }  // namespace stemma::engine::eval

@@ -66,6 +66,7 @@ absl::StatusOr<std::unique_ptr<ModelAnalyzer>> ModelAnalyzer::Load(
     const std::string& dir, const ModelAnalyzerOptions& options) {
   auto state = std::make_unique<State>();
   ASSIGN_OR_RETURN(torch::ScalarType dtype, ParseDtype(options.dtype));
+  if (options.threads > 0) at::set_num_threads(static_cast<int>(options.threads));
   try {
     state->device = torch::Device(options.device);
   } catch (const std::exception&) {

@@ -21,6 +21,7 @@ namespace stemma::engine::eval {
 struct ModelAnalyzerOptions {
   std::string device = "cpu";  // "cpu", "cuda", "cuda:1"
   std::string dtype = "float32";  // float32, bfloat16, float16
+  int64_t threads = 0;            // torch intra-op threads; 0 keeps torch's default
 };
 
 struct ProfileOptions {

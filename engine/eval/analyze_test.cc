@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -83,12 +84,80 @@ TEST(Lape, SelectsPlantedNeuronsAndAssignsTheirLanguage) {
   EXPECT_EQ(result->neurons["yo"], (std::vector<std::vector<int64_t>>{{3}, {}}));
   EXPECT_EQ(result->num_unassigned, 0);
 
-  json mask = NeuronMaskJson(*result, params, counts);
+  json mask = NeuronMaskJson(*result, params, counts, /*keep_profile=*/false);
+  EXPECT_FALSE(mask.contains("profile"));
   EXPECT_EQ(mask["format"], "stemma.neuron_mask/1");
   EXPECT_EQ(mask["num_layers"], 2);
   EXPECT_EQ(mask["intermediate_size"], 50);
   EXPECT_EQ(mask["counts"]["sw"], json::parse("[0, 1]"));
   EXPECT_EQ(mask["languages"]["yo"], json::parse("[[3], []]"));
+}
+
+// The same counts with a third, shared neuron selected: exclusive drops it from both
+// languages; the profile keeps every neuron's probabilities and entropy and re-selects
+// exactly; the random mask has the selection's size per language and layer.
+TEST(Lape, ExclusiveProfileAndRandomMask) {
+  const int64_t layers = 2, inter = 50, tokens = 1000;
+  std::vector<LapeCounts> counts(2);
+  for (auto& c : counts) {
+    c.tokens = tokens;
+    c.over_zero.assign(layers * inter, 300);
+  }
+  counts[0].over_zero[1 * inter + 7] = 900;  // sw only
+  counts[1].over_zero[1 * inter + 7] = 0;
+  counts[0].over_zero[0 * inter + 3] = 0;    // yo only
+  counts[1].over_zero[0 * inter + 3] = 800;
+  counts[0].over_zero[0 * inter + 9] = 999;  // both, with a slight lean: entropy just under ln 2
+  counts[1].over_zero[0 * inter + 9] = 950;
+  LapeParams params;
+  params.top_rate = 0.03;  // 3 neurons: (1, 7), (0, 3), (0, 9)
+  auto shared = IdentifyLapeNeurons({"sw", "yo"}, counts, layers, inter, params);
+  ASSERT_TRUE(shared.ok()) << shared.status();
+  EXPECT_EQ(shared->neurons["sw"], (std::vector<std::vector<int64_t>>{{9}, {7}}));
+  EXPECT_EQ(shared->neurons["yo"], (std::vector<std::vector<int64_t>>{{3, 9}, {}}));
+  params.exclusive = true;
+  auto exclusive = IdentifyLapeNeurons({"sw", "yo"}, counts, layers, inter, params);
+  ASSERT_TRUE(exclusive.ok());
+  EXPECT_EQ(exclusive->neurons["sw"], (std::vector<std::vector<int64_t>>{{}, {7}}));
+  EXPECT_EQ(exclusive->neurons["yo"], (std::vector<std::vector<int64_t>>{{3}, {}}));
+  EXPECT_EQ(exclusive->num_shared, 1);
+
+  json mask = NeuronMaskJson(*shared, LapeParams{}, counts, /*keep_profile=*/true);
+  const json& profile = mask["profile"];
+  EXPECT_EQ(profile["tokens"]["sw"], tokens);
+  EXPECT_DOUBLE_EQ(profile["probability"]["sw"][1][7].get<double>(), 0.9);
+  EXPECT_DOUBLE_EQ(profile["probability"]["yo"][1][7].get<double>(), 0.0);
+  EXPECT_DOUBLE_EQ(profile["entropy"][1][7].get<double>(), 0.0);  // one language only
+  EXPECT_NEAR(profile["entropy"][1][0].get<double>(), std::log(2.0), 1e-12);
+  // Through the file's text, as a later run reads it: the same counts, so the same selection.
+  auto saved = LapeCountsFromMask(json::parse(mask.dump()), {}, "mask.json");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(saved->languages, (std::vector<std::string>{"sw", "yo"}));
+  for (int k = 0; k < 2; ++k) EXPECT_EQ(saved->counts[k].over_zero, counts[k].over_zero);
+  params.exclusive = false;
+  auto again = IdentifyLapeNeurons(saved->languages, saved->counts, saved->num_layers,
+                                   saved->intermediate_size, params);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->neurons, shared->neurons);
+  json no_profile = NeuronMaskJson(*shared, LapeParams{}, counts, /*keep_profile=*/false);
+  EXPECT_NE(LapeCountsFromMask(no_profile, {}, "old.json").status().message().find("keep_profile"),
+            std::string::npos);
+
+  json random = RandomMaskJson(*shared, /*seed=*/5);
+  EXPECT_EQ(random["format"], "stemma.neuron_mask/1");
+  EXPECT_EQ(random["params"]["method"], "random");
+  EXPECT_EQ(random["counts"], mask["counts"]);
+  for (const auto& [lang, per_layer] : random["languages"].items()) {
+    for (const auto& list : per_layer) {
+      EXPECT_TRUE(std::is_sorted(list.begin(), list.end()));
+      for (const auto& j : list) EXPECT_LT(j.get<int64_t>(), inter);
+      EXPECT_EQ(std::set<int64_t>(list.begin(), list.end()).size(), list.size());
+    }
+  }
+  EXPECT_EQ(RandomMaskJson(*shared, 5), random);      // seeded: reproducible
+  auto union_of = MaskUnion(random, {}, "random.json");
+  ASSERT_TRUE(union_of.ok());
+  EXPECT_EQ(union_of->size(), 2u);
 }
 
 TEST(Lape, RefusesBadCounts) {
@@ -146,6 +215,59 @@ TEST(Routing, ActivationGapSelectionAndSharedExperts) {
   bad = ExpertSelectionJson(input, params);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("parents.ca"), std::string::npos);
+}
+
+// The defaults of the selection scale with the number of experts (the paper's are for 64).
+TEST(Routing, DefaultsScaleWithTheNumberOfExperts) {
+  EXPECT_EQ(DefaultSharedK(64), (std::vector<int64_t>{1, 3, 5}));
+  EXPECT_EQ(DefaultSharedK(128), (std::vector<int64_t>{2, 6, 10}));
+  EXPECT_EQ(DefaultSharedK(32), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(DefaultSharedK(8), (std::vector<int64_t>{1}));
+  EXPECT_EQ(DefaultSharedK(4), (std::vector<int64_t>{1}));
+  EXPECT_DOUBLE_EQ(DefaultAlpha(64), 0.01);
+  EXPECT_DOUBLE_EQ(DefaultAlpha(4), 0.16);
+}
+
+// An upcycled 4-expert model after CPT on a new language xx, and English: experts 1..3 are
+// xx's, expert 0 English's. xx has no high-resource parent: as a target it gets the experts it
+// uses at least alpha more than English does; English (the one anchor) those it uses more
+// than xx does. Defaults: alpha 0.16, shared_k [1].
+TEST(Routing, ATargetWithoutAnAnchorIsRankedAgainstTheAnchors) {
+  RoutingInput input;
+  input.languages = {"en", "xx"};
+  input.moe_layers = {0, 1};
+  input.num_experts = 4;
+  input.top_k = 2;
+  input.counts = {{100, {{120, 40, 30, 10}, {110, 50, 20, 20}}},   // en
+                  {100, {{20, 70, 64, 46}, {30, 30, 80, 60}}}};    // xx
+  input.vocab = {{1}, {2}};
+  SelectionParams params;
+  params.targets = {"xx"};
+  auto sel = ExpertSelectionJson(input, params);
+  ASSERT_TRUE(sel.ok()) << sel.status();
+  // layer 1 usage: en [.55 .25 .1 .1], xx [.15 .15 .4 .3]: en's e0 +0.40; xx's e2 +0.30, e3 +0.20.
+  EXPECT_EQ((*sel)["en"]["seft"]["1"], json::parse("[0]"));
+  EXPECT_EQ((*sel)["xx"]["seft"]["1"], json::parse("[2, 3]"));
+  // layer 0: en [.6 .2 .15 .05], xx [.1 .35 .32 .23]: xx's e1 +0.15 < 0.16 stays out.
+  EXPECT_EQ((*sel)["xx"]["seft"]["0"], json::parse("[2, 3]"));
+  EXPECT_EQ((*sel)["_meta"]["alpha"], 0.16);
+  EXPECT_EQ((*sel)["_meta"]["shared_k"], json::parse("[1]"));
+  EXPECT_EQ((*sel)["shared_experts"]["k1"]["1"], json::parse("[0]"));  // the anchor's most used
+  EXPECT_EQ((*sel)["xx"]["ssft_k1"]["1"], json::parse("[2, 3, 0]"));
+  EXPECT_FALSE((*sel)["shared_experts"].contains("k3"));
+
+  // A pool as large as the model's experts is every expert: refused, not clamped.
+  params.shared_k = {1, 4};
+  auto bad = ExpertSelectionJson(input, params);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("shared_k: 4 shared experts of the model's 4"), std::string::npos)
+      << bad.status();
+  // Without the target, one anchor has nothing to be compared with.
+  params = SelectionParams();
+  params.high_resource = {"en"};
+  bad = ExpertSelectionJson(input, params);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("at least two languages"), std::string::npos) << bad.status();
 }
 
 // ---- Against tests/engine/analyze_golden.py (written from the reference code's steps) ----
@@ -255,7 +377,7 @@ TEST(Golden, ActivationGapSelectionEqualsTheReferenceSteps) {
   json golden = RunGolden("select", {{"counts", counts},
                                      {"high_resource", input.languages},
                                      {"layers", {"1", "2"}},
-                                     {"alpha", params.alpha},
+                                     {"alpha", *params.alpha},
                                      {"shared_k", params.shared_k}});
   ASSERT_FALSE(golden.is_discarded());
   for (const auto& lang : input.languages) {
@@ -295,11 +417,12 @@ class AnalyzeCommand : public testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  RunResult Run(const json& spec) {
+  // `env` is prefixed to the command line ("STEMMA_CPUS=1 ").
+  RunResult Run(const json& spec, const std::string& env = "") {
     const fs::path spec_path = dir_ / "spec.json";
     WriteText(spec_path, spec.dump(2));
     const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
-    const std::string cmd = absl::StrCat(STEMMA_ENGINE_BIN, " analyze --spec ", spec_path.string(),
+    const std::string cmd = absl::StrCat(env, STEMMA_ENGINE_BIN, " analyze --spec ", spec_path.string(),
                                          " >", out.string(), " 2>", err.string());
     RunResult r;
     const int status = std::system(cmd.c_str());
@@ -326,6 +449,23 @@ class AnalyzeCommand : public testing::Test {
   }
 
   json ReadJson(const fs::path& path) { return json::parse(ReadAll(path)); }
+
+  // The spec's list forms from a mapping (sorted by language, as nlohmann iterates):
+  // languages [{language, <source>...}] and alignment texts [{language, path}].
+  static json Langs(const json& by_language) {
+    json list = json::array();
+    for (const auto& [lang, source] : by_language.items()) {
+      json entry = source;
+      entry["language"] = lang;
+      list.push_back(entry);
+    }
+    return list;
+  }
+  static json Texts(const json& by_language) {
+    json list = json::array();
+    for (const auto& [lang, path] : by_language.items()) list.push_back({{"language", lang}, {"path", path}});
+    return list;
+  }
 
   // A tiny model with the byte tokenizer (ids 0..255 are bytes), random weights for `seed`.
   model::CausalLM TinyModel(model::Arch arch, int64_t top_k = 0) {
@@ -409,8 +549,8 @@ TEST_F(AnalyzeCommand, LapeFindsThePlantedNeuronOfEachLanguage) {
                {"seq_len", 64},
                {"batch_size", 4},
                {"languages",
-                {{"aa", {{"text", (dir_ / "aa.txt").string()}}},
-                 {"bb", {{"jsonl", (dir_ / "bb.jsonl").string()}, {"field", "text"}}}}},
+                Langs({{"aa", {{"text", (dir_ / "aa.txt").string()}}},
+                       {"bb", {{"jsonl", (dir_ / "bb.jsonl").string()}, {"field", "text"}}}})},
                {"lape", {{"top_rate", 0.01}}}};
   RunResult r = Run(spec);
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -447,6 +587,42 @@ TEST_F(AnalyzeCommand, LapeFindsThePlantedNeuronOfEachLanguage) {
     }
   }
   EXPECT_EQ(mask["params"]["num_selected"], 3);  // round(2 · 128 · 0.01)
+
+  // The profile: every neuron's activation probability per language and its entropy.
+  const json& profile = mask["profile"];
+  ASSERT_EQ(profile["probability"]["aa"].size(), 2u);
+  ASSERT_EQ(profile["probability"]["aa"][1].size(), 128u);
+  EXPECT_GT(profile["probability"]["aa"][1][7].get<double>(), 0.9);
+  EXPECT_EQ(profile["probability"]["bb"][1][7].get<double>(), 0.0);
+  EXPECT_EQ(profile["entropy"][1][7].get<double>(), 0.0);
+  EXPECT_EQ(profile["tokens"], mask["params"]["tokens"]);
+
+  // The random baseline: the same number of neurons per language and layer.
+  json random = ReadJson(dir_ / "out" / "random_mask.json");
+  EXPECT_EQ(random["params"]["method"], "random");
+  EXPECT_EQ(random["counts"], mask["counts"]);
+  bool random_output = false;
+  for (const auto& e : events) random_output |= e["event"] == "output" && e["name"] == "random_mask";
+  EXPECT_TRUE(random_output);
+
+  // Re-selected from the saved profile, without the model: the same neurons; with a larger
+  // top_rate, more, the planted ones among them.
+  RunResult again = Run({{"out", (dir_ / "out_again").string()},
+                         {"lape", {{"profile", (dir_ / "out" / "neuron_mask.json").string()}}}});
+  ASSERT_EQ(again.rc, 0) << again.err;
+  json same = ReadJson(dir_ / "out_again" / "neuron_mask.json");
+  EXPECT_EQ(same["languages"], mask["languages"]);
+  EXPECT_EQ(same["params"]["reselected_from"], (dir_ / "out" / "neuron_mask.json").string());
+  RunResult wider = Run({{"out", (dir_ / "out_wider").string()},
+                         {"lape", {{"profile", (dir_ / "out" / "neuron_mask.json").string()},
+                                   {"top_rate", 0.05}, {"random_mask", false}}}});
+  ASSERT_EQ(wider.rc, 0) << wider.err;
+  json more = ReadJson(dir_ / "out_wider" / "neuron_mask.json");
+  EXPECT_EQ(more["params"]["num_selected"], 13);  // round(256 · 0.05)
+  EXPECT_FALSE(fs::exists(dir_ / "out_wider" / "random_mask.json"));
+  bool found = false;
+  for (const auto& j : more["languages"]["aa"][1]) found |= j == 7;
+  EXPECT_TRUE(found) << more["languages"].dump();
 }
 
 TEST_F(AnalyzeCommand, RoutingGivesTheRiggedLanguageLowestEntropyAndItsExpertTheLargestGap) {
@@ -474,12 +650,15 @@ TEST_F(AnalyzeCommand, RoutingGivesTheRiggedLanguageLowestEntropyAndItsExpertThe
                {"out", (dir_ / "out").string()},
                {"seq_len", 64},
                {"languages",
-                {{"aa", {{"text", (dir_ / "aa.txt").string()}}},
-                 {"bb", {{"text", (dir_ / "bb.txt").string()}}},
-                 {"cc", {{"dataset", (dir_ / "cc_tokens").string()}}}}},
+                Langs({{"aa", {{"text", (dir_ / "aa.txt").string()}}},
+                       {"bb", {{"text", (dir_ / "bb.txt").string()}}},
+                       {"cc", {{"dataset", (dir_ / "cc_tokens").string()}}}})},
                {"routing", {{"select", {{"alpha", 0.05}, {"shared_k", {1, 2}}}}}}};
-  RunResult r = Run(spec);
+  RunResult r = Run(spec, "STEMMA_CPUS=1 ");
   ASSERT_EQ(r.rc, 0) << r.err;
+  const json start = Events(r).front();
+  EXPECT_EQ(start["threads"], 1);  // no threads in the spec: the job's CPUs
+  EXPECT_EQ(start["select_layers"], "the last two MoE layers of 2");
   json stats = ReadJson(dir_ / "out" / "routing.json");
   ASSERT_EQ(stats["layers"].size(), 2u);
   for (const auto& layer : stats["layers"]) {
@@ -512,6 +691,33 @@ TEST_F(AnalyzeCommand, RoutingGivesTheRiggedLanguageLowestEntropyAndItsExpertThe
     entropy_metric |= e["event"] == "metric" && e["name"] == "routing/entropy";
   }
   EXPECT_TRUE(entropy_metric);
+
+  // One layer by the layer-range convention; aa as the target of the other two (anchors).
+  spec["out"] = (dir_ / "out_layer1").string();
+  spec["routing"]["select"] = {{"layers", "1:"}, {"targets", {"aa"}}};
+  r = Run(spec);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_EQ(Events(r).front()["select_layers"], "1");  // one layer, written as the convention writes it
+  sel = ReadJson(dir_ / "out_layer1" / "expert_selection.json");
+  EXPECT_EQ(sel["_meta"]["layers"], json::parse("[1]"));
+  EXPECT_EQ(sel["_meta"]["high_resource"], json::parse(R"(["bb", "cc"])"));
+  EXPECT_EQ(sel["aa"]["seft"]["1"][0], 0) << sel.dump();  // aa's expert, against bb and cc
+  // The model's experts (tiny olmoe) set the defaults.
+  const int64_t experts = sel["_meta"]["num_experts"];
+  EXPECT_EQ(sel["_meta"]["shared_k"], json(DefaultSharedK(experts)));
+  EXPECT_DOUBLE_EQ(sel["_meta"]["alpha"].get<double>(), DefaultAlpha(experts));
+}
+
+TEST_F(AnalyzeCommand, HelpListsEveryFieldAndExitsZero) {
+  const std::string cmd = absl::StrCat(STEMMA_ENGINE_BIN, " analyze --help >", (dir_ / "help").string());
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const std::string text = ReadAll(dir_ / "help");
+  for (const char* field : {"usage: stemma-engine analyze", "languages[].dataset", "lape.profile",
+                            "lape.exclusive", "routing.select.targets", "drift.mask", "threads"}) {
+    EXPECT_NE(text.find(field), std::string::npos) << field;
+  }
 }
 
 TEST_F(AnalyzeCommand, DriftMeasuresKnownChangesPerModuleAndTheAsymmetry) {
@@ -542,6 +748,36 @@ TEST_F(AnalyzeCommand, DriftMeasuresKnownChangesPerModuleAndTheAsymmetry) {
   EXPECT_NEAR(l1["asymmetry"].get<double>(), 10.0, 1e-4);
   EXPECT_EQ(l1["attention"], 0.0);
   EXPECT_EQ(drift["other"]["model.embed_tokens"], 0.0);
+
+  // A sparse change: only neurons 5 and 9 of layer 1 (rows of gate/up, columns of down),
+  // each by 10%. Over the whole tensors that is diluted; over the mask it is 0.1 exactly.
+  model::CausalLM sparse = TinyModel(model::Arch::kLlama);
+  {
+    torch::NoGradGuard no_grad;
+    auto* mlp = sparse->model->layers[1]->as<model::DecoderLayerImpl>()->mlp.get();
+    for (int64_t j : {5, 9}) {
+      mlp->gate_proj->weight[j].mul_(1.1);
+      mlp->up_proj->weight[j].mul_(1.1);
+      mlp->down_proj->weight.select(1, j).mul_(1.1);
+    }
+  }
+  Save(sparse, dir_ / "sparse");
+  WriteText(dir_ / "mask.json",
+            json{{"format", "stemma.neuron_mask/1"}, {"num_layers", 2}, {"intermediate_size", 128},
+                 {"languages", {{"sw", {json::array(), {5, 9}}}, {"yo", {json::array(), {9}}}}}}.dump());
+  spec = {{"out", (dir_ / "out_sparse").string()},
+          {"drift", {{"base", (dir_ / "base").string()}, {"trained", (dir_ / "sparse").string()},
+                     {"mask", (dir_ / "mask.json").string()}, {"mask_languages", {"sw"}}}}};
+  r = Run(spec);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  json sd = ReadJson(dir_ / "out_sparse" / "drift.json");
+  const json& masked = sd["layers"][1]["masked"];
+  EXPECT_EQ(masked["neurons"], 2);
+  for (const char* g : {"gate", "up", "down", "all"}) EXPECT_NEAR(masked[g].get<double>(), 0.1, 1e-6) << g;
+  EXPECT_NEAR(masked["asymmetry"].get<double>(), 1.0, 1e-5);
+  EXPECT_LT(sd["layers"][1]["mlp"].get<double>(), 0.05);  // diluted by the 126 untouched neurons
+  EXPECT_NEAR(sd["masked_total"].get<double>(), 0.1, 1e-6);
+  EXPECT_FALSE(sd["layers"][0].contains("masked"));  // no masked neurons in layer 0
 
   // A checkpoint of another shape: the error names the tensor.
   json config = model::PresetConfigJson(model::Arch::kLlama, "tiny").value();
@@ -602,9 +838,9 @@ TEST_F(AnalyzeCommand, AlignmentOfIdenticalSentencesIsOne) {
   WriteText(dir_ / "sw.txt", sw_text);
   spec["out"] = (dir_ / "out_texts").string();
   spec["alignment"] = {{"texts",
-                        {{"en", (dir_ / "en.txt").string()},
-                         {"copy", (dir_ / "en.txt").string()},
-                         {"sw", (dir_ / "sw.txt").string()}}},
+                        Texts({{"en", (dir_ / "en.txt").string()},
+                               {"copy", (dir_ / "en.txt").string()},
+                               {"sw", (dir_ / "sw.txt").string()}})},
                        {"batch_size", 3}};
   r = Run(spec);
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -622,7 +858,7 @@ TEST_F(AnalyzeCommand, AlignmentOfIdenticalSentencesIsOne) {
   WriteText(dir_ / "sw.txt", sw_text + "moja zaidi\n");
   spec["out"] = (dir_ / "out_bad").string();
   r = Run(spec);
-  EXPECT_EQ(r.rc, 1);
+  EXPECT_EQ(r.rc, 4);  // bad input: kExitBadInput
   EXPECT_NE(r.err.find("has 4 lines but"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir_ / "out_bad"));
 }
@@ -641,8 +877,8 @@ TEST_F(AnalyzeCommand, MatchesTransformersOnTheSameWindows) {
   WriteText(dir_ / "bb.txt", Letters('e', 'z', 3000, 2));  // overlapping alphabets
   const std::string sources = absl::StrCat("aa=", (dir_ / "aa.txt").string(), " bb=",
                                            (dir_ / "bb.txt").string());
-  const json languages = {{"aa", {{"text", (dir_ / "aa.txt").string()}}},
-                          {"bb", {{"text", (dir_ / "bb.txt").string()}}}};
+  const json languages = Langs({{"aa", {{"text", (dir_ / "aa.txt").string()}}},
+                                {"bb", {{"text", (dir_ / "bb.txt").string()}}}});
 
   // Creates dir_/llama and dir_/olmoe and counts with transformers, in one Python process.
   python(absl::StrCat("parity --seq-len 64 --batch 4 --out ", dir_.string(), " ", sources));
@@ -689,7 +925,7 @@ TEST_F(AnalyzeCommand, BadInputsFailWithAClearErrorAndNoOutput) {
   WriteText(dir_ / "bb.jsonl", "{\"text\": \"abc\"}\n{\"body\": \"no text field\"}\n");
   const std::string out = (dir_ / "out").string();
   auto languages = [&](const json& second) {
-    return json{{"aa", {{"text", (dir_ / "aa.txt").string()}}}, {"bb", second}};
+    return Langs(json{{"aa", {{"text", (dir_ / "aa.txt").string()}}}, {"bb", second}});
   };
   struct Case {
     const char* what;
@@ -726,19 +962,31 @@ TEST_F(AnalyzeCommand, BadInputsFailWithAClearErrorAndNoOutput) {
         {"out", out},
         {"languages", languages({{"field", "text"}})},
         {"lape", json::object()}},
-       "languages.bb: give exactly one of 'dataset', 'text' or 'jsonl'"},
+       "languages[1]: give exactly one of dataset, text or jsonl for 'bb'"},
       {"an unknown field",
        {{"model", (dir_ / "dense").string()},
         {"out", out},
         {"languages", languages({{"text", (dir_ / "aa.txt").string()}})},
         {"lape", {{"top_rat", 0.1}}}},
-       "lape: unknown field 'top_rat'"},
+       "lape.top_rat: unknown field"},
       {"a missing model",
        {{"model", (dir_ / "nope").string()},
         {"out", out},
         {"languages", languages({{"text", (dir_ / "aa.txt").string()}})},
         {"lape", json::object()}},
        (dir_ / "nope").string()},
+      {"a language file that is not there",
+       {{"model", (dir_ / "dense").string()},
+        {"out", out},
+        {"languages", languages({{"text", (dir_ / "missing.txt").string()}})},
+        {"lape", json::object()}},
+       "languages.bb.text: " + (dir_ / "missing.txt").string() + ": no such file"},
+      {"a selection layer range past the model",
+       {{"model", (dir_ / "moe").string()},
+        {"out", out},
+        {"languages", languages({{"text", (dir_ / "aa.txt").string()}})},
+        {"routing", {{"select", {{"layers", "1:5"}}}}}},
+       "routing.select.layers"},
       {"a parallel line without a language",
        {{"model", (dir_ / "dense").string()},
         {"out", out},
@@ -747,7 +995,7 @@ TEST_F(AnalyzeCommand, BadInputsFailWithAClearErrorAndNoOutput) {
   };
   for (const Case& c : cases) {
     RunResult r = Run(c.spec);
-    EXPECT_EQ(r.rc, 1) << c.what;
+    EXPECT_EQ(r.rc, 4) << c.what << " (kExitBadInput: the worker does not retry it)";
     EXPECT_NE(r.err.find("stemma-engine: error: "), std::string::npos) << c.what << ": " << r.err;
     EXPECT_NE(r.err.find(c.error), std::string::npos) << c.what << ": " << r.err;
     for (const auto& e : Events(r)) EXPECT_NE(e["event"], "done") << c.what;

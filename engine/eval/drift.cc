@@ -84,14 +84,29 @@ std::vector<std::string> Groups(const std::string& module) {
   return groups;
 }
 
+// The masked part of a dense FFN weight: rows of gate/up, columns of down; nullopt for any
+// other tensor.
+std::optional<std::pair<int64_t, std::string>> MaskedPart(const std::string& name) {
+  auto lm = LayerModule(name);
+  if (!lm || !absl::EndsWith(name, ".weight")) return std::nullopt;
+  for (const char* m : {"gate_proj", "up_proj", "down_proj"}) {
+    if (lm->second == absl::StrCat("mlp.", m)) {
+      return std::make_pair(lm->first, std::string(m).substr(0, std::string(m).find('_')));
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
-absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string& trained_dir) {
+absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string& trained_dir,
+                                 const std::vector<std::vector<int64_t>>* mask) {
   ASSIGN_OR_RETURN(auto base, io::CheckpointReader::Open(base_dir));
   ASSIGN_OR_RETURN(auto trained, io::CheckpointReader::Open(trained_dir));
   std::map<int64_t, std::map<std::string, Sums>> layer_modules, layer_groups;
   std::map<std::string, Sums> others;
-  Sums total;
+  std::map<int64_t, std::map<std::string, Sums>> masked;  // layer -> gate/up/down/all
+  Sums total, masked_total;
   json only_in_base = json::array(), only_in_trained = json::array();
   int64_t compared = 0;
   for (const std::string& name : base->TensorNames()) {
@@ -117,6 +132,26 @@ absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string&
     }
     ++compared;
     total.Add(sums);
+    if (auto part = mask != nullptr ? MaskedPart(name) : std::optional<std::pair<int64_t, std::string>>();
+        part && part->first < static_cast<int64_t>(mask->size()) && !(*mask)[part->first].empty()) {
+      const auto& ids = (*mask)[part->first];
+      const int64_t dim = part->second == "down" ? 1 : 0;  // down: columns; gate/up: rows
+      if (t.dim() != 2 || ids.back() >= t.size(dim)) {
+        return absl::InvalidArgumentError(absl::StrCat("drift.mask: neuron ", ids.back(), " of layer ",
+                                                       part->first, " is past ", name, " (shape ",
+                                                       c10::str(t.sizes()), ")"));
+      }
+      Sums part_sums;
+      try {
+        auto index = torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), torch::kInt64);
+        part_sums = TensorSums(t.index_select(dim, index), b.index_select(dim, index));
+      } catch (const c10::Error& e) {
+        return absl::InternalError(absl::StrCat("drift: ", name, ": ", e.what_without_backtrace()));
+      }
+      masked[part->first][part->second].Add(part_sums);
+      masked[part->first]["all"].Add(part_sums);
+      masked_total.Add(part_sums);
+    }
     if (auto lm = LayerModule(name)) {
       const auto& [layer, module] = *lm;
       layer_modules[layer][module].Add(sums);
@@ -149,11 +184,32 @@ absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string&
     if (gate && up && down && (*gate + *up) > 0.0) {
       entry["asymmetry"] = *down / ((*gate + *up) / 2.0);
     }
+    if (auto it = masked.find(layer); it != masked.end()) {
+      json m = {{"neurons", (*mask)[layer].size()}};
+      for (const auto& [group, sums] : it->second) m[group] = Relative(sums);
+      auto mrel = [&](const char* g) -> std::optional<double> {
+        auto f = it->second.find(g);
+        return f == it->second.end() ? std::nullopt : RelativeValue(f->second);
+      };
+      const auto mg = mrel("gate"), mu = mrel("up"), md = mrel("down");
+      m["asymmetry"] = nullptr;
+      if (mg && mu && md && (*mg + *mu) > 0.0) m["asymmetry"] = *md / ((*mg + *mu) / 2.0);
+      entry["masked"] = m;
+    }
     layers.push_back(entry);
+  }
+  if (mask != nullptr) {
+    for (size_t l = 0; l < mask->size(); ++l) {
+      if (!(*mask)[l].empty() && !masked.count(static_cast<int64_t>(l))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "drift.mask: layer ", l, " has masked neurons but ", trained_dir,
+            " has no dense mlp.{gate,up,down}_proj in that layer"));
+      }
+    }
   }
   json other = json::object();
   for (const auto& [key, sums] : others) other[key] = Relative(sums);
-  return json{{"format", "stemma.drift/1"},
+  json result = {{"format", "stemma.drift/1"},
               {"base", base_dir},
               {"trained", trained_dir},
               {"total", Relative(total)},
@@ -163,7 +219,10 @@ absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string&
               {"only_in_trained", only_in_trained},
               {"definitions",
                {{"relative", "||theta - theta0||_2 / ||theta0||_2 over the group, float64"},
-                {"asymmetry", "relative(down) / mean(relative(gate), relative(up)) per layer"}}}};
+                {"asymmetry", "relative(down) / mean(relative(gate), relative(up)) per layer"},
+                {"masked", "the same over the mask's rows of gate_proj/up_proj and columns of down_proj only"}}}};
+  if (mask != nullptr) result["masked_total"] = Relative(masked_total);
+  return result;
 }
 
 }  // namespace stemma::engine::eval

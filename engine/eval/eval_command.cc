@@ -1,7 +1,9 @@
-// stemma-engine eval --spec FILE (docs/eval.md): perplexity and bits per byte on held-out
-// token shards, k-shot multiple choice (lm-eval's acc / acc_norm), k-shot translation with
-// chrF / chrF++. Every input is read and checked before the model is loaded; results go to
-// stdout as metric events and, at the end, to one results JSON file written atomically.
+// stemma-engine eval --spec FILE (docs/eval.md, docs/engine/eval.md): perplexity and bits
+// per byte on held-out token shards, k-shot multiple choice (lm-eval's acc / acc_norm),
+// k-shot translation with chrF / chrF++. The spec is the typed stemma.v1.EvalSpec, read and
+// checked by ParseEngineCommandLine; every input is read and checked before the model is
+// loaded (a bad one exits 4, kExitBadInput); results go to stdout as metric events and, at
+// the end, to one results JSON file written atomically.
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,7 +20,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/spec_file.h"
+#include "common/engine_cli.h"
+#include "common/engine_spec.h"
 #include "common/status.h"
 #include "engine/data/dataset.h"
 #include "engine/eval/choice.h"
@@ -29,6 +32,8 @@
 #include "engine/eval/eval_text.h"
 #include "engine/eval/perplexity.h"
 #include "engine/eval/translation.h"
+#include "engine/events.h"
+#include "engine/io/durable.h"
 #include "engine/io/fs.h"
 #include "engine/io/manifest.h"
 #include "engine/io/sha256.h"
@@ -49,10 +54,7 @@ std::string Dump(const Json& j, int indent = -1) {
   return j.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
-void Emit(const Json& event) {
-  std::fputs((Dump(event) + "\n").c_str(), stdout);
-  std::fflush(stdout);
-}
+void Emit(const Json& event) { EventWriter().Emit(event); }
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -88,12 +90,13 @@ absl::StatusOr<Json> CheckpointIdentity(const std::string& dir) {
   return id;
 }
 
-// Progress events: at most ~100 per task.
+// Progress events: at most ~100 per task. `total` is the exact number of Advance calls
+// the task makes; the step never passes it.
 class Progress {
  public:
-  Progress(std::string task, int64_t total) : task_(std::move(task)), total_(total) {}
+  Progress(std::string task, int64_t total) : task_(std::move(task)), total_(std::max<int64_t>(total, 1)) {}
   void Advance() {
-    ++done_;
+    done_ = std::min(done_ + 1, total_);
     if (done_ == total_ || done_ % std::max<int64_t>(1, total_ / 100) == 0) {
       Emit({{"event", "progress"}, {"step", done_}, {"total_steps", total_},
             {"fraction", static_cast<double>(done_) / static_cast<double>(total_)},
@@ -151,8 +154,7 @@ class PerplexityTask : public Task {
   }
 
   absl::Status Run(EvalModel& model, const EvalSpec& eval_spec, Json* result) override {
-    const int64_t seq_len =
-        spec_.seq_len > 0 ? spec_.seq_len : std::min<int64_t>(model.max_positions(), 2048);
+    const int64_t seq_len = spec_.seq_len;  // ResolveSequenceLengths checked it
     if (seq_len > model.max_positions()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "task ", spec_.name, ": seq_len ", seq_len, " exceeds the model's max_position_embeddings ",
@@ -165,7 +167,7 @@ class PerplexityTask : public Task {
     }
     const auto windows = eval::PerplexityWindows(stream_, seq_len);
     const int64_t batch = eval_spec.batch_size;
-    Progress progress(spec_.name, (static_cast<int64_t>(windows.size()) + batch - 1) / batch);
+    Progress progress(spec_.name, BatchCount(windows, batch));
     eval::PerplexityTotals totals;
     const auto start = std::chrono::steady_clock::now();
     for (size_t i = 0; i < windows.size();) {
@@ -187,6 +189,7 @@ class PerplexityTask : public Task {
     totals.bytes = eval::DocumentBytes(*dataset_, stream_.documents, *tokenizer_);
     totals_ = totals;
     (*result)["seq_len"] = seq_len;
+    (*result)["seq_len_source"] = spec_.seq_len_source;
     (*result)["documents"] = stream_.documents.size();
     (*result)["windows"] = windows.size();
     (*result)["tokens"] = totals.tokens;
@@ -200,6 +203,20 @@ class PerplexityTask : public Task {
   }
 
   const eval::PerplexityTotals& totals() const { return totals_; }
+
+  // The forward passes Run makes: runs of equal-length windows, `batch` at a time (only the
+  // last window may be shorter, and it then makes a batch of its own).
+  static int64_t BatchCount(const std::vector<eval::WindowRange>& windows, int64_t batch) {
+    int64_t batches = 0;
+    for (size_t i = 0; i < windows.size();) {
+      size_t j = i;
+      while (j < windows.size() && windows[j].length == windows[i].length) ++j;
+      const int64_t run = static_cast<int64_t>(j - i);
+      batches += (run + batch - 1) / batch;
+      i = j;
+    }
+    return batches;
+  }
 
  private:
   std::unique_ptr<data::Dataset> dataset_;
@@ -379,45 +396,37 @@ std::unique_ptr<Task> MakeTask(const TaskSpec& spec) {
   return nullptr;
 }
 
-// Writes `text` to `path` through a temporary file in the same directory and a rename, so
-// readers see the old file or the whole new one.
+// Writes `text` to `path` atomically (engine/io/durable.h: temporary file, fsync, rename,
+// directory fsync), so readers see the old file or the whole new one.
 absl::Status WriteAtomically(const std::string& path, const std::string& text) {
   const fs::path target(path);
   std::error_code ec;
   if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
-  const std::string staging = absl::StrCat(path, ".tmp-", ::getpid());
-  RETURN_IF_ERROR(io::WriteFileSynced(staging, text));
-  fs::rename(staging, target, ec);
-  if (ec) {
-    fs::remove(staging);
-    return absl::InternalError(absl::StrCat(path, ": cannot publish the results: ", ec.message()));
-  }
-  return io::SyncDir(target.has_parent_path() ? target.parent_path().string() : ".");
+  return io::WriteFileAtomic(path, text);
 }
 
-absl::StatusOr<std::string> SpecPath(int argc, char** argv) {
-  std::string spec;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--spec" && i + 1 < argc) {
-      spec = argv[++i];
-    } else if (arg.rfind("--spec=", 0) == 0) {
-      spec = arg.substr(7);
-    } else {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument '", arg, "' (usage: stemma-engine eval --spec FILE)"));
+constexpr char kUsage[] = "stemma-engine eval --spec FILE [--<field> VALUE ...]";
+
+absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string& spec_path) {
+  const auto& proto = static_cast<const v1::EvalSpec&>(proto_spec);
+  EvalSpec spec = eval::EvalSpecFromProto(proto, spec_path);
+  // What only the engine can check, before any work: the model directory and the
+  // sequence lengths it implies.
+  ASSIGN_OR_RETURN(eval::ModelFacts facts, eval::ReadModelFacts(spec.model));
+  RETURN_IF_ERROR(eval::ResolveSequenceLengths(facts, &spec));
+  Json task_plan = Json::array();
+  for (const TaskSpec& t : spec.tasks) {
+    Json entry = {{"name", t.name}, {"type", eval::TaskTypeName(t.type)}, {"language", t.language}};
+    if (t.type == TaskType::kPerplexity) {
+      entry["seq_len"] = t.seq_len;
+      entry["seq_len_source"] = t.seq_len_source;
     }
+    task_plan.push_back(std::move(entry));
   }
-  if (spec.empty()) return absl::InvalidArgumentError("usage: stemma-engine eval --spec FILE");
-  return spec;
-}
-
-absl::Status Eval(int argc, char** argv) {
-  ASSIGN_OR_RETURN(std::string spec_path, SpecPath(argc, argv));
-  ASSIGN_OR_RETURN(nlohmann::json raw, ReadSpecFile(spec_path));
-  ASSIGN_OR_RETURN(EvalSpec spec, eval::ParseEvalSpec(raw, spec_path));
   Emit({{"event", "start"}, {"command", "eval"}, {"spec", spec_path}, {"model", spec.model},
-        {"tasks", spec.tasks.size()}});
+        {"dtype", spec.dtype}, {"threads", spec.threads},
+        {"threads_source", proto.threads() > 0 ? "spec" : spec.threads > 0 ? "job cpus (STEMMA_CPUS)" : "torch default"},
+        {"tasks", task_plan}});
 
   ASSIGN_OR_RETURN(Json checkpoint, CheckpointIdentity(spec.model));
   ASSIGN_OR_RETURN(auto tokenizer, tokenizer::Tokenizer::Load(spec.tokenizer));
@@ -429,7 +438,7 @@ absl::Status Eval(int argc, char** argv) {
 
   eval::EvalModelOptions model_options;
   model_options.dtype = spec.dtype;
-  model_options.threads = spec.threads;
+  model_options.threads = static_cast<int>(spec.threads);
   ASSIGN_OR_RETURN(auto model, EvalModel::Load(spec.model, model_options));
   if (tokenizer->vocab_size() > model->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -440,7 +449,8 @@ absl::Status Eval(int argc, char** argv) {
   Json results = {{"format", "stemma-eval-v1"},
                   {"checkpoint", checkpoint},
                   {"tokenizer", {{"path", spec.tokenizer}, {"kind", tokenizer->kind()}}},
-                  {"spec", {{"path", fs::absolute(spec_path).string()}, {"content", raw}}},
+                  {"spec", {{"path", spec_path.empty() ? "" : fs::absolute(spec_path).string()},
+                            {"content", Json::parse(SpecToJson(proto))}}},
                   {"dtype", spec.dtype},
                   {"tasks", Json::array()},
                   {"metrics", Json::object()}};
@@ -471,7 +481,8 @@ absl::Status Eval(int argc, char** argv) {
     }
   }
   RETURN_IF_ERROR(WriteAtomically(spec.out, Dump(results, 2) + "\n"));
-  Emit({{"event", "output"}, {"name", "results"}, {"path", spec.out}});
+  ASSIGN_OR_RETURN(Event output, OutputEvent("results", spec.out, "eval", {spec.model}));
+  Emit(output);
   Emit({{"event", "done"}, {"command", "eval"}, {"results", spec.out},
         {"checkpoint_sha256", checkpoint["sha256"]}, {"metrics", results["metrics"]}});
   return absl::OkStatus();
@@ -480,10 +491,20 @@ absl::Status Eval(int argc, char** argv) {
 }  // namespace
 
 int RunEval(int argc, char** argv) {
-  const absl::Status status = Eval(argc, argv);
+  absl::StatusOr<EngineInvocation> inv = ParseEngineCommandLine("eval", argc, argv, {});
+  if (!inv.ok()) return ReportEngineFailure(inv.status());
+  if (inv->help) {
+    std::fputs(EngineHelp("eval", kUsage).c_str(), stdout);
+    return 0;
+  }
+  absl::Status status;
+  try {
+    status = Eval(*inv->spec, inv->spec_file);
+  } catch (const std::exception& e) {  // anything LibTorch threw outside the guarded calls
+    status = absl::InternalError(e.what());
+  }
   if (status.ok()) return 0;
-  std::fprintf(stderr, "stemma-engine: error: %s\n", std::string(status.message()).c_str());
-  return 1;
+  return ReportEngineFailure(status);
 }
 
 }  // namespace stemma::engine

@@ -71,10 +71,12 @@ struct EngineRun {
   std::vector<json> events;
 };
 
-EngineRun Engine(const std::string& spec_path) {
+// `env` is prefixed to the command line ("STEMMA_CPUS=1 ").
+EngineRun Engine(const std::string& spec_path, const std::string& env = "",
+                 const std::string& args = "") {
   const std::string out = spec_path + ".stdout", err = spec_path + ".stderr";
-  const std::string command = std::string(STEMMA_ENGINE_BIN) + " eval --spec " + spec_path +
-                              " >" + out + " 2>" + err;
+  const std::string command = env + std::string(STEMMA_ENGINE_BIN) + " eval --spec " + spec_path +
+                              args + " >" + out + " 2>" + err;
   EngineRun run;
   const int status = std::system(command.c_str());
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -409,6 +411,78 @@ TEST(EvalCommand, TranslationIsGreedyUntilNewlineAndScoredWithCorpusChrf) {
                    CorpusChrf(hyps, refs, ChrfPlusPlusOptions()));
 }
 
+// Progress counts forward passes exactly: with 3 windows per batch and a short last window
+// (its own pass), the step never passes total_steps and the fraction never passes 1.
+TEST(EvalCommand, ProgressNeverOvershoots) {
+  for (int batch : {1, 2, 3, 4}) {
+    const std::string spec = Root() + "/progress" + std::to_string(batch) + ".json";
+    Write(spec, json({{"model", ModelDir()}, {"batch_size", batch},
+                      {"tasks", {{{"type", "perplexity"}, {"language", "uk"},
+                                  {"data", TokenizedDataset()}, {"split", "all"},
+                                  {"seq_len", 40}}}}}).dump());
+    const EngineRun run = Engine(spec);
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    int64_t last = 0, total = 0;
+    for (const auto& e : run.events) {
+      if (e["event"] != "progress") continue;
+      total = e["total_steps"];
+      EXPECT_LE(e["step"].get<int64_t>(), total) << e.dump();
+      EXPECT_LE(e["fraction"].get<double>(), 1.0) << e.dump();
+      EXPECT_GT(e["step"].get<int64_t>(), last) << e.dump();
+      last = e["step"];
+    }
+    EXPECT_GT(total, 0);
+    EXPECT_EQ(last, total) << "batch " << batch << ": the last progress event is the last pass";
+  }
+}
+
+// A checkpoint whose stemma.json says a train run with data.seq_len 40 made it: eval's
+// perplexity windows default to 40 tokens, and the start event says so.
+TEST(EvalCommand, SequenceLengthDefaultsToTheTrainingRuns) {
+  const std::string trained = Root() + "/trained";
+  fs::remove_all(trained);
+  fs::copy(ModelDir(), trained, fs::copy_options::recursive);
+  json manifest = json::parse(Read(trained + "/stemma.json"));
+  manifest["producer"] = {{"command", "train"}, {"job", ""}, {"attempt", ""},
+                          {"params", {{"spec", {{"data", {{"seq_len", "40"}}}}}}}};
+  std::ofstream(trained + "/stemma.json") << manifest.dump(2);
+  const std::string spec = Root() + "/trained_ppl.yaml";
+  Write(spec, "model: " + trained + "\ntasks: [{type: perplexity, language: uk, data: " +
+                  TokenizedDataset() + ", split: all}]\n");
+  const EngineRun run = Engine(spec, "STEMMA_CPUS=1 ");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json& start = run.events.front();
+  ASSERT_EQ(start["event"], "start");
+  EXPECT_EQ(start["tasks"][0]["seq_len"], 40);
+  EXPECT_EQ(start["tasks"][0]["seq_len_source"], "training run (" + trained + ")");
+  // threads: none in the spec, so the job's CPUs.
+  EXPECT_EQ(start["threads"], 1);
+  EXPECT_EQ(start["threads_source"], "job cpus (STEMMA_CPUS)");
+  const json task = Results(run)["tasks"][0];
+  EXPECT_EQ(task["seq_len"], 40);
+  // Windows of [BOS] + 39 tokens: ceil(tokens / 39) of them.
+  EXPECT_EQ(task["windows"].get<int64_t>(), (task["tokens"].get<int64_t>() + 38) / 39);
+
+  // The same checkpoint without the training record: the model maximum (512 here).
+  const EngineRun hub = Engine(spec, "", " --model " + ModelDir());
+  ASSERT_EQ(hub.exit_code, 0) << hub.err;
+  EXPECT_EQ(hub.events.front()["tasks"][0]["seq_len"], 512);
+  EXPECT_NE(hub.events.front()["tasks"][0]["seq_len_source"].get<std::string>().find("model maximum"),
+            std::string::npos);
+}
+
+TEST(EvalCommand, HelpListsEveryFieldAndExitsZero) {
+  const std::string out = Root() + "/help.txt";
+  const int status = std::system((std::string(STEMMA_ENGINE_BIN) + " eval --help >" + out).c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  const std::string text = Read(out);
+  for (const char* field : {"usage: stemma-engine eval", "model", "tasks[].heldout_fraction",
+                            "tasks[].seq_len", "threads", "docs/engine/eval.md"}) {
+    EXPECT_NE(text.find(field), std::string::npos) << field << " in:\n" << text;
+  }
+}
+
 struct BadCase {
   std::string name, spec, file, file_text, expected;
 };
@@ -430,7 +504,7 @@ TEST_P(EvalBadInput, FailsNamingTheCauseAndWritesNoResults) {
   }
   Write(dir + "/eval.yaml", spec_text);
   const EngineRun run = Engine(dir + "/eval.yaml");
-  EXPECT_EQ(run.exit_code, 1);
+  EXPECT_EQ(run.exit_code, 4);  // kExitBadInput: the worker does not retry it
   EXPECT_NE(run.err.find("stemma-engine: error: "), std::string::npos) << run.err;
   EXPECT_NE(run.err.find(c.expected), std::string::npos) << run.err;
   EXPECT_FALSE(fs::exists(dir + "/eval.results.json"));
@@ -459,17 +533,26 @@ INSTANTIATE_TEST_SUITE_P(
                 "", "", "no tokens to evaluate in the held-out split"},
         BadCase{"missing_language",
                 "model: $MODEL\ntasks: [{type: perplexity, data: $DATA, split: all}]\n", "", "",
-                "tasks[0].language: missing"},
+                "tasks[0].language: is required"},
         BadCase{"unknown_key",
                 "model: $MODEL\ntasks: [{type: choice, format: piqa, language: uk, data: x, shots: 2}]\n",
-                "", "", "shots"},
+                "", "", "tasks[0].shots: unknown field"},
         BadCase{"k_too_large",
                 "model: $MODEL\ntasks: [{type: choice, format: piqa, language: uk, data: p.jsonl, k: 3}]\n",
                 "p.jsonl", "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 1}\n",
                 "k is 3 but the few-shot pool"},
         BadCase{"no_dataset",
                 "model: $MODEL\ntasks: [{type: perplexity, language: uk, data: nowhere, split: all}]\n",
-                "", "", "nowhere"}),
+                "", "", "nowhere"},
+        BadCase{"not_a_model",
+                "model: nomodel\ntasks: [{type: perplexity, language: uk, data: $DATA, split: all}]\n",
+                "nomodel/readme", "x", "has no readable config.json"},
+        BadCase{"seq_len_past_the_model",
+                "model: $MODEL\ntasks: [{type: perplexity, language: uk, data: $DATA, split: all, seq_len: 513}]\n",
+                "", "", "seq_len 513 exceeds the model's max_position_embeddings 512"},
+        BadCase{"field_of_another_type",
+                "model: $MODEL\ntasks: [{type: perplexity, language: uk, data: $DATA, split: all, format: piqa}]\n",
+                "", "", "line 2: tasks[0].format: does not apply to a perplexity task"}),
     [](const auto& info) { return info.param.name; });
 
 }  // namespace

@@ -1,170 +1,87 @@
 #include "engine/eval/eval_spec.h"
 
-#include <cstdint>
 #include <filesystem>
-#include <set>
+#include <fstream>
+#include <sstream>
 
-#include "absl/status/status.h"
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/spec_file.h"
+#include "common/engine_cli.h"
 #include "common/status.h"
+#include "engine/io/manifest.h"
 
 namespace stemma::engine::eval {
 namespace {
 
 namespace fs = std::filesystem;
+using nlohmann::json;
 
-// Reads typed fields of one JSON object, with errors naming "<file>: <where>.<field>".
-class Fields {
- public:
-  Fields(const nlohmann::json& object, std::string file, std::string where)
-      : object_(object), file_(std::move(file)), where_(std::move(where)) {}
+constexpr int64_t kDefaultMaxSeqLen = 2048;
 
-  absl::Status Error(const std::string& field, const std::string& what) const {
-    return absl::InvalidArgumentError(absl::StrCat(file_, ": ", Path(field), ": ", what));
-  }
-  bool Has(const std::string& field) const { return object_.contains(field); }
+// config.json and stemma.json are files the model directory carries (not the spec): read as
+// JSON. nullopt when missing or unreadable.
+std::optional<json> ReadJson(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream text;
+  text << in.rdbuf();
+  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::nullopt;
+  return j;
+}
 
-  absl::Status String(const std::string& field, std::string* out, bool required = false) const {
-    if (!Has(field)) return required ? Error(field, "missing") : absl::OkStatus();
-    const auto& v = object_.at(field);
-    if (!v.is_string()) return Error(field, absl::StrCat("must be a string, got ", v.type_name()));
-    *out = v.get<std::string>();
-    if (required && out->empty()) return Error(field, "must not be empty");
-    return absl::OkStatus();
+// An integer that a JSON writer may have printed as a number or (proto JSON's int64) a string.
+std::optional<int64_t> IntegerAt(const json& j, std::initializer_list<const char*> path) {
+  const json* node = &j;
+  for (const char* key : path) {
+    if (!node->is_object() || !node->contains(key)) return std::nullopt;
+    node = &(*node)[key];
   }
-  template <typename Int>
-  absl::Status Integer(const std::string& field, Int* out, int64_t minimum) const {
-    if (!Has(field)) return absl::OkStatus();
-    const auto& v = object_.at(field);
-    const bool fits = v.is_number_unsigned()
-                          ? v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)
-                          : v.is_number_integer();
-    if (!fits || v.get<int64_t>() < minimum) {
-      return Error(field, absl::StrCat("must be an integer >= ", minimum));
-    }
-    *out = static_cast<Int>(v.get<int64_t>());
-    return absl::OkStatus();
-  }
-  absl::Status Number(const std::string& field, double* out) const {
-    if (!Has(field)) return absl::OkStatus();
-    const auto& v = object_.at(field);
-    if (!v.is_number()) return Error(field, "must be a number");
-    *out = v.get<double>();
-    return absl::OkStatus();
-  }
-  absl::Status Bool(const std::string& field, std::optional<bool>* out) const {
-    if (!Has(field)) return absl::OkStatus();
-    const auto& v = object_.at(field);
-    if (!v.is_boolean()) return Error(field, "must be true or false");
-    *out = v.get<bool>();
-    return absl::OkStatus();
-  }
-  absl::Status OneOf(const std::string& field, const std::string& value,
-                     const std::set<std::string>& allowed) const {
-    if (allowed.count(value)) return absl::OkStatus();
-    std::string list;
-    for (const auto& a : allowed) absl::StrAppend(&list, list.empty() ? "" : ", ", a);
-    return Error(field, absl::StrCat("'", value, "' is not one of: ", list));
-  }
+  int64_t v = 0;
+  if (node->is_number_integer()) return node->get<int64_t>();
+  if (node->is_string() && absl::SimpleAtoi(node->get<std::string>(), &v)) return v;
+  return std::nullopt;
+}
 
- private:
-  std::string Path(const std::string& field) const {
-    return where_.empty() ? field : absl::StrCat(where_, ".", field);
-  }
-  const nlohmann::json& object_;
-  std::string file_, where_;
+// The training seq_len of checkpoint `dir` (see ModelFacts::training_seq_len).
+struct Found {
+  std::optional<int64_t> seq_len;
+  std::string run;
+  bool conflict = false;
 };
 
-std::string Resolve(const std::string& path, const fs::path& base) {
-  if (path.empty()) return path;
-  fs::path p(path);
-  return (p.is_absolute() ? p : base / p).lexically_normal().string();
-}
-
-absl::Status ParsePerplexity(const Fields& f, TaskSpec* task) {
-  RETURN_IF_ERROR(f.String("split", &task->split));
-  RETURN_IF_ERROR(f.OneOf("split", task->split, {"heldout", "all"}));
-  RETURN_IF_ERROR(f.Number("heldout_fraction", &task->heldout_fraction));
-  RETURN_IF_ERROR(f.Integer("split_seed", &task->split_seed, 0));
-  RETURN_IF_ERROR(f.Integer("seq_len", &task->seq_len, 2));
-  if (task->split == "heldout" && !(task->heldout_fraction > 0 && task->heldout_fraction < 1)) {
-    return f.Error("heldout_fraction",
-                   "must be in (0, 1) with split: heldout (the training run's value)");
+Found TrainingSeqLen(const fs::path& dir, int depth) {
+  Found found;
+  const std::optional<json> manifest = ReadJson(dir / io::kManifestName);
+  if (!manifest || !manifest->is_object()) return found;
+  const json producer = manifest->value("producer", json::object());
+  if (producer.is_object() && producer.value("command", "") == "train") {
+    const json params = producer.value("params", json::object());
+    for (auto path : {std::initializer_list<const char*>{"spec", "data", "seq_len"},
+                      std::initializer_list<const char*>{"seq_len"}}) {
+      if (auto v = IntegerAt(params, path); v && *v > 0) {
+        found.seq_len = v;
+        found.run = dir.string();
+        return found;
+      }
+    }
+    return found;
   }
-  if (task->name.empty()) task->name = task->language;
-  return absl::OkStatus();
-}
-
-absl::Status ParseChoice(const Fields& f, TaskSpec* task) {
-  RETURN_IF_ERROR(f.String("format", &task->format, /*required=*/true));
-  RETURN_IF_ERROR(f.OneOf("format", task->format, {"belebele", "piqa", "global_piqa"}));
-  RETURN_IF_ERROR(f.Bool("add_bos", &task->add_bos));
-  RETURN_IF_ERROR(f.Integer("max_length", &task->max_length, 1));
-  if (task->sampler.empty()) task->sampler = task->format == "belebele" ? "first_n" : "seeded";
-  if (task->name.empty()) task->name = absl::StrCat(task->format, "_", task->language);
-  return absl::OkStatus();
-}
-
-absl::Status ParseTranslation(const Fields& f, TaskSpec* task) {
-  RETURN_IF_ERROR(f.String("source_language", &task->source_language, /*required=*/true));
-  RETURN_IF_ERROR(f.String("source_field", &task->source_field));
-  RETURN_IF_ERROR(f.String("target_field", &task->target_field));
-  RETURN_IF_ERROR(f.String("source_name", &task->source_name));
-  RETURN_IF_ERROR(f.String("target_name", &task->target_name));
-  RETURN_IF_ERROR(f.Integer("max_new_tokens", &task->max_new_tokens, 1));
-  if (task->source_name.empty()) task->source_name = task->source_language;
-  if (task->target_name.empty()) task->target_name = task->language;
-  if (task->sampler.empty()) task->sampler = "seeded";
-  if (task->name.empty()) task->name = absl::StrCat(task->source_language, "-", task->language);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<TaskSpec> ParseTask(const nlohmann::json& j, const std::string& file, size_t index,
-                                   const fs::path& base) {
-  const std::string where = absl::StrCat("tasks[", index, "]");
-  std::string type;
-  if (!j.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(file, ": ", where, ": must be a mapping"));
+  if (depth <= 0 || !manifest->contains("parents") || !(*manifest)["parents"].is_array()) return found;
+  for (const json& parent : (*manifest)["parents"]) {
+    if (!parent.is_object() || !parent.contains("path") || !parent["path"].is_string()) continue;
+    Found p = TrainingSeqLen(parent["path"].get<std::string>(), depth - 1);
+    if (p.conflict) return p;
+    if (!p.seq_len) continue;
+    if (found.seq_len && *found.seq_len != *p.seq_len) {
+      found.conflict = true;
+      return found;
+    }
+    if (!found.seq_len) found = p;
   }
-  Fields f(j, file, where);
-  RETURN_IF_ERROR(f.String("type", &type, /*required=*/true));
-  RETURN_IF_ERROR(f.OneOf("type", type, {"perplexity", "choice", "translation"}));
-  const std::string at = absl::StrCat(file, ": ", where);
-  if (type == "perplexity") {
-    RETURN_IF_ERROR(CheckKeys(j, {"type", "name", "language", "data", "limit", "split",
-                                  "heldout_fraction", "split_seed", "seq_len"}, at));
-  } else if (type == "choice") {
-    RETURN_IF_ERROR(CheckKeys(j, {"type", "name", "language", "data", "limit", "k", "seed",
-                                  "sampler", "fewshot_data", "format", "add_bos", "max_length"},
-                              at));
-  } else {
-    RETURN_IF_ERROR(CheckKeys(j, {"type", "name", "language", "data", "limit", "k", "seed",
-                                  "sampler", "fewshot_data", "source_language", "source_field",
-                                  "target_field", "source_name", "target_name", "max_new_tokens"},
-                              at));
-  }
-  TaskSpec task;
-  task.type = type == "perplexity" ? TaskType::kPerplexity
-              : type == "choice"   ? TaskType::kChoice
-                                   : TaskType::kTranslation;
-  RETURN_IF_ERROR(f.String("name", &task.name));
-  RETURN_IF_ERROR(f.String("language", &task.language, /*required=*/true));
-  RETURN_IF_ERROR(f.String("data", &task.data, /*required=*/true));
-  task.data = Resolve(task.data, base);
-  RETURN_IF_ERROR(f.Integer("limit", &task.limit, 0));
-  RETURN_IF_ERROR(f.Integer("k", &task.k, 0));
-  RETURN_IF_ERROR(f.Integer("seed", &task.seed, 0));
-  RETURN_IF_ERROR(f.String("sampler", &task.sampler));
-  if (!task.sampler.empty()) RETURN_IF_ERROR(f.OneOf("sampler", task.sampler, {"first_n", "seeded"}));
-  RETURN_IF_ERROR(f.String("fewshot_data", &task.fewshot_data));
-  task.fewshot_data = Resolve(task.fewshot_data, base);
-  switch (task.type) {
-    case TaskType::kPerplexity: RETURN_IF_ERROR(ParsePerplexity(f, &task)); break;
-    case TaskType::kChoice: RETURN_IF_ERROR(ParseChoice(f, &task)); break;
-    case TaskType::kTranslation: RETURN_IF_ERROR(ParseTranslation(f, &task)); break;
-  }
-  return task;
+  return found;
 }
 
 }  // namespace
@@ -178,44 +95,110 @@ const char* TaskTypeName(TaskType type) {
   return "?";
 }
 
-absl::StatusOr<EvalSpec> ParseEvalSpec(const nlohmann::json& j, const std::string& spec_path) {
-  const std::string file = spec_path;
-  RETURN_IF_ERROR(CheckKeys(
-      j, {"model", "tokenizer", "out", "dtype", "batch_size", "threads", "tasks"}, file));
-  const fs::path base = fs::absolute(fs::path(spec_path)).parent_path();
+EvalSpec EvalSpecFromProto(const v1::EvalSpec& proto, const std::string& spec_path) {
   EvalSpec spec;
   spec.spec_path = spec_path;
-  spec.raw = j;
-  Fields f(j, file, "");
-  RETURN_IF_ERROR(f.String("model", &spec.model, /*required=*/true));
-  spec.model = Resolve(spec.model, base);
-  RETURN_IF_ERROR(f.String("tokenizer", &spec.tokenizer));
-  spec.tokenizer = spec.tokenizer.empty() ? spec.model : Resolve(spec.tokenizer, base);
-  RETURN_IF_ERROR(f.String("out", &spec.out));
+  spec.model = proto.model();
+  spec.tokenizer = proto.tokenizer().empty() ? proto.model() : proto.tokenizer();
+  spec.out = proto.out();
   if (spec.out.empty()) {
     // Beside the spec: eval.yaml -> eval.results.json.
-    fs::path p = fs::absolute(fs::path(spec_path));
+    const fs::path p = spec_path.empty() ? fs::current_path() / "eval" : fs::absolute(fs::path(spec_path));
     spec.out = (p.parent_path() / (p.stem().string() + ".results.json")).string();
-  } else {
-    spec.out = Resolve(spec.out, base);
   }
-  RETURN_IF_ERROR(f.String("dtype", &spec.dtype));
-  RETURN_IF_ERROR(f.OneOf("dtype", spec.dtype, {"float32", "bfloat16"}));
-  RETURN_IF_ERROR(f.Integer("batch_size", &spec.batch_size, 1));
-  RETURN_IF_ERROR(f.Integer("threads", &spec.threads, 0));
-  if (!j.contains("tasks") || !j["tasks"].is_array() || j["tasks"].empty()) {
-    return f.Error("tasks", "must be a non-empty list");
-  }
-  std::set<std::string> names;
-  for (size_t i = 0; i < j["tasks"].size(); ++i) {
-    ASSIGN_OR_RETURN(TaskSpec task, ParseTask(j["tasks"][i], file, i, base));
-    if (!names.insert(task.name).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          file, ": tasks[", i, "].name: '", task.name, "' is used by an earlier task"));
+  spec.dtype = proto.dtype();
+  spec.batch_size = proto.batch_size();
+  spec.threads = EffectiveThreads(proto.threads());
+  for (const v1::EvalTask& t : proto.tasks()) {
+    TaskSpec task;
+    task.type = t.type() == "perplexity" ? TaskType::kPerplexity
+                : t.type() == "choice"   ? TaskType::kChoice
+                                         : TaskType::kTranslation;
+    task.language = t.language();
+    task.data = t.data();
+    task.limit = t.limit();
+    task.k = t.k();
+    if (t.has_seed()) task.seed = t.seed();
+    task.sampler = t.sampler();
+    task.fewshot_data = t.fewshot_data();
+    if (!t.split().empty()) task.split = t.split();
+    task.heldout_fraction = t.heldout_fraction();
+    task.split_seed = t.split_seed();
+    if (t.has_seq_len()) {
+      task.seq_len = t.seq_len();
+      task.seq_len_source = "spec";
     }
+    task.format = t.format();
+    if (t.has_add_bos()) task.add_bos = t.add_bos();
+    task.max_length = t.max_length();
+    task.source_language = t.source_language();
+    if (!t.source_field().empty()) task.source_field = t.source_field();
+    if (!t.target_field().empty()) task.target_field = t.target_field();
+    task.source_name = t.source_name().empty() ? t.source_language() : t.source_name();
+    task.target_name = t.target_name().empty() ? t.language() : t.target_name();
+    if (t.has_max_new_tokens()) task.max_new_tokens = t.max_new_tokens();
+    switch (task.type) {
+      case TaskType::kPerplexity:
+        task.name = task.language;
+        break;
+      case TaskType::kChoice:
+        if (task.sampler.empty()) task.sampler = task.format == "belebele" ? "first_n" : "seeded";
+        task.name = absl::StrCat(task.format, "_", task.language);
+        break;
+      case TaskType::kTranslation:
+        if (task.sampler.empty()) task.sampler = "seeded";
+        task.name = absl::StrCat(task.source_language, "-", task.language);
+        break;
+    }
+    if (!t.name().empty()) task.name = t.name();
     spec.tasks.push_back(std::move(task));
   }
   return spec;
+}
+
+absl::StatusOr<ModelFacts> ReadModelFacts(const std::string& model_dir) {
+  const fs::path config_path = fs::path(model_dir) / "config.json";
+  std::optional<json> config = ReadJson(config_path);
+  if (!config) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model: ", model_dir, " has no readable config.json (is it a checkpoint directory?)"));
+  }
+  ModelFacts facts;
+  auto max = IntegerAt(*config, {"max_position_embeddings"});
+  if (!max) max = IntegerAt(*config, {"text_config", "max_position_embeddings"});
+  if (!max || *max < 2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(config_path.string(), ": no max_position_embeddings >= 2"));
+  }
+  facts.max_positions = *max;
+  const Found found = TrainingSeqLen(model_dir, /*depth=*/4);
+  if (found.seq_len && !found.conflict) {
+    facts.training_seq_len = found.seq_len;
+    facts.training_run = found.run;
+  }
+  return facts;
+}
+
+absl::Status ResolveSequenceLengths(const ModelFacts& facts, EvalSpec* spec) {
+  for (TaskSpec& task : spec->tasks) {
+    if (task.type != TaskType::kPerplexity) continue;
+    if (task.seq_len == 0) {
+      if (facts.training_seq_len && *facts.training_seq_len >= 2 &&
+          *facts.training_seq_len <= facts.max_positions) {
+        task.seq_len = *facts.training_seq_len;
+        task.seq_len_source = absl::StrCat("training run (", facts.training_run, ")");
+      } else {
+        task.seq_len = std::min(facts.max_positions, kDefaultMaxSeqLen);
+        task.seq_len_source = "model maximum (min(max_position_embeddings, 2048))";
+      }
+    }
+    if (task.seq_len > facts.max_positions) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "task ", task.name, ": seq_len ", task.seq_len,
+          " exceeds the model's max_position_embeddings ", facts.max_positions));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace stemma::engine::eval

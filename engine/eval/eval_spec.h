@@ -1,5 +1,7 @@
-// The `stemma-engine eval --spec FILE` spec (docs/eval.md, "Spec"), parsed and checked.
-// Torch-free.
+// The `stemma-engine eval` spec as the command uses it: the typed stemma.v1.EvalSpec
+// (proto/stemma/v1/specs/eval.proto, already checked by ParseEngineCommandLine) with every
+// type-dependent default resolved, plus what the engine learns from the model directory
+// before any work (its max positions, the training run's sequence length). Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -7,9 +9,8 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/status/statusor.h"
+#include "stemma/v1/specs/eval.pb.h"
 
 namespace stemma::engine::eval {
 
@@ -30,7 +31,8 @@ struct TaskSpec {
   std::string split = "heldout";  // "heldout" | "all"
   double heldout_fraction = 0;
   uint64_t split_seed = 0;
-  int64_t seq_len = 0;  // 0: min(model max positions, 2048)
+  int64_t seq_len = 0;          // resolved by ResolveSequenceLengths (> 0 after it)
+  std::string seq_len_source;   // "spec", "training run (<path>)", "model maximum"
   // Choice.
   std::string format;  // "belebele" | "piqa" | "global_piqa"
   std::optional<bool> add_bos;  // default: when the tokenizer has a BOS
@@ -43,22 +45,40 @@ struct TaskSpec {
 };
 
 struct EvalSpec {
-  std::string spec_path;
+  std::string spec_path;  // --spec, or "" when given by flags only
   std::string model;      // checkpoint directory
   std::string tokenizer;  // default: model
   std::string out;        // results JSON
   std::string dtype = "float32";
   int64_t batch_size = 8;
-  int threads = 0;
+  int64_t threads = 0;    // EffectiveThreads: the spec's, else the job's CPUs, else 0
   std::vector<TaskSpec> tasks;
-  nlohmann::json raw;  // the spec as read, for the results file
 };
 
 const char* TaskTypeName(TaskType type);
 
-// Checks every field (unknown keys, types, ranges, values) of `spec` read from `spec_path`;
-// relative paths are resolved against the spec file's directory. Errors are
-// InvalidArgument naming the file and field, e.g. "eval.yaml: tasks[1].k: must be >= 0".
-absl::StatusOr<EvalSpec> ParseEvalSpec(const nlohmann::json& spec, const std::string& spec_path);
+// The command's view of a checked spec: type-dependent defaults (names, samplers, prompt
+// labels), `out` beside the spec file when unset, threads from the job's CPUs. Paths are
+// already absolute (ParseEngineCommandLine resolved them).
+EvalSpec EvalSpecFromProto(const v1::EvalSpec& proto, const std::string& spec_path);
+
+// What eval reads from the checkpoint directory before it loads the weights.
+struct ModelFacts {
+  int64_t max_positions = 0;  // config.json max_position_embeddings (text_config's too)
+  // data.seq_len of the training run that made the checkpoint, from its stemma.json: a
+  // `train` output, or a merge/revert/... whose train ancestors (followed through the
+  // manifests' parents, a few levels) all used the same seq_len.
+  std::optional<int64_t> training_seq_len;
+  std::string training_run;  // the train output it came from
+};
+
+// FailedPrecondition naming the directory when it has no readable config.json with a
+// positive max_position_embeddings.
+absl::StatusOr<ModelFacts> ReadModelFacts(const std::string& model_dir);
+
+// Perplexity tasks without seq_len get the training run's, else min(max_positions, 2048);
+// each records where its value came from. InvalidArgument naming the task when a seq_len
+// exceeds the model's max_position_embeddings.
+absl::Status ResolveSequenceLengths(const ModelFacts& facts, EvalSpec* spec);
 
 }  // namespace stemma::engine::eval

@@ -1,6 +1,6 @@
 // Torch-free parts of `stemma-engine eval`: the few-shot sampler, lm-eval's pair encoding and
-// choice metrics, perplexity windows, the translation stop rule, dataset readers and the
-// spec's errors.
+// choice metrics, perplexity windows, the translation stop rule, dataset readers, the
+// spec's defaults and errors, and the default sequence length (the training run's).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,7 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "common/spec_file.h"
+#include "common/engine_cli.h"
+#include "common/status.h"
 #include "engine/eval/choice.h"
 #include "engine/eval/eval_spec.h"
 #include "engine/eval/eval_text.h"
@@ -26,6 +27,7 @@ std::string TempFile(const std::string& name, const std::string& text) {
   const auto dir = fs::temp_directory_path() / ("eval_tasks_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const auto path = (dir / name).string();
+  fs::create_directories(fs::path(path).parent_path());
   std::ofstream(path) << text;
   return path;
 }
@@ -175,65 +177,181 @@ TEST(Translation, PromptAndStopRule) {
   EXPECT_EQ(TranslationHypothesis("   "), "");
 }
 
+// The spec as `stemma-engine eval --spec FILE` reads it: ParseEngineCommandLine (the typed
+// EvalSpec, rules and paths), then EvalSpecFromProto.
+absl::StatusOr<EvalSpec> ReadSpec(const std::string& path) {
+  std::string file = path;
+  std::vector<char*> argv = {const_cast<char*>("eval"), const_cast<char*>("--spec"), file.data()};
+  ASSIGN_OR_RETURN(EngineInvocation inv, ParseEngineCommandLine("eval", 3, argv.data(), {}));
+  return EvalSpecFromProto(static_cast<const v1::EvalSpec&>(*inv.spec), path);
+}
+
 TEST(EvalSpecTest, DefaultsAndRelativePaths) {
-  auto spec = ParseEvalSpec(nlohmann::json::parse(R"({"model": "m", "tasks": [
-      {"type": "perplexity", "language": "uk", "data": "d", "heldout_fraction": 0.1},
-      {"type": "choice", "format": "belebele", "language": "uk", "data": "b.jsonl", "k": 2},
-      {"type": "choice", "format": "piqa", "language": "uk", "data": "p.jsonl"},
-      {"type": "translation", "source_language": "en", "language": "uk", "data": "f.jsonl"}]})"),
-      "/specs/run.yaml");
+  const std::string path = TempFile("run.yaml", R"(model: m
+tasks:
+  - {type: perplexity, language: uk, data: d, heldout_fraction: 0.1}
+  - {type: choice, format: belebele, language: uk, data: b.jsonl, k: 2}
+  - {type: choice, format: piqa, language: uk, data: p.jsonl}
+  - {type: translation, source_language: en, language: uk, data: f.jsonl}
+)");
+  const std::string dir = fs::path(path).parent_path().string();
+  auto spec = ReadSpec(path);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->model, "/specs/m");
-  EXPECT_EQ(spec->tokenizer, "/specs/m");
-  EXPECT_EQ(spec->out, "/specs/run.results.json");
+  EXPECT_EQ(spec->model, dir + "/m");
+  EXPECT_EQ(spec->tokenizer, dir + "/m");
+  EXPECT_EQ(spec->out, dir + "/run.results.json");
+  EXPECT_EQ(spec->dtype, "float32");
+  EXPECT_EQ(spec->batch_size, 8);
   EXPECT_EQ(spec->tasks[0].name, "uk");
+  EXPECT_EQ(spec->tasks[0].data, dir + "/d");
+  EXPECT_EQ(spec->tasks[0].split, "heldout");
+  EXPECT_EQ(spec->tasks[0].seq_len, 0);  // resolved from the model (ResolveSequenceLengths)
   EXPECT_EQ(spec->tasks[1].name, "belebele_uk");
   EXPECT_EQ(spec->tasks[1].sampler, "first_n");
+  EXPECT_EQ(spec->tasks[1].seed, 1234u);
   EXPECT_EQ(spec->tasks[2].sampler, "seeded");
   EXPECT_EQ(spec->tasks[3].name, "en-uk");
   EXPECT_EQ(spec->tasks[3].target_name, "uk");
+  EXPECT_EQ(spec->tasks[3].source_field, "src");
+  EXPECT_EQ(spec->tasks[3].max_new_tokens, 256);
 }
 
-TEST(EvalSpecTest, ErrorsNameTheField) {
+TEST(EvalSpecTest, ErrorsNameTheFileLineAndField) {
   struct Case {
-    const char* json;
+    const char* yaml;
     const char* expected;
   } cases[] = {
-      {R"({"tasks": []})", "model: missing"},
-      {R"({"model": "m", "tasks": []})", "tasks: must be a non-empty list"},
-      {R"({"model": "m", "tasks": [{"type": "bleu", "language": "x", "data": "d"}]})",
-       "tasks[0].type: 'bleu' is not one of"},
-      {R"({"model": "m", "tasks": [{"type": "choice", "language": "x", "data": "d"}]})",
-       "tasks[0].format: missing"},
-      {R"({"model": "m", "tasks": [{"type": "choice", "format": "piqa", "language": "x", "data": "d", "k": -1}]})",
-       "tasks[0].k: must be an integer >= 0"},
-      {R"({"model": "m", "tasks": [{"type": "perplexity", "language": "x", "data": "d"}]})",
-       "tasks[0].heldout_fraction: must be in (0, 1)"},
-      {R"({"model": "m", "batch_size": 0, "tasks": [{"type": "perplexity", "language": "x", "data": "d", "split": "all"}]})",
-       "batch_size: must be an integer >= 1"},
-      {R"({"model": "m", "tasks": [{"type": "perplexity", "language": "x", "data": "d", "split": "all"},
-                                   {"type": "perplexity", "language": "x", "data": "e", "split": "all"}]})",
-       "tasks[1].name: 'x' is used by an earlier task"},
+      {"tasks: [{type: perplexity, language: x, data: d, split: all}]\n", "model: is required"},
+      {"model: m\ntasks: []\n", "tasks: needs at least one task"},
+      {"model: m\ntasks:\n  - {type: bleu, language: x, data: d}\n",
+       "line 3: tasks[0].type: 'bleu' is not one of"},
+      {"model: m\ntasks:\n  - {type: choice, language: x, data: d}\n",
+       "line 3: tasks[0].format: is required for a choice task"},
+      {"model: m\ntasks:\n  - {type: choice, format: piqa, language: x, data: d, k: -1}\n",
+       "line 3: tasks[0].k: -1 must be >= 0"},
+      {"model: m\ntasks:\n  - {type: perplexity, language: x, data: d}\n",
+       "line 3: tasks[0].heldout_fraction: is required with split: heldout"},
+      {"model: m\nbatch_size: 0\ntasks: [{type: perplexity, language: x, data: d, split: all}]\n",
+       "line 2: batch_size: 0 must be >= 1"},
+      {"model: m\ntasks:\n  - {type: perplexity, language: x, data: d, split: all}\n"
+       "  - {type: perplexity, language: x, data: e, split: all}\n",
+       "line 4: tasks[1].type: the task name 'x' is used by an earlier task"},
+      {"model: m\ntasks:\n  - {type: perplexity, language: x, data: d, split: all, k: 2}\n",
+       "line 3: tasks[0].k: does not apply to a perplexity task"},
   };
   for (const auto& c : cases) {
-    auto spec = ParseEvalSpec(nlohmann::json::parse(c.json), "eval.yaml");
-    ASSERT_FALSE(spec.ok()) << c.json;
+    const std::string path = TempFile("bad.yaml", c.yaml);
+    auto spec = ReadSpec(path);
+    ASSERT_FALSE(spec.ok()) << c.yaml;
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(spec.status().message().find(c.expected), std::string::npos) << spec.status();
-    EXPECT_EQ(spec.status().message().rfind("eval.yaml: ", 0), 0u) << spec.status();
+    EXPECT_EQ(spec.status().message().rfind(path + ": ", 0), 0u) << spec.status();
   }
 }
 
-}  // namespace
-}  // namespace stemma::engine::eval
+TEST(EvalSpecTest, ThreadsDefaultToTheJobsCpus) {
+  const std::string path = TempFile("threads.yaml",
+                                    "model: m\ntasks: [{type: perplexity, language: x, data: d, split: all}]\n");
+  ::setenv("STEMMA_CPUS", "3", 1);
+  auto spec = ReadSpec(path);
+  ::unsetenv("STEMMA_CPUS");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->threads, 3);
+  auto by_hand = ReadSpec(path);
+  ASSERT_TRUE(by_hand.ok());
+  EXPECT_EQ(by_hand->threads, 0);  // torch's default
+}
 
-namespace stemma::engine::eval {
-namespace {
+// A checkpoint directory with config.json and, optionally, a stemma.json manifest.
+std::string Checkpoint(const std::string& name, int64_t max_positions, const std::string& manifest) {
+  const auto dir = fs::path(TempFile(name + "/config.json",
+                                     "{\"max_position_embeddings\": " + std::to_string(max_positions) + "}"))
+                       .parent_path();
+  if (!manifest.empty()) std::ofstream(dir / "stemma.json") << manifest;
+  return dir.string();
+}
+
+std::string TrainManifest(const std::string& seq_len_json) {
+  return R"({"format": 1, "files": {}, "parents": [], "producer": {"command": "train",
+             "params": {"spec": {"data": {"seq_len": )" + seq_len_json + "}}}}}";
+}
+
+std::string MergeManifest(const std::vector<std::string>& parents) {
+  std::string list;
+  for (const auto& p : parents) list += (list.empty() ? "" : ", ") + std::string("{\"path\": \"") + p + "\"}";
+  return R"({"format": 1, "files": {}, "parents": [)" + list + R"(], "producer": {"command": "merge"}})";
+}
+
+EvalSpec OnePerplexityTask(int64_t seq_len) {
+  EvalSpec spec;
+  TaskSpec task;
+  task.name = "uk";
+  if (seq_len > 0) {
+    task.seq_len = seq_len;
+    task.seq_len_source = "spec";
+  }
+  spec.tasks.push_back(task);
+  return spec;
+}
+
+TEST(EvalSequenceLength, DefaultsToTheTrainingRunsSeqLen) {
+  // A train output (the proto JSON writes int64 as a string; an older manifest a number).
+  for (const std::string& v : {std::string("\"256\""), std::string("256")}) {
+    const std::string ckpt = Checkpoint("trained" + std::to_string(v.size()), 4096, TrainManifest(v));
+    auto facts = ReadModelFacts(ckpt);
+    ASSERT_TRUE(facts.ok()) << facts.status();
+    EvalSpec spec = OnePerplexityTask(0);
+    ASSERT_TRUE(ResolveSequenceLengths(*facts, &spec).ok());
+    EXPECT_EQ(spec.tasks[0].seq_len, 256);
+    EXPECT_EQ(spec.tasks[0].seq_len_source, "training run (" + ckpt + ")");
+  }
+}
+
+TEST(EvalSequenceLength, FollowsAMergesParentsWhenTheyAgree) {
+  const std::string a = Checkpoint("expert_a", 4096, TrainManifest("512"));
+  const std::string b = Checkpoint("expert_b", 4096, TrainManifest("512"));
+  const std::string c = Checkpoint("expert_c", 4096, TrainManifest("1024"));
+  auto soup = ReadModelFacts(Checkpoint("soup_ab", 4096, MergeManifest({a, b})));
+  ASSERT_TRUE(soup.ok());
+  EXPECT_EQ(soup->training_seq_len, 512);
+  // Experts trained with different lengths: no training length, so the model maximum.
+  auto mixed = ReadModelFacts(Checkpoint("soup_ac", 4096, MergeManifest({a, c})));
+  ASSERT_TRUE(mixed.ok());
+  EXPECT_FALSE(mixed->training_seq_len.has_value());
+  EvalSpec spec = OnePerplexityTask(0);
+  ASSERT_TRUE(ResolveSequenceLengths(*mixed, &spec).ok());
+  EXPECT_EQ(spec.tasks[0].seq_len, 2048);
+  EXPECT_NE(spec.tasks[0].seq_len_source.find("model maximum"), std::string::npos);
+}
+
+TEST(EvalSequenceLength, WithoutATrainingRunTheModelMaximumCappedAt2048) {
+  auto small = ReadModelFacts(Checkpoint("hub_small", 512, ""));
+  ASSERT_TRUE(small.ok());
+  EvalSpec spec = OnePerplexityTask(0);
+  ASSERT_TRUE(ResolveSequenceLengths(*small, &spec).ok());
+  EXPECT_EQ(spec.tasks[0].seq_len, 512);
+  // The spec's own value wins, and one past the model's maximum is refused.
+  EvalSpec own = OnePerplexityTask(128);
+  ASSERT_TRUE(ResolveSequenceLengths(*small, &own).ok());
+  EXPECT_EQ(own.tasks[0].seq_len, 128);
+  EXPECT_EQ(own.tasks[0].seq_len_source, "spec");
+  EvalSpec too_long = OnePerplexityTask(513);
+  const absl::Status status = ResolveSequenceLengths(*small, &too_long);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("seq_len 513 exceeds the model's max_position_embeddings 512"),
+            std::string::npos) << status;
+}
+
+TEST(EvalSequenceLength, AModelWithoutConfigIsBadInput) {
+  const auto dir = fs::path(TempFile("not_a_model/readme.txt", "x")).parent_path().string();
+  auto facts = ReadModelFacts(dir);
+  EXPECT_EQ(facts.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(facts.status().message().find("no readable config.json"), std::string::npos);
+}
 
 TEST(EvalSpecTest, ShippedExampleSpecParses) {
   const std::string path = std::string(STEMMA_SOURCE_DIR) + "/configs/eval/family-expert.yaml";
-  auto raw = ReadSpecFile(path);
-  ASSERT_TRUE(raw.ok()) << raw.status();
-  auto spec = ParseEvalSpec(*raw, path);
+  auto spec = ReadSpec(path);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->tasks.size(), 5u);
   EXPECT_EQ(spec->tasks[4].name, "en-uk");

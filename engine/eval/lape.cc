@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 
@@ -79,6 +80,7 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
 
   constexpr double kInf = std::numeric_limits<double>::infinity();
   result.entropy.assign(neurons, 0.0);
+  result.raw_entropy.assign(neurons, 0.0);
   for (int64_t n = 0; n < neurons; ++n) {
     const double* p = &prob[n * num_langs];
     const double total = std::accumulate(p, p + num_langs, 0.0);
@@ -89,6 +91,7 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
       if (q > 0.0) h -= q * std::log(q);
       passes_filter |= p[k] > result.filter_threshold;
     }
+    result.raw_entropy[n] = h;
     result.entropy[n] = passes_filter ? h : kInf;
   }
 
@@ -107,6 +110,12 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
     const int64_t n = order[i];
     bool assigned = false;
     if (result.entropy[n] != kInf) {
+      int64_t above = 0;
+      for (int64_t k = 0; k < num_langs; ++k) above += prob[n * num_langs + k] > result.activation_bar;
+      if (params.exclusive && above > 1) {
+        ++result.num_shared;
+        continue;
+      }
       for (int64_t k = 0; k < num_langs; ++k) {
         if (prob[n * num_langs + k] > result.activation_bar) {
           result.neurons[languages[k]][n / intermediate_size].push_back(n % intermediate_size);
@@ -116,6 +125,7 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
     }
     if (!assigned) ++result.num_unassigned;
   }
+  result.probability = std::move(prob);
   for (auto& [lang, layers] : result.neurons) {
     for (auto& list : layers) std::sort(list.begin(), list.end());
   }
@@ -123,7 +133,7 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
 }
 
 nlohmann::json NeuronMaskJson(const LapeResult& result, const LapeParams& params,
-                              const std::vector<LapeCounts>& counts) {
+                              const std::vector<LapeCounts>& counts, bool keep_profile) {
   nlohmann::json languages = nlohmann::json::object();
   nlohmann::json per_layer = nlohmann::json::object();
   nlohmann::json tokens = nlohmann::json::object();
@@ -136,7 +146,7 @@ nlohmann::json NeuronMaskJson(const LapeResult& result, const LapeParams& params
     per_layer[lang] = n;
     tokens[lang] = counts[k].tokens;
   }
-  return {
+  nlohmann::json out = {
       {"format", "stemma.neuron_mask/1"},
       {"num_layers", result.num_layers},
       {"intermediate_size", result.intermediate_size},
@@ -147,6 +157,8 @@ nlohmann::json NeuronMaskJson(const LapeResult& result, const LapeParams& params
         {"filter_rate", params.filter_rate},
         {"activation_bar_ratio", params.activation_bar_ratio},
         {"activation_threshold", params.activation_threshold},
+        {"exclusive", params.exclusive},
+        {"num_shared", result.num_shared},
         {"filter_threshold", result.filter_threshold},
         {"activation_bar", result.activation_bar},
         {"num_selected", result.num_selected},
@@ -154,6 +166,185 @@ nlohmann::json NeuronMaskJson(const LapeResult& result, const LapeParams& params
         {"tokens", tokens}}},
       {"counts", per_layer},
   };
+  if (keep_profile) {
+    const int64_t L = result.num_layers, I = result.intermediate_size;
+    const size_t K = result.languages.size();
+    nlohmann::json probability = nlohmann::json::object();
+    for (size_t k = 0; k < K; ++k) {
+      nlohmann::json layers = nlohmann::json::array();
+      for (int64_t l = 0; l < L; ++l) {
+        std::vector<double> row(I);
+        for (int64_t j = 0; j < I; ++j) row[j] = result.probability[(l * I + j) * K + k];
+        layers.push_back(std::move(row));
+      }
+      probability[result.languages[k]] = std::move(layers);
+    }
+    nlohmann::json entropy = nlohmann::json::array();
+    for (int64_t l = 0; l < L; ++l) {
+      entropy.push_back(std::vector<double>(result.raw_entropy.begin() + l * I,
+                                            result.raw_entropy.begin() + (l + 1) * I));
+    }
+    out["profile"] = {{"tokens", tokens},
+                      {"probability", std::move(probability)},
+                      {"entropy", std::move(entropy)},
+                      {"definitions",
+                       {{"probability", "P[l][j] = tokens with act(gate_j) > activation_threshold / tokens, per language"},
+                        {"entropy", "-sum_k Q ln Q, Q = P / sum_k P over the languages (before the activity filter)"}}}};
+  }
+  return out;
+}
+
+namespace {
+
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t Fnv1a(const std::string& text) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+absl::Status MaskError(const std::string& where, const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, ": ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<SavedProfile> LapeCountsFromMask(const nlohmann::json& mask,
+                                                const std::vector<std::string>& languages,
+                                                const std::string& where) {
+  if (!mask.is_object() || mask.value("format", "") != "stemma.neuron_mask/1") {
+    return MaskError(where, "format", "not a stemma.neuron_mask/1 file");
+  }
+  if (!mask.contains("profile") || !mask["profile"].is_object()) {
+    return MaskError(where, "profile",
+                     "missing: the file was written with lape.keep_profile false (or before profiles "
+                     "were kept); profile the model again");
+  }
+  SavedProfile saved;
+  saved.num_layers = mask.value("num_layers", int64_t{0});
+  saved.intermediate_size = mask.value("intermediate_size", int64_t{0});
+  if (saved.num_layers <= 0 || saved.intermediate_size <= 0) {
+    return MaskError(where, "num_layers", "missing or not positive");
+  }
+  if (mask.contains("params") && mask["params"].is_object() && mask["params"].contains("model") &&
+      mask["params"]["model"].is_string()) {
+    saved.model = mask["params"]["model"].get<std::string>();
+  }
+  const nlohmann::json& profile = mask["profile"];
+  const nlohmann::json tokens = profile.value("tokens", nlohmann::json::object());
+  const nlohmann::json probability = profile.value("probability", nlohmann::json::object());
+  saved.languages = languages;
+  if (saved.languages.empty()) {
+    for (const auto& [lang, _] : probability.items()) saved.languages.push_back(lang);
+  }
+  for (const std::string& lang : saved.languages) {
+    if (!probability.contains(lang) || !tokens.contains(lang) || !tokens[lang].is_number_integer()) {
+      return MaskError(where, absl::StrCat("profile.probability.", lang), "missing (not profiled in this file)");
+    }
+    LapeCounts counts;
+    counts.tokens = tokens[lang].get<int64_t>();
+    const nlohmann::json& layers = probability[lang];
+    if (!layers.is_array() || static_cast<int64_t>(layers.size()) != saved.num_layers) {
+      return MaskError(where, absl::StrCat("profile.probability.", lang), "must hold one list per layer");
+    }
+    counts.over_zero.reserve(saved.num_layers * saved.intermediate_size);
+    for (int64_t l = 0; l < saved.num_layers; ++l) {
+      const nlohmann::json& row = layers[l];
+      if (!row.is_array() || static_cast<int64_t>(row.size()) != saved.intermediate_size) {
+        return MaskError(where, absl::StrCat("profile.probability.", lang, "[", l, "]"),
+                         absl::StrCat("must hold ", saved.intermediate_size, " probabilities"));
+      }
+      for (const auto& p : row) {
+        if (!p.is_number() || p.get<double>() < 0 || p.get<double>() > 1) {
+          return MaskError(where, absl::StrCat("profile.probability.", lang, "[", l, "]"),
+                           "holds a value that is not a probability");
+        }
+        counts.over_zero.push_back(std::llround(p.get<double>() * static_cast<double>(counts.tokens)));
+      }
+    }
+    saved.counts.push_back(std::move(counts));
+  }
+  return saved;
+}
+
+nlohmann::json RandomMaskJson(const LapeResult& result, uint64_t seed) {
+  nlohmann::json languages = nlohmann::json::object(), per_layer = nlohmann::json::object();
+  const int64_t I = result.intermediate_size;
+  int64_t total = 0;
+  for (const std::string& lang : result.languages) {
+    const auto& layers = result.neurons.at(lang);
+    nlohmann::json lists = nlohmann::json::array(), sizes = nlohmann::json::array();
+    for (int64_t l = 0; l < result.num_layers; ++l) {
+      const int64_t n = static_cast<int64_t>(layers[l].size());
+      uint64_t state = seed ^ Fnv1a(lang) ^ (0x632be59bd9b4e019ULL * static_cast<uint64_t>(l + 1));
+      std::vector<int64_t> ids(I);
+      std::iota(ids.begin(), ids.end(), 0);
+      for (int64_t i = 0; i < n; ++i) {  // partial Fisher–Yates
+        const int64_t pick = i + static_cast<int64_t>(SplitMix64(state) % static_cast<uint64_t>(I - i));
+        std::swap(ids[i], ids[pick]);
+      }
+      std::vector<int64_t> chosen(ids.begin(), ids.begin() + n);
+      std::sort(chosen.begin(), chosen.end());
+      total += n;
+      lists.push_back(std::move(chosen));
+      sizes.push_back(n);
+    }
+    languages[lang] = std::move(lists);
+    per_layer[lang] = std::move(sizes);
+  }
+  return {{"format", "stemma.neuron_mask/1"},
+          {"num_layers", result.num_layers},
+          {"intermediate_size", result.intermediate_size},
+          {"languages", languages},
+          {"params",
+           {{"method", "random"},
+            {"seed", seed},
+            {"matches", "the LAPE selection's size per language and layer (neuron_mask.json)"},
+            {"neurons", total}}},
+          {"counts", per_layer}};
+}
+
+absl::StatusOr<std::vector<std::vector<int64_t>>> MaskUnion(const nlohmann::json& mask,
+                                                            const std::vector<std::string>& languages,
+                                                            const std::string& where) {
+  if (!mask.is_object() || mask.value("format", "") != "stemma.neuron_mask/1") {
+    return MaskError(where, "format", "not a stemma.neuron_mask/1 file");
+  }
+  const int64_t L = mask.value("num_layers", int64_t{0});
+  const int64_t I = mask.value("intermediate_size", int64_t{0});
+  if (L <= 0 || I <= 0 || !mask.contains("languages") || !mask["languages"].is_object()) {
+    return MaskError(where, "languages", "missing (or num_layers / intermediate_size)");
+  }
+  std::vector<std::string> wanted = languages;
+  if (wanted.empty()) {
+    for (const auto& [lang, _] : mask["languages"].items()) wanted.push_back(lang);
+  }
+  std::vector<std::set<int64_t>> sets(L);
+  for (const std::string& lang : wanted) {
+    if (!mask["languages"].contains(lang)) return MaskError(where, absl::StrCat("languages.", lang), "not in the file");
+    const nlohmann::json& layers = mask["languages"][lang];
+    if (!layers.is_array() || static_cast<int64_t>(layers.size()) != L) {
+      return MaskError(where, absl::StrCat("languages.", lang), "must hold one list per layer");
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      for (const auto& id : layers[l]) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= I) {
+          return MaskError(where, absl::StrCat("languages.", lang, "[", l, "]"),
+                           absl::StrCat("holds an index outside 0..", I - 1));
+        }
+        sets[l].insert(id.get<int64_t>());
+      }
+    }
+  }
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& s : sets) out.emplace_back(s.begin(), s.end());
+  return out;
 }
 
 }  // namespace stemma::engine::eval

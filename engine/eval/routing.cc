@@ -173,9 +173,25 @@ absl::StatusOr<json> RoutingStatsJson(const RoutingInput& input) {
                 {"vocab_overlap", "Jaccard |Va & Vb| / |Va | Vb| of the token ids seen"}}}};
 }
 
+double DefaultAlpha(int64_t num_experts) {
+  return num_experts > 0 ? 0.64 / static_cast<double>(num_experts) : 0.01;
+}
+
+std::vector<int64_t> DefaultSharedK(int64_t num_experts) {
+  std::vector<int64_t> out;
+  if (num_experts < 2) return out;
+  for (int64_t k : {1, 3, 5}) {
+    int64_t scaled = static_cast<int64_t>(std::nearbyint(static_cast<double>(k * num_experts) / 64.0));
+    scaled = std::clamp<int64_t>(scaled, 1, num_experts - 1);
+    if (std::find(out.begin(), out.end(), scaled) == out.end()) out.push_back(scaled);
+  }
+  return out;
+}
+
 absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
                                          const SelectionParams& params) {
   if (absl::Status s = CheckInput(input); !s.ok()) return s;
+  const int64_t E = input.num_experts;
   std::vector<int64_t> layers = params.layers;
   if (layers.empty()) {  // the last two MoE layers, as (14, 15) for OLMoE's 16
     const size_t n = input.moe_layers.size();
@@ -187,13 +203,26 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
           absl::StrCat("routing.select.layers: layer ", layer, " is not an MoE layer of the model"));
     }
   }
+  const double alpha = params.alpha.value_or(DefaultAlpha(E));
+  const std::vector<int64_t> shared_k = params.shared_k.empty() ? DefaultSharedK(E) : params.shared_k;
+  for (int64_t k : shared_k) {
+    if (k >= E) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "routing.select.shared_k: ", k, " shared experts of the model's ", E,
+          " would be every expert (all-expert fine-tuning, not SSFT); use values below ", E,
+          " or leave shared_k unset for the scaled default"));
+    }
+  }
+  auto is_target = [&](const std::string& lang) {
+    return std::find(params.targets.begin(), params.targets.end(), lang) != params.targets.end();
+  };
   std::vector<std::string> high = params.high_resource;
   if (high.empty()) {
     for (const auto& lang : input.languages) {
-      if (!params.parents.count(lang)) high.push_back(lang);
+      if (!params.parents.count(lang) && !is_target(lang)) high.push_back(lang);
     }
   }
-  std::vector<int64_t> high_index;
+  std::vector<int64_t> high_index, target_index;
   for (const auto& lang : high) {
     const int64_t k = LanguageIndex(input, lang);
     if (k < 0) {
@@ -202,9 +231,18 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
     }
     high_index.push_back(k);
   }
-  if (high_index.size() < 2) {
+  for (const auto& lang : params.targets) {
+    const int64_t k = LanguageIndex(input, lang);
+    if (k < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("routing.select.targets: language '", lang, "' is not among the languages"));
+    }
+    target_index.push_back(k);
+  }
+  if (high_index.empty() || high_index.size() + target_index.size() < 2) {
     return absl::InvalidArgumentError(
-        "routing.select: activation-gap selection needs at least two high-resource languages");
+        "routing.select: activation-gap selection compares at least two languages (two anchors, "
+        "or one anchor and a target)");
   }
   for (const auto& [low, parent] : params.parents) {
     if (std::find(high.begin(), high.end(), parent) == high.end()) {
@@ -212,44 +250,67 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
                                                      parent, "' is not a high-resource language"));
     }
   }
+  // Who is ranked against whom: anchors among the anchors (a single anchor against the
+  // targets); each target against the anchors.
+  const std::vector<int64_t> anchor_pool =
+      high_index.size() >= 2 ? high_index : [&] {
+        std::vector<int64_t> pool = high_index;
+        pool.insert(pool.end(), target_index.begin(), target_index.end());
+        return pool;
+      }();
 
-  // seft[hr][layer] and shared[k][layer], filled per layer.
   std::map<std::string, json> seft;
   std::map<int64_t, json> shared;
   for (const auto& lang : high) seft[lang] = json::object();
-  for (int64_t k : params.shared_k) shared[k] = json::object();
-  json gaps = json::object();
+  for (const auto& lang : params.targets) seft[lang] = json::object();
+  for (int64_t k : shared_k) shared[k] = json::object();
+  json gaps = json::object(), target_gaps = json::object();
   for (int64_t layer : layers) {
     const int64_t m = MoeIndex(input, layer);
     const std::string key = std::to_string(layer);
-    std::vector<std::vector<double>> act;  // [hr][expert]
-    for (int64_t k : high_index) act.push_back(UsageDistribution(input.counts[k].counts[m]));
-    for (const auto& lang : high) seft[lang][key] = json::array();
-    json layer_gaps = json::object();
-    std::vector<double> mean(input.num_experts, 0.0);
-    for (int64_t e = 0; e < input.num_experts; ++e) {
+    std::vector<std::vector<double>> usage(input.languages.size());
+    for (size_t k = 0; k < input.languages.size(); ++k) usage[k] = UsageDistribution(input.counts[k].counts[m]);
+    for (auto& [lang, lists] : seft) lists[key] = json::array();
+    // The top language of expert e among `pool` and its gap to the runner-up; nullopt when
+    // no language of the pool used e.
+    auto rank = [&](const std::vector<int64_t>& pool, int64_t e) -> std::optional<std::pair<int64_t, double>> {
       bool seen = false;
-      for (size_t h = 0; h < act.size(); ++h) {
-        seen |= input.counts[high_index[h]].counts[m][e] > 0;
-        mean[e] += act[h][e] / static_cast<double>(act.size());
-      }
-      if (!seen) continue;
-      std::vector<size_t> order(act.size());
-      std::iota(order.begin(), order.end(), 0);
+      for (int64_t k : pool) seen |= input.counts[k].counts[m][e] > 0;
+      if (!seen) return std::nullopt;
+      std::vector<int64_t> order = pool;
       std::stable_sort(order.begin(), order.end(),
-                       [&](size_t a, size_t b) { return act[a][e] > act[b][e]; });
-      const double gap = act[order[0]][e] - act[order[1]][e];
-      layer_gaps[std::to_string(e)] = {{"gap", gap}, {"language", high[order[0]]}};
-      if (gap >= params.alpha) seft[high[order[0]]][key].push_back(e);
+                       [&](int64_t a, int64_t b) { return usage[a][e] > usage[b][e]; });
+      return std::make_pair(order[0], usage[order[0]][e] - usage[order[1]][e]);
+    };
+    json layer_gaps = json::object(), layer_target_gaps = json::object();
+    std::vector<double> mean(E, 0.0);
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t k : high_index) mean[e] += usage[k][e] / static_cast<double>(high_index.size());
+      if (auto top = rank(anchor_pool, e)) {
+        const std::string& lang = input.languages[top->first];
+        layer_gaps[std::to_string(e)] = {{"gap", top->second}, {"language", lang}};
+        // With one anchor the pool holds the targets too; only an anchor's win counts here.
+        if (top->second >= alpha && std::find(high.begin(), high.end(), lang) != high.end()) {
+          seft[lang][key].push_back(e);
+        }
+      }
+      for (int64_t t : target_index) {
+        std::vector<int64_t> pool = high_index;
+        pool.push_back(t);
+        auto top = rank(pool, e);
+        if (!top || top->first != t) continue;
+        layer_target_gaps[input.languages[t]][std::to_string(e)] = top->second;
+        if (top->second >= alpha) seft[input.languages[t]][key].push_back(e);
+      }
     }
     gaps[key] = layer_gaps;
-    std::vector<int64_t> by_mean(input.num_experts);
+    if (!target_index.empty()) target_gaps[key] = layer_target_gaps;
+    std::vector<int64_t> by_mean(E);
     std::iota(by_mean.begin(), by_mean.end(), 0);
     std::stable_sort(by_mean.begin(), by_mean.end(),
                      [&](int64_t a, int64_t b) { return mean[a] > mean[b]; });
-    for (int64_t k : params.shared_k) {
-      const int64_t n = std::min<int64_t>(k, input.num_experts);
-      shared[k][key] = std::vector<int64_t>(by_mean.begin(), by_mean.begin() + n);
+    for (int64_t k : shared_k) {
+      shared[k][key] = std::vector<int64_t>(by_mean.begin(), by_mean.begin() + std::min<int64_t>(k, E));
     }
   }
 
@@ -270,18 +331,23 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
     return e;
   };
   for (const auto& lang : high) out[lang] = entry(lang);
+  for (const auto& lang : params.targets) out[lang] = entry(lang);
   for (const auto& [low, parent] : params.parents) out[low] = entry(parent);
   out["shared_experts"] = shared_json;
   out["_meta"] = {{"format", "stemma.expert_selection/1"},
                   {"method", "activation_gap"},
                   {"layers", layers},
-                  {"alpha", params.alpha},
-                  {"shared_k", params.shared_k},
+                  {"alpha", alpha},
+                  {"alpha_default", !params.alpha.has_value()},
+                  {"shared_k", shared_k},
+                  {"shared_k_default", params.shared_k.empty()},
                   {"high_resource", high},
                   {"parents", params.parents},
-                  {"num_experts", input.num_experts},
+                  {"targets", params.targets},
+                  {"num_experts", E},
                   {"top_k", input.top_k},
                   {"gaps", gaps}};
+  if (!target_index.empty()) out["_meta"]["target_gaps"] = target_gaps;
   return out;
 }
 

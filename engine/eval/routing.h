@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -37,11 +38,20 @@ double Jaccard(const std::set<int32_t>& a, const std::set<int32_t>& b);
 
 struct SelectionParams {
   std::vector<int64_t> layers;       // model layer indices (default: the last two MoE layers)
-  double alpha = 0.01;               // minimum activation gap
-  std::vector<int64_t> shared_k = {1, 3, 5};
-  std::vector<std::string> high_resource;        // default: every language not in `parents`
+  std::optional<double> alpha;       // minimum activation gap (default DefaultAlpha(E))
+  std::vector<int64_t> shared_k;     // default DefaultSharedK(E)
+  // The anchors; default every language in neither `parents` nor `targets`.
+  std::vector<std::string> high_resource;
   std::map<std::string, std::string> parents;    // low-resource language -> its HR parent
+  // Languages without an anchor: each ranked against the anchors by its own routing.
+  std::vector<std::string> targets;
 };
+
+// The paper's defaults (64 experts: alpha 0.01, shared pools of 1, 3 and 5) scaled to E
+// experts: alpha = 0.64 / E (the same gap relative to a uniform share 1/E), and
+// round(k·E/64) for k in {1, 3, 5}, within 1..E−1, duplicates dropped (E = 4: [1]).
+double DefaultAlpha(int64_t num_experts);
+std::vector<int64_t> DefaultSharedK(int64_t num_experts);
 
 struct RoutingInput {
   std::vector<std::string> languages;
@@ -60,9 +70,12 @@ absl::StatusOr<nlohmann::json> RoutingStatsJson(const RoutingInput& input);
 // The expert-selection file (algorithms.md §4.4; docs/eval.md):
 //   {"_meta": {...}, "shared_experts": {"k5": {"14": [...]}},
 //    "<lang>": {"seft": {"14": [...]}, "ssft_k5": {"14": [...]}}}
-// with an entry for every high-resource language and every language in `parents`.
+// with an entry for every anchor (high-resource) language, every language in `parents` and
+// every target. Anchors are ranked among the anchors (with a single anchor: among it and
+// the targets); a target among the anchors and itself, so it changes no anchor's list.
 // InvalidArgument naming the field for a layer that is not an MoE layer, fewer than two
-// high-resource languages, a parent that is not high-resource, or a language not analysed.
+// languages to compare, a parent that is not an anchor, a shared_k of E or more, or a
+// language not analysed.
 absl::StatusOr<nlohmann::json> ExpertSelectionJson(const RoutingInput& input,
                                                    const SelectionParams& params);
 
