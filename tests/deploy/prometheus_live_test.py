@@ -2,6 +2,7 @@
 """A real Prometheus (Debian's) on loopback scraping a real coordinator and two workers:
 
 - `promtool check metrics` passes on each daemon's /metrics;
+- the coordinator's health port answers grpc.health.v1 SERVING and nothing else;
 - every target is up and every rule (a test copy of the alert rules with `for` cut to a few
   seconds) evaluates without error;
 - after a few waves of noop jobs (one of which fails), every query of every dashboard,
@@ -119,6 +120,31 @@ def render(dashboard: dict, results: dict[int, list[tuple[dict, list[dict]]]], n
     plt.close(fig)
 
 
+def check_health(address: str, f: lib.Failures) -> None:
+    """What kubelet's grpc probe asks (grpc.health.v1 Check, service ""), and that the health
+    port serves nothing else (it is plaintext and unauthenticated)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        status = None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+                break
+            except grpc.RpcError as e:
+                status = e.code()
+                time.sleep(0.2)
+        f.check(status == health_pb2.HealthCheckResponse.SERVING, f"health Check on {address}: {status}")
+        try:
+            channel.unary_unary("/stemma.v1.UserService/ListJobs")(b"", timeout=2)
+            code = grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            code = e.code()
+        f.check(code == grpc.StatusCode.UNIMPLEMENTED, f"the health port answers UserService.ListJobs with {code}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin-dir", required=True)
@@ -147,10 +173,13 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
     coordinator_cmd = [str(bin_dir / "stemma-coordinator"), f"--data={tmp}/coordinator",
                        f"--listen=127.0.0.1:{grpc}", f"--metrics-listen=127.0.0.1:{cmetrics}",
                        "--lease-ms=3000", "--heartbeat-ms=500"]
-    if "--health-listen" in lib.run([coordinator_cmd[0], "--help"]).stdout:
+    health = "--health-listen" in lib.run([coordinator_cmd[0], "--help"]).stdout
+    if health:
         coordinator_cmd.append(f"--health-listen=127.0.0.1:{chealth}")
     coordinator = procs.start(coordinator_cmd, tmp / "coordinator.log")
     lib.wait_http(f"http://127.0.0.1:{cmetrics}/metrics", 20, coordinator)
+    if health:
+        check_health(f"127.0.0.1:{chealth}", f)
     workers = []
     for i, port in enumerate(wmetrics):
         w = procs.start([str(bin_dir / "stemma-worker"), f"--coordinator=127.0.0.1:{grpc}",
