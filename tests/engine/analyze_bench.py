@@ -53,7 +53,8 @@ def main():
             sources.append((lang, path))
         spec = {"model": args.out, "out": os.path.join(tmp, "out"), "seq_len": args.seq_len,
                 "batch_size": args.batch, "max_tokens": 0,
-                "languages": {lang: {"text": path} for lang, path in sources}, "lape": {}}
+                "languages": [{"language": lang, "text": path} for lang, path in sources],
+                "lape": {"random_mask": False, "keep_profile": False}}
         with open(os.path.join(tmp, "spec.json"), "w") as f:
             json.dump(spec, f)
         run = subprocess.run([args.engine, "analyze", "--spec", os.path.join(tmp, "spec.json")],
