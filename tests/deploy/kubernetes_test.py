@@ -30,11 +30,14 @@ import deploylib as lib
 
 # The overlays and what differs between them.
 OVERLAYS = {
-    "dev": {"db_access": ["ReadWriteOnce"], "checkpoints": ["ReadWriteOnce"], "gpu_pools": 0},
-    "gpu-cluster": {"db_access": ["ReadWriteOncePod"], "checkpoints": ["ReadWriteMany"], "gpu_pools": 2},
+    "dev": {"db_access": ["ReadWriteOnce"], "checkpoints": ["ReadWriteOnce"], "gpu_pools": 0, "secure": False},
+    "gpu-cluster": {"db_access": ["ReadWriteOncePod"], "checkpoints": ["ReadWriteMany"], "gpu_pools": 2,
+                    "secure": True},
 }
 # Files the gpu-cluster overlay reads from secrets/ (the operator makes them).
-SECRET_FILES = ["worker-token", "tokens", "tls.crt", "tls.key", "ca.crt"]
+SECRET_FILES = {"worker-tokens.env": "gpu-node-1=test-token-1\ngpu-node-2=test-token-2\n",
+                "tokens": "test-digests\n", "tls.crt": "test-cert\n", "tls.key": "test-key\n",
+                "ca.crt": "test-ca\n"}
 # Which binary each image runs.
 IMAGE_BINARY = {"stemma/coordinator": "coordinator", "stemma/worker": "worker",
                 "stemma/worker-cuda": "worker"}
@@ -66,8 +69,8 @@ def render(overlay: str, tmp: pathlib.Path, f: lib.Failures) -> list[dict]:
     shutil.copytree(lib.KUBERNETES, tree)
     secrets = tree / "overlays" / overlay / "secrets"
     if secrets.is_dir():
-        for name in SECRET_FILES:
-            (secrets / name).write_text(f"test-{name}\n")
+        for name, text in SECRET_FILES.items():
+            (secrets / name).write_text(text)
     r = lib.run([lib.tool("kubectl"), "kustomize", str(tree / "overlays" / overlay)])
     if not f.check(r.returncode == 0, f"kubectl kustomize overlays/{overlay}:\n{r.stderr}"):
         return []
@@ -275,6 +278,39 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
     for o in by_kind.get("StatefulSet", []):
         f.check(o["spec"]["serviceName"] in svc_ports, f"{ov}: {name_of(o)} serviceName names no Service")
 
+    # TLS and tokens in clusters, --insecure only in dev; secret files reach the daemons
+    # with mode 0600 through an init container and an in-memory volume.
+    required = {"coordinator": ["--tls-cert", "--tls-key", "--tokens"], "worker": ["--ca", "--token-file"]}
+    for o in coordinators + by_kind.get("DaemonSet", []):
+        pod = pod_spec(o)
+        c = pod["containers"][0]
+        role = "coordinator" if o in coordinators else "worker"
+        flags = {a.split("=", 1)[0]: a.split("=", 1)[1] if "=" in a else "" for a in c["args"]}
+        n = f"{ov}: {name_of(o)}"
+        if not want["secure"]:
+            f.check("--insecure" in flags and not any(k in flags for k in required[role]),
+                    f"{n}: dev runs without TLS and tokens, and says so with --insecure")
+            continue
+        f.check("--insecure" not in flags, f"{n}: runs with --insecure")
+        for k in required[role]:
+            f.check(k in flags, f"{n}: no {k}")
+        secret_file = flags.get("--tokens" if role == "coordinator" else "--token-file", "")
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        mount = next((m for m in c["volumeMounts"] if secret_file.startswith(m["mountPath"] + "/")), None)
+        if f.check(mount is not None, f"{n}: {secret_file} is on no volume"):
+            vol = volumes[mount["name"]]
+            f.check(vol.get("emptyDir", {}).get("medium") == "Memory", f"{n}: {secret_file} is not on an in-memory volume")
+            copiers = [i for i in pod.get("initContainers", [])
+                       if any(m["name"] == mount["name"] for m in i.get("volumeMounts", []))]
+            f.check(len(copiers) == 1 and copiers[0]["command"][:3] == ["install", "-m", "0600"]
+                    and copiers[0]["command"][-1] == secret_file,
+                    f"{n}: no init container copies {secret_file} with mode 0600")
+            if copiers:
+                src_mount = next((m for m in copiers[0]["volumeMounts"]
+                                  if copiers[0]["command"][-2].startswith(m["mountPath"] + "/")), None)
+                f.check(src_mount is not None and "secret" in volumes.get(src_mount["name"], {}),
+                        f"{n}: the init container does not copy from a Secret")
+
     # Workers: one DaemonSet per GPU pool, with distinct pod selectors.
     workers = by_kind.get("DaemonSet", [])
     f.check(len(workers) == max(1, want["gpu_pools"]), f"{ov}: {len(workers)} worker DaemonSets")
@@ -295,8 +331,6 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
                 f"{n}: the shared checkpoint volume is not the worker's storage root")
         claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
         f.check(claims == ["stemma-checkpoints"], f"{n}: checkpoint volume claims {claims}")
-        f.check(any(e.get("valueFrom", {}).get("secretKeyRef", {}).get("name", "").startswith("stemma-worker-token")
-                    for e in c.get("env", []) if e["name"] == "STEMMA_TOKEN"), f"{n}: STEMMA_TOKEN not from the worker-token Secret")
         if want["gpu_pools"]:
             if f.check(isinstance(gpus, int) and gpus > 0, f"{n}: no nvidia.com/gpu limit"):
                 gpu_counts.append(gpus)
