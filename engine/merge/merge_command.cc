@@ -94,7 +94,7 @@ absl::Status Run(const std::string& command, const EngineInvocation& inv) {
         options));
     for (const auto& t : o.tensors) bytes += t.nbytes();
     done_before += o.tensors.size();
-    ASSIGN_OR_RETURN(Event output, OutputEvent("model", o.out, Operation(command, o.params)));
+    ASSIGN_OR_RETURN(Event output, OutputEvent(o.name, o.out, Operation(command, o.params)));
     events.Emit(output);
     outputs.push_back(o.out);
   }

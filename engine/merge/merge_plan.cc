@@ -395,6 +395,7 @@ absl::Status Planner::Interpolate(const v1::InterpolateSpec& spec) {
   }
   for (auto& [out, ranges] : outputs) {
     PlannedOutput o = NewOutput(out, *model, {base->dir(), model->dir()});
+    if (spec.alphas_size() > 0) o.name = absl::StrCat("model_alpha_", ranges[0].alpha);
     json applied = json::array();
     for (const Range& r : ranges) applied.push_back(r.alpha);
     o.params["alpha_per_range"] = applied;

@@ -21,6 +21,9 @@ namespace stemma::engine::merge {
 
 struct PlannedOutput {
   std::string out;
+  // The output event's name: "model", or "model_alpha_<α>" for each checkpoint of a sweep
+  // (the worker keeps one artifact per name).
+  std::string name = "model";
   std::vector<OutputTensor> tensors;
   std::vector<Recipe> recipes;                 // recipes[i] computes tensors[i]
   std::map<std::string, std::string> files;    // written as given (e.g. a new config.json)

@@ -484,9 +484,16 @@ TEST_F(MergeTest, InterpolationSweepWritesOneCheckpointPerAlpha) {
   Result r = Run("interpolate", {{"base", P("base")}, {"model", P("model")}, {"alphas", {0, 0.25, 1}},
                                  {"layers", {"1:3"}}, {"out_pattern", P("interp-{alpha}")}});
   ASSERT_EQ(r.code, 0) << r.err;
-  int outputs = 0;
-  for (const json& e : r.events) outputs += e["event"] == "output";
-  EXPECT_EQ(outputs, 3);
+  // One output event per checkpoint, each under its own name (the worker keeps one artifact
+  // per name) and with the sweep's operation.
+  std::vector<std::string> names;
+  for (const json& e : r.events) {
+    if (e["event"] != "output") continue;
+    names.push_back(e["name"]);
+    EXPECT_EQ(e["operation"], "interpolate");
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"model_alpha_0", "model_alpha_0.25", "model_alpha_1"}));
+  EXPECT_EQ(r.events[0]["layers"], json::array({"1:3"})) << r.events[0].dump();
   for (double alpha : {0.0, 0.25, 1.0}) {
     Model m = ReadModel(P(absl::StrCat("interp-", alpha)));
     ASSERT_EQ(m.size(), base.size()) << alpha;
