@@ -216,12 +216,24 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::unique_ptr<grpc::Server> health;
+  std::unique_ptr<grpc::ServerCompletionQueue> health_cq;
+  std::thread health_poller;
   if (!cfg.health_listen.empty()) {
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder hb;
     int health_port = 0;
     hb.AddListeningPort(cfg.health_listen, grpc::InsecureServerCredentials(), &health_port);
+    // The health service is the server's only one; gRPC wants a polled queue beside it.
+    health_cq = hb.AddCompletionQueue(/*is_frequently_polled=*/true);
     health = hb.BuildAndStart();
+    if (health) {
+      health_poller = std::thread([cq = health_cq.get()] {
+        void* tag;
+        bool ok;
+        while (cq->Next(&tag, &ok)) {
+        }
+      });
+    }
     if (!health || health_port == 0) {
       spdlog::error("cannot listen on --health-listen {}", cfg.health_listen);
       return 1;
@@ -236,7 +248,11 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
-  if (health) health->Shutdown(std::chrono::system_clock::now());
+  if (health) {
+    health->Shutdown(std::chrono::system_clock::now());
+    health_cq->Shutdown();
+    health_poller.join();
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   coordinator.Stop();
   return 0;

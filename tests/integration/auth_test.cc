@@ -68,6 +68,9 @@ std::vector<std::string> AllMethods() {
   return out;
 }
 
+// `stemma submit` prints "ID NAME" per job: the first job's id.
+std::string FirstWord(const std::string& out) { return out.substr(0, out.find_first_of(" \n")); }
+
 std::string Metrics(const Cluster& c) {
   return RunShell("curl -s http://" + c.metrics_address() + "/metrics");
 }
@@ -163,14 +166,17 @@ TEST_F(SecureCluster, UsersActOnTheirOwnJobsAndSecretsStayWithTheOwner) {
   const std::string bob = c_.CreateToken("user", "bob");
   const std::string viewer = c_.CreateToken("read-only", "viewer");
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
-  // No worker: the jobs stay QUEUED, which is all these rules need.
+  // A drained worker: exec jobs are accepted and stay QUEUED, which is all these rules need.
+  c_.StartWorker("w0");
+  c_.WaitForWorkers(1);
+  ASSERT_EQ(c_.Cli({"drain", "w0"}).exit_code, 0);
   const std::string file = c_.WriteFile(
       "secret.yaml",
       "name: with-secret\nlabels: {stemma.owner: bob}\n"
       "exec: {argv: [/bin/true], env: {HF_TOKEN: hf_supersecret}}\n");
   CliResult submit = c_.CliAs(alice, {"submit", "-f", file, "--idempotency-key", "k1"});
   ASSERT_EQ(submit.exit_code, 0) << submit.err;
-  const std::string id = submit.out.substr(0, submit.out.find('\n'));
+  const std::string id = FirstWord(submit.out);
 
   auto as_alice = nlohmann::json::parse(c_.CliAs(alice, {"get", id, "-o", "json"}).out);
   EXPECT_EQ(as_alice["spec"]["labels"]["stemma.owner"], "alice");  // not what the file said
@@ -188,10 +194,10 @@ TEST_F(SecureCluster, UsersActOnTheirOwnJobsAndSecretsStayWithTheOwner) {
   // The same idempotency key from another user is another user's key.
   CliResult again = c_.CliAs(bob, {"submit", "-f", file, "--idempotency-key", "k1"});
   ASSERT_EQ(again.exit_code, 0) << again.err;
-  const std::string bobs = again.out.substr(0, again.out.find('\n'));
+  const std::string bobs = FirstWord(again.out);
   EXPECT_NE(bobs, id);
   CliResult replay = c_.CliAs(alice, {"submit", "-f", file, "--idempotency-key", "k1"});
-  EXPECT_EQ(replay.out.substr(0, replay.out.find('\n')), id);
+  EXPECT_EQ(FirstWord(replay.out), id);
 
   CliResult cancel = c_.CliAs(bob, {"cancel", id});
   EXPECT_EQ(cancel.exit_code, 1);
@@ -290,26 +296,30 @@ TEST(Auth, ListeningBeyondLoopbackNeedsTlsAndTokensOrSaysInsecure) {
   Cluster c;
   const int port = 20000 + (::getpid() * 13) % 9000;
   auto open = [&](int p) { return "0.0.0.0:" + std::to_string(p); };
-  pid_t plain = c.SpawnCoordinator({"--listen", open(port)});
+  c.set_listen(open(port));
+  pid_t plain = c.SpawnCoordinator({});
   EXPECT_EQ(c.WaitExit(plain), 2);
   std::string log = Cluster::ReadFile(c.dir() + "/coordinator.log");
   EXPECT_NE(log.find("reaches beyond loopback without TLS and tokens"), std::string::npos) << log;
   EXPECT_NE(log.find("--insecure"), std::string::npos);
 
   c.EnableTls();
-  pid_t tls_only = c.SpawnCoordinator({"--listen", open(port + 1)});
+  c.set_listen(open(port + 1));
+  pid_t tls_only = c.SpawnCoordinator({});
   EXPECT_EQ(c.WaitExit(tls_only), 2);
   EXPECT_NE(Cluster::ReadFile(c.dir() + "/coordinator.log").find("without tokens"),
             std::string::npos);
 
   c.EnableTokens();
-  pid_t secure = c.SpawnCoordinator({"--listen", open(port + 2), "--data", c.dir() + "/c2"});
+  c.set_listen(open(port + 2));
+  pid_t secure = c.SpawnCoordinator({});
   EXPECT_EQ(c.WaitExit(secure, 2), -1) << Cluster::ReadFile(c.dir() + "/coordinator.log");
   ::kill(secure, SIGKILL);
   c.WaitExit(secure);
 
   Cluster plain_cluster;
-  pid_t insecure = plain_cluster.SpawnCoordinator({"--listen", open(port + 3), "--insecure"});
+  plain_cluster.set_listen(open(port + 3));
+  pid_t insecure = plain_cluster.SpawnCoordinator({"--insecure"});
   EXPECT_EQ(plain_cluster.WaitExit(insecure, 2), -1);
   EXPECT_NE(Cluster::ReadFile(plain_cluster.dir() + "/coordinator.log").find("INSECURE"),
             std::string::npos);

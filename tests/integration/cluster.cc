@@ -154,7 +154,8 @@ std::vector<std::string> Cluster::SecurityFlags() const {
 pid_t Cluster::SpawnCoordinator(std::vector<std::string> extra,
                                 const std::vector<std::string>& env) {
   std::vector<std::string> argv = {BinDir() + "/stemma-coordinator", "--data", coordinator_data(),
-                                   "--listen", address_, "--metrics-listen", metrics_address_,
+                                   "--listen", listen_.empty() ? address_ : listen_,
+                                   "--metrics-listen", metrics_address_,
                                    "--lease-ms", std::to_string(lease_ms), "--heartbeat-ms",
                                    std::to_string(heartbeat_ms)};
   std::vector<std::string> security = SecurityFlags();

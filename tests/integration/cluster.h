@@ -50,6 +50,8 @@ class Cluster {
   // Makes a CA (ca-NAME.pem/.key) and a server certificate signed by it into
   // server-NAME.pem/.key; returns the CA path.
   std::string MakeCaAndServerCert(const std::string& name);
+  // The coordinator's --listen when it differs from address() (0.0.0.0:PORT, say).
+  void set_listen(const std::string& listen) { listen_ = listen; }
   bool tls() const { return !ca_.empty(); }
   bool tokens() const { return !tokens_file_.empty(); }
   const std::string& ca() const { return ca_; }
@@ -103,6 +105,7 @@ class Cluster {
               const std::vector<std::string>& env = {}) const;
   std::vector<std::string> SecurityFlags() const;
   std::string ca_;
+  std::string listen_;
   bool mtls_ = false;
   std::string tokens_file_;
   std::string admin_token_;
