@@ -78,6 +78,18 @@ TEST(OutputEventTest, DirectoryFromItsManifestAndFileFromItsBytes) {
   EXPECT_EQ((*f)["manifest_sha256"], io::Sha256Hex("{\"ppl\": 3}"));
   EXPECT_EQ((*f)["parents"], Event::array({"/ckpt/soup"}));
 
+  // A token dataset whose manifest is its index.json (docs/data-format.md).
+  fs::create_directories(dir + "/tokens");
+  const std::string index = "{\"format\": \"stemma-tokens-v1\"}";
+  ASSERT_TRUE(io::WriteFileSynced(dir + "/tokens/index.json", index).ok());
+  ASSERT_TRUE(io::WriteFileSynced(dir + "/tokens/shard-00000.bin", "12345678").ok());
+  auto d = OutputEvent("dataset", dir + "/tokens", "tokenize");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)["type"], "dataset");
+  EXPECT_EQ((*d)["manifest_sha256"], io::Sha256Hex(index));
+  EXPECT_EQ((*d)["bytes"], index.size() + 8);
+  EXPECT_EQ((*d)["operation"], "tokenize");
+
   EXPECT_EQ(OutputEvent("x", dir + "/missing", "eval").status().code(), absl::StatusCode::kNotFound);
   fs::create_directories(dir + "/bare");
   EXPECT_FALSE(OutputEvent("x", dir + "/bare", "eval").ok());

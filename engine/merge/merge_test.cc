@@ -738,6 +738,37 @@ TEST_F(MergeTest, KillDuringMergePublishesNothingAndRerunGivesTheSameBytes) {
   EXPECT_TRUE(io::VerifyCheckpoint(P("soup")).ok());
 }
 
+// overwrite through the durability door: a merge replacing its own earlier output, killed
+// before or after the atomic swap, leaves the old checkpoint or the new one, complete.
+TEST_F(MergeTest, OverwriteKilledAtEachStepLeavesTheOldOrTheNewCheckpoint) {
+  WriteModel(P("a"), RandomModel(95, Dtype::kBF16), TinyConfig());
+  WriteModel(P("b"), RandomModel(96, Dtype::kBF16), TinyConfig());
+  auto soup = [&](double weight_b) {
+    return json{{"models", {{{"path", P("a")}}, {{"path", P("b")}, {"weight", weight_b}}}},
+                {"out", P("soup")}, {"overwrite", true}};
+  };
+  ASSERT_EQ(Run("merge", soup(1)).code, 0);
+  const std::string first = ReadText(P("soup/model.safetensors"));
+  ASSERT_EQ(Run("merge", soup(3)).code, 0);  // a plain overwrite
+  const std::string second = ReadText(P("soup/model.safetensors"));
+  ASSERT_NE(first, second);
+  EXPECT_TRUE(io::VerifyCheckpoint(P("soup")).ok());
+
+  Result r = Run("merge", soup(1), "STEMMA_IO_CRASH_AT=publish:before-rename");
+  // SIGKILL: the shell reports 128 + 9, or the wait status is a signal (-1 here).
+  EXPECT_TRUE(r.code == 137 || r.code == -1) << "killed by the crash point, got " << r.code << ": " << r.err;
+  EXPECT_EQ(ReadText(P("soup/model.safetensors")), second) << "killed before the swap: the old one";
+  EXPECT_TRUE(io::VerifyCheckpoint(P("soup")).ok());
+  r = Run("merge", soup(1), "STEMMA_IO_CRASH_AT=publish:after-swap");
+  EXPECT_TRUE(r.code == 137 || r.code == -1) << r.code << ": " << r.err;
+  EXPECT_EQ(ReadText(P("soup/model.safetensors")), first) << "killed after the swap: the new one";
+  EXPECT_TRUE(io::VerifyCheckpoint(P("soup")).ok());
+  ASSERT_EQ(Run("merge", soup(3)).code, 0);  // and the next run cleans up what the dead left
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
+  }
+}
+
 TEST_F(MergeTest, AgreesWithMergekit) {
   // fp32 inputs: magnitude ties (where any top-k order is valid) are then vanishingly rare.
   const int layers = 2;
