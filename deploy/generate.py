@@ -8,6 +8,7 @@ Outputs (checked in, never edited by hand):
     deploy/grafana/dashboards/stemma-cluster.json
     deploy/grafana/dashboards/stemma-experiments.json
     deploy/kubernetes/components/monitoring/prometheusrule.yaml   (from deploy/prometheus/stemma-rules.yaml)
+    deploy/kubernetes/components/monitoring/dashboards/*.json      (copies for the Grafana ConfigMap)
 
 The dashboards are described below as rows of panels. Every query selects on the
 dashboard's `job` and `instance` variables, every rate uses `$__rate_interval`, every panel
@@ -28,7 +29,11 @@ import yaml
 DEPLOY = pathlib.Path(__file__).resolve().parent
 DASHBOARD_DIR = DEPLOY / "grafana" / "dashboards"
 RULES_SOURCE = DEPLOY / "prometheus" / "stemma-rules.yaml"
-PROMETHEUS_RULE = DEPLOY / "kubernetes" / "components" / "monitoring" / "prometheusrule.yaml"
+MONITORING = DEPLOY / "kubernetes" / "components" / "monitoring"
+PROMETHEUS_RULE = MONITORING / "prometheusrule.yaml"
+# The same dashboards inside the monitoring component (kustomize reads files only below a
+# kustomization), as a ConfigMap that Grafana's dashboard sidecar loads.
+COMPONENT_DASHBOARDS = MONITORING / "dashboards"
 
 # Metrics that other parts of Stemma are adding; panels on them are empty until then.
 AUTH = "issue 13: stemma_auth_failures_total (and only after a call was refused)"
@@ -423,7 +428,9 @@ def prometheus_rule(rules_text: str) -> str:
 def outputs() -> dict[pathlib.Path, str]:
     out = {}
     for d in DASHBOARDS:
-        out[DASHBOARD_DIR / f"{d.uid}.json"] = json.dumps(dashboard_json(d), indent=2) + "\n"
+        text = json.dumps(dashboard_json(d), indent=2) + "\n"
+        out[DASHBOARD_DIR / f"{d.uid}.json"] = text
+        out[COMPONENT_DASHBOARDS / f"{d.uid}.json"] = text
     out[PROMETHEUS_RULE] = prometheus_rule(RULES_SOURCE.read_text())
     return out
 

@@ -100,6 +100,14 @@ def check_crds(overlay: str, tmp: pathlib.Path, objs: list[dict], f: lib.Failure
     crds = [o for o in objs if o["apiVersion"] == "monitoring.coreos.com/v1"]
     if not crds:
         return
+    # With the monitoring component come the dashboards, for Grafana's sidecar.
+    maps = [o for o in objs if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "stemma-dashboards"]
+    if f.check(len(maps) == 1, f"overlays/{overlay}: no stemma-dashboards ConfigMap"):
+        m = maps[0]
+        f.check(m["metadata"].get("labels", {}).get("grafana_dashboard") == "1",
+                f"overlays/{overlay}: stemma-dashboards lacks the grafana_dashboard label")
+        want = {p.name: p.read_text() for p in lib.dashboard_files()}
+        f.check(m.get("data") == want, f"overlays/{overlay}: stemma-dashboards differs from deploy/grafana/dashboards")
     services = [o for o in objs if o["kind"] == "Service"]
     for o in crds:
         n = f"overlays/{overlay} {name_of(o)}"

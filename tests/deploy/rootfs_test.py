@@ -64,12 +64,15 @@ def base_tarball() -> pathlib.Path:
     return tarball
 
 
-def in_root(root: pathlib.Path, argv: list[str], tmpfs: list[str], user: bool = True) -> list[str]:
+def in_root(root: pathlib.Path, argv: list[str], tmpfs: list[str], user: bool = True,
+            binds: dict[str, pathlib.Path] | None = None) -> list[str]:
     """A command line that runs argv in root like a container: new mount and PID namespaces,
-    the root read-only, /proc mounted, tmpfs on each of tmpfs, as UID (unless user=False)."""
+    the root read-only, /proc mounted, tmpfs on each of tmpfs and the host directories of
+    binds (target -> host dir, a volume) writable, as UID (unless user=False)."""
     mounts = [f"mount --bind {root} {root}", f"mount -o remount,bind,ro {root}",
               f"mount -t proc proc {root}/proc"]
     mounts += [f"mount -t tmpfs -o mode=1777 tmpfs {root}{d}" for d in tmpfs]
+    mounts += [f"mount --bind {host} {root}{target}" for target, host in (binds or {}).items()]
     spec = f"--userspec={UID}:{UID} " if user else ""
     script = " && ".join(mounts) + f" && exec chroot {spec}{root} \"$@\""
     return ["unshare", "--mount", "--pid", "--fork", "sh", "-c", script, "sh", *argv]
@@ -110,7 +113,13 @@ def main() -> None:
         r = lib.run([str(bin_dir / "stemma-coordinator"), "--help"])
         if "--health-listen" in r.stdout:
             coordinator_args.append(f"--health-listen=127.0.0.1:{chealth}")
-        coordinator = procs.start(in_root(root, coordinator_args, ["/var/lib/stemma", "/tmp"]), tmp / "coordinator.log")
+        # The database volume: a host directory owned by the pod's user, shared with the
+        # backup below as a volume is with `kubectl exec`.
+        volume = tmp / "coordinator-volume"
+        volume.mkdir()
+        os.chown(volume, UID, UID)
+        db_volume = {"/var/lib/stemma": volume}
+        coordinator = procs.start(in_root(root, coordinator_args, ["/tmp"], binds=db_volume), tmp / "coordinator.log")
         lib.wait_http(f"http://127.0.0.1:{cmetrics}/metrics", 20, coordinator)
         worker = procs.start(in_root(root, [
             "/usr/local/bin/stemma-worker", f"--coordinator=127.0.0.1:{grpc}",
@@ -136,6 +145,13 @@ def main() -> None:
         f.check(states == ["SUCCEEDED"] * 5, f"jobs run inside the root ended {states}, want 5 SUCCEEDED")
         text = lib.http_get(f"http://127.0.0.1:{cmetrics}/metrics")
         f.check('stemma_coordinator_workers{state="alive"} 1' in text, "the coordinator does not see its worker alive")
+        # The operator guide's online backup, while the coordinator runs: sqlite3's .backup
+        # inside the coordinator's file system, then the copy checked and counted.
+        backup = ("sqlite3 /var/lib/stemma/stemma.db '.backup /var/lib/stemma/backup.db' && "
+                  "sqlite3 /var/lib/stemma/backup.db 'PRAGMA integrity_check' 'SELECT count(*) FROM jobs'")
+        r = lib.run(in_root(root, ["/bin/sh", "-c", backup], ["/tmp"], binds=db_volume))
+        f.check(r.returncode == 0 and r.stdout.split() == ["ok", "5"],
+                f"online backup in the runtime root: {r.returncode} {r.stdout!r} {r.stderr!r}")
         for p in (worker, coordinator):
             f.check(p.poll() is None, f"{p.args[-1]} exited early")
         procs.stop_all()
