@@ -30,6 +30,7 @@ std::vector<TaskField> PerplexityFields(const v1::EvalTask& t) {
   return {{"split", !t.split().empty()},
           {"heldout_fraction", t.has_heldout_fraction()},
           {"split_seed", t.has_split_seed()},
+          {"heldout_split", t.has_heldout_split()},
           {"seq_len", t.has_seq_len()}};
 }
 std::vector<TaskField> FewShotFields(const v1::EvalTask& t) {
@@ -81,6 +82,16 @@ absl::Status CheckTask(const v1::EvalTask& t, const std::string& at, const SpecC
     return checker.Error(absl::StrCat(at, ".heldout_fraction"),
                          "is required with split: heldout (the training run's "
                          "data.heldout_fraction; or split: all)");
+  }
+  if (t.type() == "perplexity" && t.split() == "all") {
+    for (const TaskField& f : {TaskField{"heldout_fraction", t.has_heldout_fraction()},
+                               TaskField{"heldout_split", t.has_heldout_split()},
+                               TaskField{"split_seed", t.has_split_seed()}}) {
+      if (f.set) return checker.Error(absl::StrCat(at, ".", f.name), "does not apply with split: all");
+    }
+  }
+  if (t.type() == "perplexity" && t.heldout_split() == "last" && t.has_split_seed()) {
+    return checker.Error(absl::StrCat(at, ".split_seed"), "does not apply to heldout_split: last (no hash)");
   }
   if (t.type() == "choice" && t.format().empty()) {
     return checker.Error(absl::StrCat(at, ".format"), "is required for a choice task (belebele, piqa, global_piqa)");

@@ -126,6 +126,23 @@ INSTANTIATE_TEST_SUITE_P(
              std::string(kEvalHead) + "  tasks:\n"
                                       "    - {type: perplexity, language: uk, data: /d}\n",
              {"line 5", "eval.tasks[0].heldout_fraction", "is required with split: heldout"}},
+        Case{"eval_fraction_with_split_all",
+             std::string(kEvalHead) + "  tasks:\n"
+                                      "    - {type: perplexity, language: uk, data: /d, split: all, heldout_fraction: 0.1}\n",
+             {"line 5", "eval.tasks[0].heldout_fraction", "does not apply with split: all"}},
+        Case{"eval_seed_with_last_split",
+             std::string(kEvalHead) + "  tasks:\n"
+                                      "    - type: perplexity\n"
+                                      "      language: uk\n"
+                                      "      data: /d\n"
+                                      "      heldout_fraction: 0.1\n"
+                                      "      heldout_split: last\n"
+                                      "      split_seed: 3\n",
+             {"line 10", "eval.tasks[0].split_seed", "does not apply to heldout_split: last"}},
+        Case{"eval_bad_heldout_split",
+             std::string(kEvalHead) + "  tasks:\n"
+                                      "    - {type: perplexity, language: uk, data: /d, heldout_fraction: 0.1, heldout_split: tail}\n",
+             {"line 5", "eval.tasks[0].heldout_split", "'tail' is not one of hash, last"}},
         Case{"eval_choice_without_format",
              std::string(kEvalHead) + "  tasks:\n"
                                       "    - {type: choice, language: uk, data: /b.jsonl, k: 2}\n",

@@ -148,6 +148,7 @@ class PerplexityTask : public Task {
     options.heldout = spec_.split == "heldout";
     options.heldout_fraction = spec_.heldout_fraction;
     options.split_seed = spec_.split_seed;
+    options.heldout_last = spec_.heldout_split == "last";
     options.limit = spec_.limit;
     ASSIGN_OR_RETURN(stream_, eval::BuildPerplexityStream(*dataset_, options, info.vocab_size));
     return absl::OkStatus();
@@ -190,6 +191,12 @@ class PerplexityTask : public Task {
     totals_ = totals;
     (*result)["seq_len"] = seq_len;
     (*result)["seq_len_source"] = spec_.seq_len_source;
+    (*result)["split"] = spec_.split;
+    if (spec_.split == "heldout") {
+      (*result)["heldout_split"] = spec_.heldout_split;
+      (*result)["heldout_fraction"] = spec_.heldout_fraction;
+      if (spec_.heldout_split == "hash") (*result)["split_seed"] = spec_.split_seed;
+    }
     (*result)["documents"] = stream_.documents.size();
     (*result)["windows"] = windows.size();
     (*result)["tokens"] = totals.tokens;

@@ -221,6 +221,25 @@ TEST(EvalCommand, PerplexityEqualsDirectComputationOverHeldOutWindows) {
             fs::path(run.events[run.events.size() - 2]["path"].get<std::string>()));
 }
 
+// The training loader's `last` split: the last ceil(fraction·N) documents, in file order.
+TEST(EvalCommand, HeldOutByPositionIsTheEndOfTheDataset) {
+  const std::string spec = Root() + "/ppl_last.yaml";
+  Write(spec, "model: " + ModelDir() + "\ntasks: [{type: perplexity, language: uk, data: " +
+                  TokenizedDataset() + ", heldout_fraction: 0.25, heldout_split: last, seq_len: 64}]\n");
+  const EngineRun run = Engine(spec);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const json task = Results(run)["tasks"][0];
+  auto dataset = data::Dataset::Open(TokenizedDataset());
+  ASSERT_TRUE(dataset.ok());
+  const int64_t n = (*dataset)->num_documents();
+  const int64_t held = (n + 3) / 4;  // ceil(0.25 · n)
+  int64_t tokens = 0;
+  for (int64_t d = n - held; d < n; ++d) tokens += static_cast<int64_t>((*dataset)->Document(d).size()) + 1;  // + EOS
+  EXPECT_EQ(task["documents"], held);
+  EXPECT_EQ(task["tokens"], tokens);
+  EXPECT_EQ(task["heldout_split"], "last");
+}
+
 // The same held-out windows through transformers (eager, fp32): tests/bench/eval_hf.py
 // re-implements the split and the windows in Python.
 TEST(EvalCommand, PerplexityAgreesWithTransformers) {

@@ -124,6 +124,7 @@ EvalSpec EvalSpecFromProto(const v1::EvalSpec& proto, const std::string& spec_pa
     if (!t.split().empty()) task.split = t.split();
     task.heldout_fraction = t.heldout_fraction();
     task.split_seed = t.split_seed();
+    if (t.has_heldout_split()) task.heldout_split = t.heldout_split();
     if (t.has_seq_len()) {
       task.seq_len = t.seq_len();
       task.seq_len_source = "spec";

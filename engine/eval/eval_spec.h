@@ -31,6 +31,7 @@ struct TaskSpec {
   std::string split = "heldout";  // "heldout" | "all"
   double heldout_fraction = 0;
   uint64_t split_seed = 0;
+  std::string heldout_split = "hash";  // "hash" | "last" (the training loader's rules)
   int64_t seq_len = 0;          // resolved by ResolveSequenceLengths (> 0 after it)
   std::string seq_len_source;   // "spec", "training run (<path>)", "model maximum"
   // Choice.

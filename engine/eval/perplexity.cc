@@ -16,10 +16,14 @@ absl::StatusOr<PerplexityStream> BuildPerplexityStream(const data::Dataset& data
   PerplexityStream stream;
   stream.context_token = info.bos_id ? info.bos_id : info.eos_id;
   stream.first_predicted = stream.context_token ? 0 : 1;
-  for (int64_t doc = 0; doc < dataset.num_documents(); ++doc) {
+  const int64_t first_last =
+      data::FirstHeldOutByPosition(dataset.num_documents(), options.heldout_fraction);
+  for (int64_t doc = options.heldout && options.heldout_last ? first_last : 0;
+       doc < dataset.num_documents(); ++doc) {
     if (options.limit > 0 && static_cast<int64_t>(stream.documents.size()) == options.limit) break;
     std::vector<int32_t> tokens = dataset.Document(doc);
-    if (options.heldout && !data::IsHeldOut(tokens, options.heldout_fraction, options.split_seed)) {
+    if (options.heldout && !options.heldout_last &&
+        !data::IsHeldOut(tokens, options.heldout_fraction, options.split_seed)) {
       continue;
     }
     stream.documents.push_back(doc);
@@ -30,7 +34,9 @@ absl::StatusOr<PerplexityStream> BuildPerplexityStream(const data::Dataset& data
     return absl::InvalidArgumentError(absl::StrCat(
         dataset.dir(), ": no tokens to evaluate in the ",
         options.heldout ? absl::StrCat("held-out split (fraction ", options.heldout_fraction,
-                                       ", split_seed ", options.split_seed, ")")
+                                       options.heldout_last ? ", the last documents"
+                                                            : absl::StrCat(", split_seed ", options.split_seed),
+                                       ")")
                         : std::string("dataset")));
   }
   auto out_of_range = [&](int32_t t) { return t < 0 || t >= vocab_size; };

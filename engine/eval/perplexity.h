@@ -29,6 +29,9 @@ struct PerplexityStreamOptions {
   bool heldout = true;
   double heldout_fraction = 0;
   uint64_t split_seed = 0;
+  // The training loader's `last` split: the last ceil(fraction·N) documents in file order
+  // (data::FirstHeldOutByPosition) instead of the hash rule.
+  bool heldout_last = false;
   int64_t limit = 0;  // first N documents of the split (0 = all)
 };
 
