@@ -551,7 +551,10 @@ class Analysis {
     for (const auto& [name, content] : outputs_.files) {
       const std::string path = (std::filesystem::path(spec_.out) / (name + ".json")).string();
       RETURN_IF_ERROR(WriteJsonAtomically(path, content));
-      written[name] = path;
+      // The output's name in events and the registry: the files' stems, except the two that
+      // later stages consume by role (train's neuron_mask and expert_subset strategies).
+      const std::string output = name == "neuron_mask" ? "mask" : name == "expert_selection" ? "selection" : name;
+      written[output] = path;
     }
     std::vector<std::string> parents;
     for (const std::string& p : {spec_.model, spec_.drift ? spec_.drift->base : std::string(),

@@ -560,7 +560,9 @@ TEST_F(AnalyzeCommand, LapeFindsThePlantedNeuronOfEachLanguage) {
   EXPECT_EQ(events.back()["event"], "done");
   bool output_event = false;
   for (const auto& e : events) {
-    output_event |= e["event"] == "output" && e["name"] == "neuron_mask";
+    output_event |= e["event"] == "output" && e["name"] == "mask" && e["type"] == "file" &&
+                    e["operation"] == "analyze" &&
+                    e["path"] == (dir_ / "out" / "neuron_mask.json").string();
   }
   EXPECT_TRUE(output_event);
 
