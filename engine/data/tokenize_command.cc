@@ -1,6 +1,7 @@
 // `stemma-engine tokenize` (docs/engine/tokenize.md): the spec stemma.v1.TokenizeSpec from
 // --spec FILE and/or flags, through the one engine command-line parser.
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "common/engine_contract.h"
 #include "engine/data/commands.h"
 #include "engine/data/tokenize.h"
+#include "engine/events.h"
 #include "nlohmann/json.hpp"
 #include "stemma/v1/specs/data.pb.h"
 
@@ -50,10 +52,7 @@ std::vector<std::string> GatherInputs(int argc, char** argv) {
   return args;
 }
 
-void Emit(const nlohmann::ordered_json& event) {
-  std::printf("%s\n", event.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
-  std::fflush(stdout);
-}
+void Emit(const Event& event) { EventWriter().Emit(event); }
 
 }  // namespace
 
@@ -90,15 +89,21 @@ int RunTokenize(int argc, char** argv) {
         {"line_docs", options.line_docs},
         {"language", options.language},
         {"out", options.out_dir}});
+  if (std::error_code ec;
+      !std::filesystem::create_directories(std::filesystem::path(options.out_dir).parent_path(), ec) && ec) {
+    return ReportEngineFailure(absl::FailedPreconditionError(
+        absl::StrCat("out: cannot create the directory of ", options.out_dir, ": ", ec.message())));
+  }
   absl::StatusOr<data::TokenizeSummary> summary = data::TokenizeFiles(options);
   if (!summary.ok()) return ReportEngineFailure(summary.status());
   const std::string hint = data::LineDocsHint(options, *summary);
   if (!hint.empty()) std::fprintf(stderr, "stemma-engine tokenize: hint: %s\n", hint.c_str());
-  Emit({{"event", std::string(engine_contract::kEventOutput)},
-        {"name", "dataset"},
-        {"path", options.out_dir},
-        {"type", "dataset"},
-        {"operation", "tokenize"}});
+  absl::StatusOr<Event> output = OutputEvent("dataset", options.out_dir, "tokenize");
+  if (!output.ok()) {
+    output = Event{{"event", "output"}, {"name", "dataset"}, {"path", options.out_dir}, {"type", "dataset"},
+                   {"operation", "tokenize"}};
+  }
+  Emit(*output);
   nlohmann::ordered_json done = {{"event", std::string(engine_contract::kEventDone)},
                                  {"command", "tokenize"},
                                  {"out", options.out_dir},

@@ -24,6 +24,7 @@
 #include "common/engine_contract.h"
 #include "common/engine_spec.h"
 #include "common/status.h"
+#include "engine/events.h"
 #include "engine/io/safetensors.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/config.h"
@@ -159,6 +160,11 @@ absl::Status Init(const v1::InitSpec& spec, const std::string& where) {
   auto config = model::ParseModelConfig(config_json);
   if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", config.status().message()));
   const uint64_t seed = spec.seed();
+  if (std::error_code ec;
+      !std::filesystem::create_directories(std::filesystem::path(spec.out()).parent_path(), ec) && ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(where, ": out: cannot create the directory of ", spec.out(), ": ", ec.message()));
+  }
   ASSIGN_OR_RETURN(CausalLM lm, model::InitModel(*config, seed));
   options.producer.command = "init";
   options.producer.params = nlohmann::json::parse(SpecToJson(spec), nullptr, false);
@@ -174,8 +180,11 @@ absl::Status Init(const v1::InitSpec& spec, const std::string& where) {
                spec.arch().c_str(), spec.preset().c_str(), static_cast<unsigned long long>(seed),
                static_cast<long long>(count));
   // stdout carries only events (docs/engine-events.md).
-  nlohmann::ordered_json output = {{"event", "output"}, {"name", "model"}, {"path", spec.out()},
-                                   {"type", "checkpoint"}, {"operation", "init"}};
+  absl::StatusOr<Event> output = OutputEvent("model", spec.out(), "init");
+  if (!output.ok()) {
+    output = Event{{"event", "output"}, {"name", "model"}, {"path", spec.out()}, {"type", "checkpoint"},
+                   {"operation", "init"}};
+  }
   nlohmann::ordered_json done = {{"event", "done"},
                                  {"command", "init"},
                                  {"arch", spec.arch()},
@@ -194,8 +203,9 @@ absl::Status Init(const v1::InitSpec& spec, const std::string& where) {
     done["num_experts"] = c.num_experts;
     done["experts_per_token"] = c.num_experts_per_tok;
   }
-  std::printf("%s\n%s\n", output.dump().c_str(), done.dump().c_str());
-  std::fflush(stdout);
+  EventWriter events;
+  events.Emit(*output);
+  events.Emit(Event(done));
   return absl::OkStatus();
 }
 

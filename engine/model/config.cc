@@ -507,9 +507,6 @@ absl::Status ApplyModelSizes(Arch arch, const ModelSizes& sizes, json* config) {
   const int64_t hidden = j.at("hidden_size").get<int64_t>();
   const int64_t heads = j.at("num_attention_heads").get<int64_t>();
   const int64_t kv = j.at("num_key_value_heads").get<int64_t>();
-  if (heads % kv != 0) {
-    return bad("num_kv_heads", absl::StrCat(kv, " does not divide the ", heads, " attention heads"));
-  }
   int64_t head_dim = 0;
   if (sizes.head_dim) {
     head_dim = *sizes.head_dim;
@@ -517,6 +514,9 @@ absl::Status ApplyModelSizes(Arch arch, const ModelSizes& sizes, json* config) {
     return bad("num_heads", absl::StrCat(heads, " does not divide hidden_size ", hidden, " (or give head_dim)"));
   } else {
     head_dim = hidden / heads;
+  }
+  if (heads % kv != 0) {
+    return bad("num_kv_heads", absl::StrCat(kv, " does not divide the ", heads, " attention heads"));
   }
   if (head_dim % 2 != 0) return bad("head_dim", absl::StrCat(head_dim, " must be even (RoPE rotates pairs)"));
   if (arch == Arch::kOlmoe) {

@@ -52,7 +52,7 @@ int RunTrain(int argc, char** argv) {
   KeepLargeBlocksInTheHeap();
   train::RunOptions options;
   options.stop_after_step = stop_after_step;
-  absl::StatusOr<train::RunResult> result = train::Train(*spec, options, train::EventWriter(/*enabled=*/true));
+  absl::StatusOr<train::RunResult> result = train::Train(*spec, options, EventWriter(/*enabled=*/true));
   if (!result.ok()) return ReportEngineFailure(result.status());
   if (*result == train::RunResult::kStopped) {
     std::fprintf(stderr,

@@ -548,6 +548,19 @@ void EvaluateHeldOut(Run& run, int64_t step, const EventWriter& events) {
   run.lm->train();
 }
 
+// The `output` event of the published model, with what the checkpoint registry records
+// (type, manifest sha256, bytes, parents; engine/events.h).
+void EmitOutput(const EventWriter& events, const std::string& out) {
+  absl::StatusOr<Event> output = OutputEvent("model", out, "cpt");
+  if (output.ok()) {
+    events.Emit(*output);
+    return;
+  }
+  std::fprintf(stderr, "train: output event without manifest fields: %s\n",
+               std::string(output.status().message()).c_str());
+  events.Emit({{"event", "output"}, {"name", "model"}, {"path", out}, {"type", "checkpoint"}, {"operation", "cpt"}});
+}
+
 // A previous attempt of this very spec already published `out`: report it again.
 bool AlreadyDone(const TrainSpec& spec, const std::string& spec_sha256) {
   auto text = io::ReadFile(spec.out + "/" + io::kManifestName);
@@ -576,7 +589,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
   torch::manual_seed(spec.seed);
 
   if (!spec.overwrite && AlreadyDone(spec, run.spec_sha256)) {
-    events.Emit({{"event", "output"}, {"name", "model"}, {"path", spec.out}});
+    EmitOutput(events, spec.out);
     events.Emit({{"event", "done"}, {"command", "train"}, {"out", spec.out}, {"already_done", true}});
     return RunResult::kFinished;
   }
@@ -585,6 +598,12 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
         spec.source, ": out: ", spec.out, " already exists (set overwrite: true to replace it)"));
   }
 
+  // The directory `out` goes into (e.g. models/ under the storage root) is made now, not
+  // found missing after the last step.
+  if (std::error_code ec; !fs::create_directories(fs::path(spec.out).parent_path(), ec) && ec) {
+    return absl::FailedPreconditionError(absl::StrCat(spec.source, ": out: cannot create the directory of ",
+                                                      spec.out, ": ", ec.message()));
+  }
   // Inputs that only the engine can check, before any work: the datasets open.
   auto mixture = data::OpenMixture(spec.data.mixture);
   if (!mixture.ok()) {
@@ -722,7 +741,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
     if (!saved.ok()) {
       return absl::Status(saved.code(), absl::StrCat("writing ", spec.out, ": ", saved.message()));
     }
-    events.Emit({{"event", "output"}, {"name", "model"}, {"path", spec.out}});
+    EmitOutput(events, spec.out);
   }
   events.Emit({{"event", "done"},
                {"command", "train"},

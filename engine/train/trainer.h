@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
-#include "engine/train/events.h"
+#include "engine/events.h"
 #include "engine/train/spec.h"
 
 namespace stemma::engine::train {
