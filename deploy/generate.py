@@ -37,7 +37,7 @@ COMPONENT_DASHBOARDS = MONITORING / "dashboards"
 
 # Metrics that other parts of Stemma are adding; panels on them are empty until then.
 AUTH = "issue 13: stemma_auth_failures_total (and only after a call was refused)"
-EXPERIMENT_METRICS = "issue 12: stemma_train_* gauges (experiment, stage) of running train jobs"
+TRAINING = "a running job that reports step events (loss, tokens_per_s)"
 EVAL_METRICS = "a stemma_eval_score gauge (experiment, stage, suite, metric), which nothing exports yet"
 REGISTRY = "issue 12: the checkpoint registry's stemma_registry_checkpoints_registered_total"
 FAILURES = "a failed attempt"
@@ -210,14 +210,14 @@ EXPERIMENTS = Dashboard(
         Row("Training", [
             Panel("Training loss", [
                 (f"stemma_train_loss{sel(experiment=True)}", "{{experiment}} {{stage}}"),
-            ], needs=EXPERIMENT_METRICS, width=12,
+            ], needs=TRAINING, width=12,
                 description="Latest training loss of each running train job."),
             Panel("Tokens per second", [
                 (f"stemma_train_tokens_per_second{sel(experiment=True)}", "{{experiment}} {{stage}}"),
-            ], unit="short", needs=EXPERIMENT_METRICS, width=12),
+            ], unit="short", needs=TRAINING, width=12),
             Panel("Step", [
                 (f"stemma_train_step{sel(experiment=True)}", "{{experiment}} {{stage}}"),
-            ], needs=EXPERIMENT_METRICS, width=12, description="Latest optimizer step of each running train job."),
+            ], needs=TRAINING, width=12, description="Latest optimizer step of each running train job."),
         ]),
         Row("Results", [
             Panel("Eval results", [

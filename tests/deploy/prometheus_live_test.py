@@ -2,6 +2,8 @@
 """A real Prometheus (Debian's) on loopback scraping a real coordinator and two workers:
 
 - `promtool check metrics` passes on each daemon's /metrics;
+- both daemons run as the gpu-cluster overlay runs them: TLS and tokens (a CA, certificate
+  and tokens made as docs/operator-guide.md says), a token per worker;
 - the coordinator's health port answers grpc.health.v1 SERVING and nothing else;
 - every target is up and every rule (a test copy of the alert rules with `for` cut to a few
   seconds) evaluates without error;
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import pathlib
 import shutil
 import signal
@@ -167,12 +170,52 @@ def main() -> None:
     f.exit("prometheus_live_test")
 
 
+def credentials(bin_dir: pathlib.Path, tmp: pathlib.Path, workers: list[str]) -> dict[str, pathlib.Path]:
+    """A CA, the coordinator's certificate and tokens, made as docs/operator-guide.md says."""
+    d = tmp / "secrets"
+    d.mkdir()
+    openssl = ["openssl"]
+    steps = [
+        ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "30",
+         "-subj", "/CN=stemma-ca", "-keyout", "ca.key", "-out", "ca.crt"],
+        ["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj", "/CN=stemma-coordinator",
+         "-keyout", "tls.key", "-out", "tls.csr"],
+        ["x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "30",
+         "-extfile", "san.ext", "-out", "tls.crt"],
+    ]
+    (d / "san.ext").write_text("subjectAltName=DNS:stemma-coordinator,DNS:localhost,IP:127.0.0.1\n")
+    for step in steps:
+        r = lib.run(openssl + step, cwd=d)
+        if r.returncode != 0:
+            raise SystemExit(f"openssl {step[0]}: {r.stderr}")
+    files = {"ca": d / "ca.crt", "cert": d / "tls.crt", "key": d / "tls.key", "tokens": d / "tokens"}
+    for role, subject in [("admin", "operator")] + [("worker", w) for w in workers]:
+        r = lib.run([str(bin_dir / "stemma"), "token", "create", "--role", role, "--subject", subject,
+                     "--file", str(files["tokens"])])
+        if r.returncode != 0:
+            raise SystemExit(f"stemma token create: {r.stderr}")
+        path = d / f"{subject}.token"
+        path.write_text(r.stdout.strip() + "\n")
+        path.chmod(0o600)
+        files[subject] = path
+    bad = d / "bad.token"
+    bad.write_text("stm_not-a-token\n")
+    bad.chmod(0o600)
+    files["bad"] = bad
+    return files
+
+
 def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.Processes, f: lib.Failures) -> None:
     grpc, cmetrics, chealth, prom = (lib.free_port() for _ in range(4))
     wmetrics = [lib.free_port() for _ in range(2)]
+    # As the gpu-cluster overlay runs them: TLS and tokens, a token per worker.
+    secure = "--tokens" in lib.run([str(bin_dir / "stemma-coordinator"), "--help"]).stdout
+    cred = credentials(bin_dir, tmp, ["w0", "w1"]) if secure else {}
     coordinator_cmd = [str(bin_dir / "stemma-coordinator"), f"--data={tmp}/coordinator",
                        f"--listen=127.0.0.1:{grpc}", f"--metrics-listen=127.0.0.1:{cmetrics}",
                        "--lease-ms=3000", "--heartbeat-ms=500"]
+    if secure:
+        coordinator_cmd += [f"--tls-cert={cred['cert']}", f"--tls-key={cred['key']}", f"--tokens={cred['tokens']}"]
     health = "--health-listen" in lib.run([coordinator_cmd[0], "--help"]).stdout
     if health:
         coordinator_cmd.append(f"--health-listen=127.0.0.1:{chealth}")
@@ -184,7 +227,10 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
     for i, port in enumerate(wmetrics):
         w = procs.start([str(bin_dir / "stemma-worker"), f"--coordinator=127.0.0.1:{grpc}",
                          f"--data={tmp}/w{i}", f"--name=w{i}", "--gpus=2", "--cpus=4", "--memory-mb=8192",
-                         f"--metrics-listen=127.0.0.1:{port}"], tmp / f"w{i}.log")
+                         "--allow-exec",
+                         f"--metrics-listen=127.0.0.1:{port}"]
+                        + ([f"--ca={cred['ca']}", f"--token-file={cred[f'w{i}']}"] if secure else []),
+                        tmp / f"w{i}.log")
         lib.wait_http(f"http://127.0.0.1:{port}/metrics", 20, w)
         workers.append(w)
 
@@ -225,7 +271,22 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
 
     # Work: three waves of noop jobs, some holding a GPU, one failing twice.
     cli = [str(bin_dir / "stemma"), f"--coordinator=127.0.0.1:{grpc}"]
-    total = 0
+    if secure:
+        # A call with a bad token is refused and counted (the auth failures panel).
+        r = lib.run(cli + [f"--ca={cred['ca']}", f"--token-file={cred['bad']}", "ls"])
+        f.check(r.returncode != 0, f"a bad token was accepted: {r.stdout}")
+        cli += [f"--ca={cred['ca']}", f"--token-file={cred['operator']}"]
+    # A job that reports training steps as stemma-engine does (docs/engine-events.md): the
+    # live training gauges of the experiments dashboard.
+    (tmp / "train.sh").write_text(
+        "i=0; while [ $i -lt 30 ]; do i=$((i+1));"
+        " echo \"{\\\"event\\\":\\\"step\\\",\\\"step\\\":$i,\\\"loss\\\":$((40-i)).25,\\\"tokens_per_s\\\":$((1000+10*i))}\";"
+        " sleep 0.4; done\n")
+    (tmp / "train.yaml").write_text(f"name: train-like\nexperiment: live\nlabels: {{stage: cpt}}\n"
+                                    f"exec: {{argv: [/bin/sh, {tmp / 'train.sh'}]}}\n")
+    r = lib.run(cli + ["submit", "-f", str(tmp / "train.yaml")])
+    f.check(r.returncode == 0, f"stemma submit train.yaml: {r.stdout}{r.stderr}")
+    total = 1
     for wave in range(4):
         docs = []
         for i in range(8):
@@ -254,9 +315,13 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
             f"jobs ended {sorted(states)}; want two FAILED and {total - 2} SUCCEEDED")
     time.sleep(3 * SCRAPE_S)
 
-    # promtool's linter on each daemon's exposition.
+    # promtool's linter on each daemon's exposition; every Stemma metric family is on a
+    # dashboard or in a rule (a new metric nobody can see is a gap to close).
+    shown = lib.RULES.read_text() + "".join(p.read_text() for p in lib.dashboard_files())
     for name, port in [("coordinator", cmetrics)] + [(f"w{i}", p) for i, p in enumerate(wmetrics)]:
         text = lib.http_get(f"http://127.0.0.1:{port}/metrics")
+        for family in sorted(set(re.findall(r"^# TYPE (stemma_\w+)", text, re.M))):
+            f.check(family in shown, f"{family} ({name}) is on no dashboard and in no rule")
         r = lib.run([lib.tool("promtool"), "check", "metrics"], input=text)
         f.check(r.returncode == 0, f"promtool check metrics on {name}'s /metrics:\n{r.stdout}{r.stderr}")
 
@@ -281,7 +346,8 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
         "worker w0": {"job": "stemma-worker", "instance": instance_w, "experiment": ".*", "stage": ".*"},
     }
     needs = needs_by_panel()
-    caused = {generate.FAILURES}  # the failing job above
+    # failing jobs, the step-reporting job, a bad token
+    caused = {generate.FAILURES, generate.TRAINING} | ({generate.AUTH} if secure else set())
     queries = empty_expected = 0
     for path in lib.dashboard_files():
         d = json.loads(path.read_text())
@@ -325,7 +391,7 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
                             f"attempt failure share {last}: want the share of the failed attempts above")
             if choice == "all":
                 png = out / f"{d['uid']}.png"
-                render(d, results, needs, png, f"{total} noop jobs, 2 workers, {span}")
+                render(d, results, needs, png, f"{total} jobs, 2 workers, {span}")
                 print(f"drew {png}", flush=True)
     print(f"{queries} dashboard queries run; {empty_expected} panels wait for metrics not exported yet", flush=True)
 
