@@ -1,6 +1,7 @@
 #include "coordinator/rpc/grpc_services.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <thread>
 
@@ -17,6 +18,24 @@ namespace {
 constexpr char kUserPrefix[] = "/stemma.v1.UserService/";
 constexpr char kWorkerSession[] = "/stemma.v1.WorkerService/Session";
 constexpr char kRedacted[] = "<redacted>";
+
+// Failpoints for the fault suite: STEMMA_FAILPOINTS=name[,name...] in the coordinator's
+// environment makes the process die (as kill -9 would) at that point. Read once.
+bool Failpoint(absl::string_view name) {
+  static const std::string* armed = [] {
+    const char* env = std::getenv("STEMMA_FAILPOINTS");
+    return new std::string(env == nullptr ? "" : absl::StrCat(",", env, ","));
+  }();
+  return !armed->empty() && armed->find(absl::StrCat(",", name, ",")) != std::string::npos;
+}
+
+// The submit is durable; its answer is lost.
+void MaybeCrashAfterCommit() {
+  if (Failpoint("submit_after_commit")) {
+    spdlog::warn("failpoint submit_after_commit: exiting before the reply");
+    std::_Exit(137);
+  }
+}
 
 // Times one call into the method's histogram.
 class RpcTimer {
@@ -54,6 +73,7 @@ class UserServiceImpl final : public v1::UserService::Service {
       if (!caller.authenticated) {
         auto r = h_->Submit(*req);
         if (!r.ok()) return r.status();
+        MaybeCrashAfterCommit();
         *resp = std::move(*r);
         return absl::OkStatus();
       }
@@ -78,6 +98,7 @@ class UserServiceImpl final : public v1::UserService::Service {
       }
       auto r = h_->Submit(owned);
       if (!r.ok()) return r.status();
+      MaybeCrashAfterCommit();
       *resp = std::move(*r);
       return absl::OkStatus();
     });
@@ -143,6 +164,63 @@ class UserServiceImpl final : public v1::UserService::Service {
       auto r = h_->Drain(req->worker_id(), req->undrain());
       if (!r.ok()) return r.status();
       *resp->mutable_worker() = std::move(*r);
+      return absl::OkStatus();
+    });
+  }
+
+  // Metric series and the checkpoint registry: forwarded as they are.
+  grpc::Status QueryMetrics(grpc::ServerContext* ctx, const v1::QueryMetricsRequest* req,
+                            v1::QueryMetricsResponse* resp) override {
+    return Forward(ctx, "QueryMetrics", resp, [&] { return h_->QueryMetrics(*req); });
+  }
+  grpc::Status ListArtifacts(grpc::ServerContext* ctx, const v1::ListArtifactsRequest* req,
+                             v1::ListArtifactsResponse* resp) override {
+    return Forward(ctx, "ListArtifacts", resp, [&] { return h_->ListArtifacts(*req); });
+  }
+  grpc::Status GetArtifact(grpc::ServerContext* ctx, const v1::GetArtifactRequest* req,
+                           v1::ArtifactDetails* resp) override {
+    return Forward(ctx, "GetArtifact", resp, [&] { return h_->GetArtifact(req->id()); });
+  }
+  grpc::Status Lineage(grpc::ServerContext* ctx, const v1::LineageRequest* req,
+                       v1::LineageResponse* resp) override {
+    return Forward(ctx, "Lineage", resp, [&] { return h_->Lineage(*req); });
+  }
+  grpc::Status VerifyArtifact(grpc::ServerContext* ctx, const v1::VerifyArtifactRequest* req,
+                              v1::VerifyArtifactResponse* resp) override {
+    return Forward(ctx, "VerifyArtifact", resp, [&] { return h_->VerifyArtifact(req->id()); });
+  }
+  grpc::Status PinArtifact(grpc::ServerContext* ctx, const v1::PinArtifactRequest* req,
+                           v1::Artifact* resp) override {
+    return Forward(ctx, "PinArtifact", resp, [&] { return h_->PinArtifact(req->id(), req->unpin()); });
+  }
+  grpc::Status CollectGarbage(grpc::ServerContext* ctx, const v1::GcRequest* req,
+                              v1::GcResponse* resp) override {
+    return Forward(ctx, "CollectGarbage", resp, [&] { return h_->CollectGarbage(*req); });
+  }
+  grpc::Status SubmitExperiment(grpc::ServerContext* ctx, const v1::SubmitExperimentRequest* req,
+                                v1::SubmitExperimentResponse* resp) override {
+    return Call(ctx, "SubmitExperiment", [&](const Caller& caller) -> absl::Status {
+      auto r = h_->SubmitExperiment(*req, caller.authenticated ? caller.subject : std::string());
+      if (!r.ok()) return r.status();
+      *resp = std::move(*r);
+      return absl::OkStatus();
+    });
+  }
+  grpc::Status ListExperiments(grpc::ServerContext* ctx, const v1::ListExperimentsRequest*,
+                               v1::ListExperimentsResponse* resp) override {
+    return Forward(ctx, "ListExperiments", resp, [&] { return h_->ListExperiments(); });
+  }
+  grpc::Status GetExperiment(grpc::ServerContext* ctx, const v1::GetExperimentRequest* req,
+                             v1::GetExperimentResponse* resp) override {
+    return Forward(ctx, "GetExperiment", resp, [&] { return h_->GetExperiment(*req); });
+  }
+  // One handler call whose StatusOr answer is the response.
+  template <typename Response, typename F>
+  grpc::Status Forward(grpc::ServerContext* ctx, const char* method, Response* resp, F&& f) {
+    return Call(ctx, method, [&](const Caller&) -> absl::Status {
+      auto r = f();
+      if (!r.ok()) return r.status();
+      *resp = std::move(*r);
       return absl::OkStatus();
     });
   }
