@@ -233,6 +233,51 @@ absl::StatusOr<v1::WorkerInfo> CoordinatorClient::Drain(const std::string& worke
   return std::move(*response->mutable_worker());
 }
 
+absl::StatusOr<v1::QueryMetricsResponse> CoordinatorClient::QueryMetrics(
+    const v1::QueryMetricsRequest& request) {
+  return Unary<v1::QueryMetricsRequest, v1::QueryMetricsResponse>(
+      impl_.get(), &v1::UserService::Stub::QueryMetrics, request, address_, timeout_);
+}
+
+absl::StatusOr<v1::ListArtifactsResponse> CoordinatorClient::ListArtifacts(
+    const v1::ListArtifactsRequest& request) {
+  return Unary<v1::ListArtifactsRequest, v1::ListArtifactsResponse>(
+      impl_.get(), &v1::UserService::Stub::ListArtifacts, request, address_, timeout_);
+}
+
+absl::StatusOr<v1::ArtifactDetails> CoordinatorClient::GetArtifact(const std::string& id) {
+  v1::GetArtifactRequest request;
+  request.set_id(id);
+  return Unary<v1::GetArtifactRequest, v1::ArtifactDetails>(
+      impl_.get(), &v1::UserService::Stub::GetArtifact, request, address_, timeout_);
+}
+
+absl::StatusOr<v1::LineageResponse> CoordinatorClient::Lineage(const v1::LineageRequest& request) {
+  return Unary<v1::LineageRequest, v1::LineageResponse>(
+      impl_.get(), &v1::UserService::Stub::Lineage, request, address_, timeout_);
+}
+
+absl::StatusOr<v1::VerifyArtifactResponse> CoordinatorClient::VerifyArtifact(
+    const std::string& id) {
+  v1::VerifyArtifactRequest request;
+  request.set_id(id);
+  return Unary<v1::VerifyArtifactRequest, v1::VerifyArtifactResponse>(
+      impl_.get(), &v1::UserService::Stub::VerifyArtifact, request, address_, timeout_);
+}
+
+absl::StatusOr<v1::Artifact> CoordinatorClient::PinArtifact(const std::string& id, bool unpin) {
+  v1::PinArtifactRequest request;
+  request.set_id(id);
+  request.set_unpin(unpin);
+  return Unary<v1::PinArtifactRequest, v1::Artifact>(
+      impl_.get(), &v1::UserService::Stub::PinArtifact, request, address_, timeout_);
+}
+
+absl::StatusOr<v1::GcResponse> CoordinatorClient::CollectGarbage(const v1::GcRequest& request) {
+  return Unary<v1::GcRequest, v1::GcResponse>(
+      impl_.get(), &v1::UserService::Stub::CollectGarbage, request, address_, timeout_);
+}
+
 absl::Status CoordinatorClient::Watch(const v1::WatchRequest& request,
                                       const std::function<bool(const v1::JobEvent&)>& on_event,
                                       absl::Time deadline, int64_t* received) {

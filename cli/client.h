@@ -44,6 +44,15 @@ class CoordinatorClient {
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers(absl::Duration timeout);
   absl::StatusOr<v1::WorkerInfo> Drain(const std::string& worker_id, bool undrain);
 
+  // Metric series and the checkpoint registry (stemma metrics, stemma ckpt).
+  absl::StatusOr<v1::QueryMetricsResponse> QueryMetrics(const v1::QueryMetricsRequest& request);
+  absl::StatusOr<v1::ListArtifactsResponse> ListArtifacts(const v1::ListArtifactsRequest& request);
+  absl::StatusOr<v1::ArtifactDetails> GetArtifact(const std::string& id);
+  absl::StatusOr<v1::LineageResponse> Lineage(const v1::LineageRequest& request);
+  absl::StatusOr<v1::VerifyArtifactResponse> VerifyArtifact(const std::string& id);
+  absl::StatusOr<v1::Artifact> PinArtifact(const std::string& id, bool unpin);
+  absl::StatusOr<v1::GcResponse> CollectGarbage(const v1::GcRequest& request);
+
   // Streams events to `on_event` until it returns false (then OK), the stream ends (OK),
   // `deadline` passes (DEADLINE_EXCEEDED) or the stream fails. `*received` counts the
   // events delivered, so callers can tell "never connected" from "connection lost".

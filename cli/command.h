@@ -41,6 +41,8 @@ void AddJobCommands(CLI::App* app, const GlobalOptions* globals, Action* action)
 void AddStreamCommands(CLI::App* app, const GlobalOptions* globals, Action* action);
 void AddWorkerCommands(CLI::App* app, const GlobalOptions* globals, Action* action);
 void AddUpCommand(CLI::App* app, const GlobalOptions* globals, Action* action);
+void AddMetricsCommand(CLI::App* app, const GlobalOptions* globals, Action* action);
+void AddCkptCommands(CLI::App* app, const GlobalOptions* globals, Action* action);
 // `stemma explain [COMMAND] [--markdown]`: an engine spec's fields (local).
 void AddExplainCommand(CLI::App* app, const GlobalOptions* globals, Action* action);
 // `stemma token create`: a new bearer token (local; no coordinator involved).

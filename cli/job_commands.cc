@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/client.h"
 #include "cli/command.h"
+#include "cli/metrics_view.h"
 #include "common/job_spec.h"
 #include "common/status.h"
 
@@ -142,7 +143,23 @@ void AddJobCommands(CLI::App* app, const GlobalOptions* globals, Action* action)
       *action = [=]() -> absl::StatusOr<int> {
         CoordinatorClient client(globals->coordinator, globals->timeout());
         ASSIGN_OR_RETURN(v1::Job job, client.GetJob(*id));
-        PrintJob(*globals, job);
+        // The job's last metric values; a coordinator without metric series has none.
+        v1::QueryMetricsRequest last;
+        last.add_job_ids(job.id());
+        last.set_last_only(true);
+        last.set_limit(1000);
+        auto metrics = client.QueryMetrics(last);
+        std::vector<v1::MetricPoint> points;
+        if (metrics.ok()) points.assign(metrics->points().begin(), metrics->points().end());
+        if (globals->format == OutputFormat::kJson || globals->format == OutputFormat::kYaml) {
+          nlohmann::json j = JobToJson(job);
+          j["metrics"] = nlohmann::json::object();
+          for (const auto& p : points) j["metrics"][p.name()] = {{"value", p.value()}, {"step", p.step()}};
+          PrintStructured(j, globals->format);
+        } else {
+          std::cout << RenderJobDetails(job, NowMs());
+          if (!points.empty()) std::cout << "metrics: " << RenderLastValues(points) << "\n";
+        }
         return 0;
       };
     });

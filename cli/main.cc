@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
   stemma::cli::AddStreamCommands(&app, &globals, &action);
   stemma::cli::AddWorkerCommands(&app, &globals, &action);
   stemma::cli::AddUpCommand(&app, &globals, &action);
+  stemma::cli::AddMetricsCommand(&app, &globals, &action);
+  stemma::cli::AddCkptCommands(&app, &globals, &action);
   stemma::cli::AddTokenCommand(&app, &globals, &action);
   stemma::cli::AddExplainCommand(&app, &globals, &action);
 

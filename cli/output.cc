@@ -153,8 +153,9 @@ absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& name) {
   if (lower == "wide") return OutputFormat::kWide;
   if (lower == "json") return OutputFormat::kJson;
   if (lower == "yaml") return OutputFormat::kYaml;
-  return UsageError(
-      absl::StrCat("unknown output format '", name, "' (expected table, wide, json or yaml)"));
+  if (lower == "csv") return OutputFormat::kCsv;
+  return UsageError(absl::StrCat("unknown output format '", name,
+                                 "' (expected table, wide, json, yaml or csv)"));
 }
 
 absl::Status UsageError(const std::string& message) {

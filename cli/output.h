@@ -16,9 +16,10 @@
 
 namespace stemma::cli {
 
-enum class OutputFormat { kTable, kWide, kJson, kYaml };
+// kCsv: commands without a CSV form (all but `metrics`) print their table.
+enum class OutputFormat { kTable, kWide, kJson, kYaml, kCsv };
 
-// "table" | "wide" | "json" | "yaml"; a usage error otherwise.
+// "table" | "wide" | "json" | "yaml" | "csv"; a usage error otherwise.
 absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& name);
 
 // A usage error: main exits with status 2 instead of 1.

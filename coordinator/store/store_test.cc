@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "coordinator/store/store.h"
@@ -119,6 +120,109 @@ TEST_P(StoreTest, ManyJobsInOneTransaction) {
   EXPECT_EQ(*check, "ok");
 }
 
+v1::MetricPoint Point(const std::string& job, const std::string& name, int64_t step, double value) {
+  v1::MetricPoint p;
+  p.set_job_id(job);
+  p.set_attempt(1);
+  p.set_name(name);
+  p.set_step(step);
+  p.set_value(value);
+  p.set_time_ms(1000 + step);
+  return p;
+}
+
+TEST_P(StoreTest, MetricPointsAreAppendedNotLoadedAndReadBack) {
+  StoreBatch b;
+  b.of<JobsTable>().push_back(MakeJob("j-1", 1, v1::RUNNING));
+  for (int step = 1; step <= 3; ++step) {
+    b.of<MetricPointsTable>().push_back(Point("j-1", "loss", step, 3.0 - step * 0.5));
+    b.of<MetricPointsTable>().push_back(Point("j-1", "heldout_loss/uk", step, 4.0 - step));
+  }
+  auto labelled = Point("j-2", "belebele/uk", 0, 0.61);
+  (*labelled.mutable_labels())["shots"] = "2";
+  (*labelled.mutable_labels())["split"] = "test";
+  b.of<MetricPointsTable>().push_back(labelled);
+  ASSERT_TRUE(store_->Commit(b).ok());
+  // The same point again is a second row: series are append-only.
+  StoreBatch again;
+  again.of<MetricPointsTable>().push_back(Point("j-1", "loss", 3, 1.5));
+  ASSERT_TRUE(store_->Commit(again).ok());
+  Reopen();
+
+  auto snap = store_->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->of<JobsTable>().size(), 1u);
+  EXPECT_TRUE(snap->of<MetricPointsTable>().empty());  // not part of the working set
+
+  MetricQuery all;
+  all.job_ids = {"j-1"};
+  auto points = store_->ReadMetrics(all, nullptr);
+  ASSERT_TRUE(points.ok()) << points.status();
+  ASSERT_EQ(points->size(), 7u);
+  EXPECT_EQ((*points)[0].name(), "loss");
+  EXPECT_EQ((*points)[0].step(), 1);
+  EXPECT_DOUBLE_EQ((*points)[0].value(), 2.5);
+  EXPECT_EQ((*points)[6].step(), 3);
+
+  MetricQuery heldout;
+  heldout.job_ids = {"j-1"};
+  heldout.name_pattern = "heldout_loss/*";
+  points = store_->ReadMetrics(heldout, nullptr);
+  ASSERT_TRUE(points.ok());
+  ASSERT_EQ(points->size(), 3u);
+  EXPECT_EQ((*points)[2].name(), "heldout_loss/uk");
+
+  MetricQuery last;
+  last.job_ids = {"j-2", "j-1"};
+  last.last_only = true;
+  points = store_->ReadMetrics(last, nullptr);
+  ASSERT_TRUE(points.ok());
+  ASSERT_EQ(points->size(), 3u);  // j-2's one name, then j-1's two
+  EXPECT_EQ((*points)[0].job_id(), "j-2");
+  EXPECT_EQ((*points)[0].labels().at("shots"), "2");
+  EXPECT_EQ((*points)[0].labels().at("split"), "test");
+  EXPECT_EQ((*points)[1].name(), "heldout_loss/uk");
+  EXPECT_DOUBLE_EQ((*points)[1].value(), 1.0);
+  EXPECT_EQ((*points)[2].name(), "loss");  // its last point is the later row
+  EXPECT_DOUBLE_EQ((*points)[2].value(), 1.5);
+
+  MetricQuery limited;
+  limited.job_ids = {"j-1"};
+  limited.limit = 4;
+  bool truncated = false;
+  points = store_->ReadMetrics(limited, &truncated);
+  ASSERT_TRUE(points.ok());
+  EXPECT_EQ(points->size(), 4u);
+  EXPECT_TRUE(truncated);
+}
+
+TEST_P(StoreTest, ArtifactsAreUpsertedAndLoadedInRegistrationOrder) {
+  StoreBatch b;
+  for (int seq : {2, 1}) {
+    v1::Artifact a;
+    a.set_id("a-" + std::to_string(seq));
+    a.set_seq(seq);
+    a.set_path("/ckpt/" + std::to_string(seq));
+    a.set_manifest_sha256("sha-" + std::to_string(seq));
+    a.set_state(v1::ARTIFACT_PRESENT);
+    b.of<ArtifactsTable>().push_back(a);
+  }
+  b.of<ArtifactsTable>()[0].add_parents("a-1");
+  ASSERT_TRUE(store_->Commit(b).ok());
+  StoreBatch pin;
+  pin.of<ArtifactsTable>().push_back(b.of<ArtifactsTable>()[1]);
+  pin.of<ArtifactsTable>()[0].set_pinned(true);
+  ASSERT_TRUE(store_->Commit(pin).ok());
+  Reopen();
+  auto snap = store_->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  const auto& arts = snap->of<ArtifactsTable>();
+  ASSERT_EQ(arts.size(), 2u);
+  EXPECT_EQ(arts[0].id(), "a-1");
+  EXPECT_TRUE(arts[0].pinned());
+  EXPECT_EQ(arts[1].parents(0), "a-1");
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StoreTest,
                          ::testing::Values(Backend{"memory", false}, Backend{"sqlite", true}),
                          [](const auto& info) { return info.param.name; });
@@ -141,6 +245,40 @@ TEST(SqliteStore, NotADatabaseIsRefused) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find(path.string()), std::string::npos) << s.status();
   std::filesystem::remove(path);
+}
+
+// A database written by the first schema (jobs, workers, keys) opens, gains the new tables
+// and keeps its rows.
+TEST(SqliteStore, VersionOneDatabaseIsMigrated) {
+  if (std::system("command -v sqlite3 >/dev/null") != 0) GTEST_SKIP() << "needs the sqlite3 shell";
+  auto dir = std::filesystem::temp_directory_path() / ("stemma-migrate-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "stemma.db").string();
+  {
+    auto s = OpenSqliteStore(path);
+    ASSERT_TRUE(s.ok()) << s.status();
+    StoreBatch b;
+    v1::Job j;
+    j.set_id("j-1");
+    j.set_seq(1);
+    b.of<JobsTable>().push_back(j);
+    ASSERT_TRUE((*s)->Commit(b).ok());
+  }
+  // Back to version 1, as an older coordinator left it.
+  std::string sql = "sqlite3 " + path +
+                    " 'DROP TABLE metric_points; DROP TABLE artifacts; UPDATE schema_version SET version=1'";
+  ASSERT_EQ(std::system(sql.c_str()), 0);
+  auto s = OpenSqliteStore(path);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto snap = (*s)->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->of<JobsTable>().size(), 1u);
+  StoreBatch b;
+  b.of<MetricPointsTable>().emplace_back().set_job_id("j-1");
+  EXPECT_TRUE((*s)->Commit(b).ok());
+  s->reset();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
