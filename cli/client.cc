@@ -233,6 +233,23 @@ absl::StatusOr<v1::WorkerInfo> CoordinatorClient::Drain(const std::string& worke
   return std::move(*response->mutable_worker());
 }
 
+absl::StatusOr<v1::SubmitExperimentResponse> CoordinatorClient::SubmitExperiment(
+    const v1::SubmitExperimentRequest& request) {
+  return Unary<v1::SubmitExperimentRequest, v1::SubmitExperimentResponse>(
+      impl_.get(), &v1::UserService::Stub::SubmitExperiment, request, address_, timeout_);
+}
+
+absl::StatusOr<v1::ListExperimentsResponse> CoordinatorClient::ListExperiments() {
+  return Unary<v1::ListExperimentsRequest, v1::ListExperimentsResponse>(
+      impl_.get(), &v1::UserService::Stub::ListExperiments, v1::ListExperimentsRequest(), address_, timeout_);
+}
+
+absl::StatusOr<v1::GetExperimentResponse> CoordinatorClient::GetExperiment(
+    const v1::GetExperimentRequest& request) {
+  return Unary<v1::GetExperimentRequest, v1::GetExperimentResponse>(
+      impl_.get(), &v1::UserService::Stub::GetExperiment, request, address_, timeout_);
+}
+
 absl::StatusOr<v1::QueryMetricsResponse> CoordinatorClient::QueryMetrics(
     const v1::QueryMetricsRequest& request) {
   return Unary<v1::QueryMetricsRequest, v1::QueryMetricsResponse>(

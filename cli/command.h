@@ -43,6 +43,8 @@ void AddWorkerCommands(CLI::App* app, const GlobalOptions* globals, Action* acti
 void AddUpCommand(CLI::App* app, const GlobalOptions* globals, Action* action);
 void AddMetricsCommand(CLI::App* app, const GlobalOptions* globals, Action* action);
 void AddCkptCommands(CLI::App* app, const GlobalOptions* globals, Action* action);
+// `stemma sweep|plan -f FILE`, `stemma exp ls|get|wait|cancel`: experiments.
+void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* action);
 // `stemma explain [COMMAND] [--markdown]`: an engine spec's fields (local).
 void AddExplainCommand(CLI::App* app, const GlobalOptions* globals, Action* action);
 // `stemma token create`: a new bearer token (local; no coordinator involved).

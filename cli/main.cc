@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   stemma::cli::AddCkptCommands(&app, &globals, &action);
   stemma::cli::AddTokenCommand(&app, &globals, &action);
   stemma::cli::AddExplainCommand(&app, &globals, &action);
+  stemma::cli::AddExperimentCommands(&app, &globals, &action);
 
   try {
     app.parse(argc, argv);

@@ -140,6 +140,11 @@ const std::map<std::string, RoleSet>& MethodRoles() {
       {"/stemma.v1.UserService/VerifyArtifact", Roles(Role::kAdmin, Role::kUser)},
       {"/stemma.v1.UserService/PinArtifact", Roles(Role::kAdmin, Role::kUser)},
       {"/stemma.v1.UserService/CollectGarbage", Roles(Role::kAdmin)},
+      // Experiments: submitting one submits jobs.
+      {"/stemma.v1.UserService/SubmitExperiment", Roles(Role::kAdmin, Role::kUser)},
+      {"/stemma.v1.UserService/ListExperiments",
+       Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/GetExperiment", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.WorkerService/Session", Roles(Role::kWorker)},
   };
   return *table;

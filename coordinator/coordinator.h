@@ -13,6 +13,7 @@
 
 #include "coordinator/artifact_registry.h"
 #include "coordinator/core.h"
+#include "coordinator/experiments/experiment_service.h"
 #include "coordinator/leases.h"
 #include "coordinator/metric_series.h"
 #include "coordinator/placement.h"
@@ -79,6 +80,17 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   absl::StatusOr<v1::GcResponse> CollectGarbage(const v1::GcRequest& request) override {
     return registry_.CollectGarbage(request);
   }
+  absl::StatusOr<v1::SubmitExperimentResponse> SubmitExperiment(
+      const v1::SubmitExperimentRequest& request, const std::string& owner) override {
+    return experiments_.Submit(request, owner);
+  }
+  absl::StatusOr<v1::ListExperimentsResponse> ListExperiments() override {
+    return experiments_.List();
+  }
+  absl::StatusOr<v1::GetExperimentResponse> GetExperiment(
+      const v1::GetExperimentRequest& request) override {
+    return experiments_.Get(request);
+  }
 
   // WorkerHandler
   absl::StatusOr<v1::Registered> Register(const v1::Register& request,
@@ -112,6 +124,7 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   ArtifactRegistry registry_;
   WorkerSessions sessions_;
   UserOperations users_;
+  experiments::ExperimentService experiments_{this};  // over the job operations above
   std::thread scheduler_;
 };
 

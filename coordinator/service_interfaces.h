@@ -47,6 +47,14 @@ class UserHandler {
   virtual absl::StatusOr<v1::Artifact> PinArtifact(const std::string& id, bool unpin) = 0;
   // INVALID_ARGUMENT for a bad policy. A dry run unless request.apply().
   virtual absl::StatusOr<v1::GcResponse> CollectGarbage(const v1::GcRequest& request) = 0;
+
+  // Experiments (coordinator/experiments/experiment_service.h). `owner`: the caller's
+  // subject, recorded on every job, or "" without authentication.
+  virtual absl::StatusOr<v1::SubmitExperimentResponse> SubmitExperiment(
+      const v1::SubmitExperimentRequest& request, const std::string& owner) = 0;
+  virtual absl::StatusOr<v1::ListExperimentsResponse> ListExperiments() = 0;
+  virtual absl::StatusOr<v1::GetExperimentResponse> GetExperiment(
+      const v1::GetExperimentRequest& request) = 0;
 };
 
 // The coordinator's end of one worker session stream. Thread-safe.

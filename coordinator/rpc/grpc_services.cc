@@ -1,6 +1,7 @@
 #include "coordinator/rpc/grpc_services.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <thread>
 
@@ -17,6 +18,24 @@ namespace {
 constexpr char kUserPrefix[] = "/stemma.v1.UserService/";
 constexpr char kWorkerSession[] = "/stemma.v1.WorkerService/Session";
 constexpr char kRedacted[] = "<redacted>";
+
+// Failpoints for the fault suite: STEMMA_FAILPOINTS=name[,name...] in the coordinator's
+// environment makes the process die (as kill -9 would) at that point. Read once.
+bool Failpoint(absl::string_view name) {
+  static const std::string* armed = [] {
+    const char* env = std::getenv("STEMMA_FAILPOINTS");
+    return new std::string(env == nullptr ? "" : absl::StrCat(",", env, ","));
+  }();
+  return !armed->empty() && armed->find(absl::StrCat(",", name, ",")) != std::string::npos;
+}
+
+// The submit is durable; its answer is lost.
+void MaybeCrashAfterCommit() {
+  if (Failpoint("submit_after_commit")) {
+    spdlog::warn("failpoint submit_after_commit: exiting before the reply");
+    std::_Exit(137);
+  }
+}
 
 // Times one call into the method's histogram.
 class RpcTimer {
@@ -54,6 +73,7 @@ class UserServiceImpl final : public v1::UserService::Service {
       if (!caller.authenticated) {
         auto r = h_->Submit(*req);
         if (!r.ok()) return r.status();
+        MaybeCrashAfterCommit();
         *resp = std::move(*r);
         return absl::OkStatus();
       }
@@ -78,6 +98,7 @@ class UserServiceImpl final : public v1::UserService::Service {
       }
       auto r = h_->Submit(owned);
       if (!r.ok()) return r.status();
+      MaybeCrashAfterCommit();
       *resp = std::move(*r);
       return absl::OkStatus();
     });

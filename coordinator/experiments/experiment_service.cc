@@ -1,0 +1,299 @@
+#include "coordinator/experiments/experiment_service.h"
+
+#include <openssl/sha.h>
+
+#include <map>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/engine_spec.h"
+#include "common/job_spec.h"
+#include "common/status.h"
+#include "coordinator/experiments/experiment_plan.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace stemma::experiments {
+namespace {
+
+namespace pb = google::protobuf;
+
+std::string Sha256Hex(const std::string& data) {
+  unsigned char d[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), d);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : d) {
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  return out;
+}
+
+std::string Json(const pb::Message& m) {
+  std::string out;
+  pb::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  (void)pb::util::MessageToJsonString(m, &out, o);
+  return out;
+}
+
+// What identifies a cell's work: its job spec as the expansion wrote it (before any
+// labels this service adds).
+// Deterministic serialization: map fields (labels) in key order.
+std::string CellHash(const v1::JobSpec& spec) {
+  std::string bytes;
+  {
+    pb::io::StringOutputStream raw(&bytes);
+    pb::io::CodedOutputStream out(&raw);
+    out.SetSerializationDeterministic(true);
+    spec.SerializeToCodedStream(&out);
+  }
+  return Sha256Hex(bytes).substr(0, 16);
+}
+
+int Revision(const v1::Job& job) {
+  auto it = job.spec().labels().find(kRevisionLabel);
+  int r = 0;
+  if (it != job.spec().labels().end()) (void)absl::SimpleAtoi(it->second, &r);
+  return r;
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobsOf(coordinator::UserHandler* users, const std::string& experiment) {
+  std::vector<v1::Job> out;
+  v1::ListJobsRequest req;
+  req.set_experiment(experiment);
+  req.set_page_size(1000);
+  while (true) {
+    ASSIGN_OR_RETURN(v1::ListJobsResponse page, users->ListJobs(req));
+    for (auto& j : *page.mutable_jobs()) out.push_back(std::move(j));
+    if (page.next_page_token().empty()) break;
+    req.set_page_token(page.next_page_token());
+  }
+  return out;
+}
+
+// The top-level fields of two engine specs that differ (outputs and wired inputs aside).
+std::vector<std::string> ChangedFields(const v1::JobSpec& before, const v1::JobSpec& after) {
+  std::vector<std::string> out;
+  if (JobKind(before) != JobKind(after)) return {"kind"};
+  const pb::Message* a = EngineSpecOf(before);
+  const pb::Message* b = EngineSpecOf(after);
+  if (a == nullptr || b == nullptr) {
+    if (Json(before) != Json(after)) out.push_back(JobKind(after));
+  } else {
+    const pb::Descriptor* d = a->GetDescriptor();
+    for (int i = 0; i < d->field_count(); ++i) {
+      const pb::FieldDescriptor* f = d->field(i);
+      std::unique_ptr<pb::Message> x(a->New()), y(b->New());
+      const pb::Reflection* r = a->GetReflection();
+      x->CopyFrom(*a);
+      y->CopyFrom(*b);
+      for (int k = 0; k < d->field_count(); ++k) {
+        if (k != i) {
+          r->ClearField(x.get(), d->field(k));
+          r->ClearField(y.get(), d->field(k));
+        }
+      }
+      const std::string jx = Json(*x), jy = Json(*y);
+      if (jx == jy) continue;
+      if (jy.find("${{") != std::string::npos) continue;  // an input wired from upstream
+      out.push_back(absl::StrCat(JobKind(after), ".", f->name()));
+    }
+  }
+  for (const char* field : {"resources", "nodes", "max_attempts", "timeout_ms", "priority"}) {
+    const pb::FieldDescriptor* f = v1::JobSpec::descriptor()->FindFieldByName(field);
+    v1::JobSpec x, y;
+    const pb::Reflection* r = x.GetReflection();
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (Json(r->GetMessage(before, f)) != Json(r->GetMessage(after, f))) out.push_back(field);
+    } else {
+      x.CopyFrom(before);
+      y.CopyFrom(after);
+      std::string vx, vy;
+      pb::TextFormat::PrintFieldValueToString(x, f, -1, &vx);
+      pb::TextFormat::PrintFieldValueToString(y, f, -1, &vy);
+      if (vx != vy) out.push_back(field);
+    }
+  }
+  return out;
+}
+
+v1::Experiment Summary(const ExperimentPlan& plan) {
+  v1::Experiment e;
+  e.set_name(plan.name);
+  e.set_jobs(static_cast<int32_t>(plan.cells.size()));
+  e.set_edges(plan.edges);
+  e.set_gpus(plan.gpus);
+  e.set_gpu_hours_estimate(plan.gpu_hours_estimate);
+  e.set_unknown_cost_jobs(plan.unknown_cost_cells);
+  return e;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
+    const v1::SubmitExperimentRequest& request, const std::string& owner) {
+  if (request.text().size() > (8u << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(request.file(), ": larger than 8 MiB"));
+  }
+  const std::string file = request.file().empty() ? "experiment" : request.file();
+  ASSIGN_OR_RETURN(ExperimentPlan plan, ExpandExperiment(request.text(), file));
+
+  // The latest revision so far, cell by cell.
+  ASSIGN_OR_RETURN(std::vector<v1::Job> previous, JobsOf(users_, plan.name));
+  int last = 0;
+  for (const v1::Job& j : previous) last = std::max(last, Revision(j));
+  std::map<std::string, const v1::Job*> before;
+  for (const v1::Job& j : previous) {
+    if (Revision(j) == last) before[j.spec().name()] = &j;
+  }
+
+  v1::SubmitExperimentResponse resp;
+  *resp.mutable_experiment() = Summary(plan);
+  resp.mutable_experiment()->set_revision(last + 1);
+  std::map<std::string, bool> reruns;  // job name → expected to run
+  std::set<std::string> names;
+  v1::SubmitRequest submit;
+  for (PlanCell& cell : plan.cells) {
+    names.insert(cell.job_name);
+    const std::string hash = CellHash(cell.spec);
+    v1::ExperimentCell* out = resp.add_cells();
+    out->set_job_name(cell.job_name);
+    out->set_stage(cell.stage);
+    out->set_kind(JobKind(cell.spec));
+    out->set_gpus(cell.spec.resources().gpus());
+    for (const auto& [axis, v] : cell.coords) (*out->mutable_coords())[axis] = v;
+    for (const auto& d : cell.spec.depends_on()) out->add_needs(d);
+    std::string upstream;
+    for (const auto& d : cell.spec.depends_on()) {
+      if (reruns[d] && upstream.empty()) upstream = d;
+    }
+    auto prev = before.find(cell.job_name);
+    std::string why;
+    bool run = true;
+    if (request.force()) {
+      why = "run: --force";
+    } else if (prev == before.end()) {
+      why = last == 0 ? "run: new experiment" : "run: new cell";
+      if (last > 0) resp.add_added(cell.job_name);
+    } else {
+      const v1::Job& p = *prev->second;
+      auto ph = p.spec().labels().find(kSpecHashLabel);
+      const bool same = ph != p.spec().labels().end() && ph->second == hash;
+      if (!same) {
+        v1::JobSpec defaulted = cell.spec;
+        ApplyDefaults(&defaulted);
+        std::vector<std::string> fields = ChangedFields(p.spec(), defaulted);
+        why = absl::StrCat("run: changed (", fields.empty() ? "spec" : absl::StrJoin(fields, ", "), ")");
+        resp.add_changed(cell.job_name);
+      } else if (!upstream.empty()) {
+        why = absl::StrCat("run: upstream ", upstream, " reruns");
+      } else if (p.state() != v1::SUCCEEDED) {
+        why = absl::StrCat("run: revision ", last, "'s ", p.id(), " is ", StateName(p.state()));
+      } else {
+        run = false;
+        why = absl::StrCat("cached: unchanged since revision ", last, " (", p.id(), ")");
+      }
+    }
+    if (!IsEngineJob(cell.spec) && !run) why = absl::StrCat("run: ", JobKind(cell.spec), " jobs are not memoized");
+    if (!IsEngineJob(cell.spec)) run = true;
+    reruns[cell.job_name] = run;
+    out->set_plan(why);
+
+    v1::JobSpec job = cell.spec;
+    auto& labels = *job.mutable_labels();
+    labels[kRevisionLabel] = absl::StrCat(last + 1);
+    labels[kSpecHashLabel] = hash;
+    if (!owner.empty()) labels["stemma.owner"] = owner;
+    if (request.force()) labels["stemma.cache"] = "false";
+    *submit.add_jobs() = std::move(job);
+  }
+  for (const auto& [name, job] : before) {
+    if (names.count(name) == 0) resp.add_removed(name);
+  }
+  resp.set_plan(FormatPlan(plan));
+  if (request.dry_run()) return resp;
+
+  if (!request.idempotency_key().empty()) {
+    submit.set_idempotency_key(absl::StrCat("exp:", plan.name, ":", request.idempotency_key()));
+  }
+  ASSIGN_OR_RETURN(v1::SubmitResponse submitted, users_->Submit(submit));
+  resp.set_existing(submitted.existing());
+  for (int i = 0; i < resp.cells_size() && i < submitted.job_ids_size(); ++i) {
+    resp.mutable_cells(i)->set_job_id(submitted.job_ids(i));
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::ListExperimentsResponse> ExperimentService::List() {
+  std::map<std::string, v1::Experiment> by_name;
+  std::map<std::string, std::vector<v1::Job>> jobs;
+  v1::ListJobsRequest req;
+  req.set_page_size(1000);
+  while (true) {
+    ASSIGN_OR_RETURN(v1::ListJobsResponse page, users_->ListJobs(req));
+    for (auto& j : *page.mutable_jobs()) {
+      if (j.spec().experiment().empty()) continue;
+      jobs[j.spec().experiment()].push_back(std::move(j));
+    }
+    if (page.next_page_token().empty()) break;
+    req.set_page_token(page.next_page_token());
+  }
+  v1::ListExperimentsResponse resp;
+  for (auto& [name, list] : jobs) {
+    v1::Experiment e;
+    e.set_name(name);
+    int last = 0;
+    for (const v1::Job& j : list) last = std::max(last, Revision(j));
+    e.set_revision(last);
+    int64_t created = 0;
+    for (const v1::Job& j : list) {
+      if (Revision(j) != last) continue;
+      e.set_jobs(e.jobs() + 1);
+      (*e.mutable_states())[StateName(j.state())] += 1;
+      if (created == 0 || j.created_ms() < created) created = j.created_ms();
+    }
+    e.set_created_ms(created);
+    *resp.add_experiments() = std::move(e);
+  }
+  return resp;
+}
+
+absl::StatusOr<v1::GetExperimentResponse> ExperimentService::Get(const v1::GetExperimentRequest& request) {
+  ASSIGN_OR_RETURN(std::vector<v1::Job> list, JobsOf(users_, request.name()));
+  if (list.empty()) return absl::NotFoundError(absl::StrCat("no experiment ", request.name()));
+  int revision = request.revision();
+  if (revision <= 0) {
+    for (const v1::Job& j : list) revision = std::max(revision, Revision(j));
+  }
+  v1::GetExperimentResponse resp;
+  v1::Experiment* e = resp.mutable_experiment();
+  e->set_name(request.name());
+  e->set_revision(revision);
+  for (const v1::Job& j : list) {
+    if (Revision(j) != revision) continue;
+    e->set_jobs(e->jobs() + 1);
+    (*e->mutable_states())[StateName(j.state())] += 1;
+    v1::ExperimentCell* c = resp.add_cells();
+    c->set_job_name(j.spec().name());
+    c->set_job_id(j.id());
+    auto stage = j.spec().labels().find("stage");
+    if (stage != j.spec().labels().end()) c->set_stage(stage->second);
+    c->set_kind(JobKind(j.spec()));
+    c->set_gpus(j.spec().resources().gpus());
+    c->set_state(StateName(j.state()));
+    c->set_reason(j.reason());
+    for (const auto& d : j.spec().depends_on()) c->add_needs(d);
+  }
+  if (resp.cells_size() == 0) {
+    return absl::NotFoundError(absl::StrCat("experiment ", request.name(), " has no revision ", revision));
+  }
+  return resp;
+}
+
+}  // namespace stemma::experiments
