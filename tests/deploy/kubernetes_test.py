@@ -403,6 +403,21 @@ def main() -> None:
             validate(overlay, tmp, objs, f)
             check_crds(overlay, tmp, objs, f)
             policy(overlay, objs, helps, f)
+        # The restore pod of the operator guide: valid, and as locked down as the rest.
+        tools = sorted((lib.KUBERNETES / "tools").glob("*.yaml"))
+        for path in tools:
+            r = lib.run([lib.tool("kubernetes-validate"), "--strict", "--quiet", str(path)])
+            f.check(r.returncode == 0, f"kubernetes-validate {path.name}:\n{r.stdout}{r.stderr}")
+            for o in yaml.safe_load_all(path.read_text()):
+                pod = pod_spec(o)
+                if pod is None:
+                    continue
+                f.check(pod.get("automountServiceAccountToken") is False, f"{path.name}: mounts an API token")
+                for c in pod["containers"]:
+                    check_security(f"{path.name} container {c['name']}", pod, c, f)
+                    check_image(path.name, c["image"], f)
+                claims = [v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v]
+                f.check(claims == ["data-stemma-coordinator-0"], f"{path.name}: claims {claims}, not the coordinator's database")
     lint(f)
     f.exit("kubernetes_test")
 

@@ -9,7 +9,8 @@ with exactly the packages of runtime-packages.txt, cached as a tarball under
 copied into /usr/local/bin. Inside it, as in a pod: user 65532, a read-only root, tmpfs
 for the data directories, its own mount and PID namespaces. The coordinator and a worker
 start there, the CLI (also inside) submits jobs that run to SUCCEEDED, and both /metrics
-answer. Then a library is removed from the tree and ldd must report it missing (so the
+answer; an online backup (sqlite3 .backup, as docs/operator-guide.md says) restored alone
+on a fresh volume gives a coordinator that knows the same jobs. Then a library is removed from the tree and ldd must report it missing (so the
 check can fail).
 
     rootfs_test.py --bin-dir DIR
@@ -154,6 +155,23 @@ def main() -> None:
                 f"online backup in the runtime root: {r.returncode} {r.stdout!r} {r.stderr!r}")
         for p in (worker, coordinator):
             f.check(p.poll() is None, f"{p.args[-1]} exited early")
+        procs.stop_all()
+
+        # Restore: the backup alone on a fresh volume; a coordinator started on it knows the
+        # five jobs.
+        restored = tmp / "restored-volume"
+        restored.mkdir()
+        shutil.copy2(volume / "backup.db", restored / "stemma.db")
+        for path in (restored, restored / "stemma.db"):
+            os.chown(path, UID, UID)
+        grpc2, metrics2 = lib.free_port(), lib.free_port()
+        again = procs.start(in_root(root, ["/usr/local/bin/stemma-coordinator", "--data=/var/lib/stemma",
+                                           f"--listen=127.0.0.1:{grpc2}", f"--metrics-listen=127.0.0.1:{metrics2}"],
+                                    ["/tmp"], binds={"/var/lib/stemma": restored}), tmp / "restored.log")
+        lib.wait_http(f"http://127.0.0.1:{metrics2}/metrics", 20, again)
+        r = lib.run(in_root(root, ["/usr/local/bin/stemma", f"--coordinator=127.0.0.1:{grpc2}", "-o", "json", "ls"], ["/tmp"]))
+        names = sorted(j["name"] for j in json.loads(r.stdout)) if r.returncode == 0 else r.stderr
+        f.check(names == [f"rootfs-{i}" for i in range(5)], f"the restored coordinator lists {names}")
         procs.stop_all()
         for name in ("coordinator", "worker"):
             log = (tmp / f"{name}.log").read_text(errors="replace")
