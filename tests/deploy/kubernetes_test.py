@@ -63,10 +63,12 @@ def name_of(obj: dict) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
 
-def render(overlay: str, tmp: pathlib.Path, f: lib.Failures) -> list[dict]:
+def render(overlay: str, tmp: pathlib.Path, f: lib.Failures, edit=None) -> list[dict]:
     # A copy, so that the secrets the gpu-cluster overlay reads can be written beside it.
-    tree = tmp / f"kubernetes-{overlay}"
+    tree = tmp / f"kubernetes-{overlay}{'-edited' if edit else ''}"
     shutil.copytree(lib.KUBERNETES, tree)
+    if edit:
+        edit(tree)
     secrets = tree / "overlays" / overlay / "secrets"
     if secrets.is_dir():
         for name, text in SECRET_FILES.items():
@@ -401,6 +403,19 @@ def main() -> None:
             print(f"overlays/{overlay}: {len(objs)} objects: "
                   + ", ".join(name_of(o) for o in objs), flush=True)
             validate(overlay, tmp, objs, f)
+            # A changed setting must roll the pods: the generated ConfigMap's name, which the
+            # pod templates reference, changes with its content.
+            def edit(tree):
+                env = tree / "components" / "config" / "stemma.env"
+                env.write_text(env.read_text().replace("STEMMA_LOG_LEVEL=info", "STEMMA_LOG_LEVEL=debug"))
+            def config_refs(objects):
+                return sorted({src["configMapRef"]["name"] for o in objects if pod_spec(o) is not None
+                               for c in pod_spec(o)["containers"] for src in c.get("envFrom", [])
+                               if "configMapRef" in src})
+            edited = render(overlay, tmp, f, edit)
+            before, after = config_refs(objs), config_refs(edited)
+            f.check(len(before) == 1 and len(after) == 1 and before != after,
+                    f"overlays/{overlay}: a config change does not change what the pods reference ({before} -> {after})")
             check_crds(overlay, tmp, objs, f)
             policy(overlay, objs, helps, f)
         # The restore pod of the operator guide: valid, and as locked down as the rest.
