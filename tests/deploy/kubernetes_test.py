@@ -341,6 +341,14 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
                 f"{n}: the shared checkpoint volume is not the worker's storage root")
         claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
         f.check(claims == ["stemma-checkpoints"], f"{n}: checkpoint volume claims {claims}")
+        limit = c.get("resources", {}).get("limits", {}).get("memory")
+        if limit is not None:
+            units = {"Ki": 1 / 1024, "Mi": 1, "Gi": 1024, "Ti": 1024 * 1024}
+            m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti)", str(limit))
+            limit_mb = int(m.group(1)) * units[m.group(2)] if m else None
+            offered = [int(a.split("=", 1)[1]) for a in c["args"] if a.startswith("--memory-mb=")]
+            f.check(limit_mb is not None and len(offered) == 1 and 0 < offered[0] < limit_mb,
+                    f"{n}: offers {offered} MiB with a memory limit of {limit}: jobs could OOM-kill the pod")
         if want["gpu_pools"]:
             if f.check(isinstance(gpus, int) and gpus > 0, f"{n}: no nvidia.com/gpu limit"):
                 gpu_counts.append(gpus)
