@@ -1,12 +1,14 @@
 #include "common/job_spec.h"
 
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -120,12 +122,33 @@ void ApplyDefaults(v1::JobSpec* spec) {
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  // Limits that keep every accepted job far below gRPC's 4 MiB send limit wherever it
+  // travels later (an assignment, a get, a watch event), and every number in range of the
+  // arithmetic done on it (backoff in int64 milliseconds).
+  constexpr int64_t kMaxDelayMs = 24LL * 3600 * 1000;           // backoff: a day
+  constexpr int64_t kMaxDurationMs = 366LL * 24 * 3600 * 1000;  // timeouts, noop: a year
+  constexpr size_t kMaxSpecBytes = 256 * 1024;
+  constexpr size_t kMaxArgBytes = 128 * 1024;
+  constexpr size_t kMaxArgvBytes = 192 * 1024;
+  constexpr int kMaxEnv = 1024;
+  constexpr size_t kMaxEnvBytes = 64 * 1024;
+  auto has_control = [](absl::string_view text) {
+    for (char c : text) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return true;
+    }
+    return false;
+  };
+  if (const size_t size = spec.ByteSizeLong(); size > kMaxSpecBytes) {
+    return bad("spec: ", size, " bytes, more than the ", kMaxSpecBytes, " a job may have");
+  }
   if (spec.name().size() > kMaxNameLength) {
     return bad("name: longer than ", kMaxNameLength, " characters");
   }
-  for (char c : spec.name()) {
-    if (static_cast<unsigned char>(c) < 0x20) return bad("name: contains a control character");
+  if (has_control(spec.name())) return bad("name: contains a control character");
+  if (spec.experiment().size() > kMaxNameLength) {
+    return bad("experiment: longer than ", kMaxNameLength, " characters");
   }
+  if (has_control(spec.experiment())) return bad("experiment: contains a control character");
   const auto& r = spec.resources();
   if (r.gpus() < 0 || r.gpus() > kMaxGpusPerPart) {
     return bad("resources.gpus: ", r.gpus(), " is outside 0..", kMaxGpusPerPart);
@@ -142,9 +165,17 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.max_attempts() < 0 || spec.max_attempts() > kMaxAttempts) {
     return bad("max_attempts: ", spec.max_attempts(), " is outside 1..", kMaxAttempts);
   }
-  if (spec.timeout_ms() < 0) return bad("timeout_ms: must not be negative");
+  if (spec.timeout_ms() < 0 || spec.timeout_ms() > kMaxDurationMs) {
+    return bad("timeout_ms: ", spec.timeout_ms(), " is outside 0..", kMaxDurationMs,
+               " (0: no timeout)");
+  }
   const auto& b = spec.backoff();
-  if (b.initial_ms() < 0 || b.max_ms() < 0) return bad("backoff: delays must not be negative");
+  if (b.initial_ms() < 0 || b.initial_ms() > kMaxDelayMs) {
+    return bad("backoff.initial_ms: ", b.initial_ms(), " is outside 0..", kMaxDelayMs);
+  }
+  if (b.max_ms() < 0 || b.max_ms() > kMaxDelayMs) {
+    return bad("backoff.max_ms: ", b.max_ms(), " is outside 0..", kMaxDelayMs);
+  }
   if (!std::isfinite(b.multiplier()) || b.multiplier() < 0 || b.multiplier() > 100) {
     return bad("backoff.multiplier: ", b.multiplier(), " is outside 1..100");
   }
@@ -152,13 +183,22 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   for (const auto& [k, v] : spec.labels()) {
     if (!ValidLabelKey(k)) return bad("labels: bad key '", k, "' (use [A-Za-z0-9._/-], 1..63)");
     if (v.size() > 253) return bad("labels.", k, ": value longer than 253 characters");
+    if (has_control(v)) return bad("labels.", k, ": contains a control character");
   }
   if (spec.depends_on_size() > kMaxDependencies) {
     return bad("depends_on: more than ", kMaxDependencies, " dependencies");
   }
+  for (const auto& d : spec.depends_on()) {
+    if (d.empty() || d.size() > kMaxNameLength || has_control(d)) {
+      return bad("depends_on: '", d.substr(0, 40), "' is not a job id or name");
+    }
+  }
   switch (spec.kind_case()) {
     case v1::JobSpec::kNoop:
-      if (spec.noop().duration_ms() < 0) return bad("noop.duration_ms: must not be negative");
+      if (spec.noop().duration_ms() < 0 || spec.noop().duration_ms() > kMaxDurationMs) {
+        return bad("noop.duration_ms: ", spec.noop().duration_ms(), " is outside 0..",
+                   kMaxDurationMs);
+      }
       if (spec.noop().exit_code() < 0 || spec.noop().exit_code() > 255) {
         return bad("noop.exit_code: ", spec.noop().exit_code(), " is outside 0..255");
       }
@@ -167,13 +207,39 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       const auto& e = spec.exec();
       if (e.argv_size() == 0 || e.argv(0).empty()) return bad("exec.argv: must name a program");
       if (e.argv_size() > kMaxArgv) return bad("exec.argv: more than ", kMaxArgv, " arguments");
-      for (const auto& a : e.argv()) {
-        if (a.find('\0') != std::string::npos) return bad("exec.argv: contains a NUL byte");
+      size_t argv_bytes = 0;
+      for (int i = 0; i < e.argv_size(); ++i) {
+        const std::string& a = e.argv(i);
+        if (a.find('\0') != std::string::npos) return bad("exec.argv[", i, "]: contains a NUL byte");
+        if (a.size() > kMaxArgBytes) return bad("exec.argv[", i, "]: longer than ", kMaxArgBytes, " bytes");
+        argv_bytes += a.size() + 1;
       }
+      if (argv_bytes > kMaxArgvBytes) {
+        return bad("exec.argv: ", argv_bytes, " bytes in all, more than ", kMaxArgvBytes);
+      }
+      if (e.env_size() > kMaxEnv) return bad("exec.env: more than ", kMaxEnv, " variables");
+      size_t env_bytes = 0;
       for (const auto& [k, v] : e.env()) {
         bool ok = !k.empty() && (absl::ascii_isupper(k[0]) || k[0] == '_');
         for (char c : k) ok = ok && (absl::ascii_isupper(c) || absl::ascii_isdigit(c) || c == '_');
         if (!ok) return bad("exec.env: bad variable name '", k, "' (use [A-Z_][A-Z0-9_]*)");
+        // The dynamic loader's variables run code of the job's choosing inside every
+        // program it starts, setuid helpers included; the worker sets PATH, the STEMMA_*
+        // contract and the GPUs it allocated.
+        if (absl::StartsWith(k, "LD_")) {
+          return bad("exec.env.", k, ": dynamic loader variables (LD_*) are not allowed");
+        }
+        if (k == "PATH") {
+          return bad("exec.env.PATH: may not be overridden; give argv[0] as an absolute path");
+        }
+        if (absl::StartsWith(k, "STEMMA_") || k == "CUDA_VISIBLE_DEVICES") {
+          return bad("exec.env.", k, ": set by the worker, not by the job");
+        }
+        if (v.find('\0') != std::string::npos) return bad("exec.env.", k, ": contains a NUL byte");
+        env_bytes += k.size() + v.size() + 2;
+      }
+      if (env_bytes > kMaxEnvBytes) {
+        return bad("exec.env: ", env_bytes, " bytes in all, more than ", kMaxEnvBytes);
       }
       break;
     }
@@ -193,12 +259,17 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
 }
 
 int64_t BackoffMs(const v1::JobSpec& spec, int next_attempt) {
+  // In double, clamped before any conversion: initial × multiplier^k overflows int64 (and
+  // a cast of such a double is undefined) long before a loop bound would stop it.
   const auto& b = spec.backoff();
-  double delay = static_cast<double>(b.initial_ms());
-  double mult = b.multiplier() > 0 ? b.multiplier() : 1;
-  for (int i = 2; i < next_attempt && delay < b.max_ms(); ++i) delay *= mult;
-  int64_t cap = b.max_ms() > 0 ? b.max_ms() : static_cast<int64_t>(delay);
-  return std::min(static_cast<int64_t>(delay), cap);
+  const double initial = static_cast<double>(std::max<int64_t>(0, b.initial_ms()));
+  const double mult = b.multiplier() >= 1 && std::isfinite(b.multiplier()) ? b.multiplier() : 1;
+  constexpr double kCeiling = 24.0 * 3600 * 1000;  // a day, as ValidateJobSpec allows
+  const double cap = b.max_ms() > 0 ? std::min<double>(static_cast<double>(b.max_ms()), kCeiling)
+                                    : kCeiling;
+  double delay = std::min(initial, cap);
+  for (int i = 2; i < next_attempt && delay < cap; ++i) delay = std::min(delay * mult, cap);
+  return static_cast<int64_t>(delay);
 }
 
 absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
