@@ -185,6 +185,11 @@ TEST_F(TrainTest, EveryArchitectureTrainsAndReportsEvents) {
     ASSERT_EQ(outputs.size(), 1u);
     EXPECT_EQ(outputs[0]["name"], "model");
     EXPECT_EQ(outputs[0]["path"], (root_ / absl::StrCat("full_", arch)).string());
+    // What the checkpoint registry records (engine/events.h).
+    EXPECT_EQ(outputs[0]["type"], "checkpoint") << outputs[0].dump();
+    EXPECT_EQ(outputs[0]["operation"], "cpt");
+    EXPECT_EQ(outputs[0]["manifest_sha256"].get<std::string>().size(), 64u);
+    EXPECT_EQ(outputs[0]["parents"], json::array({(root_ / arch).string()}));
     EXPECT_EQ(r.events.back()["trainable_fraction"], 1.0);
     // The output is a complete, verified checkpoint with every tensor of the base model.
     Tensors base = ReadTensors(root_ / arch), trained = ReadTensors(root_ / absl::StrCat("full_", arch));
