@@ -1,15 +1,20 @@
 // The rules of the train-area engine specs (init, tokenize, train) as `stemma submit` applies
 // them: a job file goes through ParseJobsYaml, ApplyDefaults and the spec's rules, and a bad
 // spec is refused with one line naming the file, the line and the field. Torch-free.
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/engine_cli.h"
 #include "common/engine_spec.h"
 #include "common/job_spec.h"
 #include "gtest/gtest.h"
 #include "stemma/v1/job.pb.h"
+#include "stemma/v1/specs/train.pb.h"
 
 namespace stemma {
 namespace {
@@ -201,6 +206,43 @@ TEST(SpecRulesTrain, EveryFieldIsDocumented) {
   for (const char* needle : {"`0.0003`", "`[0.9, 0.95]`", "`1e-08`", "`cosine`", "min_lr_ratio", "`hash`"}) {
     EXPECT_TRUE(absl::StrContains(train, needle)) << needle;
   }
+}
+
+// What the worker does with a submitted train job: the typed spec as JSON (int64 as strings,
+// proto field names) in spec.json, read back by the engine's command line with relative paths
+// under $STEMMA_STORAGE_ROOT (issue 16 point 6) and threads from $STEMMA_CPUS (point 8).
+TEST(SpecRulesTrain, TheWorkersSpecJsonReadsBackWithPathsUnderTheStorageRoot) {
+  auto jobs = ParseJobsYaml(
+      "train:\n  model: models/base\n  out: models/cpt\n  data:\n    datasets: [{path: data/sw, heldout_path: "
+      "/abs/valid}]\n    seq_len: 64\n    family_weights: {}\n  steps: 30\n  seed: 18446744073709551615\n"
+      "  strategy: {freeze: {layers: [\"middle\"]}, l2sp: [{lambda: 0.01}]}\n",
+      "jobs.yaml");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  const std::string json = SpecToJson(*EngineSpecOf((*jobs)[0]));
+  const std::string dir = ::testing::TempDir() + "/spec_rules_train";
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/spec.json";
+  std::ofstream(file) << json;
+  setenv("STEMMA_STORAGE_ROOT", "/srv/stemma", 1);
+  setenv("STEMMA_CPUS", "3", 1);
+  std::vector<std::string> args = {"train", "--spec", file};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  auto inv = ParseEngineCommandLine("train", static_cast<int>(argv.size()), argv.data(), {"stop-after-step"});
+  unsetenv("STEMMA_STORAGE_ROOT");
+  ASSERT_TRUE(inv.ok()) << inv.status() << "\n" << json;
+  const auto& spec = static_cast<const v1::TrainSpec&>(*inv->spec);
+  EXPECT_EQ(spec.model(), "/srv/stemma/models/base");
+  EXPECT_EQ(spec.out(), "/srv/stemma/models/cpt");
+  EXPECT_EQ(spec.data().datasets(0).path(), "/srv/stemma/data/sw");
+  EXPECT_EQ(spec.data().datasets(0).heldout_path(), "/abs/valid");
+  EXPECT_EQ(spec.steps(), 30);
+  EXPECT_EQ(spec.seed(), 18446744073709551615ull);
+  EXPECT_EQ(spec.strategy().freeze().layers(0), "middle");
+  EXPECT_EQ(spec.batch_size(), 1);  // defaults filled
+  EXPECT_EQ(EffectiveThreads(spec.threads()), 3);
+  EXPECT_EQ(EffectiveThreads(2), 2);
+  unsetenv("STEMMA_CPUS");
 }
 
 }  // namespace
