@@ -167,7 +167,9 @@ absl::StatusOr<int> RunUp(const GlobalOptions& g, UpOptions o) {
   }
 
   Supervisor supervisor(old_mask);
-  std::vector<std::string> args = {"--data", (data / "coordinator").string(), "--listen", o.listen};
+  // One machine: the coordinator sees the workers' files, so it checks reported outputs.
+  std::vector<std::string> args = {"--data", (data / "coordinator").string(), "--listen", o.listen,
+                                   "--verify-artifacts"};
   if (o.metrics_port > 0) {
     args.insert(args.end(), {"--metrics-listen", absl::StrCat("127.0.0.1:", o.metrics_port)});
   }

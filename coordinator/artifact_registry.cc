@@ -119,6 +119,13 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
     const v1::OutputArtifact& out = s.output;
     if (out.path().empty()) continue;
     const std::string path = NormalPath(out.path());
+    // Parents first: an external base registered on the way gets the lower id.
+    std::vector<std::string> parents;
+    for (const std::string& parent : out.parents()) {
+      const std::string p = NormalPath(parent);
+      if (p.empty() || p == path) continue;
+      AppendUnique(&parents, ResolveParent(p, changes));
+    }
     v1::Artifact a;
     const uint64_t seq = next_seq_++;
     a.set_id(absl::StrCat("a-", seq));
@@ -133,14 +140,7 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
     a.set_experiment(job.spec().experiment());
     a.set_stage(stage);
     a.set_operation(out.operation());
-    for (const std::string& parent : out.parents()) {
-      const std::string p = NormalPath(parent);
-      if (p.empty() || p == path) continue;
-      const std::string id = ResolveParent(p, changes);
-      if (std::find(a.parents().begin(), a.parents().end(), id) == a.parents().end()) {
-        a.add_parents(id);
-      }
-    }
+    for (auto& id : parents) a.add_parents(std::move(id));
     for (const auto& [name, value] : last) (*a.mutable_metrics())[name] = value;
     a.set_state(v1::ARTIFACT_PRESENT);
     a.set_created_ms(now);

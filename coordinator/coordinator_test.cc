@@ -6,9 +6,14 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
+#include <optional>
+#include <tuple>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "coordinator/artifact_files.h"
 #include "coordinator/committer.h"
 
 namespace stemma::coordinator {
@@ -77,6 +82,7 @@ class CoordinatorTest : public ::testing::Test {
     o.lease_ms = 1000;
     o.heartbeat_ms = 200;
     o.tick_ms = 1000000;  // passes only when kicked or called
+    o.verify_artifacts = verify_artifacts_;
     coord_ = std::make_unique<Coordinator>(o, store_.get(), &clock_, &metrics_);
     ASSERT_TRUE(coord_->Start().ok());
   }
@@ -135,6 +141,83 @@ class CoordinatorTest : public ::testing::Test {
   }
   v1::Job Get(const std::string& id) { return *coord_->GetJob(id); }
 
+  // A job that runs on `w` and ends with exit 0 after reporting `metrics` (name, step,
+  // value) and `artifacts`.
+  std::string RunToSuccess(Worker& w, v1::JobSpec spec, uint64_t seq,
+                           const std::vector<std::tuple<std::string, int64_t, double>>& metrics,
+                           const std::vector<v1::OutputArtifact>& artifacts) {
+    v1::SubmitRequest req;
+    *req.add_jobs() = std::move(spec);
+    auto r = coord_->Submit(req);
+    EXPECT_TRUE(r.ok()) << r.status();
+    const std::string id = r->job_ids(0);
+    v1::Assignment a = Assigned(w);
+    EXPECT_EQ(a.job_id(), id);
+    std::vector<v1::AttemptEvent> events(1);
+    events[0].set_attempt_id(a.attempt_id());
+    events[0].mutable_started()->set_pid(7);
+    for (const auto& [name, step, value] : metrics) {
+      auto& e = events.emplace_back();
+      e.set_attempt_id(a.attempt_id());
+      e.mutable_metric()->set_name(name);
+      e.mutable_metric()->set_step(step);
+      e.mutable_metric()->set_value(value);
+      e.mutable_metric()->set_time_ms(5000 + step);
+    }
+    auto& fin = events.emplace_back();
+    fin.set_attempt_id(a.attempt_id());
+    fin.set_event_seq(seq);
+    fin.mutable_finished()->set_exit_code(0);
+    for (const auto& art : artifacts) *fin.mutable_finished()->add_artifacts() = art;
+    std::vector<const v1::AttemptEvent*> ptrs;
+    for (const auto& e : events) ptrs.push_back(&e);
+    coord_->Events(w.id, w.session, absl::MakeConstSpan(ptrs));
+    EXPECT_TRUE(w.channel->Take(v1::CoordinatorMessage::kEventAck).has_value());
+    EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
+    return id;
+  }
+  // A checkpoint directory with one weights file and a stemma.json listing it; returns the
+  // output as a worker reports it.
+  v1::OutputArtifact MakeCheckpoint(const std::string& name, const std::string& weights,
+                                    std::vector<std::string> parents = {},
+                                    const std::string& operation = "cpt") {
+    const std::string path = (dir_ / name).string();
+    std::filesystem::create_directories(path);
+    WriteFile(path + "/model.safetensors", weights);
+    auto sha = Sha256File(path + "/model.safetensors");
+    WriteFile(path + "/stemma.json",
+              absl::StrCat(R"({"files": {"model.safetensors": {"sha256": ")", *sha,
+                           R"(", "bytes": )", weights.size(), "}}}"));
+    v1::OutputArtifact out;
+    out.set_name("model");
+    out.set_type("checkpoint");
+    out.set_path(path);
+    out.set_manifest_sha256(*Sha256File(path + "/stemma.json"));
+    out.set_bytes(static_cast<int64_t>(weights.size()));
+    for (auto& p : parents) out.add_parents(p);
+    out.set_operation(operation);
+    return out;
+  }
+  static void WriteFile(const std::string& path, const std::string& data) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs(data.c_str(), f);
+    std::fclose(f);
+  }
+  // The value of a gauge series with these labels, if it exists.
+  std::optional<double> Gauge(const std::string& name, const std::string& experiment,
+                              const std::string& stage) {
+    for (const auto& family : metrics_.registry()->Collect()) {
+      if (family.name != name) continue;
+      for (const auto& m : family.metric) {
+        std::map<std::string, std::string> labels;
+        for (const auto& l : m.label) labels[l.name] = l.value;
+        if (labels["experiment"] == experiment && labels["stage"] == stage) return m.gauge.value;
+      }
+    }
+    return std::nullopt;
+  }
+
+  bool verify_artifacts_ = false;
   std::filesystem::path dir_;
   FakeClock clock_;
   CoordinatorMetrics metrics_;
@@ -307,6 +390,251 @@ TEST_F(CoordinatorTest, ConcurrentSubmitsWithOneKeyMakeOneJob) {
   for (auto& t : threads) t.join();
   for (const auto& id : ids) EXPECT_EQ(id, ids[0]);
   EXPECT_EQ(coord_->ListJobs({})->total(), 1);
+}
+
+
+// ------------------------------------------------------------ metric series, registry
+
+v1::JobSpec Spec(const std::string& name, const std::string& experiment = "",
+                 const std::string& stage = "") {
+  v1::JobSpec s;
+  s.set_name(name);
+  s.mutable_noop();
+  s.set_experiment(experiment);
+  if (!stage.empty()) (*s.mutable_labels())["stage"] = stage;
+  return s;
+}
+
+TEST_F(CoordinatorTest, MetricEventsAreStoredQueryableAndLiveGaugesFollowTheJob) {
+  Worker w = Connect("w0");
+  v1::SubmitRequest req;
+  *req.add_jobs() = Spec("cpt-uk", "family", "cpt");
+  std::string id = coord_->Submit(req)->job_ids(0);
+  v1::Assignment a = Assigned(w);
+  auto send = [&](const std::string& attempt, const std::string& name, int64_t step, double v) {
+    v1::AttemptEvent e;
+    e.set_attempt_id(attempt);
+    e.mutable_metric()->set_name(name);
+    e.mutable_metric()->set_step(step);
+    e.mutable_metric()->set_value(v);
+    (*e.mutable_metric()->mutable_labels())["split"] = "train";
+    coord_->Event(w.id, w.session, e);
+  };
+  for (int step = 1; step <= 3; ++step) {
+    send(a.attempt_id(), "loss", step, 3.0 - step * 0.5);
+    send(a.attempt_id(), "tokens_per_s", step, 1000 * step);
+  }
+  send(absl::StrCat(id, ".9"), "loss", 4, 99);  // not its attempt: refused, not stored
+  EXPECT_EQ(Gauge("stemma_train_loss", "family", "cpt"), 1.5);
+  EXPECT_EQ(Gauge("stemma_train_tokens_per_second", "family", "cpt"), 3000);
+  EXPECT_EQ(Gauge("stemma_train_step", "family", "cpt"), 3);
+
+  v1::QueryMetricsRequest q;
+  q.add_job_ids(id);
+  auto all = coord_->QueryMetrics(q);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->points_size(), 6);
+  EXPECT_EQ(all->points(0).name(), "loss");
+  EXPECT_EQ(all->points(0).attempt(), 1);
+  EXPECT_EQ(all->points(0).labels().at("split"), "train");
+  EXPECT_EQ(all->points(5).step(), 3);
+  q.set_name_pattern("loss");
+  q.set_last_only(true);
+  auto last = coord_->QueryMetrics(q);
+  ASSERT_TRUE(last.ok());
+  ASSERT_EQ(last->points_size(), 1);
+  EXPECT_DOUBLE_EQ(last->points(0).value(), 1.5);
+
+  v1::AttemptEvent fin;
+  fin.set_attempt_id(a.attempt_id());
+  fin.set_event_seq(1);
+  fin.mutable_finished()->set_exit_code(0);
+  coord_->Event(w.id, w.session, fin);
+  EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
+  EXPECT_FALSE(Gauge("stemma_train_loss", "family", "cpt").has_value());  // ended: removed
+
+  v1::QueryMetricsRequest by_experiment;
+  by_experiment.set_experiment("family");
+  auto exp = coord_->QueryMetrics(by_experiment);
+  ASSERT_TRUE(exp.ok());
+  EXPECT_EQ(exp->points_size(), 6);
+  by_experiment.set_experiment("nope");
+  EXPECT_EQ(coord_->QueryMetrics(by_experiment).status().code(), absl::StatusCode::kNotFound);
+  v1::QueryMetricsRequest unknown;
+  unknown.add_job_ids("j-999");
+  EXPECT_EQ(coord_->QueryMetrics(unknown).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(coord_->QueryMetrics({}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CoordinatorTest, SucceededJobsRegisterTheirCheckpointsWithLineageMetricsAndConsumers) {
+  Worker w = Connect("w0", 0, /*allow_exec=*/true);
+  const std::string base = (dir_ / "base").string();
+  auto cpt = MakeCheckpoint("cpt-uk", "weights-1", {base});
+  std::string j1 = RunToSuccess(w, Spec("cpt", "fam", "cpt"), 1, {{"loss", 10, 2.5}, {"loss", 20, 2.0}}, {cpt});
+  auto soup = MakeCheckpoint("soup", "weights-2", {cpt.path(), base}, "soup");
+  std::string j2 = RunToSuccess(w, Spec("soup", "fam", "soup"), 2, {}, {soup});
+
+  auto list = coord_->ListArtifacts({});
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->artifacts_size(), 3);  // newest first: soup, cpt, the external base
+  const v1::Artifact& s = list->artifacts(0);
+  const v1::Artifact& c = list->artifacts(1);
+  const v1::Artifact& b = list->artifacts(2);
+  EXPECT_TRUE(b.external());
+  EXPECT_EQ(b.path(), base);
+  EXPECT_EQ(c.job_id(), j1);
+  EXPECT_EQ(c.experiment(), "fam");
+  EXPECT_EQ(c.stage(), "cpt");
+  EXPECT_EQ(c.manifest_sha256(), cpt.manifest_sha256());
+  EXPECT_EQ(c.operation(), "cpt");
+  ASSERT_EQ(c.parents_size(), 1);
+  EXPECT_EQ(c.parents(0), b.id());
+  EXPECT_DOUBLE_EQ(c.metrics().at("loss"), 2.0);  // the last value
+  EXPECT_EQ(c.verification(), v1::UNCHECKED);      // checking is off by default
+  EXPECT_EQ(std::vector<std::string>(s.parents().begin(), s.parents().end()),
+            (std::vector<std::string>{c.id(), b.id()}));
+
+  v1::LineageRequest lr;
+  lr.set_id(s.id());
+  auto lineage = coord_->Lineage(lr);
+  ASSERT_TRUE(lineage.ok());
+  ASSERT_EQ(lineage->artifacts_size(), 3);  // each ancestor once, the base reached twice
+  EXPECT_EQ(lineage->artifacts(0).id(), s.id());
+  lr.set_max_depth(1);
+  lr.set_id("ckpt:" + c.id());
+  lineage = coord_->Lineage(lr);
+  ASSERT_TRUE(lineage.ok());
+  EXPECT_EQ(lineage->artifacts_size(), 2);
+
+  // An evaluation reading the soup (a file inside it) credits its metric to it.
+  v1::JobSpec eval;
+  eval.set_name("eval");
+  eval.mutable_exec()->add_argv("/bin/eval");
+  eval.mutable_exec()->add_argv(soup.path() + "/model.safetensors");
+  std::string j3 = RunToSuccess(w, eval, 3, {{"heldout_loss/uk", 0, 3.25}}, {});
+  auto details = coord_->GetArtifact(soup.path());
+  ASSERT_TRUE(details.ok()) << details.status();
+  EXPECT_EQ(details->artifact().id(), s.id());
+  EXPECT_DOUBLE_EQ(details->artifact().metrics().at("heldout_loss/uk"), 3.25);
+  EXPECT_EQ(details->producer().id(), j2);
+  ASSERT_EQ(details->parents_size(), 2);
+  ASSERT_EQ(details->consumer_jobs_size(), 1);
+  EXPECT_EQ(details->consumer_jobs(0), j3);
+  auto cd = coord_->GetArtifact(c.id());
+  ASSERT_EQ(cd->children_size(), 1);
+  EXPECT_EQ(cd->children(0).id(), s.id());
+  EXPECT_EQ(coord_->GetArtifact("a-999").status().code(), absl::StatusCode::kNotFound);
+
+  // Verify reads the files; a changed weights file is found.
+  auto ok = coord_->VerifyArtifact(c.id());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->ok());
+  EXPECT_EQ(ok->files_checked(), 2);
+  EXPECT_EQ(ok->artifact().verification(), v1::VERIFIED);
+  WriteFile(cpt.path() + "/model.safetensors", "weights-X");
+  auto bad = coord_->VerifyArtifact(c.id());
+  ASSERT_TRUE(bad.ok());
+  EXPECT_FALSE(bad->ok());
+  ASSERT_EQ(bad->problems_size(), 1);
+  EXPECT_NE(bad->problems(0).find("model.safetensors"), std::string::npos) << bad->problems(0);
+  EXPECT_EQ(bad->artifact().verification(), v1::MISMATCH);
+
+  // The registry is durable: a restarted coordinator has it, and new ids continue.
+  coord_.reset();
+  StartCoordinator();
+  list = coord_->ListArtifacts({});
+  ASSERT_EQ(list->artifacts_size(), 3);
+  EXPECT_EQ(list->artifacts(1).verification(), v1::MISMATCH);
+  Worker again = Connect("w0", 0, true);
+  auto more = MakeCheckpoint("later", "weights-3", {soup.path()});
+  RunToSuccess(again, Spec("later"), 4, {}, {more});
+  EXPECT_EQ(coord_->ListArtifacts({})->artifacts(0).id(), "a-4");
+}
+
+TEST_F(CoordinatorTest, FailedAttemptsRegisterNothingAndReportedHashesAreCheckedWhenAsked) {
+  coord_.reset();
+  verify_artifacts_ = true;
+  StartCoordinator();
+  Worker w = Connect("w0");
+  auto out = MakeCheckpoint("first", "w1");
+  v1::SubmitRequest req;
+  auto* spec = req.add_jobs();
+  *spec = Spec("retried");
+  spec->set_max_attempts(2);
+  spec->mutable_backoff()->set_initial_ms(1);
+  std::string id = coord_->Submit(req)->job_ids(0);
+  v1::Assignment a = Assigned(w);
+  v1::AttemptEvent fail;
+  fail.set_attempt_id(a.attempt_id());
+  fail.set_event_seq(1);
+  fail.mutable_finished()->set_exit_code(3);
+  *fail.mutable_finished()->add_artifacts() = out;
+  coord_->Event(w.id, w.session, fail);
+  EXPECT_EQ(coord_->ListArtifacts({})->artifacts_size(), 0);
+
+  auto good = MakeCheckpoint("good", "w2");
+  auto lying = MakeCheckpoint("lying", "w3");
+  lying.set_manifest_sha256(std::string(64, '0'));
+  auto missing = good;
+  missing.set_name("results");
+  missing.set_type("file");
+  missing.set_path((dir_ / "not-here.json").string());
+  RunToSuccess(w, Spec("checked"), 2, {}, {good, lying, missing});
+  std::map<std::string, v1::Verification> by_path;
+  auto list = coord_->ListArtifacts({});
+  ASSERT_TRUE(list.ok());
+  for (const auto& art : list->artifacts()) by_path[art.path()] = art.verification();
+  EXPECT_EQ(by_path[good.path()], v1::VERIFIED);
+  EXPECT_EQ(by_path[lying.path()], v1::MISMATCH);
+  EXPECT_EQ(by_path[missing.path()], v1::UNREADABLE);
+}
+
+TEST_F(CoordinatorTest, GcDryRunChangesNothingAndApplyDeletesOnlyUnprotectedCheckpoints) {
+  Worker w = Connect("w0");
+  std::vector<v1::OutputArtifact> outs;
+  for (int i = 0; i < 4; ++i) {
+    outs.push_back(MakeCheckpoint(absl::StrCat("trial", i), absl::StrCat("weights", i)));
+    RunToSuccess(w, Spec(absl::StrCat("trial", i), "sweep"), i + 1, {{"heldout_loss", 0, 4.0 - i}},
+                 {outs.back()});
+  }
+  // trial3 (loss 1) is the best; trial0 is pinned; a queued job will read trial1.
+  ASSERT_TRUE(coord_->PinArtifact("a-1", false).ok());
+  v1::SubmitRequest reader;
+  auto* spec = reader.add_jobs();
+  spec->set_name("reader");
+  spec->mutable_exec()->add_argv(outs[1].path());
+  spec->mutable_resources()->set_gpus(8);  // never placed: stays QUEUED
+  Worker exec = Connect("w1", 0, true);
+  ASSERT_TRUE(coord_->Submit(reader).ok());
+
+  v1::GcRequest gc;
+  gc.mutable_policy()->set_keep_best(1);
+  gc.mutable_policy()->set_metric("heldout_loss");
+  auto dry = coord_->CollectGarbage(gc);
+  ASSERT_TRUE(dry.ok()) << dry.status();
+  std::map<std::string, bool> doomed;
+  for (const auto& d : dry->decisions()) doomed[d.artifact().id()] = d.deleted();
+  EXPECT_EQ(doomed, (std::map<std::string, bool>{{"a-1", false}, {"a-2", false}, {"a-3", true},
+                                                 {"a-4", false}}));
+  EXPECT_FALSE(dry->applied());
+  EXPECT_TRUE(std::filesystem::exists(outs[2].path()));
+
+  gc.set_apply(true);
+  auto applied = coord_->CollectGarbage(gc);
+  ASSERT_TRUE(applied.ok());
+  EXPECT_TRUE(applied->applied());
+  EXPECT_EQ(applied->bytes_freed(), outs[2].bytes());
+  EXPECT_FALSE(std::filesystem::exists(outs[2].path()));
+  for (int i : {0, 1, 3}) EXPECT_TRUE(std::filesystem::exists(outs[i].path())) << i;
+  auto deleted = coord_->GetArtifact("a-3");
+  EXPECT_EQ(deleted->artifact().state(), v1::ARTIFACT_DELETED);
+  EXPECT_NE(deleted->artifact().deleted_by().find("not among the best 1 by heldout_loss"),
+            std::string::npos)
+      << deleted->artifact().deleted_by();
+  EXPECT_EQ(coord_->ListArtifacts({})->artifacts_size(), 3);  // deleted ones need --all
+  v1::GcRequest bad;
+  bad.mutable_policy()->set_keep_best(2);
+  EXPECT_EQ(coord_->CollectGarbage(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // Counts what reaches the store; thread-safe, so a test can watch it while the committer

@@ -32,6 +32,7 @@ struct Config {
   int64_t lease_ms = 10000;
   int64_t heartbeat_ms = 2000;
   std::string log_level = "info";
+  bool verify_artifacts = false;  // read reported outputs and check their manifest sha256
   // Security: TLS from files (reloaded when they change), tokens from a digest file.
   std::string tls_cert;
   std::string tls_key;
@@ -73,6 +74,9 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-ms", cfg.heartbeat_ms, "Heartbeat interval for workers")
       ->check(CLI::Range(int64_t{10}, int64_t{600000}))
       ->capture_default_str();
+  app.add_flag("--verify-artifacts", cfg.verify_artifacts,
+               "Check the manifest sha256 of every output a worker reports (needs the "
+               "workers' file systems; `stemma up` sets it)");
   app.add_option("--tls-cert", cfg.tls_cert, "PEM server certificate chain (enables TLS)");
   app.add_option("--tls-key", cfg.tls_key, "PEM private key of --tls-cert");
   app.add_option("--tls-client-ca", cfg.tls_client_ca,
@@ -147,6 +151,7 @@ int main(int argc, char** argv) {
   options.data_dir = cfg.data;
   options.lease_ms = cfg.lease_ms;
   options.heartbeat_ms = cfg.heartbeat_ms;
+  options.verify_artifacts = cfg.verify_artifacts;
   stemma::coordinator::Coordinator coordinator(options, store->get(),
                                                stemma::RealClock::Get(), &metrics);
   if (absl::Status st = coordinator.Start(); !st.ok()) {

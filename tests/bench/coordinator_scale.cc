@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <deque>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <queue>
@@ -62,7 +63,7 @@ struct Samples {
 };
 
 Samples g_heartbeat, g_schedule;
-std::atomic<int64_t> g_assigned{0}, g_finished{0};
+std::atomic<int64_t> g_assigned{0}, g_finished{0}, g_points{0};
 
 // Finishes due at a time: (due ms, worker index, attempt id).
 struct Due {
@@ -76,8 +77,9 @@ std::priority_queue<Due, std::vector<Due>, std::greater<Due>> g_due;
 
 class SimWorker : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::CoordinatorMessage> {
  public:
-  SimWorker(int index, v1::WorkerService::Stub* stub, int gpus, double min_s, double max_s)
-      : index_(index), rng_(index), min_s_(min_s), max_s_(max_s) {
+  SimWorker(int index, v1::WorkerService::Stub* stub, int gpus, double min_s, double max_s,
+            int metrics_per_job)
+      : index_(index), rng_(index), min_s_(min_s), max_s_(max_s), metrics_per_job_(metrics_per_job) {
     v1::WorkerMessage reg;
     auto* info = reg.mutable_register_()->mutable_info();
     info->set_id("sim-" + std::to_string(index));
@@ -120,7 +122,20 @@ class SimWorker : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Coordina
 
   void Finish(const std::string& attempt) {
     v1::WorkerMessage m;
-    auto* ev = m.mutable_event();
+    // With --metrics-per-job N the attempt first reports N training steps' metrics (as the
+    // worker forwards an engine's step events: one Metric per value), in the same batch.
+    auto* ev = metrics_per_job_ > 0 ? m.mutable_events()->add_events() : m.mutable_event();
+    for (int i = 0; i < metrics_per_job_; ++i) {
+      auto* point = ev;
+      point->set_attempt_id(attempt);
+      auto* metric = point->mutable_metric();
+      metric->set_name(i % 2 == 0 ? "loss" : "tokens_per_s");
+      metric->set_step(i / 2 + 1);
+      metric->set_value(i % 2 == 0 ? 3.0 / (1 + i) : 5000 + i);
+      metric->set_time_ms(static_cast<int64_t>(NowMs()));
+      ev = m.mutable_events()->add_events();
+    }
+    g_points += metrics_per_job_;
     ev->set_attempt_id(attempt);
     ev->set_event_seq(++event_seq_);
     ev->mutable_finished()->set_exit_code(0);
@@ -219,6 +234,7 @@ class SimWorker : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Coordina
   std::atomic<uint64_t> event_seq_{0};
   std::mt19937 rng_;
   double min_s_, max_s_;
+  int metrics_per_job_;
 };
 
 // p-quantile (upper bucket bound, ms) of a Prometheus histogram from the coordinator's
@@ -248,6 +264,26 @@ double ServerQuantileMs(const std::string& metrics_addr, const std::string& name
   return -1;
 }
 
+// User + system CPU of a process (its threads), in milliseconds.
+double CpuMs(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::vector<std::string> f;
+  std::string cur;
+  for (size_t i = close + 2; i < stat.size(); ++i) {
+    if (stat[i] == ' ') {
+      f.push_back(cur);
+      cur.clear();
+    } else {
+      cur += stat[i];
+    }
+  }
+  if (f.size() < 13) return -1;  // fields 14 and 15 (utime, stime) are f[11], f[12]
+  return (std::stod(f[11]) + std::stod(f[12])) * 1000.0 / sysconf(_SC_CLK_TCK);
+}
+
 int64_t RssMib(pid_t pid, const char* field) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
@@ -262,6 +298,7 @@ int64_t RssMib(pid_t pid, const char* field) {
 int main(int argc, char** argv) {
   int jobs = 100000, workers = 1000, gpus = 8, clients = 64, measure_s = 30;
   int heartbeat_ms = 5000;
+  int metrics_per_job = 0;
   double min_s = 5, max_s = 25;  // simulated job durations
   std::string bin = "build/bin";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -273,6 +310,7 @@ int main(int argc, char** argv) {
     else if (k == "--measure-s") measure_s = std::stoi(v);
     else if (k == "--heartbeat-ms") heartbeat_ms = std::stoi(v);
     else if (k == "--bin") bin = v;
+    else if (k == "--metrics-per-job") metrics_per_job = std::stoi(v);
     else if (k == "--min-s") min_s = std::stod(v);
     else if (k == "--max-s") max_s = std::stod(v);
     else {
@@ -330,6 +368,7 @@ int main(int argc, char** argv) {
     channels.push_back(grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), a));
   }
   auto t0 = Clock::now();
+  const double submit_cpu0 = CpuMs(coord);
   std::vector<std::thread> threads;
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
@@ -348,6 +387,7 @@ int main(int argc, char** argv) {
   for (auto& t : threads) t.join();
   double submit_s = std::chrono::duration<double>(Clock::now() - t0).count();
   double submits_per_s = jobs / submit_s;
+  const double submit_cpu_us = (CpuMs(coord) - submit_cpu0) * 1000.0 / jobs;
   std::printf("[scale] %d durable submits in %.2f s: %.0f/s (%d errors)\n", jobs, submit_s,
               submits_per_s, errors.load());
   std::fflush(stdout);
@@ -356,7 +396,7 @@ int main(int argc, char** argv) {
   auto worker_stub = v1::WorkerService::NewStub(channel);
   std::vector<std::unique_ptr<SimWorker>> sims;
   for (int i = 0; i < workers; ++i) {
-    sims.push_back(std::make_unique<SimWorker>(i, worker_stub.get(), gpus, min_s, max_s));
+    sims.push_back(std::make_unique<SimWorker>(i, worker_stub.get(), gpus, min_s, max_s, metrics_per_job));
   }
   for (int i = 0; i < 600; ++i) {
     int n = 0;
@@ -399,6 +439,8 @@ int main(int argc, char** argv) {
   // Warm up until the first placements settle, then measure.
   std::this_thread::sleep_for(std::chrono::seconds(std::max(5, heartbeat_ms / 1000 + 2)));
   int64_t finished_before = g_finished.load();
+  int64_t points_before = g_points.load();
+  const double cpu_before = CpuMs(coord);
   g_heartbeat.recording = true;
   g_schedule.recording = true;
   std::printf("[scale] measuring for %d s\n", measure_s);
@@ -407,6 +449,8 @@ int main(int argc, char** argv) {
   g_heartbeat.recording = false;
   g_schedule.recording = false;
   int64_t finished = g_finished.load() - finished_before;
+  int64_t points = g_points.load() - points_before;
+  const double window_cpu_ms = CpuMs(coord) - cpu_before;
   int64_t rss = RssMib(coord, "VmRSS:");
   int64_t hwm = RssMib(coord, "VmHWM:");
   double server_hb_p99 = ServerQuantileMs(metrics_addr, "stemma_rpc_server_handling_seconds",
@@ -436,10 +480,13 @@ int main(int argc, char** argv) {
       "\"schedule_p50_ms\": %.3f, \"schedule_p99_ms\": %.3f, \"finished_per_s\": %.1f, "
       "\"coordinator_rss_mib\": %lld, \"coordinator_peak_rss_mib\": %lld, "
       "\"server_heartbeat_p99_ms_le\": %.2f, \"server_event_p99_ms_le\": %.2f, "
-      "\"store_txn_p99_ms_le\": %.2f}\n",
+      "\"store_txn_p99_ms_le\": %.2f, \"coordinator_cpu_ms_per_job\": %.4f, "
+      "\"coordinator_cpu_us_per_submit\": %.2f, \"coordinator_cpu_fraction\": %.3f, "
+      "\"metrics_per_job\": %d, \"metric_points_per_s\": %.0f}\n",
       jobs, workers, gpus, clients, submits_per_s, g_heartbeat.Pct(0.5), g_heartbeat.Pct(0.99),
       g_schedule.Pct(0.5), g_schedule.Pct(0.99), finished / static_cast<double>(measure_s),
       static_cast<long long>(rss), static_cast<long long>(hwm), server_hb_p99, server_event_p99,
-      server_txn_p99);
+      server_txn_p99, finished > 0 ? window_cpu_ms / finished : -1.0, submit_cpu_us,
+      window_cpu_ms / (measure_s * 1000.0), metrics_per_job, points / static_cast<double>(measure_s));
   return 0;
 }
