@@ -23,6 +23,7 @@
 #include "common/proto_yaml.h"
 #include "common/status.h"
 #include "common/yaml_json.h"
+#include "nlohmann/json.hpp"
 #include "stemma/v1/spec_options.pb.h"
 #include "stemma/v1/specs/merge.pb.h"
 
@@ -48,6 +49,7 @@ using Coords = std::vector<std::pair<std::string, std::string>>;
 struct Need {
   std::string stage;
   std::vector<std::pair<std::string, std::vector<std::string>>> where;  // axis → allowed values
+  bool all = false;  // read every cell (that passes where), whatever the shared axes say
   int line = 0;
 };
 
@@ -157,7 +159,11 @@ class Expander {
           for (size_t k = 0; k + 1 < item.items.size(); k += 2) {
             const std::string& key = item.items[k].scalar;
             if (key == "stage") continue;
-            if (key != "where") return Error(item.items[k].line, absl::StrCat(path, ".", key), "unknown field (allowed: stage, where)");
+            if (key == "all") {
+              need.all = item.items[k + 1].IsScalar() && item.items[k + 1].scalar == "true";
+              continue;
+            }
+            if (key != "where") return Error(item.items[k].line, absl::StrCat(path, ".", key), "unknown field (allowed: stage, where, all)");
             const YamlNode& where = item.items[k + 1];
             if (!where.IsMap()) return Error(where.line, absl::StrCat(path, ".where"), "must be a mapping of axis to value(s)");
             for (size_t w = 0; w + 1 < where.items.size(); w += 2) {
@@ -277,9 +283,11 @@ class Expander {
     }
     const size_t original_axes = def->axes.size();
     ASSIGN_OR_RETURN(std::vector<Coords> includes, entries(include, "include"));
+    const size_t original_cells = cells.size();
     for (const Coords& inc : includes) {
       bool extended = false;
-      for (Coords& c : cells) {
+      for (size_t ci = 0; ci < original_cells; ++ci) {
+        Coords& c = cells[ci];
         bool fits = true;
         for (const auto& [axis, v] : inc) {
           const bool original = std::find(def->axes.begin(), def->axes.begin() + original_axes, axis) !=
@@ -288,8 +296,14 @@ class Expander {
         }
         if (!fits) continue;
         for (const auto& [axis, v] : inc) {
-          if (Has(c, axis)) continue;
-          c.emplace_back(axis, v);
+          bool set = false;
+          for (auto& [a, old] : c) {
+            if (a == axis) {
+              old = v;  // a value an earlier include added may be overwritten
+              set = true;
+            }
+          }
+          if (!set) c.emplace_back(axis, v);
         }
         extended = true;
       }
@@ -387,7 +401,7 @@ class Expander {
       const Coords& uc = cell_coords_[i];
       bool ok = true;
       for (const auto& [axis, v] : coords) {
-        if (Has(uc, axis) && Get(uc, axis) != v) ok = false;
+        if (!need->all && Has(uc, axis) && Get(uc, axis) != v) ok = false;
       }
       for (const auto& [axis, allowed] : need->where) {
         if (std::find(allowed.begin(), allowed.end(), Get(uc, axis)) == allowed.end()) ok = false;
@@ -409,9 +423,17 @@ class Expander {
     if (absl::StartsWith(e, "vars.")) {
       auto it = vars_.find(e.substr(5));
       if (it == vars_.end()) return Error(at.line, path, absl::StrCat("unknown variable '", e.substr(5), "' (vars: ", VarNames(), ")"));
-      YamlNode v = *it->second;
-      v.line = at.line;
-      return v;
+      // A variable may itself hold expressions (a list of eval tasks that read upstream
+      // datasets): they are evaluated in the cell that uses it.
+      if (++depth_ > 8) {
+        depth_ = 0;
+        return Error(at.line, path, "variables refer to each other more than 8 deep");
+      }
+      absl::StatusOr<YamlNode> v = Substitute(*it->second, ctx, path, target);
+      --depth_;
+      if (!v.ok()) return v.status();
+      if (v->IsScalar()) v->line = at.line;
+      return *std::move(v);
     }
     if (absl::StartsWith(e, "matrix.")) {
       const std::string axis = e.substr(7);
@@ -427,8 +449,21 @@ class Expander {
     }
     if (absl::StartsWith(e, "needs.")) {
       const std::vector<std::string> parts = absl::StrSplit(e, '.');
+      if (parts.size() == 4 && parts[2] == "matrix" && stage_index_.count(parts[1]) > 0) {
+        // A coordinate of the upstream cell read (in a fan-in item: that item's cell).
+        int cell = target;
+        if (cell < 0) {
+          ASSIGN_OR_RETURN(std::vector<int> m, Matching(*ctx.def, *ctx.coords, parts[1], at.line, path));
+          if (m.size() != 1) return Error(at.line, path, absl::StrCat("reads ", m.size(), " cells of stage '", parts[1], "'"));
+          cell = m[0];
+        }
+        if (!Has(cell_coords_[cell], parts[3])) {
+          return Error(at.line, path, absl::StrCat("stage '", parts[1], "' has no matrix key '", parts[3], "'"));
+        }
+        return Scalar(Get(cell_coords_[cell], parts[3]), at.line, true);
+      }
       if (parts.size() != 4 || parts[2] != "outputs") {
-        return Error(at.line, path, absl::StrCat("write ${{ needs.STAGE.outputs.NAME }}, not '", e, "'"));
+        return Error(at.line, path, absl::StrCat("write ${{ needs.STAGE.outputs.NAME }} or ${{ needs.STAGE.matrix.KEY }}, not '", e, "'"));
       }
       const std::string& stage = parts[1];
       const std::string& output = parts[3];
@@ -520,7 +555,10 @@ class Expander {
     out.items.clear();
     if (node.IsMap()) {
       for (size_t k = 0; k + 1 < node.items.size(); k += 2) {
-        out.items.push_back(node.items[k]);
+        // Keys may hold expressions too ({"${{ matrix.family }}": 0.9}); they stay text.
+        ASSIGN_OR_RETURN(YamlNode key, SubstituteScalar(node.items[k], ctx, path, target));
+        if (!key.IsScalar()) return Error(node.items[k].line, path, "a key must be a single value");
+        out.items.push_back(std::move(key));
         ASSIGN_OR_RETURN(YamlNode v, Substitute(node.items[k + 1], ctx, absl::StrCat(path, ".", node.items[k].scalar), target));
         out.items.push_back(std::move(v));
       }
@@ -759,6 +797,7 @@ class Expander {
   std::map<std::string, const YamlNode*> vars_;
   std::map<std::string, size_t> stage_index_;
   std::vector<Coords> cell_coords_;
+  int depth_ = 0;
 };
 
 }  // namespace
@@ -899,7 +938,9 @@ std::optional<std::string> ReadSmallFile(const std::string& path, size_t limit) 
 
 // What an input path stands for in the key: its manifest's hash when readable here.
 std::string InputIdentity(const std::string& path) {
+  // A checkpoint's stemma.json, or a token dataset's index.json (its manifest).
   if (auto manifest = ReadSmallFile(path + "/stemma.json", 64 << 20)) return "sha256:" + Sha256(*manifest);
+  if (auto index = ReadSmallFile(path + "/index.json", 64 << 20)) return "sha256:" + Sha256(*index);
   if (auto file = ReadSmallFile(path, 64 << 20)) return "sha256:" + Sha256(*file);
   return path;
 }
@@ -953,7 +994,9 @@ std::string CacheKey(const v1::JobSpec& spec, const std::string& engine_build) {
                 [](const v1::MergeModel& a, const v1::MergeModel& b) { return a.path() < b.path(); });
     }
   }
-  const std::string json = SpecToJson(*copy);
+  // Canonical: nlohmann's objects sort their keys, so map fields (family_weights) hash the
+  // same whatever order protobuf's map iterates in.
+  const std::string json = nlohmann::json::parse(SpecToJson(*copy), nullptr, false).dump();
   if (json.find("${{") != std::string::npos) return "";
   return Sha256(absl::StrCat(JobKind(spec), "\n", json, "\n", engine_build));
 }
@@ -963,7 +1006,10 @@ bool OutputsStillThere(const pb::Map<std::string, std::string>& outputs) {
   for (const auto& [name, path] : outputs) {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) {
-      if (!ReadSmallFile(path + "/stemma.json", 64 << 20).has_value()) return false;
+      if (!ReadSmallFile(path + "/stemma.json", 64 << 20).has_value() &&
+          !ReadSmallFile(path + "/index.json", 64 << 20).has_value()) {
+        return false;
+      }
     } else if (!std::filesystem::is_regular_file(path, ec)) {
       return false;
     }

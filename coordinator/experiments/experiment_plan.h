@@ -31,7 +31,8 @@
 //   `needs`. A cell reads the cells of S that agree with it on every matrix axis the two
 //   stages share and that pass the need's `where` filter. As an item of a list it becomes one
 //   item per matching cell (fan-in, in S's cell order); elsewhere it must match exactly one
-//   cell. A cell depends only on the cells it reads (a need no expression uses: on every
+//   cell. `{stage: S, all: true}` reads every cell of S (that passes `where`) whatever the
+//   shared axes say (an eval of one expert on every language's data). A cell depends only on the cells it reads (a need no expression uses: on every
 //   matching cell), never on the whole upstream stage.
 // - Cells are named `<stage>[axis=value,...]` (axes in matrix order); a stage without a
 //   matrix has one cell named after the stage.

@@ -1,5 +1,7 @@
 #include "engine/io/durable.h"
 
+#include <filesystem>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -131,9 +133,13 @@ absl::StatusOr<std::string> CreateStagingDir(const std::string& out_in, bool ove
     }
     RETURN_IF_ERROR(CheckReplaceable(out));
   }
+  // Parents are created as train and init create them, so that an output placed under a
+  // fresh directory (an experiment's experiments/<name>/<stage>/<job>) can be published.
   const std::string parent = ParentDir(out);
   if (!PathExists(parent)) {
-    return absl::NotFoundError(absl::StrCat(out, ": the directory ", parent, " does not exist"));
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
+    if (ec) return absl::FailedPreconditionError(absl::StrCat(out, ": cannot create ", parent, ": ", ec.message()));
   }
   RemoveStaleStaging(out);
   const std::string staging = StagingDirFor(out);
