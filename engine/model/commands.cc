@@ -136,7 +136,9 @@ absl::Status Init(const v1::InitSpec& spec, const std::string& where) {
         config_json.erase(key);
       }
     }
-    options.source_dir = dir;  // tokenizer files are copied beside the model
+    // The byte tokenizer lives in config.json; any other's files are copied beside the model.
+    if ((*tok)->kind() == "bytes") config_json["stemma_tokenizer"] = {{"type", "bytes"}};
+    options.source_dir = dir;
   }
   config_json["vocab_size"] = tokenizer_vocab;
   if (spec.has_vocab_size() && spec.vocab_size() < tokenizer_vocab) {

@@ -101,6 +101,35 @@ TEST_F(InitTest, EverySizeIsAFlag) {
   EXPECT_EQ(config["layer_types"][6], "sliding_attention");
 }
 
+// --tokenizer DIR: the vocabulary and special ids follow that tokenizer; the model can be
+// tokenized with. A relative DIR is under STEMMA_STORAGE_ROOT.
+TEST_F(InitTest, TokenizerFromADirectory) {
+  std::string err;
+  ASSERT_EQ(Engine(absl::StrCat("init --out ", (root_ / "first").string()), nullptr, &err), 0) << err;
+  ASSERT_EQ(Engine(absl::StrCat("init --arch qwen2 --tokenizer first --out second"), nullptr, &err), 4);
+  EXPECT_TRUE(absl::StrContains(err, "tokenizer")) << err;  // relative to the current directory: none there
+  ASSERT_EQ(Engine(absl::StrCat("init --arch qwen2 --tokenizer first --out ", (root_ / "second").string()),
+                   nullptr, &err),
+            4)
+      << err;
+  const std::string env = absl::StrCat("STEMMA_STORAGE_ROOT=", root_.string(), " ");
+  const int status = std::system(absl::StrCat(env, STEMMA_ENGINE_BIN, " init --arch qwen2 --tokenizer first --out ",
+                                              (root_ / "second").string(), " > /dev/null 2>&1")
+                                     .c_str());
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  json config = json::parse(ReadText(root_ / "second" / "config.json"));
+  EXPECT_EQ(config["vocab_size"], 259);
+  EXPECT_EQ(config["eos_token_id"], 257);
+  EXPECT_EQ(config["stemma_tokenizer"]["type"], "bytes");
+  std::ofstream(root_ / "a.txt") << "hello\n";
+  ASSERT_EQ(Engine(absl::StrCat("tokenize --tokenizer ", (root_ / "second").string(), " --input ",
+                                (root_ / "a.txt").string(), " --format text --language xx --out ",
+                                (root_ / "ds").string()),
+                   nullptr, &err),
+            0)
+      << err;
+}
+
 TEST_F(InitTest, BadSizesAreBadInput) {
   std::string err;
   EXPECT_EQ(Engine(absl::StrCat("init --num-heads 5 --out ", (root_ / "x").string()), nullptr, &err), 4);
