@@ -245,5 +245,23 @@ TEST(SpecRulesTrain, TheWorkersSpecJsonReadsBackWithPathsUnderTheStorageRoot) {
   unsetenv("STEMMA_CPUS");
 }
 
+// Every example under configs/train reads and passes the rules as `stemma-engine train --spec
+// FILE` reads it (the typed forms, the one layer-range convention).
+TEST(SpecRulesTrain, ExampleConfigsAreValidSpecs) {
+  // __FILE__ is relative to the build directory under ccache; from the source root, configs/.
+  std::filesystem::path configs = std::filesystem::path(__FILE__).parent_path().parent_path() / "configs" / "train";
+  if (!std::filesystem::is_directory(configs)) configs = "configs/train";
+  int checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(configs)) {
+    if (entry.path().extension() != ".yaml") continue;
+    std::string spec = entry.path().string();
+    std::vector<char*> argv = {const_cast<char*>("train"), const_cast<char*>("--spec"), spec.data()};
+    auto parsed = ParseEngineCommandLine("train", static_cast<int>(argv.size()), argv.data(), {"stop-after-step"});
+    EXPECT_TRUE(parsed.ok()) << spec << ": " << parsed.status();
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);
+}
+
 }  // namespace
 }  // namespace stemma
