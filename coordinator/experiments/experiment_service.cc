@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/engine_spec.h"
 #include "common/job_spec.h"
 #include "common/status.h"
@@ -54,6 +55,55 @@ std::string CellHash(const v1::JobSpec& spec) {
     spec.SerializeToCodedStream(&out);
   }
   return Sha256Hex(bytes).substr(0, 16);
+}
+
+// "name:hash,name:hash" over the set top-level fields of the engine spec as the expansion
+// wrote it (tokens, not wired paths), so a later revision can name the fields it changed.
+std::string FieldHashes(const v1::JobSpec& spec) {
+  const pb::Message* engine = EngineSpecOf(spec);
+  if (engine == nullptr) return "";
+  std::vector<std::string> parts;
+  const pb::Reflection* r = engine->GetReflection();
+  std::vector<const pb::FieldDescriptor*> fields;
+  r->ListFields(*engine, &fields);
+  for (const pb::FieldDescriptor* f : fields) {
+    std::unique_ptr<pb::Message> one(engine->New());
+    std::vector<const pb::FieldDescriptor*> just = {f};
+    r->SwapFields(one.get(), const_cast<pb::Message*>(engine), just);  // swapped back below
+    std::string bytes;
+    {
+      pb::io::StringOutputStream raw(&bytes);
+      pb::io::CodedOutputStream out(&raw);
+      out.SetSerializationDeterministic(true);
+      one->SerializeToCodedStream(&out);
+    }
+    r->SwapFields(one.get(), const_cast<pb::Message*>(engine), just);
+    parts.push_back(absl::StrCat(f->name(), ":", Sha256Hex(bytes).substr(0, 6)));
+  }
+  std::string out = absl::StrJoin(parts, ",");
+  return out.size() <= 253 ? out : "";
+}
+
+std::vector<std::string> ChangedByHashes(const std::string& before, const std::string& after,
+                                         const std::string& kind) {
+  std::map<std::string, std::string> a, b;
+  for (absl::string_view p : absl::StrSplit(before, ',', absl::SkipEmpty())) {
+    auto colon = p.find(':');
+    a[std::string(p.substr(0, colon))] = std::string(p.substr(colon + 1));
+  }
+  for (absl::string_view p : absl::StrSplit(after, ',', absl::SkipEmpty())) {
+    auto colon = p.find(':');
+    b[std::string(p.substr(0, colon))] = std::string(p.substr(colon + 1));
+  }
+  std::vector<std::string> out;
+  std::set<std::string> names;
+  for (const auto& [k, v] : a) names.insert(k);
+  for (const auto& [k, v] : b) names.insert(k);
+  for (const std::string& n : names) {
+    if (n == "out") continue;
+    if (a[n] != b[n]) out.push_back(absl::StrCat(kind, ".", n));
+  }
+  return out;
 }
 
 int Revision(const v1::Job& job) {
@@ -188,7 +238,13 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
       if (!same) {
         v1::JobSpec defaulted = cell.spec;
         ApplyDefaults(&defaulted);
-        std::vector<std::string> fields = ChangedFields(p.spec(), defaulted);
+        std::vector<std::string> fields;
+        auto pf = p.spec().labels().find(kFieldsLabel);
+        const std::string now = FieldHashes(cell.spec);
+        if (pf != p.spec().labels().end() && !pf->second.empty() && !now.empty()) {
+          fields = ChangedByHashes(pf->second, now, JobKind(cell.spec));
+        }
+        if (fields.empty()) fields = ChangedFields(p.spec(), defaulted);
         why = absl::StrCat("run: changed (", fields.empty() ? "spec" : absl::StrJoin(fields, ", "), ")");
         resp.add_changed(cell.job_name);
       } else if (!upstream.empty()) {
@@ -209,6 +265,7 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
     auto& labels = *job.mutable_labels();
     labels[kRevisionLabel] = absl::StrCat(last + 1);
     labels[kSpecHashLabel] = hash;
+    if (std::string fh = FieldHashes(cell.spec); !fh.empty()) labels[kFieldsLabel] = fh;
     if (!owner.empty()) labels["stemma.owner"] = owner;
     if (request.force()) labels["stemma.cache"] = "false";
     *submit.add_jobs() = std::move(job);

@@ -36,5 +36,6 @@ class ExperimentService {
 // Labels every experiment job carries.
 inline constexpr const char* kRevisionLabel = "stemma.revision";
 inline constexpr const char* kSpecHashLabel = "stemma.spec";
+inline constexpr const char* kFieldsLabel = "stemma.fields";  // field:hash of each spec field
 
 }  // namespace stemma::experiments
