@@ -38,11 +38,10 @@ void MetricSeries::Record(const v1::Job& job, const v1::AttemptEvent::Metric& me
     live.group = {job.spec().experiment(), StageOf(job)};
     live.in_group = true;
     ++groups_[live.group];
+    live.gauges = core_->metrics->Training(live.group.first, live.group.second);
   }
-  const auto& [experiment, stage] = live.group;
-  if (loss) core_->metrics->TrainingLoss(experiment, stage, metric.value());
-  if (tokens) core_->metrics->TrainingTokensPerSecond(experiment, stage, metric.value());
-  core_->metrics->TrainingStep(experiment, stage, static_cast<double>(metric.step()));
+  (loss ? live.gauges.loss : live.gauges.tokens)->Set(metric.value());
+  live.gauges.step->Set(static_cast<double>(metric.step()));
 }
 
 void MetricSeries::LeaveGroup(Live& live) {

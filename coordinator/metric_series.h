@@ -47,6 +47,7 @@ class MetricSeries {
   struct Live {
     Group group;
     bool in_group = false;  // counted in groups_ (it reported a gauge value)
+    CoordinatorMetrics::TrainingSeries gauges;  // valid while in_group
     absl::flat_hash_map<std::string, double> last;
   };
   void LeaveGroup(Live& live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);

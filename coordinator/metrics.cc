@@ -122,8 +122,9 @@ void CoordinatorMetrics::AttemptEnded(const std::string& result) {
   it->second->Increment();
 }
 
-CoordinatorMetrics::TrainingSeries& CoordinatorMetrics::Training(const std::string& experiment,
-                                                                const std::string& stage) {
+CoordinatorMetrics::TrainingSeries CoordinatorMetrics::Training(const std::string& experiment,
+                                                               const std::string& stage) {
+  absl::MutexLock lock(&cache_mu_);
   auto [it, inserted] = training_.try_emplace({experiment, stage});
   if (inserted) {
     const std::map<std::string, std::string> labels = {{"experiment", experiment},
@@ -133,24 +134,6 @@ CoordinatorMetrics::TrainingSeries& CoordinatorMetrics::Training(const std::stri
     it->second.step = &train_step_->Add(labels);
   }
   return it->second;
-}
-
-void CoordinatorMetrics::TrainingLoss(const std::string& experiment, const std::string& stage,
-                                      double v) {
-  absl::MutexLock lock(&cache_mu_);
-  Training(experiment, stage).loss->Set(v);
-}
-
-void CoordinatorMetrics::TrainingTokensPerSecond(const std::string& experiment,
-                                                 const std::string& stage, double v) {
-  absl::MutexLock lock(&cache_mu_);
-  Training(experiment, stage).tokens->Set(v);
-}
-
-void CoordinatorMetrics::TrainingStep(const std::string& experiment, const std::string& stage,
-                                      double v) {
-  absl::MutexLock lock(&cache_mu_);
-  Training(experiment, stage).step->Set(v);
 }
 
 void CoordinatorMetrics::RemoveTraining(const std::string& experiment, const std::string& stage) {

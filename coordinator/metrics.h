@@ -52,10 +52,15 @@ class CoordinatorMetrics {
   void AttemptEnded(const std::string& result);
 
   // Live training series of running jobs, labelled by experiment and stage (bounded: one
-  // series per stage of an experiment, whichever of its jobs reported last).
-  void TrainingLoss(const std::string& experiment, const std::string& stage, double v);
-  void TrainingTokensPerSecond(const std::string& experiment, const std::string& stage, double v);
-  void TrainingStep(const std::string& experiment, const std::string& stage, double v);
+  // series per stage of an experiment, whichever of its jobs reported last). The gauges
+  // stay valid until RemoveTraining of the same labels; callers keep the pointers so that
+  // each point costs one atomic store.
+  struct TrainingSeries {
+    prometheus::Gauge* loss = nullptr;
+    prometheus::Gauge* tokens = nullptr;  // tokens per second
+    prometheus::Gauge* step = nullptr;
+  };
+  TrainingSeries Training(const std::string& experiment, const std::string& stage);
   // Removes the three series of (experiment, stage): no job of it runs any more.
   void RemoveTraining(const std::string& experiment, const std::string& stage);
 
@@ -93,13 +98,6 @@ class CoordinatorMetrics {
       ABSL_GUARDED_BY(cache_mu_);
   absl::flat_hash_map<std::string, prometheus::Counter*> attempts_cache_
       ABSL_GUARDED_BY(cache_mu_);
-  struct TrainingSeries {
-    prometheus::Gauge* loss = nullptr;
-    prometheus::Gauge* tokens = nullptr;
-    prometheus::Gauge* step = nullptr;
-  };
-  TrainingSeries& Training(const std::string& experiment, const std::string& stage)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
   absl::flat_hash_map<std::pair<std::string, std::string>, TrainingSeries> training_
       ABSL_GUARDED_BY(cache_mu_);
 };

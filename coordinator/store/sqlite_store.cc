@@ -246,6 +246,9 @@ class SqliteStore final : public Store {
     void Text(absl::string_view v) override {
       sqlite3_bind_text(s_, ++i_, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     }
+    void TextRef(absl::string_view v) override {
+      sqlite3_bind_text(s_, ++i_, v.data(), static_cast<int>(v.size()), SQLITE_STATIC);
+    }
     void Blob(absl::string_view v) override {
       sqlite3_bind_blob(s_, ++i_, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
     }

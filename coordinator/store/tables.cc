@@ -31,9 +31,9 @@ constexpr char kLabelSeparator = '\x1f';
 
 void JobsTable::Write(const Record& r, RowWriter* w) {
   w->Int(static_cast<int64_t>(r.seq()));
-  w->Text(r.id());
-  w->Text(v1::JobState_Name(r.state()));
-  w->Text(r.spec().experiment());
+  w->TextRef(r.id());
+  w->TextRef(v1::JobState_Name(r.state()));  // a static string
+  w->TextRef(r.spec().experiment());
   w->Blob(Serialize(r));
 }
 
@@ -61,13 +61,13 @@ absl::StatusOr<IdempotencyKeysTable::Record> IdempotencyKeysTable::Read(const Ro
 }
 
 void MetricPointsTable::Write(const Record& r, RowWriter* w) {
-  w->Text(r.job_id());
+  w->TextRef(r.job_id());
   w->Int(r.attempt());
-  w->Text(r.name());
+  w->TextRef(r.name());
   w->Int(r.step());
   w->Real(r.value());
   if (r.labels().empty()) {
-    w->Text("");
+    w->TextRef("");
   } else {
     std::vector<std::pair<std::string, std::string>> labels(r.labels().begin(), r.labels().end());
     std::sort(labels.begin(), labels.end());

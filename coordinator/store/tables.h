@@ -48,6 +48,9 @@ class RowWriter {
   virtual void Int(int64_t value) = 0;
   virtual void Real(double value) = 0;
   virtual void Text(absl::string_view value) = 0;
+  // Text whose bytes stay valid until the row is written (a field of the record itself):
+  // the store need not copy them.
+  virtual void TextRef(absl::string_view value) { Text(value); }
   virtual void Blob(absl::string_view value) = 0;
 
  protected:
