@@ -35,6 +35,10 @@ void MaybeCrashAfterCommit() {
     spdlog::warn("failpoint submit_after_commit: exiting before the reply");
     std::_Exit(137);
   }
+  if (Failpoint("submit_stall_after_commit")) {  // the reply never comes (a stalled peer)
+    spdlog::warn("failpoint submit_stall_after_commit: holding the reply");
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
 }
 
 // Times one call into the method's histogram.

@@ -68,6 +68,7 @@ class Cluster {
   // -1 if it is still running after `timeout_s`.
   int WaitExit(pid_t pid, int timeout_s = 20);
   void KillCoordinator(int sig = SIGKILL);
+  pid_t coordinator_pid() const { return coordinator_; }
   void StartWorker(const std::string& name, const WorkerOptions& options);
   void StartWorker(const std::string& name) { StartWorker(name, WorkerOptions{}); }
   void KillWorker(const std::string& name, int sig = SIGKILL);

@@ -221,5 +221,37 @@ TEST(Fault, AWorkerStreamThatStopsReadingDoesNotStallOtherClients) {
   heartbeats.join();
 }
 
+// A submit that gets no answer says it may have been committed and names its key; sending
+// again with that key gives one job whatever happened to the first. With no coordinator at
+// all, it says so plainly (nothing can have been committed).
+TEST(Fault, UnansweredSubmitNamesItsKeyAndTheRetryWithItMakesOneJob) {
+  Cluster c;
+  const std::string file = c.WriteFile("one.yaml", "name: once\nnoop: {duration_ms: 1}\n");
+  CliResult nobody = c.Cli({"--timeout", "5", "submit", "-f", file});
+  EXPECT_EQ(nobody.exit_code, 1);
+  EXPECT_NE(nobody.err.find("cannot reach the coordinator"), std::string::npos) << nobody.err;
+  EXPECT_EQ(nobody.err.find("may have been committed"), std::string::npos) << nobody.err;
+
+  // The coordinator commits, then never answers.
+  pid_t stalling = c.SpawnCoordinator({}, {"STEMMA_FAILPOINTS=submit_stall_after_commit"});
+  ASSERT_TRUE(c.WaitUntil([&] { return c.Cli({"ls"}).exit_code == 0; }, 20));
+  CliResult stalled = c.Cli({"--timeout", "2", "submit", "-f", file});
+  ::kill(stalling, SIGKILL);
+  c.WaitExit(stalling);
+  c.StartCoordinator();
+  EXPECT_EQ(stalled.exit_code, 1);
+  const size_t at = stalled.err.find("--idempotency-key ");
+  ASSERT_NE(at, std::string::npos) << stalled.err;
+  EXPECT_NE(stalled.err.find("may have been committed"), std::string::npos) << stalled.err;
+  std::string key = stalled.err.substr(at + 18);
+  key = key.substr(0, key.find(' '));
+  for (int i = 0; i < 2; ++i) {
+    CliResult again = c.Cli({"submit", "-f", file, "--idempotency-key", key, "-o", "json"});
+    EXPECT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_EQ(again.Json().value("existing", false), true) << again.out;  // committed before
+  }
+  EXPECT_EQ(c.Cli({"ls", "--all", "-o", "json"}).Json().size(), 1u);
+}
+
 }  // namespace
 }  // namespace stemma::testing
