@@ -158,7 +158,7 @@ void AddJobCommands(CLI::App* app, const GlobalOptions* globals, Action* action)
           PrintStructured(j, globals->format);
         } else {
           std::cout << RenderJobDetails(job, NowMs());
-          if (!points.empty()) std::cout << "metrics: " << RenderLastValues(points) << "\n";
+          if (!points.empty()) std::cout << "metrics:    " << RenderLastValues(points) << "\n";
         }
         return 0;
       };
