@@ -18,6 +18,8 @@ namespace {
 constexpr char kUserPrefix[] = "/stemma.v1.UserService/";
 constexpr char kWorkerSession[] = "/stemma.v1.WorkerService/Session";
 constexpr char kRedacted[] = "<redacted>";
+// Well under kMaxMessageBytes (4 MiB): the most a ListJobs page carries.
+constexpr size_t kListPageBytes = 3 << 20;
 
 // Failpoints for the fault suite: STEMMA_FAILPOINTS=name[,name...] in the coordinator's
 // environment makes the process die (as kill -9 would) at that point. Read once.
@@ -126,6 +128,21 @@ class UserServiceImpl final : public v1::UserService::Service {
       if (!r.ok()) return r.status();
       *resp = std::move(*r);
       for (auto& job : *resp->mutable_jobs()) Redact(caller, &job);
+      // A page of large jobs (up to 1,000 x 256 KiB) would pass the send limit: cut it
+      // short, and let the client ask for the rest (the token is the last seq sent, as the
+      // job table makes it).
+      if (resp->ByteSizeLong() > kListPageBytes && resp->jobs_size() > 1) {
+        size_t bytes = 64;
+        int keep = 0;
+        for (; keep < resp->jobs_size(); ++keep) {
+          const size_t size = resp->jobs(keep).ByteSizeLong() + 8;
+          if (keep > 0 && bytes + size > kListPageBytes) break;
+          bytes += size;
+        }
+        auto* jobs = resp->mutable_jobs();
+        jobs->DeleteSubrange(keep, jobs->size() - keep);
+        resp->set_next_page_token(absl::StrCat(resp->jobs(keep - 1).seq()));
+      }
       return absl::OkStatus();
     });
   }

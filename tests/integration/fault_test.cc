@@ -344,5 +344,29 @@ TEST(Fault, RandomCoordinatorKillsUnderSubmitLoadKeepTheInvariants) {
             "ok\n");
 }
 
+// Jobs as large as the limits allow still list: a page that would pass gRPC's 4 MiB send
+// limit is cut short and the CLI asks for the rest (the issue: `stemma ls` failed).
+TEST(Fault, ListingMoreThanTheSendLimitOfJobsPages) {
+  Cluster c;
+  c.StartCoordinator();
+  std::string labels;
+  for (int l = 0; l < 60; ++l) labels += (l ? ", l" : "l") + std::to_string(l) + ": " + std::string(240, 'y');
+  for (int batch = 0; batch < 2; ++batch) {
+    std::string yaml = "jobs:\n";
+    for (int i = 0; i < 200; ++i) {
+      yaml += "  - {name: big" + std::to_string(batch * 200 + i) + ", labels: {" + labels +
+              "}, noop: {duration_ms: 1}}\n";
+    }
+    ASSERT_EQ(c.Cli({"submit", "-f", c.WriteFile("b" + std::to_string(batch) + ".yaml", yaml)})
+                  .exit_code, 0);
+  }
+  CliResult ls = c.Cli({"ls", "--all", "-o", "json"});
+  ASSERT_EQ(ls.exit_code, 0) << ls.err;
+  EXPECT_EQ(ls.Json().size(), 400u);
+  CliResult page = c.Cli({"ls", "--limit", "1000", "-o", "json"});
+  ASSERT_EQ(page.exit_code, 0) << page.err;
+  EXPECT_EQ(page.Json().size(), 400u);  // the CLI follows short pages up to --limit
+}
+
 }  // namespace
 }  // namespace stemma::testing
