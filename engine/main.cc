@@ -11,41 +11,27 @@
 
 #include "engine/commands.h"
 #include "engine/data/commands.h"
-#include "engine/io/commands.h"
-#if STEMMA_ENGINE_HAS_TRAIN
-#include "engine/train/commands.h"
-#endif
-#if STEMMA_ENGINE_HAS_MERGE
-#include "engine/merge/commands.h"
-#endif
-#if STEMMA_ENGINE_HAS_EVAL
 #include "engine/eval/commands.h"
-#endif
+#include "engine/io/commands.h"
+#include "engine/merge/commands.h"
+#include "engine/train/commands.h"
 
 namespace {
 
 constexpr const char* kUsage =
     "usage: stemma-engine <command> [args]\n"
     "commands:\n"
-    "  init     --arch llama|qwen2|gemma3|olmoe --preset tiny|small --seed S --out DIR\n"
-    "           [--tokenizer bytes]\n"
+    "  init     --out DIR [--arch A] [--preset tiny|small] [--hidden-size N] ... (init --help)\n"
     "  logits   --model DIR --tokens 1,2,3 [--out FILE]\n"
     "  inspect  DIR|FILE.safetensors   tensors, dtypes, shapes, shards, manifest status\n"
     "  verify   DIR                    check every file against the stemma.json manifest\n"
     "  tokenize --tokenizer DIR --input FILE... --format text|jsonl --language L --out DIR\n"
+    "  every command that takes a spec: --spec FILE, --<field> VALUE, --help (stemma explain)\n"
     "  train    --spec FILE            continued pretraining (docs/train.md)\n"
     "  merge    --spec FILE            soup, task arithmetic, TIES, DARE (docs/merge.md)\n"
     "  revert | interpolate | graft | upcycle --spec FILE   checkpoint algebra (docs/merge.md)\n"
     "  eval     --spec FILE            perplexity, k-shot choice, translation (docs/eval.md)\n"
     "  analyze  --spec FILE            LAPE, routing, weight drift, alignment (docs/eval.md)\n";
-
-#if !STEMMA_ENGINE_HAS_MODEL
-int NotBuilt(const char* command) {
-  std::fprintf(stderr, "stemma-engine: error: %s is not built into this binary (no engine/model)\n",
-               command);
-  return 1;
-}
-#endif
 
 int Dispatch(int argc, char** argv) {
   if (argc < 2) {
@@ -60,26 +46,16 @@ int Dispatch(int argc, char** argv) {
     std::fputs(kUsage, stdout);
     return 0;
   }
-#if STEMMA_ENGINE_HAS_MODEL
   if (command == "init") return stemma::engine::RunInit(sub_argc, sub_argv);
   if (command == "logits") return stemma::engine::RunLogits(sub_argc, sub_argv);
-#else
-  if (command == "init" || command == "logits") return NotBuilt(argv[1]);
-#endif
-#if STEMMA_ENGINE_HAS_TRAIN
   if (command == "train") return stemma::engine::RunTrain(sub_argc, sub_argv);
-#endif
-#if STEMMA_ENGINE_HAS_MERGE
   // One implementation; argv[0] (the command name) selects the operation.
   if (command == "merge" || command == "revert" || command == "interpolate" ||
       command == "graft" || command == "upcycle") {
     return stemma::engine::RunMerge(sub_argc, sub_argv);
   }
-#endif
-#if STEMMA_ENGINE_HAS_EVAL
   if (command == "eval") return stemma::engine::RunEval(sub_argc, sub_argv);
   if (command == "analyze") return stemma::engine::RunAnalyze(sub_argc, sub_argv);
-#endif
   if (command == "inspect") return stemma::engine::RunInspect(sub_argc, sub_argv);
   if (command == "tokenize") return stemma::engine::RunTokenize(sub_argc, sub_argv);
   if (command == "verify") return stemma::engine::RunVerify(sub_argc, sub_argv);

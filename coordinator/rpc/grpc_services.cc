@@ -404,11 +404,8 @@ class StreamChannel final : public WorkerChannel {
   // Waits up to `timeout` for the queue to be written out.
   void Drain(std::chrono::milliseconds timeout) {
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(
-        absl::Condition(
-            +[](StreamChannel* c) { return c->closed_ || (c->queue_.empty() && !c->writing_); },
-            this),
-        absl::FromChrono(timeout));
+    mu_.AwaitWithTimeout(absl::Condition(this, &StreamChannel::DrainedOrClosed),
+                         absl::FromChrono(timeout));
   }
 
   // Called when the session ends: stops the writer; no write touches the stream after
@@ -430,14 +427,19 @@ class StreamChannel final : public WorkerChannel {
     if (!closed_) ctx_->TryCancel();
     closed_ = true;
   }
+  // Await conditions: members, so that the thread-safety analysis sees the lock they run
+  // under (Mutex evaluates a Condition with mu_ held).
+  bool DrainedOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || (queue_.empty() && !writing_);
+  }
+  bool HasWorkOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !queue_.empty(); }
 
   void WriterLoop() {
     std::vector<v1::CoordinatorMessage> take;
     for (;;) {
       {
         absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](StreamChannel* c) { return c->closed_ || !c->queue_.empty(); }, this));
+        mu_.Await(absl::Condition(this, &StreamChannel::HasWorkOrClosed));
         if (closed_) return;
         take.assign(std::make_move_iterator(queue_.begin()), std::make_move_iterator(queue_.end()));
         queue_.clear();

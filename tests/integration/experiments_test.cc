@@ -189,3 +189,45 @@ stages:
 
 }  // namespace
 }  // namespace stemma::testing
+
+namespace stemma::testing {
+namespace {
+
+// Issue 11's promise: a typo is refused by `stemma submit` with file, line and field and
+// nothing is queued; bad input only the engine can see fails after one attempt (exit 4, not
+// retried) with the engine's own message as the job's reason.
+TEST(EngineContract, TyposAreRefusedAtSubmitAndBadInputIsNotRetried) {
+  Cluster c;
+  c.StartCoordinator();
+  auto typo = c.Cli({"submit", "-f", c.WriteFile("typo.yaml",
+                                                "name: cpt\ntrain:\n  model: /m\n  out: /o\n  stepz: 30\n")});
+  EXPECT_NE(typo.exit_code, 0);
+  EXPECT_NE(typo.err.find("typo.yaml: line 5: train.stepz: unknown field"), std::string::npos) << typo.err;
+  auto range = c.Cli({"submit", "-f", c.WriteFile("range.yaml",
+                                                 "name: cpt\ntrain:\n  model: /m\n  out: /o\n  steps: 3\n"
+                                                 "  data: {datasets: [{path: /d}], seq_len: 8}\n"
+                                                 "  optimizer: {lr: -1}\n")});
+  EXPECT_NE(range.exit_code, 0);
+  EXPECT_NE(range.err.find("range.yaml: line 7: train.optimizer.lr: -1 must be > 0"), std::string::npos) << range.err;
+  EXPECT_EQ(c.Cli({"ls", "-o", "json"}).Json().size(), 0u) << "nothing is queued";
+
+  if (!std::filesystem::exists(Cluster::BinDir() + "/stemma-engine")) {
+    GTEST_SKIP() << "stemma-engine is not built (STEMMA_BUILD_ENGINE=OFF)";
+  }
+  c.StartWorker("w1");
+  c.WaitForWorkers(1);
+  auto ids = c.Submit("name: cpt\nmax_attempts: 3\ntrain:\n  model: " + c.dir() +
+                      "/no-such-model\n  out: " + c.dir() + "/out\n  steps: 3\n"
+                      "  data: {datasets: [{path: " + c.dir() + "/no-such-data}], seq_len: 8}\n");
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_EQ(c.WaitFor(ids[0], {"FAILED", "SUCCEEDED"}), "FAILED");
+  auto job = c.Get(ids[0]);
+  EXPECT_EQ(job["attempts"], 1) << "bad input is not retried";
+  EXPECT_EQ(job["exit_code"], 4);
+  const std::string reason = job["reason"];
+  EXPECT_NE(reason.find("bad input: "), std::string::npos) << reason;
+  EXPECT_NE(reason.find("no-such-data: cannot open index.json"), std::string::npos) << reason;
+}
+
+}  // namespace
+}  // namespace stemma::testing
