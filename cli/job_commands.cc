@@ -173,7 +173,8 @@ void AddJobCommands(CLI::App* app, const GlobalOptions* globals, Action* action)
     sub->callback([=] {
       *action = [=]() -> absl::StatusOr<int> {
         CoordinatorClient client(globals->coordinator, globals->timeout());
-        ASSIGN_OR_RETURN(v1::Job job, client.Cancel(*id, *reason));
+        ASSIGN_OR_RETURN(v1::Job named, client.GetJob(*id));  // an id or a job name
+        ASSIGN_OR_RETURN(v1::Job job, client.Cancel(named.id(), *reason));
         PrintJobState(*globals, job);
         return 0;
       };
@@ -186,7 +187,8 @@ void AddJobCommands(CLI::App* app, const GlobalOptions* globals, Action* action)
     sub->callback([=] {
       *action = [=]() -> absl::StatusOr<int> {
         CoordinatorClient client(globals->coordinator, globals->timeout());
-        ASSIGN_OR_RETURN(v1::Job job, client.Retry(*id));
+        ASSIGN_OR_RETURN(v1::Job named, client.GetJob(*id));  // an id or a job name
+        ASSIGN_OR_RETURN(v1::Job job, client.Retry(named.id()));
         PrintJobState(*globals, job);
         return 0;
       };

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/client.h"
+#include "common/status.h"
 #include "cli/command.h"
 #include "common/job_spec.h"
 
@@ -29,21 +30,24 @@ struct FollowOptions {
 // Watches `ids` (every job when empty), printing events unless quiet. With ids, returns
 // when all are terminal: 0 if all SUCCEEDED, else 1 (wait also names the failures on
 // stderr). Reconnects after a lost stream; the first connection must succeed.
-absl::StatusOr<int> Follow(const GlobalOptions& g, const FollowOptions& o) {
+absl::StatusOr<int> Follow(const GlobalOptions& g, const FollowOptions& given) {
+  // Job names stand for the most recent job of that name: resolved to ids once, here (which
+  // also names an unknown id at once; the coordinator watches unknown ids silently).
+  FollowOptions o = given;
+  {
+    CoordinatorClient client(g.coordinator, g.timeout());
+    for (auto& id : o.ids) {
+      absl::StatusOr<v1::Job> job = client.GetJob(id);
+      if (!job.ok()) return job.status();
+      id = job->id();
+    }
+  }
   v1::WatchRequest request;
   for (const auto& id : o.ids) request.add_job_ids(id);
   request.set_send_initial(true);
   const absl::Time deadline =
       o.timeout_s > 0 ? absl::Now() + absl::Seconds(o.timeout_s) : absl::InfiniteFuture();
 
-  // The coordinator watches unknown ids silently; name them here instead of waiting forever.
-  {
-    CoordinatorClient client(g.coordinator, g.timeout());
-    for (const auto& id : o.ids) {
-      absl::StatusOr<v1::Job> job = client.GetJob(id);
-      if (!job.ok()) return job.status();
-    }
-  }
 
   std::set<std::string> pending(o.ids.begin(), o.ids.end());
   std::map<std::string, v1::Job> finished;
@@ -123,8 +127,9 @@ struct LogsOptions {
 absl::StatusOr<int> RunLogs(const GlobalOptions& g, const LogsOptions& o) {
   if (o.attempt < 0) return UsageError("--attempt must be 0 (all) or an attempt number");
   CoordinatorClient client(g.coordinator, g.timeout());
+  ASSIGN_OR_RETURN(v1::Job job, client.GetJob(o.id));  // an id or a job name
   v1::LogsRequest request;
-  request.set_job_id(o.id);
+  request.set_job_id(job.id());
   request.set_follow(o.follow);
   request.set_attempt(o.attempt);
   absl::Status status = client.Logs(request, [](const v1::LogChunk& chunk) {

@@ -183,6 +183,15 @@ const v1::Job* JobTable::Find(const std::string& id) const {
   return it == jobs_.end() ? nullptr : &it->second.job;
 }
 
+const v1::Job* JobTable::FindByName(const std::string& name) const {
+  if (name.empty()) return nullptr;
+  for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+    auto e = jobs_.find(*it);
+    if (e != jobs_.end() && e->second.job.spec().name() == name) return &e->second.job;
+  }
+  return nullptr;
+}
+
 v1::Job* JobTable::FindCurrentAttempt(const std::string& attempt_id) {
   auto dot = attempt_id.rfind('.');
   if (dot == std::string::npos) return nullptr;

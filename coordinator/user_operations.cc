@@ -49,7 +49,9 @@ absl::StatusOr<v1::SubmitResponse> UserOperations::Submit(const v1::SubmitReques
 absl::StatusOr<v1::Job> UserOperations::GetJob(const std::string& id) {
   absl::MutexLock lock(&core_->mu);
   const v1::Job* job = core_->jobs.Find(id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", id));
+  // A name stands for the most recent job of that name (`stemma get soup`).
+  if (job == nullptr) job = core_->jobs.FindByName(id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", id, " (neither an id nor a job name)"));
   return *job;
 }
 

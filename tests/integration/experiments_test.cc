@@ -73,8 +73,15 @@ TEST(Experiments, SweepExpandsPerLegRunsAndResubmitIsARevision) {
   EXPECT_EQ(job["spec"]["experiment"], "legs");
   EXPECT_EQ(job["spec"]["labels"]["stage"], "b");
   EXPECT_EQ(job["spec"]["labels"]["x"], "1");
-  // The job's name works where an id does.
   EXPECT_EQ(c.Cli({"ls", "--experiment", "legs", "-o", "json"}).Json().size(), 6u);
+  // A job's name works where an id does (the most recent job of that name).
+  auto by_name = c.Cli({"get", "b[x=1]", "-o", "json"});
+  ASSERT_EQ(by_name.exit_code, 0) << by_name.err;
+  EXPECT_EQ(by_name.Json()["id"], cells.at("b[x=1]")["job_id"]);
+  EXPECT_EQ(c.Cli({"wait", "c"}).exit_code, 0);
+  EXPECT_EQ(c.Cli({"logs", "a[x=3]"}).exit_code, 0);
+  auto unknown = c.Cli({"get", "no-such-job"});
+  EXPECT_NE(unknown.err.find("neither an id nor a job name"), std::string::npos) << unknown.err;
 
   // An edited file is revision 2, and the CLI says what changed.
   std::string edited = kNoopStudy;
