@@ -18,14 +18,37 @@ std::string StageOf(const v1::Job& job) {
 
 void MetricSeries::Record(const v1::Job& job, const v1::AttemptEvent::Metric& metric,
                           Changes* changes) {
-  v1::MetricPoint& p = changes->batch.of<MetricPointsTable>().emplace_back();
-  p.set_job_id(job.id());
-  p.set_attempt(job.current().number());
-  p.set_name(metric.name());
-  p.set_step(metric.step());
-  p.set_value(metric.value());
-  if (!metric.labels().empty()) *p.mutable_labels() = metric.labels();
-  p.set_time_ms(metric.time_ms() != 0 ? metric.time_ms() : core_->clock->WallMs());
+  // Points of one series in one change extend one run (a step event's loss, lr, ... come
+  // interleaved, so the last few runs are searched).
+  auto& runs = changes->batch.of<MetricPointsTable>();
+  const int attempt = job.current().number();
+  auto same_labels = [&](const MetricRun& r) {
+    if (r.labels.size() != metric.labels().size()) return false;
+    for (const auto& [k, v] : r.labels) {
+      auto it = metric.labels().find(k);
+      if (it == metric.labels().end() || it->second != v) return false;
+    }
+    return true;
+  };
+  MetricRun* run = nullptr;
+  for (size_t k = runs.size(); k > 0 && runs.size() - k < kRunsSearched; --k) {
+    MetricRun& r = runs[k - 1];
+    if (r.attempt == attempt && r.name == metric.name() && r.job_id == job.id() && same_labels(r)) {
+      run = &r;
+      break;
+    }
+  }
+  if (run == nullptr) {
+    run = &runs.emplace_back();
+    run->job_id = job.id();
+    run->attempt = attempt;
+    run->name = metric.name();
+    run->labels.assign(metric.labels().begin(), metric.labels().end());
+    std::sort(run->labels.begin(), run->labels.end());
+  }
+  run->steps.push_back(metric.step());
+  run->values.push_back(metric.value());
+  run->times_ms.push_back(metric.time_ms() != 0 ? metric.time_ms() : core_->clock->WallMs());
 
   Live& live = live_[job.id()];
   if (live.last.size() < kMaxNamesPerJob || live.last.contains(metric.name())) {

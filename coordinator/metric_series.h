@@ -24,6 +24,8 @@ class MetricSeries {
 
   // At most this many distinct names per job are remembered as last values.
   static constexpr size_t kMaxNamesPerJob = 1024;
+  // How many of a change's latest runs a point may extend before it starts a new one.
+  static constexpr size_t kRunsSearched = 16;
 
   // One Metric event of the job's current attempt: a row for the next transaction, the
   // job's last value of the name and, for loss / tokens_per_s / the step, its gauges.

@@ -14,6 +14,16 @@ bool MetricNameMatches(const std::string& pattern, const std::string& name) {
   return pattern.empty() || ::fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
 }
 
+bool AppendRunPoints(const MetricRun& run, const MetricQuery& query,
+                     std::vector<v1::MetricPoint>* out) {
+  if (run.size() == 0) return true;
+  for (size_t i = query.last_only ? run.size() - 1 : 0; i < run.size(); ++i) {
+    if (out->size() >= query.limit) return false;
+    out->push_back(MetricPointsTable::Point(run, i));
+  }
+  return true;
+}
+
 namespace {
 
 // State tables keep one record per key; series tables every row in commit order.
@@ -74,15 +84,15 @@ class MemoryStore final : public Store {
     bool cut = false;
     const auto& rows = tables_.of<MetricPointsTable>().rows;
     for (const std::string& job : query.job_ids) {
-      // Positions in commit order; with last_only the last point of each name, ordered
-      // by that point's position (as the SQLite store orders them).
+      // Runs in commit order; with last_only the last run of each name, ordered by that
+      // run's position (as the SQLite store orders them).
       std::vector<size_t> hits;
-      absl::flat_hash_map<std::string, size_t> last;  // name -> position of its last point
+      absl::flat_hash_map<std::string, size_t> last;  // name -> position of its last run
       for (size_t i = 0; i < rows.size(); ++i) {
-        const auto& p = rows[i];
-        if (p.job_id() != job || !MetricNameMatches(query.name_pattern, p.name())) continue;
+        const MetricRun& r = rows[i];
+        if (r.job_id != job || !MetricNameMatches(query.name_pattern, r.name)) continue;
         if (query.last_only) {
-          last[p.name()] = i;
+          last[r.name] = i;
         } else {
           hits.push_back(i);
         }
@@ -90,12 +100,12 @@ class MemoryStore final : public Store {
       for (const auto& [name, i] : last) hits.push_back(i);
       std::sort(hits.begin(), hits.end());
       for (size_t i : hits) {
-        if (out.size() >= query.limit) {
+        if (!AppendRunPoints(rows[i], query, &out)) {
           cut = true;
           break;
         }
-        out.push_back(rows[i]);
       }
+      if (cut) break;
     }
     if (truncated) *truncated = cut;
     return out;

@@ -166,18 +166,13 @@ class SqliteStore final : public Store {
       int rc = SQLITE_DONE;
       StatementRow row(s);
       while (!cut && (rc = sqlite3_step(s)) == SQLITE_ROW) {
-        auto name = row.Text(2);
-        if (!MetricNameMatches(query.name_pattern, std::string(name))) continue;
-        if (out.size() >= query.limit) {
-          cut = true;
+        if (!MetricNameMatches(query.name_pattern, std::string(row.Text(2)))) continue;
+        auto run = MetricPointsTable::Read(row);
+        if (!run.ok()) {
+          st = absl::DataLossError(absl::StrCat(path_, ": ", run.status().message()));
           break;
         }
-        auto p = MetricPointsTable::Read(row);
-        if (!p.ok()) {
-          st = absl::DataLossError(absl::StrCat(path_, ": ", p.status().message()));
-          break;
-        }
-        out.push_back(std::move(*p));
+        if (!AppendRunPoints(*run, query, &out)) cut = true;
       }
       if (!st.ok() || cut) break;
       if (rc != SQLITE_DONE) {

@@ -52,5 +52,9 @@ std::unique_ptr<Store> MakeMemoryStore();
 
 // True when `name` matches the ReadMetrics pattern (empty matches everything).
 bool MetricNameMatches(const std::string& pattern, const std::string& name);
+// Appends a run's points (with last_only, its last point) to `out` while the query's limit
+// allows; false when the limit cut it.
+bool AppendRunPoints(const MetricRun& run, const MetricQuery& query,
+                     std::vector<v1::MetricPoint>* out);
 
 }  // namespace stemma::coordinator

@@ -120,32 +120,33 @@ TEST_P(StoreTest, ManyJobsInOneTransaction) {
   EXPECT_EQ(*check, "ok");
 }
 
-v1::MetricPoint Point(const std::string& job, const std::string& name, int64_t step, double value) {
-  v1::MetricPoint p;
-  p.set_job_id(job);
-  p.set_attempt(1);
-  p.set_name(name);
-  p.set_step(step);
-  p.set_value(value);
-  p.set_time_ms(1000 + step);
-  return p;
+MetricRun SeriesRun(const std::string& job, const std::string& name,
+              std::vector<std::pair<int64_t, double>> points) {
+  MetricRun r;
+  r.job_id = job;
+  r.attempt = 1;
+  r.name = name;
+  for (auto [step, value] : points) {
+    r.steps.push_back(step);
+    r.values.push_back(value);
+    r.times_ms.push_back(1000 + step);
+  }
+  return r;
 }
 
 TEST_P(StoreTest, MetricPointsAreAppendedNotLoadedAndReadBack) {
   StoreBatch b;
   b.of<JobsTable>().push_back(MakeJob("j-1", 1, v1::RUNNING));
-  for (int step = 1; step <= 3; ++step) {
-    b.of<MetricPointsTable>().push_back(Point("j-1", "loss", step, 3.0 - step * 0.5));
-    b.of<MetricPointsTable>().push_back(Point("j-1", "heldout_loss/uk", step, 4.0 - step));
-  }
-  auto labelled = Point("j-2", "belebele/uk", 0, 0.61);
-  (*labelled.mutable_labels())["shots"] = "2";
-  (*labelled.mutable_labels())["split"] = "test";
+  b.of<MetricPointsTable>().push_back(SeriesRun("j-1", "loss", {{1, 2.5}, {2, 2.0}}));
+  b.of<MetricPointsTable>().push_back(SeriesRun("j-1", "heldout_loss/uk", {{1, 3.0}, {2, 2.0}, {3, 1.0}}));
+  b.of<MetricPointsTable>().push_back(SeriesRun("j-1", "loss", {{3, 1.5}}));
+  auto labelled = SeriesRun("j-2", "belebele/uk", {{0, 0.61}});
+  labelled.labels = {{"shots", "2"}, {"split", "test"}};
   b.of<MetricPointsTable>().push_back(labelled);
   ASSERT_TRUE(store_->Commit(b).ok());
   // The same point again is a second row: series are append-only.
   StoreBatch again;
-  again.of<MetricPointsTable>().push_back(Point("j-1", "loss", 3, 1.5));
+  again.of<MetricPointsTable>().push_back(SeriesRun("j-1", "loss", {{3, 1.25}}));
   ASSERT_TRUE(store_->Commit(again).ok());
   Reopen();
 
@@ -158,11 +159,14 @@ TEST_P(StoreTest, MetricPointsAreAppendedNotLoadedAndReadBack) {
   all.job_ids = {"j-1"};
   auto points = store_->ReadMetrics(all, nullptr);
   ASSERT_TRUE(points.ok()) << points.status();
-  ASSERT_EQ(points->size(), 7u);
+  ASSERT_EQ(points->size(), 7u);  // as committed: loss 1-2, heldout 1-3, loss 3, loss 3
   EXPECT_EQ((*points)[0].name(), "loss");
   EXPECT_EQ((*points)[0].step(), 1);
   EXPECT_DOUBLE_EQ((*points)[0].value(), 2.5);
+  EXPECT_EQ((*points)[0].time_ms(), 1001);
+  EXPECT_EQ((*points)[2].name(), "heldout_loss/uk");
   EXPECT_EQ((*points)[6].step(), 3);
+  EXPECT_DOUBLE_EQ((*points)[6].value(), 1.25);
 
   MetricQuery heldout;
   heldout.job_ids = {"j-1"};
@@ -184,7 +188,7 @@ TEST_P(StoreTest, MetricPointsAreAppendedNotLoadedAndReadBack) {
   EXPECT_EQ((*points)[1].name(), "heldout_loss/uk");
   EXPECT_DOUBLE_EQ((*points)[1].value(), 1.0);
   EXPECT_EQ((*points)[2].name(), "loss");  // its last point is the later row
-  EXPECT_DOUBLE_EQ((*points)[2].value(), 1.5);
+  EXPECT_DOUBLE_EQ((*points)[2].value(), 1.25);
 
   MetricQuery limited;
   limited.job_ids = {"j-1"};
@@ -275,7 +279,7 @@ TEST(SqliteStore, VersionOneDatabaseIsMigrated) {
   ASSERT_TRUE(snap.ok()) << snap.status();
   EXPECT_EQ(snap->of<JobsTable>().size(), 1u);
   StoreBatch b;
-  b.of<MetricPointsTable>().emplace_back().set_job_id("j-1");
+  b.of<MetricPointsTable>().push_back(SeriesRun("j-1", "loss", {{1, 2.0}}));
   EXPECT_TRUE((*s)->Commit(b).ok());
   s->reset();
   std::filesystem::remove_all(dir);

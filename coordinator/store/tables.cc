@@ -1,6 +1,7 @@
 #include "coordinator/store/tables.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -60,42 +61,73 @@ absl::StatusOr<IdempotencyKeysTable::Record> IdempotencyKeysTable::Read(const Ro
   return Record(std::string(r.Text(0)), std::move(ids));
 }
 
-void MetricPointsTable::Write(const Record& r, RowWriter* w) {
-  w->TextRef(r.job_id());
-  w->Int(r.attempt());
-  w->TextRef(r.name());
-  w->Int(r.step());
-  w->Real(r.value());
-  if (r.labels().empty()) {
-    w->TextRef("");
-  } else {
-    std::vector<std::pair<std::string, std::string>> labels(r.labels().begin(), r.labels().end());
-    std::sort(labels.begin(), labels.end());
-    w->Text(absl::StrJoin(labels, std::string(1, kLabelSeparator),
-                          absl::PairFormatter("=")));
-  }
-  w->Int(r.time_ms());
+namespace {
+
+template <typename T>
+absl::string_view Bytes(const std::vector<T>& v) {
+  return absl::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
 }
 
-absl::StatusOr<v1::MetricPoint> MetricPointsTable::Read(const RowReader& r) {
-  v1::MetricPoint p;
-  p.set_job_id(std::string(r.Text(0)));
-  p.set_attempt(static_cast<int32_t>(r.Int(1)));
-  p.set_name(std::string(r.Text(2)));
-  p.set_step(r.Int(3));
-  p.set_value(r.Real(4));
-  absl::string_view labels = r.Text(5);
+template <typename T>
+bool Unpack(absl::string_view blob, size_t n, std::vector<T>* out) {
+  if (blob.size() != n * sizeof(T)) return false;
+  out->resize(n);
+  if (n > 0) std::memcpy(out->data(), blob.data(), blob.size());
+  return true;
+}
+
+}  // namespace
+
+void MetricPointsTable::Write(const Record& r, RowWriter* w) {
+  w->TextRef(r.job_id);
+  w->Int(r.attempt);
+  w->TextRef(r.name);
+  if (r.labels.empty()) {
+    w->TextRef("");
+  } else {
+    w->Text(absl::StrJoin(r.labels, std::string(1, kLabelSeparator), absl::PairFormatter("=")));
+  }
+  w->Int(static_cast<int64_t>(r.size()));
+  w->Int(r.steps.empty() ? 0 : r.steps.back());
+  w->Blob(Bytes(r.steps));
+  w->Blob(Bytes(r.values));
+  w->Blob(Bytes(r.times_ms));
+}
+
+absl::StatusOr<MetricRun> MetricPointsTable::Read(const RowReader& r) {
+  MetricRun run;
+  run.job_id = std::string(r.Text(0));
+  run.attempt = static_cast<int32_t>(r.Int(1));
+  run.name = std::string(r.Text(2));
+  absl::string_view labels = r.Text(3);
   if (!labels.empty()) {
     for (absl::string_view kv : absl::StrSplit(labels, kLabelSeparator)) {
       auto eq = kv.find('=');
       if (eq == absl::string_view::npos) {
-        return absl::DataLossError(absl::StrCat("metric point of ", p.job_id(), " (", p.name(),
+        return absl::DataLossError(absl::StrCat("metric points of ", run.job_id, " (", run.name,
                                                 "): label '", kv, "' has no '='"));
       }
-      (*p.mutable_labels())[std::string(kv.substr(0, eq))] = std::string(kv.substr(eq + 1));
+      run.labels.emplace_back(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
     }
   }
-  p.set_time_ms(r.Int(6));
+  const int64_t n = r.Int(4);
+  if (n < 0 || !Unpack(r.Blob(6), n, &run.steps) || !Unpack(r.Blob(7), n, &run.values) ||
+      !Unpack(r.Blob(8), n, &run.times_ms)) {
+    return absl::DataLossError(absl::StrCat("metric points of ", run.job_id, " (", run.name,
+                                            "): the packed columns do not hold ", n, " points"));
+  }
+  return run;
+}
+
+v1::MetricPoint MetricPointsTable::Point(const Record& r, size_t i) {
+  v1::MetricPoint p;
+  p.set_job_id(r.job_id);
+  p.set_attempt(r.attempt);
+  p.set_name(r.name);
+  p.set_step(r.steps[i]);
+  p.set_value(r.values[i]);
+  p.set_time_ms(r.times_ms[i]);
+  for (const auto& [k, v] : r.labels) (*p.mutable_labels())[k] = v;
   return p;
 }
 

@@ -143,9 +143,25 @@ CREATE TABLE idempotency_keys (
   static std::string Describe(const Record& r) { return "idempotency key " + r.first; }
 };
 
-// The engine's step and metric events, one row per point. Append-only, not loaded.
+// Consecutive points of one series (job, attempt, name, labels) reported together: the
+// unit a transaction appends. Points keep their order.
+struct MetricRun {
+  std::string job_id;
+  int32_t attempt = 0;
+  std::string name;
+  std::vector<std::pair<std::string, std::string>> labels;  // sorted by key
+  std::vector<int64_t> steps;
+  std::vector<double> values;
+  std::vector<int64_t> times_ms;
+  size_t size() const { return steps.size(); }
+};
+
+// The engine's step and metric events. Append-only and not loaded; a row holds the points
+// of one series that one transaction appended, as packed columns (at ~100 points per job,
+// a row per point cost the coordinator ~2 us per point in SQLite alone: more than the rest
+// of the path).
 struct MetricPointsTable {
-  using Record = v1::MetricPoint;
+  using Record = MetricRun;
   using Key = int;  // unused: rows are never replaced
   static constexpr const char* kName = "metric_points";
   static constexpr TableKind kKind = TableKind::kSeries;
@@ -155,24 +171,29 @@ CREATE TABLE metric_points (
   job TEXT NOT NULL,
   attempt INTEGER NOT NULL,
   name TEXT NOT NULL,
-  step INTEGER NOT NULL,
-  value REAL NOT NULL,
   labels TEXT NOT NULL DEFAULT '', -- k=v pairs joined by \x1f, sorted by key
-  time_ms INTEGER NOT NULL
+  points INTEGER NOT NULL,         -- how many points the row holds
+  last_step INTEGER NOT NULL,
+  steps BLOB NOT NULL,             -- int64 per point, little-endian
+  vals BLOB NOT NULL,              -- float64 per point
+  times_ms BLOB NOT NULL           -- int64 per point: when the worker read it (epoch ms)
 );
 CREATE INDEX metric_points_by_job ON metric_points(job, name);)sql";
   static constexpr Column kColumns[] = {
-      {"job", ColumnType::kText},   {"attempt", ColumnType::kInt},
-      {"name", ColumnType::kText},  {"step", ColumnType::kInt},
-      {"value", ColumnType::kReal}, {"labels", ColumnType::kText},
-      {"time_ms", ColumnType::kInt}};
+      {"job", ColumnType::kText},       {"attempt", ColumnType::kInt},
+      {"name", ColumnType::kText},      {"labels", ColumnType::kText},
+      {"points", ColumnType::kInt},     {"last_step", ColumnType::kInt},
+      {"steps", ColumnType::kBlob},     {"vals", ColumnType::kBlob},
+      {"times_ms", ColumnType::kBlob}};
   static constexpr const char* kConflict = nullptr;
   static constexpr const char* kOrderBy = "rowid";
   static Key KeyOf(const Record&) { return 0; }
   static bool LoadsBefore(const Record&, const Record&) { return false; }
   static void Write(const Record& r, RowWriter* w);
   static absl::StatusOr<Record> Read(const RowReader& r);
-  static std::string Describe(const Record& r) { return "metric point of " + r.job_id(); }
+  static std::string Describe(const Record& r) { return "metric points of " + r.job_id; }
+  // Point i of a run as the API's message.
+  static v1::MetricPoint Point(const Record& r, size_t i);
 };
 
 // The checkpoint registry: one row per registered artifact (checkpoint, dataset, file).
