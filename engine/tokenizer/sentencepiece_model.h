@@ -1,4 +1,5 @@
-// A thin wrapper of libsentencepiece's processor with std types only. Debian's
+// A thin wrapper of libsentencepiece's processor with std types only, reached through a
+// shim library loaded with RTLD_DEEPBIND (sentencepiece_model.cc says why). Debian's
 // sentencepiece_processor.h (0.1.97) defines `namespace absl { using std::string_view; }`,
 // which clashes with Debian's Abseil (whose absl::string_view is its own class), so
 // sentencepiece_model.cc includes no Abseil header and this header includes neither.
@@ -10,10 +11,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
 
 namespace stemma::engine::tokenizer::internal {
 
@@ -34,8 +31,8 @@ class SentencePieceModel {
   int32_t pad_id() const;
 
  private:
-  explicit SentencePieceModel(std::unique_ptr<sentencepiece::SentencePieceProcessor> processor);
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+  explicit SentencePieceModel(void* handle);
+  void* handle_;  // a processor inside libstemma_sentencepiece.so (sentencepiece_model.cc)
 };
 
 }  // namespace stemma::engine::tokenizer::internal
