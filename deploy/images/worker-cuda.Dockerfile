@@ -18,7 +18,7 @@ WORKDIR /src
 COPY . .
 RUN cmake -S . -B /build -DCMAKE_BUILD_TYPE=Release -DSTEMMA_BUILD_ENGINE=ON \
           -DSTEMMA_PYTHON=/opt/torch/bin/python \
-    && cmake --build /build -j"$(nproc)" --target stemma-worker stemma-engine
+    && cmake --build /build -j"$(nproc)" --target stemma-worker stemma-engine stemma_sentencepiece
 
 FROM debian:12.11-slim
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -32,7 +32,7 @@ RUN apt-get update \
 COPY --from=build /opt/torch/lib/python3.11/site-packages/torch/lib /opt/torch/lib/python3.11/site-packages/torch/lib
 COPY --from=build /opt/torch/lib/python3.11/site-packages/nvidia /opt/torch/lib/python3.11/site-packages/nvidia
 # The worker finds stemma-engine beside itself.
-COPY --from=build /build/bin/stemma-worker /build/bin/stemma-engine /usr/local/bin/
+COPY --from=build /build/bin/stemma-worker /build/bin/stemma-engine /build/bin/libstemma_sentencepiece.so /usr/local/bin/
 ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 65532:65532
 EXPOSE 9464
