@@ -1,5 +1,7 @@
 #include "worker/executor.h"
 
+#include "worker/attempt_output.h"
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -107,55 +109,14 @@ struct Executor::Attempt {
   bool finished = false;
   v1::AttemptEvent::Finished result;
 
-  std::string line;  // the current output line, when it may be a progress or event line
-  bool line_overflow = false;
-  uint64_t progress_version = 0;
-  v1::Progress progress;
-  // From stemma-engine `{"event":"output","name":N,"path":P}` lines: reported in Finished.
-  std::map<std::string, std::string> outputs;
-  // From `step` / `metric` event lines, for the coordinator's metric series.
-  std::vector<v1::AttemptEvent::Metric> metrics;
-  int64_t metrics_dropped = 0;
-  // From `output` event lines with a type: what the registry records.
-  std::vector<v1::OutputArtifact> artifacts;
-  bool engine = false;       // an engine job: its exit codes follow common/engine_contract.h
-  std::string engine_error;  // the text of the last "stemma-engine: error: " line
+  // What its output said so far: progress, metric points, outputs, the engine's error line.
+  AttemptOutput out;
+  bool engine = false;  // an engine job: its exit codes follow common/engine_contract.h
 };
 
 namespace {
 
 constexpr size_t kReadChunk = 64 * 1024;
-constexpr size_t kMaxLine = 4096;
-constexpr absl::string_view kProgressPrefix = "STEMMA_PROGRESS ";
-// stemma-engine's stdout contract (docs/engine-events.md): one JSON object per line with an
-// "event" field, anywhere in the object (JSON writers may sort keys).
-constexpr absl::string_view kEventPrefix = "{\"";
-constexpr size_t kMaxOutputs = 64;
-constexpr absl::string_view kEngineErrorPrefix(engine_contract::kErrorPrefix.data(),
-                                               engine_contract::kErrorPrefix.size());
-
-// True while `line` (plus the next char `c`) can still become one of the two kinds of line.
-bool MayBeStructured(const std::string& line, char c) {
-  auto fits = [&](absl::string_view prefix) {
-    return line.size() >= prefix.size() ||
-           (absl::StartsWith(prefix, line) && prefix[line.size()] == c);
-  };
-  return fits(kProgressPrefix) || fits(kEventPrefix) || fits(kEngineErrorPrefix);
-}
-
-// A short human summary of a training step event: "loss 2.3415 lr 3.0e-04".
-std::string StepMessage(const nlohmann::json& j) {
-  std::string message;
-  for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s"}) {
-    auto v = j.find(key);
-    if (v == j.end() || !v->is_number()) continue;
-    if (!message.empty()) message += ' ';
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "%s %.4g", key, v->get<double>());
-    message += buf;
-  }
-  return message;
-}
 constexpr uint64_t kWakeToken = 0;
 constexpr int64_t kLingerPollMs = 50;
 constexpr int64_t kStartNotifyDelayMs = 2;
@@ -670,7 +631,7 @@ std::vector<v1::AttemptEvent::Metric> Executor::MetricsSince(const std::string& 
   std::vector<v1::AttemptEvent::Metric> out;
   auto it = attempts_.find(attempt_id);
   if (it == attempts_.end()) return out;
-  const auto& points = it->second->metrics;
+  const auto& points = it->second->out.metrics;
   for (size_t i = from; i < points.size() && out.size() < max; ++i) out.push_back(points[i]);
   return out;
 }
@@ -692,9 +653,9 @@ AttemptSnapshot Executor::SnapshotOf(const Attempt& a) const {
   s.log_bytes = a.log_bytes;
   s.finished = a.finished;
   if (a.finished) s.result = a.result;
-  s.progress_version = a.progress_version;
-  s.progress = a.progress;
-  s.metric_count = a.metrics.size();
+  s.progress_version = a.out.progress_version;
+  s.progress = a.out.progress;
+  s.metric_count = a.out.metrics.size();
   return s;
 }
 
@@ -795,9 +756,9 @@ void Executor::Loop() {
         if (it == attempts_.end()) continue;
         Attempt& a = *it->second;
         if (token == a.out_token) {
-          const uint64_t before = a.progress_version;
+          const uint64_t before = a.out.progress_version;
           ReadOutputLocked(a, /*drain=*/false);
-          notify |= a.progress_version != before;
+          notify |= a.out.progress_version != before;
         } else if (token == a.pid_token) {
           ReapLocked(a);
           notify |= a.finished;
@@ -938,7 +899,7 @@ void Executor::ReadOutputLocked(Attempt& a, bool drain) {
         }
         a.log_bytes += static_cast<int64_t>(done);
       }
-      ScanLinesLocked(a, buf, static_cast<size_t>(n));
+      a.out.Feed(buf, static_cast<size_t>(n), WallNowMs());
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -992,10 +953,10 @@ void Executor::ReapLocked(Attempt& a) {
   } else if (a.engine && code == engine_contract::kExitBadInput) {
     // A bad spec or bad input fails the same way every time: no retry, and the engine's own
     // words in the job's reason.
-    FinishLocked(a, code, absl::StrCat("bad input: ", a.engine_error.empty() ? reason : a.engine_error),
+    FinishLocked(a, code, absl::StrCat("bad input: ", a.out.engine_error.empty() ? reason : a.out.engine_error),
                  "failed", /*retryable=*/false);
   } else {
-    if (code != 0 && !a.engine_error.empty()) absl::StrAppend(&reason, ": ", a.engine_error);
+    if (code != 0 && !a.out.engine_error.empty()) absl::StrAppend(&reason, ": ", a.out.engine_error);
     FinishLocked(a, code, reason, code == 0 ? "succeeded" : "failed", code != 0);
   }
 }
@@ -1026,138 +987,19 @@ void Executor::FinishLocked(Attempt& a, int exit_code, const std::string& reason
   a.result.set_exit_code(exit_code);
   a.result.set_reason(reason);
   a.result.set_retryable(retryable);
-  for (const auto& [name, path] : a.outputs) (*a.result.mutable_outputs())[name] = path;
+  for (const auto& [name, path] : a.out.outputs) (*a.result.mutable_outputs())[name] = path;
   if (exit_code == 0) {
-    for (const v1::OutputArtifact& art : a.artifacts) *a.result.add_artifacts() = art;
+    for (const v1::OutputArtifact& art : a.out.artifacts) *a.result.add_artifacts() = art;
   }
-  if (a.metrics_dropped > 0) {
+  if (a.out.metrics_dropped > 0) {
     spdlog::warn("attempt {}: {} metric points past the first {} were not kept", a.id,
-                 a.metrics_dropped, kMaxMetricPoints);
+                 a.out.metrics_dropped, AttemptOutput::kMaxMetricPoints);
   }
   if (metrics_ != nullptr && !result.empty()) metrics_->AttemptFinished(result);
   spdlog::info("attempt finished: job={} attempt={} reason=\"{}\" exit_code={} log_bytes={}",
                a.job_id, a.id, reason, exit_code, a.log_bytes);
   UpdateGaugesLocked();
   changed_.notify_all();
-}
-
-void Executor::ScanLinesLocked(Attempt& a, const char* data, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const char c = data[i];
-    if (c == '\n') {
-      if (!a.line_overflow) ParseLineLocked(a);
-      a.line.clear();
-      a.line_overflow = false;
-    } else if (!a.line_overflow) {
-      // Only lines that may be progress or event lines are worth keeping.
-      if (a.line.size() >= kMaxLine || !MayBeStructured(a.line, c)) {
-        a.line_overflow = true;
-        a.line.clear();
-      } else {
-        a.line.push_back(c);
-      }
-    }
-  }
-}
-
-void Executor::ParseLineLocked(Attempt& a) {
-  if (absl::StartsWith(a.line, kEngineErrorPrefix)) {
-    a.engine_error = a.line.substr(kEngineErrorPrefix.size());
-    return;
-  }
-  const bool legacy = absl::StartsWith(a.line, kProgressPrefix);
-  if (!legacy && !absl::StartsWith(a.line, kEventPrefix)) return;
-  nlohmann::json j =
-      nlohmann::json::parse(legacy ? a.line.substr(kProgressPrefix.size()) : a.line, nullptr,
-                            /*allow_exceptions=*/false);
-  if (!j.is_object()) return;
-  auto number = [&](const char* key) -> const nlohmann::json* {
-    auto it = j.find(key);
-    return it != j.end() && it->is_number() ? &*it : nullptr;
-  };
-  auto string = [&](const char* key) -> const std::string* {
-    auto it = j.find(key);
-    return it != j.end() && it->is_string() ? it->get_ptr<const std::string*>() : nullptr;
-  };
-  std::string event = legacy ? "progress" : (string("event") ? *string("event") : "");
-  if (event == "output") {
-    const std::string* name = string("name");
-    const std::string* path = string("path");
-    if (name != nullptr && path != nullptr &&
-        (a.outputs.size() < kMaxOutputs || a.outputs.count(*name) > 0)) {
-      const bool fresh = a.outputs.count(*name) == 0;
-      a.outputs[*name] = *path;
-      if (const std::string* type = string("type"); type != nullptr && fresh) {
-        v1::OutputArtifact art;
-        art.set_name(*name);
-        art.set_path(*path);
-        art.set_type(*type);
-        if (const std::string* h = string("manifest_sha256")) art.set_manifest_sha256(*h);
-        if (const std::string* op = string("operation")) art.set_operation(*op);
-        if (const auto* bytes = number("bytes")) art.set_bytes(bytes->get<int64_t>());
-        if (auto it = j.find("parents"); it != j.end() && it->is_array()) {
-          for (const auto& p : *it) {
-            if (p.is_string() && art.parents_size() < 64) art.add_parents(p.get<std::string>());
-          }
-        }
-        a.artifacts.push_back(std::move(art));
-      }
-    }
-    return;
-  }
-  if (event == "metric" || event == "step") {
-    const int64_t wall = WallNowMs();
-    auto add = [&](const std::string& name, double value, int64_t step) {
-      if (a.metrics.size() >= kMaxMetricPoints) {
-        ++a.metrics_dropped;
-        return;
-      }
-      v1::AttemptEvent::Metric m;
-      m.set_name(name);
-      m.set_value(value);
-      m.set_step(step);
-      m.set_time_ms(wall);
-      a.metrics.push_back(std::move(m));
-    };
-    const auto* step_field = number("step");
-    const int64_t step = step_field != nullptr ? step_field->get<int64_t>() : 0;
-    if (event == "metric") {
-      const std::string* name = string("name");
-      const auto* value = number("value");
-      if (name != nullptr && value != nullptr && !name->empty() && name->size() <= 200) {
-        add(*name, value->get<double>(), step);
-        if (auto it = j.find("labels"); it != j.end() && it->is_object() && !a.metrics.empty() &&
-            a.metrics.back().name() == *name) {
-          auto* labels = a.metrics.back().mutable_labels();
-          for (const auto& [k, v] : it->items()) {
-            if (v.is_string() && labels->size() < 16) (*labels)[k] = v.get<std::string>();
-          }
-        }
-      }
-      return;
-    }
-    // A step event: every number but the step counters is a series of its own.
-    for (const auto& [key, value] : j.items()) {
-      if (!value.is_number() || key == "step" || key == "total_steps") continue;
-      add(key, value.get<double>(), step);
-    }
-  }
-  if (event != "progress" && event != "step") return;
-  v1::Progress p;
-  if (const auto* f = number("fraction")) {
-    p.set_fraction(f->get<double>());
-  } else if (const auto* step = number("step"), *total = number("total_steps");
-             step != nullptr && total != nullptr && total->get<double>() > 0) {
-    p.set_fraction(std::clamp(step->get<double>() / total->get<double>(), 0.0, 1.0));
-  }
-  if (const std::string* m = string("message")) {
-    p.set_message(*m);
-  } else if (event == "step") {
-    p.set_message(StepMessage(j));
-  }
-  if (const auto* step = number("step")) p.set_step(step->get<int64_t>());
-  a.progress = std::move(p);
-  ++a.progress_version;
 }
 
 int64_t Executor::NextTimerMsLocked(int64_t now) {

@@ -77,7 +77,7 @@ class Executor {
   // are kept until Forget; past kMaxMetricPoints per attempt further ones are dropped.
   std::vector<v1::AttemptEvent::Metric> MetricsSince(const std::string& attempt_id, size_t from,
                                                      size_t max) const;
-  static constexpr size_t kMaxMetricPoints = 200000;
+  static constexpr size_t kMaxMetricPoints = 200000;  // = AttemptOutput::kMaxMetricPoints
 
   // Starts an attempt: creates DATA/attempts/<id>/ and its log, and queues the child for a
   // spawner thread to fork. Refusals (exec without --allow-exec, no engine, bad spec) are not
@@ -135,11 +135,6 @@ class Executor {
                        bool retryable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(Attempt& attempt, int exit_code, const std::string& reason,
                     const std::string& result, bool retryable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ScanLinesLocked(Attempt& attempt, const char* data, size_t n)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One complete stdout/stderr line: STEMMA_PROGRESS or an engine event (progress, step,
-  // output); anything else is ignored.
-  void ParseLineLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapLingeringLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify();
