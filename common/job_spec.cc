@@ -322,6 +322,30 @@ absl::StatusOr<std::vector<v1::JobSpec>> ReadJobsFile(const std::string& path) {
   return ParseJobsYaml(ss.str(), path);
 }
 
+absl::Status CheckJobAsSubmitted(const v1::JobSpec& spec, const std::string& where,
+                                 const std::string& path, const FieldLines& lines) {
+  v1::JobSpec job = spec;
+  ApplyDefaults(&job);
+  if (IsEngineJob(job)) {
+    SpecContext context;
+    context.where = where;
+    context.path = path.empty() ? JobKind(job) : absl::StrCat(path, ".", JobKind(job));
+    context.lines = &lines;
+    context.model_layers = ModelLayersFromConfig;
+    context.job_cpus = static_cast<int64_t>(std::ceil(job.resources().cpus()));
+    google::protobuf::Message* engine = MutableEngineSpecOf(&job);
+    FillSpecDefaults(engine);
+    RETURN_IF_ERROR(ValidateEngineSpec(*engine, context));
+  }
+  absl::Status st = ValidateJobSpec(job);
+  if (!st.ok()) {
+    const std::string message(st.message());
+    const std::string field = message.substr(0, message.find(':'));
+    return SpecError(where, lines.Line(path.empty() ? field : absl::StrCat(path, ".", field)), path, message);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<v1::JobSpec>> ReadAndCheckJobsFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return ErrnoStatus(absl::StrCat("cannot read ", path), errno);
@@ -330,25 +354,7 @@ absl::StatusOr<std::vector<v1::JobSpec>> ReadAndCheckJobsFile(const std::string&
   std::vector<JobSource> sources;
   ASSIGN_OR_RETURN(std::vector<v1::JobSpec> specs, ParseJobsYaml(ss.str(), path, &sources));
   for (size_t i = 0; i < specs.size(); ++i) {
-    v1::JobSpec job = specs[i];
-    ApplyDefaults(&job);
-    if (IsEngineJob(job)) {
-      SpecContext context;
-      context.where = sources[i].where;
-      context.path = JobKind(job);
-      context.lines = &sources[i].lines;
-      context.model_layers = ModelLayersFromConfig;
-      context.job_cpus = static_cast<int64_t>(std::ceil(job.resources().cpus()));
-      google::protobuf::Message* spec = MutableEngineSpecOf(&job);
-      FillSpecDefaults(spec);
-      RETURN_IF_ERROR(ValidateEngineSpec(*spec, context));
-    }
-    absl::Status st = ValidateJobSpec(job);
-    if (!st.ok()) {
-      const std::string message(st.message());
-      const std::string field = message.substr(0, message.find(':'));
-      return SpecError(sources[i].where, sources[i].lines.Line(field), "", message);
-    }
+    RETURN_IF_ERROR(CheckJobAsSubmitted(specs[i], sources[i].where, "", sources[i].lines));
   }
   return specs;
 }

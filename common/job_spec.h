@@ -69,6 +69,12 @@ absl::StatusOr<std::vector<v1::JobSpec>> ReadJobsFile(const std::string& path);
 // readable here. What `stemma submit` runs before it sends anything.
 absl::StatusOr<std::vector<v1::JobSpec>> ReadAndCheckJobsFile(const std::string& path);
 
+// One job checked as the coordinator will check it, on a copy with defaults applied: the
+// engine spec's rules with file and line (the spec's fields lie under `path` in `lines`:
+// "" for a job file, "stages.cpt" for an experiment stage), then ValidateJobSpec.
+absl::Status CheckJobAsSubmitted(const v1::JobSpec& job, const std::string& where,
+                                 const std::string& path, const FieldLines& lines);
+
 // Where one job of a file came from, for errors found after parsing (e.g. an engine spec's
 // rules): "jobs.yaml document 2" and the line of each field.
 struct JobSource {

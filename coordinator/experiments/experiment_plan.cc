@@ -1,7 +1,5 @@
 #include "coordinator/experiments/experiment_plan.h"
 
-#include <openssl/sha.h>
-
 #include <algorithm>
 #include <filesystem>
 #include <optional>
@@ -17,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/auth.h"
 #include "common/engine_cli.h"
 #include "common/engine_spec.h"
 #include "common/job_spec.h"
@@ -637,7 +636,6 @@ class Expander {
         ASSIGN_OR_RETURN(YamlNode v, Substitute(def.node->items[k + 1], ctx, StagePath(def, key)));
         job.items.push_back(std::move(v));
       }
-      const std::string where = absl::StrCat(file_, " ", cell.job_name);
       FieldLines lines;
       RETURN_IF_ERROR(ReadYamlInto(job, &cell.spec, file_, StagePath(def), &lines));
       cell.spec.set_name(cell.job_name);
@@ -672,27 +670,8 @@ class Expander {
         }
       }
       // Checked now, as the coordinator would at submit, with the stage's lines.
-      v1::JobSpec checked = cell.spec;
-      ApplyDefaults(&checked);
-      if (google::protobuf::Message* engine = MutableEngineSpecOf(&checked)) {
-        FillSpecDefaults(engine);
-        SpecContext context;
-        context.where = file_;
-        context.path = StagePath(def, def.kind);
-        context.lines = &lines;
-        context.model_layers = ModelLayersFromConfig;
-        context.job_cpus = static_cast<int64_t>(std::ceil(checked.resources().cpus()));
-        absl::Status st = ValidateEngineSpec(*engine, context);
-        if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(st.message(), " (in cell ", cell.job_name, ")"));
-      }
-      absl::Status st = ValidateJobSpec(checked);
-      if (!st.ok()) {
-        const std::string message(st.message());
-        const std::string field = message.substr(0, message.find(':'));
-        return Error(lines.Line(absl::StrCat(StagePath(def), ".", field)), StagePath(def),
-                     absl::StrCat(message, " (in cell ", cell.job_name, ")"));
-      }
-      (void)where;
+      absl::Status st = CheckJobAsSubmitted(cell.spec, file_, StagePath(def), lines);
+      if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(st.message(), " (in cell ", cell.job_name, ")"));
       cell_coords_.push_back(coords);
       plan_.cells.push_back(std::move(cell));
     }
@@ -903,21 +882,7 @@ absl::Status WireInputs(
 
 namespace {
 
-std::string Hex(const unsigned char* d, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    out += digits[d[i] >> 4];
-    out += digits[d[i] & 15];
-  }
-  return out;
-}
-
-std::string Sha256(std::string_view data) {
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), digest);
-  return Hex(digest, sizeof digest);
-}
+std::string Sha256(std::string_view data) { return Sha256Hex(absl::string_view(data.data(), data.size())); }
 
 std::optional<std::string> ReadSmallFile(const std::string& path, size_t limit) {
   std::FILE* f = std::fopen(path.c_str(), "rb");

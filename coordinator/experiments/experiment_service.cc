@@ -1,7 +1,5 @@
 #include "coordinator/experiments/experiment_service.h"
 
-#include <openssl/sha.h>
-
 #include <map>
 #include <set>
 
@@ -9,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/auth.h"
 #include "common/engine_spec.h"
 #include "common/job_spec.h"
 #include "common/status.h"
@@ -22,18 +21,6 @@ namespace stemma::experiments {
 namespace {
 
 namespace pb = google::protobuf;
-
-std::string Sha256Hex(const std::string& data) {
-  unsigned char d[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(data.data()), data.size(), d);
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : d) {
-    out += hex[c >> 4];
-    out += hex[c & 15];
-  }
-  return out;
-}
 
 std::string Json(const pb::Message& m) {
   std::string out;
