@@ -45,6 +45,8 @@ void AddMetricsCommand(CLI::App* app, const GlobalOptions* globals, Action* acti
 void AddCkptCommands(CLI::App* app, const GlobalOptions* globals, Action* action);
 // `stemma sweep|plan -f FILE`, `stemma exp ls|get|wait|cancel`: experiments.
 void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* action);
+// `stemma report EXPERIMENT`: the study's table and plots (docs/report.md).
+void AddReportCommand(CLI::App* app, const GlobalOptions* globals, Action* action);
 // `stemma explain [COMMAND] [--markdown]`: an engine spec's fields (local).
 void AddExplainCommand(CLI::App* app, const GlobalOptions* globals, Action* action);
 // `stemma token create`: a new bearer token (local; no coordinator involved).

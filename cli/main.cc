@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   stemma::cli::AddTokenCommand(&app, &globals, &action);
   stemma::cli::AddExplainCommand(&app, &globals, &action);
   stemma::cli::AddExperimentCommands(&app, &globals, &action);
+  stemma::cli::AddReportCommand(&app, &globals, &action);
 
   try {
     app.parse(argc, argv);

@@ -1,0 +1,854 @@
+#include "cli/report/report_model.h"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace stemma::cli::report {
+namespace {
+
+using nlohmann::json;
+
+bool Glob(const std::string& pattern, const std::string& text) {
+  return ::fnmatch(pattern.c_str(), text.c_str(), 0) == 0;
+}
+
+std::string Label(const Cell& c, const std::string& key) {
+  auto it = c.labels.find(key);
+  return it == c.labels.end() ? "" : it->second;
+}
+
+std::string Coord(const Cell& c, const std::string& key) {
+  auto it = c.coords.find(key);
+  return it == c.coords.end() ? "" : it->second;
+}
+
+// bpb, ppl, acc, acc_norm, acc_bytes, chrf, chrf++, then the others by name.
+int MetricRank(const std::string& m) {
+  static const std::vector<std::string> order = {"bpb", "ppl", "acc", "acc_norm", "acc_bytes", "chrf", "chrf++"};
+  auto it = std::find(order.begin(), order.end(), m);
+  return it == order.end() ? static_cast<int>(order.size()) : static_cast<int>(it - order.begin());
+}
+
+int RoleRank(const std::string& role) {
+  if (role == "held_in") return 0;
+  if (role == "held_out") return 1;
+  if (role == "general") return 2;
+  return 3;
+}
+
+std::string RoleTitle(const std::string& role) {
+  if (role == "held_in") return "held-in";
+  if (role == "held_out") return "held-out";
+  return role;
+}
+
+std::string Sanitize(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
+  }
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out;
+}
+
+std::optional<double> Number(const json& j) {
+  if (j.is_number()) return j.get<double>();
+  return std::nullopt;
+}
+
+std::optional<double> Mean(const std::vector<double>& v) {
+  if (v.empty()) return std::nullopt;
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+
+// What is known about one metric name across the study.
+struct NameInfo {
+  std::string metric, task, language, type;
+};
+
+class Builder {
+ public:
+  Builder(const ReportInput& in, const ReportOptions& opt) : in_(in), opt_(opt) {}
+
+  Report Build() {
+    r_.experiment = in_.experiment;
+    r_.revision = in_.revision;
+    r_.notes = in_.notes;
+    r_.cells = static_cast<int>(in_.cells.size());
+    for (const Cell& c : in_.cells) ++r_.states[c.state.empty() ? "UNSUBMITTED" : c.state];
+    MakeRows();
+    MakeLanguages();
+    MakeColumns();
+    FillValues();
+    MakeSummary();
+    MakePlots();
+    return std::move(r_);
+  }
+
+ private:
+  // --- Rows ------------------------------------------------------------------------------
+
+  void MakeRows() {
+    std::vector<Row> rows;
+    std::vector<int> baselines;
+    for (const Cell& c : in_.cells) {
+      if (c.kind != "eval") continue;
+      Row row;
+      row.job_name = c.job_name;
+      row.job_id = c.job_id;
+      row.stage = c.stage;
+      row.state = c.state.empty() ? "UNSUBMITTED" : c.state;
+      row.reason = c.reason;
+      row.title = Label(c, "report.row");
+      if (row.title.empty()) {
+        row.title = absl::StartsWith(c.job_name, "eval-") ? c.job_name.substr(5) : c.job_name;
+      }
+      row.group = Label(c, "report.group");
+      std::string alpha = Label(c, "report.alpha");
+      if (alpha.empty()) alpha = Coord(c, "alpha");
+      double a;
+      if (!alpha.empty()) {
+        if (absl::SimpleAtod(alpha, &a) && std::isfinite(a)) {
+          row.alpha = a;
+        } else {
+          r_.notes.push_back(absl::StrCat(c.job_name, ": alpha '", alpha, "' is not a number; not a sweep point"));
+        }
+      }
+      row.range = Label(c, "report.range");
+      if (row.range.empty()) row.range = Coord(c, "range");
+      const std::string table = Label(c, "report.table");
+      row.in_table = table.empty() ? !row.alpha.has_value() : table == "true";
+      const std::string base = Label(c, "report.baseline");
+      if (base == "true") baselines.push_back(static_cast<int>(rows.size()));
+      // The metrics: the last point of each name, then what the results file adds.
+      const std::string job = c.metrics_job.empty() ? c.job_id : c.metrics_job;
+      if (auto it = in_.points.find(job); it != in_.points.end()) {
+        std::map<std::string, int64_t> step;
+        for (const Point& p : it->second) {
+          auto s = step.find(p.name);
+          if (s != step.end() && s->second > p.step) continue;
+          step[p.name] = p.step;
+          row.metrics[p.name] = p.value;
+          Note(p.name, p.language, p.type);
+        }
+      }
+      if (auto it = in_.results.find(c.job_name); it != in_.results.end()) {
+        const json& res = it->second;
+        if (res.contains("checkpoint") && res["checkpoint"].is_object() && res["checkpoint"].contains("sha256") &&
+            res["checkpoint"]["sha256"].is_string()) {
+          row.checkpoint_sha256 = res["checkpoint"]["sha256"].get<std::string>();
+        }
+        if (res.contains("tasks") && res["tasks"].is_array()) {
+          for (const json& t : res["tasks"]) {
+            if (!t.is_object() || !t.contains("name") || !t["name"].is_string()) continue;
+            const std::string task = t["name"];
+            const std::string lang = t.value("language", std::string());
+            const std::string type = t.value("type", std::string());
+            if (!t.contains("metrics") || !t["metrics"].is_object()) continue;
+            for (const auto& [m, v] : t["metrics"].items()) {
+              const std::string name = absl::StrCat(m, "/", task);
+              Note(name, lang, type);
+              if (!row.metrics.count(name) && v.is_number()) row.metrics[name] = v.get<double>();
+            }
+          }
+        }
+      }
+      if (row.state == "SUCCEEDED" && row.metrics.empty()) {
+        r_.notes.push_back(absl::StrCat(c.job_name, " succeeded but no metric point or readable results file was found"));
+      }
+      rows.push_back(std::move(row));
+    }
+    if (baselines.empty()) {
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (rows[i].stage == "eval-base") baselines.push_back(static_cast<int>(i));
+      }
+    }
+    if (baselines.size() > 1) {
+      std::vector<std::string> names;
+      for (int i : baselines) names.push_back(rows[i].job_name);
+      r_.notes.push_back(absl::StrCat("several baseline candidates (", absl::StrJoin(names, ", "), "); using ",
+                                      rows[baselines[0]].job_name));
+    }
+    if (!baselines.empty()) {
+      rows[baselines[0]].baseline = true;
+      rows[baselines[0]].in_table = true;
+      baseline_title_ = rows[baselines[0]].title;
+      r_.baseline = baseline_title_;
+    } else if (!rows.empty()) {
+      r_.notes.push_back(
+          "no baseline row (label report.baseline: \"true\" or a stage named eval-base): no deltas, no acquisition or forgetting");
+    }
+    // Order: the baseline, then table rows by group (first appearance), then sweep points
+    // by range (first appearance) and alpha.
+    std::vector<std::string> groups, ranges;
+    for (const Row& row : rows) {
+      if (row.in_table && std::find(groups.begin(), groups.end(), row.group) == groups.end()) groups.push_back(row.group);
+      if (!row.in_table && std::find(ranges.begin(), ranges.end(), row.range) == ranges.end()) ranges.push_back(row.range);
+    }
+    auto index = [](const std::vector<std::string>& v, const std::string& s) {
+      return static_cast<int>(std::find(v.begin(), v.end(), s) - v.begin());
+    };
+    std::vector<size_t> order(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      const Row& x = rows[a];
+      const Row& y = rows[b];
+      if (x.in_table != y.in_table) return x.in_table;
+      if (x.in_table) {
+        if (x.baseline != y.baseline) return x.baseline;
+        return index(groups, x.group) < index(groups, y.group);
+      }
+      if (x.range != y.range) return index(ranges, x.range) < index(ranges, y.range);
+      return x.alpha.value_or(0) < y.alpha.value_or(0);
+    });
+    for (size_t i : order) r_.rows.push_back(std::move(rows[i]));
+  }
+
+  void Note(const std::string& name, const std::string& language, const std::string& type) {
+    const size_t slash = name.find('/');
+    if (slash == std::string::npos) return;
+    NameInfo& info = names_[name];
+    info.metric = name.substr(0, slash);
+    info.task = name.substr(slash + 1);
+    if (info.language.empty()) info.language = language;
+    if (info.type.empty()) info.type = type;
+  }
+
+  // --- Languages -------------------------------------------------------------------------
+
+  void MakeLanguages() {
+    // A perplexity task named after its language needs no label to say so.
+    for (auto& [name, info] : names_) {
+      if (info.language.empty() && (info.metric == "ppl" || info.metric == "bpb") && info.task != "all") {
+        info.language = info.task;
+      }
+    }
+    std::vector<std::string> seen;  // languages of the metrics, in name order
+    for (const auto& [name, info] : names_) {
+      if (!info.language.empty() && info.task != "all" &&
+          std::find(seen.begin(), seen.end(), info.language) == seen.end()) {
+        seen.push_back(info.language);
+      }
+    }
+    if (!in_.corpus_languages.empty()) {
+      r_.roles_from_corpus = true;
+      r_.languages = in_.corpus_languages;
+      for (const std::string& code : seen) {
+        if (!Find(code)) r_.languages.push_back({code, "", "other", ""});
+      }
+    } else {
+      // Families from cells whose matrix has both axes, in cell order.
+      for (const Cell& c : in_.cells) {
+        const std::string lang = Coord(c, "language"), family = Coord(c, "family");
+        if (lang.empty() || Find(lang)) continue;
+        if (family.empty()) continue;
+        r_.languages.push_back({lang, family, lang == "en" ? "general" : "held_in", ""});
+      }
+      for (const std::string& code : seen) {
+        if (!Find(code)) r_.languages.push_back({code, "", code == "en" ? "general" : "held_in", ""});
+      }
+      if (!seen.empty()) {
+        r_.notes.push_back("no corpus manifest: every language but en is taken as held-in, en as general");
+      }
+    }
+    for (const Language& l : r_.languages) {
+      if (!l.family.empty() && std::find(families_.begin(), families_.end(), l.family) == families_.end()) {
+        families_.push_back(l.family);
+      }
+    }
+  }
+
+  const Language* Find(const std::string& code) const {
+    for (const Language& l : r_.languages) {
+      if (l.code == code) return &l;
+    }
+    return nullptr;
+  }
+
+  int LanguageRank(const std::string& code) const {
+    for (size_t i = 0; i < r_.languages.size(); ++i) {
+      if (r_.languages[i].code == code) return static_cast<int>(i);
+    }
+    return static_cast<int>(r_.languages.size());
+  }
+
+  int FamilyRank(const std::string& family) const {
+    auto it = std::find(families_.begin(), families_.end(), family);
+    return static_cast<int>(it - families_.begin());
+  }
+
+  // --- Columns ---------------------------------------------------------------------------
+
+  bool Selected(const std::string& name, const NameInfo& info) const {
+    if (opt_.metrics.empty()) return info.metric == r_.perplexity_metric || info.metric == "acc" || info.metric == "chrf";
+    for (const std::string& sel : opt_.metrics) {
+      if (sel == "all") return true;
+      if (sel.find('/') != std::string::npos ? Glob(sel, name) : Glob(sel, info.metric)) return true;
+    }
+    return false;
+  }
+
+  void MakeColumns() {
+    bool bpb = false, ppl = false;
+    for (const auto& [name, info] : names_) {
+      bpb |= info.metric == "bpb" && info.task != "all";
+      ppl |= info.metric == "ppl" && info.task != "all";
+    }
+    r_.perplexity_metric = bpb ? "bpb" : ppl ? "ppl" : "";
+    std::vector<Column> columns;
+    std::map<std::string, size_t> by_key;
+    for (const auto& [name, info] : names_) {
+      if (info.task == "all" || !Selected(name, info)) continue;
+      const Language* lang = Find(info.language);
+      Column col;
+      col.metric = info.metric;
+      col.language = info.language;
+      col.family = lang != nullptr ? lang->family : "";
+      col.role = lang != nullptr ? lang->role : "other";
+      col.lower_is_better = LowerIsBetter(info.metric);
+      const bool family_column = opt_.by_family && !col.family.empty() && (col.role == "held_in" || col.role == "held_out");
+      if (family_column) {
+        col.key = absl::StrCat(info.metric, "/", col.family, "/", col.role);
+        col.title = absl::StrCat(col.family, " ", RoleTitle(col.role));
+        col.language.clear();
+      } else {
+        col.key = name;
+        col.title = info.task;
+      }
+      auto it = by_key.find(col.key);
+      if (it != by_key.end()) {
+        columns[it->second].names.push_back(name);
+        continue;
+      }
+      col.names.push_back(name);
+      by_key[col.key] = columns.size();
+      columns.push_back(std::move(col));
+    }
+    std::stable_sort(columns.begin(), columns.end(), [&](const Column& a, const Column& b) {
+      auto key = [&](const Column& c) {
+        return std::make_tuple(MetricRank(c.metric), c.metric, RoleRank(c.role), FamilyRank(c.family),
+                               c.language.empty() ? -1 : LanguageRank(c.language), c.title);
+      };
+      return key(a) < key(b);
+    });
+    r_.columns = std::move(columns);
+  }
+
+  // --- Values ----------------------------------------------------------------------------
+
+  static std::optional<double> ColumnValue(const Row& row, const Column& col) {
+    std::vector<double> v;
+    for (const std::string& n : col.names) {
+      auto it = row.metrics.find(n);
+      if (it == row.metrics.end()) return std::nullopt;  // a family mean needs all its languages
+      v.push_back(it->second);
+    }
+    return Mean(v);
+  }
+
+  const Row* BaselineRow() const {
+    for (const Row& row : r_.rows) {
+      if (row.baseline) return &row;
+    }
+    return nullptr;
+  }
+
+  void FillValues() {
+    for (Row& row : r_.rows) {
+      for (const Column& col : r_.columns) {
+        Value v;
+        v.value = ColumnValue(row, col);
+        row.values[col.key] = v;
+      }
+    }
+    const Row* base = BaselineRow();
+    for (const Column& col : r_.columns) {
+      std::optional<double> b = base != nullptr ? base->values.at(col.key).value : std::nullopt;
+      std::optional<double> best;
+      for (Row& row : r_.rows) {
+        Value& v = row.values[col.key];
+        if (v.value && b) v.delta = *v.value - *b;
+        if (!row.in_table || !v.value) continue;
+        if (!best || (col.lower_is_better ? *v.value < *best : *v.value > *best)) best = *v.value;
+      }
+      if (!best) continue;
+      for (Row& row : r_.rows) {
+        Value& v = row.values[col.key];
+        if (row.in_table && v.value && std::fabs(*v.value - *best) <= 1e-12 * std::max(1.0, std::fabs(*best))) v.best = true;
+      }
+    }
+  }
+
+  // --- Acquisition and forgetting --------------------------------------------------------
+
+  // The row's perplexity metric on each language of `role`: language → mean over its tasks.
+  std::map<std::string, double> RoleValues(const Row& row, const std::string& role) const {
+    std::map<std::string, std::vector<double>> per;
+    for (const auto& [name, value] : row.metrics) {
+      auto it = names_.find(name);
+      if (it == names_.end() || it->second.metric != r_.perplexity_metric || it->second.task == "all") continue;
+      const Language* lang = Find(it->second.language);
+      if (lang == nullptr || lang->role != role) continue;
+      per[lang->code].push_back(value);
+    }
+    std::map<std::string, double> out;
+    for (const auto& [code, v] : per) out[code] = *Mean(v);
+    return out;
+  }
+
+  // Mean over the role's languages of sign·(row − base), over languages both have.
+  std::optional<double> MeanDelta(const Row& row, const Row& base, const std::string& role, double sign) const {
+    const auto r = RoleValues(row, role), b = RoleValues(base, role);
+    std::vector<double> d;
+    for (const auto& [code, v] : r) {
+      auto it = b.find(code);
+      if (it != b.end()) d.push_back(sign * (v - it->second));
+    }
+    return Mean(d);
+  }
+
+  void MakeSummary() {
+    const Row* base = BaselineRow();
+    if (base == nullptr || r_.perplexity_metric.empty()) return;
+    for (const Row& row : r_.rows) {
+      if (!row.in_table) continue;
+      Summary s;
+      s.row = row.title;
+      s.baseline = row.baseline;
+      s.acquisition = MeanDelta(row, *base, "held_in", -1);
+      s.transfer = MeanDelta(row, *base, "held_out", -1);
+      s.forgetting = MeanDelta(row, *base, "general", +1);
+      r_.summary.push_back(s);
+    }
+    for (Summary& s : r_.summary) {
+      if (!s.acquisition || !s.forgetting) continue;
+      bool dominated = false;
+      for (const Summary& o : r_.summary) {
+        if (&o == &s || !o.acquisition || !o.forgetting) continue;
+        if (*o.acquisition >= *s.acquisition && *o.forgetting <= *s.forgetting &&
+            (*o.acquisition > *s.acquisition || *o.forgetting < *s.forgetting)) {
+          dominated = true;
+          break;
+        }
+      }
+      s.pareto = !dominated;
+    }
+  }
+
+  // --- Plots -----------------------------------------------------------------------------
+
+  std::string PmTitle() const { return r_.perplexity_metric == "bpb" ? "bits per byte" : "perplexity"; }
+
+  void MakePlots() {
+    AcquisitionPlot();
+    LossPlot();
+    AlphaPlots();
+    AnalysisPlots();
+  }
+
+  void AcquisitionPlot() {
+    Plot p;
+    p.file = "acquisition_forgetting.svg";
+    p.caption = absl::StrCat("Acquisition (mean held-in ", r_.perplexity_metric,
+                             " gain over the baseline, higher is better) against forgetting (general-language ",
+                             r_.perplexity_metric, " change, lower is better), one point per row; the dashed line is the Pareto front.");
+    if (BaselineRow() == nullptr) {
+      p.omitted = "no baseline row";
+    } else if (r_.perplexity_metric.empty()) {
+      p.omitted = "no perplexity or bits-per-byte metric";
+    }
+    SvgSeries points, front;
+    points.name = "rows";
+    points.line = false;
+    front.name = "Pareto front";
+    front.markers = false;
+    front.dashed = true;
+    front.color = 2;
+    std::vector<std::pair<double, double>> f;
+    int non_baseline = 0;
+    for (const Summary& s : r_.summary) {
+      if (!s.acquisition || !s.forgetting) continue;
+      non_baseline += s.baseline ? 0 : 1;
+      points.x.push_back(*s.forgetting);
+      points.y.push_back(*s.acquisition);
+      points.labels.push_back(s.row);
+      if (s.pareto) f.emplace_back(*s.forgetting, *s.acquisition);
+    }
+    if (p.omitted.empty() && non_baseline == 0) {
+      p.omitted = "no row besides the baseline has both held-in and general-language values yet";
+    }
+    std::sort(f.begin(), f.end());
+    for (const auto& [x, y] : f) {
+      front.x.push_back(x);
+      front.y.push_back(y);
+    }
+    p.svg.title = "Acquisition vs forgetting";
+    p.svg.x_label = absl::StrCat("forgetting: general ", r_.perplexity_metric, " − baseline (lower is better)");
+    p.svg.y_label = absl::StrCat("acquisition: held-in ", r_.perplexity_metric, " gain");
+    p.svg.series = {points, front};
+    p.svg.x_reference = 0.0;
+    p.svg.y_reference = 0.0;
+    r_.plots.push_back(std::move(p));
+  }
+
+  void LossPlot() {
+    Plot p;
+    p.file = "loss_curves.svg";
+    p.caption = "Training loss by step of every train cell.";
+    p.svg.title = "Training loss";
+    p.svg.x_label = "step";
+    p.svg.y_label = "loss";
+    p.svg.x_integer = true;
+    int trains = 0;
+    for (const Cell& c : in_.cells) {
+      if (c.kind != "train") continue;
+      ++trains;
+      const std::string job = c.metrics_job.empty() ? c.job_id : c.metrics_job;
+      auto it = in_.points.find(job);
+      if (it == in_.points.end()) continue;
+      std::vector<std::pair<int64_t, double>> pts;
+      for (const Point& pt : it->second) {
+        if (pt.name == "loss") pts.emplace_back(pt.step, pt.value);
+      }
+      if (pts.empty()) continue;
+      std::stable_sort(pts.begin(), pts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      SvgSeries s;
+      s.name = c.job_name;
+      s.markers = pts.size() < 40;
+      for (const auto& [step, v] : pts) {
+        s.x.push_back(static_cast<double>(step));
+        s.y.push_back(v);
+      }
+      p.svg.series.push_back(std::move(s));
+    }
+    if (trains == 0) {
+      p.omitted = "the experiment has no train cells";
+    } else if (p.svg.series.empty()) {
+      p.omitted = absl::StrCat("none of the ", trains, " train cells has reported a loss yet");
+    }
+    r_.plots.push_back(std::move(p));
+  }
+
+  // The mean of the row's perplexity metric over the role's languages; nullopt unless every
+  // language of that role that any row reports is there (a partial mean would mislead).
+  std::optional<double> RoleMean(const Row& row, const std::string& role, size_t expected) const {
+    const auto v = RoleValues(row, role);
+    if (v.empty() || v.size() < expected) return std::nullopt;
+    std::vector<double> x;
+    for (const auto& [code, value] : v) x.push_back(value);
+    return Mean(x);
+  }
+
+  void AlphaPlots() {
+    std::vector<std::string> ranges;
+    size_t held_in = 0, general = 0;
+    for (const Row& row : r_.rows) {
+      if (!row.alpha) continue;
+      if (std::find(ranges.begin(), ranges.end(), row.range) == ranges.end()) ranges.push_back(row.range);
+      held_in = std::max(held_in, RoleValues(row, "held_in").size());
+      general = std::max(general, RoleValues(row, "general").size());
+    }
+    for (const auto& [role, file, what] : {std::tuple<std::string, std::string, std::string>{"held_in", "alpha_held_in.svg", "held-in mean"},
+                                           {"general", "alpha_general.svg", "general-language"}}) {
+      Plot p;
+      p.file = file;
+      p.caption = absl::StrCat(what, " ", r_.perplexity_metric, " of the interpolated model θ(α) against α, one line per layer range.");
+      p.svg.title = absl::StrCat("Interpolation: ", what, " ", r_.perplexity_metric, " vs α");
+      p.svg.x_label = "α";
+      p.svg.y_label = absl::StrCat(what, " ", PmTitle());
+      if (ranges.empty()) {
+        p.omitted = "no eval cell has an α (label report.alpha or matrix axis alpha)";
+      } else if (r_.perplexity_metric.empty()) {
+        p.omitted = "no perplexity or bits-per-byte metric";
+      }
+      const size_t expected = role == "held_in" ? held_in : general;
+      for (size_t i = 0; i < ranges.size() && p.omitted.empty(); ++i) {
+        SvgSeries s;
+        s.name = ranges[i].empty() ? "all layers" : ranges[i];
+        for (const Row& row : r_.rows) {
+          if (!row.alpha || row.range != ranges[i]) continue;
+          std::optional<double> v = RoleMean(row, role, expected);
+          if (!v) continue;
+          s.x.push_back(*row.alpha);
+          s.y.push_back(*v);
+        }
+        if (!s.x.empty()) p.svg.series.push_back(std::move(s));
+      }
+      if (p.omitted.empty() && p.svg.series.empty()) {
+        p.omitted = absl::StrCat("no sweep point has ", what, " values yet");
+      }
+      r_.plots.push_back(std::move(p));
+    }
+  }
+
+  // Files of one output, each with the suffix its cell needs when there are several.
+  std::vector<std::pair<const AnalysisFile*, std::string>> Files(const std::string& output) const {
+    std::vector<const AnalysisFile*> files;
+    for (const AnalysisFile& f : in_.analyses) {
+      if (f.output == output && f.content.is_object()) files.push_back(&f);
+    }
+    std::vector<std::pair<const AnalysisFile*, std::string>> out;
+    for (const AnalysisFile* f : files) out.emplace_back(f, files.size() > 1 ? "-" + Sanitize(f->cell) : "");
+    return out;
+  }
+
+  std::string MissingReason(const std::string& output, const std::string& file) const {
+    int analyze = 0;
+    for (const Cell& c : in_.cells) analyze += c.kind == "analyze" ? 1 : 0;
+    if (analyze == 0) return "the experiment has no analyze cells";
+    return absl::StrCat("no ", file, " was read (analyze output `", output, "`: not produced yet, not asked for, or not readable here)");
+  }
+
+  void AnalysisPlots() {
+    // LAPE neurons per layer and language.
+    auto masks = Files("mask");
+    if (masks.empty()) {
+      Plot p;
+      p.file = "lape_neurons.svg";
+      p.caption = "Language-specific (LAPE) neurons per layer and language.";
+      p.omitted = MissingReason("mask", "neuron_mask.json");
+      r_.plots.push_back(std::move(p));
+    }
+    for (const auto& [f, suffix] : masks) {
+      Plot p;
+      p.file = absl::StrCat("lape_neurons", suffix, ".svg");
+      const json& m = f->content;
+      std::string method = m.contains("params") && m["params"].is_object() ? m["params"].value("method", std::string()) : "";
+      p.caption = absl::StrCat("Language-specific neurons per layer and language (", method.empty() ? "mask" : method, ", ", f->cell, ").");
+      p.svg.title = absl::StrCat("Neurons per layer (", f->cell, ")");
+      p.svg.x_label = "layer";
+      p.svg.y_label = "neurons";
+      p.svg.x_integer = true;
+      if (m.contains("counts") && m["counts"].is_object()) {
+        for (const auto& [lang, counts] : m["counts"].items()) {
+          if (!counts.is_array()) continue;
+          SvgSeries s;
+          s.name = lang;
+          for (size_t l = 0; l < counts.size(); ++l) {
+            s.x.push_back(static_cast<double>(l));
+            s.y.push_back(Number(counts[l]).value_or(NAN));
+          }
+          p.svg.series.push_back(std::move(s));
+        }
+      }
+      if (p.svg.series.empty()) p.omitted = absl::StrCat(f->path, " has no `counts` per language");
+      r_.plots.push_back(std::move(p));
+    }
+
+    // Routing: JSD and entropy by layer.
+    auto routing = Files("routing");
+    if (routing.empty()) {
+      for (const char* file : {"routing_jsd.svg", "routing_entropy.svg"}) {
+        Plot p;
+        p.file = file;
+        p.caption = "Routing by layer.";
+        p.omitted = MissingReason("routing", "routing.json");
+        r_.plots.push_back(std::move(p));
+      }
+    }
+    for (const auto& [f, suffix] : routing) {
+      const json& j = f->content;
+      Plot jsd, entropy;
+      jsd.file = absl::StrCat("routing_jsd", suffix, ".svg");
+      jsd.caption = absl::StrCat("Mean Jensen-Shannon divergence between the languages' expert usage, by MoE layer (", f->cell, ").");
+      jsd.svg.title = absl::StrCat("Routing JSD by layer (", f->cell, ")");
+      jsd.svg.x_label = "layer";
+      jsd.svg.y_label = "mean JSD (nats)";
+      jsd.svg.x_integer = true;
+      entropy.file = absl::StrCat("routing_entropy", suffix, ".svg");
+      entropy.caption = absl::StrCat("Entropy of each language's expert usage, by MoE layer (", f->cell, ").");
+      entropy.svg.title = absl::StrCat("Routing entropy by layer (", f->cell, ")");
+      entropy.svg.x_label = "layer";
+      entropy.svg.y_label = "entropy (nats)";
+      entropy.svg.x_integer = true;
+      SvgSeries mean;
+      mean.name = "mean JSD";
+      std::map<std::string, SvgSeries> per_lang;
+      std::vector<std::string> langs;
+      if (j.contains("layers") && j["layers"].is_array()) {
+        for (const json& layer : j["layers"]) {
+          if (!layer.is_object()) continue;
+          const double l = Number(layer.value("layer", json())).value_or(NAN);
+          if (auto v = Number(layer.value("mean_jsd", json()))) {
+            mean.x.push_back(l);
+            mean.y.push_back(*v);
+          }
+          if (layer.contains("entropy") && layer["entropy"].is_object()) {
+            for (const auto& [lang, h] : layer["entropy"].items()) {
+              if (!per_lang.count(lang)) langs.push_back(lang);
+              SvgSeries& s = per_lang[lang];
+              s.name = lang;
+              s.x.push_back(l);
+              s.y.push_back(Number(h).value_or(NAN));
+            }
+          }
+        }
+      }
+      if (!mean.x.empty()) jsd.svg.series.push_back(mean);
+      for (const std::string& lang : langs) entropy.svg.series.push_back(per_lang[lang]);
+      if (jsd.svg.series.empty()) jsd.omitted = absl::StrCat(f->path, " has no layers[].mean_jsd");
+      if (entropy.svg.series.empty()) entropy.omitted = absl::StrCat(f->path, " has no layers[].entropy");
+      r_.plots.push_back(std::move(jsd));
+      r_.plots.push_back(std::move(entropy));
+    }
+
+    // Drift: down vs gate/up by layer, and the asymmetry.
+    auto drift = Files("drift");
+    if (drift.empty()) {
+      for (const char* file : {"drift.svg", "drift_asymmetry.svg"}) {
+        Plot p;
+        p.file = file;
+        p.caption = "Weight drift by layer.";
+        p.omitted = MissingReason("drift", "drift.json");
+        r_.plots.push_back(std::move(p));
+      }
+    }
+    for (const auto& [f, suffix] : drift) {
+      const json& j = f->content;
+      Plot rel, asym;
+      rel.file = absl::StrCat("drift", suffix, ".svg");
+      rel.caption = absl::StrCat("Relative weight change ‖Δ‖/‖W‖ by layer of the MLP's down, gate and up projections (", f->cell, ").");
+      rel.svg.title = absl::StrCat("Weight drift by layer (", f->cell, ")");
+      rel.svg.x_label = "layer";
+      rel.svg.y_label = "relative change";
+      rel.svg.x_integer = true;
+      asym.file = absl::StrCat("drift_asymmetry", suffix, ".svg");
+      asym.caption = absl::StrCat("Drift asymmetry down / mean(gate, up) by layer; above the dotted line the down projection moved more (",
+                                  f->cell, ").");
+      asym.svg.title = absl::StrCat("Drift asymmetry by layer (", f->cell, ")");
+      asym.svg.x_label = "layer";
+      asym.svg.y_label = "down / mean(gate, up)";
+      asym.svg.x_integer = true;
+      asym.svg.y_reference = 1.0;
+      SvgSeries down, gate, up, a, masked;
+      down.name = "down";
+      gate.name = "gate";
+      up.name = "up";
+      a.name = "all neurons";
+      masked.name = "masked neurons";
+      if (j.contains("layers") && j["layers"].is_array()) {
+        for (const json& layer : j["layers"]) {
+          if (!layer.is_object()) continue;
+          const double l = Number(layer.value("layer", json())).value_or(NAN);
+          for (auto [s, key] : {std::pair{&down, "down"}, {&gate, "gate"}, {&up, "up"}, {&a, "asymmetry"}}) {
+            if (!layer.contains(key)) continue;
+            s->x.push_back(l);
+            s->y.push_back(Number(layer[key]).value_or(NAN));
+          }
+          if (layer.contains("masked") && layer["masked"].is_object() && layer["masked"].contains("asymmetry")) {
+            masked.x.push_back(l);
+            masked.y.push_back(Number(layer["masked"]["asymmetry"]).value_or(NAN));
+          }
+        }
+      }
+      for (SvgSeries* s : {&down, &gate, &up}) {
+        if (!s->x.empty()) rel.svg.series.push_back(*s);
+      }
+      for (SvgSeries* s : {&a, &masked}) {
+        if (!s->x.empty()) asym.svg.series.push_back(*s);
+      }
+      if (rel.svg.series.empty()) rel.omitted = absl::StrCat(f->path, " has no layers[].down/gate/up");
+      if (asym.svg.series.empty()) asym.omitted = absl::StrCat(f->path, " has no layers[].asymmetry");
+      r_.plots.push_back(std::move(rel));
+      r_.plots.push_back(std::move(asym));
+    }
+  }
+
+  const ReportInput& in_;
+  const ReportOptions& opt_;
+  Report r_;
+  std::map<std::string, NameInfo> names_;
+  std::vector<std::string> families_;
+  std::string baseline_title_;
+};
+
+}  // namespace
+
+bool LowerIsBetter(const std::string& metric) {
+  return metric == "ppl" || metric == "bpb" || absl::EndsWith(metric, "loss");
+}
+
+std::string MemoizedFrom(const std::string& reason) {
+  const std::string kPrefix = "memoized from ";
+  if (!absl::StartsWith(reason, kPrefix)) return "";
+  std::string id = reason.substr(kPrefix.size());
+  const size_t end = id.find_first_of(" ,;");
+  if (end != std::string::npos) id.resize(end);
+  return id;
+}
+
+std::vector<Language> CorpusLanguages(const json& manifest, std::string* error) {
+  auto fail = [&](const std::string& what) {
+    *error = what;
+    return std::vector<Language>{};
+  };
+  if (!manifest.is_object()) return fail("not a JSON object");
+  if (manifest.value("format", std::string()) != "stemma.corpus/1") {
+    return fail(absl::StrCat("format: expected \"stemma.corpus/1\", got ", manifest.contains("format") ? manifest["format"].dump() : "none"));
+  }
+  if (!manifest.contains("languages") || !manifest["languages"].is_array()) return fail("languages: missing or not a list");
+  std::vector<Language> out;
+  for (size_t i = 0; i < manifest["languages"].size(); ++i) {
+    const json& l = manifest["languages"][i];
+    const std::string at = absl::StrCat("languages[", i, "]");
+    if (!l.is_object() || !l.contains("code") || !l["code"].is_string() || l["code"].get<std::string>().empty()) {
+      return fail(absl::StrCat(at, ".code: missing"));
+    }
+    Language lang;
+    lang.code = l["code"];
+    lang.family = l.contains("family") && l["family"].is_string() ? l["family"].get<std::string>() : "";
+    lang.name = l.contains("name") && l["name"].is_string() ? l["name"].get<std::string>() : "";
+    const std::string role = l.contains("role") && l["role"].is_string() ? l["role"].get<std::string>() : "";
+    if (role == "held_in" || role == "held_out") {
+      lang.role = role;
+    } else if (role == "base") {
+      lang.role = "general";
+    } else {
+      return fail(absl::StrCat(at, ".role: '", role, "' is not held_in, held_out or base"));
+    }
+    out.push_back(std::move(lang));
+  }
+  error->clear();
+  return out;
+}
+
+namespace {
+int Decimals(double scale) {
+  const double a = std::fabs(scale);
+  if (a >= 1000) return 0;
+  if (a >= 100) return 1;
+  if (a >= 10) return 2;
+  return 3;
+}
+}  // namespace
+
+std::string FormatNumber(double v) {
+  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+  if (std::fabs(v) >= 1e6) return absl::StrFormat("%.4g", v);
+  return absl::StrFormat("%.*f", Decimals(v), v);
+}
+
+std::string FormatDelta(double delta, double scale) {
+  if (!std::isfinite(delta)) return FormatNumber(delta);
+  std::string s = absl::StrFormat("%+.*f", Decimals(scale), delta);
+  if (s == "-0" || s.find_first_not_of("-0.") == std::string::npos) s[0] = '+';  // no "-0.000"
+  return s;
+}
+
+Report BuildReport(const ReportInput& input, const ReportOptions& options) {
+  return Builder(input, options).Build();
+}
+
+}  // namespace stemma::cli::report

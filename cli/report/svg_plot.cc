@@ -1,0 +1,257 @@
+#include "cli/report/svg_plot.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace stemma::cli::report {
+namespace {
+
+// Colour-blind-safe enough to tell ten lines apart (Tableau 10).
+constexpr const char* kPalette[] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
+                                    "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"};
+
+std::string Num(double v) { return absl::StrFormat("%.2f", v); }
+
+struct Range {
+  double lo = 0, hi = 1;
+  bool any = false;
+  void Add(double v) {
+    if (!std::isfinite(v)) return;
+    if (!any) {
+      lo = hi = v;
+      any = true;
+    } else {
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+  }
+};
+
+}  // namespace
+
+const char* PaletteColor(int i) {
+  constexpr int n = sizeof(kPalette) / sizeof(kPalette[0]);
+  return kPalette[((i % n) + n) % n];
+}
+
+std::string XmlEscape(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default:
+        // Control characters are not allowed in XML 1.0 text.
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') {
+          out += ' ';
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+std::vector<double> NiceTicks(double lo, double hi, int count) {
+  if (!std::isfinite(lo) || !std::isfinite(hi)) return {0, 1};
+  if (hi < lo) std::swap(lo, hi);
+  if (hi == lo) {
+    const double d = lo != 0 ? std::fabs(lo) * 0.1 : 1.0;
+    lo -= d;
+    hi += d;
+  }
+  count = std::max(count, 1);
+  const double raw = (hi - lo) / count;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw)));
+  const double norm = raw / mag;
+  const double nice = norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10;
+  const double step = nice * mag;
+  const double start = std::floor(lo / step + 1e-9) * step;
+  const double end = std::ceil(hi / step - 1e-9) * step;
+  std::vector<double> ticks;
+  for (int i = 0; i <= 100; ++i) {
+    double t = start + i * step;
+    if (t > end + step * 1e-6) break;
+    if (std::fabs(t) < step * 1e-9) t = 0;  // no "-0"
+    ticks.push_back(t);
+  }
+  if (ticks.size() < 2) ticks.push_back(ticks.empty() ? lo : ticks.back() + step);
+  return ticks;
+}
+
+std::string TickText(double value, double step) {
+  if (std::fabs(value) >= 1e6 || (value != 0 && std::fabs(value) < 1e-4)) {
+    return absl::StrFormat("%.3g", value);
+  }
+  int decimals = 0;
+  if (step > 0 && step < 1) {
+    decimals = std::min(8, static_cast<int>(std::ceil(-std::log10(step) - 1e-9)));
+    // A step of 0.25 needs two decimals, not one.
+    const double scaled = step * std::pow(10.0, decimals);
+    if (std::fabs(scaled - std::round(scaled)) > 1e-6) ++decimals;
+  }
+  return absl::StrFormat("%.*f", decimals, value);
+}
+
+std::string RenderSvg(const SvgPlot& plot, bool standalone) {
+  const double W = std::max(plot.width, 200), H = std::max(plot.height, 150);
+  bool legend = false;
+  for (const auto& s : plot.series) legend |= !s.name.empty();
+  const double left = 72, right = legend ? 170 : 24, top = plot.title.empty() ? 16 : 40, bottom = 52;
+  const double pw = W - left - right, ph = H - top - bottom;
+
+  Range xr, yr;
+  for (const auto& s : plot.series) {
+    const size_t n = std::min(s.x.size(), s.y.size());
+    for (size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+      xr.Add(s.x[i]);
+      yr.Add(s.y[i]);
+    }
+  }
+  const bool has_data = xr.any;
+  if (plot.y_reference) yr.Add(*plot.y_reference);
+  if (plot.x_reference) xr.Add(*plot.x_reference);
+  // A margin so that points do not sit on the frame.
+  if (!plot.x_integer && xr.hi > xr.lo) {
+    const double pad = (xr.hi - xr.lo) * 0.04;
+    xr.lo -= pad;
+    xr.hi += pad;
+  }
+  if (yr.hi > yr.lo) {
+    const double pad = (yr.hi - yr.lo) * 0.04;
+    yr.lo -= pad;
+    yr.hi += pad;
+  }
+  std::vector<double> xt = NiceTicks(xr.lo, xr.hi, plot.x_integer ? 8 : 6);
+  if (plot.x_integer) {
+    // Whole numbers only: a step of at least one.
+    const double step = std::max(1.0, std::round(xt.size() > 1 ? xt[1] - xt[0] : 1));
+    const double lo = std::floor(xr.lo), hi = std::ceil(xr.hi);
+    xt.clear();
+    for (double t = std::floor(lo / step) * step; t <= hi + 1e-9 && xt.size() < 200; t += step) xt.push_back(t);
+    if (xt.size() < 2) xt.push_back(xt.back() + step);
+  }
+  std::vector<double> yt = NiceTicks(yr.lo, yr.hi, 5);
+  const double x0 = xt.front(), x1 = xt.back(), y0 = yt.front(), y1 = yt.back();
+  const double xstep = xt.size() > 1 ? xt[1] - xt[0] : 1, ystep = yt.size() > 1 ? yt[1] - yt[0] : 1;
+  auto px = [&](double x) { return left + (x1 > x0 ? (x - x0) / (x1 - x0) : 0.5) * pw; };
+  auto py = [&](double y) { return top + ph - (y1 > y0 ? (y - y0) / (y1 - y0) : 0.5) * ph; };
+
+  std::string out = absl::StrCat(
+      "<svg", standalone ? " xmlns=\"http://www.w3.org/2000/svg\"" : "", " class=\"plot\" width=\"", W,
+      "\" height=\"", H, "\" viewBox=\"0 0 ", W, " ", H, "\" role=\"img\" aria-label=\"", XmlEscape(plot.title),
+      "\" font-family=\"sans-serif\" font-size=\"12\">\n");
+  absl::StrAppend(&out, "<title>", XmlEscape(plot.title), "</title>\n");
+  absl::StrAppend(&out, "<rect x=\"0\" y=\"0\" width=\"", W, "\" height=\"", H, "\" fill=\"#ffffff\"/>\n");
+  if (!plot.title.empty()) {
+    absl::StrAppend(&out, "<text x=\"", Num(left + pw / 2), "\" y=\"22\" text-anchor=\"middle\" font-size=\"14\" "
+                    "font-weight=\"bold\">", XmlEscape(plot.title), "</text>\n");
+  }
+  // Grid and ticks.
+  absl::StrAppend(&out, "<g class=\"axes\" stroke=\"#dddddd\" stroke-width=\"1\">\n");
+  for (double t : xt) absl::StrAppend(&out, "<line x1=\"", Num(px(t)), "\" y1=\"", Num(top), "\" x2=\"", Num(px(t)), "\" y2=\"", Num(top + ph), "\"/>\n");
+  for (double t : yt) absl::StrAppend(&out, "<line x1=\"", Num(left), "\" y1=\"", Num(py(t)), "\" x2=\"", Num(left + pw), "\" y2=\"", Num(py(t)), "\"/>\n");
+  absl::StrAppend(&out, "</g>\n");
+  absl::StrAppend(&out, "<rect x=\"", Num(left), "\" y=\"", Num(top), "\" width=\"", Num(pw), "\" height=\"", Num(ph),
+                  "\" fill=\"none\" stroke=\"#333333\" stroke-width=\"1\"/>\n");
+  absl::StrAppend(&out, "<g class=\"ticks\" fill=\"#333333\">\n");
+  for (double t : xt) {
+    absl::StrAppend(&out, "<text x=\"", Num(px(t)), "\" y=\"", Num(top + ph + 16), "\" text-anchor=\"middle\">",
+                    XmlEscape(TickText(t, xstep)), "</text>\n");
+  }
+  for (double t : yt) {
+    absl::StrAppend(&out, "<text x=\"", Num(left - 6), "\" y=\"", Num(py(t) + 4), "\" text-anchor=\"end\">",
+                    XmlEscape(TickText(t, ystep)), "</text>\n");
+  }
+  absl::StrAppend(&out, "</g>\n");
+  absl::StrAppend(&out, "<text class=\"xlabel\" x=\"", Num(left + pw / 2), "\" y=\"", Num(H - 12),
+                  "\" text-anchor=\"middle\">", XmlEscape(plot.x_label), "</text>\n");
+  absl::StrAppend(&out, "<text class=\"ylabel\" x=\"16\" y=\"", Num(top + ph / 2), "\" text-anchor=\"middle\" transform=\"rotate(-90 16 ",
+                  Num(top + ph / 2), ")\">", XmlEscape(plot.y_label), "</text>\n");
+  if (plot.y_reference) {
+    absl::StrAppend(&out, "<line class=\"reference\" x1=\"", Num(left), "\" y1=\"", Num(py(*plot.y_reference)), "\" x2=\"",
+                    Num(left + pw), "\" y2=\"", Num(py(*plot.y_reference)), "\" stroke=\"#777777\" stroke-dasharray=\"2 3\"/>\n");
+  }
+  if (plot.x_reference) {
+    absl::StrAppend(&out, "<line class=\"reference\" x1=\"", Num(px(*plot.x_reference)), "\" y1=\"", Num(top), "\" x2=\"",
+                    Num(px(*plot.x_reference)), "\" y2=\"", Num(top + ph), "\" stroke=\"#777777\" stroke-dasharray=\"2 3\"/>\n");
+  }
+  if (!has_data) {
+    absl::StrAppend(&out, "<text x=\"", Num(left + pw / 2), "\" y=\"", Num(top + ph / 2),
+                    "\" text-anchor=\"middle\" fill=\"#777777\">no data</text>\n");
+  }
+  // Series.
+  for (size_t si = 0; si < plot.series.size(); ++si) {
+    const SvgSeries& s = plot.series[si];
+    const char* color = PaletteColor(s.color >= 0 ? s.color : static_cast<int>(si));
+    absl::StrAppend(&out, "<g class=\"series\" data-name=\"", XmlEscape(s.name), "\">\n");
+    const size_t n = std::min(s.x.size(), s.y.size());
+    if (s.line) {
+      std::string d;
+      bool pen_down = false;
+      for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) {
+          pen_down = false;  // a gap where a value is missing
+          continue;
+        }
+        absl::StrAppend(&d, pen_down ? " L" : (d.empty() ? "M" : " M"), Num(px(s.x[i])), " ", Num(py(s.y[i])));
+        pen_down = true;
+      }
+      if (!d.empty()) {
+        absl::StrAppend(&out, "<path d=\"", d, "\" fill=\"none\" stroke=\"", color, "\" stroke-width=\"2\"",
+                        s.dashed ? " stroke-dasharray=\"6 4\"" : "", "/>\n");
+      }
+    }
+    for (size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+      if (s.markers) {
+        absl::StrAppend(&out, "<circle cx=\"", Num(px(s.x[i])), "\" cy=\"", Num(py(s.y[i])), "\" r=\"3.5\" fill=\"", color,
+                        "\"/>\n");
+      }
+      if (i < s.labels.size() && !s.labels[i].empty()) {
+        absl::StrAppend(&out, "<text x=\"", Num(px(s.x[i]) + 6), "\" y=\"", Num(py(s.y[i]) - 6), "\" font-size=\"11\" fill=\"#333333\">",
+                        XmlEscape(s.labels[i]), "</text>\n");
+      }
+    }
+    absl::StrAppend(&out, "</g>\n");
+  }
+  // Legend, right of the panel.
+  if (legend) {
+    absl::StrAppend(&out, "<g class=\"legend\">\n");
+    double ly = top + 8;
+    for (size_t si = 0; si < plot.series.size(); ++si) {
+      const SvgSeries& s = plot.series[si];
+      if (s.name.empty()) continue;
+      const char* color = PaletteColor(s.color >= 0 ? s.color : static_cast<int>(si));
+      const double lx = left + pw + 12;
+      if (s.line) {
+        absl::StrAppend(&out, "<line x1=\"", Num(lx), "\" y1=\"", Num(ly), "\" x2=\"", Num(lx + 18), "\" y2=\"", Num(ly),
+                        "\" stroke=\"", color, "\" stroke-width=\"2\"", s.dashed ? " stroke-dasharray=\"6 4\"" : "", "/>\n");
+      }
+      if (s.markers) absl::StrAppend(&out, "<circle cx=\"", Num(lx + 9), "\" cy=\"", Num(ly), "\" r=\"3.5\" fill=\"", color, "\"/>\n");
+      std::string name = s.name;
+      if (name.size() > 24) {
+        size_t cut = 23;  // not inside a UTF-8 sequence
+        while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+        name = name.substr(0, cut) + "…";
+      }
+      absl::StrAppend(&out, "<text x=\"", Num(lx + 24), "\" y=\"", Num(ly + 4), "\">", XmlEscape(name), "</text>\n");
+      ly += 18;
+      if (ly > H - 10) break;
+    }
+    absl::StrAppend(&out, "</g>\n");
+  }
+  absl::StrAppend(&out, "</svg>\n");
+  return out;
+}
+
+}  // namespace stemma::cli::report

@@ -1,0 +1,375 @@
+// stemma report EXPERIMENT: the study's paper-shaped table and plots (docs/report.md). This
+// file gathers: the experiment's cells (GetExperiment), their jobs' labels and outputs
+// (ListJobs, GetJob), metric points (QueryMetrics), registered outputs (ListArtifacts), and
+// the files those name where this machine can read them. cli/report/ builds and renders.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cli/client.h"
+#include "cli/command.h"
+#include "cli/report/report_model.h"
+#include "cli/report/report_writers.h"
+#include "common/status.h"
+
+namespace stemma::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct ReportCommandOptions {
+  std::string experiment;
+  int revision = 0;
+  std::string out;
+  std::string format;
+  std::vector<std::string> metrics;
+  std::string columns = "languages";
+};
+
+constexpr char kFooter[] = R"(
+Rows are the experiment's eval cells; columns are <metric>/<task> metric points of those
+evals (default metrics: bpb, else ppl; acc; chrf). Stage labels the report reads:
+  report.row        the row's title (may use ${{ matrix.X }})    default: cell name without "eval-"
+  report.baseline   "true": deltas are against this row          default: the stage eval-base
+  report.group      a group heading (experts, dense, reverted, ...)
+  report.alpha      interpolation weight of a sweep point        default: matrix axis alpha
+  report.range      layer range of a sweep point                 default: matrix axis range
+  report.table      "false" leaves a row out of the table (sweep points are out unless "true")
+Language roles (held-in, held-out, general) come from the corpus manifest (an artifact of
+type corpus); without one every language but en is held-in and en is general.
+With --out DIR: report.md, report.html (self-contained), report.csv, report.json and one
+.svg per plot. See docs/report.md.)";
+
+// Writes `content` to `path` through a temporary file in the same directory: readers see
+// the old file or the whole new one.
+absl::Status WriteFileAtomically(const fs::path& path, const std::string& content) {
+  const std::string tmp = absl::StrCat(path.string(), ".tmp.", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat(tmp, ": cannot create: ", std::strerror(errno)));
+  size_t done = 0;
+  while (done < content.size()) {
+    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return absl::InternalError(absl::StrCat(tmp, ": write failed: ", std::strerror(e)));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat(tmp, ": fsync/close failed: ", std::strerror(e)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat(path.string(), ": rename failed: ", std::strerror(e)));
+  }
+  const std::string dir = path.has_parent_path() ? path.parent_path().string() : ".";
+  if (const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
+    ::fsync(d);
+    ::close(d);
+  }
+  return absl::OkStatus();
+}
+
+// The JSON file at `path`, or why not (unreadable here, or not JSON).
+absl::StatusOr<json> ReadJson(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": not readable from here"));
+  std::stringstream text;
+  text << in.rdbuf();
+  json j = json::parse(text.str(), nullptr, false);
+  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
+  return j;
+}
+
+class Gatherer {
+ public:
+  Gatherer(CoordinatorClient* client, const ReportCommandOptions& o) : client_(client), o_(o) {}
+
+  absl::StatusOr<report::ReportInput> Gather() {
+    v1::GetExperimentRequest req;
+    req.set_name(o_.experiment);
+    req.set_revision(o_.revision);
+    ASSIGN_OR_RETURN(v1::GetExperimentResponse exp, client_->GetExperiment(req));
+    in_.experiment = exp.experiment().name();
+    in_.revision = exp.experiment().revision();
+    RETURN_IF_ERROR(LoadJobs(exp));
+    for (const v1::ExperimentCell& ec : exp.cells()) {
+      report::Cell c;
+      c.job_name = ec.job_name();
+      c.stage = ec.stage();
+      c.kind = ec.kind();
+      c.coords.insert(ec.coords().begin(), ec.coords().end());
+      c.job_id = ec.job_id();
+      c.state = ec.state();
+      c.reason = ec.reason();
+      if (const v1::Job* job = JobOf(c.job_id)) c.labels.insert(job->spec().labels().begin(), job->spec().labels().end());
+      c.metrics_job = MetricsJob(c.job_id);
+      in_.cells.push_back(std::move(c));
+    }
+    RETURN_IF_ERROR(LoadMetrics());
+    RETURN_IF_ERROR(LoadArtifacts());
+    LoadCorpus();
+    LoadFiles();
+    return std::move(in_);
+  }
+
+ private:
+  absl::Status LoadJobs(const v1::GetExperimentResponse& exp) {
+    v1::ListJobsRequest req;
+    req.set_experiment(in_.experiment);
+    req.set_page_size(1000);
+    while (true) {
+      ASSIGN_OR_RETURN(v1::ListJobsResponse page, client_->ListJobs(req));
+      for (const v1::Job& j : page.jobs()) jobs_[j.id()] = j;
+      if (page.next_page_token().empty() || page.jobs_size() == 0) break;
+      req.set_page_token(page.next_page_token());
+    }
+    for (const v1::ExperimentCell& c : exp.cells()) {
+      if (!c.job_id().empty() && !jobs_.count(c.job_id())) (void)JobOf(c.job_id());
+    }
+    return absl::OkStatus();
+  }
+
+  // The job, fetched once when ListJobs did not return it (a memo source of another
+  // experiment); null when it cannot be had.
+  const v1::Job* JobOf(const std::string& id) {
+    if (id.empty()) return nullptr;
+    auto it = jobs_.find(id);
+    if (it != jobs_.end()) return &it->second;
+    absl::StatusOr<v1::Job> job = client_->GetJob(id);
+    if (!job.ok()) return nullptr;
+    return &(jobs_[id] = *job);
+  }
+
+  // The job that ran for this one: memoized jobs point at their source, which may itself
+  // have been memoized.
+  std::string MetricsJob(const std::string& id) {
+    std::string current = id;
+    for (int hop = 0; hop < 16 && !current.empty(); ++hop) {
+      const v1::Job* job = JobOf(current);
+      if (job == nullptr) break;
+      const std::string from = report::MemoizedFrom(job->reason());
+      if (from.empty() || from == current) break;
+      current = from;
+    }
+    return current;
+  }
+
+  absl::Status LoadMetrics() {
+    std::vector<std::string> evals, trains;
+    for (const report::Cell& c : in_.cells) {
+      if (c.metrics_job.empty()) continue;
+      if (c.kind == "eval") evals.push_back(c.metrics_job);
+      if (c.kind == "train") trains.push_back(c.metrics_job);
+    }
+    for (const auto& [ids, pattern, last] :
+         {std::tuple{&evals, std::string(), true}, std::tuple{&trains, std::string("loss"), false}}) {
+      if (ids->empty()) continue;
+      v1::QueryMetricsRequest q;
+      for (const std::string& id : *ids) q.add_job_ids(id);
+      q.set_name_pattern(pattern);
+      q.set_last_only(last);
+      q.set_limit(5'000'000);
+      ASSIGN_OR_RETURN(v1::QueryMetricsResponse r, client_->QueryMetrics(q));
+      if (r.truncated()) in_.notes.push_back(absl::StrCat("the metric answer was cut at ", r.points_size(), " points"));
+      for (const v1::MetricPoint& p : r.points()) {
+        report::Point pt;
+        pt.name = p.name();
+        pt.step = p.step();
+        pt.value = p.value();
+        if (auto it = p.labels().find("language"); it != p.labels().end()) pt.language = it->second;
+        if (auto it = p.labels().find("type"); it != p.labels().end()) pt.type = it->second;
+        in_.points[p.job_id()].push_back(std::move(pt));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status LoadArtifacts() {
+    v1::ListArtifactsRequest req;
+    req.set_experiment(in_.experiment);
+    req.set_limit(100000);
+    ASSIGN_OR_RETURN(v1::ListArtifactsResponse r, client_->ListArtifacts(req));
+    artifacts_.assign(r.artifacts().begin(), r.artifacts().end());
+    return absl::OkStatus();
+  }
+
+  // The path of output `name` of the cell: the registry's, else the job's outputs.
+  std::string OutputPath(const report::Cell& c, const std::string& name) {
+    for (const std::string& id : {c.job_id, c.metrics_job}) {
+      for (const v1::Artifact& a : artifacts_) {
+        if (a.job_id() == id && a.name() == name && a.state() != v1::ARTIFACT_DELETED) return a.path();
+      }
+    }
+    if (const v1::Job* job = JobOf(c.job_id)) {
+      if (auto it = job->outputs().find(name); it != job->outputs().end()) return it->second;
+    }
+    return "";
+  }
+
+  void LoadCorpus() {
+    std::vector<std::string> paths;
+    for (const v1::Artifact& a : artifacts_) {
+      if (a.type() == "corpus" && a.state() != v1::ARTIFACT_DELETED) paths.push_back(a.path());
+    }
+    for (const report::Cell& c : in_.cells) {
+      if (c.kind != "prepare") continue;
+      if (const v1::Job* job = JobOf(c.job_id)) {
+        for (const auto& [name, path] : job->outputs()) {
+          if (std::find(paths.begin(), paths.end(), path) == paths.end()) paths.push_back(path);
+        }
+      }
+    }
+    for (const std::string& path : paths) {
+      const std::string manifest = fs::is_directory(path) ? (fs::path(path) / "manifest.json").string() : path;
+      absl::StatusOr<json> j = ReadJson(manifest);
+      if (!j.ok()) {
+        in_.notes.push_back(absl::StrCat("corpus manifest ", j.status().message(), "; language roles are assumed"));
+        continue;
+      }
+      std::string error;
+      std::vector<report::Language> langs = report::CorpusLanguages(*j, &error);
+      if (!error.empty()) {
+        in_.notes.push_back(absl::StrCat(manifest, ": ", error, "; language roles are assumed"));
+        continue;
+      }
+      if (!in_.corpus_languages.empty()) {
+        in_.notes.push_back(absl::StrCat("several corpus manifests; using ", in_.corpus_path));
+        break;
+      }
+      in_.corpus_languages = std::move(langs);
+      in_.corpus_path = manifest;
+    }
+  }
+
+  void LoadFiles() {
+    int unreadable = 0;
+    for (const report::Cell& c : in_.cells) {
+      if (c.state != "SUCCEEDED") continue;
+      if (c.kind == "eval") {
+        const std::string path = OutputPath(c, "results");
+        if (path.empty()) continue;
+        absl::StatusOr<json> j = ReadJson(path);
+        if (j.ok()) {
+          in_.results[c.job_name] = std::move(*j);
+        } else {
+          ++unreadable;
+          in_.notes.push_back(absl::StrCat("results of ", c.job_name, ": ", j.status().message(),
+                                           " (the table uses its metric points)"));
+        }
+      } else if (c.kind == "analyze") {
+        for (const char* name : {"mask", "routing", "drift", "alignment", "selection"}) {
+          const std::string path = OutputPath(c, name);
+          if (path.empty()) continue;
+          absl::StatusOr<json> j = ReadJson(path);
+          if (!j.ok()) {
+            ++unreadable;
+            in_.notes.push_back(absl::StrCat(name, " of ", c.job_name, ": ", j.status().message()));
+            continue;
+          }
+          in_.analyses.push_back({c.job_name, name, path, std::move(*j)});
+        }
+      }
+    }
+    if (unreadable > 0) {
+      in_.notes.push_back(absl::StrCat(unreadable, " output file(s) could not be read where this command runs: "
+                                       "run it where the workers' storage root is mounted for the analysis plots"));
+    }
+  }
+
+  CoordinatorClient* client_;
+  const ReportCommandOptions& o_;
+  report::ReportInput in_;
+  std::map<std::string, v1::Job> jobs_;
+  std::vector<v1::Artifact> artifacts_;
+};
+
+absl::StatusOr<int> RunReport(const GlobalOptions& g, const ReportCommandOptions& o) {
+  std::string format = o.format;
+  if (format.empty()) format = g.format == OutputFormat::kJson ? "json" : g.format == OutputFormat::kCsv ? "csv" : "md";
+  if (format == "markdown") format = "md";
+  if (format != "md" && format != "html" && format != "csv" && format != "json") {
+    return UsageError(absl::StrCat("--format: '", o.format, "' is not md, html, csv or json"));
+  }
+  if (o.columns != "languages" && o.columns != "families") {
+    return UsageError(absl::StrCat("--columns: '", o.columns, "' is not languages or families"));
+  }
+  if (o.revision < 0) return UsageError("--revision must not be negative");
+  CoordinatorClient client(g.coordinator, g.timeout());
+  Gatherer gatherer(&client, o);
+  ASSIGN_OR_RETURN(report::ReportInput input, gatherer.Gather());
+  report::ReportOptions options;
+  options.metrics = o.metrics;
+  options.by_family = o.columns == "families";
+  const report::Report r = report::BuildReport(input, options);
+
+  if (o.out.empty()) {
+    if (format == "md") std::cout << report::RenderMarkdown(r, false);
+    if (format == "html") std::cout << report::RenderHtml(r);
+    if (format == "csv") std::cout << report::RenderCsv(r);
+    if (format == "json") std::cout << report::ReportToJson(r).dump(2) << "\n";
+    return 0;
+  }
+  const fs::path dir(o.out);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat(o.out, ": cannot create the directory: ", ec.message()));
+  std::vector<std::pair<std::string, std::string>> files = {
+      {"report.md", report::RenderMarkdown(r, true)},
+      {"report.html", report::RenderHtml(r)},
+      {"report.csv", report::RenderCsv(r)},
+      {"report.json", report::ReportToJson(r).dump(2) + "\n"}};
+  for (const report::Plot& p : r.plots) {
+    if (p.omitted.empty()) files.emplace_back(p.file, report::RenderSvg(p.svg, true));
+  }
+  for (const auto& [name, content] : files) RETURN_IF_ERROR(WriteFileAtomically(dir / name, content));
+  if (format == "md") {
+    std::cout << report::RenderMarkdown(r, true) << "\nwritten to " << o.out << ":";
+    for (const auto& [name, content] : files) std::cout << " " << name;
+    std::cout << "\nopen " << (dir / "report.html").string() << " in a browser\n";
+  } else if (format == "json") {
+    std::cout << report::ReportToJson(r).dump(2) << "\n";
+  } else if (format == "csv") {
+    std::cout << report::RenderCsv(r);
+  } else {
+    std::cout << (dir / "report.html").string() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+void AddReportCommand(CLI::App* app, const GlobalOptions* globals, Action* action) {
+  auto o = std::make_shared<ReportCommandOptions>();
+  CLI::App* sub = app->add_subcommand(
+      "report", "An experiment's study report: the results table with deltas, acquisition vs forgetting, plots");
+  sub->add_option("experiment", o->experiment, "experiment name")->required();
+  sub->add_option("--revision", o->revision, "revision (default: the latest)");
+  sub->add_option("--out", o->out, "write report.md, report.html, report.csv, report.json and the plots (SVG) here");
+  sub->add_option("--format", o->format, "what goes to stdout: md (default) | html | csv | json");
+  sub->add_option("--metric", o->metrics,
+                  "metrics to show (repeatable): a name (ppl, acc_norm), a column (bpb/ru), a glob, or all");
+  sub->add_option("--columns", o->columns, "languages (default) | families (mean over a family's languages)");
+  sub->footer(kFooter);
+  sub->callback([=] { *action = [=] { return RunReport(*globals, *o); }; });
+}
+
+}  // namespace stemma::cli
