@@ -192,6 +192,7 @@ absl::Status RunCommandChecks(const pb::Message& spec, const SpecChecker& checke
   if (name == "stemma.v1.UpcycleSpec") return CommandCheck<v1::UpcycleSpec>(spec, checker);
   if (name == "stemma.v1.EvalSpec") return CommandCheck<v1::EvalSpec>(spec, checker);
   if (name == "stemma.v1.AnalyzeSpec") return CommandCheck<v1::AnalyzeSpec>(spec, checker);
+  if (name == "stemma.v1.PrepareSpec") return CommandCheck<v1::PrepareSpec>(spec, checker);
   return absl::OkStatus();
 }
 

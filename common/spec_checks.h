@@ -7,6 +7,7 @@
 //   spec_checks_train.cc  init, tokenize, train
 //   spec_checks_merge.cc  merge, revert, interpolate, graft, upcycle
 //   spec_checks_eval.cc   eval, analyze
+//   spec_checks_data.cc   prepare
 #pragma once
 
 #include "absl/status/status.h"
@@ -31,5 +32,7 @@ absl::Status Check(const v1::UpcycleSpec& spec, const SpecChecker& checker);
 
 absl::Status Check(const v1::EvalSpec& spec, const SpecChecker& checker);
 absl::Status Check(const v1::AnalyzeSpec& spec, const SpecChecker& checker);
+
+absl::Status Check(const v1::PrepareSpec& spec, const SpecChecker& checker);  // spec_checks_data.cc
 
 }  // namespace stemma::spec_checks

@@ -27,6 +27,7 @@ constexpr const char* kUsage =
     "  verify   DIR                    check every file against the stemma.json manifest\n"
     "  tokenize --tokenizer DIR --input FILE... --format text|jsonl --language L --out DIR\n"
     "  every command that takes a spec: --spec FILE, --<field> VALUE, --help (stemma explain)\n"
+    "  prepare  --spec FILE            corpus from gettext catalogues and text (docs/corpus.md)\n"
     "  train    --spec FILE            continued pretraining (docs/train.md)\n"
     "  merge    --spec FILE            soup, task arithmetic, TIES, DARE (docs/merge.md)\n"
     "  revert | interpolate | graft | upcycle --spec FILE   checkpoint algebra (docs/merge.md)\n"
@@ -58,6 +59,7 @@ int Dispatch(int argc, char** argv) {
   if (command == "analyze") return stemma::engine::RunAnalyze(sub_argc, sub_argv);
   if (command == "inspect") return stemma::engine::RunInspect(sub_argc, sub_argv);
   if (command == "tokenize") return stemma::engine::RunTokenize(sub_argc, sub_argv);
+  if (command == "prepare") return stemma::engine::RunPrepare(sub_argc, sub_argv);
   if (command == "verify") return stemma::engine::RunVerify(sub_argc, sub_argv);
   std::fprintf(stderr, "stemma-engine: error: unknown command '%s' (try stemma-engine --help)\n",
                argv[1]);

@@ -257,7 +257,8 @@ TEST(EngineSpec, DefaultsFillOnlyWhatIsUnset) {
 
 TEST(EngineSpec, CommandsAndTheirSpecsComeFromTheJobKinds) {
   const std::vector<std::string> expected = {"init", "tokenize", "train", "merge", "revert",
-                                             "interpolate", "graft", "upcycle", "eval", "analyze"};
+                                             "interpolate", "graft", "upcycle", "eval", "analyze",
+                                             "prepare"};
   EXPECT_EQ(EngineCommands(), expected);
   for (const std::string& c : expected) {
     ASSERT_NE(EngineSpecDescriptor(c), nullptr) << c;

@@ -11,4 +11,8 @@ namespace stemma::engine {
 // Writes a token dataset (docs/data-format.md) and prints start, output and done events.
 int RunTokenize(int argc, char** argv);
 
+// stemma-engine prepare --spec FILE (stemma.v1.PrepareSpec, docs/engine/prepare.md): a prepared
+// corpus directory (docs/corpus.md); prints start, progress, output and done events.
+int RunPrepare(int argc, char** argv);
+
 }  // namespace stemma::engine

@@ -80,6 +80,15 @@ bool IsTokenDatasetDir(const std::string& dir) {
          absl::StartsWith(j["format"].get<std::string>(), "stemma-tokens");
 }
 
+// A prepared corpus (`stemma-engine prepare`): manifest.json with format stemma.corpus/*.
+bool IsCorpusDir(const std::string& dir) {
+  auto text = ReadFile(dir + "/manifest.json");
+  if (!text.ok()) return false;
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+  return j.is_object() && j.contains("format") && j["format"].is_string() &&
+         absl::StartsWith(j["format"].get<std::string>(), "stemma.corpus/");
+}
+
 }  // namespace
 
 void CrashPointForTest(absl::string_view point) {
@@ -118,6 +127,7 @@ absl::Status CheckReplaceable(const std::string& out_in) {
         absl::StrCat(out, ": its ", kManifestName, " is not a Stemma manifest; refusing to overwrite"));
   }
   if (IsTokenDatasetDir(out)) return absl::OkStatus();
+  if (IsCorpusDir(out)) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat(out, ": has no ", kManifestName, ", so Stemma did not write it; overwrite "
                         "replaces only a checkpoint or dataset directory that Stemma wrote (remove it "

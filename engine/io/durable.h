@@ -29,9 +29,9 @@ namespace stemma::engine::io {
 std::string StagingDirFor(const std::string& out);
 
 // OK when `out` is missing, or is a directory that `overwrite` may replace: one holding a
-// stemma.json manifest that parses, or a token dataset (index.json with format
-// stemma-tokens-*). FailedPrecondition naming `out` otherwise (a regular file, a symlink,
-// any other directory).
+// stemma.json manifest that parses, a token dataset (index.json with format
+// stemma-tokens-*), or a prepared corpus (manifest.json with format stemma.corpus/*).
+// FailedPrecondition naming `out` otherwise (a regular file, a symlink, any other directory).
 absl::Status CheckReplaceable(const std::string& out);
 
 // Before any work: AlreadyExists when `out` exists and !overwrite; FailedPrecondition when

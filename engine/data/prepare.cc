@@ -1,0 +1,863 @@
+#include "engine/data/prepare.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/engine_spec.h"
+#include "common/status.h"
+#include "engine/data/corpus_text.h"
+#include "engine/data/mo_file.h"
+#include "engine/io/durable.h"
+#include "engine/io/fs.h"
+#include "engine/io/sha256.h"
+
+namespace stemma::engine::data {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Salts of the hashes, so that the reserved-pair, held-out, order and suite decisions are
+// independent of each other.
+constexpr char kSaltEval[] = "eval";
+constexpr char kSaltHeldout[] = "heldout";
+constexpr char kSaltOrder[] = "order";
+
+std::string Dump(const Json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
+}
+
+// splitmix64: the seeded draws of mixtures and suites (fully specified, unlike the
+// standard library's distributions).
+class SplitMix {
+ public:
+  explicit SplitMix(uint64_t seed) : state_(seed) {}
+  uint64_t Next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  uint64_t Below(uint64_t n) { return n == 0 ? 0 : Next() % n; }
+
+ private:
+  uint64_t state_;
+};
+
+struct Pair {
+  std::string en, tgt;
+};
+
+struct Stats {
+  int64_t strings = 0;           // source strings read (msgstrs, lines, JSONL records)
+  int64_t untranslated = 0;      // gettext entries without a translation
+  int64_t invalid_utf8 = 0;
+  int64_t too_short = 0;
+  int64_t no_letters = 0;
+  int64_t duplicates = 0;
+  int64_t reserved_excluded = 0;  // a side of an evaluation pair
+  int64_t train_overlap_excluded = 0;  // held_out language: a string trained on elsewhere
+  int64_t budget_dropped = 0;
+  Json ToJson() const {
+    return {{"strings", strings},           {"untranslated", untranslated},
+            {"invalid_utf8", invalid_utf8}, {"too_short", too_short},
+            {"no_letters", no_letters},     {"duplicates", duplicates},
+            {"reserved_excluded", reserved_excluded},
+            {"train_overlap_excluded", train_overlap_excluded},
+            {"budget_dropped", budget_dropped}};
+  }
+};
+
+struct Language {
+  const v1::CorpusLanguage* spec = nullptr;
+  int index = 0;
+  std::string name;  // display name
+  bool base = false, held_out = false;
+  std::vector<Pair> pairs;         // gettext pairs in read order (normalised, both sides kept)
+  std::vector<std::string> docs;   // documents in read order (normalised, before dedup)
+  std::vector<std::string> train, heldout;  // final texts, in hash order
+  std::vector<Pair> reserved;      // evaluation pairs, in hash order of the English side
+  Stats stats;
+  Json sources = Json::array();
+};
+
+void Count(DropReason reason, Stats* stats) {
+  if (reason == DropReason::kInvalidUtf8) ++stats->invalid_utf8;
+  if (reason == DropReason::kTooShort) ++stats->too_short;
+  if (reason == DropReason::kNoLetters) ++stats->no_letters;
+}
+
+bool IsDirectory(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+absl::StatusOr<std::vector<std::string>> MoFiles(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return ErrnoStatus("open directory " + dir, errno);
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (absl::EndsWith(name, ".mo")) names.push_back(name);
+  }
+  ::closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool Utf8Charset(const std::string& charset) {
+  const std::string c = absl::AsciiStrToLower(charset);
+  return c.empty() || c == "utf-8" || c == "utf8" || c == "ascii" || c == "us-ascii" || c == "charset";
+}
+
+// A normaliser that remembers: the same msgid appears in the catalogues of every language.
+class Normalizer {
+ public:
+  explicit Normalizer(NormalizeOptions options) : options_(std::move(options)) {}
+  const NormalizedText& operator()(const std::string& raw) {
+    auto it = cache_.find(raw);
+    if (it != cache_.end()) return it->second;
+    return cache_.emplace(raw, NormalizeCorpusText(raw, options_)).first->second;
+  }
+  NormalizedText Once(std::string_view raw) const { return NormalizeCorpusText(raw, options_); }
+
+ private:
+  NormalizeOptions options_;
+  std::unordered_map<std::string, NormalizedText> cache_;
+};
+
+class Preparer {
+ public:
+  Preparer(const v1::PrepareSpec& spec, const std::function<void(double, const std::string&)>& progress)
+      : spec_(spec),
+        progress_(progress),
+        english_(NormalizeOptions{spec.placeholder(), spec.min_chars()}),
+        target_(NormalizeOptions{spec.placeholder(), spec.min_chars()}) {}
+
+  absl::StatusOr<PrepareSummary> Run();
+
+ private:
+  void Progress(double fraction, const std::string& message) const {
+    if (progress_) progress_(fraction, message);
+  }
+  absl::Status ReadSources();
+  absl::Status ReadGettext(Language* l, const std::string& root, const std::string& field);
+  absl::Status ReadText(Language* l, const std::string& path, const std::string& field);
+  absl::Status ReadJsonl(Language* l, const std::string& path, const std::string& json_field,
+                         const std::string& field);
+  void AddDocument(Language* l, std::string_view raw);
+  void Reserve();
+  void Split();
+  void Mixtures();
+  void Suites();
+  absl::StatusOr<PrepareSummary> Write();
+  void AddFile(const std::string& path, std::string contents) { files_[path] = std::move(contents); }
+
+  const v1::PrepareSpec& spec_;
+  const std::function<void(double, const std::string&)>& progress_;
+  Normalizer english_, target_;
+  std::vector<Language> languages_;
+  Language* base_ = nullptr;
+  std::set<std::string> gettext_english_;     // every normalised msgid kept
+  std::unordered_set<std::string> excluded_;  // both sides of every reserved pair
+  std::map<std::string, std::string> files_;  // path in the corpus -> contents
+  Json mixtures_ = Json::array();
+  Json suites_ = Json::array();
+};
+
+void Preparer::AddDocument(Language* l, std::string_view raw) {
+  ++l->stats.strings;
+  NormalizedText n = target_.Once(raw);
+  if (n.reason != DropReason::kKept) {
+    Count(n.reason, &l->stats);
+    return;
+  }
+  l->docs.push_back(std::move(n.text));
+}
+
+absl::Status Preparer::ReadGettext(Language* l, const std::string& root, const std::string& field) {
+  if (!IsDirectory(root)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", root, ": no such directory (the gettext root)"));
+  }
+  std::vector<std::string> locales(l->spec->locales().begin(), l->spec->locales().end());
+  if (locales.empty()) locales.push_back(l->spec->code());
+  for (const std::string& locale : locales) {
+    const std::string dir = absl::StrCat(root, "/", locale, "/LC_MESSAGES");
+    if (!IsDirectory(dir)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": ", dir, ": no such directory (no gettext catalogues for '", locale, "' under ", root, ")"));
+    }
+    ASSIGN_OR_RETURN(std::vector<std::string> names, MoFiles(dir));
+    std::string listing;
+    int64_t entries = 0, kept_pairs = 0;
+    Json skipped = Json::array();
+    for (const std::string& name : names) {
+      const std::string path = absl::StrCat(dir, "/", name);
+      ASSIGN_OR_RETURN(std::string bytes, io::ReadFile(path));
+      absl::StrAppend(&listing, io::Sha256Hex(bytes), "  ", name, "\n");
+      absl::StatusOr<MoCatalogue> cat = ParseMoFile(bytes, path);
+      if (!cat.ok()) return cat.status();
+      if (!Utf8Charset(cat->charset)) {
+        // Debian's catalogues are UTF-8; one in another charset is left out, and said so.
+        skipped.push_back({{"file", name}, {"charset", cat->charset}});
+        continue;
+      }
+      l->stats.untranslated += cat->untranslated;
+      entries += static_cast<int64_t>(cat->entries.size());
+      for (const MoEntry& e : cat->entries) {
+        ++l->stats.strings;
+        const NormalizedText& en = english_(e.msgid);
+        NormalizedText tgt = target_.Once(e.msgstr);
+        if (en.reason == DropReason::kKept) gettext_english_.insert(en.text);
+        if (tgt.reason != DropReason::kKept) {
+          Count(tgt.reason, &l->stats);
+          continue;
+        }
+        if (l->base) {
+          l->docs.push_back(std::move(tgt.text));
+          continue;
+        }
+        if (en.reason == DropReason::kKept && en.text == tgt.text) {
+          ++l->stats.untranslated;  // identical once normalised
+          continue;
+        }
+        l->docs.push_back(tgt.text);
+        if (en.reason == DropReason::kKept) {
+          l->pairs.push_back({en.text, std::move(tgt.text)});
+          ++kept_pairs;
+        }
+      }
+    }
+    Json source = {{"type", "gettext"},
+                   {"root", root},
+                   {"locale", locale},
+                   {"catalogues", names.size()},
+                   {"catalogues_sha256", io::Sha256Hex(listing)},
+                   {"entries", entries},
+                   {"pairs", kept_pairs}};
+    if (!skipped.empty()) source["skipped"] = skipped;
+    l->sources.push_back(std::move(source));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Preparer::ReadText(Language* l, const std::string& path, const std::string& field) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": cannot open the file"));
+  std::string line, all;
+  while (std::getline(in, line)) {
+    absl::StrAppend(&all, line, "\n");
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    AddDocument(l, line);
+  }
+  l->sources.push_back({{"type", "text"}, {"path", path}, {"sha256", io::Sha256Hex(all)}});
+  return absl::OkStatus();
+}
+
+absl::Status Preparer::ReadJsonl(Language* l, const std::string& path, const std::string& json_field,
+                                 const std::string& field) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": cannot open the file"));
+  std::string line, all;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    absl::StrAppend(&all, line, "\n");
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = absl::StrCat(path, ":", number);
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object (", field, ")"));
+    }
+    auto it = j.find(json_field);
+    if (it == j.end()) return absl::InvalidArgumentError(absl::StrCat(where, ": field '", json_field, "' missing"));
+    if (!it->is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": field '", json_field, "' is ", it->type_name(), ", not a string"));
+    }
+    AddDocument(l, it->get<std::string>());
+  }
+  l->sources.push_back({{"type", "jsonl"}, {"path", path}, {"field", json_field}, {"sha256", io::Sha256Hex(all)}});
+  return absl::OkStatus();
+}
+
+absl::Status Preparer::ReadSources() {
+  languages_.resize(spec_.languages_size());
+  for (int i = 0; i < spec_.languages_size(); ++i) {
+    Language& l = languages_[i];
+    l.spec = &spec_.languages(i);
+    l.index = i;
+    l.name = l.spec->name().empty() ? l.spec->code() : l.spec->name();
+    l.base = l.spec->role() == "base";
+    l.held_out = l.spec->role() == "held_out";
+    if (l.base) base_ = &l;
+  }
+  if (base_ == nullptr) return absl::InvalidArgumentError("languages: no language has role base");
+  for (size_t i = 0; i < languages_.size(); ++i) {
+    Language& l = languages_[i];
+    const v1::CorpusLanguage& s = *l.spec;
+    const std::string at = absl::StrCat("languages[", i, "]");
+    Progress(0.6 * static_cast<double>(i) / languages_.size(), absl::StrCat("reading ", s.code()));
+    const bool own = !s.gettext().empty() || s.text_size() > 0 || s.jsonl_size() > 0;
+    if (!s.gettext().empty()) {
+      RETURN_IF_ERROR(ReadGettext(&l, s.gettext(), at + ".gettext"));
+    } else if (!own && !l.base && !spec_.gettext().empty()) {
+      RETURN_IF_ERROR(ReadGettext(&l, spec_.gettext(), "gettext"));
+    } else if (!own && !l.base) {
+      return absl::InvalidArgumentError(absl::StrCat(at, ".code: language '", s.code(),
+                                                     "' has no source: set its gettext, text or jsonl"));
+    }
+    for (int k = 0; k < s.text_size(); ++k) {
+      RETURN_IF_ERROR(ReadText(&l, s.text(k), absl::StrCat(at, ".text[", k, "]")));
+    }
+    for (int k = 0; k < s.jsonl_size(); ++k) {
+      RETURN_IF_ERROR(ReadJsonl(&l, s.jsonl(k).path(), s.jsonl(k).field(), absl::StrCat(at, ".jsonl[", k, "]")));
+    }
+  }
+  // The base language's documents: every gettext msgid read, then its own sources.
+  std::vector<std::string> docs(gettext_english_.begin(), gettext_english_.end());
+  docs.insert(docs.end(), std::make_move_iterator(base_->docs.begin()), std::make_move_iterator(base_->docs.end()));
+  base_->docs = std::move(docs);
+  if (!gettext_english_.empty()) {
+    base_->sources.push_back({{"type", "gettext msgids"}, {"strings", gettext_english_.size()}});
+  }
+  return absl::OkStatus();
+}
+
+// Evaluation pairs: the distinct English gettext strings whose hash falls under
+// eval_fraction, with each language's first translation of them.
+void Preparer::Reserve() {
+  std::unordered_set<std::string> reserved_english;
+  for (const std::string& en : gettext_english_) {
+    if (CorpusHashFraction(spec_.split_seed(), kSaltEval, en) < spec_.eval_fraction()) reserved_english.insert(en);
+  }
+  excluded_.insert(reserved_english.begin(), reserved_english.end());
+  for (Language& l : languages_) {
+    if (l.base) continue;
+    std::unordered_set<std::string> seen;
+    for (Pair& p : l.pairs) {
+      if (!seen.insert(p.en).second) continue;  // pairs are deduplicated on the English side
+      if (reserved_english.count(p.en) > 0) l.reserved.push_back(p);
+    }
+    std::sort(l.reserved.begin(), l.reserved.end(), [&](const Pair& a, const Pair& b) {
+      const uint64_t ha = CorpusHash(spec_.split_seed(), kSaltOrder, a.en);
+      const uint64_t hb = CorpusHash(spec_.split_seed(), kSaltOrder, b.en);
+      return ha != hb ? ha < hb : a.en < b.en;
+    });
+    for (const Pair& p : l.reserved) excluded_.insert(p.tgt);
+  }
+}
+
+// Deduplicates each language's documents, drops the excluded ones, splits the rest by hash,
+// and applies the budgets. A document's split depends only on its text, so a string shared
+// by two languages lands on the same side in both; a held_out language's text loses every
+// string trained on elsewhere.
+void Preparer::Split() {
+  auto order = [&](std::vector<std::string>* docs) {
+    std::vector<std::pair<uint64_t, std::string>> keyed;
+    keyed.reserve(docs->size());
+    for (std::string& d : *docs) keyed.emplace_back(CorpusHash(spec_.split_seed(), kSaltOrder, d), std::move(d));
+    std::sort(keyed.begin(), keyed.end());
+    docs->clear();
+    for (auto& [h, d] : keyed) docs->push_back(std::move(d));
+  };
+  auto budget = [](std::vector<std::string>* docs, int64_t limit, Stats* stats) {
+    if (limit <= 0) return;
+    int64_t bytes = 0;
+    size_t keep = 0;
+    while (keep < docs->size() && bytes + static_cast<int64_t>((*docs)[keep].size()) + 1 <= limit) {
+      bytes += static_cast<int64_t>((*docs)[keep].size()) + 1;
+      ++keep;
+    }
+    stats->budget_dropped += static_cast<int64_t>(docs->size() - keep);
+    docs->resize(keep);
+  };
+  std::unordered_set<std::string> trained;
+  for (Language& l : languages_) {
+    std::unordered_set<std::string> seen;
+    std::vector<std::string> unique;
+    for (std::string& d : l.docs) {
+      if (!seen.insert(d).second) {
+        ++l.stats.duplicates;
+        continue;
+      }
+      if (excluded_.count(d) > 0) {
+        ++l.stats.reserved_excluded;
+        continue;
+      }
+      unique.push_back(std::move(d));
+    }
+    l.docs.clear();
+    l.docs.shrink_to_fit();
+    if (l.held_out) {
+      l.heldout = std::move(unique);
+      continue;
+    }
+    for (std::string& d : unique) {
+      if (CorpusHashFraction(spec_.split_seed(), kSaltHeldout, d) < spec_.heldout_fraction()) {
+        l.heldout.push_back(std::move(d));
+      } else {
+        l.train.push_back(std::move(d));
+      }
+    }
+    order(&l.train);
+    order(&l.heldout);
+    budget(&l.train, l.spec->budget_bytes(), &l.stats);
+    trained.insert(l.train.begin(), l.train.end());
+  }
+  for (Language& l : languages_) {
+    if (!l.held_out) continue;
+    std::vector<std::string> kept;
+    for (std::string& d : l.heldout) {
+      if (trained.count(d) > 0) {
+        ++l.stats.train_overlap_excluded;
+      } else {
+        kept.push_back(std::move(d));
+      }
+    }
+    l.heldout = std::move(kept);
+    order(&l.heldout);
+    budget(&l.heldout, l.spec->budget_bytes(), &l.stats);
+  }
+}
+
+std::string Lines(const std::vector<std::string>& docs) {
+  size_t size = 0;
+  for (const auto& d : docs) size += d.size() + 1;
+  std::string out;
+  out.reserve(size);
+  for (const auto& d : docs) {
+    out.append(d);
+    out.push_back('\n');
+  }
+  return out;
+}
+
+int64_t Bytes(const std::vector<std::string>& docs) {
+  int64_t n = 0;
+  for (const auto& d : docs) n += static_cast<int64_t>(d.size()) + 1;
+  return n;
+}
+
+void Preparer::Mixtures() {
+  std::map<std::string, const Language*> by_code;
+  for (const Language& l : languages_) by_code[l.spec->code()] = &l;
+  for (const v1::CorpusMixture& m : spec_.mixtures()) {
+    std::vector<const Language*> members;
+    std::vector<double> weights;
+    for (const std::string& code : m.languages()) {
+      const Language* l = by_code.at(code);
+      members.push_back(l);
+      const double n = static_cast<double>(Bytes(l->train));
+      weights.push_back(n > 0 ? std::pow(n, 1.0 / m.temperature()) : 0.0);
+    }
+    double total_weight = 0;
+    for (double w : weights) total_weight += w;
+    std::vector<size_t> next(members.size(), 0);
+    std::vector<int64_t> taken(members.size(), 0), taken_docs(members.size(), 0);
+    SplitMix rng(CorpusHash(m.seed(), "mixture", m.name()));
+    std::string text;
+    int64_t bytes = 0;
+    for (;;) {
+      double live = 0;
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (next[i] < members[i]->train.size()) live += weights[i];
+      }
+      if (live <= 0) break;
+      double u = rng.Uniform() * live;
+      size_t pick = members.size();
+      for (size_t i = 0; i < members.size(); ++i) {
+        if (next[i] >= members[i]->train.size() || weights[i] <= 0) continue;
+        pick = i;
+        if (u < weights[i]) break;
+        u -= weights[i];
+      }
+      const std::string& doc = members[pick]->train[next[pick]];
+      const int64_t size = static_cast<int64_t>(doc.size()) + 1;
+      if (m.budget_bytes() > 0 && bytes + size > m.budget_bytes()) break;
+      ++next[pick];
+      text.append(doc);
+      text.push_back('\n');
+      bytes += size;
+      taken[pick] += size;
+      ++taken_docs[pick];
+    }
+    Json per = Json::array();
+    for (size_t i = 0; i < members.size(); ++i) {
+      per.push_back({{"language", members[i]->spec->code()},
+                     {"probability", total_weight > 0 ? weights[i] / total_weight : 0.0},
+                     {"train_bytes", Bytes(members[i]->train)},
+                     {"bytes", taken[i]},
+                     {"documents", taken_docs[i]}});
+    }
+    const std::string path = absl::StrCat("mix/", m.name(), ".txt");
+    mixtures_.push_back({{"name", m.name()},
+                         {"file", path},
+                         {"temperature", m.temperature()},
+                         {"budget_bytes", m.budget_bytes()},
+                         {"seed", m.seed()},
+                         {"bytes", bytes},
+                         {"languages", per}});
+    AddFile(path, std::move(text));
+  }
+}
+
+// The positions of up to three distractors for item `self` of `pool` (sorted by length):
+// drawn from its neighbours in length, distinct from it and from each other by `text`.
+std::vector<size_t> Distractors(const std::vector<std::string>& texts, const std::vector<size_t>& by_length,
+                                size_t position, SplitMix* rng) {
+  const std::string& self = texts[by_length[position]];
+  for (size_t radius = 8; radius <= by_length.size() + 8; radius *= 2) {
+    const size_t lo = position >= radius ? position - radius : 0;
+    const size_t hi = std::min(by_length.size(), position + radius + 1);
+    std::vector<size_t> window;
+    std::set<std::string> distinct;
+    for (size_t p = lo; p < hi; ++p) {
+      const std::string& t = texts[by_length[p]];
+      if (p != position && t != self && distinct.insert(t).second) window.push_back(by_length[p]);
+    }
+    if (window.size() < 3 && hi - lo < by_length.size()) continue;
+    if (window.size() < 3) return {};
+    std::vector<size_t> picked;
+    for (int k = 0; k < 3; ++k) {
+      const size_t at = k + rng->Below(window.size() - k);
+      std::swap(window[k], window[at]);
+      picked.push_back(window[k]);
+    }
+    return picked;
+  }
+  return {};
+}
+
+std::vector<size_t> ByLength(const std::vector<std::string>& texts) {
+  std::vector<size_t> order(texts.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const int64_t la = CodePoints(texts[a]), lb = CodePoints(texts[b]);
+    return la != lb ? la < lb : texts[a] < texts[b];
+  });
+  return order;
+}
+
+std::vector<std::string> Words(const std::string& text) {
+  std::vector<std::string> words;
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t end = text.find(' ', i);
+    words.push_back(text.substr(i, end == std::string::npos ? std::string::npos : end - i));
+    if (end == std::string::npos) break;
+    i = end + 1;
+  }
+  return words;
+}
+
+void Preparer::Suites() {
+  const v1::CorpusSuites& options = spec_.suites();
+  const uint64_t seed = options.seed();
+  auto record = [&](const std::string& name, const std::string& suite, const std::string& version,
+                    const Language& l, const std::string& format, const std::string& text, int64_t examples) {
+    const std::string path = absl::StrCat("suites/", name, ".jsonl");
+    suites_.push_back({{"name", name},
+                       {"suite", suite},
+                       {"version", version},
+                       {"language", l.spec->code()},
+                       {"file", path},
+                       {"sha256", io::Sha256Hex(text)},
+                       {"examples", examples},
+                       {"format", format}});
+    AddFile(path, text);
+  };
+  // Translation choice: the English sentence as the passage, four candidates in the language.
+  for (const Language& l : languages_) {
+    if (l.base) continue;
+    std::vector<const Pair*> pool;
+    for (const Pair& p : l.reserved) {
+      if (CodePoints(p.en) <= options.max_chars() && CodePoints(p.tgt) <= options.max_chars()) pool.push_back(&p);
+    }
+    if (pool.size() < 4) continue;
+    std::vector<std::string> texts;
+    for (const Pair* p : pool) texts.push_back(p->tgt);
+    const std::vector<size_t> by_length = ByLength(texts);
+    std::vector<size_t> position(pool.size());
+    for (size_t p = 0; p < by_length.size(); ++p) position[by_length[p]] = p;
+    std::vector<size_t> chosen(pool.size());
+    for (size_t i = 0; i < chosen.size(); ++i) chosen[i] = i;
+    std::sort(chosen.begin(), chosen.end(), [&](size_t a, size_t b) {
+      const uint64_t ha = CorpusHash(seed, "translation_choice", pool[a]->en);
+      const uint64_t hb = CorpusHash(seed, "translation_choice", pool[b]->en);
+      return ha != hb ? ha < hb : pool[a]->en < pool[b]->en;
+    });
+    std::string text;
+    int64_t examples = 0;
+    const std::string question = absl::StrCat("Which sentence is the translation of the passage into ", l.name, "?");
+    for (size_t i : chosen) {
+      if (examples == options.examples()) break;
+      SplitMix rng(CorpusHash(seed, absl::StrCat("translation_choice/", l.spec->code()), pool[i]->en));
+      std::vector<size_t> distractors = Distractors(texts, by_length, position[i], &rng);
+      if (distractors.size() < 3) continue;
+      const int64_t gold = static_cast<int64_t>(rng.Below(4));
+      std::vector<std::string> answers;
+      for (size_t d : distractors) answers.push_back(texts[d]);
+      answers.insert(answers.begin() + gold, pool[i]->tgt);
+      Json row = {{"id", absl::StrCat(l.spec->code(), "-", absl::Hex(CorpusHash(0, "id", pool[i]->en), absl::kZeroPad16))},
+                  {"language", l.spec->code()},
+                  {"flores_passage", pool[i]->en},
+                  {"question", question},
+                  {"mc_answer1", answers[0]},
+                  {"mc_answer2", answers[1]},
+                  {"mc_answer3", answers[2]},
+                  {"mc_answer4", answers[3]},
+                  {"correct_answer_num", std::to_string(gold + 1)}};
+      absl::StrAppend(&text, Dump(row), "\n");
+      ++examples;
+    }
+    if (examples > 0) {
+      record(absl::StrCat("translation_choice_", l.spec->code()), "translation_choice", kTranslationChoiceVersion, l,
+             "belebele", text, examples);
+    }
+  }
+  // Continuation: the first half of a held-out sentence, its true end and three others.
+  for (const Language& l : languages_) {
+    struct Item {
+      std::string context, ending;
+    };
+    std::vector<Item> pool;
+    for (const std::string& d : l.heldout) {
+      if (CodePoints(d) > options.max_chars()) continue;
+      const std::vector<std::string> words = Words(d);
+      if (static_cast<int64_t>(words.size()) < options.min_words()) continue;
+      const size_t cut = words.size() / 2;
+      Item item;
+      for (size_t w = 0; w < words.size(); ++w) {
+        std::string& side = w < cut ? item.context : item.ending;
+        if (!side.empty()) side.push_back(' ');
+        side.append(words[w]);
+      }
+      pool.push_back(std::move(item));
+    }
+    if (pool.size() < 4) continue;
+    std::vector<std::string> endings;
+    for (const Item& item : pool) endings.push_back(item.ending);
+    const std::vector<size_t> by_length = ByLength(endings);
+    std::vector<size_t> position(pool.size());
+    for (size_t p = 0; p < by_length.size(); ++p) position[by_length[p]] = p;
+    const std::string salt = l.base ? "general" : "continuation";
+    std::vector<size_t> chosen(pool.size());
+    for (size_t i = 0; i < chosen.size(); ++i) chosen[i] = i;
+    auto key = [&](size_t i) { return pool[i].context + " " + pool[i].ending; };
+    std::sort(chosen.begin(), chosen.end(), [&](size_t a, size_t b) {
+      const uint64_t ha = CorpusHash(seed, salt, key(a)), hb = CorpusHash(seed, salt, key(b));
+      return ha != hb ? ha < hb : key(a) < key(b);
+    });
+    std::string text;
+    int64_t examples = 0;
+    for (size_t i : chosen) {
+      if (examples == options.examples()) break;
+      SplitMix rng(CorpusHash(seed, absl::StrCat(salt, "/", l.spec->code()), key(i)));
+      std::vector<size_t> distractors = Distractors(endings, by_length, position[i], &rng);
+      if (distractors.size() < 3) continue;
+      const int64_t gold = static_cast<int64_t>(rng.Below(4));
+      std::vector<std::string> solutions;
+      for (size_t d : distractors) solutions.push_back(endings[d]);
+      solutions.insert(solutions.begin() + gold, pool[i].ending);
+      Json row = {{"id", absl::StrCat(l.spec->code(), "-", absl::Hex(CorpusHash(0, "id", key(i)), absl::kZeroPad16))},
+                  {"language", l.spec->code()},
+                  {"prompt", pool[i].context},
+                  {"solution0", solutions[0]},
+                  {"solution1", solutions[1]},
+                  {"solution2", solutions[2]},
+                  {"solution3", solutions[3]},
+                  {"label", gold}};
+      absl::StrAppend(&text, Dump(row), "\n");
+      ++examples;
+    }
+    if (examples == 0) continue;
+    if (l.base) {
+      record(absl::StrCat("general_", l.spec->code()), "general", kGeneralVersion, l, "global_piqa", text, examples);
+    } else {
+      record(absl::StrCat("continuation_", l.spec->code()), "continuation", kContinuationVersion, l, "global_piqa",
+             text, examples);
+    }
+  }
+  Json index = {{"format", "stemma.suites/1"},
+                {"versions",
+                 {{"translation_choice", kTranslationChoiceVersion},
+                  {"continuation", kContinuationVersion},
+                  {"general", kGeneralVersion},
+                  {"pairs", kPairsVersion}}},
+                {"suites", suites_}};
+  AddFile("suites/suites.json", Dump(index, 2) + "\n");
+}
+
+int64_t LineCount(const std::string& text) {
+  return static_cast<int64_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+absl::StatusOr<PrepareSummary> Preparer::Write() {
+  PrepareSummary summary;
+  summary.out = spec_.out();
+  Json languages = Json::array();
+  for (const Language& l : languages_) {
+    const std::string& code = l.spec->code();
+    Json files = Json::object();
+    Json entry = {{"code", code},
+                  {"family", l.spec->family()},
+                  {"role", l.spec->role()},
+                  {"name", l.name},
+                  {"budget_bytes", l.spec->budget_bytes()}};
+    Json sizes = {{"code", code}, {"role", l.spec->role()}};
+    if (!l.held_out) {
+      const std::string path = absl::StrCat("train/", code, ".txt");
+      AddFile(path, Lines(l.train));
+      files["train"] = path;
+      sizes["train_bytes"] = Bytes(l.train);
+      sizes["train_lines"] = l.train.size();
+    }
+    {
+      const std::string path = absl::StrCat("heldout/", code, ".txt");
+      AddFile(path, Lines(l.heldout));
+      files["heldout"] = path;
+      sizes["heldout_bytes"] = Bytes(l.heldout);
+      sizes["heldout_lines"] = l.heldout.size();
+    }
+    if (!l.base && !l.reserved.empty()) {
+      const std::string path = absl::StrCat("pairs/", base_->spec->code(), "-", code, ".jsonl");
+      std::string text;
+      for (const Pair& p : l.reserved) {
+        Json row = {{"id", absl::StrCat(code, "-", absl::Hex(CorpusHash(0, "id", p.en), absl::kZeroPad16))},
+                    {"src", p.en},
+                    {"tgt", p.tgt}};
+        absl::StrAppend(&text, Dump(row), "\n");
+      }
+      AddFile(path, std::move(text));
+      files["pairs"] = path;
+    }
+    sizes["pairs"] = l.reserved.size();
+    for (const auto& s : suites_) {
+      if (s["language"] == code) files[s["suite"].get<std::string>()] = s["file"];
+    }
+    entry["files"] = files;
+    entry["counts"] = l.stats.ToJson();
+    entry["counts"]["train_documents"] = l.train.size();
+    entry["counts"]["heldout_documents"] = l.heldout.size();
+    entry["counts"]["gettext_pairs"] = l.pairs.size();
+    entry["counts"]["reserved_pairs"] = l.reserved.size();
+    entry["sources"] = l.sources;
+    languages.push_back(std::move(entry));
+    summary.languages.push_back(std::move(sizes));
+  }
+
+  Json files = Json::array();
+  std::string listing;
+  int64_t bytes = 0;
+  for (const auto& [path, contents] : files_) {
+    const std::string sha = io::Sha256Hex(contents);
+    files.push_back({{"path", path}, {"bytes", contents.size()}, {"lines", LineCount(contents)}, {"sha256", sha}});
+    absl::StrAppend(&listing, sha, "  ", path, "\n");
+    bytes += static_cast<int64_t>(contents.size());
+  }
+  // The parameters that made it: the spec without where it was written.
+  v1::PrepareSpec parameters = spec_;
+  parameters.clear_out();
+  parameters.clear_overwrite();
+  Json manifest = {{"format", kCorpusFormat},
+                   {"content_hash", io::Sha256Hex(listing)},
+                   {"content_hash_of", "sha256 of the sorted \"<sha256>  <path>\\n\" lines of files"},
+                   {"base", base_->spec->code()},
+                   {"languages", languages},
+                   {"files", files},
+                   {"mixtures", mixtures_},
+                   {"suites", {{"translation_choice", kTranslationChoiceVersion},
+                               {"continuation", kContinuationVersion},
+                               {"general", kGeneralVersion},
+                               {"pairs", kPairsVersion}}},
+                   {"normalisation", "normalise@1"},
+                   {"parameters", Json::parse(SpecToJson(parameters))}};
+  const std::string manifest_text = Dump(manifest, 2) + "\n";
+  summary.content_hash = manifest["content_hash"];
+  summary.manifest_sha256 = io::Sha256Hex(manifest_text);
+  summary.bytes = bytes + static_cast<int64_t>(manifest_text.size());
+
+  ASSIGN_OR_RETURN(std::string staging, io::CreateStagingDir(spec_.out(), spec_.overwrite()));
+  auto write_all = [&]() -> absl::Status {
+    std::set<std::string> dirs;
+    for (const auto& [path, contents] : files_) {
+      const size_t slash = path.rfind('/');
+      if (slash != std::string::npos) {
+        const std::string dir = absl::StrCat(staging, "/", path.substr(0, slash));
+        if (dirs.insert(dir).second && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+          return ErrnoStatus("mkdir " + dir, errno);
+        }
+      }
+      RETURN_IF_ERROR(io::WriteFileSynced(absl::StrCat(staging, "/", path), contents));
+    }
+    for (const std::string& dir : dirs) RETURN_IF_ERROR(io::SyncDir(dir));
+    RETURN_IF_ERROR(io::WriteFileSynced(staging + "/manifest.json", manifest_text));
+    return io::PublishDir(staging, spec_.out(), spec_.overwrite());
+  };
+  if (absl::Status s = write_all(); !s.ok()) {
+    io::RemoveTree(staging).IgnoreError();
+    return s;
+  }
+  return summary;
+}
+
+absl::StatusOr<PrepareSummary> Preparer::Run() {
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(ReadSources());
+  Progress(0.6, "reserving evaluation pairs");
+  Reserve();
+  Progress(0.7, "splitting");
+  Split();
+  Progress(0.8, "mixtures and suites");
+  Mixtures();
+  Suites();
+  Progress(0.9, "writing");
+  ASSIGN_OR_RETURN(PrepareSummary summary, Write());
+  summary.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return summary;
+}
+
+}  // namespace
+
+uint64_t CorpusHash(uint64_t seed, std::string_view salt, std::string_view text) {
+  uint64_t h = 0xcbf29ce484222325ull ^ (seed * 0x9E3779B97F4A7C15ull);
+  auto mix = [&](std::string_view bytes) {
+    for (unsigned char c : bytes) {
+      h ^= c;
+      h *= 0x100000001b3ull;
+    }
+  };
+  mix(salt);
+  mix(std::string_view("\xff", 1));
+  mix(text);
+  h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+  h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+  return h ^ (h >> 31);
+}
+
+double CorpusHashFraction(uint64_t seed, std::string_view salt, std::string_view text) {
+  return static_cast<double>(CorpusHash(seed, salt, text) >> 11) * 0x1.0p-53;
+}
+
+absl::StatusOr<PrepareSummary> PrepareCorpus(const v1::PrepareSpec& spec,
+                                             const std::function<void(double, const std::string&)>& progress) {
+  v1::PrepareSpec filled = spec;
+  filled.mutable_suites();
+  FillSpecDefaults(&filled);
+  return Preparer(filled, progress).Run();
+}
+
+}  // namespace stemma::engine::data
