@@ -466,6 +466,114 @@ TEST_F(CoordinatorTest, MetricEventsAreStoredQueryableAndLiveGaugesFollowTheJob)
   EXPECT_EQ(coord_->QueryMetrics({}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A worker packs an attempt's points into MetricBatch events; stored and answered they are
+// the same series as one Metric event per point (what older workers send).
+TEST_F(CoordinatorTest, MetricBatchesStoreTheSameSeriesAsOneEventPerPoint) {
+  Worker w = Connect("w0", 2);
+  v1::SubmitRequest req;
+  *req.add_jobs() = Spec("single", "fam", "cpt");
+  *req.add_jobs() = Spec("packed", "fam", "cpt2");
+  auto ids = coord_->Submit(req);
+  ASSERT_TRUE(ids.ok());
+  v1::Assignment a1 = Assigned(w);
+  v1::Assignment a2 = Assigned(w);
+  if (a1.job_id() != ids->job_ids(0)) std::swap(a1, a2);
+  struct P {
+    std::string name;
+    int64_t step;
+    double value;
+    std::string split;  // "" : no labels
+  };
+  std::vector<P> points;
+  for (int step = 1; step <= 4; ++step) {
+    points.push_back({"loss", step, 3.0 - step * 0.25, ""});
+    points.push_back({"tokens_per_s", step, 1000.0 * step, ""});
+    points.push_back({"heldout", step, 2.0 + step, step % 2 == 0 ? "uk" : ""});
+  }
+  // What arrives together is applied in one pass (one transaction): two deliveries, split
+  // mid-step, for both kinds of worker.
+  const std::vector<std::pair<size_t, size_t>> deliveries = {{0, 5}, {5, points.size()}};
+  for (auto [from, to] : deliveries) {
+    std::vector<v1::AttemptEvent> events(to - from);
+    std::vector<const v1::AttemptEvent*> ptrs;
+    for (size_t i = from; i < to; ++i) {
+      const P& p = points[i];
+      v1::AttemptEvent& e = events[i - from];
+      e.set_attempt_id(a1.attempt_id());
+      e.mutable_metric()->set_name(p.name);
+      e.mutable_metric()->set_step(p.step);
+      e.mutable_metric()->set_value(p.value);
+      e.mutable_metric()->set_time_ms(7000 + p.step);
+      if (!p.split.empty()) (*e.mutable_metric()->mutable_labels())["split"] = p.split;
+      ptrs.push_back(&e);
+    }
+    coord_->Events(w.id, w.session, absl::MakeConstSpan(ptrs));
+  }
+  // The same points as one batch per delivery, names interned per batch.
+  for (auto [from, to] : deliveries) {
+    v1::AttemptEvent e;
+    e.set_attempt_id(a2.attempt_id());
+    auto* b = e.mutable_metrics();
+    std::map<std::string, uint32_t> names;
+    bool labelled = false;
+    for (size_t i = from; i < to; ++i) labelled |= !points[i].split.empty();
+    for (size_t i = from; i < to; ++i) {
+      const P& p = points[i];
+      auto [it, fresh] = names.emplace(p.name, static_cast<uint32_t>(names.size()));
+      if (fresh) b->add_names(p.name);
+      b->add_name_index(it->second);
+      b->add_steps(p.step);
+      b->add_values(p.value);
+      b->add_times_ms(7000 + p.step);
+      if (labelled) {
+        if (p.split.empty()) {
+          b->add_label_index(0);
+        } else {
+          (*b->add_label_sets()->mutable_labels())["split"] = p.split;
+          b->add_label_index(static_cast<uint32_t>(b->label_sets_size()));
+        }
+      }
+    }
+    coord_->Event(w.id, w.session, e);
+  }
+  // A batch whose columns disagree is refused whole.
+  v1::AttemptEvent bad;
+  bad.set_attempt_id(a2.attempt_id());
+  bad.mutable_metrics()->add_names("loss");
+  bad.mutable_metrics()->add_name_index(0);
+  bad.mutable_metrics()->add_name_index(0);
+  bad.mutable_metrics()->add_steps(9);
+  bad.mutable_metrics()->add_values(0.5);
+  coord_->Event(w.id, w.session, bad);
+  EXPECT_EQ(Gauge("stemma_train_loss", "fam", "cpt2"), 2.0);
+  EXPECT_EQ(Gauge("stemma_train_step", "fam", "cpt2"), 4);
+  EXPECT_EQ(Gauge("stemma_train_tokens_per_second", "fam", "cpt2"), 4000);
+
+  auto query = [&](const std::string& id, bool last_only) {
+    v1::QueryMetricsRequest q;
+    q.add_job_ids(id);
+    q.set_last_only(last_only);
+    auto r = coord_->QueryMetrics(q);
+    EXPECT_TRUE(r.ok()) << r.status();
+    std::vector<std::string> out;
+    for (v1::MetricPoint p : r->points()) {
+      p.clear_job_id();
+      out.push_back(p.ShortDebugString());
+    }
+    return out;
+  };
+  for (bool last_only : {false, true}) {
+    SCOPED_TRACE(last_only);
+    const std::vector<std::string> single = query(a1.job_id(), last_only);
+    if (last_only) {
+      EXPECT_GE(single.size(), 3u);  // a point per series
+    } else {
+      EXPECT_EQ(single.size(), points.size());
+    }
+    EXPECT_EQ(query(a2.job_id(), last_only), single);
+  }
+}
+
 TEST_F(CoordinatorTest, SucceededJobsRegisterTheirCheckpointsWithLineageMetricsAndConsumers) {
   Worker w = Connect("w0", 0, /*allow_exec=*/true);
   const std::string base = (dir_ / "base").string();

@@ -16,46 +16,33 @@ std::string StageOf(const v1::Job& job) {
 
 }  // namespace
 
-void MetricSeries::Record(const v1::Job& job, const v1::AttemptEvent::Metric& metric,
-                          Changes* changes) {
+size_t MetricSeries::RunFor(const v1::Job& job, const std::string& name,
+                           const std::vector<std::pair<std::string, std::string>>& sorted_labels,
+                           Changes* changes) {
   // Points of one series in one change extend one run (a step event's loss, lr, ... come
   // interleaved, so the last few runs are searched).
   auto& runs = changes->batch.of<MetricPointsTable>();
   const int attempt = job.current().number();
-  auto same_labels = [&](const MetricRun& r) {
-    if (r.labels.size() != metric.labels().size()) return false;
-    for (const auto& [k, v] : r.labels) {
-      auto it = metric.labels().find(k);
-      if (it == metric.labels().end() || it->second != v) return false;
-    }
-    return true;
-  };
-  MetricRun* run = nullptr;
   for (size_t k = runs.size(); k > 0 && runs.size() - k < kRunsSearched; --k) {
-    MetricRun& r = runs[k - 1];
-    if (r.attempt == attempt && r.name == metric.name() && r.job_id == job.id() && same_labels(r)) {
-      run = &r;
-      break;
+    const MetricRun& r = runs[k - 1];
+    if (r.attempt == attempt && r.name == name && r.job_id == job.id() && r.labels == sorted_labels) {
+      return k - 1;
     }
   }
-  if (run == nullptr) {
-    run = &runs.emplace_back();
-    run->job_id = job.id();
-    run->attempt = attempt;
-    run->name = metric.name();
-    run->labels.assign(metric.labels().begin(), metric.labels().end());
-    std::sort(run->labels.begin(), run->labels.end());
-  }
-  run->steps.push_back(metric.step());
-  run->values.push_back(metric.value());
-  run->times_ms.push_back(metric.time_ms() != 0 ? metric.time_ms() : core_->clock->WallMs());
+  MetricRun& run = runs.emplace_back();
+  run.job_id = job.id();
+  run.attempt = attempt;
+  run.name = name;
+  run.labels = sorted_labels;
+  return runs.size() - 1;
+}
 
+void MetricSeries::NoteLast(const v1::Job& job, const std::string& name, double value,
+                            int64_t step) {
   Live& live = live_[job.id()];
-  if (live.last.size() < kMaxNamesPerJob || live.last.contains(metric.name())) {
-    live.last[metric.name()] = metric.value();
-  }
-  const bool loss = metric.name() == "loss";
-  const bool tokens = metric.name() == "tokens_per_s";
+  if (live.last.size() < kMaxNamesPerJob || live.last.contains(name)) live.last[name] = value;
+  const bool loss = name == "loss";
+  const bool tokens = name == "tokens_per_s";
   if (!loss && !tokens) return;
   if (!live.in_group) {
     live.group = {job.spec().experiment(), StageOf(job)};
@@ -63,8 +50,82 @@ void MetricSeries::Record(const v1::Job& job, const v1::AttemptEvent::Metric& me
     ++groups_[live.group];
     live.gauges = core_->metrics->Training(live.group.first, live.group.second);
   }
-  (loss ? live.gauges.loss : live.gauges.tokens)->Set(metric.value());
-  live.gauges.step->Set(static_cast<double>(metric.step()));
+  (loss ? live.gauges.loss : live.gauges.tokens)->Set(value);
+  live.gauges.step->Set(static_cast<double>(step));
+}
+
+void MetricSeries::Record(const v1::Job& job, const v1::AttemptEvent::Metric& metric,
+                          Changes* changes) {
+  std::vector<std::pair<std::string, std::string>> labels(metric.labels().begin(),
+                                                          metric.labels().end());
+  std::sort(labels.begin(), labels.end());
+  MetricRun& run = changes->batch.of<MetricPointsTable>()[RunFor(job, metric.name(), labels, changes)];
+  run.steps.push_back(metric.step());
+  run.values.push_back(metric.value());
+  run.times_ms.push_back(metric.time_ms() != 0 ? metric.time_ms() : core_->clock->WallMs());
+  NoteLast(job, metric.name(), metric.value(), metric.step());
+}
+
+absl::Status MetricSeries::RecordBatch(const v1::Job& job,
+                                       const v1::AttemptEvent::MetricBatch& batch,
+                                       Changes* changes) {
+  const int n = batch.name_index_size();
+  if (batch.steps_size() != n || batch.values_size() != n ||
+      (batch.times_ms_size() != 0 && batch.times_ms_size() != n) ||
+      (batch.label_index_size() != 0 && batch.label_index_size() != n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metric batch: columns disagree (", n, " names, ", batch.steps_size(), " steps, ",
+        batch.values_size(), " values, ", batch.times_ms_size(), " times, ",
+        batch.label_index_size(), " label indexes)"));
+  }
+  for (int i = 0; i < n; ++i) {
+    if (batch.name_index(i) >= static_cast<uint32_t>(batch.names_size()) ||
+        (batch.label_index_size() > 0 &&
+         batch.label_index(i) > static_cast<uint32_t>(batch.label_sets_size()))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metric batch: point ", i, " names a name or label set it does not have"));
+    }
+  }
+  std::vector<std::vector<std::pair<std::string, std::string>>> label_sets;
+  label_sets.reserve(static_cast<size_t>(batch.label_sets_size()) + 1);
+  label_sets.emplace_back();  // index 0: no labels
+  for (const auto& set : batch.label_sets()) {
+    auto& sorted = label_sets.emplace_back(set.labels().begin(), set.labels().end());
+    std::sort(sorted.begin(), sorted.end());
+  }
+  // The run of each (name, label set) of the batch, found once: the points of a step
+  // event's series come interleaved.
+  absl::flat_hash_map<uint64_t, size_t> run_of;
+  std::vector<int> last_of(static_cast<size_t>(batch.names_size()), -1);  // name -> last point
+  auto& runs = changes->batch.of<MetricPointsTable>();
+  const int64_t now_ms = core_->clock->WallMs();
+  for (int i = 0; i < n; ++i) {
+    const uint32_t name = batch.name_index(i);
+    const uint32_t labels = batch.label_index_size() > 0 ? batch.label_index(i) : 0;
+    const uint64_t key = (static_cast<uint64_t>(name) << 32) | labels;
+    auto it = run_of.find(key);
+    if (it == run_of.end()) {
+      it = run_of.emplace(key, RunFor(job, batch.names(static_cast<int>(name)), label_sets[labels],
+                                      changes)).first;
+    }
+    MetricRun& run = runs[it->second];
+    run.steps.push_back(batch.steps(i));
+    run.values.push_back(batch.values(i));
+    const int64_t t = batch.times_ms_size() > 0 ? batch.times_ms(i) : 0;
+    run.times_ms.push_back(t != 0 ? t : now_ms);
+    last_of[name] = i;
+  }
+  // Last values and gauges once per name, in the order of each name's last point: the state
+  // the points one by one would leave.
+  std::vector<std::pair<int, uint32_t>> order;  // (last point, name)
+  for (uint32_t name = 0; name < last_of.size(); ++name) {
+    if (last_of[name] >= 0) order.emplace_back(last_of[name], name);
+  }
+  std::sort(order.begin(), order.end());
+  for (const auto& [i, name] : order) {
+    NoteLast(job, batch.names(static_cast<int>(name)), batch.values(i), batch.steps(i));
+  }
+  return absl::OkStatus();
 }
 
 void MetricSeries::LeaveGroup(Live& live) {

@@ -1,5 +1,6 @@
-// Metric series: the engine's `step` and `metric` events, one row per point in the store's
-// append-only metric_points table (committed with the job records, never loaded at start),
+// Metric series: the engine's `step` and `metric` events, stored as packed runs (the points
+// of one series that one transaction appends are one row) in the store's append-only
+// metric_points table (committed with the job records, never loaded at start),
 // the last values of live jobs (for the registry and Prometheus) and the QueryMetrics read.
 //
 // Thread-safety: Record, OnTransition, LastValues and Forget run under the core mutex;
@@ -27,8 +28,13 @@ class MetricSeries {
   // How many of a change's latest runs a point may extend before it starts a new one.
   static constexpr size_t kRunsSearched = 16;
 
-  // One Metric event of the job's current attempt: a row for the next transaction, the
-  // job's last value of the name and, for loss / tokens_per_s / the step, its gauges.
+  // The points of one MetricBatch of the job's current attempt: appended to the series' runs
+  // of the next transaction (one row per series per transaction), each name's last value
+  // and, for loss / tokens_per_s / the step, the job's gauges. INVALID_ARGUMENT (and nothing
+  // recorded) for a batch whose columns do not agree.
+  absl::Status RecordBatch(const v1::Job& job, const v1::AttemptEvent::MetricBatch& batch,
+                           Changes* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // One Metric event (a point per message, as older workers send them): the same.
   void Record(const v1::Job& job, const v1::AttemptEvent::Metric& metric, Changes* changes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   // A job leaving ASSIGNED/RUNNING loses its gauges; its last values are kept only when it
@@ -53,6 +59,14 @@ class MetricSeries {
     absl::flat_hash_map<std::string, double> last;
   };
   void LeaveGroup(Live& live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // The index in the change's runs of the run of (job, current attempt, name, labels) that
+  // a point extends: one of the last kRunsSearched, or a new one.
+  size_t RunFor(const v1::Job& job, const std::string& name,
+                const std::vector<std::pair<std::string, std::string>>& sorted_labels,
+                Changes* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // The name's latest value (and step) for the job: last values and gauges.
+  void NoteLast(const v1::Job& job, const std::string& name, double value, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
 
   CoordinatorCore* const core_;
   absl::flat_hash_map<std::string, Live> live_ ABSL_GUARDED_BY(core_->mu);

@@ -200,7 +200,18 @@ bool WorkerSessions::ApplyEvent(const std::string& worker_id, WorkerEntry& w,
     if (c.jobs.IsLive(*job)) c.jobs.SetProgress(job, event.progress(), changes);
     return false;
   }
-  if (event.has_metric()) {
+  if (event.has_metrics()) {
+    series_->AssertHeld();
+    if (c.jobs.IsLive(*job) && !part.finished()) {
+      absl::Status recorded = series_->RecordBatch(*job, event.metrics(), changes);
+      if (!recorded.ok()) {
+        spdlog::warn("worker={} attempt={} {}", worker_id, event.attempt_id(),
+                     std::string(recorded.message()));
+      }
+    }
+    return false;
+  }
+  if (event.has_metric()) {  // a worker from before MetricBatch
     series_->AssertHeld();
     if (c.jobs.IsLive(*job) && !part.finished()) series_->Record(*job, event.metric(), changes);
     return false;

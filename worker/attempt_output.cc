@@ -44,6 +44,76 @@ std::string StepMessage(const nlohmann::json& j) {
 }
 }  // namespace
 
+void MetricPoints::Add(const std::string& name, double value, int64_t step, int64_t time_ms) {
+  auto it = name_ids_.find(name);
+  if (it == name_ids_.end()) {
+    it = name_ids_.emplace(name, static_cast<uint32_t>(names_.size())).first;
+    names_.push_back(name);
+  }
+  name_.push_back(it->second);
+  steps_.push_back(step);
+  values_.push_back(value);
+  times_ms_.push_back(time_ms);
+  if (!label_.empty()) label_.push_back(0);
+}
+
+void MetricPoints::SetLastLabels(std::map<std::string, std::string> labels) {
+  if (empty() || labels.empty()) return;
+  label_.resize(size(), 0);
+  label_sets_.push_back(std::move(labels));
+  label_.back() = static_cast<uint32_t>(label_sets_.size());
+}
+
+MetricPoints::Point MetricPoints::At(size_t i) const {
+  Point p;
+  p.name = names_[name_[i]];
+  p.value = values_[i];
+  p.step = steps_[i];
+  p.time_ms = times_ms_[i];
+  if (!label_.empty() && label_[i] > 0) p.labels = label_sets_[label_[i] - 1];
+  return p;
+}
+
+size_t MetricPoints::Batch(size_t from, size_t max,
+                           v1::AttemptEvent::MetricBatch* batch) const {
+  if (from >= size()) return 0;
+  const size_t end = from + std::min(max, size() - from);
+  const size_t n = end - from;
+  // Attempt-wide name and label-set ids -> this batch's (0: not in it yet).
+  std::vector<uint32_t> batch_name(names_.size(), 0);
+  batch->mutable_name_index()->Reserve(static_cast<int>(n));
+  for (size_t i = from; i < end; ++i) {
+    uint32_t& id = batch_name[name_[i]];
+    if (id == 0) {
+      batch->add_names(names_[name_[i]]);
+      id = static_cast<uint32_t>(batch->names_size());
+    }
+    batch->add_name_index(id - 1);
+  }
+  batch->mutable_steps()->Add(steps_.begin() + from, steps_.begin() + end);
+  batch->mutable_values()->Add(values_.begin() + from, values_.begin() + end);
+  batch->mutable_times_ms()->Add(times_ms_.begin() + from, times_ms_.begin() + end);
+  if (!label_.empty() &&
+      std::any_of(label_.begin() + from, label_.begin() + end, [](uint32_t l) { return l > 0; })) {
+    std::vector<uint32_t> batch_set(label_sets_.size() + 1, 0);
+    batch->mutable_label_index()->Reserve(static_cast<int>(n));
+    for (size_t i = from; i < end; ++i) {
+      const uint32_t l = label_[i];
+      if (l == 0) {
+        batch->add_label_index(0);
+        continue;
+      }
+      if (batch_set[l] == 0) {
+        auto* set = batch->add_label_sets()->mutable_labels();
+        for (const auto& [k, v] : label_sets_[l - 1]) (*set)[k] = v;
+        batch_set[l] = static_cast<uint32_t>(batch->label_sets_size());
+      }
+      batch->add_label_index(batch_set[l]);
+    }
+  }
+  return n;
+}
+
 void AttemptOutput::Feed(const char* data, size_t n, int64_t wall_ms) {
   for (size_t i = 0; i < n; ++i) {
     const char c = data[i];
@@ -113,14 +183,10 @@ void AttemptOutput::ParseLine(int64_t wall_ms) {
     auto add = [&](const std::string& name, double value, int64_t step) {
       if (metrics.size() >= kMaxMetricPoints) {
         ++metrics_dropped;
-        return;
+        return false;
       }
-      v1::AttemptEvent::Metric m;
-      m.set_name(name);
-      m.set_value(value);
-      m.set_step(step);
-      m.set_time_ms(wall);
-      metrics.push_back(std::move(m));
+      metrics.Add(name, value, step, wall);
+      return true;
     };
     const auto* step_field = number("step");
     const int64_t step = step_field != nullptr ? step_field->get<int64_t>() : 0;
@@ -128,13 +194,13 @@ void AttemptOutput::ParseLine(int64_t wall_ms) {
       const std::string* name = string("name");
       const auto* value = number("value");
       if (name != nullptr && value != nullptr && !name->empty() && name->size() <= 200) {
-        add(*name, value->get<double>(), step);
-        if (auto it = j.find("labels"); it != j.end() && it->is_object() && !metrics.empty() &&
-            metrics.back().name() == *name) {
-          auto* labels = metrics.back().mutable_labels();
+        const bool added = add(*name, value->get<double>(), step);
+        if (auto it = j.find("labels"); added && it != j.end() && it->is_object()) {
+          std::map<std::string, std::string> labels;
           for (const auto& [k, v] : it->items()) {
-            if (v.is_string() && labels->size() < 16) (*labels)[k] = v.get<std::string>();
+            if (v.is_string() && labels.size() < 16) labels[k] = v.get<std::string>();
           }
+          metrics.SetLastLabels(std::move(labels));
         }
       }
       return;

@@ -16,6 +16,40 @@
 
 namespace stemma::worker {
 
+// The metric points of one attempt, packed: names interned once, a column per field. A
+// point costs ~28 bytes here and leaves as part of one MetricBatch, not as a message of its
+// own.
+class MetricPoints {
+ public:
+  struct Point {  // one point, expanded (tests, logs)
+    std::string name;
+    double value = 0;
+    int64_t step = 0;
+    int64_t time_ms = 0;
+    std::map<std::string, std::string> labels;
+  };
+
+  size_t size() const { return steps_.size(); }
+  bool empty() const { return steps_.empty(); }
+  void Add(const std::string& name, double value, int64_t step, int64_t time_ms);
+  // Gives the last point added these labels.
+  void SetLastLabels(std::map<std::string, std::string> labels);
+  Point At(size_t i) const;
+  // Appends points [from, from + max) to `batch` (empty on entry), names and label sets
+  // interned per batch; returns how many.
+  size_t Batch(size_t from, size_t max, v1::AttemptEvent::MetricBatch* batch) const;
+
+ private:
+  std::vector<std::string> names_;
+  std::map<std::string, uint32_t, std::less<>> name_ids_;
+  std::vector<uint32_t> name_;
+  std::vector<int64_t> steps_;
+  std::vector<double> values_;
+  std::vector<int64_t> times_ms_;
+  std::vector<std::map<std::string, std::string>> label_sets_;
+  std::vector<uint32_t> label_;  // per point (0: none, k: label_sets_[k - 1]); empty until needed
+};
+
 struct AttemptOutput {
   // Past this many metric points further ones are counted in metrics_dropped, not kept.
   static constexpr size_t kMaxMetricPoints = 200000;
@@ -26,7 +60,7 @@ struct AttemptOutput {
 
   uint64_t progress_version = 0;  // grows with each progress or step line
   v1::Progress progress;
-  std::vector<v1::AttemptEvent::Metric> metrics;
+  MetricPoints metrics;
   int64_t metrics_dropped = 0;
   std::map<std::string, std::string> outputs;   // output name → path (at most 64 names)
   std::vector<v1::OutputArtifact> artifacts;    // typed output events, first per name

@@ -29,9 +29,9 @@ TEST(AttemptOutput, LinesSplitAcrossReadsParseTheSame) {
     EXPECT_DOUBLE_EQ(out.progress.fraction(), 0.9) << piece;
     EXPECT_EQ(out.progress.message(), "almost");
     ASSERT_EQ(out.metrics.size(), 1u) << piece;
-    EXPECT_EQ(out.metrics[0].name(), "loss");
-    EXPECT_EQ(out.metrics[0].step(), 3);
-    EXPECT_EQ(out.metrics[0].time_ms(), 1000);
+    EXPECT_EQ(out.metrics.At(0).name, "loss");
+    EXPECT_EQ(out.metrics.At(0).step, 3);
+    EXPECT_EQ(out.metrics.At(0).time_ms, 1000);
     EXPECT_EQ(out.outputs.at("model"), "/m");
     ASSERT_EQ(out.artifacts.size(), 1u);
     EXPECT_EQ(out.artifacts[0].parents(0), "/b");
@@ -46,6 +46,57 @@ TEST(AttemptOutput, BrokenJsonAndUntypedOutputsAreNotArtifacts) {
   EXPECT_TRUE(out.metrics.empty());
   EXPECT_EQ(out.outputs.at("results"), "/r.json");
   EXPECT_TRUE(out.artifacts.empty()) << "an output event without a type is not registered";
+}
+
+// Points leave in batches that name each series once and carry labels only where a point
+// has them; expanding a batch gives back the points in order.
+TEST(AttemptOutput, MetricPointsLeaveAsPackedBatches) {
+  AttemptOutput out;
+  FeedAll(out,
+          "{\"event\":\"step\",\"step\":1,\"loss\":2.5,\"lr\":0.1}\n"
+          "{\"event\":\"metric\",\"name\":\"heldout_loss/uk\",\"value\":3,\"step\":1,"
+          "\"labels\":{\"language\":\"uk\"}}\n"
+          "{\"event\":\"step\",\"step\":2,\"loss\":2.25,\"lr\":0.1}\n",
+          1000);
+  ASSERT_EQ(out.metrics.size(), 5u);
+  EXPECT_EQ(out.metrics.At(2).labels.at("language"), "uk");
+  EXPECT_TRUE(out.metrics.At(3).labels.empty());
+
+  v1::AttemptEvent::MetricBatch all;
+  ASSERT_EQ(out.metrics.Batch(0, 100, &all), 5u);
+  EXPECT_EQ(all.names_size(), 3);  // loss, lr, heldout_loss/uk: once each
+  ASSERT_EQ(all.name_index_size(), 5);
+  ASSERT_EQ(all.steps_size(), 5);
+  ASSERT_EQ(all.values_size(), 5);
+  ASSERT_EQ(all.times_ms_size(), 5);
+  ASSERT_EQ(all.label_index_size(), 5);
+  ASSERT_EQ(all.label_sets_size(), 1);
+  const std::vector<std::string> names = {"loss", "lr", "heldout_loss/uk", "loss", "lr"};
+  const std::vector<double> values = {2.5, 0.1, 3, 2.25, 0.1};
+  const std::vector<int64_t> steps = {1, 1, 1, 2, 2};
+  for (int i = 0; i < 5; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(all.names(static_cast<int>(all.name_index(i))), names[i]);
+    EXPECT_DOUBLE_EQ(all.values(i), values[i]);
+    EXPECT_EQ(all.steps(i), steps[i]);
+    EXPECT_EQ(all.times_ms(i), 1000);
+    EXPECT_EQ(all.label_index(i), i == 2 ? 1u : 0u);
+  }
+  EXPECT_EQ(all.label_sets(0).labels().at("language"), "uk");
+
+  // A later batch starts where the last one ended, with its own names; no labels, no column.
+  v1::AttemptEvent::MetricBatch rest;
+  ASSERT_EQ(out.metrics.Batch(3, 100, &rest), 2u);
+  EXPECT_EQ(rest.names_size(), 2);
+  EXPECT_EQ(rest.names(static_cast<int>(rest.name_index(0))), "loss");
+  EXPECT_DOUBLE_EQ(rest.values(0), 2.25);
+  EXPECT_EQ(rest.label_index_size(), 0);
+  EXPECT_EQ(rest.label_sets_size(), 0);
+  v1::AttemptEvent::MetricBatch none;
+  EXPECT_EQ(out.metrics.Batch(5, 100, &none), 0u);
+  v1::AttemptEvent::MetricBatch two;
+  EXPECT_EQ(out.metrics.Batch(1, 2, &two), 2u);
+  EXPECT_EQ(two.label_index_size(), 2);
 }
 
 }  // namespace

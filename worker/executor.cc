@@ -1,6 +1,8 @@
 #include "worker/executor.h"
 
 #include "worker/attempt_output.h"
+#include "worker/spawn_child.h"
+#include "worker/spawn_plan.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -26,15 +28,11 @@ extern "C" {
 #include <set>
 #include <utility>
 
-#include <nlohmann/json.hpp>
-
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/engine_contract.h"
-#include "common/engine_spec.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -42,33 +40,6 @@ extern "C" {
 extern char** environ;
 
 namespace stemma::worker {
-
-// Everything the child needs, prepared before fork so that the child only makes
-// async-signal-safe calls.
-struct SpawnPlan {
-  std::vector<int> ignored_signals;  // dispositions the worker ignores, reset in the child
-  bool noop = false;
-  int64_t noop_ms = 0;
-  int noop_exit = 0;
-  std::string path;  // program for execve
-  std::vector<std::string> args;
-  std::vector<std::string> envs;  // the attempt's own variables
-  std::vector<char*> inherited;   // the worker's variables it does not override
-  std::vector<char*> argv;
-  std::vector<char*> envp;
-  std::string workdir;
-  int devnull = -1;         // the executor's /dev/null, the child's stdin
-  std::string exec_error;   // written to the log when execve fails, before strerror
-  std::string chdir_error;  // written to the log when chdir fails
-
-  void Seal() {
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    for (auto& e : envs) envp.push_back(e.data());
-    envp.insert(envp.end(), inherited.begin(), inherited.end());
-    envp.push_back(nullptr);
-  }
-};
 
 struct Executor::Attempt {
   Attempt() = default;
@@ -125,24 +96,11 @@ constexpr int64_t kStartNotifyDelayMs = 2;
 constexpr int kSpawners = 2;
 constexpr int64_t kLingerGiveUpMs = 30'000;
 
-int64_t NowMs() { return RealClock::Get()->MonoMs(); }
-int64_t WallNowMs() { return RealClock::Get()->WallMs(); }
 
-// An attempt id becomes a directory name: no separators, no dot names.
-bool IsSafeComponent(const std::string& s) {
-  if (s.empty() || s.size() > 255 || s == "." || s == "..") return false;
-  return s.find('/') == std::string::npos && s.find('\0') == std::string::npos;
-}
-
-std::string FindInPath(const std::string& name, const std::string& path_env) {
-  for (absl::string_view dir : absl::StrSplit(path_env, ':')) {
-    std::string full = absl::StrCat(dir.empty() ? "." : dir, "/", name);
-    struct stat st;
-    if (stat(full.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(full.c_str(), X_OK) == 0) {
-      return full;
-    }
-  }
-  return "";
+// Whether `path` is an executable regular file (the PATH lookups).
+bool IsExecutableFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
 }
 
 std::string SelfDir() {
@@ -150,6 +108,24 @@ std::string SelfDir() {
   std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return "";
   return exe.parent_path().string();
+}
+
+// stemma-engine: --engine if it is executable, else beside the worker binary, else (only
+// without --engine) on PATH; empty if none.
+std::string FindEngine(const WorkerConfig& config) {
+  std::string engine = config.engine_path;
+  if (!engine.empty() && access(engine.c_str(), X_OK) != 0) {
+    engine.clear();
+  } else if (engine.empty()) {
+    std::string beside = SelfDir() + "/stemma-engine";
+    engine = access(beside.c_str(), X_OK) == 0 ? beside : "";
+  }
+  if (engine.empty() && config.engine_path.empty()) {
+    const char* path = getenv("PATH");
+    engine = FindInPath("stemma-engine", path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin",
+                        IsExecutableFile);
+  }
+  return engine;
 }
 
 void WriteAll(int fd, const char* data, size_t n) {
@@ -168,61 +144,6 @@ absl::Status WriteFile(const std::string& path, const std::string& data) {
   WriteAll(fd, data.data(), data.size());
   if (close(fd) != 0) return ErrnoStatus("close " + path, errno);
   return absl::OkStatus();
-}
-
-// The child, after fork or vfork: only async-signal-safe system calls from here on, and
-// nothing that writes memory the parent uses (with vfork the memory is shared). All
-// signals arrive blocked; handlers are reset before they are unblocked, so no handler of
-// the worker ever runs in the child.
-[[noreturn]] void RunChild(const SpawnPlan& p, int out_fd, pid_t parent) {
-  // The worker blocks SIGINT/SIGTERM and gRPC ignores SIGPIPE; both would be inherited.
-  struct sigaction dfl;
-  memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
-  if (p.noop) {
-    // This child lives on as a copy of the worker: no handler of the worker may run.
-    for (int sig = 1; sig < NSIG; ++sig) sigaction(sig, &dfl, nullptr);  // some fail; fine
-  } else {
-    // execve resets handlers itself; only ignored signals (SIGPIPE, by gRPC) would be
-    // inherited as ignored.
-    for (int sig : p.ignored_signals) sigaction(sig, &dfl, nullptr);
-  }
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
-
-  setpgid(0, 0);
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(137);  // the worker died before prctl took effect
-
-  if (p.devnull > 0) {
-    dup2(p.devnull, 0);
-  } else if (p.devnull == 0) {
-    fcntl(0, F_SETFD, 0);  // dup2 would be a no-op that leaves FD_CLOEXEC set
-  }
-  dup2(out_fd, 1);
-  dup2(out_fd, 2);
-  close_range(3, ~0U, 0);
-
-  if (chdir(p.workdir.c_str()) != 0) {
-    WriteAll(2, p.chdir_error.data(), p.chdir_error.size());
-    _exit(126);
-  }
-  if (p.noop) {
-    struct timespec ts;
-    ts.tv_sec = p.noop_ms / 1000;
-    ts.tv_nsec = (p.noop_ms % 1000) * 1000000;
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-    _exit(p.noop_exit & 0xff);
-  }
-  execve(p.path.c_str(), p.argv.data(), p.envp.data());
-  int err = errno;
-  WriteAll(2, p.exec_error.data(), p.exec_error.size());
-  const char* desc = strerrordesc_np(err);
-  if (desc != nullptr) WriteAll(2, desc, strlen(desc));
-  WriteAll(2, "\n", 1);
-  _exit(127);
 }
 
 // Signals this process ignores, read once (after gRPC set SIGPIPE to ignored), plus SIGPIPE
@@ -256,12 +177,14 @@ std::map<std::string, std::string> WorkerEnv() {
 
 }  // namespace
 
-Executor::Executor(const WorkerConfig& config, Metrics* metrics)
+Executor::Executor(const WorkerConfig& config, Metrics* metrics, Clock* clock)
     : config_(config),
+      clock_(clock != nullptr ? clock : RealClock::Get()),
       attempts_dir_(std::filesystem::absolute(config.data_dir).lexically_normal().string() +
                     "/attempts"),
       metrics_(metrics),
       worker_env_(WorkerEnv()) {
+  PrepareErrnoTexts();  // the child's exec error text is looked up, not formatted
   devnull_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);  // -1: children get no stdin
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -297,16 +220,18 @@ Executor::~Executor() {
 }
 
 void Executor::SetChangeCallback(std::function<void()> callback) {
-  std::lock_guard<std::mutex> lock(callback_mu_);
+  absl::MutexLock lock(&callback_mu_);
   callback_ = std::move(callback);
 }
 
 void Executor::Notify() {
   // Called without mu_; holding callback_mu_ means that once SetChangeCallback(nullptr)
   // returns, the old callback is neither running nor about to run.
-  std::lock_guard<std::mutex> lock(callback_mu_);
+  absl::MutexLock lock(&callback_mu_);
   if (callback_) callback_();
 }
+
+void Executor::CheckTimers() { WakeLoop(); }
 
 void Executor::WakeLoop() {
   uint64_t one = 1;
@@ -325,30 +250,40 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   attempt->engine = IsEngineJob(assignment.spec());
   attempt->timeout_ms = spec.timeout_ms();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::FailedPreconditionError("executor is shutting down");
     if (attempts_.count(id) > 0) {
       return absl::AlreadyExistsError(absl::StrCat("attempt ", id, " is already known"));
     }
   }
 
+  // Everything decided before the fork, by one pure function (spawn_plan.h).
+  SpawnContext context;
+  context.attempts_dir = attempts_dir_;
+  context.worker_env = &worker_env_;
+  if (attempt->engine) context.engine = FindEngine(config_);
+  context.ignored_signals = IgnoredSignals();
+  context.devnull = devnull_fd_;
+  context.is_executable = IsExecutableFile;
+  std::unique_ptr<SpawnPlan> plan = PlanSpawn(assignment, config_, context);
+
   // Refusals and worker-side failures still produce a Finished event, never a silent drop.
-  std::string refusal;    // non-retryable: the spec cannot run here
-  std::string failure;    // retryable: something on this worker went wrong
-  const std::string workdir = absl::StrCat(attempts_dir_, "/", id);
-  if (!IsSafeComponent(id)) {
-    refusal = absl::StrCat("refused: attempt id '", id, "' is not a valid directory name");
-  } else {
+  std::string refusal = plan->refusal;  // non-retryable: the spec cannot run here
+  std::string failure;                  // retryable: something on this worker went wrong
+  if (!plan->workdir.empty()) {
+    // The attempt directory and its log, a recycled one if there is one: the log of a
+    // refused attempt says why.
+    const std::string& workdir = plan->workdir;
     std::error_code ec;
     std::optional<SpareDir> spare;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (!spare_dirs_.empty()) {
         spare = std::move(spare_dirs_.back());
         spare_dirs_.pop_back();
       }
     }
-    attempt->log_path = workdir + "/log";
+    attempt->log_path = plan->log_path;
     if (spare && rename(spare->dir.c_str(), workdir.c_str()) == 0) {
       // The spare's log is open and now named workdir/log: no open, and no truncate
       // unless the last attempt wrote something.
@@ -374,119 +309,15 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
       }
     }
   }
-
-  auto plan = std::make_unique<SpawnPlan>();
-  plan->workdir = workdir;
-  plan->ignored_signals = IgnoredSignals();
-  plan->chdir_error = absl::StrCat("stemma-worker: cannot enter ", workdir, "\n");
-  const std::string kind = JobKind(spec);
+  if (!failure.empty()) refusal.clear();  // the directory failed first: retry elsewhere
   if (refusal.empty() && failure.empty()) {
-    if (kind == "noop") {
-      plan->noop = true;
-      plan->noop_ms = std::max<int64_t>(0, spec.noop().duration_ms());
-      plan->noop_exit = spec.noop().exit_code();
-    } else if (kind == "exec") {
-      if (!config_.allow_exec) {
-        refusal = "refused: exec jobs need a worker started with --allow-exec";
-      } else if (spec.exec().argv().empty() || spec.exec().argv(0).empty()) {
-        refusal = "refused: exec.argv is empty";
-      } else {
-        plan->args.assign(spec.exec().argv().begin(), spec.exec().argv().end());
-      }
-    } else if (IsEngineJob(spec)) {
-      std::string engine = config_.engine_path;
-      if (!engine.empty() && access(engine.c_str(), X_OK) != 0) {
-        engine.clear();
-      } else if (engine.empty()) {
-        std::string beside = SelfDir() + "/stemma-engine";
-        engine = access(beside.c_str(), X_OK) == 0 ? beside : "";
-      }
-      if (engine.empty() && config_.engine_path.empty()) {
-        const char* path = getenv("PATH");
-        engine = FindInPath("stemma-engine", path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin");
-      }
-      if (engine.empty()) {
-        refusal = "refused: stemma-engine not found";
-      } else {
-        // The typed spec as JSON, which `stemma-engine <command> --spec` reads with the
-        // same schema the coordinator checked it against.
-        const std::string spec_path = workdir + "/spec.json";
-        absl::Status written = WriteFile(spec_path, SpecToJson(*EngineSpecOf(spec)) + "\n");
-        if (!written.ok()) {
-          failure = absl::StrCat("worker error: ", written.message());
-        } else {
-          plan->args = {engine, kind, "--spec", spec_path};
-        }
-      }
-    } else {
-      refusal = "refused: the job spec has no kind this worker runs";
-    }
-  }
-
-  if (refusal.empty() && failure.empty() && !plan->noop) {
-    // The attempt's own variables; the worker's environment (read once) fills in the rest
-    // without being copied for every attempt.
-    std::map<std::string, std::string, std::less<>> env;
-    if (kind == "exec") {
-      for (const auto& [k, v] : spec.exec().env()) env[k] = v;
-    }
-    if (IsEngineJob(spec)) {
-      // Attempts share the node's cores. libgomp's default is to spin while waiting, which
-      // starves the other attempts (training ran 13x slower with two jobs on two cores), so
-      // engine jobs wait passively and use the cores they asked for. A value in the
-      // worker's own environment wins.
-      if (!worker_env_.count("OMP_WAIT_POLICY")) env.emplace("OMP_WAIT_POLICY", "PASSIVE");
-      const double cpus = spec.resources().cpus() > 0 ? spec.resources().cpus() : 1;
-      const int64_t cores = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cpus)));
-      if (!worker_env_.count("OMP_NUM_THREADS")) env.emplace("OMP_NUM_THREADS", absl::StrCat(cores));
-      // A spec's `threads: 0` means the job's cores (common/engine_contract.h).
-      env[std::string(engine_contract::kEnvCpus)] = absl::StrCat(cores);
-      if (!config_.storage_root.empty()) {
-        env[std::string(engine_contract::kEnvStorageRoot)] = config_.storage_root;
+    for (const SpawnPlan::File& file : plan->files) {
+      absl::Status written = WriteFile(file.path, file.content);
+      if (!written.ok()) {
+        failure = absl::StrCat("worker error: ", written.message());
+        break;
       }
     }
-    const int world = std::max(1, assignment.world_size());
-    env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(attempt->gpu_ids, ",");
-    env["STEMMA_JOB_ID"] = assignment.job_id();
-    env["STEMMA_ATTEMPT_ID"] = id;
-    env["STEMMA_RANK"] = env["RANK"] = absl::StrCat(assignment.rank());
-    env["STEMMA_WORLD_SIZE"] = env["WORLD_SIZE"] = absl::StrCat(world);
-    env["LOCAL_RANK"] = "0";
-    env["STEMMA_WORKDIR"] = workdir;
-    if (!assignment.rendezvous().empty()) {
-      const std::string& rv = assignment.rendezvous();
-      size_t colon = rv.rfind(':');
-      std::string host = colon == std::string::npos ? rv : rv.substr(0, colon);
-      if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-        host = host.substr(1, host.size() - 2);
-      }
-      env["MASTER_ADDR"] = host;
-      if (colon != std::string::npos) env["MASTER_PORT"] = rv.substr(colon + 1);
-      env["STEMMA_RENDEZVOUS"] = rv;
-    }
-    plan->envs.reserve(env.size());
-    for (const auto& [k, v] : env) plan->envs.push_back(absl::StrCat(k, "=", v));
-    plan->inherited.reserve(worker_env_.size());
-    for (const auto& [k, kv] : worker_env_) {
-      // execve does not write to the strings; they live as long as the executor.
-      if (env.find(k) == env.end()) plan->inherited.push_back(const_cast<char*>(kv.c_str()));
-    }
-    plan->devnull = devnull_fd_;
-    // execvp's PATH lookup, done here (with the child's PATH) rather than in the child.
-    const std::string& program = plan->args[0];
-    if (program.find('/') != std::string::npos) {
-      plan->path = program;
-    } else {
-      std::string path_env = "/usr/local/bin:/usr/bin:/bin";
-      if (auto it = env.find("PATH"); it != env.end()) {
-        path_env = it->second;
-      } else if (auto w = worker_env_.find("PATH"); w != worker_env_.end()) {
-        path_env = w->second.substr(5);  // "PATH=..."
-      }
-      plan->path = FindInPath(program, path_env);
-      if (plan->path.empty()) plan->path = program;  // execve fails: ENOENT, exit 127
-    }
-    plan->exec_error = absl::StrCat("stemma-worker: cannot execute ", program, ": ");
   }
   if (refusal.empty() && failure.empty()) {
     plan->Seal();
@@ -495,7 +326,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
 
   bool notify = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::FailedPreconditionError("executor is shutting down");
     if (attempts_.count(id) > 0) {
       return absl::AlreadyExistsError(absl::StrCat("attempt ", id, " is already known"));
@@ -520,7 +351,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   if (notify) {
     Notify();
   } else {
-    spawn_cv_.notify_one();
+    spawn_cv_.Signal();
   }
   return absl::OkStatus();
 }
@@ -528,7 +359,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
 void Executor::Cancel(const std::string& attempt_id, const std::string& reason) {
   bool notify = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = attempts_.find(attempt_id);
     if (it == attempts_.end() || it->second->finished) return;
     TerminateLocked(*it->second, reason.empty() ? "cancelled" : "cancelled: " + reason,
@@ -539,7 +370,7 @@ void Executor::Cancel(const std::string& attempt_id, const std::string& reason) 
 }
 
 void Executor::Discard(const std::string& attempt_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = attempts_.find(attempt_id);
   if (it == attempts_.end()) return;
   it->second->discard = true;
@@ -554,13 +385,13 @@ void Executor::Discard(const std::string& attempt_id) {
 void Executor::Forget(const std::string& attempt_id) {
   std::unique_ptr<Attempt> gone;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = attempts_.find(attempt_id);
     if (it != attempts_.end() && it->second->finished) {
       gone = std::move(it->second);
       attempts_.erase(it);
     }
-    changed_.notify_all();
+    changed_.SignalAll();
   }
   // Outside the lock: looking into the directory takes a few system calls.
   if (gone) RecycleDir(*gone);
@@ -570,7 +401,7 @@ void Executor::RecycleDir(Attempt& a) {
   constexpr size_t kMaxSpares = 64;
   if (a.log_path.empty() || a.log_fd < 0) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (spare_dirs_.size() >= kMaxSpares) return;
   }
   const std::string dir = absl::StrCat(attempts_dir_, "/", a.id);
@@ -595,7 +426,7 @@ void Executor::RecycleDir(Attempt& a) {
   }
   close(fd);
   if (!only_log) return;  // the job left files: keep them for the user
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (spare_dirs_.size() >= kMaxSpares) return;
   spare_dirs_.push_back(SpareDir{dir, a.log_fd, a.log_bytes == 0});
   a.log_fd = -1;
@@ -603,7 +434,7 @@ void Executor::RecycleDir(Attempt& a) {
 
 void Executor::RecordLost(const std::string& attempt_id, int32_t rank, const std::string& reason) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (attempts_.count(attempt_id) > 0) return;
     auto attempt = std::make_unique<Attempt>();
     attempt->id = attempt_id;
@@ -616,7 +447,7 @@ void Executor::RecordLost(const std::string& attempt_id, int32_t rank, const std
 }
 
 std::vector<AttemptSnapshot> Executor::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::vector<AttemptSnapshot> out;
   out.reserve(attempts_.size());
   for (const auto& [id, a] : attempts_) {
@@ -625,19 +456,16 @@ std::vector<AttemptSnapshot> Executor::Snapshot() const {
   return out;
 }
 
-std::vector<v1::AttemptEvent::Metric> Executor::MetricsSince(const std::string& attempt_id,
-                                                            size_t from, size_t max) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<v1::AttemptEvent::Metric> out;
+size_t Executor::MetricsSince(const std::string& attempt_id, size_t from, size_t max,
+                              v1::AttemptEvent::MetricBatch* batch) const {
+  absl::MutexLock lock(&mu_);
   auto it = attempts_.find(attempt_id);
-  if (it == attempts_.end()) return out;
-  const auto& points = it->second->out.metrics;
-  for (size_t i = from; i < points.size() && out.size() < max; ++i) out.push_back(points[i]);
-  return out;
+  if (it == attempts_.end()) return 0;
+  return it->second->out.metrics.Batch(from, max, batch);
 }
 
 std::optional<AttemptSnapshot> Executor::Get(const std::string& attempt_id) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   auto it = attempts_.find(attempt_id);
   if (it == attempts_.end()) return std::nullopt;
   return SnapshotOf(*it->second);
@@ -660,24 +488,29 @@ AttemptSnapshot Executor::SnapshotOf(const Attempt& a) const {
 }
 
 bool Executor::WaitFinished(const std::string& attempt_id, int64_t timeout_ms) const {
-  std::unique_lock<std::mutex> lock(mu_);
-  return changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+  absl::MutexLock lock(&mu_);
+  for (;;) {
     auto it = attempts_.find(attempt_id);
-    return it == attempts_.end() || it->second->finished;
-  });
+    if (it == attempts_.end() || it->second->finished) return true;
+    if (changed_.WaitWithDeadline(&mu_, deadline)) {
+      it = attempts_.find(attempt_id);
+      return it == attempts_.end() || it->second->finished;
+    }
+  }
 }
 
 int Executor::Running() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   int n = 0;
   for (const auto& [id, a] : attempts_) n += a->finished ? 0 : 1;
   return n;
 }
 
 void Executor::Shutdown() {
-  std::lock_guard<std::mutex> serial(shutdown_mu_);
+  absl::MutexLock serial(&shutdown_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!thread_.joinable()) return;
     shutting_down_ = true;
     for (auto& [id, a] : attempts_) {
@@ -691,19 +524,19 @@ void Executor::Shutdown() {
   // Only now: a spawner's children get SIGKILL (PR_SET_PDEATHSIG) when it exits, and every
   // child has been reaped by the time the executor thread returns.
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_spawners_ = true;
   }
-  spawn_cv_.notify_all();
+  spawn_cv_.SignalAll();
   for (std::thread& t : spawners_) t.join();
   spawners_.clear();
 }
 
 void Executor::SpawnLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   for (;;) {
-    spawn_cv_.wait(lock, [this] { return stop_spawners_ || !to_spawn_.empty(); });
-    if (stop_spawners_) return;
+    while (!stop_spawners_ && to_spawn_.empty()) spawn_cv_.Wait(&mu_);
+    if (stop_spawners_) break;
     const std::string id = std::move(to_spawn_.front());
     to_spawn_.pop_front();
     auto it = attempts_.find(id);
@@ -711,10 +544,11 @@ void Executor::SpawnLoop() {
     Attempt& a = *it->second;
     a.spawning = true;
     std::unique_ptr<SpawnPlan> plan = std::move(a.plan);
-    lock.unlock();
+    mu_.Unlock();  // forking takes a while (a vfork parent waits for the child's execve)
     Spawn(a, std::move(plan));
-    lock.lock();
+    mu_.Lock();
   }
+  mu_.Unlock();
 }
 
 void Executor::Loop() {
@@ -722,13 +556,13 @@ void Executor::Loop() {
   for (;;) {
     int timeout;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (shutting_down_ && lingering_.empty() &&
           std::none_of(attempts_.begin(), attempts_.end(),
                        [](const auto& kv) { return !kv.second->finished; })) {
         return;
       }
-      const int64_t now = NowMs();
+      const int64_t now = clock_->MonoMs();
       int64_t next = NextTimerMsLocked(now);
       if (!lingering_.empty() && (next < 0 || next > kLingerPollMs)) next = kLingerPollMs;
       timeout = next < 0 ? -1 : static_cast<int>(std::min<int64_t>(next, 60'000));
@@ -741,7 +575,7 @@ void Executor::Loop() {
     }
     bool notify = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (int i = 0; i < n; ++i) {
         const uint64_t token = events[i].data.u64;
         if (token == kWakeToken) {
@@ -764,8 +598,8 @@ void Executor::Loop() {
           notify |= a.finished;
         }
       }
-      notify |= FireTimersLocked(NowMs());
-      ReapLingeringLocked(NowMs());
+      notify |= FireTimersLocked(clock_->MonoMs());
+      ReapLingeringLocked(clock_->MonoMs());
       for (auto it = attempts_.begin(); it != attempts_.end();) {
         if (it->second->finished && it->second->discard) {
           it = attempts_.erase(it);
@@ -784,7 +618,7 @@ void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
   // thread finishes a spawning attempt.
   auto fail = [&](const std::string& why) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       a.spawning = false;
       if (a.terminating) {  // cancelled meanwhile: it ends the way it was asked to
         FinishLocked(a, -1, a.term_reason, a.term_result, a.term_retryable);
@@ -810,8 +644,12 @@ void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
+  // The child's plan, completed on this stack before the fork: the child only reads it.
+  ChildPlan child = plan->child();
+  child.out_fd = fds[1];
+  child.parent = parent;
   const pid_t pid = plan->noop ? fork() : vfork();
-  if (pid == 0) RunChild(*plan, fds[1], parent);
+  if (pid == 0) RunChild(child);
   const int fork_errno = errno;
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   close(fds[1]);
@@ -841,7 +679,7 @@ void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
 
   bool wake;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     a.spawning = false;
     a.pid = pid;
     a.out_fd = fds[0];
@@ -856,7 +694,7 @@ void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.out_fd, &ev);
     ev.data.u64 = a.pid_token;
     epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.pidfd, &ev);
-    const int64_t now = NowMs();
+    const int64_t now = clock_->MonoMs();
     if (a.timeout_ms > 0) a.deadline_ms = now + a.timeout_ms;
     // A start is signalled kStartNotifyDelayMs later, or with the finish if that comes
     // first: a short job then costs the session one round (one wake-up, one write, one
@@ -899,7 +737,7 @@ void Executor::ReadOutputLocked(Attempt& a, bool drain) {
         }
         a.log_bytes += static_cast<int64_t>(done);
       }
-      a.out.Feed(buf, static_cast<size_t>(n), WallNowMs());
+      a.out.Feed(buf, static_cast<size_t>(n), clock_->WallMs());
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
@@ -937,7 +775,7 @@ void Executor::ReapLocked(Attempt& a) {
   tokens_.erase(a.pid_token);
   ReadOutputLocked(a, /*drain=*/true);
   CloseOutputLocked(a);
-  lingering_[a.pid] = NowMs() + kLingerGiveUpMs;
+  lingering_[a.pid] = clock_->MonoMs() + kLingerGiveUpMs;
 
   int code = -1;
   std::string reason = "exit status unknown";
@@ -976,7 +814,7 @@ void Executor::TerminateLocked(Attempt& a, const std::string& reason, const std:
   a.term_retryable = retryable;
   if (a.pid == 0) return;  // being forked: its spawner sends SIGTERM once it has a pid
   kill(-a.pid, SIGTERM);
-  a.kill_at_ms = NowMs() + std::max<int64_t>(0, config_.kill_grace_ms);
+  a.kill_at_ms = clock_->MonoMs() + std::max<int64_t>(0, config_.kill_grace_ms);
   spdlog::info("attempt terminating: job={} attempt={} reason=\"{}\"", a.job_id, a.id, reason);
   WakeLoop();
 }
@@ -999,7 +837,7 @@ void Executor::FinishLocked(Attempt& a, int exit_code, const std::string& reason
   spdlog::info("attempt finished: job={} attempt={} reason=\"{}\" exit_code={} log_bytes={}",
                a.job_id, a.id, reason, exit_code, a.log_bytes);
   UpdateGaugesLocked();
-  changed_.notify_all();
+  changed_.SignalAll();
 }
 
 int64_t Executor::NextTimerMsLocked(int64_t now) {

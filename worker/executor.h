@@ -19,13 +19,11 @@
 
 #include <sys/types.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -33,6 +31,8 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "stemma/v1/worker_service.pb.h"
 #include "worker/config.h"
 #include "worker/metrics.h"
@@ -54,13 +54,15 @@ struct AttemptSnapshot {
   size_t metric_count = 0;            // metric points read so far (MetricsSince)
 };
 
-struct SpawnPlan;  // defined in executor.cc
+struct SpawnPlan;  // worker/spawn_plan.h
 
 class Executor {
  public:
   // Starts the executor thread. `config` (data_dir, allow_exec, kill_grace_ms, engine_path)
-  // is copied; `metrics` may be null and must outlive the executor.
-  Executor(const WorkerConfig& config, Metrics* metrics);
+  // is copied; `metrics` may be null and must outlive the executor. `clock` (null: the
+  // system's) times timeouts, the kill grace period, start signals and orphan reaping, and
+  // stamps metric points; it must outlive the executor.
+  Executor(const WorkerConfig& config, Metrics* metrics, Clock* clock = nullptr);
   // Shutdown(), then joins the thread.
   ~Executor();
   Executor(const Executor&) = delete;
@@ -73,10 +75,11 @@ class Executor {
   void SetChangeCallback(std::function<void()> callback);
 
   // The metric points an attempt's output has reported (engine `step` and `metric` event
-  // lines, common/engine_contract.h), from index `from` on, at most `max` of them. Points
-  // are kept until Forget; past kMaxMetricPoints per attempt further ones are dropped.
-  std::vector<v1::AttemptEvent::Metric> MetricsSince(const std::string& attempt_id, size_t from,
-                                                     size_t max) const;
+  // lines, common/engine_contract.h), from index `from` on, at most `max` of them, appended
+  // to `batch` (empty on entry); returns how many (0 for an unknown attempt). Points are kept
+  // until Forget; past kMaxMetricPoints per attempt further ones are dropped.
+  size_t MetricsSince(const std::string& attempt_id, size_t from, size_t max,
+                      v1::AttemptEvent::MetricBatch* batch) const;
   static constexpr size_t kMaxMetricPoints = 200000;  // = AttemptOutput::kMaxMetricPoints
 
   // Starts an attempt: creates DATA/attempts/<id>/ and its log, and queues the child for a
@@ -105,8 +108,14 @@ class Executor {
   std::vector<AttemptSnapshot> Snapshot() const;
   std::optional<AttemptSnapshot> Get(const std::string& attempt_id) const;
 
-  // Waits until the attempt has finished (or is unknown); false on timeout.
+  // Waits until the attempt has finished (or is unknown); false on timeout (real time,
+  // whatever the executor's clock).
   bool WaitFinished(const std::string& attempt_id, int64_t timeout_ms) const;
+
+  // Looks at the clock again now and fires what is due: for a clock that jumps (a FakeClock
+  // in tests). Otherwise the executor looks when its next timer is due by its clock, on
+  // output or exit of a child, and on every call that changes an attempt.
+  void CheckTimers();
 
   // Number of attempts whose process is alive or about to be forked.
   int Running() const;
@@ -121,10 +130,10 @@ class Executor {
  private:
   struct Attempt;
 
-  void Loop();
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   void WakeLoop();
   // A spawner thread: forks what Launch queued in to_spawn_, until Shutdown's end.
-  void SpawnLoop();
+  void SpawnLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Forks the attempt's child from `plan` (taken out of the attempt under mu_, which is
   // not held here), then records it under mu_.
   void Spawn(Attempt& attempt, std::unique_ptr<SpawnPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
@@ -137,7 +146,7 @@ class Executor {
                     const std::string& result, bool retryable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapLingeringLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void Notify();
+  void Notify() ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
   int64_t NextTimerMsLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Timeouts, SIGKILLs after the grace period, delayed start signals; true if a start is
   // to be signalled.
@@ -145,6 +154,7 @@ class Executor {
   AttemptSnapshot SnapshotOf(const Attempt& attempt) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerConfig config_;
+  Clock* const clock_;
   const std::string attempts_dir_;  // absolute DATA/attempts
   Metrics* const metrics_;
   // The worker's environment when the executor started, name -> "NAME=value": the base of
@@ -154,11 +164,11 @@ class Executor {
   int wake_fd_ = -1;  // eventfd
   int devnull_fd_ = -1;
 
-  mutable std::mutex mu_;
-  mutable std::condition_variable changed_;  // signalled when an attempt finishes
+  mutable absl::Mutex mu_;
+  mutable absl::CondVar changed_;  // signalled when an attempt finishes or is forgotten
   std::map<std::string, std::unique_ptr<Attempt>> attempts_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> to_spawn_ ABSL_GUARDED_BY(mu_);  // attempts to fork, in order
-  std::condition_variable spawn_cv_;  // to_spawn_ grew, or the spawners must stop
+  absl::CondVar spawn_cv_;  // to_spawn_ grew, or the spawners must stop (with mu_)
   bool stop_spawners_ ABSL_GUARDED_BY(mu_) = false;
   // When the executor thread's epoll_wait returns at the latest (monotonic ms; -1: no
   // timeout): a spawner wakes it only for a timer due before then.
@@ -184,10 +194,10 @@ class Executor {
   // nothing but its log. Takes mu_ itself, briefly.
   void RecycleDir(Attempt& attempt) ABSL_LOCKS_EXCLUDED(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
-  std::mutex callback_mu_;  // never held together with mu_
+  absl::Mutex callback_mu_;  // never held together with mu_
   std::function<void()> callback_ ABSL_GUARDED_BY(callback_mu_);
 
-  std::mutex shutdown_mu_;  // serializes Shutdown callers
+  absl::Mutex shutdown_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // serializes Shutdown callers
   std::thread thread_;
   std::vector<std::thread> spawners_;
 };

@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/clock.h"
+
 namespace stemma::worker {
 namespace {
 
@@ -198,6 +200,39 @@ TEST_F(ExecutorTest, TimeoutKills) {
   EXPECT_TRUE(GroupGone(s.pid));
 }
 
+// Timeouts and the SIGTERM -> SIGKILL grace period run on the executor's clock: ten minutes
+// each here, passed by moving a FakeClock, not by waiting.
+TEST_F(ExecutorTest, TimeoutAndKillGraceFollowTheExecutorsClock) {
+  FakeClock clock;
+  config_.kill_grace_ms = 600'000;
+  executor_ = std::make_unique<Executor>(config_, metrics_.get(), &clock);
+  // Ignores SIGTERM (and so does the sleep it becomes): only the SIGKILL ends it.
+  v1::Assignment a = Exec("stubborn", {"/bin/sh", "-c", "trap '' TERM; echo ready; exec sleep 1000"});
+  a.mutable_spec()->set_timeout_ms(600'000);
+  ASSERT_TRUE(executor().Launch(a).ok());
+  ASSERT_GT(WaitPid("stubborn"), 0);
+  for (int i = 0; i < 3000 && Log("stubborn").find("ready") == std::string::npos; ++i) usleep(10'000);
+  ASSERT_EQ(Log("stubborn"), "ready\n");
+
+  clock.Advance(599'999);
+  executor().CheckTimers();
+  EXPECT_FALSE(executor().WaitFinished("stubborn", 200));
+  clock.Advance(1);  // the timeout: SIGTERM, which the job ignores
+  executor().CheckTimers();
+  EXPECT_FALSE(executor().WaitFinished("stubborn", 200));
+  clock.Advance(599'999);
+  executor().CheckTimers();
+  EXPECT_FALSE(executor().WaitFinished("stubborn", 200));
+  clock.Advance(1);  // the grace period is over: SIGKILL
+  executor().CheckTimers();
+  ASSERT_TRUE(executor().WaitFinished("stubborn", kWaitMs));
+  AttemptSnapshot s = *executor().Get("stubborn");
+  EXPECT_EQ(s.result.reason(), "timeout after 600000 ms");
+  EXPECT_EQ(s.result.exit_code(), 128 + SIGKILL);
+  EXPECT_TRUE(s.result.retryable());
+  EXPECT_TRUE(GroupGone(s.pid));
+}
+
 TEST_F(ExecutorTest, CancelKillsWholeProcessGroup) {
   ASSERT_TRUE(executor().Launch(Exec("group", {"/bin/sh", "-c", "sleep 100 & sleep 100"})).ok());
   const int64_t pgid = WaitPid("group");
@@ -353,16 +388,23 @@ TEST_F(ExecutorTest, EngineEventsBecomeMetricPointsAndArtifacts) {
   AttemptSnapshot s = Run(a);
   EXPECT_EQ(s.result.reason(), "exit 0");
   ASSERT_EQ(s.metric_count, 3u);
-  auto points = executor().MetricsSince("engine-events", 0, 100);
-  ASSERT_EQ(points.size(), 3u);
-  EXPECT_EQ(points[0].name(), "loss");
-  EXPECT_DOUBLE_EQ(points[0].value(), 2.5);
-  EXPECT_EQ(points[0].step(), 1);
-  EXPECT_GT(points[0].time_ms(), 0);
-  EXPECT_EQ(points[1].name(), "lr");
-  EXPECT_EQ(points[2].name(), "heldout_loss/uk");
-  EXPECT_EQ(points[2].labels().at("language"), "uk");
-  EXPECT_EQ(executor().MetricsSince("engine-events", 2, 100).size(), 1u);
+  v1::AttemptEvent::MetricBatch points;
+  ASSERT_EQ(executor().MetricsSince("engine-events", 0, 100, &points), 3u);
+  ASSERT_EQ(points.name_index_size(), 3);
+  auto name = [&](int i) { return points.names(static_cast<int>(points.name_index(i))); };
+  EXPECT_EQ(name(0), "loss");
+  EXPECT_DOUBLE_EQ(points.values(0), 2.5);
+  EXPECT_EQ(points.steps(0), 1);
+  EXPECT_GT(points.times_ms(0), 0);
+  EXPECT_EQ(name(1), "lr");
+  EXPECT_EQ(name(2), "heldout_loss/uk");
+  ASSERT_EQ(points.label_index_size(), 3);
+  ASSERT_GT(points.label_index(2), 0u);
+  EXPECT_EQ(points.label_sets(static_cast<int>(points.label_index(2)) - 1).labels().at("language"), "uk");
+  v1::AttemptEvent::MetricBatch rest;
+  EXPECT_EQ(executor().MetricsSince("engine-events", 2, 100, &rest), 1u);
+  v1::AttemptEvent::MetricBatch unknown;
+  EXPECT_EQ(executor().MetricsSince("no-such-attempt", 0, 100, &unknown), 0u);
   ASSERT_EQ(s.result.artifacts_size(), 1);
   const v1::OutputArtifact& art = s.result.artifacts(0);
   EXPECT_EQ(art.name(), "model");

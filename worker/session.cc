@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/rpc.h"
@@ -20,16 +21,13 @@
 namespace stemma::worker {
 namespace {
 
-constexpr int64_t kMinBackoffMs = 100;
-constexpr int64_t kMaxBackoffMs = 5000;
 constexpr int64_t kTickMs = 50;               // log flush period (the brief asks <= ~100 ms)
 constexpr int64_t kRegisterTimeoutMs = 15000;  // no Registered by then: reconnect
 constexpr size_t kLogChunk = 64 * 1024;
 constexpr int kChunksPerTick = 16;             // per attempt, so heartbeats stay on time
-constexpr size_t kMetricsPerTick = 4096;        // metric points per attempt per tick
+constexpr size_t kMetricsPerBatch = 8192;       // metric points per MetricBatch (~200 KB)
+constexpr size_t kMetricsPerTick = 32768;       // metric points per attempt per tick
 constexpr size_t kBatchBytes = kMaxMessageBytes / 4;  // an EventBatch is split beyond this
-
-int64_t NowMs() { return RealClock::Get()->MonoMs(); }
 
 int64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -63,14 +61,21 @@ bool ReadAt(const std::string& path, int64_t offset, size_t n, std::string* out)
 
 }  // namespace
 
+int64_t ReconnectBackoff::NextDelayMs() {
+  const int64_t delay = std::uniform_int_distribution<int64_t>(backoff_ms_ / 2, backoff_ms_)(rng_);
+  backoff_ms_ = std::min(kMaxMs, backoff_ms_ * 2);
+  return delay;
+}
+
 Session::Session(const WorkerConfig& config, Executor* executor, Metrics* metrics,
-                 ClientSecurity security)
+                 ClientSecurity security, Clock* clock)
     : config_(config),
       security_(std::move(security)),
-      executor_(executor), metrics_(metrics), incarnation_(RandomIncarnation()) {
+      executor_(executor), metrics_(metrics), incarnation_(RandomIncarnation()),
+      clock_(clock != nullptr ? clock : RealClock::Get()) {
   // Finishes and progress are shipped at once, starts within 2 ms (together with the
   // finish of a short job), rather than on the next tick.
-  executor_->SetChangeCallback([this] { cv_.notify_all(); });
+  executor_->SetChangeCallback([this] { cv_.SignalAll(); });
   if (metrics_ != nullptr) {
     metrics_->SetConnected(false);
     metrics_->SetGpusTotal(static_cast<int>(config_.gpus.size()));
@@ -83,10 +88,10 @@ Session::~Session() {
 }
 
 void Session::Stop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   stop_ = true;
   if (ctx_ != nullptr) ctx_->TryCancel();
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void Session::Run() {
@@ -97,7 +102,7 @@ void Session::Run() {
   // failed fails new calls fast until gRPC's own reconnect backoff expires, and we want
   // our backoff, not gRPC's, to decide when the next try happens.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  std::mt19937_64 rng(std::random_device{}());
+  ReconnectBackoff backoff(std::random_device{}());
   // One set of credentials for every stream: their certificate files are watched and
   // re-read when they change. main checked them, so this does not fail in practice.
   auto credentials = MakeChannelCredentials(security_, &args);
@@ -106,28 +111,29 @@ void Session::Run() {
     return;
   }
 
-  int64_t backoff_ms = kMinBackoffMs;
   for (;;) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stop_) break;
     }
     auto channel = grpc::CreateCustomChannel(config_.coordinator, *credentials, args);
     auto stub = v1::WorkerService::NewStub(channel);
     if (RunStream(*stub)) {
-      backoff_ms = kMinBackoffMs;
+      backoff.Reset();
       failures_ = 0;
     } else {
       ++failures_;
     }
-    // Jitter: a uniform delay in [backoff/2, backoff], so a fleet does not reconnect at once.
-    const int64_t delay =
-        std::uniform_int_distribution<int64_t>(backoff_ms / 2, backoff_ms)(rng);
-    backoff_ms = std::min(kMaxBackoffMs, backoff_ms * 2);
-    std::unique_lock<std::mutex> lock(mu_);
+    const int64_t delay = backoff.NextDelayMs();
+    const int64_t until = clock_->MonoMs() + delay;
+    absl::MutexLock lock(&mu_);
     if (stop_) break;
     spdlog::debug("session: reconnecting to {} in {} ms", config_.coordinator, delay);
-    cv_.wait_for(lock, std::chrono::milliseconds(delay), [this] { return stop_; });
+    // By the session's clock, looked at every tick.
+    for (int64_t left = delay; !stop_ && left > 0; left = until - clock_->MonoMs()) {
+      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(std::min(left, kTickMs)));
+    }
+    if (stop_) break;
   }
   spdlog::info("session: stopped");
 }
@@ -136,15 +142,15 @@ bool Session::RunStream(v1::WorkerService::Stub& stub) {
   grpc::ClientContext ctx;
   AddCallCredentials(security_, &ctx);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stop_) return false;
     ctx_ = &ctx;
     conn_done_ = false;
     registered_ = false;
     acked_seq_ = 0;
     awaiting_ack_.clear();
-    last_rx_ms_ = NowMs();
-    last_ack_ms_ = NowMs();
+    last_rx_ms_ = clock_->MonoMs();
+    last_ack_ms_ = clock_->MonoMs();
     heartbeat_sent_us_.clear();
     pending_ship_.clear();
   }
@@ -160,8 +166,8 @@ bool Session::RunStream(v1::WorkerService::Stub& stub) {
   v1::CoordinatorMessage msg;
   while (stream->Read(&msg)) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      last_rx_ms_ = NowMs();
+      absl::MutexLock lock(&mu_);
+      last_rx_ms_ = clock_->MonoMs();
     }
     if (msg.has_batch()) {
       for (const v1::CoordinatorMessage& m : msg.batch().messages()) Handle(m, &registered);
@@ -171,16 +177,16 @@ bool Session::RunStream(v1::WorkerService::Stub& stub) {
   }
 
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     conn_done_ = true;
     registered_ = false;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   pump.join();
   const grpc::Status status = stream->Finish();
   bool stopping;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     ctx_ = nullptr;
     stopping = stop_;
   }
@@ -244,6 +250,7 @@ void Session::Handle(const v1::CoordinatorMessage& msg, bool* registered) {
   }
 }
 
+
 v1::WorkerMessage Session::MakeRegister() const {
   v1::WorkerMessage msg;
   v1::Register* reg = msg.mutable_register_();
@@ -300,7 +307,7 @@ void Session::OnRegistered(const v1::Registered& registered) {
   }
 
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     heartbeat_interval_ms_ =
         registered.heartbeat_interval_ms() > 0 ? registered.heartbeat_interval_ms() : 1000;
     const int64_t lease = registered.lease_ms() > 0 ? registered.lease_ms() : 10 * heartbeat_interval_ms_;
@@ -308,8 +315,8 @@ void Session::OnRegistered(const v1::Registered& registered) {
     pending_ship_ = std::move(ship);
     coordinator_batches_ = registered.accepts_batches();
     registered_ = true;
-    last_ack_ms_ = NowMs();
-    cv_.notify_all();
+    last_ack_ms_ = clock_->MonoMs();
+    cv_.SignalAll();
   }
   if (metrics_ != nullptr) metrics_->SetConnected(true);
   spdlog::info(
@@ -320,9 +327,9 @@ void Session::OnRegistered(const v1::Registered& registered) {
 }
 
 void Session::OnHeartbeatAck(const v1::HeartbeatAck& ack) {
-  const int64_t now = NowMs();
+  const int64_t now = clock_->MonoMs();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     last_ack_ms_ = now;
     auto it = heartbeat_sent_us_.find(ack.seq());
     if (it != heartbeat_sent_us_.end()) {
@@ -339,7 +346,7 @@ void Session::OnAck(uint64_t event_seq) {
   // in the same read: that launch then finds the freed directory to reuse.
   std::vector<std::string> forget;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     acked_seq_ = std::max(acked_seq_, event_seq);
     while (!awaiting_ack_.empty() && awaiting_ack_.front().first <= acked_seq_) {
       forget.push_back(std::move(awaiting_ack_.front().second));
@@ -350,7 +357,7 @@ void Session::OnAck(uint64_t event_seq) {
 }
 
 bool Session::Write(Stream* stream, const v1::WorkerMessage& msg) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  absl::MutexLock lock(&write_mu_);
   return stream->Write(msg);
 }
 
@@ -358,7 +365,7 @@ void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
   ship_.clear();
   bool took_registration = false;
   int64_t next_heartbeat_ms = 0;
-  const int64_t started_ms = NowMs();
+  const int64_t started_ms = clock_->MonoMs();
   for (;;) {
     int64_t interval;
     int64_t silence_limit;
@@ -366,11 +373,11 @@ void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
     int64_t last_ack;
     uint64_t acked;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(kTickMs));
+      absl::MutexLock lock(&mu_);
+      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(kTickMs));
       if (conn_done_ || stop_) return;
       if (!registered_) {
-        if (NowMs() - started_ms > kRegisterTimeoutMs) {
+        if (clock_->MonoMs() - started_ms > kRegisterTimeoutMs) {
           spdlog::warn("session: no Registered from {} after {} ms; reconnecting",
                        config_.coordinator, kRegisterTimeoutMs);
           ctx->TryCancel();
@@ -390,7 +397,7 @@ void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
       last_ack = last_ack_ms_;
       acked = acked_seq_;
     }
-    const int64_t now = NowMs();
+    const int64_t now = clock_->MonoMs();
     if (metrics_ != nullptr) metrics_->SetHeartbeatAge((now - last_ack) / 1000.0);
     if (now - last_rx > silence_limit) {
       spdlog::warn("session: nothing from {} for {} ms; reconnecting", config_.coordinator,
@@ -413,10 +420,10 @@ void Session::Pump(Stream* stream, grpc::ClientContext* ctx) {
     if (now >= next_heartbeat_ms) {
       v1::WorkerMessage hb;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         const uint64_t seq = ++heartbeat_seq_;
         hb.mutable_heartbeat()->set_seq(seq);
-        hb.mutable_heartbeat()->set_sent_ms(RealClock::Get()->WallMs());
+        hb.mutable_heartbeat()->set_sent_ms(clock_->WallMs());
         heartbeat_sent_us_[seq] = NowUs();
         while (heartbeat_sent_us_.size() > 64) heartbeat_sent_us_.erase(heartbeat_sent_us_.begin());
       }
@@ -457,15 +464,18 @@ bool Session::ShipEvents(Stream* stream) {
       out.push_back(ev);
       s.progress_sent = a.progress_version;
     }
-    if (a.metric_count > s.metrics_sent) {
-      for (v1::AttemptEvent::Metric& m : executor_->MetricsSince(a.attempt_id, s.metrics_sent, kMetricsPerTick)) {
-        v1::AttemptEvent mev;
-        mev.set_attempt_id(a.attempt_id);
-        mev.set_rank(a.rank);
-        *mev.mutable_metric() = std::move(m);
-        out.push_back(std::move(mev));
-        ++s.metrics_sent;
-      }
+    // What the attempt reported since the last round leaves as one packed batch (more only
+    // past kMetricsPerBatch points), before its Finished.
+    for (size_t shipped = 0; a.metric_count > s.metrics_sent && shipped < kMetricsPerTick;) {
+      v1::AttemptEvent mev;
+      mev.set_attempt_id(a.attempt_id);
+      mev.set_rank(a.rank);
+      const size_t n =
+          executor_->MetricsSince(a.attempt_id, s.metrics_sent, kMetricsPerBatch, mev.mutable_metrics());
+      if (n == 0) break;
+      s.metrics_sent += n;
+      shipped += n;
+      out.push_back(std::move(mev));
     }
     std::string chunk;
     for (int i = 0; i < kChunksPerTick && s.sent < a.log_bytes; ++i) {
@@ -499,7 +509,7 @@ bool Session::ShipEvents(Stream* stream) {
   }
   if (!finished.empty()) {
     // Registered before the write, so that OnAck finds them however fast the ack comes.
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (auto& f : finished) awaiting_ack_.push_back(std::move(f));
   }
   return WriteEvents(stream, &out);

@@ -15,16 +15,17 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <mutex>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "common/rpc.h"
 #include "stemma/v1/worker_service.grpc.pb.h"
 #include "worker/config.h"
@@ -33,12 +34,31 @@
 
 namespace stemma::worker {
 
+// The delay before the next stream after one that did not register: uniform in [d/2, d],
+// d doubling from 100 ms up to 5 s, back to 100 ms after a stream that registered. The
+// jitter keeps a fleet from reconnecting at once. Not thread-safe (Run's thread owns it).
+class ReconnectBackoff {
+ public:
+  static constexpr int64_t kMinMs = 100;
+  static constexpr int64_t kMaxMs = 5000;
+  explicit ReconnectBackoff(uint64_t seed) : rng_(seed) {}
+  int64_t NextDelayMs();
+  void Reset() { backoff_ms_ = kMinMs; }
+
+ private:
+  std::mt19937_64 rng_;
+  int64_t backoff_ms_ = kMinMs;
+};
+
 class Session {
  public:
   // `executor` and `metrics` must outlive the session. `security`: TLS (CA, client
   // certificate) and the worker's token for every stream; empty means plaintext, no token.
+  // `clock` (null: the system's; must outlive the session) decides when heartbeats are due,
+  // when a silent coordinator is given up, when a registration has taken too long and when
+  // the reconnect backoff is over; the session looks at it at least every 50 ms.
   Session(const WorkerConfig& config, Executor* executor, Metrics* metrics,
-          ClientSecurity security = {});
+          ClientSecurity security = {}, Clock* clock = nullptr);
   ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -80,6 +100,8 @@ class Session {
   bool WriteEvents(Stream* stream, std::vector<v1::AttemptEvent>* events);
   bool Write(Stream* stream, const v1::WorkerMessage& msg);
   v1::WorkerMessage MakeRegister() const;
+  // A StopAttempt: writes the attempt's stop file for its engine.
+  void RequestStop(const std::string& attempt_id, const std::string& reason);
 
   const WorkerConfig config_;
   const ClientSecurity security_;
@@ -87,10 +109,12 @@ class Session {
   Metrics* const metrics_;
   const std::string incarnation_;
 
-  std::mutex write_mu_;  // one Write at a time on the stream
+  Clock* const clock_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;  // wakes the pump and the backoff sleep
+  absl::Mutex write_mu_;  // one Write at a time on the stream
+
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // wakes the pump and the backoff sleep (with mu_)
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   grpc::ClientContext* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;  // the live stream's
   bool conn_done_ ABSL_GUARDED_BY(mu_) = false;

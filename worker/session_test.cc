@@ -15,6 +15,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/clock.h"
+
 namespace stemma::worker {
 namespace {
 
@@ -39,9 +41,9 @@ class FakeCoordinator final : public v1::WorkerService::Service {
     v1::Registered* reg = reply.mutable_registered();
     reg->set_worker_id(first.register_().info().id());
     reg->set_lease_ms(10000);
-    reg->set_heartbeat_interval_ms(100);
     {
       std::lock_guard<std::mutex> lock(mu_);
+      reg->set_heartbeat_interval_ms(heartbeat_interval_ms_);
       for (const auto& k : keep_) *reg->add_keep() = k;
       reg->set_accepts_batches(accepts_batches_);
     }
@@ -54,9 +56,18 @@ class FakeCoordinator final : public v1::WorkerService::Service {
     v1::WorkerMessage msg;
     while (stream->Read(&msg)) {
       if (msg.has_heartbeat()) {
-        v1::CoordinatorMessage ack;
-        ack.mutable_heartbeat_ack()->set_seq(msg.heartbeat().seq());
-        Send(ack);
+        bool ack_it;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          ++heartbeats_;
+          ack_it = ack_heartbeats_;
+          cv_.notify_all();
+        }
+        if (ack_it) {
+          v1::CoordinatorMessage ack;
+          ack.mutable_heartbeat_ack()->set_seq(msg.heartbeat().seq());
+          Send(ack);
+        }
         continue;
       }
       // One event, or a batch of them (what the worker had pending at once).
@@ -89,6 +100,8 @@ class FakeCoordinator final : public v1::WorkerService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     stream_ = nullptr;
     ctx_ = nullptr;
+    ++streams_ended_;
+    cv_.notify_all();
     return grpc::Status::OK;
   }
 
@@ -121,9 +134,21 @@ class FakeCoordinator final : public v1::WorkerService::Service {
     accepts_batches_ = on;
   }
 
+  // A coordinator that only listens: heartbeats are counted, never acked.
+  void SetAckHeartbeats(bool on) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ack_heartbeats_ = on;
+  }
+  void SetHeartbeatIntervalMs(int64_t ms) {
+    std::lock_guard<std::mutex> lock(mu_);
+    heartbeat_interval_ms_ = ms;
+  }
+
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<v1::Register> registers_;
+  int heartbeats_ = 0;      // Heartbeat messages received, all streams
+  int streams_ended_ = 0;   // streams that ended after Registered
   std::vector<v1::AttemptEvent> events_;
   std::vector<int> message_of_;  // per event in events_: the stream message it came in
   int messages_ = 0;             // event-carrying messages received
@@ -136,6 +161,8 @@ class FakeCoordinator final : public v1::WorkerService::Service {
   std::vector<v1::RunningAttempt> keep_;
   bool auto_ack_ = true;
   bool accepts_batches_ = true;
+  bool ack_heartbeats_ = true;
+  int64_t heartbeat_interval_ms_ = 100;
 };
 
 class SessionTest : public ::testing::Test {
@@ -156,8 +183,9 @@ class SessionTest : public ::testing::Test {
     config_.worker_id = "w-test";
     config_.allow_exec = true;
     config_.kill_grace_ms = 200;
-    executor_ = std::make_unique<Executor>(config_, nullptr);
-    session_ = std::make_unique<Session>(config_, executor_.get(), nullptr);
+    Clock* clock = fake_clock_ ? &clock_ : nullptr;
+    executor_ = std::make_unique<Executor>(config_, nullptr, clock);
+    session_ = std::make_unique<Session>(config_, executor_.get(), nullptr, ClientSecurity{}, clock);
     thread_ = std::thread([this] { session_->Run(); });
   }
   void TearDown() override {
@@ -212,6 +240,8 @@ class SessionTest : public ::testing::Test {
     return false;
   }
 
+  bool fake_clock_ = false;  // the executor and the session run on clock_
+  FakeClock clock_;
   fs::path dir_;
   FakeCoordinator fake_;
   std::unique_ptr<grpc::Server> server_;
@@ -378,6 +408,114 @@ TEST_F(SessionTest, ACoordinatorWithoutBatchesGetsOneMessagePerEvent) {
   EXPECT_EQ(fake_.batches_received_, before);
   EXPECT_EQ(LogOf("d1", 0), "one\n");
   EXPECT_EQ(LogOf("d2", 0), "two\n");
+}
+
+// An attempt's metric points travel packed (MetricBatch, never a message per point), all of
+// them before its Finished, in the order the engine printed them.
+TEST_F(SessionTest, MetricPointsTravelPackedBeforeFinished) {
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1; }));
+  Assign("m1", {"/bin/sh", "-c",
+                "i=1; while [ $i -le 50 ]; do "
+                "echo \"{\\\"event\\\":\\\"step\\\",\\\"step\\\":$i,\\\"loss\\\":$i.5,\\\"lr\\\":0.1}\"; "
+                "i=$((i+1)); done"});
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("m1") == 1; }));
+  std::lock_guard<std::mutex> lock(fake_.mu_);
+  std::vector<v1::AttemptEvent> events = EventsOf("m1");
+  ASSERT_TRUE(events.back().has_finished());
+  EXPECT_EQ(events.back().finished().reason(), "exit 0");
+  std::vector<std::pair<std::string, int64_t>> points;  // (name, step)
+  std::vector<double> losses;
+  int batches = 0;
+  for (const v1::AttemptEvent& e : events) {
+    EXPECT_FALSE(e.has_metric()) << "one message per point";
+    if (!e.has_metrics()) continue;
+    ++batches;
+    const auto& b = e.metrics();
+    ASSERT_EQ(b.steps_size(), b.name_index_size());
+    ASSERT_EQ(b.values_size(), b.name_index_size());
+    for (int i = 0; i < b.name_index_size(); ++i) {
+      const std::string& name = b.names(static_cast<int>(b.name_index(i)));
+      points.emplace_back(name, b.steps(i));
+      if (name == "loss") losses.push_back(b.values(i));
+    }
+  }
+  ASSERT_EQ(points.size(), 100u);
+  EXPECT_LE(batches, 50);
+  for (int64_t step = 1; step <= 50; ++step) {
+    EXPECT_EQ(points[2 * (step - 1)], std::make_pair(std::string("loss"), step));
+    EXPECT_EQ(points[2 * (step - 1) + 1], std::make_pair(std::string("lr"), step));
+    EXPECT_DOUBLE_EQ(losses[step - 1], step + 0.5);
+  }
+}
+
+// The session's timing runs on its Clock: heartbeats fall due, a silent coordinator is given
+// up at the lease and the reconnect waits out its backoff only as that clock moves.
+class SessionClockTest : public SessionTest {
+ protected:
+  SessionClockTest() {
+    fake_clock_ = true;
+    fake_.SetAckHeartbeats(false);  // only the registration and event acks count as contact
+    fake_.SetHeartbeatIntervalMs(1);
+  }
+  int Heartbeats() {
+    std::lock_guard<std::mutex> lock(fake_.mu_);
+    return fake_.heartbeats_;
+  }
+  size_t Registers() {
+    std::lock_guard<std::mutex> lock(fake_.mu_);
+    return fake_.registers_.size();
+  }
+};
+
+TEST_F(SessionClockTest, HeartbeatsSilenceAndBackoffFollowTheClock) {
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1 && fake_.heartbeats_ == 1; }));
+  // A job's whole life takes the pump round several times; with the clock standing still no
+  // second heartbeat falls due, though the interval is 1 ms.
+  Assign("c1", {"/bin/true"});
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("c1") == 1; }));
+  ASSERT_TRUE(WaitForgotten("c1"));  // the ack came: the last contact, at the clock's now
+  EXPECT_EQ(Heartbeats(), 1);
+
+  clock_.Advance(1);
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.heartbeats_ == 2; }));
+  // 9,001 ms of silence: within the 10,000 ms lease, the stream stays (the heartbeat proves
+  // the pump looked after the clock moved).
+  clock_.Advance(9000);
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.heartbeats_ == 3; }));
+  EXPECT_EQ(Registers(), 1u);
+  {
+    std::lock_guard<std::mutex> lock(fake_.mu_);
+    EXPECT_EQ(fake_.streams_ended_, 0);
+  }
+
+  // Past the lease: the worker gives the stream up...
+  clock_.Advance(1000);
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.streams_ended_ == 1; }));
+  // ...and reconnects only once its backoff (50-100 ms after a registered stream) has passed
+  // on its clock: give a wall-clock backoff the time to show itself, then move the clock.
+  usleep(300'000);
+  EXPECT_EQ(Registers(), 1u);
+  clock_.Advance(100);
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 2; }));
+}
+
+TEST(ReconnectBackoff, DoublesWithJitterUpToTheCapAndResets) {
+  ReconnectBackoff backoff(42);
+  int64_t d = ReconnectBackoff::kMinMs;
+  for (int i = 0; i < 12; ++i) {
+    const int64_t delay = backoff.NextDelayMs();
+    EXPECT_GE(delay, d / 2) << "try " << i;
+    EXPECT_LE(delay, d) << "try " << i;
+    d = std::min(ReconnectBackoff::kMaxMs, d * 2);
+  }
+  EXPECT_EQ(d, ReconnectBackoff::kMaxMs);
+  backoff.Reset();
+  const int64_t first = backoff.NextDelayMs();
+  EXPECT_GE(first, ReconnectBackoff::kMinMs / 2);
+  EXPECT_LE(first, ReconnectBackoff::kMinMs);
+  // The jitter differs between workers (seeds), not between runs of one seed.
+  ReconnectBackoff a(7), b(7);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(a.NextDelayMs(), b.NextDelayMs());
 }
 
 }  // namespace

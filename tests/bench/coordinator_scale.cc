@@ -123,16 +123,21 @@ class SimWorker : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Coordina
   void Finish(const std::string& attempt) {
     v1::WorkerMessage m;
     // With --metrics-per-job N the attempt first reports N training steps' metrics (as the
-    // worker forwards an engine's step events: one Metric per value), in the same batch.
+    // worker forwards an engine's step events: one MetricBatch of the attempt's points), in
+    // the same message.
     auto* ev = metrics_per_job_ > 0 ? m.mutable_events()->add_events() : m.mutable_event();
-    for (int i = 0; i < metrics_per_job_; ++i) {
-      auto* point = ev;
-      point->set_attempt_id(attempt);
-      auto* metric = point->mutable_metric();
-      metric->set_name(i % 2 == 0 ? "loss" : "tokens_per_s");
-      metric->set_step(i / 2 + 1);
-      metric->set_value(i % 2 == 0 ? 3.0 / (1 + i) : 5000 + i);
-      metric->set_time_ms(static_cast<int64_t>(NowMs()));
+    if (metrics_per_job_ > 0) {
+      ev->set_attempt_id(attempt);
+      auto* batch = ev->mutable_metrics();
+      batch->add_names("loss");
+      batch->add_names("tokens_per_s");
+      const int64_t now = static_cast<int64_t>(NowMs());
+      for (int i = 0; i < metrics_per_job_; ++i) {
+        batch->add_name_index(i % 2);
+        batch->add_steps(i / 2 + 1);
+        batch->add_values(i % 2 == 0 ? 3.0 / (1 + i) : 5000 + i);
+        batch->add_times_ms(now);
+      }
       ev = m.mutable_events()->add_events();
     }
     g_points += metrics_per_job_;

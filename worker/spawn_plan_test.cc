@@ -1,0 +1,276 @@
+// The spawn plan, table-tested without forking: what each kind of assignment would exec,
+// with which environment and files, or why it is refused.
+#include "worker/spawn_plan.h"
+
+#include <signal.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/engine_contract.h"
+
+namespace stemma::worker {
+namespace {
+
+class SpawnPlanTest : public ::testing::Test {
+ protected:
+  SpawnPlanTest() {
+    worker_env_ = {{"HOME", "HOME=/home/w"},
+                   {"PATH", "PATH=/opt/bin:/usr/bin"},
+                   {"LANG", "LANG=C.UTF-8"}};
+    context_.attempts_dir = "/data/attempts";
+    context_.worker_env = &worker_env_;
+    context_.engine = "/opt/stemma/stemma-engine";
+    context_.ignored_signals = {SIGPIPE};
+    context_.devnull = 7;
+    context_.is_executable = [this](const std::string& path) {
+      return executables_.count(path) > 0;
+    };
+    config_.allow_exec = true;
+  }
+
+  static v1::Assignment Exec(std::vector<std::string> argv) {
+    v1::Assignment a;
+    a.set_job_id("j-1");
+    a.set_attempt_id("j-1.1");
+    a.set_world_size(1);
+    for (auto& s : argv) a.mutable_spec()->mutable_exec()->add_argv(s);
+    return a;
+  }
+
+  static v1::Assignment Train() {
+    v1::Assignment a;
+    a.set_job_id("j-2");
+    a.set_attempt_id("j-2.3");
+    a.set_world_size(1);
+    a.mutable_spec()->mutable_train()->set_steps(30);
+    return a;
+  }
+
+  std::unique_ptr<SpawnPlan> Plan(const v1::Assignment& a) {
+    return PlanSpawn(a, config_, context_);
+  }
+
+  // The child's whole environment as execve would get it.
+  static std::set<std::string> Envp(const SpawnPlan& p) {
+    std::set<std::string> out(p.env.begin(), p.env.end());
+    for (const char* e : p.inherited) out.insert(e);
+    return out;
+  }
+
+  std::map<std::string, std::string> worker_env_;
+  std::set<std::string> executables_;
+  SpawnContext context_;
+  WorkerConfig config_;
+};
+
+TEST_F(SpawnPlanTest, RefusalsSayWhyAndPlanNothingToRun) {
+  struct Case {
+    const char* name;
+    std::function<void(v1::Assignment*, WorkerConfig*, SpawnContext*)> change;
+    std::string refusal;
+    bool has_workdir;
+  };
+  const std::vector<Case> cases = {
+      {"slash in id", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->set_attempt_id("../x"); },
+       "refused: attempt id '../x' is not a valid directory name", false},
+      {"dot id", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->set_attempt_id(".."); },
+       "refused: attempt id '..' is not a valid directory name", false},
+      {"empty id", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->set_attempt_id(""); },
+       "refused: attempt id '' is not a valid directory name", false},
+      {"exec without --allow-exec", [](v1::Assignment*, WorkerConfig* c, SpawnContext*) { c->allow_exec = false; },
+       "refused: exec jobs need a worker started with --allow-exec", true},
+      {"empty argv", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->mutable_spec()->mutable_exec()->clear_argv(); },
+       "refused: exec.argv is empty", true},
+      {"empty program", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->mutable_spec()->mutable_exec()->set_argv(0, ""); },
+       "refused: exec.argv is empty", true},
+      {"no engine", [](v1::Assignment* a, WorkerConfig*, SpawnContext* c) {
+         a->mutable_spec()->mutable_train()->set_steps(1);
+         c->engine.clear();
+       }, "refused: stemma-engine not found", true},
+      {"no kind", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->mutable_spec()->Clear(); },
+       "refused: the job spec has no kind this worker runs", true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::Assignment a = Exec({"/bin/true"});
+    WorkerConfig config = config_;
+    SpawnContext context = context_;
+    c.change(&a, &config, &context);
+    std::unique_ptr<SpawnPlan> p = PlanSpawn(a, config, context);
+    EXPECT_EQ(p->refusal, c.refusal);
+    EXPECT_EQ(!p->workdir.empty(), c.has_workdir);
+    if (c.has_workdir) EXPECT_EQ(p->log_path, p->workdir + "/log");
+    EXPECT_TRUE(p->argv.empty());
+    EXPECT_TRUE(p->files.empty());
+  }
+}
+
+TEST_F(SpawnPlanTest, NoopSleepsWithoutExecOrEnvironment) {
+  v1::Assignment a = Exec({});
+  a.mutable_spec()->mutable_noop()->set_duration_ms(-5);
+  a.mutable_spec()->mutable_noop()->set_exit_code(3);
+  config_.allow_exec = false;  // noop needs no --allow-exec
+  std::unique_ptr<SpawnPlan> p = Plan(a);
+  EXPECT_EQ(p->refusal, "");
+  EXPECT_TRUE(p->noop);
+  EXPECT_EQ(p->noop_ms, 0);
+  EXPECT_EQ(p->noop_exit, 3);
+  EXPECT_EQ(p->workdir, "/data/attempts/j-1.1");
+  EXPECT_TRUE(p->env.empty());
+  EXPECT_EQ(p->stdin_fd, -1);
+}
+
+TEST_F(SpawnPlanTest, ExecGetsTheContractVariablesOverTheWorkersEnvironment) {
+  v1::Assignment a = Exec({"/bin/echo", "a b", "$HOME"});
+  a.set_rank(2);
+  a.set_world_size(4);
+  a.add_gpu_ids(1);
+  a.add_gpu_ids(3);
+  (*a.mutable_spec()->mutable_exec()->mutable_env())["HOME"] = "/job/home";
+  (*a.mutable_spec()->mutable_exec()->mutable_env())["FOO"] = "bar";
+  std::unique_ptr<SpawnPlan> p = Plan(a);
+  ASSERT_EQ(p->refusal, "");
+  EXPECT_FALSE(p->noop);
+  EXPECT_EQ(p->path, "/bin/echo");
+  EXPECT_EQ(p->argv, (std::vector<std::string>{"/bin/echo", "a b", "$HOME"}));  // no shell
+  EXPECT_EQ(p->workdir, "/data/attempts/j-1.1");
+  EXPECT_EQ(p->stdin_fd, 7);
+  EXPECT_EQ(p->reset_signals, std::vector<int>{SIGPIPE});
+  EXPECT_EQ(p->Env("STEMMA_JOB_ID"), "j-1");
+  EXPECT_EQ(p->Env(std::string(engine_contract::kEnvAttemptId)), "j-1.1");
+  EXPECT_EQ(p->Env("STEMMA_RANK"), "2");
+  EXPECT_EQ(p->Env("RANK"), "2");
+  EXPECT_EQ(p->Env("WORLD_SIZE"), "4");
+  EXPECT_EQ(p->Env("STEMMA_WORLD_SIZE"), "4");
+  EXPECT_EQ(p->Env("LOCAL_RANK"), "0");
+  EXPECT_EQ(p->Env("CUDA_VISIBLE_DEVICES"), "1,3");
+  EXPECT_EQ(p->Env("STEMMA_WORKDIR"), "/data/attempts/j-1.1");
+  EXPECT_EQ(p->Env("FOO"), "bar");
+  EXPECT_EQ(p->Env("MASTER_ADDR"), "");  // no rendezvous
+  EXPECT_EQ(p->Env("STEMMA_CPUS"), "");  // engine jobs only
+  EXPECT_EQ(p->Env("OMP_WAIT_POLICY"), "");
+  // The job's HOME replaces the worker's; the rest of the worker's environment is inherited.
+  const std::set<std::string> envp = Envp(*p);
+  EXPECT_TRUE(envp.count("HOME=/job/home"));
+  EXPECT_FALSE(envp.count("HOME=/home/w"));
+  EXPECT_TRUE(envp.count("LANG=C.UTF-8"));
+  EXPECT_TRUE(envp.count("PATH=/opt/bin:/usr/bin"));
+  EXPECT_TRUE(std::is_sorted(p->env.begin(), p->env.end()));
+  EXPECT_EQ(p->exec_error, "stemma-worker: cannot execute /bin/echo: ");
+  EXPECT_EQ(p->chdir_error, "stemma-worker: cannot enter /data/attempts/j-1.1\n");
+}
+
+TEST_F(SpawnPlanTest, ProgramsAreLookedUpOnTheChildsPath) {
+  executables_ = {"/usr/bin/tool", "/opt/bin/tool", "/job/bin/tool", "./local"};
+  struct Case {
+    const char* name;
+    std::string program;
+    std::string job_path;  // empty: the job sets no PATH
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {"worker PATH, first match", "tool", "", "/opt/bin/tool"},
+      {"job PATH wins", "tool", "/job/bin:/usr/bin", "/job/bin/tool"},
+      {"empty entry is the working directory", "local", ":/usr/bin", "./local"},
+      {"not found: exec'd as given (ENOENT, exit 127)", "missing", "", "missing"},
+      {"a path is not looked up", "bin/tool", "", "bin/tool"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::Assignment a = Exec({c.program});
+    if (!c.job_path.empty()) (*a.mutable_spec()->mutable_exec()->mutable_env())["PATH"] = c.job_path;
+    std::unique_ptr<SpawnPlan> p = Plan(a);
+    ASSERT_EQ(p->refusal, "");
+    EXPECT_EQ(p->path, c.want);
+    EXPECT_EQ(p->argv[0], c.program);
+  }
+  // A worker without PATH looks in the default directories.
+  worker_env_.erase("PATH");
+  EXPECT_EQ(Plan(Exec({"tool"}))->path, "/usr/bin/tool");
+}
+
+TEST_F(SpawnPlanTest, EngineJobsGetCommandSpecFileAndThreads) {
+  config_.storage_root = "/storage";
+  v1::Assignment a = Train();
+  a.mutable_spec()->mutable_resources()->set_cpus(2.5);
+  config_.allow_exec = false;  // engine jobs need no --allow-exec
+  std::unique_ptr<SpawnPlan> p = Plan(a);
+  ASSERT_EQ(p->refusal, "");
+  EXPECT_EQ(p->path, "/opt/stemma/stemma-engine");
+  EXPECT_EQ(p->argv, (std::vector<std::string>{"/opt/stemma/stemma-engine", "train", "--spec",
+                                               "/data/attempts/j-2.3/spec.json"}));
+  ASSERT_EQ(p->files.size(), 1u);
+  EXPECT_EQ(p->files[0].path, "/data/attempts/j-2.3/spec.json");
+  EXPECT_NE(p->files[0].content.find("\"steps\""), std::string::npos) << p->files[0].content;
+  EXPECT_EQ(p->files[0].content.back(), '\n');
+  EXPECT_EQ(p->Env("STEMMA_CPUS"), "3");  // rounded up
+  EXPECT_EQ(p->Env("OMP_NUM_THREADS"), "3");
+  EXPECT_EQ(p->Env("OMP_WAIT_POLICY"), "PASSIVE");
+  EXPECT_EQ(p->Env(std::string(engine_contract::kEnvStorageRoot)), "/storage");
+  EXPECT_EQ(p->Env("STEMMA_ATTEMPT_ID"), "j-2.3");
+
+  // The worker's own OpenMP settings win; no storage root, no variable.
+  worker_env_["OMP_WAIT_POLICY"] = "OMP_WAIT_POLICY=ACTIVE";
+  worker_env_["OMP_NUM_THREADS"] = "OMP_NUM_THREADS=1";
+  config_.storage_root.clear();
+  p = Plan(Train());
+  EXPECT_EQ(p->Env("OMP_WAIT_POLICY"), "");
+  EXPECT_EQ(p->Env("OMP_NUM_THREADS"), "");
+  EXPECT_EQ(p->Env("STEMMA_CPUS"), "1");
+  EXPECT_EQ(p->Env("STEMMA_STORAGE_ROOT"), "");
+  const std::set<std::string> envp = Envp(*p);
+  EXPECT_TRUE(envp.count("OMP_WAIT_POLICY=ACTIVE"));
+  EXPECT_TRUE(envp.count("OMP_NUM_THREADS=1"));
+}
+
+TEST_F(SpawnPlanTest, RendezvousBecomesMasterAddrAndPort) {
+  struct Case {
+    std::string rendezvous, addr, port;
+  };
+  const std::vector<Case> cases = {
+      {"10.0.0.5:29500", "10.0.0.5", "29500"},
+      {"[fd00::1]:29500", "fd00::1", "29500"},
+      {"node-7", "node-7", ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.rendezvous);
+    v1::Assignment a = Exec({"/bin/true"});
+    a.set_rendezvous(c.rendezvous);
+    std::unique_ptr<SpawnPlan> p = Plan(a);
+    EXPECT_EQ(p->Env("MASTER_ADDR"), c.addr);
+    EXPECT_EQ(p->Env("MASTER_PORT"), c.port);
+    EXPECT_EQ(p->Env("STEMMA_RENDEZVOUS"), c.rendezvous);
+  }
+}
+
+TEST_F(SpawnPlanTest, SealedChildPlanPointsIntoThePlan) {
+  v1::Assignment a = Exec({"/bin/echo", "hi"});
+  std::unique_ptr<SpawnPlan> p = Plan(a);
+  p->Seal();
+  const ChildPlan& c = p->child();
+  EXPECT_STREQ(c.path, "/bin/echo");
+  ASSERT_NE(c.argv, nullptr);
+  EXPECT_STREQ(c.argv[0], "/bin/echo");
+  EXPECT_STREQ(c.argv[1], "hi");
+  EXPECT_EQ(c.argv[2], nullptr);
+  size_t n = 0;
+  std::set<std::string> envp;
+  for (; c.envp[n] != nullptr; ++n) envp.insert(c.envp[n]);
+  EXPECT_EQ(n, p->env.size() + p->inherited.size());
+  EXPECT_EQ(envp, Envp(*p));
+  EXPECT_STREQ(c.workdir, "/data/attempts/j-1.1");
+  EXPECT_EQ(c.stdin_fd, 7);
+  EXPECT_EQ(c.out_fd, -1);  // the forking thread fills it in
+  EXPECT_FALSE(c.noop);
+  ASSERT_EQ(c.reset_signal_count, 1u);
+  EXPECT_EQ(c.reset_signals[0], SIGPIPE);
+  EXPECT_EQ(std::string(c.exec_error, c.exec_error_len), p->exec_error);
+  EXPECT_EQ(std::string(c.chdir_error, c.chdir_error_len), p->chdir_error);
+}
+
+}  // namespace
+}  // namespace stemma::worker
