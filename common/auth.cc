@@ -1,7 +1,10 @@
 #include "common/auth.h"
 
 #include <fcntl.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,7 +13,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -168,6 +173,24 @@ std::string Sha256Hex(absl::string_view data) {
     out += kHex[md[i] & 15];
   }
   return out;
+}
+
+absl::StatusOr<int64_t> EarliestCertificateExpiry(absl::string_view pem) {
+  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  if (bio == nullptr) return absl::ResourceExhaustedError("out of memory reading a certificate");
+  std::optional<int64_t> earliest;
+  while (X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr)) {
+    struct tm tm {};
+    if (ASN1_TIME_to_tm(X509_get0_notAfter(cert), &tm) == 1) {
+      const int64_t t = static_cast<int64_t>(timegm(&tm));
+      if (!earliest || t < *earliest) earliest = t;
+    }
+    X509_free(cert);
+  }
+  BIO_free(bio);
+  ERR_clear_error();  // the read past the last certificate leaves "no start line" queued
+  if (!earliest) return absl::InvalidArgumentError("no PEM certificate");
+  return *earliest;
 }
 
 absl::StatusOr<std::string> NewToken() {

@@ -55,6 +55,11 @@ RoleSet AllowedRoles(absl::string_view full_method);
 // Lowercase hex sha256 of `data`.
 std::string Sha256Hex(absl::string_view data);
 
+// The earliest expiry (notAfter, Unix seconds) of the PEM certificates in `pem` (a chain
+// or a CA bundle: the first to expire is the one that breaks). INVALID_ARGUMENT when it
+// holds no certificate.
+absl::StatusOr<int64_t> EarliestCertificateExpiry(absl::string_view pem);
+
 // A fresh random token ("stm_..."), from the OS's CSPRNG.
 absl::StatusOr<std::string> NewToken();
 

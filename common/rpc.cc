@@ -1,13 +1,20 @@
 #include "common/rpc.h"
 
+#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
+#include <prometheus/metric_family.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
+#include <optional>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -138,7 +145,158 @@ absl::Status CheckReadable(absl::string_view what, const std::string& path) {
   return absl::OkStatus();
 }
 
+class RpcEndInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  RpcEndInterceptor(absl::string_view method, const RpcEndObserver* observer)
+      : method_(method), observer_(observer) {}
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      (*observer_)(method_, static_cast<absl::StatusCode>(methods->GetSendStatus().error_code()));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  absl::string_view method_;  // points into the method name gRPC keeps for the server's life
+  const RpcEndObserver* observer_;
+};
+
+class RpcEndInterceptorFactory final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit RpcEndInterceptorFactory(RpcEndObserver observer) : observer_(std::move(observer)) {}
+
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    absl::string_view method = info->method() != nullptr ? info->method() : "";
+    if (auto slash = method.rfind('/'); slash != absl::string_view::npos &&
+                                        absl::StartsWith(method, "/stemma.")) {
+      method.remove_prefix(slash + 1);
+    }
+    return new RpcEndInterceptor(method, &observer_);
+  }
+
+ private:
+  const RpcEndObserver observer_;
+};
+
+// Reads each watched file again when its size or modification time changed.
+class CertificateExpiryCollectable final : public prometheus::Collectable {
+ public:
+  explicit CertificateExpiryCollectable(std::vector<WatchedCertificate> files) {
+    for (auto& f : files) {
+      if (!f.path.empty()) watched_.push_back({std::move(f)});
+    }
+  }
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    prometheus::MetricFamily family;
+    family.name = "stemma_tls_certificate_expiry_timestamp_seconds";
+    family.help = "Earliest notAfter (Unix seconds) of the certificates in each PEM file the TLS credentials load";
+    family.type = prometheus::MetricType::Gauge;
+    absl::MutexLock lock(&mu_);
+    for (Watched& w : watched_) {
+      Refresh(w);
+      if (!w.expiry) continue;
+      prometheus::ClientMetric m;
+      m.label.push_back({"certificate", w.file.certificate});
+      m.gauge.value = static_cast<double>(*w.expiry);
+      family.metric.push_back(std::move(m));
+    }
+    if (family.metric.empty()) return {};
+    return {std::move(family)};
+  }
+
+ private:
+  struct Watched {
+    WatchedCertificate file;
+    std::optional<int64_t> expiry;
+    struct timespec mtime {};
+    off_t size = -1;
+    bool warned = false;
+  };
+
+  static void Refresh(Watched& w) {
+    struct stat st {};
+    if (::stat(w.file.path.c_str(), &st) == 0 && st.st_size == w.size &&
+        st.st_mtim.tv_sec == w.mtime.tv_sec && st.st_mtim.tv_nsec == w.mtime.tv_nsec) {
+      return;
+    }
+    std::ifstream in(w.file.path);
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<int64_t> expiry =
+        in ? EarliestCertificateExpiry(text.str()) : absl::NotFoundError("cannot read it");
+    if (!expiry.ok()) {
+      // Keep the last value: a file caught in the middle of a replacement is read again.
+      if (!w.warned) {
+        spdlog::warn("certificate expiry: {} ({}): {}", w.file.path, w.file.certificate,
+                     std::string(expiry.status().message()));
+      }
+      w.warned = true;
+      return;
+    }
+    w.expiry = *expiry;
+    w.mtime = st.st_mtim;
+    w.size = st.st_size;
+    w.warned = false;
+  }
+
+  mutable absl::Mutex mu_;
+  mutable std::vector<Watched> watched_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcEndInterceptor(
+    RpcEndObserver observer) {
+  return std::make_unique<RpcEndInterceptorFactory>(std::move(observer));
+}
+
+std::shared_ptr<prometheus::Collectable> MakeCertificateExpiryCollectable(
+    std::vector<WatchedCertificate> files) {
+  return std::make_shared<CertificateExpiryCollectable>(std::move(files));
+}
+
+absl::StatusOr<std::unique_ptr<HealthServer>> HealthServer::Start(const std::string& address) {
+  std::unique_ptr<HealthServer> h(new HealthServer());
+  // The default health service is added to servers built while this is on: only this one.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  // The health service is the server's only one; gRPC wants a polled queue beside it.
+  h->cq_ = builder.AddCompletionQueue(/*is_frequently_polled=*/true);
+  h->server_ = builder.BuildAndStart();
+  grpc::EnableDefaultHealthCheckService(false);
+  if (h->server_ == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on --health-listen ", address));
+  }
+  h->poller_ = std::thread([cq = h->cq_.get()] {
+    void* tag;
+    bool ok;
+    while (cq->Next(&tag, &ok)) {
+    }
+  });
+  h->server_->GetHealthCheckService()->SetServingStatus(true);
+  return h;
+}
+
+HealthServer::~HealthServer() {
+  if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
+  if (cq_ == nullptr) return;
+  cq_->Shutdown();
+  if (poller_.joinable()) {
+    poller_.join();
+    return;
+  }
+  void* tag;
+  bool ok;
+  while (cq_->Next(&tag, &ok)) {
+  }
+}
 
 std::unique_ptr<Authenticator> MakeAllowAllAuthenticator() { return std::make_unique<AllowAll>(); }
 

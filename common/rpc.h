@@ -4,10 +4,14 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/server_interceptor.h>
+#include <prometheus/collectable.h>
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -91,6 +95,44 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
     const ClientSecurity& security, grpc::ChannelArguments* args);
 // Adds the token (if any) to one call.
 void AddCallCredentials(const ClientSecurity& security, grpc::ClientContext* ctx);
+
+// Called once as each call of a server ends, with the method's short name ("Submit",
+// "Session"; the full name for a method the server does not know) and the status its
+// handler returned. For an RPC counter by method and code (the caller keeps labels bounded).
+using RpcEndObserver = std::function<void(absl::string_view method, absl::StatusCode code)>;
+// ServerBuilder::experimental().SetInterceptorCreators takes these.
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcEndInterceptor(
+    RpcEndObserver observer);
+
+// grpc.health.v1 on a plaintext port of its own, with no other service on it (health is
+// unauthenticated, and every service of a server is on every one of its ports): what
+// kubelet's grpc probe asks. Answers SERVING for service "" until the object is destroyed.
+class HealthServer {
+ public:
+  // UNAVAILABLE naming --health-listen when the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<HealthServer>> Start(const std::string& address);
+  ~HealthServer();
+
+ private:
+  HealthServer() = default;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<grpc::ServerCompletionQueue> cq_;
+  std::thread poller_;
+};
+
+// stemma_tls_certificate_expiry_timestamp_seconds{certificate}: the earliest notAfter in
+// each PEM file a daemon's TLS credentials load, read again whenever the file changed when
+// Prometheus scrapes (the credentials reload the same files within seconds; see
+// ServerTlsOptions), so a renewed certificate shows at the next scrape. A file that cannot
+// be read keeps its last value (and is logged). `certificate` names the file's use: server,
+// client_ca (the coordinator), client, ca (the worker). Not `endpoint`: the Prometheus
+// operator sets that target label on every series it scrapes.
+struct WatchedCertificate {
+  std::string certificate;
+  std::string path;
+};
+std::shared_ptr<prometheus::Collectable> MakeCertificateExpiryCollectable(
+    std::vector<WatchedCertificate> files);
 
 // Transport limits shared by both servers.
 inline constexpr int kMaxMessageBytes = 4 * 1024 * 1024;

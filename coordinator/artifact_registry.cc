@@ -158,7 +158,10 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
       replaced.set_deleted_by(absl::StrCat("replaced by ", a.id(), " (same path)"));
       Put(std::move(replaced), changes);
     }
-    made_checkpoint |= a.type() == "checkpoint";
+    if (a.type() == "checkpoint") {
+      made_checkpoint = true;
+      core_->metrics->CheckpointRegistered(a.operation());
+    }
     Put(std::move(a), changes);
   }
   // An evaluation (no checkpoint of its own) measured the checkpoints it read.

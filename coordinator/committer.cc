@@ -100,10 +100,8 @@ void Committer::Loop() {
       absl::Status st = store_->Commit(batch);
       double secs =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (st.ok()) {
-        if (observer_) observer_(secs, batch.size());
-        break;
-      }
+      if (observer_) observer_(secs, batch.size(), st.ok());
+      if (st.ok()) break;
       if (tries % 50 == 0) spdlog::error("store commit failed, retrying: {}", st.ToString());
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }

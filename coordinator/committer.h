@@ -27,8 +27,9 @@ namespace stemma::coordinator {
 
 class Committer {
  public:
-  // Called after each transaction with its duration and number of records.
-  using CommitObserver = std::function<void(double seconds, size_t records)>;
+  // Called after each transaction with its duration and number of records, and after
+  // each one that failed (ok=false; it is retried).
+  using CommitObserver = std::function<void(double seconds, size_t records, bool ok)>;
   // Called on the committer thread after each transaction with the highest durable ticket.
   using DurableHook = std::function<void(uint64_t durable)>;
 

@@ -2,6 +2,7 @@
 // worker channels.
 #include "coordinator/coordinator.h"
 
+#include <atomic>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -805,6 +806,114 @@ TEST(CommitterTest, UrgentRecordsAndLaterLazyOnesKeepTheirOrderAndAllArrive) {
   const uint64_t lazy = committer.Add(std::move(b), /*urgent=*/false);
   committer.Wait(lazy);  // waiting makes it urgent
   EXPECT_EQ(store.committed(), (std::vector<std::string>{"j-1", "j-2"}));
+}
+
+// The value of the series of `family` whose labels include `want`, if it exists.
+std::optional<double> SeriesValue(CoordinatorMetrics& metrics, const std::string& family,
+                                  const std::map<std::string, std::string>& want) {
+  for (const auto& f : metrics.registry()->Collect()) {
+    if (f.name != family) continue;
+    for (const auto& m : f.metric) {
+      std::map<std::string, std::string> labels;
+      for (const auto& l : m.label) labels[l.name] = l.value;
+      bool match = true;
+      for (const auto& [k, v] : want) match = match && labels.count(k) > 0 && labels[k] == v;
+      if (match) return f.type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value;
+    }
+  }
+  return std::nullopt;
+}
+
+TEST_F(CoordinatorTest, EvalResultsAndRegisteredCheckpointsAreExportedAsTheyLand) {
+  Worker w = Connect("w0", 0, /*allow_exec=*/true);
+  const auto registered = [&](const std::string& op) {
+    return SeriesValue(metrics_, "stemma_registry_checkpoints_registered_total", {{"operation", op}});
+  };
+  // Created at 0: the first registration is an increase Prometheus can see.
+  EXPECT_EQ(registered("cpt"), 0);
+  EXPECT_EQ(registered("soup"), 0);
+  EXPECT_EQ(registered("other"), 0);
+  RunToSuccess(w, Spec("cpt", "fam", "cpt"), 1, {}, {MakeCheckpoint("cpt-a", "w-1")});
+  RunToSuccess(w, Spec("cpt2", "fam", "cpt"), 2, {}, {MakeCheckpoint("cpt-b", "w-2")});
+  RunToSuccess(w, Spec("soup", "fam", "soup"), 3, {}, {MakeCheckpoint("soup", "w-3", {}, "soup")});
+  RunToSuccess(w, Spec("odd", "fam", "odd"), 4, {}, {MakeCheckpoint("odd", "w-4", {}, "made-up")});
+  EXPECT_EQ(registered("cpt"), 2);
+  EXPECT_EQ(registered("soup"), 1);
+  EXPECT_EQ(registered("other"), 1);  // an operation no engine command names: bounded labels
+
+  // An eval cell of a matrix stage: its points land as they arrive, labelled by its cell.
+  v1::JobSpec eval = Spec("eval-dense[family=slavic]", "fam", "eval-dense");
+  eval.mutable_eval()->set_model((dir_ / "soup").string());
+  auto* task = eval.mutable_eval()->add_tasks();
+  task->set_type("perplexity");
+  task->set_language("uk");
+  task->set_data((dir_ / "tok").string());
+  task->set_heldout_fraction(0.2);
+  const std::map<std::string, std::string> cell = {
+      {"experiment", "fam"}, {"stage", "eval-dense"}, {"cell", "eval-dense[family=slavic]"},
+      {"metric", "ppl/uk"}};
+  RunToSuccess(w, eval, 5, {{"ppl/uk", 0, 12.5}, {"ppl/uk", 0, 11.25}, {"bpb/uk", 0, 1.5}}, {});
+  EXPECT_EQ(SeriesValue(metrics_, "stemma_eval_score", cell), 11.25);  // the last, kept after the end
+  EXPECT_EQ(SeriesValue(metrics_, "stemma_eval_score",
+                        {{"cell", "eval-dense[family=slavic]"}, {"metric", "bpb/uk"}}),
+            1.5);
+  // Training jobs' measured values are not eval results.
+  RunToSuccess(w, Spec("cpt3", "fam", "cpt"), 6, {{"heldout_loss/uk", 0, 3.0}}, {});
+  EXPECT_FALSE(SeriesValue(metrics_, "stemma_eval_score", {{"stage", "cpt"}}).has_value());
+}
+
+TEST(CoordinatorMetricsTest, RpcCodesAreCreatedAtZeroForEveryMethodAndUnknownMethodsAreBounded) {
+  CoordinatorMetrics m;
+  const auto count = [&](const std::string& method, const std::string& code) {
+    return SeriesValue(m, "stemma_rpc_requests_total", {{"method", method}, {"code", code}});
+  };
+  for (const char* method : {"Submit", "ListJobs", "Watch", "SubmitExperiment", "Session", "other"}) {
+    EXPECT_EQ(count(method, "OK"), 0) << method;
+    EXPECT_EQ(count(method, "UNAUTHENTICATED"), 0) << method;
+    EXPECT_EQ(count(method, "DATA_LOSS"), 0) << method;
+  }
+  m.RpcEnded("GetJob", absl::StatusCode::kNotFound);
+  m.RpcEnded("GetJob", absl::StatusCode::kNotFound);
+  m.RpcEnded("Submit", absl::StatusCode::kOk);
+  m.RpcEnded("/some.Service/Probe", absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(count("GetJob", "NOT_FOUND"), 2);
+  EXPECT_EQ(count("GetJob", "OK"), 0);
+  EXPECT_EQ(count("Submit", "OK"), 1);
+  EXPECT_EQ(count("other", "UNIMPLEMENTED"), 1);
+  EXPECT_FALSE(count("/some.Service/Probe", "UNIMPLEMENTED").has_value());
+  EXPECT_EQ(SeriesValue(m, "stemma_store_commit_errors_total", {}), 0);
+  m.StoreCommitFailed();
+  EXPECT_EQ(SeriesValue(m, "stemma_store_commit_errors_total", {}), 1);
+}
+
+// Fails the first `failures` commits, then takes them.
+class FlakyStore : public RecordingStore {
+ public:
+  explicit FlakyStore(int failures) : failures_(failures) {}
+  absl::Status Commit(const StoreBatch& batch) override {
+    if (failures_.fetch_sub(1) > 0) return absl::UnavailableError("disk I/O error");
+    return RecordingStore::Commit(batch);
+  }
+
+ private:
+  std::atomic<int> failures_;
+};
+
+TEST(CommitterTest, AFailedCommitIsReportedToTheObserverAndRetriedUntilItSucceeds) {
+  FlakyStore store(2);
+  absl::Mutex mu;
+  std::vector<bool> reported;
+  Committer committer(&store, [&](double, size_t records, bool ok) {
+    absl::MutexLock l(&mu);
+    reported.push_back(ok);
+    EXPECT_EQ(records, 1u);
+  });
+  StoreBatch batch;
+  batch.of<JobsTable>().emplace_back().set_id("j-9");
+  committer.Wait(committer.Add(std::move(batch)));
+  EXPECT_EQ(store.committed(), std::vector<std::string>{"j-9"});
+  absl::MutexLock l(&mu);
+  EXPECT_EQ(reported, (std::vector<bool>{false, false, true}));
 }
 
 }  // namespace

@@ -34,7 +34,14 @@ CoordinatorCore::CoordinatorCore(CoordinatorOptions opts, Store* s, const Clock*
 
 void CoordinatorCore::StartCommitter() {
   committer_ = std::make_unique<Committer>(
-      store, [this](double s, size_t n) { metrics->StoreCommit(s, n); },
+      store,
+      [this](double s, size_t n, bool ok) {
+        if (ok) {
+          metrics->StoreCommit(s, n);
+        } else {
+          metrics->StoreCommitFailed();
+        }
+      },
       [this](uint64_t durable) { FlushOutbox(durable); });
 }
 

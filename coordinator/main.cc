@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/support/server_interceptor.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
@@ -136,11 +137,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   stemma::coordinator::CoordinatorMetrics metrics;
+  // The exposer holds collectables weakly: this one lives as long as main.
+  const std::shared_ptr<prometheus::Collectable> certificates = stemma::MakeCertificateExpiryCollectable(
+      {{.certificate = "server", .path = cfg.tls_cert},
+       {.certificate = "client_ca", .path = cfg.tls_client_ca}});
   std::unique_ptr<prometheus::Exposer> exposer;
   if (!cfg.metrics_listen.empty()) {
     try {
       exposer = std::make_unique<prometheus::Exposer>(cfg.metrics_listen);
       exposer->RegisterCollectable(metrics.registry());
+      exposer->RegisterCollectable(certificates);
     } catch (const std::exception& e) {
       spdlog::error("cannot serve metrics on --metrics-listen {}: {}", cfg.metrics_listen, e.what());
       return 1;
@@ -212,6 +218,12 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, 10000);
   builder.RegisterService(user.get());
   builder.RegisterService(worker.get());
+  {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(stemma::MakeRpcEndInterceptor(
+        [&metrics](absl::string_view method, absl::StatusCode code) { metrics.RpcEnded(method, code); }));
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   // The health service must not be on this server (every service is on every port, and
   // health is unauthenticated): it gets a server of its own below.
   grpc::EnableDefaultHealthCheckService(false);
@@ -220,30 +232,14 @@ int main(int argc, char** argv) {
     spdlog::error("cannot listen on --listen {}", cfg.listen);
     return 1;
   }
-  std::unique_ptr<grpc::Server> health;
-  std::unique_ptr<grpc::ServerCompletionQueue> health_cq;
-  std::thread health_poller;
+  std::unique_ptr<stemma::HealthServer> health;
   if (!cfg.health_listen.empty()) {
-    grpc::EnableDefaultHealthCheckService(true);
-    grpc::ServerBuilder hb;
-    int health_port = 0;
-    hb.AddListeningPort(cfg.health_listen, grpc::InsecureServerCredentials(), &health_port);
-    // The health service is the server's only one; gRPC wants a polled queue beside it.
-    health_cq = hb.AddCompletionQueue(/*is_frequently_polled=*/true);
-    health = hb.BuildAndStart();
-    if (health) {
-      health_poller = std::thread([cq = health_cq.get()] {
-        void* tag;
-        bool ok;
-        while (cq->Next(&tag, &ok)) {
-        }
-      });
-    }
-    if (!health || health_port == 0) {
-      spdlog::error("cannot listen on --health-listen {}", cfg.health_listen);
+    auto started = stemma::HealthServer::Start(cfg.health_listen);
+    if (!started.ok()) {
+      spdlog::error("{}", std::string(started.status().message()));
       return 1;
     }
-    health->GetHealthCheckService()->SetServingStatus(true);
+    health = std::move(*started);
   }
   spdlog::info("listening on {} ({}, {}; data {}{}{}{}{})", cfg.listen, tls ? "TLS" : "plaintext",
                tokens ? "tokens" : "no authentication", cfg.data,
@@ -253,11 +249,7 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&signals, &sig);
   spdlog::info("signal {}: shutting down", sig);
-  if (health) {
-    health->Shutdown(std::chrono::system_clock::now());
-    health_cq->Shutdown();
-    health_poller.join();
-  }
+  health.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   coordinator.Stop();
   return 0;

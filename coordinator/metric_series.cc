@@ -41,6 +41,11 @@ void MetricSeries::NoteLast(const v1::Job& job, const std::string& name, double 
                             int64_t step) {
   Live& live = live_[job.id()];
   if (live.last.size() < kMaxNamesPerJob || live.last.contains(name)) live.last[name] = value;
+  if (job.spec().kind_case() == v1::JobSpec::kEval) {  // a result, as it lands
+    const std::string& experiment = job.spec().experiment();
+    core_->metrics->EvalScore(experiment, StageOf(job), experiment.empty() ? "" : job.spec().name(),
+                              name, value);
+  }
   const bool loss = name == "loss";
   const bool tokens = name == "tokens_per_s";
   if (!loss && !tokens) return;

@@ -3,6 +3,9 @@
 #include <map>
 
 #include "common/job_spec.h"
+#include "common/logging.h"
+#include "stemma/v1/user_service.pb.h"
+#include "stemma/v1/worker_service.pb.h"
 
 namespace stemma::coordinator {
 namespace {
@@ -11,6 +14,10 @@ prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
           0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30,    60,   300};
 }
+
+// Operations of the checkpoints the engine publishes (docs/engine-events.md).
+constexpr const char* kCheckpointOperations[] = {"cpt",         "soup",  "merge",   "revert",
+                                                 "interpolate", "graft", "upcycle", "init"};
 
 }  // namespace
 
@@ -82,6 +89,44 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
                         .Help("Reports refused because they came from a stale attempt")
                         .Register(*registry_)
                         .Add({});
+  store_commit_errors_ = &BuildCounter()
+                             .Name("stemma_store_commit_errors_total")
+                             .Help("SQLite transactions that failed (each is retried until it succeeds)")
+                             .Register(*registry_)
+                             .Add({});
+  eval_score_ = &BuildGauge()
+                     .Name("stemma_eval_score")
+                     .Help("Latest value of each metric an eval job reported, by experiment, stage, cell and metric")
+                     .Register(*registry_);
+  auto& checkpoints = BuildCounter()
+                          .Name("stemma_registry_checkpoints_registered_total")
+                          .Help("Checkpoints entered into the registry, by the operation that made them")
+                          .Register(*registry_);
+  for (const char* op : kCheckpointOperations) {
+    checkpoints_registered_[op] = &checkpoints.Add({{"operation", op}});
+  }
+  checkpoints_other_ = &checkpoints.Add({{"operation", "other"}});
+  auto& requests = BuildCounter()
+                       .Name("stemma_rpc_requests_total")
+                       .Help("RPCs (and worker sessions) that ended, by method and status code")
+                       .Register(*registry_);
+  auto add_method = [&](const std::string& method) {
+    CodeCounters& counters = rpc_requests_[method];
+    for (int code = 0; code < static_cast<int>(counters.size()); ++code) {
+      counters[code] = &requests.Add(
+          {{"method", method},
+           {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}});
+    }
+  };
+  for (const auto* service :
+       {v1::SubmitRequest::descriptor()->file()->FindServiceByName("UserService"),
+        v1::WorkerMessage::descriptor()->file()->FindServiceByName("WorkerService")}) {
+    for (int i = 0; service != nullptr && i < service->method_count(); ++i) {
+      add_method(service->method(i)->name());
+    }
+  }
+  add_method("other");
+  rpc_other_ = &rpc_requests_.at("other");
   auto& workers = BuildGauge().Name("stemma_coordinator_workers").Help("Workers by state").Register(*registry_);
   workers_alive_ = &workers.Add({{"state", "alive"}});
   workers_draining_ = &workers.Add({{"state", "draining"}});
@@ -113,6 +158,41 @@ void CoordinatorMetrics::Transition(const std::string& kind, v1::JobState from, 
 
 prometheus::Histogram& CoordinatorMetrics::Rpc(const std::string& method) {
   return rpc_->Add({{"method", method}}, LatencyBuckets());
+}
+
+void CoordinatorMetrics::RpcEnded(absl::string_view method, absl::StatusCode code) {
+  auto it = rpc_requests_.find(method);
+  CodeCounters& counters = it != rpc_requests_.end() ? it->second : *rpc_other_;
+  const auto index = static_cast<size_t>(code);
+  counters[index < counters.size() ? index : static_cast<size_t>(absl::StatusCode::kUnknown)]
+      ->Increment();
+}
+
+void CoordinatorMetrics::CheckpointRegistered(const std::string& operation) {
+  auto it = checkpoints_registered_.find(operation);
+  (it != checkpoints_registered_.end() ? it->second : checkpoints_other_)->Increment();
+}
+
+void CoordinatorMetrics::EvalScore(const std::string& experiment, const std::string& stage,
+                                   const std::string& cell, const std::string& metric,
+                                   double value) {
+  absl::MutexLock lock(&cache_mu_);
+  auto key = std::make_tuple(experiment, stage, cell, metric);
+  auto it = eval_.find(key);
+  if (it == eval_.end()) {
+    if (eval_.size() >= kMaxEvalSeries) {
+      if (!eval_full_logged_) {
+        spdlog::warn("stemma_eval_score: {} series; further (experiment, stage, metric) are not exported",
+                     eval_.size());
+      }
+      eval_full_logged_ = true;
+      return;
+    }
+    prometheus::Gauge* g =
+        &eval_score_->Add({{"experiment", experiment}, {"stage", stage}, {"cell", cell}, {"metric", metric}});
+    it = eval_.emplace(std::move(key), g).first;
+  }
+  it->second->Set(value);
 }
 
 void CoordinatorMetrics::AttemptEnded(const std::string& result) {

@@ -11,10 +11,12 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 
 #include "stemma/v1/job.pb.h"
@@ -34,10 +36,16 @@ class CoordinatorMetrics {
   void SchedulingLatency(double seconds) { scheduling_latency_->Observe(seconds); }
   void SchedulerPass(double seconds) { scheduler_pass_->Observe(seconds); }
   prometheus::Histogram& Rpc(const std::string& method);
+  // A call ended (stemma_rpc_requests_total{method,code}). Every method of the user and
+  // worker services is created with every code at 0 (a series created at its first error
+  // would not show that error in rate()); a method of no Stemma service counts as "other".
+  void RpcEnded(absl::string_view method, absl::StatusCode code);
   void StoreCommit(double seconds, size_t records) {
     store_txn_->Observe(seconds);
     store_batch_->Observe(static_cast<double>(records));
   }
+  // A store transaction failed (the committer retries it).
+  void StoreCommitFailed() { store_commit_errors_->Increment(); }
   void HeartbeatAge(double seconds) { heartbeat_age_->Observe(seconds); }
   void StaleReport() { stale_reports_->Increment(); }
   void WorkerCounts(int alive, int draining, int lost) {
@@ -64,6 +72,21 @@ class CoordinatorMetrics {
   // Removes the three series of (experiment, stage): no job of it runs any more.
   void RemoveTraining(const std::string& experiment, const std::string& stage);
 
+  // The latest value an eval job reported for `metric` ("ppl/uk"): stemma_eval_score
+  // {experiment, stage, cell, metric}. `cell` is the experiment cell's name
+  // ("eval-dense[family=slavic]": a stage with a matrix has one eval per cell, which would
+  // otherwise overwrite each other), empty for a job outside an experiment. Bounded by the
+  // experiment's design, never a job id. Kept after the job ends (it is the result); not
+  // rebuilt when the coordinator restarts. Past kMaxEvalSeries series, new ones are dropped
+  // (and logged once).
+  static constexpr size_t kMaxEvalSeries = 20000;
+  void EvalScore(const std::string& experiment, const std::string& stage, const std::string& cell,
+                 const std::string& metric, double value);
+  // A checkpoint entered the registry (stemma_registry_checkpoints_registered_total by the
+  // operation that made it: cpt, soup, merge, revert, interpolate, graft, upcycle, init,
+  // all created at 0; anything else counts as "other").
+  void CheckpointRegistered(const std::string& operation);
+
  private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>* jobs_;
@@ -78,6 +101,14 @@ class CoordinatorMetrics {
   prometheus::Histogram* store_batch_;
   prometheus::Histogram* heartbeat_age_;
   prometheus::Counter* stale_reports_;
+  prometheus::Counter* store_commit_errors_;
+  prometheus::Family<prometheus::Gauge>* eval_score_;
+  // method -> one counter per status code; built in the constructor, read without a lock.
+  using CodeCounters = std::array<prometheus::Counter*, 17>;
+  absl::flat_hash_map<std::string, CodeCounters> rpc_requests_;
+  CodeCounters* rpc_other_ = nullptr;
+  absl::flat_hash_map<std::string, prometheus::Counter*> checkpoints_registered_;
+  prometheus::Counter* checkpoints_other_ = nullptr;
   prometheus::Family<prometheus::Gauge>* train_loss_;
   prometheus::Family<prometheus::Gauge>* train_tokens_;
   prometheus::Family<prometheus::Gauge>* train_step_;
@@ -100,6 +131,11 @@ class CoordinatorMetrics {
       ABSL_GUARDED_BY(cache_mu_);
   absl::flat_hash_map<std::pair<std::string, std::string>, TrainingSeries> training_
       ABSL_GUARDED_BY(cache_mu_);
+  // (experiment, stage, cell, metric) -> its gauge.
+  absl::flat_hash_map<std::tuple<std::string, std::string, std::string, std::string>,
+                      prometheus::Gauge*>
+      eval_ ABSL_GUARDED_BY(cache_mu_);
+  bool eval_full_logged_ ABSL_GUARDED_BY(cache_mu_) = false;
 };
 
 }  // namespace stemma::coordinator

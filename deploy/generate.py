@@ -38,9 +38,11 @@ COMPONENT_DASHBOARDS = MONITORING / "dashboards"
 # Metrics that other parts of Stemma are adding; panels on them are empty until then.
 AUTH = "issue 13: stemma_auth_failures_total (and only after a call was refused)"
 TRAINING = "a running job that reports step events (loss, tokens_per_s)"
-EVAL_METRICS = "a stemma_eval_score gauge (experiment, stage, suite, metric), which nothing exports yet"
-REGISTRY = "issue 12: the checkpoint registry's stemma_registry_checkpoints_registered_total"
+EVAL_METRICS = "an eval job (stemma-engine eval) that reported its metrics"
+REGISTRY = "a job that published a checkpoint (an output event of type checkpoint)"
 FAILURES = "a failed attempt"
+RPC_ERRORS = "an RPC that ended with an error code"
+TLS = "a daemon that loads TLS certificates (--tls-cert, --ca)"
 
 
 def eq(label: str, value: str) -> str:
@@ -177,6 +179,9 @@ CLUSTER = Dashboard(
         Row("Store and RPC", [
             Panel("SQLite commit time", quantiles("stemma_store_transaction_seconds", qs=(0.5, 0.99)), unit="s",
                   description="One transaction, fsync included; every state change waits for one."),
+            Panel("SQLite commit errors", [
+                (f"sum({rate('stemma_store_commit_errors_total')})", "failed"),
+            ], unit="ops", description="Failed transactions (each is retried until it succeeds; see StemmaStoreErrors)."),
             Panel("Records per commit", [
                 (f"sum(rate(stemma_store_transaction_records_sum{sel()}[$__rate_interval])) / "
                  f"sum(rate(stemma_store_transaction_records_count{sel()}[$__rate_interval]))", "mean"),
@@ -188,12 +193,31 @@ CLUSTER = Dashboard(
             Panel("RPC rate by method", [
                 (f"sum by (method) ({rate('stemma_rpc_server_handling_seconds_count')})", "{{method}}"),
             ], unit="reqps"),
+            Panel("RPC errors by code", [
+                (f"sum by (method, code) ({rate('stemma_rpc_requests_total', nre('code', 'OK'))}) > 0",
+                 "{{method}} {{code}}"),
+            ], unit="reqps", needs=RPC_ERRORS,
+                description="Calls (a worker session counts once, when it ends) that ended with a status other "
+                            "than OK, by method and gRPC code: UNAUTHENTICATED and PERMISSION_DENIED are "
+                            "refused credentials, NOT_FOUND and INVALID_ARGUMENT the caller's mistakes, "
+                            "INTERNAL and UNAVAILABLE the coordinator's."),
+            Panel("RPC error share", [
+                (f"sum({rate('stemma_rpc_requests_total', nre('code', 'OK'))}) / "
+                 f"sum({rate('stemma_rpc_requests_total')})", "errors"),
+            ], unit="percentunit", kind="stat", width=4,
+                description="Share of the calls that ended with an error code."),
             Panel("Stale reports refused", [
                 (f"sum({rate('stemma_coordinator_stale_reports_total')})", "refused"),
             ], unit="ops", description="Reports from an attempt that is no longer the job's current one (fencing)."),
             Panel("Auth failures by reason", [
                 (f"sum by (job, reason) ({rate('stemma_auth_failures_total')})", "{{job}} {{reason}}"),
             ], unit="ops", needs=AUTH, description="Calls refused for a missing or bad token or a role without the right."),
+            Panel("Certificate expiry", [
+                (f"min by (job, instance, certificate) (stemma_tls_certificate_expiry_timestamp_seconds{sel()}) - time()",
+                 "{{job}} {{instance}} {{certificate}}"),
+            ], unit="s", needs=TLS,
+                description="Time left before each certificate a daemon loads expires (StemmaCertificateExpiring "
+                            "fires under 14 days). A renewed file shows at the next scrape."),
             Panel("Worker attempts finished", [
                 (f"sum by (result) ({rate('stemma_worker_attempts_finished_total')})", "{{result}}"),
             ], unit="ops", stack=True),
@@ -221,13 +245,19 @@ EXPERIMENTS = Dashboard(
         ]),
         Row("Results", [
             Panel("Eval results", [
-                (f"stemma_eval_score{sel(experiment=True)}", "{{stage}} {{suite}} {{metric}}"),
+                (f"stemma_eval_score{sel(experiment=True)}", "{{experiment}} {{cell}} {{metric}}"),
             ], needs=EVAL_METRICS, width=12,
-                description="Each eval suite's score as its job finishes."),
+                description="The latest value of each metric (ppl/uk, acc/belebele_uk, chrf/flores_uk, ...) "
+                            "each eval cell (eval-dense[family=slavic], ...) reported, as it lands. Kept after the job ends; "
+                            "not restored when the coordinator restarts (stemma metrics and the registry keep them)."),
             Panel("Checkpoints registered", [
                 (f"sum by (operation) (increase(stemma_registry_checkpoints_registered_total{sel()}[$__rate_interval]))",
                  "{{operation}}"),
-            ], needs=REGISTRY, width=12, stack=True),
+            ], needs=REGISTRY, width=8, stack=True,
+                description="Checkpoints entering the registry, by the operation that made them (cpt, soup, merge, ...)."),
+            Panel("Checkpoints registered in range", [
+                (f"sum(increase(stemma_registry_checkpoints_registered_total{sel()}[$__range]))", "checkpoints"),
+            ], needs=REGISTRY, kind="stat", width=4),
         ]),
         Row("Jobs", [
             Panel("Running jobs by kind", [
@@ -287,9 +317,11 @@ def variables(dashboard: Dashboard) -> list[dict]:
     if dashboard.experiment_vars:
         out += [
             query_variable("experiment", "Experiment",
-                           'label_values(stemma_train_step{job=~"$job"}, experiment)', ".*"),
+                           'label_values({__name__=~"stemma_train_step|stemma_eval_score", job=~"$job"}, experiment)',
+                           ".*"),
             query_variable("stage", "Stage",
-                           'label_values(stemma_train_step{job=~"$job", experiment=~"$experiment"}, stage)', ".*"),
+                           'label_values({__name__=~"stemma_train_step|stemma_eval_score", job=~"$job", '
+                           'experiment=~"$experiment"}, stage)', ".*"),
         ]
     return out
 

@@ -53,6 +53,7 @@ int Main(int argc, char** argv) {
   ClientSecurity security;
   std::string token_file;
   bool insecure = false;
+  std::string health_listen;
 
   CLI::App app{"stemma-worker: runs Stemma job attempts on this machine for a coordinator"};
   app.add_option("--coordinator", config.coordinator, "coordinator HOST:PORT")
@@ -67,6 +68,8 @@ int Main(int argc, char** argv) {
   app.add_option("--labels", labels, "labels k=v,k2=v2");
   app.add_option("--metrics-listen", config.metrics_listen,
                  "HOST:PORT for Prometheus /metrics (empty: off)");
+  app.add_option("--health-listen", health_listen,
+                 "HOST:PORT for grpc.health.v1 (plaintext, nothing else on it; empty: off)");
   app.add_flag("--allow-exec", config.allow_exec, "allow exec jobs (arbitrary commands)");
   app.add_option("--host", config.host, "host advertised for gang rendezvous")
       ->capture_default_str();
@@ -179,6 +182,10 @@ int Main(int argc, char** argv) {
 
   auto registry = std::make_shared<prometheus::Registry>();
   Metrics metrics(registry.get());
+  // The exposer holds collectables weakly: this one lives as long as Main.
+  const std::shared_ptr<prometheus::Collectable> certificates = MakeCertificateExpiryCollectable(
+      {{.certificate = "ca", .path = security.ca_file},
+       {.certificate = "client", .path = security.cert_file}});
   std::unique_ptr<prometheus::Exposer> exposer;
   if (!config.metrics_listen.empty()) {
     try {
@@ -189,14 +196,28 @@ int Main(int argc, char** argv) {
       return 1;
     }
     exposer->RegisterCollectable(registry);
+    exposer->RegisterCollectable(certificates);
+  }
+  // SERVING while the daemon runs, whether or not the coordinator is reachable: a probe
+  // that failed with the coordinator would restart every worker (and kill its attempts)
+  // during a coordinator outage. stemma_worker_connected says whether it is registered.
+  std::unique_ptr<HealthServer> health;
+  if (!health_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<HealthServer>> started = HealthServer::Start(health_listen);
+    if (!started.ok()) {
+      std::fprintf(stderr, "%s: %s\n", kProgram, std::string(started.status().message()).c_str());
+      return 1;
+    }
+    health = *std::move(started);
   }
 
   spdlog::info(
       "starting worker={} coordinator={} data={} host={} gpus={} cpus={} memory_mb={} "
-      "allow_exec={} metrics={}",
+      "allow_exec={} metrics={} health={}",
       config.worker_id, config.coordinator, config.data_dir, config.host, config.gpus.size(),
       config.cpus, config.memory_mb, config.allow_exec,
-      config.metrics_listen.empty() ? "off" : config.metrics_listen);
+      config.metrics_listen.empty() ? "off" : config.metrics_listen,
+      health_listen.empty() ? "off" : health_listen);
 
   Executor executor(config, &metrics);
   Session session(config, &executor, &metrics, security);

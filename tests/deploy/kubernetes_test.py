@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import re
 import shutil
 import tempfile
@@ -249,7 +250,8 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
         for c in pod["containers"]:
             where = f"{ov}: {name_of(o)} container {c['name']}"
             ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-            health = ports.get("health") or ports.get("metrics")
+            health = ports.get("health")
+            f.check(health is not None, f"{where}: no container port named health")
             # The port the Services call `health` for this pod.
             for s in services:
                 if matches(s["spec"].get("selector", {}), pod_labels(o)):
@@ -260,12 +262,13 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
             for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
                 probe = c.get(kind)
                 if f.check(probe is not None, f"{where}: no {kind}"):
-                    f.check(health is not None and probe_port(probe, ports) == health,
-                            f"{where}: {kind} is not on the health port ({health})")
-            if "--health-listen" in helps["coordinator" if "coordinator" in c["name"] else "worker"]:
-                f.check("health" in ports and any(a.startswith("--health-listen=") and
-                                                  a.endswith(f":{ports['health']}") for a in c.get("args", [])),
-                        f"{where}: the binary has --health-listen but the container does not serve health on its 'health' port")
+                    # The health port speaks grpc.health.v1 only: an httpGet or a bare TCP
+                    # connect there would not check what the daemon says of itself.
+                    f.check("grpc" in probe and health is not None and probe_port(probe, ports) == health,
+                            f"{where}: {kind} is not a grpc probe on the health port ({health}): {probe}")
+            f.check(health is not None and any(a.startswith("--health-listen=") and a.endswith(f":{health}")
+                                               for a in c.get("args", [])),
+                    f"{where}: the daemon does not serve health (--health-listen) on its 'health' port {health}")
 
     # Services: each selects pods, and each port's target is a port of those pods.
     for s in services:
@@ -373,6 +376,24 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
                 f"{ov}: namespace {ns['metadata']['name']} does not enforce the restricted Pod Security Standard")
 
 
+def planted_probe(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failures) -> None:
+    """The probe policy catches a worker probed on /metrics (what it was before it had a
+    health port) and a worker without --health-listen."""
+    for plant, want in [("http", "livenessProbe is not a grpc probe on the health port"),
+                        ("flag", "does not serve health (--health-listen)")]:
+        planted = copy.deepcopy(objs)
+        worker = next(o for o in planted if o["kind"] == "DaemonSet")
+        c = pod_spec(worker)["containers"][0]
+        if plant == "http":
+            c["livenessProbe"] = {"httpGet": {"path": "/metrics", "port": "metrics"}}
+        else:
+            c["args"] = [a for a in c["args"] if not a.startswith("--health-listen=")]
+        caught = lib.Failures(quiet=True)
+        policy(overlay, planted, helps, caught)
+        f.check(any(want in item for item in caught.items),
+                f"overlays/{overlay}: the policy missed a planted {plant} violation ({want}): {caught.items}")
+
+
 def lint(f: lib.Failures) -> None:
     dockerfiles = sorted((lib.DEPLOY / "images").glob("*Dockerfile"))
     f.check(len(dockerfiles) == 3, f"expected three container files, found {[p.name for p in dockerfiles]}")
@@ -426,6 +447,7 @@ def main() -> None:
                     f"overlays/{overlay}: a config change does not change what the pods reference ({before} -> {after})")
             check_crds(overlay, tmp, objs, f)
             policy(overlay, objs, helps, f)
+            planted_probe(overlay, objs, helps, f)
         # The restore pod of the operator guide: valid, and as locked down as the rest.
         tools = sorted((lib.KUBERNETES / "tools").glob("*.yaml"))
         for path in tools:

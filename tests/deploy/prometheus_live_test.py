@@ -4,9 +4,15 @@
 - `promtool check metrics` passes on each daemon's /metrics;
 - both daemons run as the gpu-cluster overlay runs them: TLS and tokens (a CA, certificate
   and tokens made as docs/operator-guide.md says), a token per worker;
-- the coordinator's health port answers grpc.health.v1 SERVING and nothing else;
+- the coordinator's and each worker's health port answers grpc.health.v1 SERVING and nothing
+  else;
 - every target is up and every rule (a test copy of the alert rules with `for` cut to a few
   seconds) evaluates without error;
+- the series the dashboards and alerts were missing are there after a small run: RPC codes
+  (a NOT_FOUND and a refused token counted from their first call), store commit errors (0),
+  checkpoints registered (an exec job that publishes one), certificate expiry equal to each
+  file's notAfter and following a renewed file, and, with stemma-engine (beside the binaries
+  or --engine), the eval scores of a small study (init, tokenize, train, eval) as they land;
 - after a few waves of noop jobs (one of which fails), every query of every dashboard,
   with its variables filled in as Grafana would ("All", one coordinator, one worker), runs
   through /api/v1/query_range without error, and every panel that should have data has
@@ -16,12 +22,14 @@
 - a worker killed with SIGKILL makes StemmaWorkerDown go pending, then firing, for that
   worker only.
 
-    prometheus_live_test.py --bin-dir DIR --out DIR
+    prometheus_live_test.py --bin-dir DIR --out DIR [--engine PATH]
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import math
 import re
 import pathlib
@@ -152,15 +160,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin-dir", required=True)
     parser.add_argument("--out", required=True, help="where the dashboard PNGs go")
+    parser.add_argument("--engine", default="", help="stemma-engine (default: beside the binaries; "
+                                                     "without one the eval part is skipped)")
     args = parser.parse_args()
     bin_dir = pathlib.Path(args.bin_dir)
+    engine = pathlib.Path(args.engine) if args.engine else bin_dir / "stemma-engine"
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     f = lib.Failures()
     procs = lib.Processes()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="stemma-prometheus-"))
     try:
-        run(bin_dir, out, tmp, procs, f)
+        run(bin_dir, engine if engine.exists() else None, out, tmp, procs, f)
     finally:
         procs.stop_all()
     if f.items:
@@ -205,9 +216,54 @@ def credentials(bin_dir: pathlib.Path, tmp: pathlib.Path, workers: list[str]) ->
     return files
 
 
-def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.Processes, f: lib.Failures) -> None:
+def not_after(cert: pathlib.Path) -> float:
+    """The certificate's notAfter as Unix seconds, as openssl reads it."""
+    r = lib.run(["openssl", "x509", "-noout", "-enddate", "-in", str(cert)])
+    when = datetime.datetime.strptime(r.stdout.strip().split("=", 1)[1], "%b %d %H:%M:%S %Y %Z")
+    return when.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def instant(base: str, query: str) -> list[dict]:
+    a = lib.prom_api(base, "query", query=query)
+    return a.get("data", {}).get("result", []) if a.get("status") == "success" else []
+
+
+def values(base: str, query: str) -> list[float]:
+    return [float(s["value"][1]) for s in instant(base, query)]
+
+
+# A small study on the real engine: a random tiny model, a tokenized text, two training steps,
+# a perplexity eval (tests/integration/experiments_test.cc runs the same).
+STUDY = """name: live-study
+stages:
+  base:
+    init: {arch: llama, preset: tiny, seed: 3}
+  tok:
+    needs: [base]
+    tokenize: {tokenizer: "${{ needs.base.outputs.model }}", input: [en.txt], format: text, line_docs: true, language: en}
+  cpt:
+    needs: [base, tok]
+    train:
+      model: "${{ needs.base.outputs.model }}"
+      data: {datasets: [{path: "${{ needs.tok.outputs.dataset }}"}], seq_len: 16, heldout_fraction: 0.2}
+      batch_size: 2
+      steps: 2
+  eval:
+    needs: [cpt, tok]
+    eval:
+      model: "${{ needs.cpt.outputs.model }}"
+      tasks: [{type: perplexity, language: en, data: "${{ needs.tok.outputs.dataset }}", heldout_fraction: 0.2, limit: 4}]
+"""
+STUDY_JOBS = 4
+
+
+def run(bin_dir: pathlib.Path, engine: pathlib.Path | None, out: pathlib.Path, tmp: pathlib.Path,
+        procs: lib.Processes, f: lib.Failures) -> None:
     grpc, cmetrics, chealth, prom = (lib.free_port() for _ in range(4))
     wmetrics = [lib.free_port() for _ in range(2)]
+    whealth = [lib.free_port() for _ in range(2)]
+    store = tmp / "store"  # the workers' storage root (the study's files, the checkpoint job's)
+    store.mkdir()
     # As the gpu-cluster overlay runs them: TLS and tokens, a token per worker.
     secure = "--tokens" in lib.run([str(bin_dir / "stemma-coordinator"), "--help"]).stdout
     cred = credentials(bin_dir, tmp, ["w0", "w1"]) if secure else {}
@@ -224,14 +280,23 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
     if health:
         check_health(f"127.0.0.1:{chealth}", f)
     workers = []
+    worker_health = "--health-listen" in lib.run([str(bin_dir / "stemma-worker"), "--help"]).stdout
+    f.check(worker_health, "stemma-worker has no --health-listen")
+    # The workers find stemma-engine beside themselves, else on PATH.
+    env = dict(os.environ)
+    if engine is not None and engine.parent != bin_dir:
+        env["PATH"] = f"{engine.parent}:{env.get('PATH', '/usr/bin:/bin')}"
     for i, port in enumerate(wmetrics):
         w = procs.start([str(bin_dir / "stemma-worker"), f"--coordinator=127.0.0.1:{grpc}",
                          f"--data={tmp}/w{i}", f"--name=w{i}", "--gpus=2", "--cpus=4", "--memory-mb=8192",
-                         "--allow-exec",
+                         "--allow-exec", f"--storage-root={store}",
                          f"--metrics-listen=127.0.0.1:{port}"]
+                        + ([f"--health-listen=127.0.0.1:{whealth[i]}"] if worker_health else [])
                         + ([f"--ca={cred['ca']}", f"--token-file={cred[f'w{i}']}"] if secure else []),
-                        tmp / f"w{i}.log")
+                        tmp / f"w{i}.log", env=env)
         lib.wait_http(f"http://127.0.0.1:{port}/metrics", 20, w)
+        if worker_health:
+            check_health(f"127.0.0.1:{whealth[i]}", f)
         workers.append(w)
 
     # The test's copy of the rules: the same expressions, `for` cut to seconds.
@@ -287,6 +352,29 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
     r = lib.run(cli + ["submit", "-f", str(tmp / "train.yaml")])
     f.check(r.returncode == 0, f"stemma submit train.yaml: {r.stdout}{r.stderr}")
     total = 1
+    # A job that publishes a checkpoint as the engine does (an output event): the registry
+    # registers it when the job succeeds.
+    (tmp / "ckpt.sh").write_text(
+        f"mkdir -p {store}/ckpt/one && echo '{{}}' > {store}/ckpt/one/stemma.json &&"
+        f" echo '{{\"event\":\"output\",\"name\":\"model\",\"path\":\"{store}/ckpt/one\","
+        "\"type\":\"checkpoint\",\"operation\":\"cpt\"}'\n")
+    (tmp / "ckpt.yaml").write_text(f"name: publishes\nexperiment: live\nexec: {{argv: [/bin/sh, {tmp / 'ckpt.sh'}]}}\n")
+    r = lib.run(cli + ["submit", "-f", str(tmp / "ckpt.yaml")])
+    f.check(r.returncode == 0, f"stemma submit ckpt.yaml: {r.stdout}{r.stderr}")
+    total += 1
+    # A call for a job that does not exist: NOT_FOUND, counted from the first one.
+    r = lib.run(cli + ["get", "no-such-job"])
+    f.check(r.returncode != 0, f"stemma get no-such-job succeeded: {r.stdout}")
+    if engine is not None:
+        with open(store / "en.txt", "w") as text:
+            for i in range(200):
+                text.write(f"the quick brown fox {i} jumps over the lazy dog\n")
+        (tmp / "study.yaml").write_text(STUDY)
+        r = lib.run(cli + ["sweep", "-f", str(tmp / "study.yaml")])
+        f.check(r.returncode == 0, f"stemma sweep study.yaml: {r.stdout}{r.stderr}")
+        total += STUDY_JOBS
+    else:
+        print(f"no stemma-engine ({engine}): the eval scores are not checked", flush=True)
     for wave in range(4):
         docs = []
         for i in range(8):
@@ -302,6 +390,9 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
         f.check(r.returncode == 0, f"stemma submit: {r.stdout}{r.stderr}")
         total += len(docs)
         time.sleep(3)
+    if engine is not None:
+        r = lib.run(cli + ["exp", "wait", "live-study", "--timeout", "200"])
+        f.check(r.returncode == 0, f"stemma exp wait live-study: {r.stdout}{r.stderr}")
     states: list[str] = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -335,6 +426,8 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
     active = [(a["labels"]["alertname"], a["state"]) for a in lib.prom_api(base, "alerts")["data"]["alerts"]]
     f.check(not active, f"alerts active on a healthy cluster: {active}")
 
+    check_new_series(base, tmp, cred, secure, engine is not None, f)
+
     # Every dashboard query, with variables filled in as Grafana would.
     t_end = time.time()
     span = f"{int(t_end - t_start) + 1}s"
@@ -347,7 +440,9 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
     }
     needs = needs_by_panel()
     # failing jobs, the step-reporting job, a bad token
-    caused = {generate.FAILURES, generate.TRAINING} | ({generate.AUTH} if secure else set())
+    caused = ({generate.FAILURES, generate.TRAINING, generate.REGISTRY, generate.RPC_ERRORS}
+              | ({generate.AUTH, generate.TLS} if secure else set())
+              | ({generate.EVAL_METRICS} if engine is not None else set()))
     queries = empty_expected = 0
     for path in lib.dashboard_files():
         d = json.loads(path.read_text())
@@ -395,6 +490,9 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
                 print(f"drew {png}", flush=True)
     print(f"{queries} dashboard queries run; {empty_expected} panels wait for metrics not exported yet", flush=True)
 
+    if secure:
+        check_certificate_renewal(base, cli, cred, f)
+
     # A worker killed: its alert goes pending, then firing; the other worker's stays quiet.
     victim = f"127.0.0.1:{wmetrics[1]}"
     procs.stop(workers[1], signal.SIGKILL)
@@ -420,6 +518,69 @@ def run(bin_dir: pathlib.Path, out: pathlib.Path, tmp: pathlib.Path, procs: lib.
                 f"firing alert's annotations: {ann}")
         f.check(fired[0]["labels"].get("severity") == "warning", f"severity {fired[0]['labels']}")
     print(f"StemmaWorkerDown for {victim}: {' -> '.join(seen)}", flush=True)
+
+
+def check_new_series(base: str, tmp: pathlib.Path, cred: dict, secure: bool, engine: bool,
+                     f: lib.Failures) -> None:
+    """The series added for the dashboards and alerts, after the run above."""
+    c = 'job="stemma-coordinator"'
+    got = values(base, f'stemma_rpc_requests_total{{{c}, method="GetJob", code="NOT_FOUND"}}')
+    f.check(got and got[0] >= 1, f"stemma_rpc_requests_total GetJob NOT_FOUND: {got}")
+    # Created at 0 before the first call: the first error shows as an increase.
+    got = values(base, f'increase(stemma_rpc_requests_total{{{c}, method="GetJob", code="NOT_FOUND"}}[10m])')
+    f.check(got and got[0] > 0, f"increase of GetJob NOT_FOUND: {got} (was the series created at its first error?)")
+    got = values(base, f'sum(stemma_rpc_requests_total{{{c}, method="Submit", code="OK"}})')
+    f.check(got and got[0] >= 1, f"stemma_rpc_requests_total Submit OK: {got}")
+    if secure:
+        got = values(base, f'stemma_rpc_requests_total{{{c}, method="ListJobs", code="UNAUTHENTICATED"}}')
+        f.check(got and got[0] >= 1, f"stemma_rpc_requests_total ListJobs UNAUTHENTICATED (a bad token): {got}")
+    got = values(base, f"stemma_store_commit_errors_total{{{c}}}")
+    f.check(got == [0.0], f"stemma_store_commit_errors_total: {got}, want one series at 0")
+    got = values(base, f'stemma_registry_checkpoints_registered_total{{{c}, operation="cpt"}}')
+    f.check(got and got[0] >= (2 if engine else 1), f"checkpoints registered by cpt: {got}")
+    got = values(base, f'sum(stemma_registry_checkpoints_registered_total{{{c}, operation=~"init|other"}})')
+    f.check(got and got[0] == (1 if engine else 0), f"checkpoints registered by init (the study's base): {got}")
+    if engine:
+        scores = instant(base, f'stemma_eval_score{{{c}, experiment="live-study", stage="eval"}}')
+        names = sorted(s["metric"].get("metric", "") for s in scores)
+        f.check("ppl/en" in names, f"stemma_eval_score of the study's eval: {names}")
+        for s in scores:
+            v = float(s["value"][1])
+            f.check(math.isfinite(v) and v > 0, f"stemma_eval_score {s['metric']}: {v}")
+            f.check(s["metric"].get("cell") == "eval", f"stemma_eval_score's cell label: {s['metric']}")
+        f.check(not instant(base, f'stemma_eval_score{{{c}, stage!="eval"}}'),
+                "stemma_eval_score has series of jobs that are not evals")
+    if secure:
+        for job, cert, path in [("stemma-coordinator", "server", cred["cert"]), ("stemma-worker", "ca", cred["ca"])]:
+            got = values(base, f'stemma_tls_certificate_expiry_timestamp_seconds{{job="{job}", certificate="{cert}"}}')
+            want = not_after(path)
+            f.check(bool(got) and all(abs(g - want) < 1 for g in got),
+                    f"{job} certificate expiry ({cert}): {got}, want notAfter of {path.name} = {want}")
+
+
+def check_certificate_renewal(base: str, cli: list[str], cred: dict, f: lib.Failures) -> None:
+    """A renewed server certificate (replaced by rename, as cert-manager and the operator
+    guide do): the coordinator serves it and its expiry gauge follows at the next scrape."""
+    d = cred["cert"].parent
+    r = lib.run(["openssl", "x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-days", "90", "-extfile", "san.ext", "-out", "tls.crt.new"], cwd=d)
+    if not f.check(r.returncode == 0, f"openssl x509 (renewal): {r.stderr}"):
+        return
+    want = not_after(d / "tls.crt.new")
+    f.check(abs(want - not_after(cred["cert"])) > 86400, "the renewed certificate has the old expiry")
+    os.replace(d / "tls.crt.new", cred["cert"])
+    got: list[float] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        got = values(base, 'stemma_tls_certificate_expiry_timestamp_seconds{job="stemma-coordinator", certificate="server"}')
+        if got and abs(got[0] - want) < 1:
+            break
+        time.sleep(0.5)
+    f.check(bool(got) and abs(got[0] - want) < 1, f"after renewal the server certificate expiry is {got}, want {want}")
+    time.sleep(6)  # the TLS credentials re-read their files every 5 s
+    r = lib.run(cli + ["ls"])
+    f.check(r.returncode == 0, f"stemma ls after the certificate was renewed: {r.stdout}{r.stderr}")
+    print(f"certificate renewed: expiry gauge {got}", flush=True)
 
 
 if __name__ == "__main__":
