@@ -117,6 +117,7 @@ class Gatherer {
       c.stage = ec.stage();
       c.kind = ec.kind();
       c.coords.insert(ec.coords().begin(), ec.coords().end());
+      if (c.coords.empty()) c.coords = report::CoordsFromName(c.job_name);
       c.job_id = ec.job_id();
       c.state = ec.state();
       c.reason = ec.reason();

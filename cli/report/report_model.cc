@@ -780,6 +780,27 @@ bool LowerIsBetter(const std::string& metric) {
   return metric == "ppl" || metric == "bpb" || absl::EndsWith(metric, "loss");
 }
 
+std::map<std::string, std::string> CoordsFromName(const std::string& job_name) {
+  std::map<std::string, std::string> out;
+  const size_t open = job_name.find('[');
+  if (open == std::string::npos || job_name.back() != ']') return out;
+  const std::string inner = job_name.substr(open + 1, job_name.size() - open - 2);
+  size_t at = 0;
+  while (at <= inner.size()) {
+    size_t comma = inner.find(',', at);
+    if (comma == std::string::npos) comma = inner.size();
+    const std::string part = inner.substr(at, comma - at);
+    const size_t eq = part.find('=');
+    if (eq != std::string::npos && eq > 0) {
+      out[part.substr(0, eq)] = part.substr(eq + 1);
+    } else if (!out.empty()) {
+      out.rbegin()->second += "," + part;  // a value that held a comma
+    }
+    at = comma + 1;
+  }
+  return out;
+}
+
 std::string MemoizedFrom(const std::string& reason) {
   const std::string kPrefix = "memoized from ";
   if (!absl::StartsWith(reason, kPrefix)) return "";

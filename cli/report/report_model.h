@@ -146,6 +146,11 @@ Report BuildReport(const ReportInput& input, const ReportOptions& options);
 // True when lower values of `metric` are better (ppl, bpb, *loss).
 bool LowerIsBetter(const std::string& metric);
 
+// The matrix coordinates in a cell name ("eval[family=slavic,alpha=0.5]" → family, alpha);
+// empty for a stage without a matrix. (GetExperiment does not send them for stored
+// revisions; the name always has them.)
+std::map<std::string, std::string> CoordsFromName(const std::string& job_name);
+
 // The source job of a memoized cell ("memoized from j-7" → "j-7"), else "".
 std::string MemoizedFrom(const std::string& reason);
 

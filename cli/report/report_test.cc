@@ -525,6 +525,13 @@ TEST(Writers, MarkdownShowsDeltasBestAndSummary) {
   EXPECT_THAT(md, HasSubstr("no corpus manifest"));
 }
 
+TEST(Report, CoordsFromName) {
+  EXPECT_EQ(CoordsFromName("eval-interp[range=middle,alpha=0.5]"),
+            (std::map<std::string, std::string>{{"range", "middle"}, {"alpha", "0.5"}}));
+  EXPECT_TRUE(CoordsFromName("eval-base").empty());
+  EXPECT_EQ(CoordsFromName("tok[language=ru,family=slavic]").at("family"), "slavic");
+}
+
 TEST(Report, MemoizedFrom) {
   EXPECT_EQ(MemoizedFrom("memoized from j-7"), "j-7");
   EXPECT_EQ(MemoizedFrom("exit 1"), "");
