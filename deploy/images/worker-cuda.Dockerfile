@@ -35,5 +35,5 @@ COPY --from=build /opt/torch/lib/python3.11/site-packages/nvidia /opt/torch/lib/
 COPY --from=build /build/bin/stemma-worker /build/bin/stemma-engine /build/bin/libstemma_sentencepiece.so /usr/local/bin/
 ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 65532:65532
-EXPOSE 9464
+EXPOSE 8081 9464
 ENTRYPOINT ["/usr/local/bin/stemma-worker"]

@@ -23,5 +23,5 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* /tmp/runtime-packages.txt
 COPY --from=build /build/bin/stemma-worker /usr/local/bin/
 USER 65532:65532
-EXPOSE 9464
+EXPOSE 8081 9464
 ENTRYPOINT ["/usr/local/bin/stemma-worker"]

@@ -13,6 +13,19 @@ answer; an online backup (sqlite3 .backup, as docs/operator-guide.md says) resto
 on a fresh volume gives a coordinator that knows the same jobs. Then a library is removed from the tree and ldd must report it missing (so the
 check can fail).
 
+What each image holds is read from its container file (deploy/images/*.Dockerfile: the
+package lists its final stage installs, the files it copies from /build/bin), so every
+binary and library of every image is checked in a root with exactly that image's packages.
+The coordinator and worker images share runtime-packages.txt and run in the tree above. The
+worker-cuda image (runtime and engine-runtime packages; stemma-worker, stemma-engine and
+libstemma_sentencepiece.so) gets a tree of its own when this build has the engine: ldd of
+every file (the sentencepiece library is dlopened beside the engine, so ldd is what checks
+it), stemma-engine initialising and verifying a model there, and a worker inside the tree
+running an init job for a coordinator outside it. LibTorch is this build's (the CPU wheel),
+bind-mounted at the engine's RUNPATH as the image copies the CUDA wheel's to its own; the
+CUDA libraries themselves can only be checked on a GPU node. Without the engine that part
+is skipped (and says so).
+
     rootfs_test.py --bin-dir DIR
 """
 from __future__ import annotations
@@ -22,6 +35,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import tempfile
@@ -29,24 +43,42 @@ import time
 
 import deploylib as lib
 
-PACKAGES = lib.DEPLOY / "images" / "runtime-packages.txt"
+IMAGES = lib.DEPLOY / "images"
+PACKAGES = IMAGES / "runtime-packages.txt"
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-BINARIES = ["stemma-coordinator", "stemma-worker", "stemma"]
 UID = 65532
 
 
-def packages() -> list[str]:
-    out = []
-    for line in PACKAGES.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            out.append(line)
+def image_contents() -> dict[str, dict[str, list[str]]]:
+    """Per container file (by name without .Dockerfile): the package lists its final stage
+    installs, the /build/bin files it copies in, and the other trees it copies from the build
+    stage (LibTorch and the CUDA libraries of the torch wheel)."""
+    out = {}
+    for path in sorted(IMAGES.glob("*.Dockerfile")):
+        text = path.read_text()
+        final = text[text.rindex("\nFROM "):]
+        lists = re.findall(r"deploy/images/([\w.-]+-packages\.txt)", final)
+        files, trees = [], []
+        for m in re.finditer(r"^COPY --from=build (.+)$", final, re.M):
+            srcs = m.group(1).split()[:-1]
+            files += [s.rsplit("/", 1)[1] for s in srcs if s.startswith("/build/bin/")]
+            trees += [s for s in srcs if not s.startswith("/build/bin/")]
+        out[path.name.removesuffix(".Dockerfile")] = {"packages": lists, "files": files, "trees": trees}
     return out
 
 
-def base_tarball() -> pathlib.Path:
-    pkgs = packages()
+def packages(lists: list[str]) -> list[str]:
+    out = []
+    for name in lists:
+        for line in (IMAGES / name).read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line and line not in out:
+                out.append(line)
+    return out
+
+
+def base_tarball(pkgs: list[str]) -> pathlib.Path:
     key = hashlib.sha256(f"{SUITE} minbase {' '.join(sorted(pkgs))}".encode()).hexdigest()[:16]
     cache = pathlib.Path(os.environ.get("STEMMA_CACHE", pathlib.Path.home() / ".cache" / "stemma")) / "rootfs"
     tarball = cache / f"debian-{SUITE}-minbase-{key}.tar"
@@ -79,6 +111,98 @@ def in_root(root: pathlib.Path, argv: list[str], tmpfs: list[str], user: bool = 
     return ["unshare", "--mount", "--pid", "--fork", "sh", "-c", script, "sh", *argv]
 
 
+def runpath_dirs(binary: pathlib.Path) -> list[pathlib.Path]:
+    """The RUNPATH/RPATH directories of an ELF file that exist on this machine."""
+    r = lib.run(["readelf", "-d", str(binary)])
+    out = []
+    for m in re.finditer(r"\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[(.*)\]", r.stdout):
+        out += [pathlib.Path(d) for d in m.group(1).split(":") if d and pathlib.Path(d).is_dir()]
+    return out
+
+
+def check_engine_image(bin_dir: pathlib.Path, image: dict, tmp: pathlib.Path, procs: lib.Processes,
+                       f: lib.Failures) -> None:
+    f.check({"stemma-worker", "stemma-engine", "libstemma_sentencepiece.so"} <= set(image["files"]),
+            f"worker-cuda.Dockerfile copies {image['files']}")
+    f.check(image["packages"] == ["runtime-packages.txt", "engine-runtime-packages.txt"],
+            f"worker-cuda.Dockerfile installs {image['packages']}")
+    tarball = base_tarball(packages(image["packages"]))
+    root = tmp / "root-cuda"
+    root.mkdir()
+    subprocess.run(["tar", "-xf", str(tarball), "-C", str(root)], check=True)
+    for b in image["files"]:
+        shutil.copy2(bin_dir / b, root / "usr" / "local" / "bin" / b)
+    # The trees the image copies from its torch venv (torch/lib, nvidia/), taken from this
+    # build's venv (the one the engine's RUNPATH names) and bind-mounted read-only at the
+    # same paths, as the image keeps its venv's paths. The directories above them are made
+    # traversable for the pod's user (/root is 0700 in Debian; the image's /opt/torch is not).
+    torch_lib = next((d for d in runpath_dirs(bin_dir / "stemma-engine")
+                      if d.as_posix().endswith("site-packages/torch/lib")), None)
+    image_torch_lib = next((s for s in image["trees"] if s.endswith("site-packages/torch/lib")), None)
+    binds = {}
+    if f.check(torch_lib is not None and image_torch_lib is not None,
+               f"stemma-engine's RUNPATH has no torch/lib ({torch_lib}) or the image copies none ({image['trees']})"):
+        local_venv = pathlib.Path(torch_lib.as_posix()[:-len("lib/python3.11/site-packages/torch/lib")])
+        image_venv = image_torch_lib[:-len("lib/python3.11/site-packages/torch/lib")]
+        for tree in image["trees"]:
+            f.check(tree.startswith(image_venv), f"worker-cuda copies {tree}, outside its torch venv {image_venv}")
+            d = local_venv / tree[len(image_venv):]
+            if not f.check(d.is_dir(), f"worker-cuda copies {tree}; this build's venv has no {d}"):
+                continue
+            target = root / d.relative_to("/")
+            target.mkdir(parents=True, exist_ok=True)
+            for parent in [target, *target.parents]:
+                if parent == root:
+                    break
+                parent.chmod(0o755)
+            binds[str(d)] = d
+    for d in ("var/lib/stemma-worker",):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for b in image["files"]:
+        r = lib.run(in_root(root, ["/usr/bin/ldd", f"/usr/local/bin/{b}"], ["/tmp"], user=False, binds=binds))
+        missing = [l.strip() for l in r.stdout.splitlines() if "not found" in l]
+        f.check(r.returncode == 0 and not missing,
+                f"worker-cuda: {b} in its runtime root: missing libraries {missing}\n{r.stderr}")
+    # LibTorch for real, as the pod's user: a tiny model initialised and checked.
+    script = ("/usr/local/bin/stemma-engine init --preset tiny --seed 1 --out /tmp/m >/dev/null && "
+              "/usr/local/bin/stemma-engine verify /tmp/m")
+    r = lib.run(in_root(root, ["/bin/sh", "-c", script], ["/tmp"], binds=binds), timeout=300)
+    f.check(r.returncode == 0, f"worker-cuda: stemma-engine init + verify in the root: {r.returncode}\n{r.stdout[-800:]}{r.stderr[-800:]}")
+
+    # The image's worker, inside the tree, runs an engine job for a coordinator outside it.
+    grpc, cmetrics, wmetrics = lib.free_port(), lib.free_port(), lib.free_port()
+    coordinator = procs.start([str(bin_dir / "stemma-coordinator"), f"--data={tmp}/cuda-coordinator",
+                               f"--listen=127.0.0.1:{grpc}", f"--metrics-listen=127.0.0.1:{cmetrics}"],
+                              tmp / "cuda-coordinator.log")
+    lib.wait_http(f"http://127.0.0.1:{cmetrics}/metrics", 20, coordinator)
+    worker = procs.start(in_root(root, [
+        "/usr/local/bin/stemma-worker", f"--coordinator=127.0.0.1:{grpc}", "--data=/var/lib/stemma-worker/data",
+        "--storage-root=/var/lib/stemma-worker", "--name=rootfs-cuda", "--gpus=0", "--cpus=2",
+        f"--metrics-listen=127.0.0.1:{wmetrics}"], ["/var/lib/stemma-worker", "/tmp"], binds=binds),
+        tmp / "cuda-worker.log")
+    lib.wait_http(f"http://127.0.0.1:{wmetrics}/metrics", 20, worker)
+    (tmp / "init.yaml").write_text("name: rootfs-init\ninit: {preset: tiny, seed: 2, out: model-tiny}\n")
+    cli = [str(bin_dir / "stemma"), f"--coordinator=127.0.0.1:{grpc}"]
+    r = lib.run(cli + ["submit", "-f", str(tmp / "init.yaml")])
+    f.check(r.returncode == 0, f"worker-cuda: stemma submit init.yaml: {r.stdout}{r.stderr}")
+    r = lib.run(cli + ["wait", "rootfs-init", "--timeout-s", "240"])
+    job = lib.run(cli + ["get", "rootfs-init", "-o", "json"])
+    f.check(r.returncode == 0, f"worker-cuda: the init job run by the image's worker did not succeed: "
+                               f"{job.stdout[-1500:]}{job.stderr}")
+    procs.stop(worker)
+    procs.stop(coordinator)
+    log = (tmp / "cuda-worker.log").read_text(errors="replace")
+    f.check("error while loading shared libraries" not in log, f"worker-cuda worker: {log[-500:]}")
+
+    # The check must be able to fail: without Debian's libsentencepiece, ldd of the shim the
+    # engine dlopens says so.
+    for lib_file in list((root / "usr" / "lib" / "x86_64-linux-gnu").glob("libsentencepiece.so*")):
+        lib_file.unlink()
+    r = lib.run(in_root(root, ["/usr/bin/ldd", "/usr/local/bin/libstemma_sentencepiece.so"], ["/tmp"], user=False))
+    f.check("libsentencepiece.so.0 => not found" in r.stdout, f"ldd did not notice a removed library:\n{r.stdout}")
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin-dir", required=True)
@@ -88,7 +212,17 @@ def main() -> None:
         print("rootfs_test: SKIP: needs root (mount namespace, chroot); CI runs as root", flush=True)
         raise SystemExit(77)
     f = lib.Failures()
-    tarball = base_tarball()
+    images = image_contents()
+    f.check(sorted(images) == ["coordinator", "worker", "worker-cuda"], f"container files: {sorted(images)}")
+    # The coordinator and worker images: one tree with runtime-packages.txt, their files in it.
+    binaries: list[str] = []
+    for name in ("coordinator", "worker"):
+        f.check(images.get(name, {}).get("packages") == ["runtime-packages.txt"],
+                f"{name}.Dockerfile installs {images.get(name, {}).get('packages')}, not runtime-packages.txt")
+        binaries += [b for b in images.get(name, {}).get("files", []) if b not in binaries]
+    f.check({"stemma-coordinator", "stemma-worker", "stemma"} <= set(binaries),
+            f"the images copy {binaries}: the daemons and the CLI should be among them")
+    tarball = base_tarball(packages(["runtime-packages.txt"]))
     procs = lib.Processes()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="stemma-rootfs-"))
     keep = False
@@ -96,14 +230,14 @@ def main() -> None:
         root = tmp / "root"
         root.mkdir()
         subprocess.run(["tar", "-xf", str(tarball), "-C", str(root)], check=True)
-        for b in BINARIES:
+        for b in binaries:
             shutil.copy2(bin_dir / b, root / "usr" / "local" / "bin" / b)
         for d in ("var/lib/stemma", "var/lib/stemma-worker", "jobs"):
             (root / d).mkdir(parents=True, exist_ok=True)
         (root / "jobs" / "noop.yaml").write_text("\n---\n".join(
             f"name: rootfs-{i}\nnoop: {{duration_ms: 200}}\n" for i in range(5)))
 
-        for b in BINARIES:
+        for b in binaries:
             r = lib.run(["chroot", str(root), "/usr/bin/ldd", f"/usr/local/bin/{b}"])
             missing = [l.strip() for l in r.stdout.splitlines() if "not found" in l]
             f.check(r.returncode == 0 and not missing, f"{b} in the runtime root: missing libraries {missing}\n{r.stderr}")
@@ -185,6 +319,15 @@ def main() -> None:
         f.check("libsqlite3.so.0 => not found" in r.stdout, f"ldd did not notice a removed library:\n{r.stdout}")
         r = lib.run(in_root(root, ["/usr/local/bin/stemma-coordinator", "--help"], ["/tmp"]))
         f.check(r.returncode != 0 and "libsqlite3" in r.stderr, f"the coordinator ran without libsqlite3: {r.returncode}")
+        shutil.rmtree(root, ignore_errors=True)
+
+        cuda = images.get("worker-cuda", {"packages": [], "files": []})
+        missing = [b for b in cuda["files"] if not (bin_dir / b).exists()]
+        if missing:
+            print(f"rootfs_test: worker-cuda image not checked: {missing} not in {bin_dir} "
+                  "(a build without the engine)", flush=True)
+        else:
+            check_engine_image(bin_dir, cuda, tmp, procs, f)
         keep = bool(f.items)
     finally:
         procs.stop_all()
