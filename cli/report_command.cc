@@ -367,7 +367,9 @@ void AddReportCommand(CLI::App* app, const GlobalOptions* globals, Action* actio
   sub->add_option("--out", o->out, "write report.md, report.html, report.csv, report.json and the plots (SVG) here");
   sub->add_option("--format", o->format, "what goes to stdout: md (default) | html | csv | json");
   sub->add_option("--metric", o->metrics,
-                  "metrics to show (repeatable): a name (ppl, acc_norm), a column (bpb/ru), a glob, or all");
+                  "metrics to show (repeatable): a name (ppl, acc_norm), a column (bpb/ru), a glob, or all")
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_option("--columns", o->columns, "languages (default) | families (mean over a family's languages)");
   sub->footer(kFooter);
   sub->callback([=] { *action = [=] { return RunReport(*globals, *o); }; });

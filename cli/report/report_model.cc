@@ -490,6 +490,7 @@ class Builder {
       p.omitted = "no row besides the baseline has both held-in and general-language values yet";
     }
     std::sort(f.begin(), f.end());
+    front.markers = f.size() == 1;  // a front of one point has no line to draw
     for (const auto& [x, y] : f) {
       front.x.push_back(x);
       front.y.push_back(y);
