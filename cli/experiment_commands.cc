@@ -1,14 +1,17 @@
-// stemma sweep | plan | exp ls | exp get | exp wait | exp cancel: experiments, expanded and
+// stemma sweep | plan | exp ls | get | wait | cancel | retry | watch: experiments, expanded and
 // stored by the coordinator (coordinator/experiments/). The CLI only sends the file and
 // prints what comes back.
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <fstream>
+#include <map>
 #include <iostream>
 #include <memory>
 #include <sstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/client.h"
 #include "cli/command.h"
@@ -25,6 +28,15 @@ nlohmann::json ToJson(const google::protobuf::Message& m) {
   options.preserve_proto_field_names = true;
   (void)google::protobuf::util::MessageToJsonString(m, &text, options);
   return nlohmann::json::parse(text, nullptr, false);
+}
+
+bool Ended(const v1::ExperimentCell& c) {
+  return c.state() == "SUCCEEDED" || c.state() == "FAILED" || c.state() == "CANCELLED";
+}
+// Succeeded, or skipped because a trial it read was stopped early: both are what the
+// experiment asked for.
+bool EndedWell(const v1::ExperimentCell& c) {
+  return c.state() == "SUCCEEDED" || (c.state() == "CANCELLED" && !c.early_stop().empty());
 }
 
 struct SweepOptions {
@@ -126,15 +138,15 @@ absl::StatusOr<int> RunWait(const GlobalOptions& g, const GetOptions& o, double 
     ASSIGN_OR_RETURN(v1::GetExperimentResponse r, client.GetExperiment(req));
     int done = 0, ok = 0;
     for (const auto& c : r.cells()) {
-      if (c.state() == "SUCCEEDED" || c.state() == "FAILED" || c.state() == "CANCELLED") ++done;
-      if (c.state() == "SUCCEEDED") ++ok;
+      if (Ended(c)) ++done;
+      if (EndedWell(c)) ++ok;
     }
-    const std::string line = absl::StrCat(r.experiment().name(), ": ", done, "/", r.cells_size(), " ended, ", ok, " succeeded");
+    const std::string line = absl::StrCat(r.experiment().name(), ": ", done, "/", r.cells_size(), " ended, ", ok, " succeeded or skipped");
     if (line != last) std::cerr << line << "\n";
     last = line;
     if (done == r.cells_size()) {
       for (const auto& c : r.cells()) {
-        if (c.state() != "SUCCEEDED") std::cout << c.job_id() << " " << c.job_name() << " " << c.state() << ": " << c.reason() << "\n";
+        if (!EndedWell(c)) std::cout << c.job_id() << " " << c.job_name() << " " << c.state() << ": " << c.reason() << "\n";
       }
       return ok == r.cells_size() ? 0 : 1;
     }
@@ -159,6 +171,110 @@ absl::StatusOr<int> RunCancel(const GlobalOptions& g, const GetOptions& o) {
   return 0;
 }
 
+// Re-queues the FAILED and CANCELLED cells of the latest revision (not the ones skipped
+// because a trial was stopped early), upstream first; what failed only because of them
+// waits for them again (the coordinator's Retry).
+absl::StatusOr<int> RunRetry(const GlobalOptions& g, const GetOptions& o) {
+  CoordinatorClient client(g.coordinator, g.timeout());
+  v1::GetExperimentRequest req;
+  req.set_name(o.name);
+  ASSIGN_OR_RETURN(v1::GetExperimentResponse r, client.GetExperiment(req));
+  int retried = 0;
+  std::vector<std::string> refused;
+  for (const auto& c : r.cells()) {  // in submission order: upstream first
+    if (c.state() != "FAILED" && c.state() != "CANCELLED") continue;
+    if (!c.early_stop().empty()) continue;
+    absl::StatusOr<v1::Job> job = client.GetJob(c.job_id());
+    // A dependent an earlier retry already set waiting again.
+    if (job.ok() && job->state() != v1::FAILED && job->state() != v1::CANCELLED) {
+      ++retried;
+      continue;
+    }
+    absl::StatusOr<v1::Job> again = client.Retry(c.job_id());
+    if (again.ok()) {
+      ++retried;
+    } else {
+      refused.push_back(absl::StrCat(c.job_id(), " ", c.job_name(), ": ", again.status().message()));
+    }
+  }
+  std::cout << "retried " << retried << " jobs of " << o.name << " revision " << r.experiment().revision() << "\n";
+  for (const auto& line : refused) std::cout << "  not retried: " << line << "\n";
+  return refused.empty() ? 0 : 1;
+}
+
+// The experiment live: cells by state, and each running cell's step, loss and tokens/s (its
+// progress and the metric series' last values). Ends with the experiment (0 when every
+// cell succeeded or was skipped for early stopping), or after `timeout_s`. A coordinator
+// that goes away (a restart) is waited for, for up to a minute.
+absl::StatusOr<int> RunWatch(const GlobalOptions& g, const GetOptions& o, double timeout_s) {
+  const auto start = std::chrono::steady_clock::now();
+  auto lost_since = std::chrono::steady_clock::time_point::max();
+  std::string last;
+  while (true) {
+    CoordinatorClient client(g.coordinator, g.timeout());
+    v1::GetExperimentRequest req;
+    req.set_name(o.name);
+    absl::StatusOr<v1::GetExperimentResponse> got = client.GetExperiment(req);
+    v1::QueryMetricsResponse metrics;
+    if (got.ok()) {
+      v1::QueryMetricsRequest q;
+      q.set_experiment(o.name);
+      q.set_last_only(true);
+      absl::StatusOr<v1::QueryMetricsResponse> m = client.QueryMetrics(q);
+      if (m.ok()) metrics = *std::move(m);
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!got.ok()) {
+      if (got.status().code() != absl::StatusCode::kUnavailable) return got.status();
+      if (lost_since == std::chrono::steady_clock::time_point::max()) {
+        lost_since = now;
+        std::cerr << "coordinator unavailable; reconnecting\n";
+      }
+      if (now - lost_since > std::chrono::seconds(60)) return got.status();
+    } else {
+      lost_since = std::chrono::steady_clock::time_point::max();
+      const v1::GetExperimentResponse& r = *got;
+      std::map<std::string, std::map<std::string, double>> values;  // job → name → last
+      for (const auto& p : metrics.points()) values[p.job_id()][p.name()] = p.value();
+      std::map<std::string, int> states;
+      int ended = 0, well = 0;
+      std::string running;
+      for (const auto& c : r.cells()) {
+        ++states[c.state() == "CANCELLED" && !c.early_stop().empty() ? "SKIPPED" : c.state()];
+        ended += Ended(c);
+        well += EndedWell(c);
+        if (c.state() != "RUNNING") continue;
+        absl::StrAppend(&running, "  ", c.job_id(), " ", c.job_name());
+        if (c.step() > 0) {
+          absl::StrAppend(&running, "  step ", c.step());
+          if (c.fraction() > 0) absl::StrAppend(&running, "/", static_cast<int64_t>(std::llround(c.step() / c.fraction())));
+        }
+        const auto& v = values[c.job_id()];
+        if (auto it = v.find("loss"); it != v.end()) absl::StrAppend(&running, "  loss ", absl::StrFormat("%.4g", it->second));
+        if (auto it = v.find("tokens_per_s"); it != v.end()) absl::StrAppend(&running, "  ", absl::StrFormat("%.0f", it->second), " tok/s");
+        if (!c.early_stop().empty()) absl::StrAppend(&running, "  stopping: ", c.early_stop());
+        absl::StrAppend(&running, "\n");
+      }
+      std::vector<std::string> parts;
+      for (const auto& [s, n] : states) parts.push_back(absl::StrCat(s, " ", n));
+      const std::string screen = absl::StrCat(r.experiment().name(), " revision ", r.experiment().revision(), ": ",
+                                              absl::StrJoin(parts, ", "), "\n", running);
+      if (screen != last) std::cout << screen << std::flush;
+      last = screen;
+      if (ended == r.cells_size()) {
+        for (const auto& c : r.cells()) {
+          if (!EndedWell(c)) std::cout << c.job_id() << " " << c.job_name() << " " << c.state() << ": " << c.reason() << "\n";
+        }
+        return well == r.cells_size() ? 0 : 1;
+      }
+    }
+    if (timeout_s > 0 && now - start > std::chrono::duration<double>(timeout_s)) {
+      return absl::DeadlineExceededError(absl::StrCat("exp watch: ", o.name, " still running after ", timeout_s, " s"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+}
+
 }  // namespace
 
 void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* action) {
@@ -179,7 +295,7 @@ void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* 
       *action = [=] { return RunSweep(*globals, *o); };
     });
   }
-  CLI::App* exp = app->add_subcommand("exp", "Experiments: ls, get, wait, cancel");
+  CLI::App* exp = app->add_subcommand("exp", "Experiments: ls, get, wait, watch, cancel, retry");
   exp->require_subcommand(1);
   CLI::App* ls = exp->add_subcommand("ls", "List experiments with their latest revision");
   ls->callback([=] { *action = [=] { return RunList(*globals); }; });
@@ -198,6 +314,16 @@ void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* 
   CLI::App* c = exp->add_subcommand("cancel", "Cancel every unfinished job of the latest revision");
   c->add_option("name", cancel->name, "experiment name")->required();
   c->callback([=] { *action = [=] { return RunCancel(*globals, *cancel); }; });
+  auto retry = std::make_shared<GetOptions>();
+  CLI::App* rt = exp->add_subcommand("retry", "Re-queue the failed and cancelled jobs of the latest revision");
+  rt->add_option("name", retry->name, "experiment name")->required();
+  rt->callback([=] { *action = [=] { return RunRetry(*globals, *retry); }; });
+  auto watch = std::make_shared<GetOptions>();
+  auto watch_timeout = std::make_shared<double>(0);
+  CLI::App* wt = exp->add_subcommand("watch", "Show the experiment live until it ends: states, running jobs' step, loss, tokens/s");
+  wt->add_option("name", watch->name, "experiment name")->required();
+  wt->add_option("--timeout", *watch_timeout, "seconds (0: no limit)");
+  wt->callback([=] { *action = [=] { return RunWatch(*globals, *watch, *watch_timeout); }; });
 }
 
 }  // namespace stemma::cli

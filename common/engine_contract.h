@@ -21,6 +21,12 @@ inline constexpr std::string_view kEnvCpus = "STEMMA_CPUS";
 // The worker's storage root: relative paths in a spec resolve against it.
 inline constexpr std::string_view kEnvStorageRoot = "STEMMA_STORAGE_ROOT";
 
+// Early stopping: the worker writes this file (its text: why) into STEMMA_WORKDIR when the
+// coordinator asks an attempt to stop; an engine that checks it after each step finishes
+// that step, publishes what it has as its output (noting the step it stopped at), emits its
+// output event and exits 0.
+inline constexpr std::string_view kStopFile = "stop";
+
 // --- Events: one JSON object per stdout line with "event" as its first key. ---
 inline constexpr std::string_view kEventStart = "start";        // {command, spec, ...}
 inline constexpr std::string_view kEventProgress = "progress";  // {fraction, message, step}

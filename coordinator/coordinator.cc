@@ -17,7 +17,8 @@ Coordinator::Coordinator(CoordinatorOptions options, Store* store, const Clock* 
       leases_(&core_),
       series_(&core_),
       registry_(&core_, &series_),
-      sessions_(&core_, &placer_, &series_, &registry_),
+      stopper_(&core_),
+      sessions_(&core_, &placer_, &series_, &registry_, &stopper_),
       users_(&core_, &placer_) {
   core_.on_transition = [this](const v1::Job& job, v1::JobState from, v1::JobState to)
       ABSL_NO_THREAD_SAFETY_ANALYSIS {  // JobTable calls it under core_.mu
@@ -41,6 +42,8 @@ absl::Status Coordinator::Start() {
     registry_.AssertHeld();
     placer_.AssertHeld();
     registry_.Load(snap);
+    stopper_.AssertHeld();
+    stopper_.Load(snap);
     {
       absl::MutexLock live_lock(&core_.live_mu);
       for (const auto& [id, w] : core_.workers.all()) core_.live[id] = w.live;

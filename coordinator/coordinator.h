@@ -13,6 +13,7 @@
 
 #include "coordinator/artifact_registry.h"
 #include "coordinator/core.h"
+#include "coordinator/early_stopper.h"
 #include "coordinator/experiments/experiment_service.h"
 #include "coordinator/leases.h"
 #include "coordinator/metric_series.h"
@@ -122,6 +123,7 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   Leases leases_;
   MetricSeries series_;
   ArtifactRegistry registry_;
+  EarlyStopper stopper_;
   WorkerSessions sessions_;
   UserOperations users_;
   experiments::ExperimentService experiments_{this};  // over the job operations above

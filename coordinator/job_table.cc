@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
+#include "coordinator/experiments/early_stop.h"
 #include "coordinator/experiments/experiment_plan.h"
 #include "common/status.h"
 
@@ -36,6 +37,14 @@ void JobTable::Load(const StoreSnapshot& snapshot) {
     }
   }
   for (const auto& [key, ids] : snapshot.of<IdempotencyKeysTable>()) idempotency_[key] = ids;
+  // The engine build of the most recently registered worker that has one.
+  int64_t newest = -1;
+  for (const auto& w : snapshot.of<WorkersTable>()) {
+    if (!w.engine_build_id().empty() && w.registered_ms() > newest) {
+      newest = w.registered_ms();
+      engine_build_ = w.engine_build_id();
+    }
+  }
   if (observer_) {
     for (const auto& id : order_) {
       observer_(jobs_[id].job, v1::JOB_STATE_UNSPECIFIED, jobs_[id].job.state());
@@ -272,8 +281,14 @@ void JobTable::SetState(Entry& e, v1::JobState to, const std::string& reason,
 
 void JobTable::Release(Entry& e, Changes* changes) {
   bool waiting = false;
+  // Dependencies stopped early (or skipped because of one): read by no one downstream.
+  std::set<std::string> pruned;
   for (const auto& dep : e.job.spec().depends_on()) {
     const v1::Job& d = jobs_.at(dep).job;
+    if (!d.early_stop().empty() && (d.state() == v1::SUCCEEDED || d.state() == v1::CANCELLED)) {
+      pruned.insert(d.spec().name().empty() ? d.id() : d.spec().name());
+      continue;
+    }
     if (d.state() == v1::FAILED || d.state() == v1::CANCELLED) {
       SetState(e, v1::FAILED,
                absl::StrCat("dependency ", JobLabel(d),
@@ -288,6 +303,18 @@ void JobTable::Release(Entry& e, Changes* changes) {
   if (waiting) {
     if (e.job.state() != v1::PENDING) SetState(e, v1::PENDING, "waiting for dependencies", changes);
     return;
+  }
+  // Early stopping: a fan-in reads the survivors only (the list items that read a stopped
+  // trial go); a job that reads a stopped trial any other way (one-to-one) is skipped.
+  if (!pruned.empty()) {
+    std::string skipped_for;
+    if (!experiments::DropReadsOf(e.job.mutable_spec(), pruned, &skipped_for)) {
+      const std::string why = absl::StrCat("upstream ", skipped_for, " stopped early");
+      e.job.set_early_stop(why);
+      SetState(e, v1::CANCELLED, why, changes);
+      ReleaseDependents(e, changes);
+      return;
+    }
   }
   // An experiment cell reads its dependencies' outputs: the tokens the expansion left in its
   // spec become the paths those jobs reported (coordinator/experiments/experiment_plan.h).
@@ -326,9 +353,21 @@ bool JobTable::ServeFromCache(Entry& e, Changes* changes) {
     memo_.erase(hit);  // a hit whose outputs are gone is a miss, and the entry goes
     return false;
   }
-  *e.job.mutable_outputs() = source->second.job.outputs();
+  const v1::Job& from = source->second.job;
+  if (!from.early_stop().empty()) {
+    // A trial stopped early stands for this one only under the same early stopping.
+    auto mine = labels.find(experiments::kEarlyStopLabel);
+    auto theirs = from.spec().labels().find(experiments::kEarlyStopLabel);
+    if (mine == labels.end() || theirs == from.spec().labels().end() || mine->second != theirs->second) return false;
+    e.job.set_early_stop(from.early_stop());
+  }
+  *e.job.mutable_outputs() = from.outputs();
   e.job.set_exit_code(0);
-  SetState(e, v1::SUCCEEDED, absl::StrCat("memoized from ", source->first), changes);
+  e.job.set_engine_build_id(from.engine_build_id());
+  SetState(e, v1::SUCCEEDED,
+           from.early_stop().empty() ? absl::StrCat("memoized from ", source->first)
+                                     : absl::StrCat("memoized from ", source->first, " (", from.early_stop(), ")"),
+           changes);
   ReleaseDependents(e, changes);
   return true;
 }
@@ -401,8 +440,15 @@ void JobTable::PartSucceeded(v1::Job* job, int rank,
   a->set_finished_ms(clock_->WallMs());
   a->set_result("exit 0");
   e.job.set_exit_code(0);
-  if (!e.job.cache_key().empty()) memo_[e.job.cache_key()] = e.job.id();
-  SetState(e, v1::SUCCEEDED, "", changes);
+  if (!e.job.cache_key().empty()) {
+    // The key names the engine build that produced the outputs (the one it ran on).
+    if (e.job.engine_build_id() != engine_build_) {
+      const std::string key = experiments::CacheKey(e.job.spec(), e.job.engine_build_id());
+      if (!key.empty()) e.job.set_cache_key(key);
+    }
+    memo_[e.job.cache_key()] = e.job.id();
+  }
+  SetState(e, v1::SUCCEEDED, e.job.early_stop(), changes);
   ReleaseDependents(e, changes);
 }
 
@@ -426,6 +472,12 @@ void JobTable::AttemptFailed(v1::Job* job, const std::string& result, int exit_c
   if (retryable) absl::StrAppend(&why, " (", e.job.attempts(), " of ", e.job.attempt_budget(), " attempts used)");
   SetState(e, v1::FAILED, why, changes);
   ReleaseDependents(e, changes);
+}
+
+void JobTable::SetEarlyStop(v1::Job* job, const std::string& reason, Changes* changes) {
+  Entry& e = jobs_.at(job->id());
+  e.job.set_early_stop(reason);
+  Record(e, e.job.state(), changes);
 }
 
 absl::Status JobTable::Cancel(const std::string& id, const std::string& reason,

@@ -80,6 +80,13 @@ class JobTable {
   // budget lasts (and `retryable`), else FAILED; FAILED spreads to dependents.
   void AttemptFailed(v1::Job* job, const std::string& result, int exit_code, bool retryable,
                      Changes* changes);
+  // Early stopping decided to stop this live job (coordinator/early_stopper.h): `reason`
+  // becomes its Job.early_stop now and its reason when it succeeds.
+  void SetEarlyStop(v1::Job* job, const std::string& reason, Changes* changes);
+  // The engine build a cache hit must have been produced by (the build id the most recently
+  // registered worker with an engine reported; "" before any did).
+  void SetEngineBuild(const std::string& build) { if (!build.empty()) engine_build_ = build; }
+  const std::string& engine_build() const { return engine_build_; }
   // Ends the job as CANCELLED. FAILED_PRECONDITION when it has already ended.
   absl::Status Cancel(const std::string& id, const std::string& reason, Changes* changes);
   // Gives a FAILED or CANCELLED job a fresh attempt budget; dependents that failed
@@ -126,7 +133,7 @@ class JobTable {
   absl::flat_hash_map<std::string, std::vector<std::string>> idempotency_;
   // Memoization: cache key → the SUCCEEDED job that ran with it (not one served from cache).
   absl::flat_hash_map<std::string, std::string> memo_;
-  std::string engine_build_ = "stemma-engine/1";
+  std::string engine_build_;
   uint64_t next_seq_ = 1;
 };
 

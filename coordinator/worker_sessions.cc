@@ -42,6 +42,7 @@ absl::StatusOr<v1::Registered> WorkerSessions::Register(const v1::Register& requ
     info.set_state(draining ? v1::WORKER_DRAINING : v1::WORKER_ALIVE);
     info.set_registered_ms(c.clock->WallMs());
     WorkerEntry& w = c.workers.Upsert(info);
+    c.jobs.SetEngineBuild(info.engine_build_id());
     w.info.set_state(info.state());
     auto old = c.channels.find(id);
     if (old != c.channels.end() && old->second != channel) old->second->Close();
@@ -207,13 +208,32 @@ bool WorkerSessions::ApplyEvent(const std::string& worker_id, WorkerEntry& w,
       if (!recorded.ok()) {
         spdlog::warn("worker={} attempt={} {}", worker_id, event.attempt_id(),
                      std::string(recorded.message()));
+      } else if (job->spec().labels().count(experiments::kEarlyStopLabel) > 0) {
+        // Early stopping reads the points one by one (only jobs that have it pay for that).
+        const auto& b = event.metrics();
+        stopper_->AssertHeld();
+        for (int i = 0; i < b.name_index_size(); ++i) {
+          v1::AttemptEvent::Metric m;
+          m.set_name(b.names(static_cast<int>(b.name_index(i))));
+          m.set_step(b.steps(i));
+          m.set_value(b.values(i));
+          if (b.times_ms_size() > 0) m.set_time_ms(b.times_ms(i));
+          if (b.label_index_size() > 0 && b.label_index(i) > 0) {
+            *m.mutable_labels() = b.label_sets(static_cast<int>(b.label_index(i)) - 1).labels();
+          }
+          stopper_->OnMetric(job, m, changes);
+        }
       }
     }
     return false;
   }
   if (event.has_metric()) {  // a worker from before MetricBatch
     series_->AssertHeld();
-    if (c.jobs.IsLive(*job) && !part.finished()) series_->Record(*job, event.metric(), changes);
+    if (c.jobs.IsLive(*job) && !part.finished()) {
+      series_->Record(*job, event.metric(), changes);
+      stopper_->AssertHeld();
+      stopper_->OnMetric(job, event.metric(), changes);
+    }
     return false;
   }
   if (!event.has_finished()) return false;
@@ -229,6 +249,8 @@ bool WorkerSessions::ApplyEvent(const std::string& worker_id, WorkerEntry& w,
       c.metrics->AttemptEnded("succeeded");
       registry_->AssertHeld();
       registry_->Stage(event.attempt_id(), f.artifacts(), std::move(checks));
+      // The engine build that produced the outputs: rank 0's (a cache hit needs the same).
+      if (event.rank() == 0) job->set_engine_build_id(w.info.engine_build_id());
       c.jobs.PartSucceeded(job, event.rank(), f.outputs(), changes);
       if (job->state() == v1::SUCCEEDED) registry_->JobSucceeded(*job, changes);
     } else {

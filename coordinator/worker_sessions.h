@@ -9,6 +9,7 @@
 #include "absl/types/span.h"
 #include "coordinator/artifact_registry.h"
 #include "coordinator/core.h"
+#include "coordinator/early_stopper.h"
 #include "coordinator/metric_series.h"
 #include "coordinator/placement.h"
 
@@ -17,8 +18,8 @@ namespace stemma::coordinator {
 class WorkerSessions {
  public:
   WorkerSessions(CoordinatorCore* core, Placer* placer, MetricSeries* series,
-                 ArtifactRegistry* registry)
-      : core_(core), placer_(placer), series_(series), registry_(registry) {}
+                 ArtifactRegistry* registry, EarlyStopper* stopper)
+      : core_(core), placer_(placer), series_(series), registry_(registry), stopper_(stopper) {}
 
   // See WorkerHandler.
   absl::StatusOr<v1::Registered> Register(const v1::Register& request,
@@ -40,6 +41,7 @@ class WorkerSessions {
   Placer* const placer_;
   MetricSeries* const series_;
   ArtifactRegistry* const registry_;
+  EarlyStopper* const stopper_;
 };
 
 }  // namespace stemma::coordinator

@@ -31,6 +31,9 @@ struct WorkerConfig {
   // (STEMMA_STORAGE_ROOT for the engine); --storage-root, default the directory the worker
   // was started in.
   std::string storage_root;
+  // The engine's build id, sent in the registration: --engine-build-id, else
+  // "sha256:<16 hex>" of the engine binary (EngineBuildId in main.cc); "" without an engine.
+  std::string engine_build_id;
 };
 
 }  // namespace stemma::worker

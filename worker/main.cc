@@ -4,6 +4,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
@@ -38,6 +39,40 @@ constexpr char kProgram[] = "stemma-worker";
 int BadFlag(const std::string& message) {
   std::fprintf(stderr, "%s: %s\n", kProgram, message.c_str());
   return 2;
+}
+
+// The engine's build id: "sha256:" and the first 16 hex digits of sha256 over the sha256
+// of each MiB of the binary (a hash of its bytes, read once at start), for the engine the
+// executor would run: `engine` if given, else stemma-engine beside this binary, else on PATH.
+// "" when there is none.
+std::string EngineBuildId(std::string engine) {
+  std::error_code ec;
+  if (engine.empty()) {
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec && std::filesystem::exists(self.parent_path() / "stemma-engine", ec)) {
+      engine = (self.parent_path() / "stemma-engine").string();
+    } else if (const char* path = std::getenv("PATH"); path != nullptr) {
+      std::string dirs = path;
+      size_t start = 0;
+      while (start <= dirs.size() && engine.empty()) {
+        size_t end = dirs.find(':', start);
+        if (end == std::string::npos) end = dirs.size();
+        const std::string candidate = dirs.substr(start, end - start) + "/stemma-engine";
+        if (end > start && access(candidate.c_str(), X_OK) == 0) engine = candidate;
+        start = end + 1;
+      }
+    }
+  }
+  if (engine.empty()) return "";
+  std::FILE* f = std::fopen(engine.c_str(), "rb");
+  if (f == nullptr) return "";
+  std::string blocks, buf(1 << 20, '\0');
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
+    blocks += stemma::Sha256Hex(absl::string_view(buf.data(), n));
+  }
+  std::fclose(f);
+  return "sha256:" + stemma::Sha256Hex(blocks).substr(0, 16);
 }
 
 int Main(int argc, char** argv) {
@@ -93,6 +128,11 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--storage-root", config.storage_root,
                  "relative paths in engine specs resolve here (default: the current directory)");
+  app.add_option("--engine", config.engine_path,
+                 "the stemma-engine binary (default: beside stemma-worker, else on PATH)");
+  app.add_option("--engine-build-id", config.engine_build_id,
+                 "the engine's build id for memoization (default: a hash of the engine binary; "
+                 "give one id to identical builds deployed as different files)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -219,6 +259,8 @@ int Main(int argc, char** argv) {
       config.metrics_listen.empty() ? "off" : config.metrics_listen,
       health_listen.empty() ? "off" : health_listen);
 
+  if (config.engine_build_id.empty()) config.engine_build_id = EngineBuildId(config.engine_path);
+  spdlog::info("engine build id: {}", config.engine_build_id.empty() ? "(no engine)" : config.engine_build_id);
   Executor executor(config, &metrics);
   Session session(config, &executor, &metrics, security);
   std::thread session_thread([&session] { session.Run(); });

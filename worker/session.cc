@@ -244,12 +244,29 @@ void Session::Handle(const v1::CoordinatorMessage& msg, bool* registered) {
     case v1::CoordinatorMessage::kEventAck:
       OnAck(msg.event_ack().event_seq());
       break;
+    case v1::CoordinatorMessage::kStop:
+      RequestStop(msg.stop().attempt_id(), msg.stop().reason());
+      break;
     default:
       spdlog::warn("session: unknown message from the coordinator ({})",
                    static_cast<int>(msg.msg_case()));
   }
 }
 
+
+// Early stopping: <attempt dir>/stop, which the engine checks after every step
+// (common/engine_contract.h kStopFile); written whole (temporary file and rename).
+void Session::RequestStop(const std::string& attempt_id, const std::string& reason) {
+  std::optional<AttemptSnapshot> a = executor_->Get(attempt_id);
+  if (!a.has_value() || a->finished || a->log_path.empty()) return;
+  const std::string dir = a->log_path.substr(0, a->log_path.rfind('/'));
+  const std::string tmp = dir + "/.stop.tmp", path = dir + "/stop";
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && write(fd, reason.data(), reason.size()) == static_cast<ssize_t>(reason.size());
+  if (fd >= 0) ok &= close(fd) == 0;
+  ok = ok && rename(tmp.c_str(), path.c_str()) == 0;
+  spdlog::info("session: stop attempt={} ({}): {}", attempt_id, reason, ok ? "asked" : std::strerror(errno));
+}
 
 v1::WorkerMessage Session::MakeRegister() const {
   v1::WorkerMessage msg;
@@ -262,6 +279,7 @@ v1::WorkerMessage Session::MakeRegister() const {
   info->set_memory_mb(config_.memory_mb);
   for (const auto& [k, v] : config_.labels) (*info->mutable_labels())[k] = v;
   info->set_allow_exec(config_.allow_exec);
+  info->set_engine_build_id(config_.engine_build_id);
   reg->set_incarnation(incarnation_);
   reg->set_accepts_batches(true);
   for (const AttemptSnapshot& a : executor_->Snapshot()) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <random>
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
@@ -22,9 +23,11 @@
 #include "common/proto_yaml.h"
 #include "common/status.h"
 #include "common/yaml_json.h"
+#include "coordinator/experiments/early_stop.h"
 #include "nlohmann/json.hpp"
 #include "stemma/v1/spec_options.pb.h"
 #include "stemma/v1/specs/merge.pb.h"
+#include "stemma/v1/specs/train.pb.h"
 
 namespace stemma::experiments {
 namespace {
@@ -35,7 +38,7 @@ namespace pb = google::protobuf;
 const std::set<std::string>& StageKeys() {
   static const auto* keys = new std::set<std::string>{
       "matrix", "needs", "resources", "priority", "max_attempts", "backoff", "timeout_ms",
-      "labels", "nodes", "cache"};
+      "labels", "nodes", "cache", "early_stop"};
   return *keys;
 }
 
@@ -82,8 +85,10 @@ class Expander {
         for (size_t v = 0; v + 1 < value.items.size(); v += 2) vars_[value.items[v].scalar] = &value.items[v + 1];
       } else if (key == "stages" || key == "jobs") {
         stages = &value;
+      } else if (key == "models") {
+        RETURN_IF_ERROR(ReadModels(value));
       } else {
-        return Error(root.items[k].line, key, "unknown field (allowed: name, vars, stages)");
+        return Error(root.items[k].line, key, "unknown field (allowed: name, vars, models, stages)");
       }
     }
     if (plan_.name.empty()) return Error(root.line, "name", "is required");
@@ -132,6 +137,11 @@ class Expander {
                        absl::StrCat("a stage runs one kind of job (", def->kind, " is already given)"));
         }
         def->kind = key;
+      } else if (key == "search") {
+        return Error(n.items[k].line, StagePath(*def, key),
+                     n.Find("matrix") == nullptr
+                         ? "a search samples a matrix, and this stage has none: write matrix: {search: {...}, AXIS: ...}"
+                         : "search belongs inside the stage's matrix: matrix: {search: {...}, AXIS: ...}");
       } else if (StageKeys().count(key) == 0) {
         return Error(n.items[k].line, StagePath(*def, key),
                      absl::StrCat("unknown field (allowed: ", absl::StrJoin(StageKeys(), ", "),
@@ -199,7 +209,8 @@ class Expander {
     }
     const std::string mpath = StagePath(*def, "matrix");
     if (!m->IsMap()) return Error(m->line, mpath, "must be a mapping of axis to values");
-    std::vector<std::pair<std::string, std::vector<std::string>>> axes;
+    std::vector<Axis> axes;
+    Search search;
     const YamlNode* include = nullptr;
     const YamlNode* exclude = nullptr;
     for (size_t k = 0; k + 1 < m->items.size(); k += 2) {
@@ -207,10 +218,24 @@ class Expander {
       const YamlNode& values = m->items[k + 1];
       if (axis == "include") { include = &values; continue; }
       if (axis == "exclude") { exclude = &values; continue; }
+      if (axis == "search") {
+        RETURN_IF_ERROR(ReadSearch(values, absl::StrCat(mpath, ".search"), &search));
+        continue;
+      }
       if (axis.empty() || axis.find_first_of(" .[]=,$") != std::string::npos) {
         return Error(m->items[k].line, absl::StrCat(mpath, ".", axis), "an axis name has no spaces, dots, brackets or commas");
       }
       std::vector<YamlNode> items;
+      if (values.IsMap()) {
+        // A distribution: {uniform: [lo, hi]}, {loguniform: [lo, hi]}, {int: [lo, hi]},
+        // {choice: [a, b, ...]}.
+        ASSIGN_OR_RETURN(Axis a, ReadDistribution(values, absl::StrCat(mpath, ".", axis)));
+        a.name = axis;
+        a.line = m->items[k].line;
+        axes.push_back(std::move(a));
+        def->axes.push_back(axis);
+        continue;
+      }
       if (values.IsSequence()) {
         items = values.items;
       } else if (values.IsScalar() && IsExpression(values.scalar)) {
@@ -230,23 +255,23 @@ class Expander {
         }
         texts.push_back(v.scalar);
       }
-      axes.emplace_back(axis, std::move(texts));
+      Axis a;
+      a.name = axis;
+      a.line = m->items[k].line;
+      a.dist = Axis::kList;
+      a.values = std::move(texts);
+      axes.push_back(std::move(a));
       def->axes.push_back(axis);
     }
-    // The product, first axis outermost.
-    std::vector<Coords> cells = {{}};
-    for (const auto& [axis, values] : axes) {
-      std::vector<Coords> next;
-      for (const Coords& c : cells) {
-        for (const std::string& v : values) {
-          Coords d = c;
-          d.emplace_back(axis, v);
-          next.push_back(std::move(d));
-        }
-      }
-      cells = std::move(next);
+    if (search.random && axes.empty()) {
+      return Error(search.line, absl::StrCat(mpath, ".search"), "a random search needs at least one axis to sample");
     }
-    if (axes.empty()) cells.clear();
+    std::vector<Coords> cells;
+    if (search.random) {
+      ASSIGN_OR_RETURN(cells, Sample(axes, search));
+    } else {
+      ASSIGN_OR_RETURN(cells, Grid(axes, mpath));
+    }
     auto entries = [&](const YamlNode* list, const char* what) -> absl::StatusOr<std::vector<Coords>> {
       std::vector<Coords> out;
       if (list == nullptr) return out;
@@ -312,20 +337,219 @@ class Expander {
       }
     }
     if (cells.empty()) return Error(m->line, mpath, "has no cells (every combination was excluded)");
-    // Cells in axis order, and distinct.
+    // Cells in axis order, and distinct (a random search over discrete axes may draw one
+    // cell twice: it is kept once).
     std::set<std::string> seen;
+    std::vector<Coords> distinct;
     for (Coords& c : cells) {
       Coords ordered;
       for (const std::string& axis : def->axes) {
         if (Has(c, axis)) ordered.emplace_back(axis, Get(c, axis));
       }
-      c = std::move(ordered);
-      if (!seen.insert(CellName(def->name, c)).second) {
-        return Error(m->line, mpath, absl::StrCat("cell ", CellName(def->name, c), " appears twice"));
+      if (!seen.insert(CellName(def->name, ordered)).second) {
+        if (search.random) continue;
+        return Error(m->line, mpath, absl::StrCat("cell ", CellName(def->name, ordered), " appears twice"));
       }
+      distinct.push_back(std::move(ordered));
     }
-    def->cells = std::move(cells);
+    def->cells = std::move(distinct);
     return absl::OkStatus();
+  }
+
+  // --- Search: grid or random over lists and distributions -----------------------------
+
+  struct Search {
+    bool random = false;
+    bool seeded = false;
+    uint64_t seed = 0;
+    int64_t samples = 0;
+    int line = 0;
+  };
+  static constexpr int64_t kMaxSamples = 10000;
+
+  struct Axis {
+    enum Dist { kList, kUniform, kLogUniform, kInt };
+    std::string name;
+    int line = 0;
+    Dist dist = kList;
+    std::vector<std::string> values;  // kList (and choice)
+    double lo = 0, hi = 0;            // kUniform, kLogUniform
+    int64_t ilo = 0, ihi = 0;         // kInt (inclusive)
+  };
+
+  absl::Status ReadSearch(const YamlNode& n, const std::string& path, Search* search) {
+    search->line = n.line;
+    const YamlNode* method = &n;
+    if (n.IsMap()) {
+      method = n.Find("method");
+      for (size_t k = 0; k + 1 < n.items.size(); k += 2) {
+        const std::string& key = n.items[k].scalar;
+        if (key != "method" && key != "seed" && key != "samples") {
+          return Error(n.items[k].line, absl::StrCat(path, ".", key), "unknown field (allowed: method, seed, samples)");
+        }
+      }
+      if (method == nullptr) return Error(n.line, absl::StrCat(path, ".method"), "is required: grid or random");
+    }
+    if (!method->IsScalar() || (method->scalar != "grid" && method->scalar != "random")) {
+      return Error(method->line, n.IsMap() ? absl::StrCat(path, ".method") : path,
+                   absl::StrCat("'", method->IsScalar() ? method->scalar : "", "' is not a search (use grid or random)"));
+    }
+    search->random = method->scalar == "random";
+    const YamlNode* seed = n.IsMap() ? n.Find("seed") : nullptr;
+    const YamlNode* samples = n.IsMap() ? n.Find("samples") : nullptr;
+    if (!search->random) {
+      if (seed != nullptr) return Error(seed->line, absl::StrCat(path, ".seed"), "is for search method random (a grid has no randomness)");
+      if (samples != nullptr) return Error(samples->line, absl::StrCat(path, ".samples"), "is for search method random (a grid runs every cell)");
+      return absl::OkStatus();
+    }
+    if (seed == nullptr) {
+      return Error(n.line, absl::StrCat(path, ".seed"),
+                   "a random search needs a seed: a seedless random sweep would draw other trials on every "
+                   "submission and never be memoized");
+    }
+    if (!seed->IsScalar() || !absl::SimpleAtoi(seed->scalar, &search->seed)) {
+      return Error(seed->line, absl::StrCat(path, ".seed"), "must be a non-negative integer");
+    }
+    search->seeded = true;
+    if (samples == nullptr) return Error(n.line, absl::StrCat(path, ".samples"), "is required: how many trials to draw");
+    if (!samples->IsScalar() || !absl::SimpleAtoi(samples->scalar, &search->samples) || search->samples < 1 ||
+        search->samples > kMaxSamples) {
+      return Error(samples->line, absl::StrCat(path, ".samples"),
+                   absl::StrCat("'", samples->scalar, "' must be a whole number in 1..", kMaxSamples));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Axis> ReadDistribution(const YamlNode& n, const std::string& path) {
+    Axis a;
+    if (n.size() != 1) {
+      return Error(n.line, path, "a distribution is one of {uniform: [lo, hi]}, {loguniform: [lo, hi]}, "
+                                 "{int: [lo, hi]}, {choice: [a, b, ...]}");
+    }
+    const std::string& kind = n.items[0].scalar;
+    const YamlNode& args = n.items[1];
+    const std::string dpath = absl::StrCat(path, ".", kind);
+    if (kind != "uniform" && kind != "loguniform" && kind != "int" && kind != "choice") {
+      return Error(n.items[0].line, dpath,
+                   absl::StrCat("unknown distribution '", kind, "' (use uniform, loguniform, int or choice)"));
+    }
+    if (!args.IsSequence()) return Error(args.line, dpath, kind == "choice" ? "must be a list of values" : "must be [lo, hi]");
+    if (kind == "choice") {
+      if (args.items.empty()) return Error(args.line, dpath, "is empty: the matrix would have no cells");
+      a.dist = Axis::kList;
+      for (const YamlNode& v : args.items) {
+        if (!v.IsScalar()) return Error(v.line, dpath, "values must be scalars");
+        if (v.scalar.find_first_of(",[]=") != std::string::npos) {
+          return Error(v.line, dpath, absl::StrCat("value '", v.scalar, "' may not hold ',', '[', ']' or '='"));
+        }
+        a.values.push_back(v.scalar);
+      }
+      return a;
+    }
+    if (args.items.size() != 2 || !args.items[0].IsScalar() || !args.items[1].IsScalar()) {
+      return Error(args.line, dpath, "must be [lo, hi]");
+    }
+    const std::string& lo = args.items[0].scalar;
+    const std::string& hi = args.items[1].scalar;
+    if (kind == "int") {
+      a.dist = Axis::kInt;
+      if (!absl::SimpleAtoi(lo, &a.ilo) || !absl::SimpleAtoi(hi, &a.ihi)) {
+        return Error(args.line, dpath, absl::StrCat("[", lo, ", ", hi, "] must be whole numbers"));
+      }
+      if (a.ilo > a.ihi) return Error(args.line, dpath, absl::StrCat("lo ", lo, " is above hi ", hi));
+      if (a.ihi - a.ilo > (int64_t{1} << 52)) return Error(args.line, dpath, "the range is too wide (at most 2^52 values)");
+      return a;
+    }
+    a.dist = kind == "uniform" ? Axis::kUniform : Axis::kLogUniform;
+    if (!absl::SimpleAtod(lo, &a.lo) || !absl::SimpleAtod(hi, &a.hi) || !std::isfinite(a.lo) || !std::isfinite(a.hi)) {
+      return Error(args.line, dpath, absl::StrCat("[", lo, ", ", hi, "] must be numbers"));
+    }
+    if (a.lo > a.hi) return Error(args.line, dpath, absl::StrCat("lo ", lo, " is above hi ", hi));
+    if (a.dist == Axis::kLogUniform && a.lo <= 0) {
+      return Error(args.line, dpath, absl::StrCat("lo ", lo, " must be > 0 (a log-uniform range is over positive numbers)"));
+    }
+    return a;
+  }
+
+  // The product of the axes, first axis outermost. Only lists, choices and integer ranges
+  // can be enumerated.
+  absl::StatusOr<std::vector<Coords>> Grid(const std::vector<Axis>& axes, const std::string& mpath) {
+    std::vector<Coords> cells = {{}};
+    for (const Axis& a : axes) {
+      std::vector<std::string> values = a.values;
+      if (a.dist == Axis::kUniform || a.dist == Axis::kLogUniform) {
+        return Error(a.line, absl::StrCat(mpath, ".", a.name),
+                     absl::StrCat(a.dist == Axis::kUniform ? "uniform" : "loguniform",
+                                  " is a distribution to sample: set search: {method: random, seed: N, samples: N}, "
+                                  "or give a list of values"));
+      }
+      if (a.dist == Axis::kInt) {
+        if (a.ihi - a.ilo >= kMaxSamples) {
+          return Error(a.line, absl::StrCat(mpath, ".", a.name),
+                       absl::StrCat("a grid over int [", a.ilo, ", ", a.ihi, "] would have more than ", kMaxSamples, " values"));
+        }
+        for (int64_t v = a.ilo; v <= a.ihi; ++v) values.push_back(absl::StrCat(v));
+      }
+      std::vector<Coords> next;
+      for (const Coords& c : cells) {
+        for (const std::string& v : values) {
+          Coords d = c;
+          d.emplace_back(a.name, v);
+          next.push_back(std::move(d));
+        }
+      }
+      cells = std::move(next);
+      if (cells.size() > 100000) return Error(a.line, mpath, "the grid has more than 100000 cells");
+    }
+    if (axes.empty()) cells.clear();
+    return cells;
+  }
+
+  // A real drawn in [lo, hi] as the shortest text (3 significant digits, more only when the
+  // rounding would leave the range): the text is both the cell's name and the spec's value,
+  // so a trial is what its name says.
+  static std::string ShortReal(double v, double lo, double hi) {
+    char buf[64];
+    for (int digits = 3; digits <= 17; ++digits) {
+      std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+      double back = 0;
+      if (absl::SimpleAtod(buf, &back) && back >= lo && back <= hi) break;
+    }
+    return buf;
+  }
+
+  // `search.samples` cells, each axis drawn independently in matrix order from a 64-bit
+  // Mersenne Twister seeded with `search.seed` (the same file always draws the same cells).
+  absl::StatusOr<std::vector<Coords>> Sample(const std::vector<Axis>& axes, const Search& search) {
+    std::mt19937_64 rng(search.seed);
+    // 53 random bits as a real in [0, 1): the same on every platform (std's distributions
+    // are not specified bit for bit).
+    auto unit = [&] { return static_cast<double>(rng() >> 11) * 0x1.0p-53; };
+    auto index = [&](uint64_t n) { return std::min<uint64_t>(n - 1, static_cast<uint64_t>(unit() * static_cast<double>(n))); };
+    std::vector<Coords> cells;
+    for (int64_t i = 0; i < search.samples; ++i) {
+      Coords c;
+      for (const Axis& a : axes) {
+        switch (a.dist) {
+          case Axis::kList:
+            c.emplace_back(a.name, a.values[index(a.values.size())]);
+            break;
+          case Axis::kInt:
+            c.emplace_back(a.name, absl::StrCat(a.ilo + static_cast<int64_t>(index(static_cast<uint64_t>(a.ihi - a.ilo) + 1))));
+            break;
+          case Axis::kUniform:
+            c.emplace_back(a.name, ShortReal(a.lo + unit() * (a.hi - a.lo), a.lo, a.hi));
+            break;
+          case Axis::kLogUniform: {
+            const double l = std::log(a.lo), h = std::log(a.hi);
+            c.emplace_back(a.name, ShortReal(std::clamp(std::exp(l + unit() * (h - l)), a.lo, a.hi), a.lo, a.hi));
+            break;
+          }
+        }
+      }
+      cells.push_back(std::move(c));
+    }
+    return cells;
   }
 
   static bool Has(const Coords& c, const std::string& axis) {
@@ -631,7 +855,7 @@ class Expander {
       job.line = def.node->line;
       for (size_t k = 0; k + 1 < def.node->items.size(); k += 2) {
         const std::string& key = def.node->items[k].scalar;
-        if (key == "matrix" || key == "needs" || key == "cache") continue;
+        if (key == "matrix" || key == "needs" || key == "cache" || key == "early_stop") continue;
         job.items.push_back(def.node->items[k]);
         ASSIGN_OR_RETURN(YamlNode v, Substitute(def.node->items[k + 1], ctx, StagePath(def, key)));
         job.items.push_back(std::move(v));
@@ -646,6 +870,10 @@ class Expander {
         if (ValidLabel(axis) && labels.count(axis) == 0) labels[axis] = v;
       }
       if (!cache) labels["stemma.cache"] = "false";
+      if (const YamlNode* es = def.node->Find("early_stop")) {
+        ASSIGN_OR_RETURN(std::string label, EarlyStopLabel(def, *es, cell));
+        labels[kEarlyStopLabel] = label;
+      }
       // Dependencies: the cells it reads, and for a need it reads nothing from, every
       // matching cell (an order-only edge).
       std::set<std::string> deps(reads.begin(), reads.end());
@@ -678,6 +906,86 @@ class Expander {
     return absl::OkStatus();
   }
 
+  // `early_stop:` of a train stage as the trial's label (early_stop.h), checked against
+  // this cell's spec: every rung before the end of training.
+  absl::StatusOr<std::string> EarlyStopLabel(const StageDef& def, const YamlNode& n, const PlanCell& cell) {
+    const std::string path = StagePath(def, "early_stop");
+    if (def.kind != "train") {
+      return Error(n.line, path, absl::StrCat("early stopping needs a train stage (this one runs ", def.kind, ")"));
+    }
+    if (!n.IsMap()) return Error(n.line, path, "write {metric: heldout_loss, mode: min, rungs: [STEP, ...], keep: 0.5}");
+    EarlyStopConfig c;
+    const YamlNode* rungs = nullptr;
+    const YamlNode* rungs_tokens = nullptr;
+    for (size_t k = 0; k + 1 < n.items.size(); k += 2) {
+      const std::string& key = n.items[k].scalar;
+      const YamlNode& v = n.items[k + 1];
+      const std::string field = absl::StrCat(path, ".", key);
+      if (key == "metric") {
+        if (!v.IsScalar() || (v.scalar != "loss" && v.scalar != "heldout_loss" &&
+                              !(absl::StartsWith(v.scalar, "heldout_loss/") && v.scalar.size() > 13))) {
+          return Error(v.line, field, absl::StrCat("'", v.scalar, "' is not a metric the trainer reports (use loss, "
+                                                   "heldout_loss or heldout_loss/<dataset>)"));
+        }
+        c.metric = v.scalar;
+      } else if (key == "mode") {
+        if (!v.IsScalar() || (v.scalar != "min" && v.scalar != "max")) return Error(v.line, field, "must be min or max");
+        c.maximize = v.scalar == "max";
+      } else if (key == "rungs") {
+        rungs = &v;
+      } else if (key == "rungs_tokens") {
+        rungs_tokens = &v;
+      } else if (key == "keep") {
+        if (!v.IsScalar() || !absl::SimpleAtod(v.scalar, &c.keep) || !(c.keep > 0 && c.keep < 1)) {
+          return Error(v.line, field, absl::StrCat("'", v.scalar, "' must be a fraction in (0, 1): the share kept at each rung"));
+        }
+      } else if (key == "min_trials") {
+        if (!v.IsScalar() || !absl::SimpleAtoi(v.scalar, &c.min_trials) || c.min_trials < 1 || c.min_trials > 100000) {
+          return Error(v.line, field, "must be a whole number >= 1");
+        }
+      } else {
+        return Error(n.items[k].line, field, "unknown field (allowed: metric, mode, rungs, rungs_tokens, keep, min_trials)");
+      }
+    }
+    if (c.metric.empty()) return Error(n.line, absl::StrCat(path, ".metric"), "is required (loss, heldout_loss or heldout_loss/<dataset>)");
+    if ((rungs == nullptr) == (rungs_tokens == nullptr)) {
+      return Error(n.line, absl::StrCat(path, ".rungs"), "give exactly one of rungs (steps) and rungs_tokens");
+    }
+    const v1::TrainSpec& t = cell.spec.train();
+    const int64_t tokens_per_step = std::max<int64_t>(1, t.has_batch_size() ? t.batch_size() : 1) *
+                                    std::max<int64_t>(1, t.has_grad_accum() ? t.grad_accum() : 1) *
+                                    std::max<int64_t>(1, t.data().seq_len());
+    const YamlNode& list = rungs != nullptr ? *rungs : *rungs_tokens;
+    const std::string lpath = absl::StrCat(path, rungs != nullptr ? ".rungs" : ".rungs_tokens");
+    if (!list.IsSequence() || list.items.empty() || list.items.size() > 16) {
+      return Error(list.line, lpath, "must be a list of 1 to 16 ascending positive numbers");
+    }
+    for (const YamlNode& r : list.items) {
+      int64_t v = 0;
+      if (!r.IsScalar() || !absl::SimpleAtoi(r.scalar, &v) || v < 1) {
+        return Error(r.line, lpath, absl::StrCat("'", r.scalar, "' must be a positive whole number"));
+      }
+      // Tokens become the first step whose tokens reach them.
+      const int64_t step = rungs != nullptr ? v : (v + tokens_per_step - 1) / tokens_per_step;
+      if (!c.rungs.empty() && step <= c.rungs.back()) {
+        return Error(r.line, lpath, rungs != nullptr ? "must ascend" : absl::StrCat("must ascend (", v, " tokens is step ", step, ")"));
+      }
+      c.rungs.push_back(step);
+    }
+    const int64_t total = t.has_steps() ? t.steps() : t.has_max_tokens() ? (t.max_tokens() + tokens_per_step - 1) / tokens_per_step : 0;
+    if (total > 0 && c.rungs.back() >= total) {
+      return Error(list.line, lpath, absl::StrCat("rung at step ", c.rungs.back(), " is not before the end of training (",
+                                                  total, " steps) in cell ", cell.job_name));
+    }
+    if (absl::StartsWith(c.metric, "heldout_loss") && !(t.eval().has_every() && t.eval().every() > 0)) {
+      return Error(n.line, absl::StrCat(path, ".metric"),
+                   absl::StrCat(c.metric, " is reported only with train.eval.every > 0 (in cell ", cell.job_name, ")"));
+    }
+    std::string label = FormatEarlyStop(c);
+    if (label.size() > 253) return Error(list.line, lpath, "too long once written as a label (fewer rungs)");
+    return label;
+  }
+
   static bool ValidLabel(const std::string& key) {
     if (key.empty() || key.size() > 63) return false;
     for (char c : key) {
@@ -692,17 +1000,88 @@ class Expander {
     return dir;
   }
 
+  // `models: {PATH: {params: N, layers: L}}`: sizes of models that are not readable where
+  // the plan is made (a cluster's checkpoints), for the GPU-hours estimate.
+  absl::Status ReadModels(const YamlNode& value) {
+    if (!value.IsMap()) return Error(value.line, "models", "must be a mapping of model path to {params, layers}");
+    for (size_t m = 0; m + 1 < value.items.size(); m += 2) {
+      const std::string& path = value.items[m].scalar;
+      const YamlNode& info = value.items[m + 1];
+      const std::string where = absl::StrCat("models.", path);
+      if (!info.IsMap()) return Error(info.line, where, "must be a mapping {params: N, layers: L}");
+      int64_t params = 0;
+      for (size_t f = 0; f + 1 < info.items.size(); f += 2) {
+        const std::string& field = info.items[f].scalar;
+        const YamlNode& v = info.items[f + 1];
+        double number = 0;
+        if (!v.IsScalar() || !absl::SimpleAtod(v.scalar, &number) || number <= 0 || number > 1e15) {
+          return Error(v.line, absl::StrCat(where, ".", field), "must be a positive number");
+        }
+        if (field == "params") {
+          params = static_cast<int64_t>(number);
+        } else if (field != "layers") {
+          return Error(info.items[f].line, absl::StrCat(where, ".", field), "unknown field (allowed: params, layers)");
+        }
+      }
+      if (params <= 0) return Error(info.line, absl::StrCat(where, ".params"), "is required");
+      model_params_[path] = params;
+    }
+    return absl::OkStatus();
+  }
+  // Parameters of the model a spec reads: an upstream cell's output (as estimated for that
+  // cell), a model declared under `models:`, or a readable config.json.
+  std::optional<int64_t> InputParams(const std::string& model, const std::map<std::string, int64_t>& produced) const {
+    if (model.rfind("${{ ", 0) == 0) {
+      const size_t dot = model.rfind(".outputs.");
+      if (dot == std::string::npos) return std::nullopt;
+      auto it = produced.find(model.substr(4, dot - 4));
+      return it == produced.end() ? std::nullopt : std::optional<int64_t>(it->second);
+    }
+    if (auto it = model_params_.find(model); it != model_params_.end()) return it->second;
+    return ModelParams(model);
+  }
+  // An init cell's model from its sizes (the byte tokenizer's 259 ids unless vocab_size).
+  static std::optional<int64_t> InitParams(const pb::Message& init) {
+    auto get = [&](const char* name) -> int64_t {
+      const pb::FieldDescriptor* f = init.GetDescriptor()->FindFieldByName(name);
+      if (f == nullptr || f->is_repeated() || !init.GetReflection()->HasField(init, f)) return 0;
+      if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT64) return init.GetReflection()->GetInt64(init, f);
+      if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT32) return init.GetReflection()->GetInt32(init, f);
+      return 0;
+    };
+    const int64_t layers = get("num_layers"), d = get("hidden_size"), ffn = get("intermediate_size");
+    if (layers <= 0 || d <= 0 || ffn <= 0) return std::nullopt;  // preset sizes live in the engine
+    const int64_t vocab = get("vocab_size") > 0 ? get("vocab_size") : 259;
+    const int64_t experts = std::max<int64_t>(1, get("num_experts"));
+    return layers * (4 * d * d + experts * 3 * d * ffn) + 2 * vocab * d;
+  }
   void Totals() {
     std::map<std::string, int> index;
     for (size_t i = 0; i < plan_.cells.size(); ++i) index[plan_.cells[i].job_name] = static_cast<int>(i);
+    std::map<std::string, int64_t> produced;  // cell → estimated parameters of its model output
     for (const PlanCell& c : plan_.cells) {
       plan_.edges += c.spec.depends_on_size();
       plan_.gpus += static_cast<int64_t>(std::max(0, c.spec.resources().gpus())) * std::max(1, c.spec.nodes());
+      if (c.spec.has_init()) {
+        if (auto p = InitParams(c.spec.init())) produced[c.job_name] = *p;
+        continue;
+      }
+      if (const pb::Message* engine = EngineSpecOf(c.spec); engine != nullptr && !c.spec.has_train()) {
+        // Merges, reverts, grafts keep the size of what they read; an upcycle multiplies the
+        // FFN (about two thirds of a block) by its experts.
+        if (auto p = InputParams(FirstInputModel(*engine), produced)) {
+          int64_t n = *p;
+          if (c.spec.has_upcycle()) n += static_cast<int64_t>(static_cast<double>(n) * 2.0 / 3.0 * static_cast<double>(std::max<int64_t>(0, c.spec.upcycle().experts() - 1)));
+          produced[c.job_name] = n;
+        }
+        continue;
+      }
       if (!c.spec.has_train()) continue;
       const v1::JobSpec& s = c.spec;
-      // 6·N·D: parameters from the base model's config, tokens from the budget.
+      // 6·N·D: parameters from the model it reads, tokens from the budget.
       const std::string model = FirstInputModel(s.train());
-      std::optional<int64_t> params = ModelParams(model);
+      std::optional<int64_t> params = InputParams(model, produced);
+      if (params.has_value()) produced[c.job_name] = *params;
       const double tokens = TrainTokens(s);
       if (!params.has_value() || tokens <= 0) {
         ++plan_.unknown_cost_cells;
@@ -775,6 +1154,7 @@ class Expander {
   std::map<std::string, size_t> index_;
   std::map<std::string, const YamlNode*> vars_;
   std::map<std::string, size_t> stage_index_;
+  std::map<std::string, int64_t> model_params_;  // `models:` declarations
   std::vector<Coords> cell_coords_;
   int depth_ = 0;
 };
@@ -791,6 +1171,7 @@ std::vector<std::string> OutputsOfKind(std::string_view kind) {
     return {"model"};
   }
   if (kind == "tokenize") return {"dataset"};
+  if (kind == "prepare") return {"corpus"};
   if (kind == "eval") return {"results"};
   if (kind == "analyze") return {"results", "mask", "selection", "routing", "drift", "alignment"};
   return {};
@@ -871,6 +1252,90 @@ absl::Status WireMessage(
 
 }  // namespace
 
+namespace {
+
+// The job of the first wiring token in `value` that names a job in `pruned`, or "".
+std::string PrunedTokenIn(const std::string& value, const std::set<std::string>& pruned) {
+  size_t pos = 0;
+  while ((pos = value.find("${{ ", pos)) != std::string::npos) {
+    const size_t close = value.find(" }}", pos);
+    if (close == std::string::npos) return "";
+    const std::string inner = value.substr(pos + 4, close - pos - 4);
+    const size_t dot = inner.rfind(".outputs.");
+    if (dot != std::string::npos && pruned.count(inner.substr(0, dot)) > 0) return inner.substr(0, dot);
+    pos = close + 3;
+  }
+  return "";
+}
+
+// kItem: `m` reads a pruned job outside any list of its own (so `m`, as a list item, goes);
+// kEmptied: a list lost every item.
+enum class PruneResult { kKeep, kItem, kEmptied };
+
+PruneResult PruneMessage(pb::Message* m, const std::set<std::string>& pruned, std::string* which) {
+  const pb::Descriptor* d = m->GetDescriptor();
+  const pb::Reflection* r = m->GetReflection();
+  PruneResult result = PruneResult::kKeep;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    if (f->is_map()) continue;
+    if (f->is_repeated()) {
+      const int n = r->FieldSize(*m, f);
+      if (n == 0 || (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE &&
+                     f->cpp_type() != pb::FieldDescriptor::CPPTYPE_STRING)) {
+        continue;
+      }
+      // Keep the items that read no pruned job, in order.
+      int kept = 0;
+      for (int k = 0; k < n; ++k) {
+        bool drop = false;
+        if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+          PruneResult sub = PruneMessage(r->MutableRepeatedMessage(m, f, k), pruned, which);
+          if (sub == PruneResult::kEmptied) return sub;
+          drop = sub == PruneResult::kItem;
+        } else {
+          const std::string job = PrunedTokenIn(r->GetRepeatedString(*m, f, k), pruned);
+          if (!job.empty()) {
+            drop = true;
+            if (which->empty()) *which = job;
+          }
+        }
+        if (drop) continue;
+        if (kept != k) r->SwapElements(m, f, kept, k);
+        ++kept;
+      }
+      while (r->FieldSize(*m, f) > kept) r->RemoveLast(m, f);
+      if (kept == 0) return PruneResult::kEmptied;
+      continue;
+    }
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (!r->HasField(*m, f)) continue;
+      PruneResult sub = PruneMessage(r->MutableMessage(m, f), pruned, which);
+      if (sub == PruneResult::kEmptied) return sub;
+      if (sub == PruneResult::kItem) result = sub;
+    } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING) {
+      const std::string job = PrunedTokenIn(r->GetString(*m, f), pruned);
+      if (!job.empty()) {
+        if (which->empty()) *which = job;
+        result = PruneResult::kItem;
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+bool DropReadsOf(v1::JobSpec* spec, const std::set<std::string>& pruned, std::string* pruned_read) {
+  pb::Message* engine = MutableEngineSpecOf(spec);
+  if (engine == nullptr) return true;  // noop, exec: order only
+  std::string which;
+  const PruneResult r = PruneMessage(engine, pruned, &which);
+  if (r == PruneResult::kKeep) return true;
+  *pruned_read = which.empty() ? *pruned.begin() : which;
+  return false;
+}
+
 absl::Status WireInputs(
     v1::JobSpec* spec,
     const std::function<const pb::Map<std::string, std::string>*(const std::string&)>& outputs_of,
@@ -906,6 +1371,8 @@ std::string InputIdentity(const std::string& path) {
   // A checkpoint's stemma.json, or a token dataset's index.json (its manifest).
   if (auto manifest = ReadSmallFile(path + "/stemma.json", 64 << 20)) return "sha256:" + Sha256(*manifest);
   if (auto index = ReadSmallFile(path + "/index.json", 64 << 20)) return "sha256:" + Sha256(*index);
+  // A prepared corpus (`stemma-engine prepare`): its manifest.json.
+  if (auto corpus = ReadSmallFile(path + "/manifest.json", 64 << 20)) return "sha256:" + Sha256(*corpus);
   if (auto file = ReadSmallFile(path, 64 << 20)) return "sha256:" + Sha256(*file);
   return path;
 }
@@ -972,7 +1439,8 @@ bool OutputsStillThere(const pb::Map<std::string, std::string>& outputs) {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) {
       if (!ReadSmallFile(path + "/stemma.json", 64 << 20).has_value() &&
-          !ReadSmallFile(path + "/index.json", 64 << 20).has_value()) {
+          !ReadSmallFile(path + "/index.json", 64 << 20).has_value() &&
+          !ReadSmallFile(path + "/manifest.json", 64 << 20).has_value()) {
         return false;
       }
     } else if (!std::filesystem::is_regular_file(path, ec)) {

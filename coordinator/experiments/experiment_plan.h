@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -101,6 +102,12 @@ absl::Status WireInputs(
     const std::function<const google::protobuf::Map<std::string, std::string>*(const std::string&)>&
         outputs_of,
     const std::string& self_id = "");
+
+// Early stopping: removes from `spec`'s engine spec every list item that reads an output of
+// a job named in `pruned` (a fan-in reads the survivors only). False, with the job's name in
+// `*pruned_read`, when the spec reads one of them outside a list item (one-to-one: the job
+// has nothing to run on) or a list it reads them in would be left empty.
+bool DropReadsOf(v1::JobSpec* spec, const std::set<std::string>& pruned, std::string* pruned_read);
 
 // The memoization key of an engine job whose inputs are wired (Bazel's action key: what can
 // change the output and nothing else): sha256 of the kind, the spec as canonical JSON with

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "coordinator/experiments/early_stop.h"
 
 namespace stemma::experiments {
 namespace {
@@ -190,6 +192,217 @@ stages:
   EXPECT_DOUBLE_EQ(plan->cells[1].spec.train().optimizer().lr(), 0.0003);
   ASSERT_EQ(plan->cells[0].spec.train().strategy().freeze().layers_size(), 2);
   EXPECT_EQ(plan->cells[0].spec.train().strategy().freeze().layers(1), "6");
+}
+
+
+constexpr const char* kRandom = R"(name: rs
+stages:
+  t:
+    matrix:
+      search: {method: random, seed: 7, samples: 12}
+      lr: {loguniform: [1.0e-5, 1.0e-2]}
+      warmup: {int: [0, 3]}
+      dropout: {uniform: [0.0, 0.5]}
+      opt: [adamw, lion]
+    train:
+      model: /m
+      data: {datasets: [{path: /d}], seq_len: 8}
+      steps: 20
+      schedule: {warmup_steps: "${{ matrix.warmup }}"}
+      optimizer: {lr: "${{ matrix.lr }}"}
+)";
+
+TEST(ExperimentPlan, RandomSearchIsDeterministicGivenTheSeedAndNamesCellsByValue) {
+  auto a = ExpandExperiment(kRandom, "rs.yaml");
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = ExpandExperiment(kRandom, "rs.yaml");
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->cells.size(), 12u) << "continuous axes make repeats (kept once) all but impossible";
+  std::set<std::string> lists;
+  for (size_t i = 0; i < a->cells.size(); ++i) {
+    const PlanCell& c = a->cells[i];
+    EXPECT_EQ(c.job_name, b->cells[i].job_name) << "the same seed draws the same trials";
+    ASSERT_EQ(c.coords.size(), 4u);
+    // The name's value is the spec's value: a trial is what its name says.
+    const double lr = std::stod(c.coords[0].second);
+    EXPECT_DOUBLE_EQ(c.spec.train().optimizer().lr(), lr) << c.job_name;
+    EXPECT_GE(lr, 1e-5);
+    EXPECT_LE(lr, 1e-2);
+    EXPECT_LE(c.coords[0].second.size(), 8u) << "short: " << c.job_name;
+    const int warmup = std::stoi(c.coords[1].second);
+    EXPECT_GE(warmup, 0);
+    EXPECT_LE(warmup, 3);
+    EXPECT_EQ(c.spec.train().schedule().warmup_steps(), warmup);
+    const double dropout = std::stod(c.coords[2].second);
+    EXPECT_GE(dropout, 0.0);
+    EXPECT_LE(dropout, 0.5);
+    lists.insert(c.coords[3].second);
+  }
+  EXPECT_EQ(lists, (std::set<std::string>{"adamw", "lion"})) << "a list is a choice under random";
+  // Another seed, other trials.
+  std::string other = kRandom;
+  other.replace(other.find("seed: 7"), 7, "seed: 8");
+  auto c = ExpandExperiment(other, "rs.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NE(c->cells[0].job_name, a->cells[0].job_name);
+}
+
+TEST(ExperimentPlan, GridSearchEnumeratesIntRangesAndChoices) {
+  auto plan = ExpandExperiment(R"(name: g
+stages:
+  t:
+    matrix:
+      search: grid
+      n: {int: [1, 3]}
+      c: {choice: [x, y]}
+    noop: {}
+)", "g.yaml");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::string> names;
+  for (const PlanCell& c : plan->cells) names.push_back(c.job_name);
+  EXPECT_EQ(names, (std::vector<std::string>{"t[n=1,c=x]", "t[n=1,c=y]", "t[n=2,c=x]", "t[n=2,c=y]",
+                                             "t[n=3,c=x]", "t[n=3,c=y]"}));
+}
+
+TEST(ExperimentPlan, BadSearchesGetOneErrorNamingFileLineAndField) {
+  const std::string head = "name: bad\nstages:\n  t:\n    matrix:\n";
+  const std::string tail = "    noop: {}\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"      search: {method: random, samples: 4}\n      x: [1, 2]\n",
+       "line 5: stages.t.matrix.search.seed: a random search needs a seed: a seedless random sweep would draw "
+       "other trials on every submission and never be memoized"},
+      {"      search: {method: random, seed: 1, samples: 4}\n      x: {normal: [0, 1]}\n",
+       "line 6: stages.t.matrix.x.normal: unknown distribution 'normal' (use uniform, loguniform, int or choice)"},
+      {"      search: {method: random, seed: 1, samples: 4}\n      x: {uniform: [2, 1]}\n",
+       "line 6: stages.t.matrix.x.uniform: lo 2 is above hi 1"},
+      {"      search: {method: random, seed: 1, samples: 4}\n      x: {int: [5, 1]}\n",
+       "line 6: stages.t.matrix.x.int: lo 5 is above hi 1"},
+      {"      search: {method: random, seed: 1, samples: 4}\n      x: {loguniform: [0, 1]}\n",
+       "line 6: stages.t.matrix.x.loguniform: lo 0 must be > 0"},
+      {"      search: {method: random, seed: 1, samples: 0}\n      x: [1, 2]\n",
+       "line 5: stages.t.matrix.search.samples: '0' must be a whole number in 1..10000"},
+      {"      search: {method: random, seed: 1, samples: 20000}\n      x: [1, 2]\n",
+       "line 5: stages.t.matrix.search.samples: '20000' must be a whole number in 1..10000"},
+      {"      search: {method: annealing}\n      x: [1]\n",
+       "line 5: stages.t.matrix.search.method: 'annealing' is not a search (use grid or random)"},
+      {"      search: grid\n      x: {uniform: [0, 1]}\n",
+       "line 6: stages.t.matrix.x: uniform is a distribution to sample"},
+      {"      search: {method: grid, seed: 3}\n      x: [1]\n",
+       "line 5: stages.t.matrix.search.seed: is for search method random"},
+      {"      search: {method: random, seed: 1, samples: 2}\n",
+       "stages.t.matrix.search: a random search needs at least one axis"},
+  };
+  for (const auto& [matrix, expected] : cases) {
+    auto plan = ExpandExperiment(head + matrix + tail, "bad.yaml");
+    ASSERT_FALSE(plan.ok()) << matrix;
+    EXPECT_EQ(plan.status().message().rfind("bad.yaml: ", 0), 0u) << plan.status();
+    EXPECT_NE(plan.status().message().find(expected), std::string::npos)
+        << plan.status() << "\nwanted: " << expected;
+  }
+  auto stage_level = ExpandExperiment("name: bad\nstages:\n  t:\n    search: random\n    noop: {}\n", "bad.yaml");
+  ASSERT_FALSE(stage_level.ok());
+  EXPECT_NE(stage_level.status().message().find("bad.yaml: line 4: stages.t.search: a search samples a matrix, and this stage has none"),
+            std::string::npos)
+      << stage_level.status();
+}
+
+
+TEST(EarlyStop, AshaRuleAsDocumented) {
+  EarlyStopConfig c;
+  c.metric = "loss";
+  c.rungs = {3, 6};
+  c.keep = 0.5;
+  // The first trial at a rung cannot be judged; from ceil(1/keep) = 2 on, the top ceil(keep·n).
+  EXPECT_FALSE(DecideAtRung(c, {1}, 1).stop);
+  RungDecision d = DecideAtRung(c, {1, 4}, 4);
+  EXPECT_TRUE(d.stop);
+  EXPECT_EQ(d.rank, 2);
+  EXPECT_EQ(d.keep_count, 1);
+  EXPECT_FALSE(DecideAtRung(c, {1, 4, 2}, 2).stop) << "rank 2 of 3 is in the top ceil(1.5) = 2";
+  EXPECT_TRUE(DecideAtRung(c, {1, 4, 2, 3}, 3).stop);
+  c.min_trials = 3;
+  EXPECT_FALSE(DecideAtRung(c, {1, 4}, 4).stop) << "min_trials raises the bar";
+  c.maximize = true;
+  c.min_trials = 0;
+  EXPECT_TRUE(DecideAtRung(c, {5, 1}, 1).stop);
+  EXPECT_FALSE(DecideAtRung(c, {1, 5}, 5).stop);
+  auto parsed = ParseEarlyStop(FormatEarlyStop(c));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->rungs, c.rungs);
+  EXPECT_TRUE(parsed->maximize);
+  EXPECT_DOUBLE_EQ(parsed->keep, 0.5);
+  EXPECT_FALSE(ParseEarlyStop("loss|min||0.5|0").ok());
+}
+
+constexpr const char* kSweep = R"(name: es
+stages:
+  cpt:
+    matrix: {lr: [0.1, 0.2, 0.3]}
+    early_stop: {metric: heldout_loss/en, rungs_tokens: [100, 400], keep: 0.5}
+    train:
+      model: /m
+      data: {datasets: [{path: /d}], seq_len: 10, heldout_fraction: 0.1}
+      batch_size: 2
+      steps: 50
+      eval: {every: 5}
+      optimizer: {lr: "${{ matrix.lr }}"}
+  eval:
+    needs: [cpt]
+    matrix: {lr: [0.1, 0.2, 0.3]}
+    eval: {model: "${{ needs.cpt.outputs.model }}", tasks: [{type: perplexity, language: en, data: /d, split: all}]}
+  soup:
+    needs: [cpt]
+    merge: {method: linear, models: [{path: "${{ needs.cpt.outputs.model }}"}]}
+)";
+
+TEST(EarlyStop, TrialsCarryTheConfigAndDependentsDropStoppedReads) {
+  auto plan = ExpandExperiment(kSweep, "es.yaml");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  auto cells = ByName(*plan);
+  // Tokens become steps: 20 tokens a step, so 100 → step 5 and 400 → step 20.
+  EXPECT_EQ(cells.at("cpt[lr=0.2]")->spec.labels().at(kEarlyStopLabel), "heldout_loss/en|min|5,20|0.5|0");
+  EXPECT_EQ(cells.at("soup")->spec.labels().count(kEarlyStopLabel), 0u);
+  const std::set<std::string> stopped = {"cpt[lr=0.2]"};
+  std::string which;
+  v1::JobSpec soup = cells.at("soup")->spec;
+  ASSERT_TRUE(DropReadsOf(&soup, stopped, &which)) << "a fan-in keeps the survivors";
+  ASSERT_EQ(soup.merge().models_size(), 2);
+  EXPECT_EQ(soup.merge().models(1).path(), OutputToken("cpt[lr=0.3]", "model"));
+  v1::JobSpec eval = cells.at("eval[lr=0.2]")->spec;
+  EXPECT_FALSE(DropReadsOf(&eval, stopped, &which)) << "a one-to-one reader has nothing to run on";
+  EXPECT_EQ(which, "cpt[lr=0.2]");
+  v1::JobSpec other = cells.at("eval[lr=0.1]")->spec;
+  EXPECT_TRUE(DropReadsOf(&other, stopped, &which));
+  v1::JobSpec all = cells.at("soup")->spec;
+  EXPECT_FALSE(DropReadsOf(&all, {"cpt[lr=0.1]", "cpt[lr=0.2]", "cpt[lr=0.3]"}, &which)) << "nothing left to soup";
+}
+
+TEST(EarlyStop, BadConfigsGetOneErrorNamingFileLineAndField) {
+  auto with = [](const std::string& es, const std::string& kind = "train") {
+    std::string t = kSweep;
+    t.replace(t.find("{metric: heldout_loss/en, rungs_tokens: [100, 400], keep: 0.5}"), 62, es);
+    if (kind != "train") t = "name: es\nstages:\n  s:\n    early_stop: " + es + "\n    noop: {}\n";
+    return ExpandExperiment(t, "es.yaml");
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{metric: accuracy, rungs: [5], keep: 0.5}", "line 5: stages.cpt.early_stop.metric: 'accuracy' is not a metric the trainer reports"},
+      {"{metric: loss, rungs: [5], keep: 1.5}", "stages.cpt.early_stop.keep: '1.5' must be a fraction in (0, 1)"},
+      {"{metric: loss, rungs: [10, 5]}", "stages.cpt.early_stop.rungs: must ascend"},
+      {"{metric: loss, rungs: [50]}", "rung at step 50 is not before the end of training (50 steps) in cell cpt[lr=0.1]"},
+      {"{metric: loss}", "stages.cpt.early_stop.rungs: give exactly one of rungs (steps) and rungs_tokens"},
+      {"{metric: loss, rungs: [5], mode: up}", "stages.cpt.early_stop.mode: must be min or max"},
+      {"{metric: loss, rungs: [5], patience: 3}", "stages.cpt.early_stop.patience: unknown field"},
+  };
+  for (const auto& [es, expected] : cases) {
+    auto plan = with(es);
+    ASSERT_FALSE(plan.ok()) << es;
+    EXPECT_NE(plan.status().message().find(expected), std::string::npos) << plan.status() << "\nwanted: " << expected;
+  }
+  auto noop = with("{metric: loss, rungs: [5]}", "noop");
+  ASSERT_FALSE(noop.ok());
+  EXPECT_NE(noop.status().message().find("es.yaml: line 4: stages.s.early_stop: early stopping needs a train stage"),
+            std::string::npos)
+      << noop.status();
 }
 
 }  // namespace

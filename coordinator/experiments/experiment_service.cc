@@ -332,6 +332,9 @@ absl::StatusOr<v1::GetExperimentResponse> ExperimentService::Get(const v1::GetEx
     c->set_gpus(j.spec().resources().gpus());
     c->set_state(StateName(j.state()));
     c->set_reason(j.reason());
+    c->set_early_stop(j.early_stop());
+    c->set_step(j.progress().step());
+    c->set_fraction(j.progress().fraction());
     for (const auto& d : j.spec().depends_on()) c->add_needs(d);
   }
   if (resp.cells_size() == 0) {

@@ -271,7 +271,7 @@ TEST(SqliteStore, VersionOneDatabaseIsMigrated) {
   }
   // Back to version 1, as an older coordinator left it.
   std::string sql = "sqlite3 " + path +
-                    " 'DROP TABLE metric_points; DROP TABLE artifacts; UPDATE schema_version SET version=1'";
+                    " 'DROP TABLE metric_points; DROP TABLE artifacts; DROP TABLE early_stop_rungs; UPDATE schema_version SET version=1'";
   ASSERT_EQ(std::system(sql.c_str()), 0);
   auto s = OpenSqliteStore(path);
   ASSERT_TRUE(s.ok()) << s.status();

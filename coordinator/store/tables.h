@@ -26,6 +26,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/str_cat.h"
+#include "stemma/v1/experiment.pb.h"
 #include "stemma/v1/job.pb.h"
 #include "stemma/v1/user_service.pb.h"
 
@@ -231,12 +233,57 @@ CREATE INDEX artifacts_by_path ON artifacts(path);)sql";
   static std::string Describe(const Record& r) { return "artifact " + r.id(); }
 };
 
+// Early stopping: one trial's value at one rung of its bracket and the decision made then
+// (coordinator/early_stopper.h). Loaded at start, so a restarted coordinator neither loses
+// a decision nor makes one twice.
+struct EarlyStopRungsTable {
+  using Record = v1::RungRecord;
+  using Key = std::string;  // "<job id>/<rung>"
+  static constexpr const char* kName = "early_stop_rungs";
+  static constexpr TableKind kKind = TableKind::kState;
+  static constexpr int kSince = 3;
+  static constexpr const char* kSchema = R"sql(
+CREATE TABLE early_stop_rungs (
+  key TEXT PRIMARY KEY,          -- <job id>/<rung index>
+  bracket TEXT NOT NULL,         -- experiment/stage/revision
+  job TEXT NOT NULL,
+  stopped INTEGER NOT NULL,
+  record BLOB NOT NULL           -- stemma.v1.RungRecord
+);)sql";
+  static constexpr Column kColumns[] = {{"key", ColumnType::kText},
+                                        {"bracket", ColumnType::kText},
+                                        {"job", ColumnType::kText},
+                                        {"stopped", ColumnType::kInt},
+                                        {"record", ColumnType::kBlob}};
+  static constexpr const char* kConflict = "key";
+  static constexpr const char* kOrderBy = "rowid";  // the order decisions were made in
+  static Key KeyOf(const Record& r) { return r.job_id() + "/" + std::to_string(r.rung()); }
+  static bool LoadsBefore(const Record& a, const Record& b) { return a.decided_ms() < b.decided_ms(); }
+  static void Write(const Record& r, RowWriter* w) {
+    w->Text(KeyOf(r));
+    w->TextRef(r.bracket());
+    w->TextRef(r.job_id());
+    w->Int(r.stopped() ? 1 : 0);
+    w->Blob(r.SerializeAsString());
+  }
+  static absl::StatusOr<Record> Read(const RowReader& r) {
+    Record rec;
+    absl::string_view blob = r.Blob(4);
+    if (!rec.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+      return absl::DataLossError(absl::StrCat("early-stop rung record ", std::string(r.Text(0)), " does not parse"));
+    }
+    return rec;
+  }
+  static std::string Describe(const Record& r) { return "early-stop rung " + KeyOf(r); }
+};
+
 template <typename... T>
 struct TableList {};
 
 // Every durable table. Adding one: its descriptor above, and its name here.
 using DurableTables =
-    TableList<JobsTable, WorkersTable, IdempotencyKeysTable, MetricPointsTable, ArtifactsTable>;
+    TableList<JobsTable, WorkersTable, IdempotencyKeysTable, MetricPointsTable, ArtifactsTable,
+              EarlyStopRungsTable>;
 
 namespace internal {
 template <typename T, typename... Ts>

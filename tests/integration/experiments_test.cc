@@ -1,6 +1,7 @@
 // Experiments through real processes: `stemma sweep` sends the file, the coordinator expands
 // it into jobs, the worker runs them, and a resubmission is a new revision whose unchanged
 // engine jobs are served from the cache.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -194,6 +195,139 @@ stages:
   EXPECT_TRUE(std::filesystem::exists(std::string(c.Get(fourth.at("cpt")["job_id"])["outputs"]["model"]) + "/stemma.json"));
 }
 
+
+// A stand-in for stemma-engine that follows its contract (common/engine_contract.h): step
+// events with a planted loss (the optimizer.lr the spec was given: a lower lr is a better
+// trial), the stop file checked after every step, `out` published with a stemma.json that
+// notes stopped_at_step, an output event, exit 0. Steps taken go to <root>/steps.log.
+constexpr const char* kFakeEngine = R"SH(#!/bin/bash
+cmd=$1; spec=$3
+out=$(grep -o '"out": *"[^"]*"' "$spec" | head -1 | sed 's/.*: *"\(.*\)"/\1/')
+case "$out" in /*) ;; *) out="$STEMMA_STORAGE_ROOT/$out" ;; esac
+mkdir -p "$(dirname "$out")"
+if [ "$cmd" = eval ]; then
+  echo '{"perplexity": 1}' > "$out"
+  echo "{\"event\":\"output\",\"name\":\"results\",\"path\":\"$out\"}"
+  exit 0
+fi
+if [ "$cmd" = train ]; then
+  lr=$(grep -o '"lr": *[0-9.e+-]*' "$spec" | head -1 | sed 's/.*: *//')
+  total=$(grep -o '"steps": *"*[0-9]*' "$spec" | head -1 | sed 's/[^0-9]//g')
+  stopped=0
+  for ((s = 1; s <= total; s++)); do
+    sleep 0.25
+    echo "$STEMMA_JOB_ID $s" >> "$STEMMA_STORAGE_ROOT/steps.log"
+    echo "{\"event\":\"step\",\"step\":$s,\"total_steps\":$total,\"loss\":$lr,\"tokens_per_s\":1000}"
+    if [ $s -lt $total ] && [ -e "$STEMMA_WORKDIR/stop" ]; then stopped=$s; break; fi
+  done
+  mkdir -p "$out"
+  echo "{\"producer\": {\"command\": \"train\", \"params\": {\"stopped_at_step\": $stopped}}}" > "$out/stemma.json"
+else
+  mkdir -p "$out"
+  grep -o '"path": *"[^"]*"' "$spec" > "$out/inputs.txt"
+  echo '{"producer": {"command": "merge"}}' > "$out/stemma.json"
+fi
+echo "{\"event\":\"output\",\"name\":\"model\",\"path\":\"$out\"}"
+exit 0
+)SH";
+
+// Trials run one at a time (one CPU) in matrix order, lr = loss: 1, 4, 2, 3. Rungs at steps
+// 3 and 6, keep 0.5 (so a rung judges from its second trial on):
+//   rung 1: lr=1 first (continues), lr=4 rank 2 of 2 (stopped), lr=2 rank 2 of 3 (kept:
+//           top ceil(1.5) = 2), lr=3 rank 3 of 4 (stopped);
+//   rung 2: lr=1 first (continues), lr=2 rank 2 of 2 (stopped).
+// The coordinator is killed (-9) once lr=4 is stopped: lr=2's and lr=3's decisions need the
+// values recorded before the restart.
+constexpr const char* kAsha = R"(name: asha
+stages:
+  cpt:
+    matrix: {lr: [1, 4, 2, 3]}
+    resources: {cpus: 1}
+    early_stop: {metric: loss, mode: min, rungs: [3, 6], keep: 0.5}
+    train:
+      model: base
+      data: {datasets: [{path: data}], seq_len: 8}
+      steps: 12
+      optimizer: {lr: "${{ matrix.lr }}"}
+  eval:
+    needs: [cpt]
+    matrix: {lr: [1, 4, 2, 3]}
+    resources: {cpus: 1}
+    eval: {model: "${{ needs.cpt.outputs.model }}", tasks: [{type: perplexity, language: en, data: data, split: all}]}
+  soup:
+    needs: [cpt]
+    resources: {cpus: 1}
+    merge: {method: linear, models: [{path: "${{ needs.cpt.outputs.model }}"}]}
+)";
+
+TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcrossARestart) {
+  Cluster c;
+  c.StartCoordinator();
+  const std::string root = c.dir() + "/store";
+  std::filesystem::create_directories(root);
+  const std::string engine = c.WriteFile("fake-engine", kFakeEngine);
+  ::chmod(engine.c_str(), 0755);
+  Cluster::WorkerOptions w;
+  w.cpus = 1;
+  w.extra = {"--storage-root", root, "--engine", engine};
+  c.StartWorker("w1", w);
+  c.WaitForWorkers(1);
+  auto sweep = c.Cli({"sweep", "-f", c.WriteFile("asha.yaml", kAsha)});
+  ASSERT_EQ(sweep.exit_code, 0) << sweep.err;
+  auto cells = ByName(Cells(c, "asha"));
+  const std::string lr4 = cells.at("cpt[lr=4]")["job_id"];
+  ASSERT_TRUE(c.WaitUntil([&] { return c.Get(lr4).contains("early_stop"); }, 120)) << "lr=4 is not stopped";
+  c.KillCoordinator(SIGKILL);
+  c.StartCoordinator();
+
+  auto wait = c.Cli({"exp", "wait", "asha", "--timeout", "240"});
+  EXPECT_EQ(wait.exit_code, 0) << "stopped trials succeed and skipped cells are not failures\n" << wait.out << wait.err;
+  cells = ByName(Cells(c, "asha"));
+  auto reason = [&](const std::string& name) { return std::string(cells.at(name)["reason"]); };
+  EXPECT_EQ(cells.at("cpt[lr=1]")["state"], "SUCCEEDED");
+  EXPECT_EQ(reason("cpt[lr=1]"), "") << "the best trial runs to the end";
+  for (const std::string name : {"cpt[lr=4]", "cpt[lr=2]", "cpt[lr=3]"}) {
+    EXPECT_EQ(cells.at(name)["state"], "SUCCEEDED") << name;
+  }
+  EXPECT_EQ(reason("cpt[lr=4]").rfind("stopped early at rung 1 (step 3): loss=4, not in the top 0.5 of 2", 0), 0u)
+      << reason("cpt[lr=4]");
+  EXPECT_EQ(reason("cpt[lr=3]").rfind("stopped early at rung 1 (step 3): loss=3, not in the top 0.5 of 4", 0), 0u)
+      << reason("cpt[lr=3]");
+  EXPECT_EQ(reason("cpt[lr=2]").rfind("stopped early at rung 2 (step 6): loss=2, not in the top 0.5 of 2", 0), 0u)
+      << reason("cpt[lr=2]");
+
+  // A stopped trial's last model is its output, noting where it stopped.
+  for (const std::string name : {"cpt[lr=4]", "cpt[lr=2]", "cpt[lr=3]"}) {
+    const std::string model = c.Get(cells.at(name)["job_id"])["outputs"]["model"];
+    auto manifest = nlohmann::json::parse(Cluster::ReadFile(model + "/stemma.json"));
+    const int stopped = manifest["producer"]["params"]["stopped_at_step"];
+    EXPECT_GE(stopped, name == "cpt[lr=2]" ? 6 : 3) << name;
+    EXPECT_LT(stopped, 12) << name << " ran to the end";
+  }
+  // Dependents run on the survivors only: the one-to-one evals of stopped trials are
+  // skipped, the soup reads lr=1's model alone.
+  EXPECT_EQ(cells.at("eval[lr=1]")["state"], "SUCCEEDED");
+  for (const std::string lr : {"4", "2", "3"}) {
+    const std::string name = "eval[lr=" + lr + "]";
+    EXPECT_EQ(cells.at(name)["state"], "CANCELLED") << name;
+    EXPECT_EQ(reason(name), "upstream cpt[lr=" + lr + "] stopped early") << name;
+    EXPECT_EQ(c.Get(cells.at(name)["job_id"])["attempts"], 0) << name << " ran";
+  }
+  EXPECT_EQ(cells.at("soup")["state"], "SUCCEEDED");
+  auto soup = c.Get(cells.at("soup")["job_id"]);
+  ASSERT_EQ(soup["spec"]["merge"]["models"].size(), 1u) << soup.dump();
+  EXPECT_EQ(soup["spec"]["merge"]["models"][0]["path"], c.Get(cells.at("cpt[lr=1]")["job_id"])["outputs"]["model"]);
+
+  // An unchanged resubmission runs nothing: stopped trials are served as stopped, and what
+  // they skipped stays skipped.
+  ASSERT_EQ(c.Cli({"sweep", "-f", c.WriteFile("asha.yaml", kAsha)}).exit_code, 0);
+  ASSERT_EQ(c.Cli({"exp", "wait", "asha", "--timeout", "60"}).exit_code, 0);
+  auto again = ByName(Cells(c, "asha"));
+  EXPECT_EQ(std::string(again.at("cpt[lr=2]")["reason"]).rfind("memoized from " + std::string(cells.at("cpt[lr=2]")["job_id"]) + " (stopped early at rung 2", 0), 0u)
+      << again.at("cpt[lr=2]")["reason"];
+  EXPECT_EQ(again.at("eval[lr=2]")["state"], "CANCELLED");
+  EXPECT_EQ(std::string(again.at("soup")["reason"]).rfind("memoized from", 0), 0u) << again.at("soup")["reason"];
+}
 }  // namespace
 }  // namespace stemma::testing
 
