@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -55,9 +56,76 @@ absl::StatusOr<std::string> Sha256File(const std::string& path, int64_t* bytes) 
 
 std::string ManifestFile(const std::string& path) {
   struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return path + "/stemma.json";
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    // A prepared corpus (`stemma-engine prepare`) has manifest.json instead of stemma.json.
+    if (::stat((path + "/stemma.json").c_str(), &st) != 0 && ::stat((path + "/manifest.json").c_str(), &st) == 0) {
+      return path + "/manifest.json";
+    }
+    return path + "/stemma.json";
+  }
   return path;
 }
+
+namespace {
+
+std::string Sha256OfText(const std::string& text) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(text.data(), text.size(), digest, &len, EVP_sha256(), nullptr);
+  static const char* kHex = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) {
+    hex.push_back(kHex[digest[i] >> 4]);
+    hex.push_back(kHex[digest[i] & 15]);
+  }
+  return hex;
+}
+
+// A corpus manifest (format stemma.corpus/*): `files` is a list of {path, bytes, lines,
+// sha256}, and content_hash the sha256 of their sorted "<sha256>  <path>\n" lines.
+void VerifyCorpusFiles(const std::string& path, const std::string& manifest, const nlohmann::json& j,
+                       DeepCheck* d) {
+  if (!j.contains("files") || !j["files"].is_array()) {
+    d->problems.push_back(absl::StrCat(manifest, ": not a corpus manifest (no files list)"));
+    return;
+  }
+  std::vector<std::pair<std::string, std::string>> listed;  // path, sha256 as recorded
+  for (const auto& entry : j["files"]) {
+    if (!entry.is_object() || !entry.contains("path") || !entry["path"].is_string() ||
+        !entry.contains("sha256") || !entry["sha256"].is_string()) {
+      d->problems.push_back(absl::StrCat(manifest, ": a files entry has no path or sha256"));
+      continue;
+    }
+    const std::string rel = entry["path"].get<std::string>();
+    if (rel.empty() || rel[0] == '/' || rel.find("..") != std::string::npos) {
+      d->problems.push_back(absl::StrCat(manifest, ": files entry '", rel, "' leaves the corpus"));
+      continue;
+    }
+    listed.emplace_back(rel, entry["sha256"].get<std::string>());
+    int64_t bytes = 0;
+    auto sha = Sha256File(path + "/" + rel, &bytes);
+    ++d->files_checked;
+    if (!sha.ok()) {
+      d->problems.push_back(std::string(sha.status().message()));
+      continue;
+    }
+    if (entry.contains("bytes") && entry["bytes"].is_number_integer() && entry["bytes"].get<int64_t>() != bytes) {
+      d->problems.push_back(absl::StrCat(path, "/", rel, ": ", bytes, " bytes, manifest says ",
+                                         entry["bytes"].get<int64_t>()));
+      continue;
+    }
+    if (*sha != listed.back().second) d->problems.push_back(absl::StrCat(path, "/", rel, ": sha256 differs from the manifest"));
+  }
+  std::sort(listed.begin(), listed.end());
+  std::string listing;
+  for (const auto& [rel, sha] : listed) absl::StrAppend(&listing, sha, "  ", rel, "\n");
+  if (!j.contains("content_hash") || !j["content_hash"].is_string() ||
+      Sha256OfText(listing) != j["content_hash"].get<std::string>()) {
+    d->problems.push_back(absl::StrCat(manifest, ": content_hash does not match its files list"));
+  }
+}
+
+}  // namespace
 
 ManifestCheck CheckManifest(const std::string& path, const std::string& expected) {
   ManifestCheck c;
@@ -92,6 +160,11 @@ DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expect
   std::stringstream text;
   text << in.rdbuf();
   nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("format") && j["format"].is_string() &&
+      j["format"].get<std::string>().rfind("stemma.corpus/", 0) == 0) {
+    VerifyCorpusFiles(path, manifest, j, &d);
+    return d;
+  }
   if (j.is_discarded() || !j.is_object() || !j.contains("files") || !j["files"].is_object()) {
     d.problems.push_back(absl::StrCat(manifest, ": not a manifest (no files object)"));
     return d;

@@ -17,7 +17,8 @@ namespace stemma::coordinator {
 absl::StatusOr<std::string> Sha256File(const std::string& path, int64_t* bytes = nullptr);
 
 // The file whose sha256 is an artifact's manifest hash: <path>/stemma.json for a
-// directory (checkpoint, dataset), the file itself otherwise.
+// directory (checkpoint, dataset), <path>/manifest.json for a prepared corpus (a directory
+// with manifest.json and no stemma.json), the file itself otherwise.
 std::string ManifestFile(const std::string& path);
 
 struct ManifestCheck {
@@ -33,7 +34,7 @@ struct DeepCheck {
   int files_checked = 0;
 };
 // The manifest check, then (for directories) every file the manifest lists: present, of
-// its recorded size, with its recorded sha256.
+// its recorded size, with its recorded sha256; for a corpus also its content_hash.
 DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expected);
 
 // Removes an artifact's directory or file. OK when it is already gone.

@@ -9,10 +9,10 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -136,7 +136,7 @@ class Normalizer {
 
  private:
   NormalizeOptions options_;
-  std::unordered_map<std::string, NormalizedText> cache_;
+  absl::flat_hash_map<std::string, NormalizedText> cache_;
 };
 
 class Preparer {
@@ -171,8 +171,8 @@ class Preparer {
   Normalizer english_, target_;
   std::vector<Language> languages_;
   Language* base_ = nullptr;
-  std::set<std::string> gettext_english_;     // every normalised msgid kept
-  std::unordered_set<std::string> excluded_;  // both sides of every reserved pair
+  absl::flat_hash_set<std::string> gettext_english_;  // every normalised msgid kept
+  absl::flat_hash_set<std::string> excluded_;         // both sides of every reserved pair
   std::map<std::string, std::string> files_;  // path in the corpus -> contents
   Json mixtures_ = Json::array();
   Json suites_ = Json::array();
@@ -326,8 +326,10 @@ absl::Status Preparer::ReadSources() {
       RETURN_IF_ERROR(ReadJsonl(&l, s.jsonl(k).path(), s.jsonl(k).field(), absl::StrCat(at, ".jsonl[", k, "]")));
     }
   }
-  // The base language's documents: every gettext msgid read, then its own sources.
+  // The base language's documents: every gettext msgid read (sorted, so that the order
+  // does not depend on the hash table), then its own sources.
   std::vector<std::string> docs(gettext_english_.begin(), gettext_english_.end());
+  std::sort(docs.begin(), docs.end());
   docs.insert(docs.end(), std::make_move_iterator(base_->docs.begin()), std::make_move_iterator(base_->docs.end()));
   base_->docs = std::move(docs);
   if (!gettext_english_.empty()) {
@@ -339,23 +341,28 @@ absl::Status Preparer::ReadSources() {
 // Evaluation pairs: the distinct English gettext strings whose hash falls under
 // eval_fraction, with each language's first translation of them.
 void Preparer::Reserve() {
-  std::unordered_set<std::string> reserved_english;
+  absl::flat_hash_set<std::string> reserved_english;
   for (const std::string& en : gettext_english_) {
     if (CorpusHashFraction(spec_.split_seed(), kSaltEval, en) < spec_.eval_fraction()) reserved_english.insert(en);
   }
   excluded_.insert(reserved_english.begin(), reserved_english.end());
   for (Language& l : languages_) {
     if (l.base) continue;
-    std::unordered_set<std::string> seen;
+    absl::flat_hash_set<std::string_view> seen;  // views into l.pairs, which stays put
     for (Pair& p : l.pairs) {
       if (!seen.insert(p.en).second) continue;  // pairs are deduplicated on the English side
       if (reserved_english.count(p.en) > 0) l.reserved.push_back(p);
     }
-    std::sort(l.reserved.begin(), l.reserved.end(), [&](const Pair& a, const Pair& b) {
-      const uint64_t ha = CorpusHash(spec_.split_seed(), kSaltOrder, a.en);
-      const uint64_t hb = CorpusHash(spec_.split_seed(), kSaltOrder, b.en);
-      return ha != hb ? ha < hb : a.en < b.en;
+    std::vector<std::pair<uint64_t, size_t>> keys;
+    for (size_t i = 0; i < l.reserved.size(); ++i) {
+      keys.emplace_back(CorpusHash(spec_.split_seed(), kSaltOrder, l.reserved[i].en), i);
+    }
+    std::sort(keys.begin(), keys.end(), [&](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first < b.first : l.reserved[a.second].en < l.reserved[b.second].en;
     });
+    std::vector<Pair> sorted;
+    for (const auto& [h, i] : keys) sorted.push_back(std::move(l.reserved[i]));
+    l.reserved = std::move(sorted);
     for (const Pair& p : l.reserved) excluded_.insert(p.tgt);
   }
 }
@@ -384,12 +391,12 @@ void Preparer::Split() {
     stats->budget_dropped += static_cast<int64_t>(docs->size() - keep);
     docs->resize(keep);
   };
-  std::unordered_set<std::string> trained;
+  absl::flat_hash_set<std::string> trained;
   for (Language& l : languages_) {
-    std::unordered_set<std::string> seen;
+    absl::flat_hash_set<std::string_view> seen;  // views into l.docs, which stays put here
     std::vector<std::string> unique;
     for (std::string& d : l.docs) {
-      if (!seen.insert(d).second) {
+      if (!seen.insert(std::string_view(d)).second) {
         ++l.stats.duplicates;
         continue;
       }
@@ -397,8 +404,9 @@ void Preparer::Split() {
         ++l.stats.reserved_excluded;
         continue;
       }
-      unique.push_back(std::move(d));
+      unique.push_back(d);
     }
+    seen.clear();
     l.docs.clear();
     l.docs.shrink_to_fit();
     if (l.held_out) {
@@ -543,10 +551,13 @@ std::vector<size_t> Distractors(const std::vector<std::string>& texts, const std
 
 std::vector<size_t> ByLength(const std::vector<std::string>& texts) {
   std::vector<size_t> order(texts.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<int64_t> length(texts.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    order[i] = i;
+    length[i] = CodePoints(texts[i]);
+  }
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const int64_t la = CodePoints(texts[a]), lb = CodePoints(texts[b]);
-    return la != lb ? la < lb : texts[a] < texts[b];
+    return length[a] != length[b] ? length[a] < length[b] : texts[a] < texts[b];
   });
   return order;
 }
@@ -593,11 +604,13 @@ void Preparer::Suites() {
     std::vector<size_t> position(pool.size());
     for (size_t p = 0; p < by_length.size(); ++p) position[by_length[p]] = p;
     std::vector<size_t> chosen(pool.size());
-    for (size_t i = 0; i < chosen.size(); ++i) chosen[i] = i;
+    std::vector<uint64_t> rank(pool.size());
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      chosen[i] = i;
+      rank[i] = CorpusHash(seed, "translation_choice", pool[i]->en);
+    }
     std::sort(chosen.begin(), chosen.end(), [&](size_t a, size_t b) {
-      const uint64_t ha = CorpusHash(seed, "translation_choice", pool[a]->en);
-      const uint64_t hb = CorpusHash(seed, "translation_choice", pool[b]->en);
-      return ha != hb ? ha < hb : pool[a]->en < pool[b]->en;
+      return rank[a] != rank[b] ? rank[a] < rank[b] : pool[a]->en < pool[b]->en;
     });
     std::string text;
     int64_t examples = 0;
@@ -655,11 +668,16 @@ void Preparer::Suites() {
     for (size_t p = 0; p < by_length.size(); ++p) position[by_length[p]] = p;
     const std::string salt = l.base ? "general" : "continuation";
     std::vector<size_t> chosen(pool.size());
-    for (size_t i = 0; i < chosen.size(); ++i) chosen[i] = i;
-    auto key = [&](size_t i) { return pool[i].context + " " + pool[i].ending; };
+    std::vector<std::string> keys(pool.size());
+    std::vector<uint64_t> rank(pool.size());
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      chosen[i] = i;
+      keys[i] = pool[i].context + " " + pool[i].ending;
+      rank[i] = CorpusHash(seed, salt, keys[i]);
+    }
+    auto key = [&](size_t i) -> const std::string& { return keys[i]; };
     std::sort(chosen.begin(), chosen.end(), [&](size_t a, size_t b) {
-      const uint64_t ha = CorpusHash(seed, salt, key(a)), hb = CorpusHash(seed, salt, key(b));
-      return ha != hb ? ha < hb : key(a) < key(b);
+      return rank[a] != rank[b] ? rank[a] < rank[b] : keys[a] < keys[b];
     });
     std::string text;
     int64_t examples = 0;
