@@ -312,6 +312,7 @@ nlohmann::json WorkerToJson(const v1::WorkerInfo& worker) {
   j["id"] = worker.id();
   j["host"] = worker.host();
   j["state"] = WorkerStateName(worker.state());
+  j["engine_build_id"] = worker.engine_build_id();
   nlohmann::json gpus = nlohmann::json::array();
   for (const auto& gpu : worker.gpus()) {
     gpus.push_back({{"id", gpu.id()}, {"model", gpu.model()}, {"memory_mb", gpu.memory_mb()}});

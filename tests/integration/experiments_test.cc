@@ -276,6 +276,9 @@ TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcr
   ASSERT_EQ(sweep.exit_code, 0) << sweep.err;
   auto cells = ByName(Cells(c, "asha"));
   const std::string lr4 = cells.at("cpt[lr=4]")["job_id"];
+  // `exp watch` follows the experiment through the restart to its end.
+  RunShell(Cluster::BinDir() + "/stemma --coordinator " + c.address() + " exp watch asha --timeout 240 > " + c.dir() +
+           "/watch.out 2>&1; echo $? > " + c.dir() + "/watch.rc &");
   ASSERT_TRUE(c.WaitUntil([&] { return c.Get(lr4).contains("early_stop"); }, 120)) << "lr=4 is not stopped";
   c.KillCoordinator(SIGKILL);
   c.StartCoordinator();
@@ -318,6 +321,12 @@ TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcr
   ASSERT_EQ(soup["spec"]["merge"]["models"].size(), 1u) << soup.dump();
   EXPECT_EQ(soup["spec"]["merge"]["models"][0]["path"], c.Get(cells.at("cpt[lr=1]")["job_id"])["outputs"]["model"]);
 
+  ASSERT_TRUE(c.WaitUntil([&] { return std::filesystem::exists(c.dir() + "/watch.rc"); }, 60));
+  const std::string watched = Cluster::ReadFile(c.dir() + "/watch.out");
+  EXPECT_EQ(Cluster::ReadFile(c.dir() + "/watch.rc"), "0\n") << watched;
+  EXPECT_NE(watched.find("SKIPPED 3, SUCCEEDED 5"), std::string::npos) << watched;
+  EXPECT_NE(watched.find("loss "), std::string::npos) << "running trials show their loss\n" << watched;
+
   // An unchanged resubmission runs nothing: stopped trials are served as stopped, and what
   // they skipped stays skipped.
   ASSERT_EQ(c.Cli({"sweep", "-f", c.WriteFile("asha.yaml", kAsha)}).exit_code, 0);
@@ -327,6 +336,86 @@ TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcr
       << again.at("cpt[lr=2]")["reason"];
   EXPECT_EQ(again.at("eval[lr=2]")["state"], "CANCELLED");
   EXPECT_EQ(std::string(again.at("soup")["reason"]).rfind("memoized from", 0), 0u) << again.at("soup")["reason"];
+}
+
+// `exp retry` re-queues the failed cells of the latest revision, and what failed because of
+// them waits for them again.
+TEST(Experiments, RetryRequeuesFailedCellsAndTheirDependents) {
+  Cluster c;
+  c.StartCoordinator();
+  c.StartWorker("w1");
+  c.WaitForWorkers(1);
+  const std::string marker = c.dir() + "/ready";
+  const std::string file = c.WriteFile("rt.yaml", "name: rt\nstages:\n  flaky:\n    max_attempts: 1\n"
+                                                  "    exec: {argv: [sh, -c, \"test -e " + marker + "\"]}\n"
+                                                  "  after:\n    needs: [flaky]\n    noop: {}\n");
+  ASSERT_EQ(c.Cli({"sweep", "-f", file}).exit_code, 0);
+  EXPECT_EQ(c.Cli({"exp", "wait", "rt", "--timeout", "60"}).exit_code, 1);
+  auto cells = ByName(Cells(c, "rt"));
+  EXPECT_EQ(cells.at("flaky")["state"], "FAILED");
+  EXPECT_EQ(cells.at("after")["state"], "FAILED");
+  c.WriteFile("ready", "");
+  auto retry = c.Cli({"exp", "retry", "rt"});
+  EXPECT_EQ(retry.exit_code, 0) << retry.out << retry.err;
+  EXPECT_NE(retry.out.find("retried 2 jobs of rt revision 1"), std::string::npos) << retry.out;
+  auto watch = c.Cli({"exp", "watch", "rt", "--timeout", "60"});
+  EXPECT_EQ(watch.exit_code, 0) << watch.out << watch.err;
+  EXPECT_NE(watch.out.find("SUCCEEDED 2"), std::string::npos) << watch.out;
+  EXPECT_EQ(c.Get(cells.at("flaky")["job_id"])["attempts"], 2);
+}
+
+// A cache hit needs the engine build that produced the result: a worker reporting another
+// build id runs the job again; back on the first build, the first result is served.
+TEST(Experiments, CacheHitsRequireTheSameEngineBuild) {
+  Cluster c;
+  c.StartCoordinator();
+  const std::string root = c.dir() + "/store";
+  std::filesystem::create_directories(root);
+  const std::string engine = c.WriteFile("fake-engine", kFakeEngine);
+  ::chmod(engine.c_str(), 0755);
+  auto worker = [&](const std::string& name, const std::string& build) {
+    Cluster::WorkerOptions w;
+    w.extra = {"--storage-root", root, "--engine", engine};
+    if (!build.empty()) w.extra.insert(w.extra.end(), {"--engine-build-id", build});
+    c.StartWorker(name, w);
+  };
+  worker("w1", "");
+  c.WaitForWorkers(1);
+  const std::string file = c.WriteFile("b.yaml", "name: b\nstages:\n  t:\n    train:\n      model: base\n"
+                                                 "      data: {datasets: [{path: data}], seq_len: 8}\n      steps: 2\n");
+  auto run = [&] {
+    EXPECT_EQ(c.Cli({"sweep", "-f", file}).exit_code, 0);
+    EXPECT_EQ(c.Cli({"exp", "wait", "b", "--timeout", "60"}).exit_code, 0);
+    return ByName(Cells(c, "b")).at("t");
+  };
+  auto first = run();
+  auto job = c.Get(first["job_id"]);
+  const std::string hashed = job.value("engine_build_id", "");
+  EXPECT_EQ(hashed.rfind("sha256:", 0), 0u) << "the binary's hash: " << job.dump();
+  EXPECT_EQ(std::string(run()["reason"]), "memoized from " + std::string(first["job_id"]));
+
+  c.KillWorker("w1", SIGTERM);
+  worker("w2", "redeployed-7");
+  ASSERT_TRUE(c.WaitUntil([&] {
+    auto ws = c.Cli({"workers", "-o", "json"}).Json();
+    for (const auto& w : ws) {
+      if (w.value("id", "") == "w2" && w.value("state", "") == "ALIVE") return true;
+    }
+    return false;
+  }));
+  auto other = run();
+  EXPECT_EQ(std::string(other["reason"]), "") << "another engine build runs it again";
+  EXPECT_EQ(c.Get(other["job_id"]).value("engine_build_id", ""), "redeployed-7");
+
+  c.KillWorker("w2", SIGTERM);
+  worker("w3", hashed);
+  ASSERT_TRUE(c.WaitUntil([&] {
+    for (const auto& w : c.Cli({"workers", "-o", "json"}).Json()) {
+      if (w.value("id", "") == "w3" && w.value("state", "") == "ALIVE") return true;
+    }
+    return false;
+  }));
+  EXPECT_EQ(std::string(run()["reason"]), "memoized from " + std::string(first["job_id"]));
 }
 }  // namespace
 }  // namespace stemma::testing
