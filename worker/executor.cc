@@ -70,6 +70,7 @@ struct Executor::Attempt {
 
   int64_t deadline_ms = 0;  // monotonic; 0: no timeout
   int64_t start_notify_ms = 0;  // monotonic; 0: the start needs no (more) signal
+  int64_t progress_notify_ms = 0;  // monotonic; 0: no progress waiting to be signalled
   int64_t kill_at_ms = 0;   // monotonic; 0: no SIGKILL scheduled
   bool terminating = false;
   std::string term_reason;
@@ -91,6 +92,11 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr uint64_t kWakeToken = 0;
 constexpr int64_t kLingerPollMs = 50;
 constexpr int64_t kStartNotifyDelayMs = 2;
+// Progress (and the metric points read with it) is signalled at most this often per attempt,
+// and with the finish if that comes first: a short job's progress, points and end then leave
+// in one session round and reach the coordinator as one pass, a trainer's steps in one round
+// per 20 ms at most.
+constexpr int64_t kProgressNotifyDelayMs = 20;
 // Spawner threads. Two keep both cores of a small node busy with children's exec; more
 // add little, since a spawn costs CPU, not just waiting.
 constexpr int kSpawners = 2;
@@ -592,7 +598,9 @@ void Executor::Loop() {
         if (token == a.out_token) {
           const uint64_t before = a.out.progress_version;
           ReadOutputLocked(a, /*drain=*/false);
-          notify |= a.out.progress_version != before;
+          if (a.out.progress_version != before && a.progress_notify_ms == 0) {
+            a.progress_notify_ms = clock_->MonoMs() + kProgressNotifyDelayMs;
+          }
         } else if (token == a.pid_token) {
           ReapLocked(a);
           notify |= a.finished;
@@ -852,6 +860,7 @@ int64_t Executor::NextTimerMsLocked(int64_t now) {
     if (!a->terminating) consider(a->deadline_ms);
     consider(a->kill_at_ms);
     consider(a->start_notify_ms);
+    consider(a->progress_notify_ms);
   }
   return next;
 }
@@ -862,6 +871,10 @@ bool Executor::FireTimersLocked(int64_t now) {
     if (a->finished || a->pid == 0) continue;
     if (a->start_notify_ms > 0 && now >= a->start_notify_ms) {
       a->start_notify_ms = 0;
+      started = true;
+    }
+    if (a->progress_notify_ms > 0 && now >= a->progress_notify_ms) {
+      a->progress_notify_ms = 0;
       started = true;
     }
     if (!a->terminating && a->deadline_ms > 0 && now >= a->deadline_ms) {

@@ -68,8 +68,8 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
 
-  // Called whenever an attempt finishes or reports progress, and 2 ms after it starts (or
-  // with its finish, if that comes first: one call for both). Log bytes are not signalled:
+  // Called whenever an attempt finishes, 2 ms after it starts and at most 20 ms after it
+  // reports progress (or with its finish, if that comes first: one call for all). Log bytes are not signalled:
   // poll Snapshot, which shows a start at once. Replaces the previous callback; after it
   // returns the old one is not running and will not run again.
   void SetChangeCallback(std::function<void()> callback);
@@ -148,8 +148,8 @@ class Executor {
   void ReapLingeringLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Notify() ABSL_LOCKS_EXCLUDED(mu_, callback_mu_);
   int64_t NextTimerMsLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Timeouts, SIGKILLs after the grace period, delayed start signals; true if a start is
-  // to be signalled.
+  // Timeouts, SIGKILLs after the grace period, delayed start and progress signals; true if
+  // a start or progress is to be signalled.
   bool FireTimersLocked(int64_t now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   AttemptSnapshot SnapshotOf(const Attempt& attempt) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
