@@ -6,7 +6,8 @@
 //   page renders all the same. Controls show the checks can fail: a page with an external
 //   image is caught by the network-log check, and the same image under the report's
 //   Content-Security-Policy is not fetched.
-// - ReportEndToEnd: a small study of real stemma-engine jobs (init, tokenize, train, eval)
+// - ReportEndToEnd: a small study of real stemma-engine jobs (init, tokenize, train, analyze,
+//   eval)
 //   on a real coordinator and worker; the report is taken while the study runs (cells
 //   pending) and when it has finished, and its numbers are those the engine reported.
 #include <sys/stat.h>
@@ -341,6 +342,17 @@ stages:
       steps: 6
       log_every: 1
       optimizer: {lr: 1.0e-2}
+  analyze:
+    needs: [base, cpt, tok]
+    analyze:
+      model: "${{ needs.base.outputs.model }}"
+      device: cpu   # spelled out: a sweep refuses the default (analyze.device: '' is not cpu, ...)
+      seq_len: 16
+      max_tokens: 512
+      languages:
+        - {language: "${{ needs.tok.matrix.language }}", dataset: "${{ needs.tok.outputs.dataset }}"}
+      lape: {}
+      drift: {base: "${{ needs.base.outputs.model }}", trained: "${{ needs.cpt.outputs.model }}"}
   eval-base:
     needs: [base, tok]
     eval:
@@ -380,7 +392,8 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   w.extra = {"--storage-root", root};
   c.StartWorker("w1", w);
   c.WaitForWorkers(1);
-  ASSERT_EQ(c.Cli({"sweep", "-f", c.WriteFile("study.yaml", kStudy)}).exit_code, 0);
+  auto sweep = c.Cli({"sweep", "-f", c.WriteFile("study.yaml", kStudy)});
+  ASSERT_EQ(sweep.exit_code, 0) << sweep.out << sweep.err;
 
   // While it runs: the evals are there as rows, pending.
   auto early = c.Cli({"report", "report-e2e"});
@@ -394,7 +407,8 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   const std::string out = c.dir() + "/report";
   auto done = c.Cli({"report", "report-e2e", "--out", out});
   ASSERT_EQ(done.exit_code, 0) << done.err;
-  for (const char* f : {"report.md", "report.html", "report.csv", "report.json", "acquisition_forgetting.svg", "loss_curves.svg"}) {
+  for (const char* f : {"report.md", "report.html", "report.csv", "report.json", "acquisition_forgetting.svg", "loss_curves.svg",
+                        "lape_neurons.svg", "drift.svg"}) {
     EXPECT_TRUE(fs::exists(out + "/" + f)) << f << "\n" << done.out;
   }
   EXPECT_NE(done.out.find("| base (baseline) |"), std::string::npos) << done.out;
@@ -449,6 +463,35 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
       EXPECT_GE(loss_points, 6u);
     }
   }
+  // The analysis plots are the analyze job's files: LAPE counts and drift per layer.
+  std::string analyze_id;
+  const json cells = c.Cli({"exp", "get", "report-e2e", "-o", "json"}).Json()["cells"];
+  for (const auto& cell : cells) {
+    if (cell["job_name"] == "analyze") analyze_id = cell["job_id"];
+  }
+  ASSERT_FALSE(analyze_id.empty());
+  const json outputs = c.Get(analyze_id)["outputs"];
+  const json mask = json::parse(Cluster::ReadFile(outputs["mask"]));
+  const json drift = json::parse(Cluster::ReadFile(outputs["drift"]));
+  std::map<std::string, json> plots;
+  for (const auto& p : rep["plots"]) plots[p["file"]] = p;
+  for (const char* f : {"lape_neurons.svg", "drift.svg", "drift_asymmetry.svg"}) {
+    EXPECT_EQ(plots[f]["drawn"], true) << f << ": " << plots[f].dump();
+    EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
+  }
+  ASSERT_EQ(plots["lape_neurons.svg"]["series"].size(), mask["counts"].size());
+  for (const auto& s : plots["lape_neurons.svg"]["series"]) {
+    const json& counts = mask["counts"][s["name"].get<std::string>()];
+    ASSERT_EQ(s["points"].size(), counts.size());
+    for (size_t l = 0; l < counts.size(); ++l) EXPECT_EQ(s["points"][l][1].get<double>(), counts[l].get<double>());
+  }
+  const json& down = plots["drift.svg"]["series"][0];
+  EXPECT_EQ(down["name"], "down");
+  ASSERT_EQ(down["points"].size(), drift["layers"].size());
+  for (size_t l = 0; l < drift["layers"].size(); ++l) {
+    EXPECT_DOUBLE_EQ(down["points"][l][1].get<double>(), drift["layers"][l]["down"].get<double>());
+  }
+
   // CSV: one line per row and column.
   const std::string csv = Cluster::ReadFile(out + "/report.csv");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * static_cast<long>(rep["columns"].size()));
