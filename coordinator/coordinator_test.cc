@@ -862,6 +862,37 @@ TEST_F(CoordinatorTest, EvalResultsAndRegisteredCheckpointsAreExportedAsTheyLand
   EXPECT_FALSE(SeriesValue(metrics_, "stemma_eval_score", {{"stage", "cpt"}}).has_value());
 }
 
+TEST_F(CoordinatorTest, TrainingProgressFollowsTheJobsProgressEvents) {
+  Worker w = Connect("w0");
+  v1::SubmitRequest req;
+  *req.add_jobs() = Spec("cpt-uk", "family", "cpt");
+  const std::string id = coord_->Submit(req)->job_ids(0);
+  v1::Assignment a = Assigned(w);
+  const std::map<std::string, std::string> stage = {{"experiment", "family"}, {"stage", "cpt"}};
+  auto progress = [&](double fraction) {
+    v1::AttemptEvent e;
+    e.set_attempt_id(a.attempt_id());
+    e.mutable_progress()->set_fraction(fraction);
+    e.mutable_progress()->set_step(static_cast<int64_t>(fraction * 100));
+    coord_->Event(w.id, w.session, e);
+  };
+  progress(0.1);  // before any training point: no series yet
+  EXPECT_FALSE(SeriesValue(metrics_, "stemma_train_progress_ratio", stage).has_value());
+  v1::AttemptEvent loss;
+  loss.set_attempt_id(a.attempt_id());
+  loss.mutable_metric()->set_name("loss");
+  loss.mutable_metric()->set_step(25);
+  loss.mutable_metric()->set_value(2.5);
+  coord_->Event(w.id, w.session, loss);
+  progress(0.25);
+  EXPECT_EQ(SeriesValue(metrics_, "stemma_train_progress_ratio", stage), 0.25);
+  progress(0);  // a progress without a fraction changes nothing
+  EXPECT_EQ(SeriesValue(metrics_, "stemma_train_progress_ratio", stage), 0.25);
+  Report(w, a, 0, 1);
+  EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
+  EXPECT_FALSE(SeriesValue(metrics_, "stemma_train_progress_ratio", stage).has_value());  // ended
+}
+
 TEST(CoordinatorMetricsTest, RpcCodesAreCreatedAtZeroForEveryMethodAndUnknownMethodsAreBounded) {
   CoordinatorMetrics m;
   const auto count = [&](const std::string& method, const std::string& code) {

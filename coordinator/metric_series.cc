@@ -133,6 +133,13 @@ absl::Status MetricSeries::RecordBatch(const v1::Job& job,
   return absl::OkStatus();
 }
 
+void MetricSeries::Progress(const v1::Job& job, const v1::Progress& progress) {
+  if (progress.fraction() <= 0) return;  // 0: not known
+  auto it = live_.find(job.id());
+  if (it == live_.end() || !it->second.in_group) return;
+  it->second.gauges.progress->Set(std::min(progress.fraction(), 1.0));
+}
+
 void MetricSeries::LeaveGroup(Live& live) {
   if (!live.in_group) return;
   live.in_group = false;

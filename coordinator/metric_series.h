@@ -37,6 +37,10 @@ class MetricSeries {
   // One Metric event (a point per message, as older workers send them): the same.
   void Record(const v1::Job& job, const v1::AttemptEvent::Metric& metric, Changes* changes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // A progress event of a live job: its stage's progress gauge, once the job has set its
+  // training gauges (a loss or tokens_per_s point). A progress without a fraction is ignored.
+  void Progress(const v1::Job& job, const v1::Progress& progress)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   // A job leaving ASSIGNED/RUNNING loses its gauges; its last values are kept only when it
   // succeeded (the registry takes them, then calls Forget).
   void OnTransition(const v1::Job& job, v1::JobState from, v1::JobState to)

@@ -48,6 +48,10 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
                      .Name("stemma_train_step")
                      .Help("Latest optimizer step of a running job, by experiment and stage")
                      .Register(*registry_);
+  train_progress_ = &BuildGauge()
+                         .Name("stemma_train_progress_ratio")
+                         .Help("Fraction of its steps a running job has done, by experiment and stage")
+                         .Register(*registry_);
   submitted_ = &BuildCounter()
                     .Name("stemma_coordinator_jobs_submitted_total")
                     .Help("Jobs accepted by Submit")
@@ -212,6 +216,7 @@ CoordinatorMetrics::TrainingSeries CoordinatorMetrics::Training(const std::strin
     it->second.loss = &train_loss_->Add(labels);
     it->second.tokens = &train_tokens_->Add(labels);
     it->second.step = &train_step_->Add(labels);
+    it->second.progress = &train_progress_->Add(labels);
   }
   return it->second;
 }
@@ -223,6 +228,7 @@ void CoordinatorMetrics::RemoveTraining(const std::string& experiment, const std
   train_loss_->Remove(it->second.loss);
   train_tokens_->Remove(it->second.tokens);
   train_step_->Remove(it->second.step);
+  train_progress_->Remove(it->second.progress);
   training_.erase(it);
 }
 

@@ -67,9 +67,10 @@ class CoordinatorMetrics {
     prometheus::Gauge* loss = nullptr;
     prometheus::Gauge* tokens = nullptr;  // tokens per second
     prometheus::Gauge* step = nullptr;
+    prometheus::Gauge* progress = nullptr;  // fraction of the run's steps done (0..1)
   };
   TrainingSeries Training(const std::string& experiment, const std::string& stage);
-  // Removes the three series of (experiment, stage): no job of it runs any more.
+  // Removes the series of (experiment, stage): no job of it runs any more.
   void RemoveTraining(const std::string& experiment, const std::string& stage);
 
   // The latest value an eval job reported for `metric` ("ppl/uk"): stemma_eval_score
@@ -112,6 +113,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>* train_loss_;
   prometheus::Family<prometheus::Gauge>* train_tokens_;
   prometheus::Family<prometheus::Gauge>* train_step_;
+  prometheus::Family<prometheus::Gauge>* train_progress_;
   prometheus::Gauge* workers_alive_;
   prometheus::Gauge* workers_draining_;
   prometheus::Gauge* workers_lost_;

@@ -198,7 +198,11 @@ bool WorkerSessions::ApplyEvent(const std::string& worker_id, WorkerEntry& w,
     return false;
   }
   if (event.has_progress()) {
-    if (c.jobs.IsLive(*job)) c.jobs.SetProgress(job, event.progress(), changes);
+    if (c.jobs.IsLive(*job)) {
+      c.jobs.SetProgress(job, event.progress(), changes);
+      series_->AssertHeld();
+      series_->Progress(*job, event.progress());
+    }
     return false;
   }
   if (event.has_metrics()) {

@@ -37,7 +37,7 @@ COMPONENT_DASHBOARDS = MONITORING / "dashboards"
 
 # Metrics that other parts of Stemma are adding; panels on them are empty until then.
 AUTH = "issue 13: stemma_auth_failures_total (and only after a call was refused)"
-TRAINING = "a running job that reports step events (loss, tokens_per_s)"
+TRAINING = "a running job that reports step events (loss, tokens_per_s, total_steps)"
 EVAL_METRICS = "an eval job (stemma-engine eval) that reported its metrics"
 REGISTRY = "a job that published a checkpoint (an output event of type checkpoint)"
 FAILURES = "a failed attempt"
@@ -242,6 +242,10 @@ EXPERIMENTS = Dashboard(
             Panel("Step", [
                 (f"stemma_train_step{sel(experiment=True)}", "{{experiment}} {{stage}}"),
             ], needs=TRAINING, width=12, description="Latest optimizer step of each running train job."),
+            Panel("Progress", [
+                (f"stemma_train_progress_ratio{sel(experiment=True)}", "{{experiment}} {{stage}}"),
+            ], unit="percentunit", needs=TRAINING, width=12,
+                description="Share of its steps each running train job has done (step / total_steps)."),
         ]),
         Row("Results", [
             Panel("Eval results", [

@@ -345,7 +345,7 @@ def run(bin_dir: pathlib.Path, engine: pathlib.Path | None, out: pathlib.Path, t
     # live training gauges of the experiments dashboard.
     (tmp / "train.sh").write_text(
         "i=0; while [ $i -lt 30 ]; do i=$((i+1));"
-        " echo \"{\\\"event\\\":\\\"step\\\",\\\"step\\\":$i,\\\"loss\\\":$((40-i)).25,\\\"tokens_per_s\\\":$((1000+10*i))}\";"
+        " echo \"{\\\"event\\\":\\\"step\\\",\\\"step\\\":$i,\\\"loss\\\":$((40-i)).25,\\\"tokens_per_s\\\":$((1000+10*i)),\\\"total_steps\\\":30}\";"
         " sleep 0.4; done\n")
     (tmp / "train.yaml").write_text(f"name: train-like\nexperiment: live\nlabels: {{stage: cpt}}\n"
                                     f"exec: {{argv: [/bin/sh, {tmp / 'train.sh'}]}}\n")
