@@ -6,8 +6,8 @@
 //   page renders all the same. Controls show the checks can fail: a page with an external
 //   image is caught by the network-log check, and the same image under the report's
 //   Content-Security-Policy is not fetched.
-// - ReportEndToEnd: a small study of real stemma-engine jobs (init, tokenize, train, analyze,
-//   eval)
+// - ReportEndToEnd: a small study of real stemma-engine jobs (prepare, init, tokenize, train,
+//   analyze, eval)
 //   on a real coordinator and worker; the report is taken while the study runs (cells
 //   pending) and when it has finished, and its numbers are those the engine reported.
 #include <sys/stat.h>
@@ -316,22 +316,26 @@ std::string EngineBinary() {
 
 constexpr const char* kStudy = R"(name: report-e2e
 stages:
+  corpus:
+    prepare:
+      heldout_fraction: 0.3
+      languages:
+        - {code: en, family: germanic, role: base, name: English, text: [en.txt]}
+        - {code: ru, family: slavic, role: held_in, name: Russian, text: [ru.txt]}
+        - {code: uk, family: slavic, role: held_out, name: Ukrainian, text: [uk.txt]}
   base:
     init: {arch: llama, preset: tiny, seed: 3}
   tok:
-    needs: [base]
-    matrix:
-      include:
-        - {language: ru, family: slavic}
-        - {language: en, family: germanic}
+    needs: [base, corpus]
+    matrix: {language: [ru, en, uk]}
     tokenize:
       tokenizer: "${{ needs.base.outputs.model }}"
-      input: ["${{ matrix.language }}.txt"]
+      input: ["${{ needs.corpus.outputs.corpus }}/heldout/${{ matrix.language }}.txt"]
       format: text
       line_docs: true
       language: "${{ matrix.language }}"
   cpt:
-    needs: [base, tok]
+    needs: [base, {stage: tok, where: {language: [ru, en]}}]
     train:
       model: "${{ needs.base.outputs.model }}"
       data:
@@ -381,10 +385,11 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   const std::string root = c.dir() + "/store";
   fs::create_directories(root);
   {
-    std::ofstream ru(root + "/ru.txt"), en(root + "/en.txt");
+    std::ofstream ru(root + "/ru.txt"), en(root + "/en.txt"), uk(root + "/uk.txt");
     for (int i = 0; i < 150; ++i) {
       ru << "быстрая коричневая лиса " << i << " прыгает через ленивую собаку\n";
       en << "the quick brown fox " << i << " jumps over the lazy dog\n";
+      uk << "швидка бура лисиця " << i << " стрибає через ледачого пса\n";
     }
   }
   Cluster::WorkerOptions w;
@@ -418,12 +423,19 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   EXPECT_EQ(rep["rows"][0]["title"], "base");
   EXPECT_EQ(rep["rows"][1]["title"], "dense cpt");
   EXPECT_EQ(rep["rows"][1]["group"], "dense");
-  // Roles and families: ru held-in (slavic, from the tok matrix), en general.
+  // Roles and families from the prepare job's corpus manifest: ru held-in, uk held-out
+  // (both slavic), en the base (general).
+  EXPECT_EQ(rep["roles_from_corpus"], true) << rep["notes"].dump();
   std::map<std::string, json> langs;
   for (const auto& l : rep["languages"]) langs[l["code"]] = l;
   EXPECT_EQ(langs["ru"]["role"], "held_in");
   EXPECT_EQ(langs["ru"]["family"], "slavic");
+  EXPECT_EQ(langs["uk"]["role"], "held_out");
+  EXPECT_EQ(langs["uk"]["name"], "Ukrainian");
   EXPECT_EQ(langs["en"]["role"], "general");
+  std::vector<std::string> keys;
+  for (const auto& col : rep["columns"]) keys.push_back(col["key"]);
+  EXPECT_EQ(keys, (std::vector<std::string>{"bpb/ru", "bpb/uk", "bpb/en"})) << "held-in, held-out, general";
 
   // The numbers are the engine's: the metric points the coordinator stored and the
   // results files the evals wrote.
@@ -433,7 +445,7 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   for (const auto& p : metrics.Json()) points[p["job"]][p["name"]] = p["value"];
   for (const auto& row : rep["rows"]) {
     const std::string job = row["job_id"];
-    for (const char* col : {"bpb/ru", "bpb/en"}) {
+    for (const char* col : {"bpb/ru", "bpb/uk", "bpb/en"}) {
       ASSERT_TRUE(row["cells"].contains(col)) << col;
       ASSERT_TRUE(points[job].count(col)) << job << " " << col;
       EXPECT_DOUBLE_EQ(row["cells"][col]["value"].get<double>(), points[job][col]) << job << " " << col;
@@ -445,12 +457,14 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   }
   const json& base = rep["rows"][0]["cells"];
   const json& cpt = rep["rows"][1]["cells"];
-  for (const char* col : {"bpb/ru", "bpb/en"}) {
+  for (const char* col : {"bpb/ru", "bpb/uk", "bpb/en"}) {
     EXPECT_DOUBLE_EQ(cpt[col]["delta"].get<double>(), cpt[col]["value"].get<double>() - base[col]["value"].get<double>());
   }
   ASSERT_EQ(rep["summary"].size(), 2u);
   EXPECT_DOUBLE_EQ(rep["summary"][1]["acquisition"].get<double>(),
                    base["bpb/ru"]["value"].get<double>() - cpt["bpb/ru"]["value"].get<double>());
+  EXPECT_DOUBLE_EQ(rep["summary"][1]["transfer"].get<double>(),
+                   base["bpb/uk"]["value"].get<double>() - cpt["bpb/uk"]["value"].get<double>());
   EXPECT_DOUBLE_EQ(rep["summary"][1]["forgetting"].get<double>(), cpt["bpb/en"]["delta"].get<double>());
   // The loss curve has every step the train job logged.
   auto loss = c.Cli({"metrics", "report-e2e", "--name", "loss", "-o", "json"});
