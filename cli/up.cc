@@ -31,6 +31,7 @@ struct UpOptions {
   double cpus = 0;  // 0: the worker's own default
   bool allow_exec = false;
   int metrics_port = 0;
+  std::vector<std::string> read_roots;  // passed to every worker
 };
 
 // "0.0.0.0:7070" listens everywhere, but clients dial "localhost:7070".
@@ -200,6 +201,7 @@ absl::StatusOr<int> RunUp(const GlobalOptions& g, UpOptions o) {
                                       "--gpus",        absl::StrCat(o.gpus)};
     if (o.cpus > 0) wargs.insert(wargs.end(), {"--cpus", absl::StrCat(o.cpus)});
     if (o.allow_exec) wargs.push_back("--allow-exec");
+    for (const std::string& dir : o.read_roots) wargs.insert(wargs.end(), {"--read-root", dir});
     if (o.metrics_port > 0) {
       wargs.insert(wargs.end(),
                    {"--metrics-listen", absl::StrCat("127.0.0.1:", o.metrics_port + 1 + i)});
@@ -255,6 +257,8 @@ void AddUpCommand(CLI::App* app, const GlobalOptions* globals, Action* action) {
   sub->add_option("--gpus", o->gpus, "GPUs per worker (default 0)");
   sub->add_option("--cpus", o->cpus, "CPUs per worker (default: the worker's own)");
   sub->add_flag("--allow-exec", o->allow_exec, "let workers run exec jobs");
+  sub->add_option("--read-root", o->read_roots,
+                  "a directory engine jobs may read besides the current one (repeatable)");
   sub->add_option("--metrics-port", o->metrics_port,
                   "metrics on BASE (coordinator) and BASE+1+i (worker i); 0 = off");
   sub->callback([=] { *action = [=] { return RunUp(*globals, *o); }; });

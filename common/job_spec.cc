@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/engine_cli.h"
 #include "common/engine_spec.h"
+#include "common/path_confinement.h"
 #include "common/proto_yaml.h"
 #include "common/status.h"
 #include "common/yaml_json.h"
@@ -252,6 +253,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
         context.path = JobKind(spec);
         context.job_cpus = static_cast<int64_t>(std::ceil(spec.resources().cpus() > 0 ? spec.resources().cpus() : 1));
         RETURN_IF_ERROR(ValidateEngineSpec(*EngineSpecOf(spec), context));
+        // What no worker's roots could make right (the worker checks the rest).
+        RETURN_IF_ERROR(CheckSpecPathSyntax(*EngineSpecOf(spec), context.path));
       }
       break;
   }

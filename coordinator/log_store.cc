@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/logging.h"
 #include "common/status.h"
 
 namespace stemma::coordinator {
@@ -31,25 +32,60 @@ absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t of
   ::fstat(fd, &st);
   int64_t size = st.st_size;
   absl::Status result;
-  if (offset > size) {
-    result = absl::OutOfRangeError(absl::StrCat(path, ": chunk at ", offset, " after end ", size));
+  if (truncated_.contains(path)) {
+    // Cut by a full disk: it ends with the marker; what comes after is dropped.
+  } else if (offset > size) {
+    if (EndsWithMarker(fd, size)) {
+      truncated_.insert(path);  // cut before a restart
+    } else {
+      result = absl::OutOfRangeError(absl::StrCat(path, ": chunk at ", offset, " after end ", size));
+    }
   } else if (offset + static_cast<int64_t>(data.size()) > size) {
     const char* p = data.data() + (size - offset);
     size_t n = data.size() - (size - offset);
+    int64_t end = size;
     while (n > 0) {
       ssize_t w = ::write(fd, p, n);
       if (w < 0) {
         if (errno == EINTR) continue;
-        result = ErrnoStatus(absl::StrCat("write ", path), errno);
+        const int err = errno;
+        result = ErrnoStatus(absl::StrCat("write ", path), err);
+        if (err == ENOSPC || err == EDQUOT) {
+          MarkTruncated(path, end);
+          truncated_.insert(path);
+          result = absl::ResourceExhaustedError(
+              absl::StrCat(path, ": log truncated at ", end, " bytes: the coordinator's disk is full"));
+        }
         break;
       }
       p += w;
       n -= w;
+      end += w;
     }
     ++generation_;
   }
   ::close(fd);
   return result;
+}
+
+bool LogStore::EndsWithMarker(int fd, int64_t size) {
+  const int64_t n = static_cast<int64_t>(kTruncatedMarker.size());
+  if (size < n) return false;
+  std::string tail(kTruncatedMarker.size(), '\0');
+  return ::pread(fd, tail.data(), tail.size(), size - n) == n && tail == kTruncatedMarker;
+}
+
+void LogStore::MarkTruncated(const std::string& path, int64_t end) {
+  // The disk has no room for more: the marker overwrites the log's last bytes, which takes
+  // no new space (an O_APPEND descriptor would append, so a second one).
+  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  const int64_t n = static_cast<int64_t>(kTruncatedMarker.size());
+  const int64_t at = end >= n ? end - n : 0;
+  if (::pwrite(fd, kTruncatedMarker.data(), kTruncatedMarker.size(), at) != n) {
+    spdlog::warn("{}: log truncated, and the marker could not be written either", path);
+  }
+  ::close(fd);
 }
 
 int64_t LogStore::Size(const std::string& job_id, int attempt) const {

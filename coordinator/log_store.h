@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
@@ -15,8 +17,13 @@ class LogStore {
  public:
   explicit LogStore(std::string dir) : dir_(std::move(dir)) {}
 
+  // The last line of a log that the coordinator's disk could not hold.
+  static constexpr std::string_view kTruncatedMarker = "\n[stemma: log truncated: disk full]\n";
+
   // Writes the part of [offset, offset + data.size()) not yet stored. A gap (offset past
-  // the end) is refused with OUT_OF_RANGE.
+  // the end) is refused with OUT_OF_RANGE, unless the log was cut: when a write meets a
+  // full disk, the log's last bytes become kTruncatedMarker (RESOURCE_EXHAUSTED, naming the
+  // file), and later chunks of that attempt are dropped.
   absl::Status Append(const std::string& job_id, int attempt, int64_t offset,
                       const std::string& data);
   // Bytes stored so far for the attempt.
@@ -31,10 +38,13 @@ class LogStore {
 
  private:
   std::string Path(const std::string& job_id, int attempt) const;
+  static bool EndsWithMarker(int fd, int64_t size);
+  static void MarkTruncated(const std::string& path, int64_t end);
 
   const std::string dir_;
   mutable absl::Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_set<std::string> truncated_ ABSL_GUARDED_BY(mu_);  // paths cut by a full disk
 };
 
 }  // namespace stemma::coordinator

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace stemma::coordinator {
 
@@ -58,6 +59,67 @@ v1::Assignment Placer::MakeAssignment(const v1::Job& job, int rank) {
   a.set_rendezvous(job.current().rendezvous());
   *a.mutable_gpu_ids() = job.current().parts(rank).gpu_ids();
   return a;
+}
+
+namespace {
+
+std::string Plural(int64_t n, const char* one, const char* many) {
+  return absl::StrCat(n, " ", n == 1 ? one : many);
+}
+
+std::string Cpus(double cpus) {
+  return absl::StrCat(cpus == static_cast<int64_t>(cpus) ? absl::StrCat(static_cast<int64_t>(cpus))
+                                                         : absl::StrFormat("%.2f", cpus),
+                      cpus == 1 ? " CPU" : " CPUs");
+}
+
+}  // namespace
+
+std::string Placer::Unplaceable(const v1::Job& job, const WorkerTable& workers) {
+  if (job.state() != v1::QUEUED) return "";
+  const auto& r = job.spec().resources();
+  const bool needs_exec = job.spec().kind_case() == v1::JobSpec::kExec;
+  const int nodes = std::max(1, job.spec().nodes());
+  int registered = 0, exec = 0, fit = 0;
+  int max_gpus = 0;
+  double max_cpus = 0;
+  int64_t max_memory = 0;
+  for (const auto& [id, w] : workers.all()) {
+    if (w.info.state() != v1::WORKER_ALIVE) continue;
+    ++registered;
+    const int gpus = w.info.gpus_size();
+    max_gpus = std::max(max_gpus, gpus);
+    max_cpus = std::max(max_cpus, w.info.cpus());
+    max_memory = std::max(max_memory, w.info.memory_mb());
+    if (w.info.allow_exec()) ++exec;
+    if (gpus >= r.gpus() && w.info.cpus() + 1e-9 >= r.cpus() && w.info.memory_mb() >= r.memory_mb() &&
+        (!needs_exec || w.info.allow_exec())) {
+      ++fit;
+    }
+  }
+  if (registered == 0 || fit >= nodes) return "";
+  const std::string workers_text = Plural(registered, "worker", "workers");
+  std::string why;
+  if (r.gpus() > max_gpus) {
+    why = absl::StrCat("needs ", Plural(r.gpus(), "GPU", "GPUs"), ", the largest worker has ", max_gpus);
+  } else if (r.cpus() > max_cpus + 1e-9) {
+    why = absl::StrCat("needs ", Cpus(r.cpus()), ", the largest worker has ", Cpus(max_cpus));
+  } else if (r.memory_mb() > max_memory) {
+    why = absl::StrCat("needs ", r.memory_mb(), " MiB of memory, the largest worker has ", max_memory, " MiB");
+  } else if (needs_exec && exec == 0) {
+    why = absl::StrCat("exec jobs need a worker started with --allow-exec; none of the ", workers_text,
+                       " allows it");
+  } else {
+    const std::string part = absl::StrCat(Plural(r.gpus(), "GPU", "GPUs"), ", ", Cpus(r.cpus()),
+                                          r.memory_mb() > 0 ? absl::StrCat(", ", r.memory_mb(), " MiB") : "",
+                                          needs_exec ? " and --allow-exec" : "");
+    why = nodes > 1 ? absl::StrCat("needs ", nodes, " workers with ", part, " each; ",
+                                   fit == 1 ? "1 registered worker has"
+                                            : absl::StrCat(fit, " registered workers have"),
+                                   " that")
+                    : absl::StrCat("needs ", part, " on one worker; none of the ", workers_text, " has all of it");
+  }
+  return absl::StrCat("unplaceable: ", why);
 }
 
 void Placer::UpdateGauges() {

@@ -17,6 +17,11 @@ class Placer {
   int Place(Changes* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   // The assignment message for one part (rank) of the job's current attempt.
   static v1::Assignment MakeAssignment(const v1::Job& job, int rank);
+  // Why a QUEUED job can never run on the workers registered now (ALIVE): "unplaceable:
+  // needs 16 GPUs, the largest worker has 8"; "" when some worker (or, for a gang, enough
+  // workers) could hold it once free, or when no worker is registered at all. Computed
+  // when read, so it follows workers coming and going; the job stays QUEUED.
+  static std::string Unplaceable(const v1::Job& job, const WorkerTable& workers);
   // Worker and GPU gauges.
   void UpdateGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
 

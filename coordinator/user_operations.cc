@@ -7,9 +7,23 @@
 #include "coordinator/attempts.h"
 
 namespace stemma::coordinator {
+namespace {
+
+// A QUEUED job that no registered worker can ever hold says so when read (the placer's
+// reason, before whatever reason it had).
+void AddUnplaceableReason(v1::Job* job, const WorkerTable& workers) {
+  std::string why = Placer::Unplaceable(*job, workers);
+  if (why.empty()) return;
+  if (!job->reason().empty()) absl::StrAppend(&why, "; ", job->reason());
+  job->set_reason(std::move(why));
+}
+
+}  // namespace
 
 absl::StatusOr<v1::SubmitResponse> UserOperations::Submit(const v1::SubmitRequest& request) {
   CoordinatorCore& c = *core_;
+  // A full disk refuses at once, before anything changes (coordinator/store/store.h).
+  RETURN_IF_ERROR(c.store->CheckWritable());
   uint64_t ticket;
   v1::SubmitResponse resp;
   {
@@ -52,12 +66,16 @@ absl::StatusOr<v1::Job> UserOperations::GetJob(const std::string& id) {
   // A name stands for the most recent job of that name (`stemma get soup`).
   if (job == nullptr) job = core_->jobs.FindByName(id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", id, " (neither an id nor a job name)"));
-  return *job;
+  v1::Job out = *job;
+  AddUnplaceableReason(&out, core_->workers);
+  return out;
 }
 
 absl::StatusOr<v1::ListJobsResponse> UserOperations::ListJobs(const v1::ListJobsRequest& request) {
   absl::MutexLock lock(&core_->mu);
-  return core_->jobs.List(request);
+  ASSIGN_OR_RETURN(v1::ListJobsResponse response, core_->jobs.List(request));
+  for (v1::Job& job : *response.mutable_jobs()) AddUnplaceableReason(&job, core_->workers);
+  return response;
 }
 
 absl::StatusOr<v1::Job> UserOperations::Cancel(const std::string& id, const std::string& reason) {

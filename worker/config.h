@@ -31,6 +31,10 @@ struct WorkerConfig {
   // (STEMMA_STORAGE_ROOT for the engine); --storage-root, default the directory the worker
   // was started in.
   std::string storage_root;
+  // Absolute directories engine jobs may read besides the storage root (--read-root,
+  // repeatable): a corpus, a shared model cache. Outputs stay inside the storage root
+  // (common/path_confinement.h).
+  std::vector<std::string> read_roots;
   // The engine's build id, sent in the registration: --engine-build-id, else
   // "sha256:<16 hex>" of the engine binary (EngineBuildId in main.cc); "" without an engine.
   std::string engine_build_id;

@@ -35,6 +35,7 @@ extern "C" {
 #include "common/engine_contract.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
+#include "common/path_confinement.h"
 #include "common/status.h"
 
 extern char** environ;
@@ -276,6 +277,11 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   // Refusals and worker-side failures still produce a Finished event, never a silent drop.
   std::string refusal = plan->refusal;  // non-retryable: the spec cannot run here
   std::string failure;                  // retryable: something on this worker went wrong
+  if (refusal.empty() && attempt->engine && !config_.storage_root.empty()) {
+    // Every spec path inside the roots, before anything runs (common/path_confinement.h).
+    absl::Status confined = CheckJobConfinement(spec, {config_.storage_root, config_.read_roots, {config_.data_dir}});
+    if (!confined.ok()) refusal = absl::StrCat("refused: ", confined.message());
+  }
   if (!plan->workdir.empty()) {
     // The attempt directory and its log, a recycled one if there is one: the log of a
     // refused attempt says why.

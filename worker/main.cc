@@ -127,7 +127,10 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
   app.add_option("--storage-root", config.storage_root,
-                 "relative paths in engine specs resolve here (default: the current directory)");
+                 "relative paths in engine specs resolve here, and engine jobs write only "
+                 "below it (default: the current directory)");
+  app.add_option("--read-root", config.read_roots,
+                 "a directory engine jobs may also read (repeatable; e.g. a corpus)");
   app.add_option("--engine", config.engine_path,
                  "the stemma-engine binary (default: beside stemma-worker, else on PATH)");
   app.add_option("--engine-build-id", config.engine_build_id,
@@ -176,6 +179,11 @@ int Main(int argc, char** argv) {
                                     : std::filesystem::path(config.storage_root), root_ec);
     if (root_ec) return BadFlag("--storage-root: " + root_ec.message());
     config.storage_root = root.lexically_normal().string();
+    for (std::string& dir : config.read_roots) {
+      const auto read = std::filesystem::absolute(dir, root_ec);
+      if (root_ec || dir.empty()) return BadFlag("--read-root '" + dir + "': not a directory");
+      dir = read.lexically_normal().string();
+    }
   }
 
   // Block the stop signals before any thread starts, so that every thread inherits the

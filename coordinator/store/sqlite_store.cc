@@ -1,7 +1,12 @@
 // The SQLite backend: the only file in the project that includes <sqlite3.h>.
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <array>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -11,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/store/store.h"
 
@@ -100,6 +106,10 @@ class SqliteStore final : public Store {
     RETURN_IF_ERROR(Exec("PRAGMA wal_autocheckpoint=0"));
     RETURN_IF_ERROR(Exec("PRAGMA foreign_keys=ON"));
     RETURN_IF_ERROR(Migrate());
+    {
+      std::lock_guard<std::mutex> lock(reserve_mu_);
+      RefreshReserveLocked();
+    }
     if (sqlite3_open_v2(path_.c_str(), &checkpoint_db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX,
                         nullptr) != SQLITE_OK) {
       return Error("open checkpoint connection", SQLITE_CANTOPEN);
@@ -189,14 +199,34 @@ class SqliteStore final : public Store {
 
   absl::Status Commit(const StoreBatch& batch) override {
     if (batch.empty()) return absl::OkStatus();
-    RETURN_IF_ERROR(Step(begin_, "BEGIN IMMEDIATE"));
-    absl::Status st = WriteBatch(batch);
-    if (st.ok()) st = Step(commit_, "COMMIT");
-    if (!st.ok()) {
-      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-      return st;
+    absl::Status st = CommitOnce(batch);
+    if (st.ok() || !DiskFull(st)) return st;
+    // The disk is full under a change that is already made in memory: give the reserve
+    // back and try again, so that it is kept whole; new work is refused from now on
+    // (CheckWritable) until there is room again.
+    bool released = false;
+    {
+      std::lock_guard<std::mutex> lock(reserve_mu_);
+      full_ = true;
+      if (reserve_present_) {
+        released = ::unlink(reserve_path_.c_str()) == 0;
+        reserve_present_ = false;
+      }
     }
-    return absl::OkStatus();
+    spdlog::error("{}: the disk is full ({}); {}", path_, std::string(st.message()),
+                  released ? "released the reserve and retrying; new submits are refused"
+                           : "no reserve left; new submits are refused");
+    return released ? CommitOnce(batch) : st;
+  }
+
+  absl::Status CheckWritable() override {
+    std::lock_guard<std::mutex> lock(reserve_mu_);
+    const int64_t free = RefreshReserveLocked();
+    if (!full_ && free >= kLowWaterBytes) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the coordinator's disk is full: ", free < 0 ? 0 : free / 1024, " KiB free for ", path_,
+        " (it needs ", (reserve_present_ ? kLowWaterBytes : kLowWaterBytes + kReserveBytes) >> 20,
+        " MiB); nothing was changed: free space on the coordinator's disk and submit again"));
   }
 
   // PASSIVE checkpoints never block the writer; they copy what no reader still needs.
@@ -384,6 +414,56 @@ class SqliteStore final : public Store {
     return t ? reinterpret_cast<const char*>(t) : "";
   }
 
+  absl::Status CommitOnce(const StoreBatch& batch) {
+    RETURN_IF_ERROR(Step(begin_, "BEGIN IMMEDIATE"));
+    absl::Status st = WriteBatch(batch);
+    if (st.ok()) st = Step(commit_, "COMMIT");
+    if (!st.ok()) {
+      sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+      return st;
+    }
+    return absl::OkStatus();
+  }
+
+  // SQLITE_FULL, or an I/O error whose cause was ENOSPC.
+  bool DiskFull(const absl::Status& st) const {
+    return st.code() == absl::StatusCode::kResourceExhausted ||
+           sqlite3_system_errno(db_) == ENOSPC;
+  }
+
+  // Bytes free to this process on the database's file system (-1 if unknown).
+  int64_t FreeBytes() const {
+    struct statvfs vfs;
+    if (::statvfs(dir_.c_str(), &vfs) != 0) return -1;
+    return static_cast<int64_t>(vfs.f_bavail) * static_cast<int64_t>(vfs.f_frsize);
+  }
+
+  // Makes the reserve when it is missing and there is room for it and the margin (then the
+  // disk is no longer full). Returns the free bytes.
+  int64_t RefreshReserveLocked() {
+    int64_t free = FreeBytes();
+    if (reserve_present_ || free < 0) return free;
+    if (free < kReserveBytes + kLowWaterBytes) {
+      full_ = true;
+      return free;
+    }
+    int fd = ::open(reserve_path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      int err = ::posix_fallocate(fd, 0, kReserveBytes);
+      if (err == 0) err = ::fsync(fd) == 0 ? 0 : errno;
+      ::close(fd);
+      if (err == 0) {
+        reserve_present_ = true;
+        if (full_) spdlog::info("{}: disk space is back; submits are accepted again", path_);
+        full_ = false;
+        return FreeBytes();
+      }
+      ::unlink(reserve_path_.c_str());
+    }
+    full_ = true;
+    return FreeBytes();
+  }
+
   absl::Status Error(absl::string_view what, int rc) const { return ErrorOn(db_, what, rc); }
 
   absl::Status ErrorOn(sqlite3* db, absl::string_view what, int rc) const {
@@ -406,6 +486,17 @@ class SqliteStore final : public Store {
   }
 
   std::string path_;
+  std::string dir_ = [this] {
+    const size_t slash = path_.rfind('/');
+    return slash == std::string::npos ? std::string(".") : path_.substr(0, slash == 0 ? 1 : slash);
+  }();
+  // Disk full (see OpenSqliteStore). reserve_mu_ guards the reserve file and the flags.
+  static constexpr int64_t kReserveBytes = 8 << 20;
+  static constexpr int64_t kLowWaterBytes = 4 << 20;
+  const std::string reserve_path_ = path_ + ".reserve";
+  std::mutex reserve_mu_;
+  bool reserve_present_ = false;
+  bool full_ = false;
   sqlite3* db_ = nullptr;
   sqlite3* checkpoint_db_ = nullptr;
   std::thread checkpointer_;

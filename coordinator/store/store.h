@@ -35,6 +35,11 @@ class Store {
   virtual absl::StatusOr<StoreSnapshot> Load() = 0;
   // One transaction, durable when this returns OK. On error nothing of the batch is kept.
   virtual absl::Status Commit(const StoreBatch& batch) = 0;
+  // OK when the store can take new work now; RESOURCE_EXHAUSTED ("the coordinator's disk is
+  // full ...") when its disk is (nearly) full. Callers that add work (a submit) ask first and
+  // change nothing when refused. A store that found its disk full keeps answering so until
+  // space returns. Thread-safe; cheap (one statvfs).
+  virtual absl::Status CheckWritable() { return absl::OkStatus(); }
   // "ok", or what the backend's consistency check found.
   virtual absl::StatusOr<std::string> IntegrityCheck() = 0;
   // Metric points of the given jobs, per job in the order asked, then in the order they
@@ -45,6 +50,11 @@ class Store {
 
 // Opens (creating and migrating as needed) the database at `path`.
 // WAL, synchronous=FULL, BEGIN IMMEDIATE, busy timeout. Errors name the file.
+// Disk full: the store keeps a reserve file beside the database (PATH.reserve, 8 MiB) and
+// CheckWritable refuses new work while less than 4 MiB is free. A commit that still meets
+// a full disk (SQLITE_FULL) gives the reserve back and is tried again, so a change already
+// made in memory becomes durable rather than half-kept; the reserve is made again once
+// there is room for it and the margin.
 absl::StatusOr<std::unique_ptr<Store>> OpenSqliteStore(const std::string& path);
 
 // A store that lives in memory only (tests).

@@ -189,7 +189,8 @@ void Cluster::KillCoordinator(int sig) {
 }
 
 void Cluster::StartWorker(const std::string& name, const WorkerOptions& o) {
-  std::vector<std::string> argv = {BinDir() + "/stemma-worker", "--coordinator", address_,
+  std::vector<std::string> argv = {BinDir() + "/stemma-worker", "--coordinator",
+                                   o.coordinator.empty() ? address_ : o.coordinator,
                                    "--data", worker_data(name), "--name", name, "--gpus",
                                    std::to_string(o.gpus), "--cpus", std::to_string(o.cpus),
                                    "--kill-grace-ms", "500"};

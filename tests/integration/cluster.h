@@ -34,6 +34,8 @@ class Cluster {
     // With tokens enabled, the worker gets a worker token for its name unless this says
     // otherwise ("" = none); with TLS, the CA.
     std::string token = "default";
+    // The address the worker dials ("" = the coordinator's): a proxy between them, say.
+    std::string coordinator;
   };
 
   // Security (call before StartCoordinator). EnableTls makes a CA and a server certificate
@@ -69,6 +71,7 @@ class Cluster {
   int WaitExit(pid_t pid, int timeout_s = 20);
   void KillCoordinator(int sig = SIGKILL);
   pid_t coordinator_pid() const { return coordinator_; }
+  pid_t worker_pid(const std::string& name) const { return workers_.count(name) ? workers_.at(name) : -1; }
   void StartWorker(const std::string& name, const WorkerOptions& options);
   void StartWorker(const std::string& name) { StartWorker(name, WorkerOptions{}); }
   void KillWorker(const std::string& name, int sig = SIGKILL);
