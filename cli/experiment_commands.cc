@@ -79,8 +79,12 @@ absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
     if (c.plan().rfind("run", 0) == 0) ++run;
     std::cout << (c.job_id().empty() ? "" : c.job_id() + " ") << c.job_name() << "  " << c.plan() << "\n";
   }
+  int skipped = 0;
+  for (const auto& c : r.cells()) skipped += c.plan().rfind("skipped", 0) == 0;
   std::cout << run << " of " << r.cells_size() << " jobs expected to run, "
-            << r.cells_size() - run << " from the cache\n";
+            << r.cells_size() - run - skipped << " from the cache";
+  if (skipped > 0) std::cout << ", " << skipped << " skipped (upstream stopped early)";
+  std::cout << "\n";
   return 0;
 }
 

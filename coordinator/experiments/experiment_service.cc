@@ -236,6 +236,9 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
         resp.add_changed(cell.job_name);
       } else if (!upstream.empty()) {
         why = absl::StrCat("run: upstream ", upstream, " reruns");
+      } else if (p.state() == v1::CANCELLED && !p.early_stop().empty()) {
+        run = false;  // its upstream trial is served stopped again, so it is skipped again
+        why = absl::StrCat("skipped: ", p.early_stop(), " (revision ", last, ")");
       } else if (p.state() != v1::SUCCEEDED) {
         why = absl::StrCat("run: revision ", last, "'s ", p.id(), " is ", StateName(p.state()));
       } else {
@@ -243,8 +246,10 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
         why = absl::StrCat("cached: unchanged since revision ", last, " (", p.id(), ")");
       }
     }
-    if (!IsEngineJob(cell.spec) && !run) why = absl::StrCat("run: ", JobKind(cell.spec), " jobs are not memoized");
-    if (!IsEngineJob(cell.spec)) run = true;
+    if (!IsEngineJob(cell.spec) && !run && why.rfind("skipped", 0) != 0) {
+      why = absl::StrCat("run: ", JobKind(cell.spec), " jobs are not memoized");
+    }
+    if (!IsEngineJob(cell.spec) && why.rfind("skipped", 0) != 0) run = true;
     reruns[cell.job_name] = run;
     out->set_plan(why);
 

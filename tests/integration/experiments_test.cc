@@ -324,12 +324,16 @@ TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcr
   ASSERT_TRUE(c.WaitUntil([&] { return std::filesystem::exists(c.dir() + "/watch.rc"); }, 60));
   const std::string watched = Cluster::ReadFile(c.dir() + "/watch.out");
   EXPECT_EQ(Cluster::ReadFile(c.dir() + "/watch.rc"), "0\n") << watched;
-  EXPECT_NE(watched.find("SKIPPED 3, SUCCEEDED 5"), std::string::npos) << watched;
+  EXPECT_NE(watched.find("SKIPPED 3, SUCCEEDED 6\n"), std::string::npos) << watched;
   EXPECT_NE(watched.find("loss "), std::string::npos) << "running trials show their loss\n" << watched;
 
   // An unchanged resubmission runs nothing: stopped trials are served as stopped, and what
   // they skipped stays skipped.
-  ASSERT_EQ(c.Cli({"sweep", "-f", c.WriteFile("asha.yaml", kAsha)}).exit_code, 0);
+  auto resubmit = c.Cli({"sweep", "-f", c.WriteFile("asha.yaml", kAsha)});
+  ASSERT_EQ(resubmit.exit_code, 0);
+  EXPECT_NE(resubmit.out.find("0 of 9 jobs expected to run, 6 from the cache, 3 skipped (upstream stopped early)"),
+            std::string::npos)
+      << resubmit.out;
   ASSERT_EQ(c.Cli({"exp", "wait", "asha", "--timeout", "60"}).exit_code, 0);
   auto again = ByName(Cells(c, "asha"));
   EXPECT_EQ(std::string(again.at("cpt[lr=2]")["reason"]).rfind("memoized from " + std::string(cells.at("cpt[lr=2]")["job_id"]) + " (stopped early at rung 2", 0), 0u)
