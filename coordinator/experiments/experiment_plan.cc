@@ -1173,7 +1173,7 @@ std::vector<std::string> OutputsOfKind(std::string_view kind) {
   if (kind == "tokenize") return {"dataset"};
   if (kind == "prepare") return {"corpus"};
   if (kind == "eval") return {"results"};
-  if (kind == "analyze") return {"results", "mask", "selection", "routing", "drift", "alignment"};
+  if (kind == "analyze") return {"results", "mask", "random_mask", "selection", "routing", "drift", "alignment"};
   return {};
 }
 

@@ -139,6 +139,7 @@ absl::StatusOr<AnalyzeSpec> FromProto(const v1::AnalyzeSpec& p, const std::strin
     routing.select.high_resource = List(sel.high_resource());
     routing.select.parents.insert(sel.parents().begin(), sel.parents().end());
     routing.select.targets = List(sel.targets());
+    routing.select.random_seed = sel.random_seed();
     spec.routing = std::move(routing);
   }
   if (p.has_drift()) {

@@ -199,6 +199,14 @@ TEST(Routing, ActivationGapSelectionAndSharedExperts) {
   EXPECT_EQ((*sel)["ca"]["seft"]["3"], json::parse("[1]"));
   EXPECT_EQ((*sel)["ca"]["ssft_k2"]["3"], json::parse("[1, 0, 1]"));
   EXPECT_NEAR((*sel)["_meta"]["gaps"]["3"]["0"]["gap"].get<double>(), 0.45, 1e-12);
+  // Baselines: a random subset of SSFT's size per layer (ca's ssft_k2 is {0, 1}: two experts),
+  // seeded and so the same on a rerun, and every expert of the selected layers.
+  const json random = (*sel)["ca"]["random_ssft_k2"]["3"];
+  ASSERT_EQ(random.size(), 2u);
+  EXPECT_NE(random[0], random[1]);
+  for (const auto& id : random) EXPECT_LT(id.get<int64_t>(), 4);
+  EXPECT_EQ((*ExpertSelectionJson(input, params))["ca"]["random_ssft_k2"]["3"], random);
+  EXPECT_EQ((*sel)["fi"]["all"]["3"], json::parse("[0, 1, 2, 3]"));
 
   auto stats = RoutingStatsJson(input);
   ASSERT_TRUE(stats.ok()) << stats.status();

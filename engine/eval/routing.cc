@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 
@@ -327,7 +329,34 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
         ssft[key] = merged;
       }
       e[absl::StrCat("ssft_k", k)] = ssft;
+      // The paper's random baseline: per layer as many distinct experts as SSFT picks, drawn
+      // uniformly (seeded by random_seed, the language and k, so reruns agree).
+      uint64_t name_hash = 1469598103934665603ull;  // FNV-1a: the same on every build
+      for (unsigned char c : source) name_hash = (name_hash ^ c) * 1099511628211ull;
+      std::seed_seq seq{static_cast<uint32_t>(params.random_seed), static_cast<uint32_t>(params.random_seed >> 32),
+                        static_cast<uint32_t>(k), static_cast<uint32_t>(name_hash), static_cast<uint32_t>(name_hash >> 32)};
+      std::mt19937_64 rng(seq);
+      json random = json::object();
+      for (const auto& [key, list] : ssft.items()) {
+        std::set<int64_t> distinct;
+        for (const auto& id : list) distinct.insert(id.get<int64_t>());
+        std::vector<int64_t> ids(E);
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        ids.resize(std::min<size_t>(distinct.size(), ids.size()));
+        std::sort(ids.begin(), ids.end());
+        random[key] = ids;
+      }
+      e[absl::StrCat("random_ssft_k", k)] = random;
     }
+    // All experts of the selected layers (the all-expert fine-tuning baseline).
+    json all = json::object();
+    for (int64_t layer : layers) {
+      std::vector<int64_t> ids(E);
+      std::iota(ids.begin(), ids.end(), 0);
+      all[std::to_string(layer)] = ids;
+    }
+    e["all"] = all;
     return e;
   };
   for (const auto& lang : high) out[lang] = entry(lang);

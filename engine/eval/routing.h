@@ -45,6 +45,9 @@ struct SelectionParams {
   std::map<std::string, std::string> parents;    // low-resource language -> its HR parent
   // Languages without an anchor: each ranked against the anchors by its own routing.
   std::vector<std::string> targets;
+  // Seed of the random_ssft_k<K> baselines (as many experts per layer as ssft_k<K>, drawn
+  // uniformly without replacement).
+  uint64_t random_seed = 0;
 };
 
 // The paper's defaults (64 experts: alpha 0.01, shared pools of 1, 3 and 5) scaled to E

@@ -225,6 +225,9 @@ absl::StatusOr<TrainPlan> BuildPlan(const StrategySpec& strategy, const ModelSha
     const ExpertSubsetSpec& e = *strategy.expert_subset;
     ASSIGN_OR_RETURN(plan.router_experts, LoadExpertSubset(e.file, e.language, e.set, model));
   }
+  if (strategy.freeze.shared && model.num_experts == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ".freeze.shared: needs an MoE model"));
+  }
   for (int64_t id : strategy.frozen_experts) {
     if (model.num_experts == 0) {
       return absl::InvalidArgumentError(absl::StrCat(where, ".frozen_experts: needs an MoE model"));
@@ -269,6 +272,9 @@ absl::StatusOr<TrainPlan> BuildPlan(const StrategySpec& strategy, const ModelSha
     if (p.name == "model.embed_tokens.weight" && strategy.freeze.embeddings) pp.trainable = false;
     if (p.name == "lm_head.weight" && strategy.freeze.head) pp.trainable = false;
     if (p.name == "model.norm.weight" && strategy.freeze.final_norm) pp.trainable = false;
+    if (strategy.freeze.shared && parts.expert < 0 && !parts.router) pp.trainable = false;
+    if (strategy.freeze.attention && absl::StrContains(p.name, ".self_attn.")) pp.trainable = false;
+    if (strategy.freeze.norms && absl::StrContains(p.name, "norm.weight")) pp.trainable = false;
     if (parts.expert >= 0 &&
         std::find(strategy.frozen_experts.begin(), strategy.frozen_experts.end(), parts.expert) !=
             strategy.frozen_experts.end()) {

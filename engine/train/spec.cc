@@ -93,6 +93,9 @@ absl::StatusOr<TrainSpec> TrainSpecFromProto(v1::TrainSpec p, const std::string&
   s.strategy.freeze.embeddings = st.freeze().embeddings();
   s.strategy.freeze.head = st.freeze().head();
   s.strategy.freeze.final_norm = st.freeze().final_norm();
+  s.strategy.freeze.shared = st.freeze().shared();
+  s.strategy.freeze.attention = st.freeze().attention();
+  s.strategy.freeze.norms = st.freeze().norms();
   for (int i = 0; i < st.l2sp_size(); ++i) {
     L2spRule rule;
     ASSIGN_OR_RETURN(rule.layers, Ranges(st.l2sp(i).layers(), absl::StrCat("strategy.l2sp[", i, "].layers")));

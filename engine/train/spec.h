@@ -47,6 +47,9 @@ struct FreezeSpec {
   bool embeddings = false;  // model.embed_tokens.weight (and a tied head with it)
   bool head = false;        // lm_head.weight (untied models)
   bool final_norm = false;  // model.norm.weight
+  bool shared = false;      // MoE: everything but experts and routers
+  bool attention = false;   // every self_attn tensor
+  bool norms = false;       // every norm, the final norm included
 };
 
 // One L2-SP rule: λ for the tensors of `layers`, or (no layers) for every trainable tensor no

@@ -364,6 +364,59 @@ TEST_F(TrainTest, FrozenExpertStaysBitIdenticalWithLoadBalancingLoss) {
   EXPECT_EQ(frozen, 2 * 3);  // two layers, three projections
 }
 
+// FFN-only (the LAPE study's baseline): attention, norms, embeddings and head frozen, every
+// MLP tensor trains.
+TEST_F(TrainTest, FfnOnlyTrainsEveryMlpTensorAndNothingElse) {
+  json spec = BaseSpec("llama", "ffn_only");
+  spec["strategy"] = {{"freeze", {{"attention", true}, {"norms", true}, {"embeddings", true}, {"head", true}}}};
+  Result r = Run(spec, "ffn_only");
+  ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+  Tensors base = ReadTensors(root_ / "llama"), trained = ReadTensors(root_ / "ffn_only");
+  int64_t mlp = 0;
+  for (const auto& [name, t] : base) {
+    if (absl::StrContains(name, ".mlp.")) {
+      EXPECT_FALSE(Same(t, trained[name])) << name << " should train";
+      mlp += t.numel();
+    } else {
+      EXPECT_TRUE(Same(t, trained[name])) << name << " should keep the base's bits";
+    }
+  }
+  EXPECT_EQ(r.events.back()["trainable_params"], mlp);
+}
+
+// DeltaMoE's new-language phase as the seed specifies it: expert 0 AND every shared tensor
+// (attention, norms, embeddings, head) keep the base's bits; only the other experts and the
+// routers move.
+TEST_F(TrainTest, FreezeSharedTrainsOnlyNewExpertsAndRouters) {
+  json spec = BaseSpec("olmoe", "deltamoe_shared");
+  spec["strategy"] = {{"frozen_experts", {0}},
+                      {"freeze", {{"shared", true}}},
+                      {"aux_loss", {{"load_balancing", 0.01}}}};
+  Result r = Run(spec, "deltamoe_shared");
+  ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+  Tensors base = ReadTensors(root_ / "olmoe"), trained = ReadTensors(root_ / "deltamoe_shared");
+  int64_t moved = 0, kept = 0;
+  for (const auto& [name, t] : base) {
+    const bool new_expert = absl::StrContains(name, ".mlp.experts.") && !absl::StrContains(name, ".mlp.experts.0.");
+    const bool router = absl::StrContains(name, "mlp.gate.");
+    if (new_expert || router) {
+      EXPECT_FALSE(Same(t, trained[name])) << name << " should train";
+      moved += t.numel();
+    } else {
+      EXPECT_TRUE(Same(t, trained[name])) << name << " should keep the base's bits";
+      ++kept;
+    }
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_EQ(r.events.back()["trainable_params"], moved);
+
+  json dense = BaseSpec("llama", "dense_shared");
+  dense["strategy"] = {{"freeze", {{"shared", true}}}};
+  Result refused = Run(dense, "dense_shared");
+  EXPECT_EQ(refused.exit_code, 4) << refused.stderr_text;
+  EXPECT_TRUE(absl::StrContains(refused.stderr_text, "freeze.shared: needs an MoE model")) << refused.stderr_text;
+}
+
 TEST_F(TrainTest, ResumedRunRepeatsTheLossCurveExactly) {
   json spec = BaseSpec("llama", "straight");
   spec["steps"] = 7;

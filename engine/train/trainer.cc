@@ -671,6 +671,9 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
                {"trainable_fraction", run.plan.trainable_fraction()},
                {"num_layers", run.lm->config().num_hidden_layers},
                {"layer_ranges", layer_ranges}});
+  // As metric points too, so a study's report and the registry see how much a strategy touched.
+  events.Emit({{"event", "metric"}, {"name", "trainable_fraction"}, {"value", run.plan.trainable_fraction()}, {"step", start_step}});
+  events.Emit({{"event", "metric"}, {"name", "trainable_params"}, {"value", run.plan.trainable_params}, {"step", start_step}});
 
   if (spec.eval.every > 0 && start_step == 0) {
     RETURN_IF_ERROR(TorchGuard("held-out evaluation before step 1", [&] {
