@@ -29,12 +29,12 @@ std::string Read(const std::string& path) {
   return ss.str();
 }
 
-struct Run {
+struct EngineRun {
   int exit_code = -1;
   std::string out, err;
 };
 
-Run Engine(const std::string& args, const std::string& dir, const std::string& name) {
+EngineRun Engine(const std::string& args, const std::string& dir, const std::string& name) {
   const std::string out = dir + "/" + name + ".stdout", err = dir + "/" + name + ".stderr";
   const std::string command = absl::StrCat(STEMMA_ENGINE_BIN, " ", args, " >", out, " 2>", err);
   const int status = std::system(command.c_str());
@@ -47,7 +47,7 @@ TEST(PrepareEndToEnd, RealCataloguesToSuitesThatEvalReads) {
   fs::create_directories(dir);
   const std::string corpus = (dir / "corpus").string();
   const std::string spec = std::string(STEMMA_SOURCE_DIR) + "/configs/corpus/languages.yaml";
-  Run prepare = Engine(absl::StrCat("prepare --spec ", spec, " --out ", corpus), dir.string(), "prepare");
+  EngineRun prepare = Engine(absl::StrCat("prepare --spec ", spec, " --out ", corpus), dir.string(), "prepare");
   if (prepare.exit_code == 4 && prepare.err.find("LC_MESSAGES: no such directory") != std::string::npos) {
     fs::remove_all(dir);
     GTEST_SKIP() << "this machine lacks gettext catalogues that configs/corpus/languages.yaml reads "
@@ -78,7 +78,7 @@ TEST(PrepareEndToEnd, RealCataloguesToSuitesThatEvalReads) {
   EXPECT_TRUE(output);
 
   const std::string model = (dir / "model").string();
-  Run init = Engine(absl::StrCat("init --arch llama --preset tiny --seed 1 --out ", model), dir.string(), "init");
+  EngineRun init = Engine(absl::StrCat("init --arch llama --preset tiny --seed 1 --out ", model), dir.string(), "init");
   ASSERT_EQ(init.exit_code, 0) << init.err;
   const std::string results = (dir / "results.json").string();
   const std::string eval_spec = (dir / "eval.yaml").string();
@@ -91,7 +91,7 @@ TEST(PrepareEndToEnd, RealCataloguesToSuitesThatEvalReads) {
                            << "/suites/general_en.jsonl}\n"
                            << "  - {type: translation, source_language: en, language: uk, limit: 2, max_new_tokens: 4, data: "
                            << corpus << "/pairs/en-uk.jsonl}\n";
-  Run eval = Engine("eval --spec " + eval_spec, dir.string(), "eval");
+  EngineRun eval = Engine("eval --spec " + eval_spec, dir.string(), "eval");
   ASSERT_EQ(eval.exit_code, 0) << eval.err;
   const Json r = Json::parse(Read(results));
   ASSERT_EQ(r["tasks"].size(), 4u);

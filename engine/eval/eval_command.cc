@@ -120,16 +120,72 @@ class Task {
 
   void Metric(const std::string& metric, double value, Json* result) const {
     const std::string name = absl::StrCat(metric, "/", spec_.name);
-    Emit({{"event", "metric"}, {"name", name}, {"value", value},
-          {"labels", {{"task", spec_.name}, {"type", eval::TaskTypeName(spec_.type)},
-                      {"language", spec_.language}}}});
+    Json event = {{"event", "metric"}, {"name", name}, {"value", value},
+                  {"labels", {{"task", spec_.name}, {"type", eval::TaskTypeName(spec_.type)},
+                              {"language", spec_.language}}}};
+    if (!suite_.is_null()) {
+      event["suite"] = suite_["name"];
+      event["suite_version"] = suite_["version"];
+      event["corpus_content_hash"] = suite_["corpus_content_hash"];
+    }
+    Emit(event);
     (*result)["metrics"][metric] = value;
   }
+  // The corpus suite the task's data file belongs to (SuiteOf), or null.
+  void set_suite(Json suite) { suite_ = std::move(suite); }
+  const Json& suite() const { return suite_; }
 
  protected:
   TaskSpec spec_;
   const tokenizer::Tokenizer* tokenizer_ = nullptr;
+  Json suite_;
 };
+
+// A choice or translation file inside a prepared corpus (`stemma-engine prepare`,
+// docs/corpus.md): <corpus>/suites/<name>.jsonl listed in suites/suites.json, or
+// <corpus>/pairs/<base>-<lang>.jsonl, with <corpus>/manifest.json of format stemma.corpus/*.
+// Returns {name, version, file, sha256 (of the file now), corpus, corpus_content_hash}, or
+// null for any other file (nothing is refused here: a file outside a corpus is evaluated as
+// before).
+Json SuiteOf(const std::string& data) {
+  const fs::path file = fs::absolute(data).lexically_normal();
+  const fs::path dir = file.parent_path();
+  const fs::path corpus = dir.parent_path();
+  const std::string kind = dir.filename().string();
+  if (kind != "suites" && kind != "pairs") return nullptr;
+  auto read_json = [](const fs::path& path) -> Json {
+    auto text = io::ReadFile(path.string());
+    if (!text.ok()) return nullptr;
+    Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    return j.is_discarded() || !j.is_object() ? Json(nullptr) : j;
+  };
+  const Json manifest = read_json(corpus / "manifest.json");
+  if (manifest.is_null() || !manifest.contains("format") || !manifest["format"].is_string() ||
+      manifest["format"].get<std::string>().rfind("stemma.corpus/", 0) != 0) {
+    return nullptr;
+  }
+  const std::string rel = absl::StrCat(kind, "/", file.filename().string());
+  Json suite = nullptr;
+  if (kind == "suites") {
+    const Json index = read_json(dir / "suites.json");
+    if (index.is_null() || !index.contains("suites") || !index["suites"].is_array()) return nullptr;
+    for (const auto& s : index["suites"]) {
+      if (s.is_object() && s.value("file", "") == rel) {
+        suite = {{"name", s.value("name", "")}, {"version", s.value("version", "")}};
+      }
+    }
+  } else if (manifest.contains("suites") && manifest["suites"].is_object()) {
+    suite = {{"name", absl::StrCat("pairs_", file.stem().string())},
+             {"version", manifest["suites"].value("pairs", "")}};
+  }
+  if (suite.is_null()) return nullptr;
+  suite["file"] = rel;
+  auto sha = io::Sha256File(file.string());
+  if (sha.ok()) suite["sha256"] = *sha;
+  suite["corpus"] = corpus.string();
+  suite["corpus_content_hash"] = manifest.value("content_hash", "");
+  return suite;
+}
 
 class PerplexityTask : public Task {
  public:
@@ -422,12 +478,21 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
   ASSIGN_OR_RETURN(eval::ModelFacts facts, eval::ReadModelFacts(spec.model));
   RETURN_IF_ERROR(eval::ResolveSequenceLengths(facts, &spec));
   Json task_plan = Json::array();
+  std::vector<Json> suites;  // per task: its corpus suite, or null
   for (const TaskSpec& t : spec.tasks) {
     Json entry = {{"name", t.name}, {"type", eval::TaskTypeName(t.type)}, {"language", t.language}};
     if (t.type == TaskType::kPerplexity) {
       entry["seq_len"] = t.seq_len;
       entry["seq_len_source"] = t.seq_len_source;
+    } else {
+      suites.push_back(SuiteOf(t.data));
+      if (!suites.back().is_null()) {
+        entry["suite"] = suites.back()["name"];
+        entry["suite_version"] = suites.back()["version"];
+        entry["corpus_content_hash"] = suites.back()["corpus_content_hash"];
+      }
     }
+    if (t.type == TaskType::kPerplexity) suites.push_back(nullptr);
     task_plan.push_back(std::move(entry));
   }
   Emit({{"event", "start"}, {"command", "eval"}, {"spec", spec_path}, {"model", spec.model},
@@ -438,8 +503,9 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
   ASSIGN_OR_RETURN(Json checkpoint, CheckpointIdentity(spec.model));
   ASSIGN_OR_RETURN(auto tokenizer, tokenizer::Tokenizer::Load(spec.tokenizer));
   std::vector<std::unique_ptr<Task>> tasks;
-  for (const auto& task_spec : spec.tasks) {
-    tasks.push_back(MakeTask(task_spec));
+  for (size_t i = 0; i < spec.tasks.size(); ++i) {
+    tasks.push_back(MakeTask(spec.tasks[i]));
+    tasks.back()->set_suite(suites[i]);
     RETURN_IF_ERROR(tasks.back()->Prepare(*tokenizer));
   }
 
@@ -467,6 +533,7 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
     const TaskSpec& t = task->spec();
     Json result = {{"name", t.name}, {"type", eval::TaskTypeName(t.type)},
                    {"language", t.language}, {"data", t.data}, {"metrics", Json::object()}};
+    if (!task->suite().is_null()) result["suite"] = task->suite();
     RETURN_IF_ERROR(task->Run(*model, spec, &result));
     for (const auto& [metric, value] : result["metrics"].items()) {
       results["metrics"][absl::StrCat(metric, "/", t.name)] = value;
