@@ -844,5 +844,35 @@ TEST_F(TrainTest, HelpListsEveryFieldWithItsDefault) {
   }
 }
 
+// Early stopping (common/engine_contract.h kStopFile): with <STEMMA_WORKDIR>/stop present,
+// training ends after the current step and publishes that step's model as `out`, noting
+// stopped_at_step, with its output event, and exits 0.
+TEST_F(TrainTest, StopFileEndsTrainingAfterTheStepAndPublishesTheModel) {
+  const fs::path workdir = root_ / "stop_attempt";
+  fs::create_directories(workdir);
+  std::ofstream(workdir / "stop") << "stopped early at rung 1 (step 1)";
+  json spec = BaseSpec("llama", "stopped");
+  spec["steps"] = 6;
+  Result r = Run(spec, "stopped", "", absl::StrCat("STEMMA_WORKDIR=", workdir.string(), " "));
+  ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+  EXPECT_EQ(r.Of("step").size(), 1u) << r.stdout_text;
+  ASSERT_EQ(r.Of("output").size(), 1u) << r.stdout_text;
+  EXPECT_EQ(r.Of("output")[0]["path"], (root_ / "stopped").string());
+  ASSERT_EQ(r.Of("done").size(), 1u);
+  EXPECT_EQ(r.Of("done")[0]["stopped_at_step"], 1);
+  json manifest = json::parse(ReadText(root_ / "stopped" / "stemma.json"));
+  EXPECT_EQ(manifest["producer"]["params"]["stopped_at_step"], 1) << manifest["producer"].dump();
+  // The published model is a whole checkpoint: it trains on.
+  json next = BaseSpec("stopped", "after_stop");
+  Result more = Run(next, "after_stop");
+  EXPECT_EQ(more.exit_code, 0) << more.stderr_text;
+  // Without the file the same spec runs every step.
+  spec["out"] = (root_ / "not_stopped").string();
+  Result full = Run(spec, "not_stopped");
+  ASSERT_EQ(full.exit_code, 0) << full.stderr_text;
+  EXPECT_EQ(full.Of("step").size(), 6u);
+  EXPECT_EQ(full.Of("done")[0]["stopped_at_step"], 0);
+}
+
 }  // namespace
 }  // namespace stemma::engine::train

@@ -1,5 +1,7 @@
 #include "engine/train/trainer.h"
 
+#include <unistd.h>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
@@ -124,7 +126,8 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
   return out;
 }
 
-io::ManifestProducer Producer(const TrainSpec& spec, const std::string& spec_sha256) {
+io::ManifestProducer Producer(const TrainSpec& spec, const std::string& spec_sha256,
+                              int64_t stopped_at_step = 0) {
   io::ManifestProducer p;
   if (const char* job = std::getenv(std::string(engine_contract::kEnvJobId).c_str())) p.job = job;
   if (const char* attempt = std::getenv(std::string(engine_contract::kEnvAttemptId).c_str())) {
@@ -132,8 +135,31 @@ io::ManifestProducer Producer(const TrainSpec& spec, const std::string& spec_sha
   }
   p.command = "train";
   p.params = {{"spec", spec.raw}, {"spec_sha256", spec_sha256}};
+  // Stopped early: the model is the one after this step, not after spec.steps.
+  if (stopped_at_step > 0) p.params["stopped_at_step"] = stopped_at_step;
   return p;
 }
+
+// Early stopping (common/engine_contract.h kStopFile): the file the worker writes into the
+// attempt directory when the coordinator stops this trial. Checked after every step by rank
+// 0 (one access() call); under data parallel every rank learns it from one sum, so all stop
+// after the same step.
+class StopRequest {
+ public:
+  StopRequest() {
+    if (const char* dir = std::getenv(std::string(engine_contract::kEnvWorkdir).c_str()); dir != nullptr && *dir) {
+      path_ = absl::StrCat(dir, "/", std::string(engine_contract::kStopFile));
+    }
+  }
+  bool Requested(Ranks& ranks) const {
+    double asked = 0;
+    if (ranks.rank() == 0 && !path_.empty() && access(path_.c_str(), F_OK) == 0) asked = 1;
+    return ranks.Sum(asked) > 0;
+  }
+
+ private:
+  std::string path_;
+};
 
 struct TrainerState {
   int64_t step = 0;
@@ -684,6 +710,8 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
   using Clock = std::chrono::steady_clock;
   double train_seconds = 0.0, last_loss = 0.0;
   int64_t steps_this_run = 0;
+  const StopRequest stop_request;
+  int64_t stopped_at_step = 0;
   for (int64_t step = start_step + 1; step <= spec.steps; ++step) {
     const auto begin = Clock::now();
     StepResult r;
@@ -728,6 +756,10 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
       events.Emit({{"event", "checkpoint"}, {"step", step}, {"path", path}});
     }
     if (options.stop_after_step == step && step < spec.steps) return RunResult::kStopped;
+    if (step < spec.steps && stop_request.Requested(run.ranks)) {
+      stopped_at_step = step;  // early stopping: publish this step's model as `out`
+      break;
+    }
   }
 
   if (run.ranks.rank() == 0) {
@@ -737,7 +769,7 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
                  : spec.save_dtype == "float16" ? torch::kFloat16
                                                 : torch::kFloat32;
     save.parents = {spec.model};
-    save.producer = Producer(spec, run.spec_sha256);
+    save.producer = Producer(spec, run.spec_sha256, stopped_at_step);
     save.overwrite = spec.overwrite;
     save.source_dir = spec.model;
     absl::Status saved = model::SaveModel(run.lm, spec.out, save);
@@ -749,7 +781,8 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
   events.Emit({{"event", "done"},
                {"command", "train"},
                {"out", spec.out},
-               {"steps", spec.steps},
+               {"steps", stopped_at_step > 0 ? stopped_at_step : spec.steps},
+               {"stopped_at_step", stopped_at_step},
                {"steps_this_run", steps_this_run},
                {"resumed_from_step", start_step},
                {"tokens", run.tokens},

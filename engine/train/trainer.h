@@ -12,6 +12,11 @@
 // averaged, so the update equals one process with the whole batch. Only rank 0 prints events
 // and writes checkpoints and the final model.
 //
+// Early stopping: when the attempt directory ($STEMMA_WORKDIR) holds the file `stop`
+// (common/engine_contract.h), training ends after the current step and that step's model is
+// published as `out` like a finished one, its stemma.json noting `stopped_at_step`; the
+// `done` event says the same, and the command exits 0.
+//
 // Header without LibTorch: train_command.cc stays a cheap translation unit.
 #pragma once
 
