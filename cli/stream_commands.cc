@@ -27,6 +27,43 @@ struct FollowOptions {
   bool quiet = false;    // wait: no event lines
 };
 
+// Ids or job names (the most recent job of that name) to ids; an unknown one is an error.
+// Many at once are looked up in the job listing (a page per 1,000 jobs) when it is not much
+// longer than the list asked for: `stemma wait` on 2,000 ids spent more on 2,000 GetJob round
+// trips (each authenticated, over TLS) than the coordinator spent running the jobs.
+absl::StatusOr<std::vector<std::string>> ResolveJobIds(CoordinatorClient& client,
+                                                       std::vector<std::string> ids) {
+  constexpr size_t kFew = 16;
+  std::set<std::string> known_ids;
+  std::map<std::string, std::string> latest;  // name -> id of its most recent job
+  if (ids.size() > kFew) {
+    v1::ListJobsRequest request;
+    request.set_page_size(1000);
+    for (bool first = true;; first = false) {
+      ASSIGN_OR_RETURN(v1::ListJobsResponse page, client.ListJobs(request));
+      if (first && page.total() > static_cast<int64_t>(8 * ids.size() + 1000)) {
+        break;  // a long listing for a few ids: one lookup each is cheaper
+      }
+      for (const v1::Job& job : page.jobs()) {  // in submission order
+        known_ids.insert(job.id());
+        if (!job.spec().name().empty()) latest[job.spec().name()] = job.id();
+      }
+      if (page.next_page_token().empty()) break;
+      request.set_page_token(page.next_page_token());
+    }
+  }
+  for (auto& id : ids) {
+    if (known_ids.count(id)) continue;  // an id first, as GetJob does
+    if (auto it = latest.find(id); it != latest.end()) {
+      id = it->second;
+      continue;
+    }
+    ASSIGN_OR_RETURN(v1::Job job, client.GetJob(id));  // names the unknown one
+    id = job.id();
+  }
+  return ids;
+}
+
 // Watches `ids` (every job when empty), printing events unless quiet. With ids, returns
 // when all are terminal: 0 if all SUCCEEDED, else 1 (wait also names the failures on
 // stderr). Reconnects after a lost stream; the first connection must succeed.
@@ -36,11 +73,7 @@ absl::StatusOr<int> Follow(const GlobalOptions& g, const FollowOptions& given) {
   FollowOptions o = given;
   {
     CoordinatorClient client(g.coordinator, g.timeout());
-    for (auto& id : o.ids) {
-      absl::StatusOr<v1::Job> job = client.GetJob(id);
-      if (!job.ok()) return job.status();
-      id = job->id();
-    }
+    ASSIGN_OR_RETURN(o.ids, ResolveJobIds(client, o.ids));
   }
   v1::WatchRequest request;
   for (const auto& id : o.ids) request.add_job_ids(id);

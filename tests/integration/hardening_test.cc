@@ -236,5 +236,31 @@ TEST(DiskFull, TheCoordinatorsDiskFillingUpIsSaidAndNothingIsHalfCommitted) {
   EXPECT_EQ(RunShell("sqlite3 " + c.coordinator_data() + "/stemma.db 'PRAGMA integrity_check'"), "ok\n");
 }
 
+// `stemma wait` on many jobs resolves them from the listing (not one round trip each, which
+// cost more than the jobs over TLS): ids, a name (its most recent job) and an unknown id.
+TEST(ManyIds, WaitOnManyJobsResolvesIdsAndNamesAndNamesAnUnknownOne) {
+  Cluster c;
+  c.StartCoordinator();
+  c.StartWorker("w0");
+  c.WaitForWorkers(1);
+  std::string yaml = "jobs:\n";
+  for (int i = 0; i < 40; ++i) yaml += "  - {name: n" + std::to_string(i) + ", noop: {duration_ms: 1}}\n";
+  std::vector<std::string> ids = c.Submit(yaml);
+  ASSERT_EQ(ids.size(), 40u);
+  const std::string again = c.Submit("name: n3\nnoop: {duration_ms: 1, exit_code: 3}\n").at(0);
+  std::vector<std::string> args = {"wait"};
+  args.insert(args.end(), ids.begin(), ids.end());
+  auto ok = c.Cli(args);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  args.push_back("n3");  // the most recent n3, which fails
+  auto named = c.Cli(args);
+  EXPECT_EQ(named.exit_code, 1) << named.err;
+  EXPECT_NE(named.err.find(again), std::string::npos) << named.err;
+  args.back() = "j-999999";
+  auto unknown = c.Cli(args);
+  EXPECT_NE(unknown.exit_code, 0);
+  EXPECT_NE(unknown.err.find("j-999999"), std::string::npos) << unknown.err;
+}
+
 }  // namespace
 }  // namespace stemma::testing
