@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -945,6 +946,45 @@ TEST(CommitterTest, AFailedCommitIsReportedToTheObserverAndRetriedUntilItSucceed
   EXPECT_EQ(store.committed(), std::vector<std::string>{"j-9"});
   absl::MutexLock l(&mu);
   EXPECT_EQ(reported, (std::vector<bool>{false, false, true}));
+}
+
+// A prepared corpus (`stemma-engine prepare`) has manifest.json, not stemma.json: its hash is
+// the manifest's, and the deep check covers every listed file and the content_hash.
+TEST(ArtifactFilesTest, ACorpusVerifiesByItsManifestJsonAndEveryFile) {
+  const std::string dir = ::testing::TempDir() + "/corpus_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/train");
+  auto write = [](const std::string& path, const std::string& text) { std::ofstream(path) << text; };
+  write(dir + "/train/uk.txt", "один\nдва\n");
+  write(dir + "/suites.json", "{}\n");
+  const std::string a = *Sha256File(dir + "/suites.json"), b = *Sha256File(dir + "/train/uk.txt");
+  write(dir + "/listing", absl::StrCat(a, "  suites.json\n", b, "  train/uk.txt\n"));
+  const std::string content_hash = *Sha256File(dir + "/listing");
+  std::filesystem::remove(dir + "/listing");
+  auto manifest = [&](const std::string& hash) {
+    return absl::StrCat(R"({"format": "stemma.corpus/1", "content_hash": ")", hash, R"(", "files": [)",
+                        R"({"path": "train/uk.txt", "bytes": 16, "lines": 2, "sha256": ")", b, R"("},)",
+                        R"({"path": "suites.json", "bytes": 3, "lines": 1, "sha256": ")", a, R"("}]})");
+  };
+  write(dir + "/manifest.json", manifest(content_hash));
+  EXPECT_EQ(ManifestFile(dir), dir + "/manifest.json");
+  const std::string sha = *Sha256File(dir + "/manifest.json");
+  DeepCheck ok = VerifyArtifactFiles(dir, sha);
+  EXPECT_TRUE(ok.problems.empty()) << ok.problems.front();
+  EXPECT_EQ(ok.files_checked, 3);
+  EXPECT_EQ(CheckManifest(dir, "0000").result, v1::MISMATCH);
+
+  write(dir + "/train/uk.txt", "один\nтри\n");  // same size, other bytes
+  DeepCheck changed = VerifyArtifactFiles(dir, sha);
+  ASSERT_EQ(changed.problems.size(), 1u);
+  EXPECT_NE(changed.problems[0].find("train/uk.txt: sha256 differs"), std::string::npos) << changed.problems[0];
+
+  write(dir + "/train/uk.txt", "один\nдва\n");
+  write(dir + "/manifest.json", manifest(std::string(64, '0')));
+  DeepCheck listing = VerifyArtifactFiles(dir, *Sha256File(dir + "/manifest.json"));
+  ASSERT_EQ(listing.problems.size(), 1u);
+  EXPECT_NE(listing.problems[0].find("content_hash does not match"), std::string::npos) << listing.problems[0];
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
