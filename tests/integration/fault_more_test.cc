@@ -20,6 +20,8 @@
 #include <sstream>
 #include <thread>
 
+#include "common/rpc.h"
+#include "stemma/v1/worker_service.grpc.pb.h"
 #include "tests/integration/cluster.h"
 
 namespace stemma::testing {
@@ -268,7 +270,8 @@ TEST(Pause, AWorkerStoppedPastItsLeaseLosesItsJobAndItsLateResultsAreRefused) {
 }
 
 // F1 for experiments: the coordinator killed at random moments while `stemma sweep` sends a
-// file; after each restart the experiment is there with all its jobs, or not at all.
+// file; after each restart the experiment is there with all its jobs, or not at all
+// (8 rounds, kills spread from 0 to 120 ms after the sweep starts).
 TEST(ExperimentSubmit, CoordinatorKilledDuringASweepLeavesAllOrNothing) {
   Cluster c;
   c.StartCoordinator();
@@ -280,10 +283,11 @@ TEST(ExperimentSubmit, CoordinatorKilledDuringASweepLeavesAllOrNothing) {
   std::mt19937 rng(seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
   int present = 0, absent = 0;
-  for (int round = 0; round < 6; ++round) {
+  for (int round = 0; round < 8; ++round) {
     CliResult sweep;
     std::thread client([&] { sweep = c.Cli({"--timeout", "20", "sweep", "-f", file}); });
-    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 250));
+    // Spread over the sweep's life: before it connects, during the commit, after the answer.
+    std::this_thread::sleep_for(std::chrono::milliseconds(round * 15 + rng() % 15));
     c.KillCoordinator(SIGKILL);
     client.join();
     c.StartCoordinator();
@@ -370,6 +374,172 @@ TEST_F(CorruptCheckpoint, DISABLED_ATruncatedCheckpointIsNotServedFromTheCache) 
   EXPECT_EQ(std::string(job["reason"]).find("memoized"), std::string::npos)
       << "served from a checkpoint that does not verify: " << job.dump();
   EXPECT_NE(std::string(job["outputs"]["model"]), model_);
+}
+
+// A simulated worker speaking the real protocol (reliability_perf.md L4): registers with one
+// CPU, starts what it is given and never finishes it, heartbeats, and when its stream breaks
+// reconnects (jittered backoff) and registers again with what it runs.
+class SimWorker {
+ public:
+  SimWorker(std::string address, std::string id, unsigned seed)
+      : address_(std::move(address)), id_(std::move(id)), rng_(seed), thread_([this] { Run(); }) {}
+  ~SimWorker() {
+    stop_ = true;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (ctx_) ctx_->TryCancel();
+    }
+    thread_.join();
+  }
+  int registrations() const { return registrations_; }
+  std::set<std::string> running() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return running_;
+  }
+
+ private:
+  void Run() {
+    auto channel = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    auto stub = v1::WorkerService::NewStub(channel);
+    while (!stop_) {
+      auto ctx = std::make_shared<grpc::ClientContext>();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ctx_ = ctx;
+      }
+      auto stream = stub->Session(ctx.get());
+      v1::WorkerMessage reg;
+      auto* r = reg.mutable_register_();
+      r->mutable_info()->set_id(id_);
+      r->mutable_info()->set_cpus(1);
+      r->mutable_info()->set_memory_mb(1024);
+      r->set_incarnation("sim-" + id_);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& a : running_) {
+          auto* run = r->add_running();
+          run->set_attempt_id(a);
+          run->set_rank(0);
+        }
+      }
+      std::atomic<bool> open(stream->Write(reg));
+      std::mutex write_mu;
+      std::thread beats([&] {
+        for (uint64_t seq = 1; open && !stop_; ++seq) {
+          v1::WorkerMessage hb;
+          hb.mutable_heartbeat()->set_seq(seq);
+          {
+            std::lock_guard<std::mutex> lock(write_mu);
+            if (!stream->Write(hb)) break;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        }
+      });
+      v1::CoordinatorMessage msg;
+      while (open && stream->Read(&msg)) {
+        std::vector<const v1::CoordinatorMessage*> all{&msg};
+        if (msg.has_batch()) {
+          all.clear();
+          for (const auto& m : msg.batch().messages()) all.push_back(&m);
+        }
+        for (const v1::CoordinatorMessage* m : all) {
+          if (m->has_registered()) {
+            ++registrations_;
+            std::lock_guard<std::mutex> lock(mu_);
+            std::set<std::string> kept;
+            for (const auto& k : m->registered().keep()) kept.insert(k.attempt_id());
+            running_ = kept;
+          } else if (m->has_assign()) {
+            v1::WorkerMessage started;
+            auto* e = started.mutable_event();
+            e->set_attempt_id(m->assign().attempt_id());
+            e->set_event_seq(++event_seq_);
+            e->mutable_started()->set_pid(1);
+            {
+              std::lock_guard<std::mutex> lock(mu_);
+              running_.insert(m->assign().attempt_id());
+            }
+            std::lock_guard<std::mutex> lock(write_mu);
+            stream->Write(started);
+          }
+        }
+      }
+      open = false;
+      beats.join();
+      if (stop_) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng_() % 400));
+    }
+  }
+
+  const std::string address_, id_;
+  std::mt19937 rng_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> registrations_{0};
+  uint64_t event_seq_ = 0;
+  std::mutex mu_;
+  std::shared_ptr<grpc::ClientContext> ctx_;
+  std::set<std::string> running_;
+  std::thread thread_;
+};
+
+double JobsIn(const Cluster& c, const std::string& state) {
+  std::istringstream in(RunShell("curl -s http://" + c.metrics_address() + "/metrics"));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("stemma_coordinator_jobs{", 0) == 0 && line.find("state=\"" + state + "\"") != std::string::npos) {
+      return std::stod(line.substr(line.rfind(' ') + 1));
+    }
+  }
+  return 0;
+}
+
+// L4: 10,000 jobs queued, 100 workers each running one; the coordinator is killed and
+// restarted; every worker reattaches at once (a thundering herd), nothing is requeued
+// because of the restart, and the queue is intact.
+TEST(ThunderingHerd, EveryWorkerReattachesAfterARestartAndNothingIsRequeued) {
+  Cluster c;
+  c.lease_ms = 10000;
+  c.StartCoordinator();
+  std::string yaml = "jobs:\n";
+  for (int i = 0; i < 5000; ++i) yaml += "  - {noop: {duration_ms: 600000}}\n";
+  const std::string file = c.WriteFile("jobs.yaml", yaml);
+  for (int b = 0; b < 2; ++b) ASSERT_EQ(c.Cli({"--timeout", "120", "submit", "-f", file}).exit_code, 0);
+  constexpr int kWorkers = 100;
+  std::vector<std::unique_ptr<SimWorker>> sims;
+  for (int i = 0; i < kWorkers; ++i) {
+    sims.push_back(std::make_unique<SimWorker>(c.address(), "sim" + std::to_string(i), 1000 + i));
+  }
+  ASSERT_TRUE(c.WaitUntil([&] { return JobsIn(c, "RUNNING") == kWorkers; }, 60)) << JobsIn(c, "RUNNING");
+  std::set<std::string> before;
+  for (auto& s : sims) {
+    auto r = s->running();
+    EXPECT_EQ(r.size(), 1u);
+    before.insert(r.begin(), r.end());
+  }
+  ASSERT_EQ(before.size(), static_cast<size_t>(kWorkers));
+
+  c.KillCoordinator(SIGKILL);
+  c.StartCoordinator();
+  ASSERT_TRUE(c.WaitUntil([&] {
+    for (auto& s : sims) if (s->registrations() < 2) return false;
+    return true;
+  }, 60)) << "not every worker re-registered";
+  c.WaitForWorkers(kWorkers);
+  // Nothing requeued: the same attempts run, each still attempt 1, on the same workers.
+  EXPECT_TRUE(c.WaitUntil([&] { return JobsIn(c, "RUNNING") == kWorkers; }, 30)) << JobsIn(c, "RUNNING");
+  EXPECT_EQ(JobsIn(c, "QUEUED"), 10000 - kWorkers);
+  std::set<std::string> after;
+  for (auto& s : sims) {
+    auto r = s->running();
+    after.insert(r.begin(), r.end());
+  }
+  EXPECT_EQ(after, before);
+  for (const auto& attempt : before) EXPECT_EQ(attempt.substr(attempt.rfind('.')), ".1") << attempt;
+  for (int i = 0; i < kWorkers; i += 25) {
+    auto job = c.Get(std::string(*std::next(before.begin(), i)).substr(0, std::next(before.begin(), i)->rfind('.')));
+    EXPECT_EQ(job["state"], "RUNNING");
+    EXPECT_EQ(job["attempts"], 1);
+  }
+  sims.clear();
 }
 
 }  // namespace
