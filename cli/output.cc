@@ -260,8 +260,8 @@ nlohmann::json JobToJson(const v1::Job& job) {
   j["experiment"] = spec.experiment();
   j["depends_on"] = std::vector<std::string>(spec.depends_on().begin(), spec.depends_on().end());
   j["reason"] = job.reason();
-  if (!job.early_stop().empty()) j["early_stop"] = job.early_stop();
-  if (!job.engine_build_id().empty()) j["engine_build_id"] = job.engine_build_id();
+  j["early_stop"] = job.early_stop();            // a trial stopped at a rung, or skipped for one
+  j["engine_build_id"] = job.engine_build_id();  // the engine build that produced the outputs
   j["exit_code"] = job.exit_code();
   j["created_ms"] = job.created_ms();
   j["queued_ms"] = job.queued_ms();

@@ -84,7 +84,7 @@ TEST(JobToJsonTest, EmptyJobHasEveryKey) {
        {"id",         "name",      "kind",       "state",       "attempts",   "max_attempts",
         "priority",   "labels",    "experiment", "depends_on",  "reason",     "exit_code",
         "created_ms", "queued_ms", "started_ms", "finished_ms", "attempt_id", "workers",
-        "gpus",       "progress",  "outputs",    "spec"}) {
+        "gpus",       "progress",  "outputs",    "spec",        "early_stop", "engine_build_id"}) {
     EXPECT_TRUE(j.contains(key)) << key;
   }
   EXPECT_EQ(j["started_ms"], 0);

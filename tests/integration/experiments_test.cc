@@ -279,7 +279,7 @@ TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcr
   // `exp watch` follows the experiment through the restart to its end.
   RunShell(Cluster::BinDir() + "/stemma --coordinator " + c.address() + " exp watch asha --timeout 240 > " + c.dir() +
            "/watch.out 2>&1; echo $? > " + c.dir() + "/watch.rc &");
-  ASSERT_TRUE(c.WaitUntil([&] { return c.Get(lr4).contains("early_stop"); }, 120)) << "lr=4 is not stopped";
+  ASSERT_TRUE(c.WaitUntil([&] { return c.Get(lr4).value("early_stop", "") != ""; }, 120)) << "lr=4 is not stopped";
   c.KillCoordinator(SIGKILL);
   c.StartCoordinator();
 
