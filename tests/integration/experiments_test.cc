@@ -421,6 +421,61 @@ TEST(Experiments, CacheHitsRequireTheSameEngineBuild) {
   }));
   EXPECT_EQ(std::string(run()["reason"]), "memoized from " + std::string(first["job_id"]));
 }
+
+// With the engine built: a real trainer stopped through the worker's stop file. lr 1e-2 learns
+// the tiny corpus, lr 1e-7 barely moves; run one at a time, the second is stopped at the
+// rung and publishes the model of the step it stopped at.
+TEST(Experiments, RealTrainerStopsAtTheRungAndPublishesItsModel) {
+  if (!std::filesystem::exists(Cluster::BinDir() + "/stemma-engine")) {
+    GTEST_SKIP() << "stemma-engine is not built (STEMMA_BUILD_ENGINE=OFF)";
+  }
+  Cluster c;
+  c.StartCoordinator();
+  const std::string root = c.dir() + "/store";
+  std::filesystem::create_directories(root);
+  {
+    std::ofstream text(root + "/en.txt");
+    for (int i = 0; i < 200; ++i) text << "the quick brown fox " << i << " jumps over the lazy dog\n";
+  }
+  Cluster::WorkerOptions w;
+  w.cpus = 1;
+  w.extra = {"--storage-root", root};
+  c.StartWorker("w1", w);
+  c.WaitForWorkers(1);
+  const std::string file = c.WriteFile("real.yaml", R"(name: real
+stages:
+  base:
+    init: {arch: llama, preset: tiny, seed: 3}
+  tok:
+    needs: [base]
+    tokenize: {tokenizer: "${{ needs.base.outputs.model }}", input: [en.txt], format: text, line_docs: true, language: en}
+  cpt:
+    needs: [base, tok]
+    matrix: {lr: [0.01, 0.0000001]}
+    resources: {cpus: 1}
+    early_stop: {metric: heldout_loss, rungs: [10], keep: 0.5}
+    train:
+      model: "${{ needs.base.outputs.model }}"
+      data: {datasets: [{path: "${{ needs.tok.outputs.dataset }}"}], seq_len: 16, heldout_fraction: 0.2}
+      batch_size: 2
+      steps: 400
+      eval: {every: 10, batches: 1}
+      optimizer: {lr: "${{ matrix.lr }}"}
+)");
+  ASSERT_EQ(c.Cli({"sweep", "-f", file}).exit_code, 0);
+  auto wait = c.Cli({"exp", "wait", "real", "--timeout", "600"});
+  ASSERT_EQ(wait.exit_code, 0) << wait.out << wait.err;
+  auto cells = ByName(Cells(c, "real"));
+  EXPECT_EQ(cells.at("cpt[lr=0.01]")["reason"], "");
+  const std::string slow = cells.at("cpt[lr=0.0000001]")["reason"];
+  EXPECT_EQ(slow.rfind("stopped early at rung 1 (step 10): heldout_loss=", 0), 0u) << slow;
+  const std::string model = c.Get(cells.at("cpt[lr=0.0000001]")["job_id"])["outputs"]["model"];
+  auto manifest = nlohmann::json::parse(Cluster::ReadFile(model + "/stemma.json"));
+  const int stopped = manifest["producer"]["params"]["stopped_at_step"];
+  EXPECT_GE(stopped, 10);
+  EXPECT_LT(stopped, 400);
+  EXPECT_TRUE(std::filesystem::exists(model + "/config.json"));
+}
 }  // namespace
 }  // namespace stemma::testing
 
