@@ -441,8 +441,11 @@ void JobTable::PartSucceeded(v1::Job* job, int rank,
   a->set_result("exit 0");
   e.job.set_exit_code(0);
   if (!e.job.cache_key().empty()) {
-    // The key names the engine build that produced the outputs (the one it ran on).
-    if (e.job.engine_build_id() != engine_build_) {
+    // The key names the engine build that produced the outputs (the one it ran on), whatever
+    // build the key was first computed with at release (none, when the job was released
+    // before any worker had registered: then no later lookup, which uses a worker's build,
+    // would have found it, and a restarted coordinator recomputed everything).
+    if (!e.job.engine_build_id().empty()) {
       const std::string key = experiments::CacheKey(e.job.spec(), e.job.engine_build_id());
       if (!key.empty()) e.job.set_cache_key(key);
     }

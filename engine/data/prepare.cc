@@ -16,6 +16,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/engine_spec.h"
 #include "common/status.h"
 #include "engine/data/corpus_text.h"
@@ -162,6 +163,7 @@ class Preparer {
   void Reserve();
   void Split();
   void Mixtures();
+  absl::Status Instructions();
   void Suites();
   absl::StatusOr<PrepareSummary> Write();
   void AddFile(const std::string& path, std::string contents) { files_[path] = std::move(contents); }
@@ -175,6 +177,7 @@ class Preparer {
   absl::flat_hash_set<std::string> excluded_;         // both sides of every reserved pair
   std::map<std::string, std::string> files_;  // path in the corpus -> contents
   Json mixtures_ = Json::array();
+  Json instructions_ = Json::array();
   Json suites_ = Json::array();
 };
 
@@ -522,6 +525,68 @@ void Preparer::Mixtures() {
   }
 }
 
+absl::Status Preparer::Instructions() {
+  std::set<std::string> names;
+  for (int i = 0; i < spec_.instructions_size(); ++i) {
+    const v1::CorpusInstructions& task = spec_.instructions(i);
+    const std::string field = absl::StrCat("instructions[", i, "]");
+    if (!names.insert(task.name()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".name: '", task.name(), "' is used twice"));
+    }
+    const Language* l = nullptr;
+    for (const Language& c : languages_) {
+      if (c.spec->code() == task.language()) l = &c;
+    }
+    if (l == nullptr || l->base) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".language: '", task.language(),
+                                                     "' is not a non-base language of this spec"));
+    }
+    absl::flat_hash_set<std::string> reserved, seen;
+    for (const Pair& p : l->reserved) reserved.insert(p.en);
+    std::vector<std::string> train, heldout;
+    for (const Pair& p : l->pairs) {
+      if (reserved.count(p.en) > 0 || excluded_.count(p.tgt) > 0 || !seen.insert(p.en).second) continue;
+      std::string doc = task.template_();
+      doc = absl::StrReplaceAll(doc, {{"{src}", p.en}, {"{tgt}", p.tgt}, {"{name}", l->name}});
+      if (CorpusHashFraction(spec_.split_seed(), kSaltHeldout, p.en) < spec_.heldout_fraction()) {
+        heldout.push_back(std::move(doc));
+      } else {
+        train.push_back(std::move(doc));
+      }
+    }
+    if (train.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".language: '", task.language(),
+                                                     "' has no gettext pairs outside the evaluation pairs"));
+    }
+    auto order = [&](std::vector<std::string>* docs) {
+      std::sort(docs->begin(), docs->end(), [&](const std::string& a, const std::string& b) {
+        const uint64_t ha = CorpusHash(spec_.split_seed(), kSaltOrder, a), hb = CorpusHash(spec_.split_seed(), kSaltOrder, b);
+        return ha != hb ? ha < hb : a < b;
+      });
+    };
+    order(&train);
+    order(&heldout);
+    if (task.budget_bytes() > 0) {
+      int64_t bytes = 0;
+      size_t keep = 0;
+      while (keep < train.size() && bytes + static_cast<int64_t>(train[keep].size()) + 1 <= task.budget_bytes()) {
+        bytes += static_cast<int64_t>(train[keep].size()) + 1;
+        ++keep;
+      }
+      train.resize(keep);
+    }
+    const std::string train_path = absl::StrCat("instruct/", task.name(), ".train.txt");
+    const std::string heldout_path = absl::StrCat("instruct/", task.name(), ".heldout.txt");
+    instructions_.push_back({{"name", task.name()}, {"language", task.language()}, {"template", task.template_()},
+                             {"train", train_path}, {"heldout", heldout_path},
+                             {"train_documents", train.size()}, {"heldout_documents", heldout.size()},
+                             {"train_bytes", Bytes(train)}, {"heldout_bytes", Bytes(heldout)}});
+    AddFile(train_path, Lines(train));
+    AddFile(heldout_path, Lines(heldout));
+  }
+  return absl::OkStatus();
+}
+
 // The positions of up to three distractors for item `self` of `pool` (sorted by length):
 // drawn from its neighbours in length, distinct from it and from each other by `text`.
 std::vector<size_t> Distractors(const std::vector<std::string>& texts, const std::vector<size_t>& by_length,
@@ -754,9 +819,12 @@ absl::StatusOr<PrepareSummary> Preparer::Write() {
       const std::string path = absl::StrCat("pairs/", base_->spec->code(), "-", code, ".jsonl");
       std::string text;
       for (const Pair& p : l.reserved) {
+        // src/tgt for translation; the same pair keyed by language code for analyze's alignment.
         Json row = {{"id", absl::StrCat(code, "-", absl::Hex(CorpusHash(0, "id", p.en), absl::kZeroPad16))},
                     {"src", p.en},
-                    {"tgt", p.tgt}};
+                    {"tgt", p.tgt},
+                    {base_->spec->code(), p.en},
+                    {code, p.tgt}};
         absl::StrAppend(&text, Dump(row), "\n");
       }
       AddFile(path, std::move(text));
@@ -797,6 +865,7 @@ absl::StatusOr<PrepareSummary> Preparer::Write() {
                    {"languages", languages},
                    {"files", files},
                    {"mixtures", mixtures_},
+                   {"instructions", instructions_},
                    {"suites", {{"translation_choice", kTranslationChoiceVersion},
                                {"continuation", kContinuationVersion},
                                {"general", kGeneralVersion},
@@ -841,6 +910,7 @@ absl::StatusOr<PrepareSummary> Preparer::Run() {
   Split();
   Progress(0.8, "mixtures and suites");
   Mixtures();
+  RETURN_IF_ERROR(Instructions());
   Suites();
   Progress(0.9, "writing");
   ASSIGN_OR_RETURN(PrepareSummary summary, Write());

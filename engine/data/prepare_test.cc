@@ -331,6 +331,50 @@ TEST_F(PrepareTest, LayoutAndNoOverlapBetweenPairsHeldoutAndTrain) {
   EXPECT_GT(fs::file_size(out + "/train/xb.txt"), 15000u);
 }
 
+// DeltaMoE's instruct data: translation requests from the pairs that are not evaluation
+// pairs, split by their English side, never holding an evaluation pair's English; and the
+// evaluation pairs carry both sides under their language codes (analyze's alignment input).
+TEST_F(PrepareTest, InstructionsComeFromNonEvaluationPairsAndPairsAreKeyedByLanguage) {
+  const std::string out = Path("corpus");
+  std::string err;
+  ASSERT_EQ(Prepare(StandardSpec(out, "instructions:\n  - {name: en-xa, language: xa}\n"), &err), 0) << err;
+  std::set<std::string> reserved_en;
+  for (const auto& p : JsonLines(out + "/pairs/en-xa.jsonl")) {
+    reserved_en.insert(p["src"].get<std::string>());
+    EXPECT_EQ(p["en"], p["src"]);
+    EXPECT_EQ(p["xa"], p["tgt"]);
+  }
+  const auto train = Lines(out + "/instruct/en-xa.train.txt");
+  const auto heldout = Lines(out + "/instruct/en-xa.heldout.txt");
+  EXPECT_GT(train.size(), 200u);
+  EXPECT_GT(heldout.size(), 5u);
+  std::set<std::string> train_en;
+  auto english_of = [](const std::string& doc) {
+    const std::string prefix = "Translate into Xa: ";
+    EXPECT_TRUE(absl::StartsWith(doc, prefix)) << doc;
+    const size_t arrow = doc.find(" => ");
+    EXPECT_NE(arrow, std::string::npos) << doc;
+    EXPECT_TRUE(absl::StartsWith(doc.substr(arrow + 4), "xaword")) << doc;
+    return doc.substr(prefix.size(), arrow - prefix.size());
+  };
+  for (const auto& d : train) {
+    const std::string en = english_of(d);
+    EXPECT_EQ(reserved_en.count(en), 0u) << "an evaluation pair became an instruction: " << d;
+    train_en.insert(en);
+  }
+  for (const auto& d : heldout) {
+    const std::string en = english_of(d);
+    EXPECT_EQ(reserved_en.count(en), 0u) << d;
+    EXPECT_EQ(train_en.count(en), 0u) << "held-out request also trained on: " << d;
+  }
+  const Json manifest = Json::parse(Read(out + "/manifest.json"));
+  ASSERT_EQ(manifest["instructions"].size(), 1u);
+  EXPECT_EQ(manifest["instructions"][0]["train_documents"], train.size());
+
+  EXPECT_EQ(Prepare(StandardSpec(Path("bad"), "instructions:\n  - {name: x, language: en}\n"), &err), 4);
+  EXPECT_CONTAINS(err, "instructions[0].language");
+}
+
 TEST_F(PrepareTest, ManifestHashesMatchTheFilesAndTheOutputIsDeterministic) {
   const std::string out = Path("corpus");
   ASSERT_EQ(Prepare(StandardSpec(out)), 0);

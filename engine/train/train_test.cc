@@ -620,6 +620,7 @@ TEST_F(TrainTest, HeldOutLossPerDatasetWithoutDisturbingTraining) {
   // name -> step -> value
   std::map<std::string, std::map<int64_t, double>> metrics;
   for (const json& e : r.Of("metric")) {
+    if (absl::StartsWith(e["name"].get<std::string>(), "trainable_")) continue;  // the start's size points
     metrics[e["name"].get<std::string>()][e["step"].get<int64_t>()] = e["value"].get<double>();
   }
   ASSERT_EQ(metrics.size(), 3u);
@@ -639,7 +640,9 @@ TEST_F(TrainTest, HeldOutLossPerDatasetWithoutDisturbingTraining) {
   Result without = Run(plain, "heldout_plain");
   ASSERT_EQ(without.exit_code, 0) << without.stderr_text;
   EXPECT_EQ(r.Losses(), without.Losses());
-  EXPECT_TRUE(without.Of("metric").empty());
+  for (const json& e : without.Of("metric")) {  // only the start's size points, no held-out loss
+    EXPECT_TRUE(absl::StartsWith(e["name"].get<std::string>(), "trainable_")) << e.dump();
+  }
 }
 
 TEST_F(TrainTest, BadInputsFailWithNamedCauseAndPublishNothing) {
@@ -818,7 +821,12 @@ TEST_F(TrainTest, HeldOutByPositionAndBySeparateDataset) {
   spec["eval"] = {{"every", 4}, {"batches", 1}};
   Result last = Run(spec, "heldout_last");
   ASSERT_EQ(last.exit_code, 0) << last.stderr_text;
-  EXPECT_EQ(last.Of("metric").size(), 4u);  // heldout_loss/sw and heldout_loss, at steps 0 and 4
+  // heldout_loss/sw and heldout_loss at steps 0 and 4, after trainable_fraction and
+  // trainable_params at the start.
+  ASSERT_EQ(last.Of("metric").size(), 6u);
+  EXPECT_EQ(last.Of("metric")[0]["name"], "trainable_fraction");
+  EXPECT_EQ(last.Of("metric")[0]["value"], 1.0);
+  EXPECT_EQ(last.Of("metric")[1]["name"], "trainable_params");
   json separate = BaseSpec("llama", "heldout_separate");
   separate["data"]["datasets"] = {{{"path", (root_ / "sw").string()}, {"heldout_path", (root_ / "yo").string()}}};
   separate["eval"] = {{"every", 4}, {"batches", 1}};
@@ -826,7 +834,7 @@ TEST_F(TrainTest, HeldOutByPositionAndBySeparateDataset) {
   ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
   std::set<std::string> names;
   for (const json& e : r.Of("metric")) names.insert(e["name"]);
-  EXPECT_EQ(names, (std::set<std::string>{"heldout_loss/sw", "heldout_loss"}));
+  EXPECT_EQ(names, (std::set<std::string>{"heldout_loss/sw", "heldout_loss", "trainable_fraction", "trainable_params"}));
   // All of sw trains: the same curve as without any held-out set.
   json plain = BaseSpec("llama", "heldout_none");
   Result none = Run(plain, "heldout_none");
