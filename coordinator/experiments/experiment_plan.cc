@@ -1433,14 +1433,49 @@ std::string CacheKey(const v1::JobSpec& spec, const std::string& engine_build) {
   return Sha256(absl::StrCat(JobKind(spec), "\n", json, "\n", engine_build));
 }
 
+namespace {
+
+// Every file a directory's manifest lists is there with the size it records: a checkpoint's
+// stemma.json (`files: {name: {bytes}}`) or a corpus manifest.json (`files: [{path, bytes}]`).
+// Sizes only (a stat per file): a truncated or deleted shard is caught, a same-size
+// corruption needs `stemma ckpt verify`.
+bool ListedFilesThere(const std::string& dir, const std::string& manifest_text) {
+  const nlohmann::json m = nlohmann::json::parse(manifest_text, nullptr, false);
+  if (m.is_discarded() || !m.is_object() || !m.contains("files")) return true;
+  auto same_size = [&](const std::string& rel, const nlohmann::json& bytes) {
+    if (!bytes.is_number_integer() || rel.empty() || rel.find("..") != std::string::npos) return true;
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(dir + "/" + rel, ec);
+    return !ec && static_cast<int64_t>(size) == bytes.get<int64_t>();
+  };
+  const nlohmann::json& files = m["files"];
+  if (files.is_object()) {
+    for (const auto& [rel, info] : files.items()) {
+      if (info.is_object() && info.contains("bytes") && !same_size(rel, info["bytes"])) return false;
+    }
+  } else if (files.is_array()) {
+    for (const auto& f : files) {
+      if (f.is_object() && f.contains("path") && f["path"].is_string() && f.contains("bytes") &&
+          !same_size(f["path"].get<std::string>(), f["bytes"])) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 bool OutputsStillThere(const pb::Map<std::string, std::string>& outputs) {
   if (outputs.empty()) return false;
   for (const auto& [name, path] : outputs) {
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) {
-      if (!ReadSmallFile(path + "/stemma.json", 64 << 20).has_value() &&
-          !ReadSmallFile(path + "/index.json", 64 << 20).has_value() &&
-          !ReadSmallFile(path + "/manifest.json", 64 << 20).has_value()) {
+      std::optional<std::string> manifest = ReadSmallFile(path + "/stemma.json", 64 << 20);
+      if (!manifest.has_value()) manifest = ReadSmallFile(path + "/manifest.json", 64 << 20);
+      if (manifest.has_value()) {
+        if (!ListedFilesThere(path, *manifest)) return false;
+      } else if (!ReadSmallFile(path + "/index.json", 64 << 20).has_value()) {
         return false;
       }
     } else if (!std::filesystem::is_regular_file(path, ec)) {

@@ -503,7 +503,9 @@ TEST(EngineContract, TyposAreRefusedAtSubmitAndBadInputIsNotRetried) {
   if (!std::filesystem::exists(Cluster::BinDir() + "/stemma-engine")) {
     GTEST_SKIP() << "stemma-engine is not built (STEMMA_BUILD_ENGINE=OFF)";
   }
-  c.StartWorker("w1");
+  Cluster::WorkerOptions in_dir;
+  in_dir.extra = {"--storage-root", c.dir()};  // the job's paths lie in the test's directory
+  c.StartWorker("w1", in_dir);
   c.WaitForWorkers(1);
   auto ids = c.Submit("name: cpt\nmax_attempts: 3\ntrain:\n  model: " + c.dir() +
                       "/no-such-model\n  out: " + c.dir() + "/out\n  steps: 3\n"

@@ -366,7 +366,7 @@ TEST_F(CorruptCheckpoint, VerifyNamesTheTruncatedFile) {
 // (coordinator/experiments OutputsStillThere), not against it, so the same job submitted
 // again is served the truncated checkpoint. Enable once the cache check compares at least
 // the manifest's file sizes.
-TEST_F(CorruptCheckpoint, DISABLED_ATruncatedCheckpointIsNotServedFromTheCache) {
+TEST_F(CorruptCheckpoint, ATruncatedCheckpointIsNotServedFromTheCache) {
   // The same job with another output directory (the cache key leaves outputs out).
   const std::string second = c_.Submit("name: base2\ninit: {arch: llama, preset: tiny, seed: 7, out: models/b}\n").at(0);
   ASSERT_EQ(c_.WaitFor(second, {"SUCCEEDED", "FAILED"}, 300), "SUCCEEDED") << c_.Get(second).dump();
