@@ -231,6 +231,7 @@ TEST_F(ExecutorTest, TimeoutAndKillGraceFollowTheExecutorsClock) {
   EXPECT_EQ(s.result.exit_code(), 128 + SIGKILL);
   EXPECT_TRUE(s.result.retryable());
   EXPECT_TRUE(GroupGone(s.pid));
+  executor_.reset();  // its threads read `clock`, which this scope is about to destroy
 }
 
 TEST_F(ExecutorTest, CancelKillsWholeProcessGroup) {
