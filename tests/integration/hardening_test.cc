@@ -51,9 +51,11 @@ TEST(Confinement, EngineJobPathsOutsideTheWorkersRootsAreRefusedBeforeTheEngineS
   std::ofstream(corpus + "/en.txt") << "hello world\n";
   std::ofstream(outside + "/precious/keep.txt") << "do not delete\n";
   fs::create_directory_symlink(outside, root + "/escape");
-  PathEnv path(FakeEngineDir(c));
+  const std::string fake_engine = FakeEngineDir(c);
+  PathEnv path(fake_engine);
   Cluster::WorkerOptions w;
-  w.extra = {"--storage-root", root, "--read-root", corpus};
+  // The fake engine, not a real one beside stemma-worker (which the worker would prefer).
+  w.extra = {"--storage-root", root, "--read-root", corpus, "--engine", fake_engine + "/stemma-engine"};
   c.StartWorker("w0", w);
   c.WaitForWorkers(1);
 
