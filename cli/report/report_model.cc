@@ -605,6 +605,27 @@ class Builder {
     return out;
   }
 
+  // A plot over decoder layers (integer x axis).
+  static Plot LayerPlot(std::string file, std::string caption, std::string title, std::string y_label) {
+    Plot p;
+    p.file = std::move(file);
+    p.caption = std::move(caption);
+    p.svg.title = std::move(title);
+    p.svg.x_label = "layer";
+    p.svg.y_label = std::move(y_label);
+    p.svg.x_integer = true;
+    return p;
+  }
+  // Plots that cannot be drawn, listed with the reason.
+  void Omit(std::initializer_list<const char*> files, const std::string& caption, const std::string& reason) {
+    for (const char* file : files) {
+      Plot p;
+      p.file = file;
+      p.caption = caption;
+      p.omitted = reason;
+      r_.plots.push_back(std::move(p));
+    }
+  }
   std::string MissingReason(const std::string& output, const std::string& file) const {
     int analyze = 0;
     for (const Cell& c : in_.cells) analyze += c.kind == "analyze" ? 1 : 0;
@@ -650,30 +671,15 @@ class Builder {
 
     // Routing: JSD and entropy by layer.
     auto routing = Files("routing");
-    if (routing.empty()) {
-      for (const char* file : {"routing_jsd.svg", "routing_entropy.svg"}) {
-        Plot p;
-        p.file = file;
-        p.caption = "Routing by layer.";
-        p.omitted = MissingReason("routing", "routing.json");
-        r_.plots.push_back(std::move(p));
-      }
-    }
+    if (routing.empty()) Omit({"routing_jsd.svg", "routing_entropy.svg"}, "Routing by layer.", MissingReason("routing", "routing.json"));
     for (const auto& [f, suffix] : routing) {
       const json& j = f->content;
-      Plot jsd, entropy;
-      jsd.file = absl::StrCat("routing_jsd", suffix, ".svg");
-      jsd.caption = absl::StrCat("Mean Jensen-Shannon divergence between the languages' expert usage, by MoE layer (", f->cell, ").");
-      jsd.svg.title = absl::StrCat("Routing JSD by layer (", f->cell, ")");
-      jsd.svg.x_label = "layer";
-      jsd.svg.y_label = "mean JSD (nats)";
-      jsd.svg.x_integer = true;
-      entropy.file = absl::StrCat("routing_entropy", suffix, ".svg");
-      entropy.caption = absl::StrCat("Entropy of each language's expert usage, by MoE layer (", f->cell, ").");
-      entropy.svg.title = absl::StrCat("Routing entropy by layer (", f->cell, ")");
-      entropy.svg.x_label = "layer";
-      entropy.svg.y_label = "entropy (nats)";
-      entropy.svg.x_integer = true;
+      Plot jsd = LayerPlot(absl::StrCat("routing_jsd", suffix, ".svg"),
+                           absl::StrCat("Mean Jensen-Shannon divergence between the languages' expert usage, by MoE layer (", f->cell, ")."),
+                           absl::StrCat("Routing JSD by layer (", f->cell, ")"), "mean JSD (nats)");
+      Plot entropy = LayerPlot(absl::StrCat("routing_entropy", suffix, ".svg"),
+                               absl::StrCat("Entropy of each language's expert usage, by MoE layer (", f->cell, ")."),
+                               absl::StrCat("Routing entropy by layer (", f->cell, ")"), "entropy (nats)");
       SvgSeries mean;
       mean.name = "mean JSD";
       std::map<std::string, SvgSeries> per_lang;
@@ -707,31 +713,16 @@ class Builder {
 
     // Drift: down vs gate/up by layer, and the asymmetry.
     auto drift = Files("drift");
-    if (drift.empty()) {
-      for (const char* file : {"drift.svg", "drift_asymmetry.svg"}) {
-        Plot p;
-        p.file = file;
-        p.caption = "Weight drift by layer.";
-        p.omitted = MissingReason("drift", "drift.json");
-        r_.plots.push_back(std::move(p));
-      }
-    }
+    if (drift.empty()) Omit({"drift.svg", "drift_asymmetry.svg"}, "Weight drift by layer.", MissingReason("drift", "drift.json"));
     for (const auto& [f, suffix] : drift) {
       const json& j = f->content;
-      Plot rel, asym;
-      rel.file = absl::StrCat("drift", suffix, ".svg");
-      rel.caption = absl::StrCat("Relative weight change ‖Δ‖/‖W‖ by layer of the MLP's down, gate and up projections (", f->cell, ").");
-      rel.svg.title = absl::StrCat("Weight drift by layer (", f->cell, ")");
-      rel.svg.x_label = "layer";
-      rel.svg.y_label = "relative change";
-      rel.svg.x_integer = true;
-      asym.file = absl::StrCat("drift_asymmetry", suffix, ".svg");
-      asym.caption = absl::StrCat("Drift asymmetry down / mean(gate, up) by layer; above the dotted line the down projection moved more (",
-                                  f->cell, ").");
-      asym.svg.title = absl::StrCat("Drift asymmetry by layer (", f->cell, ")");
-      asym.svg.x_label = "layer";
-      asym.svg.y_label = "down / mean(gate, up)";
-      asym.svg.x_integer = true;
+      Plot rel = LayerPlot(absl::StrCat("drift", suffix, ".svg"),
+                           absl::StrCat("Relative weight change ‖Δ‖/‖W‖ by layer of the MLP's down, gate and up projections (", f->cell, ")."),
+                           absl::StrCat("Weight drift by layer (", f->cell, ")"), "relative change");
+      Plot asym = LayerPlot(absl::StrCat("drift_asymmetry", suffix, ".svg"),
+                            absl::StrCat("Drift asymmetry down / mean(gate, up) by layer; above the dotted line the down projection moved more (",
+                                         f->cell, ")."),
+                            absl::StrCat("Drift asymmetry by layer (", f->cell, ")"), "down / mean(gate, up)");
       asym.svg.y_reference = 1.0;
       SvgSeries down, gate, up, a, masked;
       down.name = "down";
