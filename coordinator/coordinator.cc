@@ -30,10 +30,7 @@ Coordinator::Coordinator(CoordinatorOptions options, Store* store, const Clock* 
 Coordinator::~Coordinator() { Stop(); }
 
 absl::Status Coordinator::Start() {
-  std::string logs = core_.options.data_dir + "/logs";
-  if (::mkdir(logs.c_str(), 0755) != 0 && errno != EEXIST) {
-    return ErrnoStatus(absl::StrCat("mkdir ", logs), errno);
-  }
+  RETURN_IF_ERROR(core_.logs.Load());
   ASSIGN_OR_RETURN(StoreSnapshot snap, core_.store->Load());
   {
     absl::MutexLock lock(&core_.mu);

@@ -1,113 +1,363 @@
 #include "coordinator/log_store.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status.h"
 
 namespace stemma::coordinator {
+namespace {
 
-std::string LogStore::Path(const std::string& job_id, int attempt) const {
-  return absl::StrCat(dir_, "/", job_id, "/", attempt, ".log");
+// A record's header, little-endian as the hosts we build for; the job id and then the
+// bytes follow it.
+struct RecordHeader {
+  char magic[4];       // kMagic
+  uint32_t length;     // bytes of log
+  int64_t offset;      // where they start in the attempt's log
+  int32_t attempt;
+  uint16_t job_bytes;  // length of the job id after the header
+  uint16_t reserved;   // 0
+};
+static_assert(sizeof(RecordHeader) == 24, "the record header is 24 bytes on disk");
+constexpr char kMagic[4] = {'S', 'L', 'G', '1'};
+constexpr size_t kMaxJobIdBytes = 1024;
+constexpr uint32_t kMissing = UINT32_MAX;  // Extent::file of bytes in a removed segment
+
+std::string SegmentName(uint32_t n) { return absl::StrFormat("%08u.seg", n); }
+
+bool ParseSegmentName(absl::string_view name, uint32_t* n) {
+  if (!absl::ConsumeSuffix(&name, ".seg") || name.empty()) return false;
+  for (char ch : name) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(ch))) return false;
+  }
+  return absl::SimpleAtoi(name, n);
+}
+
+bool WriteAll(int fd, iovec* iov, int count) {
+  while (count > 0) {
+    const ssize_t w = ::writev(fd, iov, count);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    size_t done = static_cast<size_t>(w);
+    while (count > 0 && done >= iov->iov_len) {
+      done -= iov->iov_len;
+      ++iov;
+      --count;
+    }
+    if (count > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + done;
+      iov->iov_len -= done;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+LogStore::~LogStore() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string LogStore::Key(const std::string& job_id, int attempt) {
+  return absl::StrCat(job_id, ".", attempt);
+}
+
+absl::Status LogStore::Load() {
+  absl::MutexLock lock(&mu_);
+  if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
+    return ErrnoStatus(absl::StrCat("mkdir ", dir_), errno);
+  }
+  DIR* d = ::opendir(dir_.c_str());
+  if (d == nullptr) return ErrnoStatus(absl::StrCat("opendir ", dir_), errno);
+  std::vector<uint32_t> numbers;
+  while (dirent* e = ::readdir(d)) {
+    uint32_t n = 0;
+    if (ParseSegmentName(e->d_name, &n)) numbers.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(numbers.begin(), numbers.end());
+  for (size_t i = 0; i < numbers.size(); ++i) {
+    RETURN_IF_ERROR(IndexSegment(numbers[i], i + 1 == numbers.size()));
+  }
+  next_segment_ = numbers.empty() ? 1 : numbers.back() + 1;
+  if (!numbers.empty()) {
+    spdlog::info("logs: {} segments, {} attempts' logs in {}", numbers.size(), index_.size(), dir_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LogStore::IndexSegment(uint32_t number, bool last) {
+  const std::string path = absl::StrCat(dir_, "/", SegmentName(number));
+  const int fd = ::open(path.c_str(), (last ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoStatus(absl::StrCat("stat ", path), err);
+  }
+  files_.push_back(path);
+  const auto file = static_cast<uint32_t>(files_.size() - 1);
+  const int64_t size = st.st_size;
+  int64_t pos = 0;
+  std::string job;
+  while (pos < size) {
+    RecordHeader h;
+    if (::pread(fd, &h, sizeof h, pos) != static_cast<ssize_t>(sizeof h) ||
+        std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.job_bytes == 0 ||
+        h.job_bytes > kMaxJobIdBytes || h.offset < 0 ||
+        pos + static_cast<int64_t>(sizeof h) + h.job_bytes + h.length > size) {
+      break;
+    }
+    job.resize(h.job_bytes);
+    if (::pread(fd, job.data(), job.size(), pos + static_cast<int64_t>(sizeof h)) !=
+        static_cast<ssize_t>(job.size())) {
+      break;
+    }
+    AttemptLog& log = *Find(job, h.attempt, /*create=*/true);
+    const int64_t at = pos + static_cast<int64_t>(sizeof h) + h.job_bytes;
+    int64_t offset = h.offset;
+    int64_t length = h.length;
+    if (offset > log.size) {  // an earlier segment holding the bytes before was removed
+      log.extents.push_back(Extent{kMissing, 0, log.size, offset - log.size});
+      log.size = offset;
+    }
+    const int64_t skip = std::min(length, log.size - offset);  // a record is never rewritten,
+    if (length > skip) {                                      // but stay safe if one were
+      log.extents.push_back(Extent{file, at + skip, offset + skip, length - skip});
+      log.size = offset + length;
+    }
+    pos = at + length;
+  }
+  if (pos < size) {
+    if (last && ::ftruncate(fd, pos) == 0) {
+      spdlog::warn("logs: {}: dropped a record cut short at byte {} (a crash while writing it)",
+                   path, pos);
+    } else {
+      spdlog::warn("logs: {}: unreadable from byte {} of {}; the rest is not indexed", path, pos,
+                   size);
+    }
+  }
+  ::close(fd);
+  return absl::OkStatus();
+}
+
+LogStore::AttemptLog* LogStore::Find(const std::string& job_id, int attempt, bool create) const {
+  const std::string key = Key(job_id, attempt);
+  if (auto it = index_.find(key); it != index_.end()) return &it->second;
+  // A log an older coordinator kept as a file of its own.
+  const std::string legacy = absl::StrCat(dir_, "/", job_id, "/", attempt, ".log");
+  struct stat st;
+  const bool has_legacy = ::stat(legacy.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  if (!has_legacy && !create) return nullptr;
+  AttemptLog& log = index_[key];
+  if (has_legacy && st.st_size > 0) {
+    files_.push_back(legacy);
+    log.extents.push_back(Extent{static_cast<uint32_t>(files_.size() - 1), 0, 0, st.st_size});
+    log.size = st.st_size;
+  }
+  return &log;
+}
+
+absl::Status LogStore::OpenSegment() {
+  for (int tries = 0; tries < 1000; ++tries) {
+    const std::string path = absl::StrCat(dir_, "/", SegmentName(next_segment_++));
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST) continue;
+    if (fd < 0) return ErrnoStatus(absl::StrCat("create ", path), errno);
+    files_.push_back(path);
+    fd_ = fd;
+    fd_file_ = static_cast<uint32_t>(files_.size() - 1);
+    fd_size_ = 0;
+    return absl::OkStatus();
+  }
+  return absl::InternalError(absl::StrCat(dir_, ": no free segment number"));
+}
+
+void LogStore::CloseSegment() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
 }
 
 absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t offset,
                               const std::string& data) {
-  if (job_id.find('/') != std::string::npos || job_id.find("..") != std::string::npos) {
+  if (job_id.empty() || job_id.size() > kMaxJobIdBytes ||
+      job_id.find('/') != std::string::npos || job_id.find("..") != std::string::npos) {
     return absl::InvalidArgumentError("log: bad job id");
   }
   absl::MutexLock lock(&mu_);
-  std::string dir = absl::StrCat(dir_, "/", job_id);
-  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    return ErrnoStatus(absl::StrCat("mkdir ", dir), errno);
-  }
-  std::string path = Path(job_id, attempt);
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
-  struct stat st;
-  ::fstat(fd, &st);
-  int64_t size = st.st_size;
-  absl::Status result;
-  if (truncated_.contains(path)) {
-    // Cut by a full disk: it ends with the marker; what comes after is dropped.
-  } else if (offset > size) {
-    if (EndsWithMarker(fd, size)) {
-      truncated_.insert(path);  // cut before a restart
-    } else {
-      result = absl::OutOfRangeError(absl::StrCat(path, ": chunk at ", offset, " after end ", size));
+  AttemptLog& log = *Find(job_id, attempt, /*create=*/true);
+  if (log.truncated) return absl::OkStatus();  // cut by a full disk: the rest is dropped
+  if (offset > log.size) {
+    if (EndsWithMarker(log)) {  // cut before a restart
+      log.truncated = true;
+      return absl::OkStatus();
     }
-  } else if (offset + static_cast<int64_t>(data.size()) > size) {
-    const char* p = data.data() + (size - offset);
-    size_t n = data.size() - (size - offset);
-    int64_t end = size;
-    while (n > 0) {
-      ssize_t w = ::write(fd, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        const int err = errno;
-        result = ErrnoStatus(absl::StrCat("write ", path), err);
-        if (err == ENOSPC || err == EDQUOT) {
-          MarkTruncated(path, end);
-          truncated_.insert(path);
-          result = absl::ResourceExhaustedError(
-              absl::StrCat(path, ": log truncated at ", end, " bytes: the coordinator's disk is full"));
-        }
+    return absl::OutOfRangeError(absl::StrCat("log of ", Key(job_id, attempt), ": chunk at ",
+                                              offset, " after end ", log.size));
+  }
+  const int64_t skip = log.size - offset;
+  if (static_cast<int64_t>(data.size()) <= skip) return absl::OkStatus();  // sent before
+  const size_t n = data.size() - static_cast<size_t>(skip);
+  if (fd_ < 0) RETURN_IF_ERROR(OpenSegment());
+
+  RecordHeader h{};
+  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  h.length = static_cast<uint32_t>(n);
+  h.offset = log.size;
+  h.attempt = attempt;
+  h.job_bytes = static_cast<uint16_t>(job_id.size());
+  iovec iov[3] = {{&h, sizeof h},
+                  {const_cast<char*>(job_id.data()), job_id.size()},
+                  {const_cast<char*>(data.data() + skip), n}};
+  const int64_t record = static_cast<int64_t>(sizeof h + job_id.size() + n);
+  if (!WriteAll(fd_, iov, 3)) {
+    const int err = errno;
+    const std::string path = files_[fd_file_];
+    // Nothing half-written stays: the segment goes back to where the record began (which
+    // frees what the write took), and is closed, so that an operator removing segments
+    // gives the space back; the next append starts a new one.
+    if (::ftruncate(fd_, fd_size_) != 0) {
+      spdlog::error("logs: {}: cannot cut a failed record off: {}", path, std::strerror(errno));
+    }
+    if (fd_size_ == 0) ::unlink(path.c_str());
+    CloseSegment();
+    ++generation_;
+    if (err == ENOSPC || err == EDQUOT) {
+      MarkTruncated(log);
+      return absl::ResourceExhaustedError(
+          absl::StrCat(path, ": ", Key(job_id, attempt), ": log truncated at ", log.size,
+                       " bytes: the coordinator's disk is full"));
+    }
+    return ErrnoStatus(absl::StrCat("write ", path), err);
+  }
+  log.extents.push_back(
+      Extent{fd_file_, fd_size_ + record - static_cast<int64_t>(n), log.size, static_cast<int64_t>(n)});
+  log.size += static_cast<int64_t>(n);
+  fd_size_ += record;
+  ++generation_;
+  if (fd_size_ >= kSegmentBytes) CloseSegment();
+  return absl::OkStatus();
+}
+
+std::vector<LogStore::Piece> LogStore::PiecesOf(const AttemptLog& log, int64_t offset,
+                                                int64_t max) const {
+  std::vector<Piece> pieces;
+  const int64_t end = std::min(log.size, offset + max);
+  if (offset < 0 || offset >= end) return pieces;
+  auto it = std::upper_bound(log.extents.begin(), log.extents.end(), offset,
+                             [](int64_t off, const Extent& e) { return off < e.offset; });
+  if (it != log.extents.begin()) --it;
+  for (; it != log.extents.end() && it->offset < end; ++it) {
+    const int64_t from = std::max(offset, it->offset);
+    const int64_t to = std::min(end, it->offset + it->length);
+    if (to <= from) continue;
+    pieces.push_back(Piece{it->file == kMissing ? std::string() : files_[it->file],
+                           it->file == kMissing ? 0 : it->at + (from - it->offset), to - from});
+  }
+  return pieces;
+}
+
+absl::StatusOr<std::string> LogStore::ReadPieces(const std::vector<Piece>& pieces) {
+  std::string out;
+  int fd = -1;
+  const std::string* open_path = nullptr;
+  absl::Status status;
+  for (const Piece& p : pieces) {
+    if (p.path.empty()) {
+      status = absl::NotFoundError("part of this log was in a segment that has been removed");
+      break;
+    }
+    if (open_path == nullptr || *open_path != p.path) {
+      if (fd >= 0) ::close(fd);
+      fd = ::open(p.path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) {
+        status = errno == ENOENT
+                     ? absl::NotFoundError(absl::StrCat(p.path, ": the log segment was removed"))
+                     : ErrnoStatus(absl::StrCat("open ", p.path), errno);
         break;
       }
-      p += w;
-      n -= w;
-      end += w;
+      open_path = &p.path;
     }
-    ++generation_;
+    const size_t base = out.size();
+    out.resize(base + static_cast<size_t>(p.length));
+    const ssize_t r = ::pread(fd, out.data() + base, static_cast<size_t>(p.length), p.at);
+    if (r != p.length) {
+      status = r < 0 ? ErrnoStatus(absl::StrCat("read ", p.path), errno)
+                     : absl::DataLossError(absl::StrCat(p.path, ": shorter than its index says"));
+      break;
+    }
   }
-  ::close(fd);
-  return result;
+  if (fd >= 0) ::close(fd);
+  if (!status.ok()) return status;
+  return out;
 }
 
-bool LogStore::EndsWithMarker(int fd, int64_t size) {
-  const int64_t n = static_cast<int64_t>(kTruncatedMarker.size());
-  if (size < n) return false;
-  std::string tail(kTruncatedMarker.size(), '\0');
-  return ::pread(fd, tail.data(), tail.size(), size - n) == n && tail == kTruncatedMarker;
+bool LogStore::EndsWithMarker(const AttemptLog& log) const {
+  const auto n = static_cast<int64_t>(kTruncatedMarker.size());
+  if (log.size < n) return false;
+  absl::StatusOr<std::string> tail = ReadPieces(PiecesOf(log, log.size - n, n));
+  return tail.ok() && *tail == kTruncatedMarker;
 }
 
-void LogStore::MarkTruncated(const std::string& path, int64_t end) {
-  // The disk has no room for more: the marker overwrites the log's last bytes, which takes
-  // no new space (an O_APPEND descriptor would append, so a second one).
-  int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  const int64_t n = static_cast<int64_t>(kTruncatedMarker.size());
-  const int64_t at = end >= n ? end - n : 0;
-  if (::pwrite(fd, kTruncatedMarker.data(), kTruncatedMarker.size(), at) != n) {
-    spdlog::warn("{}: log truncated, and the marker could not be written either", path);
+void LogStore::MarkTruncated(AttemptLog& log) {
+  log.truncated = true;
+  // The disk has no room for more: the marker overwrites the log's last bytes in place,
+  // which takes no new space (a log shorter than it gets the marker's end).
+  const auto n = static_cast<int64_t>(kTruncatedMarker.size());
+  const int64_t at = std::max<int64_t>(0, log.size - n);
+  std::string_view text = kTruncatedMarker.substr(static_cast<size_t>(n - (log.size - at)));
+  for (const Piece& p : PiecesOf(log, at, log.size - at)) {
+    const int fd = p.path.empty() ? -1 : ::open(p.path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0 || ::pwrite(fd, text.data(), static_cast<size_t>(p.length), p.at) != p.length) {
+      spdlog::warn("logs: {}: log truncated, and the marker could not be written either", p.path);
+    }
+    if (fd >= 0) ::close(fd);
+    text.remove_prefix(static_cast<size_t>(p.length));
   }
-  ::close(fd);
 }
 
 int64_t LogStore::Size(const std::string& job_id, int attempt) const {
-  struct stat st;
-  if (::stat(Path(job_id, attempt).c_str(), &st) != 0) return 0;
-  return st.st_size;
+  absl::MutexLock lock(&mu_);
+  const AttemptLog* log = Find(job_id, attempt, /*create=*/false);
+  return log == nullptr ? 0 : log->size;
 }
 
 absl::StatusOr<std::string> LogStore::Read(const std::string& job_id, int attempt,
                                            int64_t offset, int64_t max) const {
-  std::string path = Path(job_id, attempt);
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) return std::string();
-    return ErrnoStatus(absl::StrCat("open ", path), errno);
+  std::vector<Piece> pieces;
+  {
+    absl::MutexLock lock(&mu_);
+    const AttemptLog* log = Find(job_id, attempt, /*create=*/false);
+    if (log == nullptr) return std::string();
+    pieces = PiecesOf(*log, offset, max);
   }
-  std::string out(max, '\0');
-  ssize_t n = ::pread(fd, out.data(), max, offset);
-  int err = errno;
-  ::close(fd);
-  if (n < 0) return ErrnoStatus(absl::StrCat("read ", path), err);
-  out.resize(n);
+  // Records are never rewritten once indexed (the marker aside), so the reads need no lock.
+  return ReadPieces(pieces);
+}
+
+std::vector<std::string> LogStore::Segments() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const std::string& f : files_) {
+    if (absl::EndsWith(f, ".seg") && ::access(f.c_str(), F_OK) == 0) out.push_back(f);
+  }
   return out;
 }
 

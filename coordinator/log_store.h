@@ -1,13 +1,21 @@
-// Attempt logs shipped by workers, kept as files under DATA/logs/<job id>/<attempt>.log so
-// they outlive coordinator restarts. A chunk carries its offset in the attempt's log, so a
-// chunk sent twice (after a reconnect) is written once. Thread-safe.
+// Attempt logs shipped by workers, kept under DATA/logs/ so they outlive coordinator restarts.
+// They are appended to segment files (<n>.seg, a new one past kSegmentBytes, after a restart
+// and after a failed write), so that the log of a short job costs one write into an open
+// file rather than a new file: creating a file takes 0.1-0.2 ms on ext4 here, as much as all
+// the rest of the control plane's work for such a job. A record is a header (the job, the
+// attempt, the record's offset in the attempt's log, its length) and then the bytes; Load
+// rebuilds the index of every attempt's records from the headers. A chunk carries its offset
+// in the attempt's log, so a chunk sent twice (after a reconnect) is written once. Logs that
+// older coordinators kept as DATA/logs/<job>/<attempt>.log are still read (and continued in
+// the segments). Thread-safe.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
-#include "absl/container/flat_hash_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
@@ -16,19 +24,30 @@ namespace stemma::coordinator {
 class LogStore {
  public:
   explicit LogStore(std::string dir) : dir_(std::move(dir)) {}
+  ~LogStore();
+  LogStore(const LogStore&) = delete;
+  LogStore& operator=(const LogStore&) = delete;
 
   // The last line of a log that the coordinator's disk could not hold.
   static constexpr std::string_view kTruncatedMarker = "\n[stemma: log truncated: disk full]\n";
+  static constexpr int64_t kSegmentBytes = 64 << 20;
+
+  // Creates the directory if needed and indexes the segments there. A record cut short by a
+  // crash at the end of a segment is dropped (its worker sends it again: offsets). Call once,
+  // before anything else.
+  absl::Status Load();
 
   // Writes the part of [offset, offset + data.size()) not yet stored. A gap (offset past
   // the end) is refused with OUT_OF_RANGE, unless the log was cut: when a write meets a
   // full disk, the log's last bytes become kTruncatedMarker (RESOURCE_EXHAUSTED, naming the
-  // file), and later chunks of that attempt are dropped.
+  // segment), and later chunks of that attempt are dropped. The segment being written is
+  // closed then, so that removing segments gives the space back.
   absl::Status Append(const std::string& job_id, int attempt, int64_t offset,
                       const std::string& data);
   // Bytes stored so far for the attempt.
   int64_t Size(const std::string& job_id, int attempt) const;
-  // Up to `max` bytes from `offset`; empty at the end.
+  // Up to `max` bytes from `offset`; empty at the end. NOT_FOUND when a segment holding
+  // them was removed.
   absl::StatusOr<std::string> Read(const std::string& job_id, int attempt, int64_t offset,
                                    int64_t max) const;
   // Blocks until an append happens after `generation` or `timeout_ms` passes; returns
@@ -36,15 +55,50 @@ class LogStore {
   uint64_t WaitForAppend(uint64_t generation, int64_t timeout_ms) const;
   uint64_t generation() const;
 
+  // The segment files there are now (tests, operators).
+  std::vector<std::string> Segments() const;
+
  private:
-  std::string Path(const std::string& job_id, int attempt) const;
-  static bool EndsWithMarker(int fd, int64_t size);
-  static void MarkTruncated(const std::string& path, int64_t end);
+  struct Extent {        // one record's bytes
+    uint32_t file = 0;   // index in files_
+    int64_t at = 0;      // where they start in that file
+    int64_t offset = 0;  // where they start in the attempt's log
+    int64_t length = 0;
+  };
+  struct AttemptLog {
+    std::vector<Extent> extents;  // in log order, contiguous
+    int64_t size = 0;
+    bool truncated = false;       // cut by a full disk: later chunks are dropped
+  };
+  struct Piece {  // part of a read
+    std::string path;
+    int64_t at;
+    int64_t length;
+  };
+
+  static std::string Key(const std::string& job_id, int attempt);
+  // The attempt's entry, a legacy per-attempt file indexed on first sight; null when there
+  // is none and `create` is false.
+  AttemptLog* Find(const std::string& job_id, int attempt, bool create) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<Piece> PiecesOf(const AttemptLog& log, int64_t offset, int64_t max) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::StatusOr<std::string> ReadPieces(const std::vector<Piece>& pieces);
+  absl::Status IndexSegment(uint32_t number, bool last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status OpenSegment() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseSegment() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool EndsWithMarker(const AttemptLog& log) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkTruncated(AttemptLog& log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;
   mutable absl::Mutex mu_;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_set<std::string> truncated_ ABSL_GUARDED_BY(mu_);  // paths cut by a full disk
+  mutable std::vector<std::string> files_ ABSL_GUARDED_BY(mu_);  // segments and legacy logs
+  mutable absl::flat_hash_map<std::string, AttemptLog> index_ ABSL_GUARDED_BY(mu_);
+  uint32_t next_segment_ ABSL_GUARDED_BY(mu_) = 1;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;  // the segment being written, or -1
+  uint32_t fd_file_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t fd_size_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace stemma::coordinator

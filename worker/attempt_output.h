@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "stemma/v1/job.pb.h"
@@ -31,7 +32,7 @@ class MetricPoints {
 
   size_t size() const { return steps_.size(); }
   bool empty() const { return steps_.empty(); }
-  void Add(const std::string& name, double value, int64_t step, int64_t time_ms);
+  void Add(std::string_view name, double value, int64_t step, int64_t time_ms);
   // Gives the last point added these labels.
   void SetLastLabels(std::map<std::string, std::string> labels);
   Point At(size_t i) const;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 namespace stemma::worker {
 namespace {
@@ -46,6 +47,56 @@ TEST(AttemptOutput, BrokenJsonAndUntypedOutputsAreNotArtifacts) {
   EXPECT_TRUE(out.metrics.empty());
   EXPECT_EQ(out.outputs.at("results"), "/r.json");
   EXPECT_TRUE(out.artifacts.empty()) << "an output event without a type is not registered";
+}
+
+// Step and metric lines are read by a scanner for flat objects; anything else (escapes,
+// nesting, odd spacing) by a full JSON parser. Both say the same: written both ways, the
+// same events give the same points, progress and outputs.
+TEST(AttemptOutput, FlatAndNestedSpellingsOfAnEventSayTheSame) {
+  struct Case {
+    std::string flat, other;
+  };
+  const std::vector<Case> cases = {
+      {"{\"event\":\"step\",\"step\":7,\"total_steps\":10,\"loss\":2.5e-1,\"lr\":-3E-4,\"tokens_per_s\":12000}",
+       "{\"tokens_per_s\" : 12000.0 , \"lr\":-0.0003, \"loss\":0.25,\"total_steps\":10,\"step\":7,"
+       "\"event\":\"step\",\"extra\":{\"nested\":[1,2]}}"},
+      {"{\"event\":\"metric\",\"name\":\"heldout_loss/uk\",\"value\":3.5,\"step\":40}",
+       "{\"event\":\"metric\",\"name\":\"heldout_loss\\/uk\",\"value\":3.5,\"step\":40,\"labels\":{}}"},
+      {"{\"event\":\"step\",\"step\":2,\"loss\":1,\"done\":true,\"note\":null,\"message\":\"warm up\"}",
+       "{\"event\":\"step\",\"step\":2,\"loss\":1,\"done\":true,\"note\":null,\"message\":\"warm\\u0020up\"}"},
+  };
+  for (const Case& c : cases) {
+    AttemptOutput a, b;
+    FeedAll(a, c.flat + "\n", 1000);
+    FeedAll(b, c.other + "\n", 1000);
+    ASSERT_EQ(a.metrics.size(), b.metrics.size()) << c.flat;
+    ASSERT_GT(a.metrics.size(), 0u) << c.flat;
+    for (size_t i = 0; i < a.metrics.size(); ++i) {
+      EXPECT_EQ(a.metrics.At(i).name, b.metrics.At(i).name) << c.flat;
+      EXPECT_DOUBLE_EQ(a.metrics.At(i).value, b.metrics.At(i).value) << c.flat;
+      EXPECT_EQ(a.metrics.At(i).step, b.metrics.At(i).step) << c.flat;
+    }
+    EXPECT_EQ(a.progress_version, b.progress_version) << c.flat;
+    EXPECT_EQ(a.progress.message(), b.progress.message()) << c.flat;
+    EXPECT_DOUBLE_EQ(a.progress.fraction(), b.progress.fraction()) << c.flat;
+    EXPECT_EQ(a.progress.step(), b.progress.step()) << c.flat;
+  }
+  AttemptOutput step;
+  FeedAll(step, cases[0].flat + "\n", 1000);
+  ASSERT_EQ(step.metrics.size(), 3u);  // every number but the step counters, by name
+  EXPECT_EQ(step.metrics.At(0).name, "loss");
+  EXPECT_DOUBLE_EQ(step.metrics.At(0).value, 0.25);
+  EXPECT_EQ(step.metrics.At(1).name, "lr");
+  EXPECT_DOUBLE_EQ(step.metrics.At(1).value, -3e-4);
+  EXPECT_EQ(step.metrics.At(2).name, "tokens_per_s");
+  EXPECT_EQ(step.metrics.At(2).step, 7);
+  EXPECT_DOUBLE_EQ(step.progress.fraction(), 0.7);
+  EXPECT_EQ(step.progress.message(), "loss 0.25 lr -0.0003 tokens_per_s 1.2e+04");
+  // Not numbers, not objects: nothing is taken from them.
+  AttemptOutput bad;
+  FeedAll(bad, "{\"event\":\"step\",\"step\":1,\"loss\":1.2.3}\n{\"event\":\"step\",\"step\":1,\"loss\":\"2\"}\n"
+               "{\"event\":\"metric\",\"name\":\"x\",\"value\":1} trailing\n", 1000);
+  EXPECT_TRUE(bad.metrics.empty()) << bad.metrics.At(0).name;
 }
 
 // Points leave in batches that name each series once and carry labels only where a point

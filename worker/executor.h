@@ -105,6 +105,8 @@ class Executor {
   void RecordLost(const std::string& attempt_id, int32_t rank, const std::string& reason);
 
   // Every attempt not discarded, running or finished-but-not-forgotten, by attempt id.
+  // Working directories of forgotten attempts ready for reuse (tests).
+  size_t SpareDirs() const ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<AttemptSnapshot> Snapshot() const;
   std::optional<AttemptSnapshot> Get(const std::string& attempt_id) const;
 
@@ -182,17 +184,23 @@ class Executor {
   // shipped), kept under their old names for reuse: one rename to the next attempt's name
   // costs far less than allocating two inodes (directory and log), which dominated the
   // worker's CPU per short job on ext4. The log stays open, so the next attempt needs
-  // neither an open nor (when it is empty) a truncate. Left as they are when the worker
-  // stops.
+  // no open, and RecycleLoop has emptied it. Left as they are when the worker stops.
   struct SpareDir {
     std::string dir;
     int log_fd = -1;  // owned: open on dir/log, O_APPEND
     bool log_empty = false;
   };
   std::vector<SpareDir> spare_dirs_ ABSL_GUARDED_BY(mu_);
-  // Offers the directory of a forgotten attempt (and its open log) for reuse if it holds
-  // nothing but its log. Takes mu_ itself, briefly.
+  // Offers the directory of a forgotten attempt (and its open log) for reuse: queued for
+  // RecycleLoop, which keeps it if it holds nothing but its log, emptied. Takes mu_ itself,
+  // briefly.
   void RecycleDir(Attempt& attempt) ABSL_LOCKS_EXCLUDED(mu_);
+  void RecycleLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the spare holds nothing but its log; empties the log. No lock: file work only.
+  static bool PrepareSpare(SpareDir& spare);
+  std::deque<SpareDir> to_recycle_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar recycle_cv_;  // to_recycle_ grew, or the recycler must stop (with mu_)
+  std::thread recycler_;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex callback_mu_;  // never held together with mu_
   std::function<void()> callback_ ABSL_GUARDED_BY(callback_mu_);

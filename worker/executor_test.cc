@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/time/clock.h"
 #include "common/clock.h"
 
 namespace stemma::worker {
@@ -435,6 +436,8 @@ TEST_F(ExecutorTest, ForgottenDirectoriesAreRecycledUnlessTheJobLeftFiles) {
   ASSERT_TRUE(executor().WaitFinished("first", kWaitMs));
   executor().Forget("first");
   EXPECT_TRUE(fs::exists(dir_ / "attempts" / "first"));  // kept until the next attempt
+  for (int i = 0; i < 500 && executor().SpareDirs() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  ASSERT_EQ(executor().SpareDirs(), 1u);  // emptied off the attempt's path, then offered
   AttemptSnapshot second = Run(Exec("second", {"/bin/echo", "second"}));
   EXPECT_EQ(second.result.exit_code(), 0);
   EXPECT_FALSE(fs::exists(dir_ / "attempts" / "first"));  // renamed to "second"
