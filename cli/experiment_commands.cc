@@ -84,6 +84,9 @@ absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
   std::cout << run << " of " << r.cells_size() << " jobs expected to run, "
             << r.cells_size() - run - skipped << " from the cache";
   if (skipped > 0) std::cout << ", " << skipped << " skipped (upstream stopped early)";
+  int superseded = 0;
+  for (const auto& c : r.cells()) superseded += c.plan().find("; cancels revision") != std::string::npos;
+  if (superseded > 0) std::cout << "; " << superseded << " unfinished jobs of the last revision superseded (cancelled)";
   std::cout << "\n";
   return 0;
 }

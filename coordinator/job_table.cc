@@ -13,6 +13,14 @@
 namespace stemma::coordinator {
 namespace {
 
+// The running twin a memoizable job waits for (JobTable::WaitForTwin), kept in its spec so
+// that a restarted coordinator knows it too.
+constexpr char kWaitsForLabel[] = "stemma.waits_for";
+
+bool Runs(const v1::Job& job) {
+  return job.state() == v1::QUEUED || job.state() == v1::ASSIGNED || job.state() == v1::RUNNING;
+}
+
 std::string JobLabel(const v1::Job& job) {
   return job.spec().name().empty() ? job.id() : absl::StrCat(job.id(), " (", job.spec().name(), ")");
 }
@@ -29,10 +37,16 @@ void JobTable::Load(const StoreSnapshot& snapshot) {
     if (job.state() == v1::SUCCEEDED && !job.cache_key().empty() && job.attempts() > 0) {
       memo_[job.cache_key()] = job.id();
     }
+    if (Runs(job) && !job.cache_key().empty()) inflight_.emplace(job.cache_key(), job.id());
   }
   for (const auto& id : order_) {
-    for (const auto& dep : jobs_[id].job.spec().depends_on()) {
+    const v1::JobSpec& spec = jobs_[id].job.spec();
+    for (const auto& dep : spec.depends_on()) {
       auto it = jobs_.find(dep);
+      if (it != jobs_.end()) it->second.dependents.push_back(id);
+    }
+    if (auto twin = spec.labels().find(kWaitsForLabel); twin != spec.labels().end()) {
+      auto it = jobs_.find(twin->second);
       if (it != jobs_.end()) it->second.dependents.push_back(id);
     }
   }
@@ -274,7 +288,12 @@ void JobTable::SetState(Entry& e, v1::JobState to, const std::string& reason,
     Enqueue(e.job);
     e.job.set_queued_ms(now);
   }
-  if (IsTerminal(to)) e.job.set_finished_ms(now);
+  if (IsTerminal(to)) {
+    e.job.set_finished_ms(now);
+    if (auto it = inflight_.find(e.job.cache_key()); it != inflight_.end() && it->second == e.job.id()) {
+      inflight_.erase(it);
+    }
+  }
   Record(e, from, changes);
   if (observer_) observer_(e.job, from, to);
 }
@@ -334,8 +353,38 @@ void JobTable::Release(Entry& e, Changes* changes) {
     return;
   }
   if (ServeFromCache(e, changes)) return;
+  if (WaitForTwin(e, changes)) return;
   e.job.set_not_before_ms(0);
   SetState(e, v1::QUEUED, "", changes);
+}
+
+bool JobTable::WaitForTwin(Entry& e, Changes* changes) {
+  const std::string& key = e.job.cache_key();
+  if (key.empty() || !IsEngineJob(e.job.spec())) return false;
+  if (auto it = e.job.spec().labels().find("stemma.cache");
+      it != e.job.spec().labels().end() && it->second == "false") {
+    return false;
+  }
+  auto twin = inflight_.find(key);
+  if (twin != inflight_.end() && twin->second != e.job.id()) {
+    auto t = jobs_.find(twin->second);
+    if (t != jobs_.end() && Runs(t->second.job) && t->second.job.cache_key() == key) {
+      Entry& running = t->second;
+      (*e.job.mutable_spec()->mutable_labels())[kWaitsForLabel] = running.job.id();
+      if (std::find(running.dependents.begin(), running.dependents.end(), e.job.id()) ==
+          running.dependents.end()) {
+        running.dependents.push_back(e.job.id());
+      }
+      SetState(e, v1::PENDING,
+               absl::StrCat("waiting for ", JobLabel(running.job),
+                            ": the same job (cache key) is ", StateName(running.job.state())),
+               changes);
+      return true;
+    }
+  }
+  e.job.mutable_spec()->mutable_labels()->erase(kWaitsForLabel);
+  inflight_[key] = e.job.id();
+  return false;
 }
 
 bool JobTable::ServeFromCache(Entry& e, Changes* changes) {
@@ -445,6 +494,9 @@ void JobTable::PartSucceeded(v1::Job* job, int rank,
     // build the key was first computed with at release (none, when the job was released
     // before any worker had registered: then no later lookup, which uses a worker's build,
     // would have found it, and a restarted coordinator recomputed everything).
+    if (auto it = inflight_.find(e.job.cache_key()); it != inflight_.end() && it->second == e.job.id()) {
+      inflight_.erase(it);
+    }
     if (!e.job.engine_build_id().empty()) {
       const std::string key = experiments::CacheKey(e.job.spec(), e.job.engine_build_id());
       if (!key.empty()) e.job.set_cache_key(key);

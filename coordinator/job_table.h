@@ -117,6 +117,12 @@ class JobTable {
   // An engine job whose cache key a SUCCEEDED job with outputs still in place ran under ends
   // SUCCEEDED at once with that job's outputs ("memoized from j-…"); true when it did.
   bool ServeFromCache(Entry& e, Changes* changes);
+  // An engine job whose cache key a queued or running job already has waits for that one
+  // (PENDING, its id in the kWaitsForLabel label, one of its dependents) instead of running
+  // the same thing beside it into the same outputs, and is then served from the cache (or
+  // runs, if that one failed or was cancelled); true when it waits. Otherwise the job is the
+  // one that runs under its key.
+  bool WaitForTwin(Entry& e, Changes* changes);
   // Re-evaluates the PENDING dependents of a job that ended.
   void ReleaseDependents(Entry& e, Changes* changes);
 
@@ -133,6 +139,9 @@ class JobTable {
   absl::flat_hash_map<std::string, std::vector<std::string>> idempotency_;
   // Memoization: cache key → the SUCCEEDED job that ran with it (not one served from cache).
   absl::flat_hash_map<std::string, std::string> memo_;
+  // Cache key → the queued or running job that runs under it (checked on use: an entry may
+  // name a job that has ended since).
+  absl::flat_hash_map<std::string, std::string> inflight_;
   std::string engine_build_;
   uint64_t next_seq_ = 1;
 };

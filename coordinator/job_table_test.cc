@@ -309,5 +309,89 @@ TEST(JobTableMemo, SameKeyIsServedAndMissingOutputsAreAMiss) {
   std::filesystem::remove_all(dir);
 }
 
+// A second copy of an engine job that is still queued or running waits for it (no duplicate
+// run into the same outputs) and is served from it; if it fails, the copy runs itself; a
+// restarted coordinator still knows who waits for whom.
+TEST(JobTableMemo, ACopyOfAnUnfinishedJobWaitsForItAndIsServedFromIt) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("stemma-twin-test-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "base");
+  std::filesystem::create_directories(dir / "out1");
+  std::ofstream(dir / "base" / "stemma.json") << "{\"files\": {}}";
+  std::ofstream(dir / "out1" / "stemma.json") << "{\"files\": {}}";
+  FakeClock clock;
+  JobTable table(&clock);
+  auto revert = [&](const std::string& name, const std::string& layers) {
+    v1::JobSpec s;
+    s.set_name(name);
+    s.set_max_attempts(1);
+    s.mutable_revert()->set_base((dir / "base").string());
+    s.mutable_revert()->set_model((dir / "base").string());
+    s.mutable_revert()->add_layers(layers);
+    s.mutable_revert()->set_out((dir / name).string());
+    return s;
+  };
+  auto submit = [&](JobTable& t, const v1::JobSpec& s) {
+    v1::SubmitRequest req;
+    *req.add_jobs() = s;
+    Changes ch;
+    auto r = t.Submit(req, &ch);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->ids[0];
+  };
+  auto start = [&](JobTable& t, const std::string& id) {
+    Changes ch;
+    v1::AttemptPart part;
+    part.set_worker_id("w0");
+    t.Assign(id, {part}, "", &ch);
+  };
+  const std::string first = submit(table, revert("r1", "middle"));
+  const std::string copy = submit(table, revert("r2", "middle"));
+  EXPECT_EQ(table.Find(copy)->state(), v1::PENDING);
+  EXPECT_EQ(table.Find(copy)->reason(),
+            "waiting for " + first + " (r1): the same job (cache key) is QUEUED");
+  EXPECT_EQ(table.queue().size(), 1u);  // only the first one runs
+  start(table, first);
+
+  // A coordinator restarted here: the copy still waits for the first one.
+  StoreSnapshot snap;
+  table.ForEach([&](const v1::Job& j) { snap.of<JobsTable>().push_back(j); });
+  std::sort(snap.of<JobsTable>().begin(), snap.of<JobsTable>().end(),
+            [](const auto& a, const auto& b) { return a.seq() < b.seq(); });
+  JobTable reloaded(&clock);
+  reloaded.Load(snap);
+  const std::string third = submit(reloaded, revert("r3", "middle"));
+  EXPECT_EQ(reloaded.Find(third)->state(), v1::PENDING) << reloaded.Find(third)->reason();
+  {
+    Changes ch;
+    google::protobuf::Map<std::string, std::string> outputs;
+    outputs["model"] = (dir / "out1").string();
+    reloaded.PartSucceeded(reloaded.FindCurrentAttempt(first + ".1"), 0, outputs, &ch);
+  }
+  for (const std::string& id : {copy, third}) {
+    EXPECT_EQ(reloaded.Find(id)->state(), v1::SUCCEEDED) << id;
+    EXPECT_EQ(reloaded.Find(id)->reason(), "memoized from " + first) << id;
+    EXPECT_EQ(reloaded.Find(id)->attempts(), 0) << id;
+  }
+
+  // The one waited for fails: the copy runs itself.
+  const std::string other = submit(reloaded, revert("r4", "2:4"));
+  const std::string other_copy = submit(reloaded, revert("r5", "2:4"));
+  ASSERT_EQ(reloaded.Find(other_copy)->state(), v1::PENDING);
+  start(reloaded, other);
+  {
+    Changes ch;
+    reloaded.AttemptFailed(reloaded.FindCurrentAttempt(other + ".1"), "exit 3", 3, false, &ch);
+  }
+  EXPECT_EQ(reloaded.Find(other)->state(), v1::FAILED);
+  EXPECT_EQ(reloaded.Find(other_copy)->state(), v1::QUEUED) << reloaded.Find(other_copy)->reason();
+  // Opting out of the cache opts out of waiting too.
+  v1::JobSpec nocache = revert("r6", "2:4");
+  (*nocache.mutable_labels())["stemma.cache"] = "false";
+  EXPECT_EQ(reloaded.Find(submit(reloaded, nocache))->state(), v1::QUEUED);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace stemma::coordinator

@@ -195,6 +195,10 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
   resp.mutable_experiment()->set_revision(last + 1);
   std::map<std::string, bool> reruns;  // job name → expected to run
   std::set<std::string> names;
+  // Cells whose unchanged job of an earlier revision has not ended: the new job waits for
+  // it (the same cache key) rather than running beside it, so it goes on running. Every other
+  // unfinished job of an earlier revision is superseded and cancelled once this one is in.
+  std::set<std::string> reused_unfinished;
   v1::SubmitRequest submit;
   for (PlanCell& cell : plan.cells) {
     names.insert(cell.job_name);
@@ -240,17 +244,29 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
         run = false;  // its upstream trial is served stopped again, so it is skipped again
         why = absl::StrCat("skipped: ", p.early_stop(), " (revision ", last, ")");
       } else if (p.state() != v1::SUCCEEDED) {
-        why = absl::StrCat("run: revision ", last, "'s ", p.id(), " is ", StateName(p.state()));
+        if (!IsTerminal(p.state()) && IsEngineJob(cell.spec) && !request.force()) {
+          reused_unfinished.insert(cell.job_name);
+          run = false;
+          why = absl::StrCat("waits: revision ", last, "'s ", p.id(), " is ", StateName(p.state()),
+                             " (the same job: served from it when it ends)");
+        } else {
+          why = absl::StrCat("run: revision ", last, "'s ", p.id(), " is ", StateName(p.state()));
+        }
       } else {
         run = false;
         why = absl::StrCat("cached: unchanged since revision ", last, " (", p.id(), ")");
       }
     }
-    if (!IsEngineJob(cell.spec) && !run && why.rfind("skipped", 0) != 0) {
+    if (!IsEngineJob(cell.spec) && !run && why.rfind("skipped", 0) != 0 && why.rfind("waits", 0) != 0) {
       why = absl::StrCat("run: ", JobKind(cell.spec), " jobs are not memoized");
     }
     if (!IsEngineJob(cell.spec) && why.rfind("skipped", 0) != 0) run = true;
     reruns[cell.job_name] = run;
+    if (prev != before.end() && !IsTerminal(prev->second->state()) &&
+        reused_unfinished.count(cell.job_name) == 0) {
+      absl::StrAppend(&why, "; cancels revision ", last, "'s ", prev->second->id(), " (",
+                      StateName(prev->second->state()), ")");
+    }
     out->set_plan(why);
 
     v1::JobSpec job = cell.spec;
@@ -275,6 +291,17 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
   resp.set_existing(submitted.existing());
   for (int i = 0; i < resp.cells_size() && i < submitted.job_ids_size(); ++i) {
     resp.mutable_cells(i)->set_job_id(submitted.job_ids(i));
+  }
+  if (!submitted.existing()) {
+    // Superseded: the unfinished jobs of earlier revisions that this one does not wait for
+    // (changed, removed, downstream of a change, or everything under --force). A job that
+    // has ended meanwhile refuses the cancel, which is fine.
+    const std::string why = absl::StrCat("superseded by revision ", last + 1);
+    for (const v1::Job& j : previous) {
+      if (IsTerminal(j.state()) || reused_unfinished.count(j.spec().name()) > 0) continue;
+      absl::StatusOr<v1::Job> cancelled = users_->Cancel(j.id(), why);
+      (void)cancelled;
+    }
   }
   return resp;
 }

@@ -422,6 +422,54 @@ TEST(Experiments, CacheHitsRequireTheSameEngineBuild) {
   EXPECT_EQ(std::string(run()["reason"]), "memoized from " + std::string(first["job_id"]));
 }
 
+// Resubmitting while revision 1 still runs: its changed cell is superseded (cancelled, with
+// the reason), its unchanged one goes on running and revision 2's copy waits for it and is
+// served from it; nothing runs twice.
+TEST(Experiments, ANewRevisionSupersedesChangedCellsAndWaitsForUnchangedRunningOnes) {
+  Cluster c;
+  c.StartCoordinator();
+  const std::string root = c.dir() + "/store";
+  std::filesystem::create_directories(root);
+  const std::string engine = c.WriteFile("fake-engine", kFakeEngine);
+  ::chmod(engine.c_str(), 0755);
+  Cluster::WorkerOptions w;
+  w.cpus = 2;
+  w.extra = {"--storage-root", root, "--engine", engine};
+  c.StartWorker("w1", w);
+  c.WaitForWorkers(1);
+  auto file = [&](const std::string& lr) {
+    return c.WriteFile("sup.yaml",
+                       "name: sup\nstages:\n"
+                       "  keep:\n    resources: {cpus: 1}\n    train: {model: base, data: {datasets: [{path: data}], seq_len: 8}, steps: 24, optimizer: {lr: 0.001}}\n"
+                       "  change:\n    resources: {cpus: 1}\n    train: {model: base, data: {datasets: [{path: data}], seq_len: 8}, steps: 24, optimizer: {lr: " +
+                           lr + "}}\n");
+  };
+  ASSERT_EQ(c.Cli({"sweep", "-f", file("0.002")}).exit_code, 0);
+  auto first = ByName(Cells(c, "sup"));
+  const std::string keep1 = first.at("keep")["job_id"], change1 = first.at("change")["job_id"];
+  ASSERT_TRUE(c.WaitUntil([&] { return c.State(keep1) == "RUNNING" && c.State(change1) == "RUNNING"; }, 60));
+
+  auto again = c.Cli({"sweep", "-f", file("0.003")});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find("waits: revision 1's " + keep1 + " is RUNNING"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("; cancels revision 1's " + change1 + " (RUNNING)"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("1 unfinished jobs of the last revision superseded"), std::string::npos) << again.out;
+  EXPECT_EQ(c.WaitFor(change1, {"CANCELLED"}, 30), "CANCELLED");
+  EXPECT_EQ(c.Get(change1).value("reason", ""), "cancelled: superseded by revision 2");
+  auto second = ByName(Cells(c, "sup"));
+  const std::string keep2 = second.at("keep")["job_id"];
+  EXPECT_EQ(c.State(keep2), "PENDING");
+  EXPECT_EQ(c.Get(keep2).value("reason", "").rfind("waiting for " + keep1 + " (keep)", 0), 0u) << c.Get(keep2).dump();
+
+  ASSERT_EQ(c.Cli({"exp", "wait", "sup", "--timeout", "120"}).exit_code, 0);
+  EXPECT_EQ(c.State(keep1), "SUCCEEDED");
+  EXPECT_EQ(c.State(keep2), "SUCCEEDED");
+  EXPECT_EQ(c.Get(keep2).value("reason", ""), "memoized from " + keep1);
+  EXPECT_EQ(c.State(second.at("change")["job_id"]), "SUCCEEDED");
+  const std::string steps = Cluster::ReadFile(root + "/steps.log");
+  EXPECT_EQ(steps.find(keep2 + " "), std::string::npos) << "the unchanged cell ran twice";
+}
+
 // With the engine built: a real trainer stopped through the worker's stop file. lr 1e-2 learns
 // the tiny corpus, lr 1e-7 barely moves; run one at a time, the second is stopped at the
 // rung and publishes the model of the step it stopped at.
