@@ -711,6 +711,43 @@ class Builder {
       r_.plots.push_back(std::move(entropy));
     }
 
+    // Cross-lingual alignment by layer: one line per alignment cell (before and after
+    // fine-tuning), the mean over its language pairs.
+    auto alignment = Files("alignment");
+    if (alignment.empty()) {
+      Omit({"alignment.svg"}, "Cross-lingual alignment by layer.", MissingReason("alignment", "alignment.json"));
+    } else {
+      std::set<std::string> pairs;
+      for (const auto& [f, suffix] : alignment) {
+        const json& j = f->content;
+        if (j.contains("languages") && j["languages"].is_array()) {
+          std::vector<std::string> langs;
+          for (const json& l : j["languages"]) {
+            if (l.is_string()) langs.push_back(l.get<std::string>());
+          }
+          pairs.insert(absl::StrJoin(langs, "–"));
+        }
+      }
+      Plot p = LayerPlot("alignment.svg",
+                         absl::StrCat("Cross-lingual alignment by layer: mean cosine between the mean hidden states of "
+                                      "parallel sentences (", pairs.empty() ? "pairs" : absl::StrJoin(pairs, ", "),
+                                      "), one line per checkpoint."),
+                         "Alignment by layer", "mean cosine");
+      for (const auto& [f, suffix] : alignment) {
+        const json& j = f->content;
+        if (!j.contains("mean_cosine") || !j["mean_cosine"].is_array()) continue;
+        SvgSeries s;
+        s.name = f->cell;
+        for (size_t l = 0; l < j["mean_cosine"].size(); ++l) {
+          s.x.push_back(static_cast<double>(l));
+          s.y.push_back(Number(j["mean_cosine"][l]).value_or(NAN));
+        }
+        p.svg.series.push_back(std::move(s));
+      }
+      if (p.svg.series.empty()) p.omitted = "no alignment.json read has `mean_cosine` per layer";
+      r_.plots.push_back(std::move(p));
+    }
+
     // Drift: down vs gate/up by layer, and the asymmetry.
     auto drift = Files("drift");
     if (drift.empty()) Omit({"drift.svg", "drift_asymmetry.svg"}, "Weight drift by layer.", MissingReason("drift", "drift.json"));

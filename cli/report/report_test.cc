@@ -386,6 +386,31 @@ TEST(ReportPlots, TrainLossAndAnalysisFiles) {
   const Plot& asym = PlotNamed(r, "drift_asymmetry.svg");
   ASSERT_EQ(asym.svg.series.size(), 1u);
   EXPECT_TRUE(std::isnan(asym.svg.series[0].y[1])) << "a null asymmetry is a gap, not a zero";
+  EXPECT_NE(PlotNamed(r, "alignment.svg").omitted.find("no alignment.json was read"), std::string::npos);
+}
+
+// Alignment before and after fine-tuning: one plot, a line per alignment cell.
+TEST(ReportPlots, AlignmentIsOneLinePerCheckpoint) {
+  Study s;
+  ReportInput in = s.Input();
+  for (const char* name : {"align-base", "align-full"}) {
+    Cell c;
+    c.job_name = name;
+    c.kind = "analyze";
+    in.cells.push_back(c);
+  }
+  in.analyses.push_back({"align-base", "alignment", "/x/a/alignment.json", json::parse(R"({"format": "stemma.alignment/1",
+      "languages": ["en", "uk"], "layers": 3, "mean_cosine": [0.6, 0.1, -0.2]})")});
+  in.analyses.push_back({"align-full", "alignment", "/x/b/alignment.json", json::parse(R"({"format": "stemma.alignment/1",
+      "languages": ["en", "uk"], "layers": 3, "mean_cosine": [0.7, 0.3, 0.05]})")});
+  Report r = BuildReport(in, {});
+  const Plot& a = PlotNamed(r, "alignment.svg");
+  ASSERT_EQ(a.omitted, "");
+  ASSERT_EQ(a.svg.series.size(), 2u);
+  EXPECT_EQ(a.svg.series[0].name, "align-base");
+  EXPECT_EQ(a.svg.series[1].y, (std::vector<double>{0.7, 0.3, 0.05}));
+  EXPECT_EQ(a.svg.series[1].x, (std::vector<double>{0, 1, 2}));
+  EXPECT_NE(a.caption.find("en–uk"), std::string::npos) << a.caption;
 }
 
 // --- SVG --------------------------------------------------------------------------------
