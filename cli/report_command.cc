@@ -47,8 +47,12 @@ evals (default metrics: bpb, else ppl; acc; chrf). Stage labels the report reads
   report.alpha      interpolation weight of a sweep point        default: matrix axis alpha
   report.range      layer range of a sweep point                 default: matrix axis range
   report.table      "false" leaves a row out of the table (sweep points are out unless "true")
+  report.held_in    languages the study teaches, "ru,uk" (on any cell; default: the corpus's)
+  report.held_out   its held-out relatives, likewise
 Language roles (held-in, held-out, general) come from the corpus manifest (an artifact of
-type corpus); without one every language but en is held-in and en is general.
+type corpus; of several, the one naming the most languages); without one every language but
+en is held-in and en is general. A perplexity task named other than its language
+(instruct_en-fr) is a column group of its own ("task"), outside acquisition and forgetting.
 With --out DIR: report.md, report.html (self-contained), report.csv, report.json and one
 .svg per plot. See docs/report.md.)";
 
@@ -239,6 +243,9 @@ class Gatherer {
         }
       }
     }
+    // Several manifests (a study's corpus and, say, an instruction set): every language any
+    // of them names, its role from the one that names the most languages (the study's own).
+    std::vector<std::pair<std::string, std::vector<report::Language>>> read;
     for (const std::string& path : paths) {
       const std::string manifest = fs::is_directory(path) ? (fs::path(path) / "manifest.json").string() : path;
       absl::StatusOr<json> j = ReadJson(manifest);
@@ -252,12 +259,21 @@ class Gatherer {
         in_.notes.push_back(absl::StrCat(manifest, ": ", error, "; language roles are assumed"));
         continue;
       }
-      if (!in_.corpus_languages.empty()) {
-        in_.notes.push_back(absl::StrCat("several corpus manifests; using ", in_.corpus_path));
-        break;
+      read.emplace_back(manifest, std::move(langs));
+    }
+    std::stable_sort(read.begin(), read.end(),
+                     [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+    for (auto& [manifest, langs] : read) {
+      if (in_.corpus_path.empty()) in_.corpus_path = manifest;
+      for (report::Language& l : langs) {
+        const bool known = std::any_of(in_.corpus_languages.begin(), in_.corpus_languages.end(),
+                                       [&](const report::Language& k) { return k.code == l.code; });
+        if (!known) in_.corpus_languages.push_back(std::move(l));
       }
-      in_.corpus_languages = std::move(langs);
-      in_.corpus_path = manifest;
+    }
+    if (read.size() > 1) {
+      in_.notes.push_back(absl::StrCat(read.size(), " corpus manifests; roles from ", in_.corpus_path,
+                                       " (the one naming the most languages)"));
     }
   }
 

@@ -12,6 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 
 namespace stemma::cli::report {
 namespace {
@@ -43,6 +46,7 @@ int RoleRank(const std::string& role) {
   if (role == "held_in") return 0;
   if (role == "held_out") return 1;
   if (role == "general") return 2;
+  if (role == "task") return 4;  // named tasks (instruct_en-fr) after the languages
   return 3;
 }
 
@@ -263,9 +267,39 @@ class Builder {
         r_.notes.push_back("no corpus manifest: every language but en is taken as held-in, en as general");
       }
     }
+    OverrideRoles();
     for (const Language& l : r_.languages) {
       if (!l.family.empty() && std::find(families_.begin(), families_.end(), l.family) == families_.end()) {
         families_.push_back(l.family);
+      }
+    }
+  }
+
+  // `report.held_in` / `report.held_out` labels (comma-separated codes, on any cell, e.g. the
+  // corpus stage): the languages a study teaches may be fewer than its corpus marks held-in
+  // (DeltaMoE trains on ru and uk of a shared corpus). A label names that role's languages
+  // exactly: the others the corpus gave that role become "other".
+  void OverrideRoles() {
+    for (const char* role : {"held_in", "held_out"}) {
+      const std::string key = absl::StrCat("report.", role);
+      for (const Cell& c : in_.cells) {
+        auto it = c.labels.find(key);
+        if (it == c.labels.end()) continue;
+        std::vector<std::string> codes;
+        for (absl::string_view code : absl::StrSplit(it->second, ',', absl::SkipWhitespace())) {
+          codes.emplace_back(absl::StripAsciiWhitespace(code));
+        }
+        for (Language& l : r_.languages) {
+          const bool listed = std::find(codes.begin(), codes.end(), l.code) != codes.end();
+          if (listed) l.role = role;
+          else if (l.role == role) l.role = "other";
+        }
+        for (const std::string& code : codes) {
+          if (!Find(code)) r_.languages.push_back({code, "", role, ""});
+        }
+        r_.notes.push_back(absl::StrCat(RoleTitle(role), " languages from the ", key, " label of ", c.job_name, ": ",
+                                        absl::StrJoin(codes, ", ")));
+        break;
       }
     }
   }
@@ -317,6 +351,11 @@ class Builder {
       col.language = info.language;
       col.family = lang != nullptr ? lang->family : "";
       col.role = lang != nullptr ? lang->role : "other";
+      // A perplexity task named other than its language (instruct_en-fr on en) measures a
+      // skill, not the language: a column group of its own, out of acquisition and forgetting.
+      if ((info.metric == "bpb" || info.metric == "ppl") && !info.language.empty() && info.task != info.language) {
+        col.role = "task";
+      }
       col.lower_is_better = LowerIsBetter(info.metric);
       const bool family_column = opt_.by_family && !col.family.empty() && (col.role == "held_in" || col.role == "held_out");
       if (family_column) {
@@ -399,6 +438,7 @@ class Builder {
     for (const auto& [name, value] : row.metrics) {
       auto it = names_.find(name);
       if (it == names_.end() || it->second.metric != r_.perplexity_metric || it->second.task == "all") continue;
+      if (it->second.task != it->second.language) continue;  // a named task (instruct_en-fr), not the language
       const Language* lang = Find(it->second.language);
       if (lang == nullptr || lang->role != role) continue;
       per[lang->code].push_back(value);

@@ -181,6 +181,46 @@ TEST(ReportSummary, CorpusRolesGiveTransferAndOrderColumns) {
   EXPECT_THAT(r.notes, Not(::testing::Contains(HasSubstr("no corpus manifest"))));
 }
 
+// A study teaching fewer languages than its corpus marks held-in says so with a label; a
+// perplexity task named other than its language (an instruction set on en) is a column group
+// of its own, kept out of acquisition and forgetting.
+TEST(ReportSummary, HeldInLabelAndNamedTasksStayOutOfTheLanguageMeans) {
+  Study s;
+  ReportInput in = s.Input();
+  for (const std::string job : {"j-1", "j-2", "j-3"}) {
+    Add(&in, job, "bpb/fr", job == "j-1" ? 4.0 : 3.0, "fr");
+    Add(&in, job, "bpb/instruct_en-fr", job == "j-1" ? 3.9 : 2.9, "en");
+  }
+  std::string error;
+  in.corpus_languages = CorpusLanguages(json::parse(R"({"format": "stemma.corpus/1", "languages": [
+      {"code": "en", "family": "germanic", "role": "base"},
+      {"code": "ru", "family": "slavic", "role": "held_in"},
+      {"code": "uk", "family": "slavic", "role": "held_in"},
+      {"code": "fr", "family": "romance", "role": "held_in"}]})"), &error);
+  ASSERT_EQ(error, "");
+  Report without = BuildReport(in, {});
+  EXPECT_DOUBLE_EQ(*SummaryOf(without, "dense").acquisition,
+                   ((s.base_ru - s.dense_ru) + (s.base_uk - s.dense_uk) + 1.0) / 3);
+  Cell corpus;
+  corpus.job_name = "corpus";
+  corpus.kind = "prepare";
+  corpus.labels["report.held_in"] = "ru, uk";
+  in.cells.insert(in.cells.begin(), corpus);
+  Report r = BuildReport(in, {});
+  const Summary& dense = SummaryOf(r, "dense");
+  EXPECT_DOUBLE_EQ(*dense.acquisition, ((s.base_ru - s.dense_ru) + (s.base_uk - s.dense_uk)) / 2) << "fr is not taught";
+  EXPECT_DOUBLE_EQ(*dense.forgetting, s.dense_en - s.base_en) << "en only, not the instruction task";
+  std::string fr_role, task_role;
+  for (const Column& c : r.columns) {
+    if (c.key == "bpb/fr") fr_role = c.role;
+    if (c.key == "bpb/instruct_en-fr") task_role = c.role;
+  }
+  EXPECT_EQ(fr_role, "other");
+  EXPECT_EQ(task_role, "task");
+  EXPECT_EQ(ColumnKeys(r).at(4), "bpb/instruct_en-fr") << "after the languages' columns";
+  EXPECT_THAT(r.notes, ::testing::Contains(HasSubstr("report.held_in label of corpus: ru, uk")));
+}
+
 TEST(ReportSummary, CorpusManifestErrorsNameTheField) {
   std::string error;
   EXPECT_TRUE(CorpusLanguages(json::parse(R"({"format": "other"})"), &error).empty());
