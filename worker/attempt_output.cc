@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <string_view>
 
@@ -174,15 +176,16 @@ class EventFields {
   std::vector<Field> fields_;
 };
 
+constexpr const char* kStepMessageKeys[4] = {"loss", "lr", "grad_norm", "tokens_per_s"};
+
 // A short human summary of a training step event: "loss 2.3415 lr 3.0e-04".
-std::string StepMessage(const EventFields& j) {
+std::string StepMessage(const double (&values)[4]) {
   std::string message;
-  for (const char* key : {"loss", "lr", "grad_norm", "tokens_per_s"}) {
-    const EventFields::Field* v = j.Number(key);
-    if (v == nullptr) continue;
+  for (int i = 0; i < 4; ++i) {
+    if (std::isnan(values[i])) continue;
     if (!message.empty()) message += ' ';
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%s %.4g", key, v->number);
+    std::snprintf(buf, sizeof buf, "%s %.4g", kStepMessageKeys[i], values[i]);
     message += buf;
   }
   return message;
@@ -260,22 +263,46 @@ size_t MetricPoints::Batch(size_t from, size_t max,
 }
 
 void AttemptOutput::Feed(const char* data, size_t n, int64_t wall_ms) {
-  for (size_t i = 0; i < n; ++i) {
-    const char c = data[i];
-    if (c == '\n') {
-      if (!line_overflow) ParseLine(wall_ms);
-      line.clear();
-      line_overflow = false;
-    } else if (!line_overflow) {
-      // Only lines that may be progress or event lines are worth keeping.
-      if (line.size() >= kMaxLine || !MayBeStructured(line, c)) {
-        line_overflow = true;
-        line.clear();
-      } else {
-        line.push_back(c);
-      }
-    }
+  while (n > 0) {
+    const char* nl = static_cast<const char*>(std::memchr(data, '\n', n));
+    const size_t part = nl == nullptr ? n : static_cast<size_t>(nl - data);
+    if (!line_overflow) AddToLine(data, part);
+    if (nl == nullptr) return;
+    if (!line_overflow) ParseLine(wall_ms);
+    line.clear();
+    line_overflow = false;
+    data += part + 1;
+    n -= part + 1;
   }
+}
+
+void AttemptOutput::AddToLine(const char* data, size_t n) {
+  // Only lines that may be progress or event lines are worth keeping: the first bytes decide
+  // (MayBeStructured), the rest goes in whole up to kMaxLine.
+  size_t i = 0;
+  for (; i < n && line.size() < kEngineErrorPrefix.size(); ++i) {
+    if (line.size() >= kMaxLine || !MayBeStructured(line, data[i])) {
+      line_overflow = true;
+      line.clear();
+      return;
+    }
+    line.push_back(data[i]);
+  }
+  if (i == n) return;
+  if (line.size() + (n - i) > kMaxLine) {
+    line_overflow = true;
+    line.clear();
+    return;
+  }
+  line.append(data + i, n - i);
+}
+
+const v1::Progress& AttemptOutput::progress() const {
+  if (step_message_pending_) {
+    progress_.set_message(StepMessage(step_values_));
+    step_message_pending_ = false;
+  }
+  return progress_;
 }
 
 void AttemptOutput::ParseLine(int64_t wall_ms) {
@@ -366,13 +393,18 @@ void AttemptOutput::ParseLine(int64_t wall_ms) {
              step != nullptr && total != nullptr && total->number > 0) {
     p.set_fraction(std::clamp(step->number / total->number, 0.0, 1.0));
   }
+  step_message_pending_ = false;
   if (const std::string_view* m = string("message")) {
     p.set_message(std::string(*m));
   } else if (event == "step") {
-    p.set_message(StepMessage(j));
+    for (int i = 0; i < 4; ++i) {
+      const auto* v = number(kStepMessageKeys[i]);
+      step_values_[i] = v != nullptr ? v->number : NAN;
+    }
+    step_message_pending_ = true;
   }
   if (const auto* step = number("step")) p.set_step(step->integer);
-  progress = std::move(p);
+  progress_ = std::move(p);
   ++progress_version;
 }
 

@@ -60,7 +60,9 @@ struct AttemptOutput {
   void Feed(const char* data, size_t n, int64_t wall_ms);
 
   uint64_t progress_version = 0;  // grows with each progress or step line
-  v1::Progress progress;
+  // The latest progress (a step line's message is written when asked for: formatting it for
+  // every line cost more than the rest of the line's parsing).
+  const v1::Progress& progress() const;
   MetricPoints metrics;
   int64_t metrics_dropped = 0;
   std::map<std::string, std::string> outputs;   // output name → path (at most 64 names)
@@ -69,8 +71,15 @@ struct AttemptOutput {
 
  private:
   void ParseLine(int64_t wall_ms);
+  // Adds bytes of the current line (no newline among them).
+  void AddToLine(const char* data, size_t n);
   std::string line;  // the current line, while it may still be a structured one
   bool line_overflow = false;
+  mutable v1::Progress progress_;
+  // The last step line's loss, lr, grad_norm, tokens_per_s (NaN: absent), while its message
+  // is still to be written into progress_.
+  mutable bool step_message_pending_ = false;
+  double step_values_[4] = {0, 0, 0, 0};
 };
 
 }  // namespace stemma::worker

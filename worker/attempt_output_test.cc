@@ -27,8 +27,8 @@ TEST(AttemptOutput, LinesSplitAcrossReadsParseTheSame) {
     AttemptOutput out;
     FeedAll(out, text, piece);
     EXPECT_EQ(out.progress_version, 2u) << piece;
-    EXPECT_DOUBLE_EQ(out.progress.fraction(), 0.9) << piece;
-    EXPECT_EQ(out.progress.message(), "almost");
+    EXPECT_DOUBLE_EQ(out.progress().fraction(), 0.9) << piece;
+    EXPECT_EQ(out.progress().message(), "almost");
     ASSERT_EQ(out.metrics.size(), 1u) << piece;
     EXPECT_EQ(out.metrics.At(0).name, "loss");
     EXPECT_EQ(out.metrics.At(0).step, 3);
@@ -77,9 +77,9 @@ TEST(AttemptOutput, FlatAndNestedSpellingsOfAnEventSayTheSame) {
       EXPECT_EQ(a.metrics.At(i).step, b.metrics.At(i).step) << c.flat;
     }
     EXPECT_EQ(a.progress_version, b.progress_version) << c.flat;
-    EXPECT_EQ(a.progress.message(), b.progress.message()) << c.flat;
-    EXPECT_DOUBLE_EQ(a.progress.fraction(), b.progress.fraction()) << c.flat;
-    EXPECT_EQ(a.progress.step(), b.progress.step()) << c.flat;
+    EXPECT_EQ(a.progress().message(), b.progress().message()) << c.flat;
+    EXPECT_DOUBLE_EQ(a.progress().fraction(), b.progress().fraction()) << c.flat;
+    EXPECT_EQ(a.progress().step(), b.progress().step()) << c.flat;
   }
   AttemptOutput step;
   FeedAll(step, cases[0].flat + "\n", 1000);
@@ -90,8 +90,8 @@ TEST(AttemptOutput, FlatAndNestedSpellingsOfAnEventSayTheSame) {
   EXPECT_DOUBLE_EQ(step.metrics.At(1).value, -3e-4);
   EXPECT_EQ(step.metrics.At(2).name, "tokens_per_s");
   EXPECT_EQ(step.metrics.At(2).step, 7);
-  EXPECT_DOUBLE_EQ(step.progress.fraction(), 0.7);
-  EXPECT_EQ(step.progress.message(), "loss 0.25 lr -0.0003 tokens_per_s 1.2e+04");
+  EXPECT_DOUBLE_EQ(step.progress().fraction(), 0.7);
+  EXPECT_EQ(step.progress().message(), "loss 0.25 lr -0.0003 tokens_per_s 1.2e+04");
   // Not numbers, not objects: nothing is taken from them.
   AttemptOutput bad;
   FeedAll(bad, "{\"event\":\"step\",\"step\":1,\"loss\":1.2.3}\n{\"event\":\"step\",\"step\":1,\"loss\":\"2\"}\n"

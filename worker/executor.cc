@@ -529,7 +529,7 @@ AttemptSnapshot Executor::SnapshotOf(const Attempt& a) const {
   s.finished = a.finished;
   if (a.finished) s.result = a.result;
   s.progress_version = a.out.progress_version;
-  s.progress = a.out.progress;
+  s.progress = a.out.progress();
   s.metric_count = a.out.metrics.size();
   return s;
 }
