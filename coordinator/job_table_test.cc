@@ -245,35 +245,49 @@ TEST_F(JobTableTest, ReloadKeepsEverything) {
 namespace stemma::coordinator {
 namespace {
 
-// Memoization: the same engine job with the same inputs ends at once with the first one's
-// outputs; a changed field, or outputs that are gone, run again.
-TEST(JobTableMemo, SameKeyIsServedAndMissingOutputsAreAMiss) {
+// A directory with a base checkpoint and an output "out1" (empty manifests both).
+std::filesystem::path CheckpointDir(const std::string& tag) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("stemma-memo-test-" + std::to_string(getpid()));
+                                    ("stemma-" + tag + "-test-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir / "base");
   std::filesystem::create_directories(dir / "out1");
   std::ofstream(dir / "base" / "stemma.json") << "{\"files\": {}}";
   std::ofstream(dir / "out1" / "stemma.json") << "{\"files\": {}}";
+  return dir;
+}
+
+// A revert of the base onto itself: an engine job whose cache key follows `layers`.
+v1::JobSpec Revert(const std::filesystem::path& dir, const std::string& name, const std::string& out,
+                   const std::string& layers) {
+  v1::JobSpec s;
+  s.set_name(name);
+  s.mutable_revert()->set_base((dir / "base").string());
+  s.mutable_revert()->set_model((dir / "base").string());
+  s.mutable_revert()->add_layers(layers);
+  s.mutable_revert()->set_out(out);
+  return s;
+}
+
+std::string SubmitOne(JobTable& table, const v1::JobSpec& s) {
+  v1::SubmitRequest req;
+  *req.add_jobs() = s;
+  Changes ch;
+  auto r = table.Submit(req, &ch);
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? r->ids[0] : "";
+}
+
+// Memoization: the same engine job with the same inputs ends at once with the first one's
+// outputs; a changed field, or outputs that are gone, run again.
+TEST(JobTableMemo, SameKeyIsServedAndMissingOutputsAreAMiss) {
+  const std::filesystem::path dir = CheckpointDir("memo");
   FakeClock clock;
   JobTable table(&clock);
   auto revert = [&](const std::string& name, const std::string& out, const std::string& layers) {
-    v1::JobSpec s;
-    s.set_name(name);
-    s.mutable_revert()->set_base((dir / "base").string());
-    s.mutable_revert()->set_model((dir / "base").string());
-    s.mutable_revert()->add_layers(layers);
-    s.mutable_revert()->set_out(out);
-    return s;
+    return Revert(dir, name, out, layers);
   };
-  auto submit = [&](const v1::JobSpec& s) {
-    v1::SubmitRequest req;
-    *req.add_jobs() = s;
-    Changes ch;
-    auto r = table.Submit(req, &ch);
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r->ids[0];
-  };
+  auto submit = [&](const v1::JobSpec& s) { return SubmitOne(table, s); };
   const std::string first = submit(revert("r1", (dir / "out1").string(), "middle"));
   ASSERT_EQ(table.Find(first)->state(), v1::QUEUED);
   ASSERT_FALSE(table.Find(first)->cache_key().empty());
@@ -313,33 +327,15 @@ TEST(JobTableMemo, SameKeyIsServedAndMissingOutputsAreAMiss) {
 // run into the same outputs) and is served from it; if it fails, the copy runs itself; a
 // restarted coordinator still knows who waits for whom.
 TEST(JobTableMemo, ACopyOfAnUnfinishedJobWaitsForItAndIsServedFromIt) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("stemma-twin-test-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir / "base");
-  std::filesystem::create_directories(dir / "out1");
-  std::ofstream(dir / "base" / "stemma.json") << "{\"files\": {}}";
-  std::ofstream(dir / "out1" / "stemma.json") << "{\"files\": {}}";
+  const std::filesystem::path dir = CheckpointDir("twin");
   FakeClock clock;
   JobTable table(&clock);
   auto revert = [&](const std::string& name, const std::string& layers) {
-    v1::JobSpec s;
-    s.set_name(name);
+    v1::JobSpec s = Revert(dir, name, (dir / name).string(), layers);
     s.set_max_attempts(1);
-    s.mutable_revert()->set_base((dir / "base").string());
-    s.mutable_revert()->set_model((dir / "base").string());
-    s.mutable_revert()->add_layers(layers);
-    s.mutable_revert()->set_out((dir / name).string());
     return s;
   };
-  auto submit = [&](JobTable& t, const v1::JobSpec& s) {
-    v1::SubmitRequest req;
-    *req.add_jobs() = s;
-    Changes ch;
-    auto r = t.Submit(req, &ch);
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r->ids[0];
-  };
+  auto submit = [&](JobTable& t, const v1::JobSpec& s) { return SubmitOne(t, s); };
   auto start = [&](JobTable& t, const std::string& id) {
     Changes ch;
     v1::AttemptPart part;

@@ -231,6 +231,20 @@ echo "{\"event\":\"output\",\"name\":\"model\",\"path\":\"$out\"}"
 exit 0
 )SH";
 
+// A worker "w1" with `cpus` slots that runs kFakeEngine, its storage root DIR/store (returned).
+std::string StartFakeEngineWorker(Cluster& c, int cpus) {
+  const std::string root = c.dir() + "/store";
+  std::filesystem::create_directories(root);
+  const std::string engine = c.WriteFile("fake-engine", kFakeEngine);
+  ::chmod(engine.c_str(), 0755);
+  Cluster::WorkerOptions w;
+  w.cpus = cpus;
+  w.extra = {"--storage-root", root, "--engine", engine};
+  c.StartWorker("w1", w);
+  c.WaitForWorkers(1);
+  return root;
+}
+
 // Trials run one at a time (one CPU) in matrix order, lr = loss: 1, 4, 2, 3. Rungs at steps
 // 3 and 6, keep 0.5 (so a rung judges from its second trial on):
 //   rung 1: lr=1 first (continues), lr=4 rank 2 of 2 (stopped), lr=2 rank 2 of 3 (kept:
@@ -263,15 +277,7 @@ stages:
 TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcrossARestart) {
   Cluster c;
   c.StartCoordinator();
-  const std::string root = c.dir() + "/store";
-  std::filesystem::create_directories(root);
-  const std::string engine = c.WriteFile("fake-engine", kFakeEngine);
-  ::chmod(engine.c_str(), 0755);
-  Cluster::WorkerOptions w;
-  w.cpus = 1;
-  w.extra = {"--storage-root", root, "--engine", engine};
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
+  StartFakeEngineWorker(c, 1);
   auto sweep = c.Cli({"sweep", "-f", c.WriteFile("asha.yaml", kAsha)});
   ASSERT_EQ(sweep.exit_code, 0) << sweep.err;
   auto cells = ByName(Cells(c, "asha"));
@@ -428,15 +434,7 @@ TEST(Experiments, CacheHitsRequireTheSameEngineBuild) {
 TEST(Experiments, ANewRevisionSupersedesChangedCellsAndWaitsForUnchangedRunningOnes) {
   Cluster c;
   c.StartCoordinator();
-  const std::string root = c.dir() + "/store";
-  std::filesystem::create_directories(root);
-  const std::string engine = c.WriteFile("fake-engine", kFakeEngine);
-  ::chmod(engine.c_str(), 0755);
-  Cluster::WorkerOptions w;
-  w.cpus = 2;
-  w.extra = {"--storage-root", root, "--engine", engine};
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
+  const std::string root = StartFakeEngineWorker(c, 2);
   auto file = [&](const std::string& lr) {
     return c.WriteFile("sup.yaml",
                        "name: sup\nstages:\n"
