@@ -292,6 +292,8 @@ report::Report FullReport() {
       {"layer": 0, "mean_jsd": 0.05, "entropy": {"ru": 1.3, "en": 1.35}}, {"layer": 1, "mean_jsd": 0.2, "entropy": {"ru": 0.9, "en": 1.2}}]})")});
   in.analyses.push_back({"analyze", "drift", "drift.json", json::parse(R"({"layers": [
       {"layer": 0, "gate": 0.01, "up": 0.012, "down": 0.03, "asymmetry": 2.7}, {"layer": 1, "gate": 0.02, "up": 0.02, "down": 0.025, "asymmetry": 1.25}]})")});
+  in.analyses.push_back({"analyze", "alignment", "alignment.json", json::parse(R"({"languages": ["en", "ru"],
+      "mean_cosine": [0.6, 0.2, -0.1, 0.05]})")});
   return report::BuildReport(in, {});
 }
 
