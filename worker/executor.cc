@@ -623,6 +623,11 @@ void Executor::Loop() {
       n = 0;
     }
     bool notify = false;
+    // Output is read and logged outside the lock (the session's Snapshot and the spawners
+    // would wait on it): only this thread reads an attempt's pipe, writes its log, and ends an
+    // attempt that has a pipe, so the attempt stays put until the lock is taken again.
+    std::vector<OutputRead> reads;
+    std::vector<uint64_t> exits;
     {
       absl::MutexLock lock(&mu_);
       for (int i = 0; i < n; ++i) {
@@ -638,16 +643,37 @@ void Executor::Loop() {
         auto it = attempts_.find(owner->second);
         if (it == attempts_.end()) continue;
         Attempt& a = *it->second;
-        if (token == a.out_token) {
-          const uint64_t before = a.out.progress_version;
-          ReadOutputLocked(a, /*drain=*/false);
-          if (a.out.progress_version != before && a.progress_notify_ms == 0) {
-            a.progress_notify_ms = clock_->MonoMs() + kProgressNotifyDelayMs;
-          }
+        if (token == a.out_token && a.out_fd >= 0) {
+          reads.push_back(OutputRead{&a, a.out_fd, a.log_fd});
         } else if (token == a.pid_token) {
-          ReapLocked(a);
-          notify |= a.finished;
+          exits.push_back(token);
         }
+      }
+    }
+    for (OutputRead& r : reads) ReadOutput(r);
+    {
+      absl::MutexLock lock(&mu_);
+      for (OutputRead& r : reads) {
+        Attempt& a = *r.attempt;
+        const uint64_t before = a.out.progress_version;
+        a.log_bytes += r.logged;
+        if (r.write_errno != 0 && !a.log_write_failed) {
+          spdlog::error("attempt={} log write to {} failed: {}", a.id, a.log_path, strerror(r.write_errno));
+          a.log_write_failed = true;
+        }
+        if (!r.data.empty()) a.out.Feed(r.data.data(), r.data.size(), clock_->WallMs());
+        if (a.out.progress_version != before && a.progress_notify_ms == 0) {
+          a.progress_notify_ms = clock_->MonoMs() + kProgressNotifyDelayMs;
+        }
+        if (r.eof) CloseOutputLocked(a);
+      }
+      for (const uint64_t token : exits) {
+        auto owner = tokens_.find(token);
+        if (owner == tokens_.end()) continue;
+        auto it = attempts_.find(owner->second);
+        if (it == attempts_.end() || it->second->pid_token != token) continue;
+        ReapLocked(*it->second);
+        notify |= it->second->finished;
       }
       notify |= FireTimersLocked(clock_->MonoMs());
       ReapLingeringLocked(clock_->MonoMs());
@@ -763,6 +789,35 @@ void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
     wake = loop_wake_ms_ < 0 || loop_wake_ms_ > due;
   }
   if (wake) WakeLoop();
+}
+
+void Executor::ReadOutput(OutputRead& r) {
+  char buf[kReadChunk];
+  // Bounded reads per wakeup keep one chatty child from starving the others.
+  for (int i = 0; i < 4; ++i) {
+    const ssize_t n = read(r.out_fd, buf, sizeof buf);
+    if (n > 0) {
+      if (r.log_fd >= 0 && r.write_errno == 0) {
+        size_t done = 0;
+        while (done < static_cast<size_t>(n)) {
+          const ssize_t w = write(r.log_fd, buf + done, static_cast<size_t>(n) - done);
+          if (w < 0 && errno == EINTR) continue;
+          if (w <= 0) {
+            r.write_errno = w < 0 ? errno : EIO;
+            break;
+          }
+          done += static_cast<size_t>(w);
+        }
+        r.logged += static_cast<int64_t>(done);
+      }
+      r.data.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    r.eof = true;  // EOF: every writer is gone
+    return;
+  }
 }
 
 void Executor::ReadOutputLocked(Attempt& a, bool drain) {

@@ -185,6 +185,18 @@ class Executor {
   // costs far less than allocating two inodes (directory and log), which dominated the
   // worker's CPU per short job on ext4. The log stays open, so the next attempt needs
   // no open, and RecycleLoop has emptied it. Left as they are when the worker stops.
+  // One wake-up's read of an attempt's pipe, done without the lock (ReadOutput) and then
+  // applied under it (Loop).
+  struct OutputRead {
+    Attempt* attempt;
+    int out_fd;
+    int log_fd;
+    std::string data;     // what was read
+    int64_t logged = 0;   // bytes of it written to the log
+    int write_errno = 0;  // the log write that failed, if one did
+    bool eof = false;
+  };
+  static void ReadOutput(OutputRead& r);
   struct SpareDir {
     std::string dir;
     int log_fd = -1;  // owned: open on dir/log, O_APPEND
