@@ -68,6 +68,9 @@ struct Executor::Attempt {
   std::string log_path;
   int64_t log_bytes = 0;
   bool log_write_failed = false;
+  // The log's last bytes, [log_bytes - log_tail.size(), log_bytes), for the session to ship
+  // without opening the file (LogSince).
+  std::string log_tail;
 
   int64_t deadline_ms = 0;  // monotonic; 0: no timeout
   int64_t start_notify_ms = 0;  // monotonic; 0: the start needs no (more) signal
@@ -90,6 +93,20 @@ struct Executor::Attempt {
 namespace {
 
 constexpr size_t kReadChunk = 64 * 1024;
+// How much of each attempt's log is kept in memory for shipping: a session that falls further
+// behind reads the file.
+constexpr size_t kLogTailBytes = 256 * 1024;
+
+// Bytes just written to the attempt's log.
+void NoteLogged(std::string& tail, int64_t& log_bytes, const char* data, size_t n) {
+  log_bytes += static_cast<int64_t>(n);
+  if (n >= kLogTailBytes) {
+    tail.assign(data + (n - kLogTailBytes / 2), kLogTailBytes / 2);
+    return;
+  }
+  if (tail.size() + n > kLogTailBytes) tail.erase(0, tail.size() + n - kLogTailBytes / 2);
+  tail.append(data, n);
+}
 constexpr uint64_t kWakeToken = 0;
 constexpr int64_t kLingerPollMs = 50;
 constexpr int64_t kStartNotifyDelayMs = 2;
@@ -352,7 +369,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
       if (a.log_fd >= 0) {
         std::string line = absl::StrCat("stemma-worker: ", why, "\n");
         WriteAll(a.log_fd, line.data(), line.size());
-        a.log_bytes += static_cast<int64_t>(line.size());
+        NoteLogged(a.log_tail, a.log_bytes, line.data(), line.size());
       }
       FinishLocked(a, -1, why, refusal.empty() ? "failed" : "refused", refusal.empty());
       notify = true;
@@ -511,6 +528,19 @@ size_t Executor::MetricsSince(const std::string& attempt_id, size_t from, size_t
   return it->second->out.metrics.Batch(from, max, batch);
 }
 
+bool Executor::LogSince(const std::string& attempt_id, int64_t offset, size_t max,
+                        std::string* out) const {
+  absl::MutexLock lock(&mu_);
+  auto it = attempts_.find(attempt_id);
+  if (it == attempts_.end()) return false;
+  const Attempt& a = *it->second;
+  const int64_t start = a.log_bytes - static_cast<int64_t>(a.log_tail.size());
+  if (offset < start || offset >= a.log_bytes) return false;
+  const size_t from = static_cast<size_t>(offset - start);
+  out->assign(a.log_tail, from, std::min(max, a.log_tail.size() - from));
+  return true;
+}
+
 std::optional<AttemptSnapshot> Executor::Get(const std::string& attempt_id) const {
   absl::MutexLock lock(&mu_);
   auto it = attempts_.find(attempt_id);
@@ -656,7 +686,7 @@ void Executor::Loop() {
       for (OutputRead& r : reads) {
         Attempt& a = *r.attempt;
         const uint64_t before = a.out.progress_version;
-        a.log_bytes += r.logged;
+        NoteLogged(a.log_tail, a.log_bytes, r.data.data(), static_cast<size_t>(r.logged));
         if (r.write_errno != 0 && !a.log_write_failed) {
           spdlog::error("attempt={} log write to {} failed: {}", a.id, a.log_path, strerror(r.write_errno));
           a.log_write_failed = true;
@@ -841,7 +871,7 @@ void Executor::ReadOutputLocked(Attempt& a, bool drain) {
           }
           done += static_cast<size_t>(w);
         }
-        a.log_bytes += static_cast<int64_t>(done);
+        NoteLogged(a.log_tail, a.log_bytes, buf, done);
       }
       a.out.Feed(buf, static_cast<size_t>(n), clock_->WallMs());
       continue;

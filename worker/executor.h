@@ -81,6 +81,11 @@ class Executor {
   size_t MetricsSince(const std::string& attempt_id, size_t from, size_t max,
                       v1::AttemptEvent::MetricBatch* batch) const;
   static constexpr size_t kMaxMetricPoints = 200000;  // = AttemptOutput::kMaxMetricPoints
+  // Up to `max` bytes of the attempt's log from `offset`, from memory: false when they are no
+  // longer there (or not yet written), and then the log file has them. Reading the file
+  // instead costs an open and a close, and on ext4 the close of a log whose file was reused
+  // (truncated, rewritten) starts its writeback at once (auto_da_alloc): a disk write per job.
+  bool LogSince(const std::string& attempt_id, int64_t offset, size_t max, std::string* out) const;
 
   // Starts an attempt: creates DATA/attempts/<id>/ and its log, and queues the child for a
   // spawner thread to fork. Refusals (exec without --allow-exec, no engine, bad spec) are not

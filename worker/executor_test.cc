@@ -450,6 +450,28 @@ TEST_F(ExecutorTest, ForgottenDirectoriesAreRecycledUnlessTheJobLeftFiles) {
   EXPECT_TRUE(fs::exists(dir_ / "attempts" / "maker" / "log"));
 }
 
+// The session ships log bytes from memory while they are there; what has left memory (a
+// long log) is in the file, byte for byte the same.
+TEST_F(ExecutorTest, LogBytesAreServedFromMemoryAndMatchTheFile) {
+  AttemptSnapshot small = Run(Exec("small", {"/bin/echo", "hello"}));
+  ASSERT_EQ(small.log_bytes, 6);
+  std::string got;
+  ASSERT_TRUE(executor().LogSince("small", 0, 100, &got));
+  EXPECT_EQ(got, "hello\n");
+  ASSERT_TRUE(executor().LogSince("small", 2, 2, &got));
+  EXPECT_EQ(got, "ll");
+  EXPECT_FALSE(executor().LogSince("small", 6, 10, &got)) << "nothing past the end";
+  EXPECT_FALSE(executor().LogSince("nope", 0, 10, &got));
+
+  AttemptSnapshot big = Run(Exec("big", {"/bin/sh", "-c", "seq 1 100000"}));
+  const std::string file = Log("big");
+  ASSERT_EQ(big.log_bytes, static_cast<int64_t>(file.size()));
+  ASSERT_GT(file.size(), 512u * 1024);
+  EXPECT_FALSE(executor().LogSince("big", 0, 100, &got)) << "the start has left memory";
+  ASSERT_TRUE(executor().LogSince("big", big.log_bytes - 1000, 4096, &got));
+  EXPECT_EQ(got, file.substr(file.size() - 1000));
+}
+
 TEST_F(ExecutorTest, DiscardKillsAndForgets) {
   ASSERT_TRUE(executor().Launch(Exec("discard", {"/bin/sleep", "100"})).ok());
   const int64_t pgid = WaitPid("discard");

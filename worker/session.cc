@@ -498,7 +498,8 @@ bool Session::ShipEvents(Stream* stream) {
     std::string chunk;
     for (int i = 0; i < kChunksPerTick && s.sent < a.log_bytes; ++i) {
       const size_t want = static_cast<size_t>(std::min<int64_t>(kLogChunk, a.log_bytes - s.sent));
-      if (!ReadAt(a.log_path, s.sent, want, &chunk)) {
+      if (!executor_->LogSince(a.attempt_id, s.sent, want, &chunk) &&
+          !ReadAt(a.log_path, s.sent, want, &chunk)) {
         spdlog::error("session: attempt={} cannot read {} at {}; skipping {} log bytes",
                       a.attempt_id, a.log_path, s.sent, a.log_bytes - s.sent);
         s.sent = a.log_bytes;
