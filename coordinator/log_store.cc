@@ -88,7 +88,11 @@ absl::Status LogStore::Load() {
   std::vector<uint32_t> numbers;
   while (dirent* e = ::readdir(d)) {
     uint32_t n = 0;
-    if (ParseSegmentName(e->d_name, &n)) numbers.push_back(n);
+    if (ParseSegmentName(e->d_name, &n)) {
+      numbers.push_back(n);
+    } else if (e->d_name[0] != '.' && (e->d_type == DT_DIR || e->d_type == DT_UNKNOWN)) {
+      legacy_ = true;  // a job's directory of per-attempt logs, from an older coordinator
+    }
   }
   ::closedir(d);
   std::sort(numbers.begin(), numbers.end());
@@ -161,10 +165,11 @@ absl::Status LogStore::IndexSegment(uint32_t number, bool last) {
 LogStore::AttemptLog* LogStore::Find(const std::string& job_id, int attempt, bool create) const {
   const std::string key = Key(job_id, attempt);
   if (auto it = index_.find(key); it != index_.end()) return &it->second;
-  // A log an older coordinator kept as a file of its own.
-  const std::string legacy = absl::StrCat(dir_, "/", job_id, "/", attempt, ".log");
+  // A log an older coordinator kept as a file of its own (looked for only where there are
+  // such directories: a stat per new attempt otherwise).
+  const std::string legacy = legacy_ ? absl::StrCat(dir_, "/", job_id, "/", attempt, ".log") : "";
   struct stat st;
-  const bool has_legacy = ::stat(legacy.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  const bool has_legacy = legacy_ && ::stat(legacy.c_str(), &st) == 0 && S_ISREG(st.st_mode);
   if (!has_legacy && !create) return nullptr;
   AttemptLog& log = index_[key];
   if (has_legacy && st.st_size > 0) {

@@ -96,6 +96,7 @@ class LogStore {
   mutable std::vector<std::string> files_ ABSL_GUARDED_BY(mu_);  // segments and legacy logs
   mutable absl::flat_hash_map<std::string, AttemptLog> index_ ABSL_GUARDED_BY(mu_);
   uint32_t next_segment_ ABSL_GUARDED_BY(mu_) = 1;
+  bool legacy_ ABSL_GUARDED_BY(mu_) = false;  // the directory holds per-attempt log files
   int fd_ ABSL_GUARDED_BY(mu_) = -1;  // the segment being written, or -1
   uint32_t fd_file_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t fd_size_ ABSL_GUARDED_BY(mu_) = 0;
