@@ -169,12 +169,26 @@ absl::StatusOr<int> RunCancel(const GlobalOptions& g, const GetOptions& o) {
   v1::GetExperimentRequest req;
   req.set_name(o.name);
   ASSIGN_OR_RETURN(v1::GetExperimentResponse r, client.GetExperiment(req));
-  int cancelled = 0;
-  for (const auto& c : r.cells()) {
-    if (c.state() == "SUCCEEDED" || c.state() == "FAILED" || c.state() == "CANCELLED") continue;
-    if (client.Cancel(c.job_id(), absl::StrCat("experiment ", o.name, " cancelled")).ok()) ++cancelled;
+  // The latest revision's unfinished jobs, and those of earlier revisions: a new revision
+  // cancels what it supersedes, so what is left of those is what the latest one waits for.
+  int cancelled = 0, earlier = 0;
+  const int latest = r.experiment().revision();
+  for (int revision = latest; revision >= 1; --revision) {
+    if (revision != latest) {
+      req.set_revision(revision);
+      ASSIGN_OR_RETURN(r, client.GetExperiment(req));
+    }
+    for (const auto& c : r.cells()) {
+      if (c.job_id().empty() || c.state() == "SUCCEEDED" || c.state() == "FAILED" || c.state() == "CANCELLED") continue;
+      if (client.Cancel(c.job_id(), absl::StrCat("experiment ", o.name, " cancelled")).ok()) {
+        ++cancelled;
+        earlier += revision != latest;
+      }
+    }
   }
-  std::cout << "cancelled " << cancelled << " jobs of " << o.name << "\n";
+  std::cout << "cancelled " << cancelled << " jobs of " << o.name;
+  if (earlier > 0) std::cout << " (" << earlier << " of earlier revisions that the latest one waited for)";
+  std::cout << "\n";
   return 0;
 }
 
@@ -318,7 +332,7 @@ void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* 
   w->add_option("--timeout", *wait_timeout, "seconds (0: no limit)");
   w->callback([=] { *action = [=] { return RunWait(*globals, *wait, *wait_timeout); }; });
   auto cancel = std::make_shared<GetOptions>();
-  CLI::App* c = exp->add_subcommand("cancel", "Cancel every unfinished job of the latest revision");
+  CLI::App* c = exp->add_subcommand("cancel", "Cancel every unfinished job of the experiment (the latest revision and what it waits for)");
   c->add_option("name", cancel->name, "experiment name")->required();
   c->callback([=] { *action = [=] { return RunCancel(*globals, *cancel); }; });
   auto retry = std::make_shared<GetOptions>();

@@ -468,6 +468,28 @@ TEST(Experiments, ANewRevisionSupersedesChangedCellsAndWaitsForUnchangedRunningO
   EXPECT_EQ(steps.find(keep2 + " "), std::string::npos) << "the unchanged cell ran twice";
 }
 
+// `exp cancel` also cancels the earlier revision's running job that the latest one waits for
+// (it would otherwise run on for nobody).
+TEST(Experiments, CancelReachesTheEarlierRevisionsJobTheLatestWaitsFor) {
+  Cluster c;
+  c.StartCoordinator();
+  StartFakeEngineWorker(c, 1);
+  const std::string file = c.WriteFile("w.yaml", "name: w\nstages:\n  t:\n    resources: {cpus: 1}\n"
+                                                 "    train: {model: base, data: {datasets: [{path: data}], seq_len: 8}, steps: 200}\n");
+  ASSERT_EQ(c.Cli({"sweep", "-f", file}).exit_code, 0);
+  const std::string first = ByName(Cells(c, "w")).at("t")["job_id"];
+  ASSERT_TRUE(c.WaitUntil([&] { return c.State(first) == "RUNNING"; }, 30));
+  ASSERT_EQ(c.Cli({"sweep", "-f", file}).exit_code, 0);  // revision 2: the same job, waiting
+  const std::string second = ByName(Cells(c, "w")).at("t")["job_id"];
+  ASSERT_EQ(c.State(second), "PENDING");
+  auto cancel = c.Cli({"exp", "cancel", "w"});
+  ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
+  EXPECT_NE(cancel.out.find("cancelled 2 jobs of w (1 of earlier revisions that the latest one waited for)"),
+            std::string::npos) << cancel.out;
+  EXPECT_EQ(c.WaitFor(first, {"CANCELLED"}, 30), "CANCELLED");
+  EXPECT_EQ(c.State(second), "CANCELLED");
+}
+
 // With the engine built: a real trainer stopped through the worker's stop file. lr 1e-2 learns
 // the tiny corpus, lr 1e-7 barely moves; run one at a time, the second is stopped at the
 // rung and publishes the model of the step it stopped at.
