@@ -290,9 +290,7 @@ void JobTable::SetState(Entry& e, v1::JobState to, const std::string& reason,
   }
   if (IsTerminal(to)) {
     e.job.set_finished_ms(now);
-    if (auto it = inflight_.find(e.job.cache_key()); it != inflight_.end() && it->second == e.job.id()) {
-      inflight_.erase(it);
-    }
+    LeaveInflight(e.job);
   }
   Record(e, from, changes);
   if (observer_) observer_(e.job, from, to);
@@ -359,12 +357,9 @@ void JobTable::Release(Entry& e, Changes* changes) {
 }
 
 bool JobTable::WaitForTwin(Entry& e, Changes* changes) {
+  // ServeFromCache left no key on what is not memoized (not an engine job, cache: false).
   const std::string& key = e.job.cache_key();
-  if (key.empty() || !IsEngineJob(e.job.spec())) return false;
-  if (auto it = e.job.spec().labels().find("stemma.cache");
-      it != e.job.spec().labels().end() && it->second == "false") {
-    return false;
-  }
+  if (key.empty()) return false;
   auto twin = inflight_.find(key);
   if (twin != inflight_.end() && twin->second != e.job.id()) {
     auto t = jobs_.find(twin->second);
@@ -385,6 +380,11 @@ bool JobTable::WaitForTwin(Entry& e, Changes* changes) {
   e.job.mutable_spec()->mutable_labels()->erase(kWaitsForLabel);
   inflight_[key] = e.job.id();
   return false;
+}
+
+void JobTable::LeaveInflight(const v1::Job& job) {
+  auto it = inflight_.find(job.cache_key());
+  if (it != inflight_.end() && it->second == job.id()) inflight_.erase(it);
 }
 
 bool JobTable::ServeFromCache(Entry& e, Changes* changes) {
@@ -494,9 +494,7 @@ void JobTable::PartSucceeded(v1::Job* job, int rank,
     // build the key was first computed with at release (none, when the job was released
     // before any worker had registered: then no later lookup, which uses a worker's build,
     // would have found it, and a restarted coordinator recomputed everything).
-    if (auto it = inflight_.find(e.job.cache_key()); it != inflight_.end() && it->second == e.job.id()) {
-      inflight_.erase(it);
-    }
+    LeaveInflight(e.job);  // under the key it ran with: the key is recomputed below
     if (!e.job.engine_build_id().empty()) {
       const std::string key = experiments::CacheKey(e.job.spec(), e.job.engine_build_id());
       if (!key.empty()) e.job.set_cache_key(key);

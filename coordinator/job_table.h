@@ -123,6 +123,8 @@ class JobTable {
   // runs, if that one failed or was cancelled); true when it waits. Otherwise the job is the
   // one that runs under its key.
   bool WaitForTwin(Entry& e, Changes* changes);
+  // Drops the job's inflight_ entry, if it is the one under its current key.
+  void LeaveInflight(const v1::Job& job);
   // Re-evaluates the PENDING dependents of a job that ended.
   void ReleaseDependents(Entry& e, Changes* changes);
 

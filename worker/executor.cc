@@ -318,10 +318,6 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
     if (spare && rename(spare->dir.c_str(), workdir.c_str()) == 0) {
       // The spare's log is open, empty (RecycleLoop) and now named workdir/log: no open.
       attempt->log_fd = spare->log_fd;
-      if (!spare->log_empty && ftruncate(attempt->log_fd, 0) != 0) {
-        close(attempt->log_fd);
-        attempt->log_fd = -1;
-      }
     } else {
       if (spare) close(spare->log_fd);
       std::filesystem::create_directories(workdir, ec);
@@ -683,20 +679,7 @@ void Executor::Loop() {
     for (OutputRead& r : reads) ReadOutput(r);
     {
       absl::MutexLock lock(&mu_);
-      for (OutputRead& r : reads) {
-        Attempt& a = *r.attempt;
-        const uint64_t before = a.out.progress_version;
-        NoteLogged(a.log_tail, a.log_bytes, r.data.data(), static_cast<size_t>(r.logged));
-        if (r.write_errno != 0 && !a.log_write_failed) {
-          spdlog::error("attempt={} log write to {} failed: {}", a.id, a.log_path, strerror(r.write_errno));
-          a.log_write_failed = true;
-        }
-        if (!r.data.empty()) a.out.Feed(r.data.data(), r.data.size(), clock_->WallMs());
-        if (a.out.progress_version != before && a.progress_notify_ms == 0) {
-          a.progress_notify_ms = clock_->MonoMs() + kProgressNotifyDelayMs;
-        }
-        if (r.eof) CloseOutputLocked(a);
-      }
+      for (const OutputRead& r : reads) ApplyOutputLocked(r);
       for (const uint64_t token : exits) {
         auto owner = tokens_.find(token);
         if (owner == tokens_.end()) continue;
@@ -844,42 +827,36 @@ void Executor::ReadOutput(OutputRead& r) {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      r.would_block = true;
+      return;
+    }
     r.eof = true;  // EOF: every writer is gone
     return;
   }
 }
 
-void Executor::ReadOutputLocked(Attempt& a, bool drain) {
-  char buf[kReadChunk];
-  // Bounded reads per wakeup keep one chatty child from starving the others.
-  for (int i = 0; a.out_fd >= 0 && (drain || i < 4); ++i) {
-    ssize_t n = read(a.out_fd, buf, sizeof buf);
-    if (n > 0) {
-      if (a.log_fd >= 0) {
-        size_t done = 0;
-        while (done < static_cast<size_t>(n)) {
-          ssize_t w = write(a.log_fd, buf + done, static_cast<size_t>(n) - done);
-          if (w < 0 && errno == EINTR) continue;
-          if (w <= 0) {
-            if (!a.log_write_failed) {
-              spdlog::error("attempt={} log write to {} failed: {}", a.id, a.log_path,
-                            strerror(errno));
-              a.log_write_failed = true;
-            }
-            break;
-          }
-          done += static_cast<size_t>(w);
-        }
-        NoteLogged(a.log_tail, a.log_bytes, buf, done);
-      }
-      a.out.Feed(buf, static_cast<size_t>(n), clock_->WallMs());
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    CloseOutputLocked(a);  // EOF: every writer is gone
-    return;
+void Executor::ApplyOutputLocked(const OutputRead& r) {
+  Attempt& a = *r.attempt;
+  const uint64_t before = a.out.progress_version;
+  NoteLogged(a.log_tail, a.log_bytes, r.data.data(), static_cast<size_t>(r.logged));
+  if (r.write_errno != 0 && !a.log_write_failed) {
+    spdlog::error("attempt={} log write to {} failed: {}", a.id, a.log_path, strerror(r.write_errno));
+    a.log_write_failed = true;
+  }
+  if (!r.data.empty()) a.out.Feed(r.data.data(), r.data.size(), clock_->WallMs());
+  if (a.out.progress_version != before && a.progress_notify_ms == 0) {
+    a.progress_notify_ms = clock_->MonoMs() + kProgressNotifyDelayMs;
+  }
+  if (r.eof) CloseOutputLocked(a);
+}
+
+void Executor::DrainOutputLocked(Attempt& a) {
+  while (a.out_fd >= 0) {
+    OutputRead r{&a, a.out_fd, a.log_fd};
+    ReadOutput(r);
+    ApplyOutputLocked(r);
+    if (r.would_block) return;
   }
 }
 
@@ -909,7 +886,7 @@ void Executor::ReapLocked(Attempt& a) {
   close(a.pidfd);
   a.pidfd = -1;
   tokens_.erase(a.pid_token);
-  ReadOutputLocked(a, /*drain=*/true);
+  DrainOutputLocked(a);
   CloseOutputLocked(a);
   lingering_[a.pid] = clock_->MonoMs() + kLingerGiveUpMs;
 

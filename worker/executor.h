@@ -109,9 +109,9 @@ class Executor {
   // Finished event reaches the coordinator. No-op if the attempt is known.
   void RecordLost(const std::string& attempt_id, int32_t rank, const std::string& reason);
 
-  // Every attempt not discarded, running or finished-but-not-forgotten, by attempt id.
   // Working directories of forgotten attempts ready for reuse (tests).
   size_t SpareDirs() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Every attempt not discarded, running or finished-but-not-forgotten, by attempt id.
   std::vector<AttemptSnapshot> Snapshot() const;
   std::optional<AttemptSnapshot> Get(const std::string& attempt_id) const;
 
@@ -144,7 +144,23 @@ class Executor {
   // Forks the attempt's child from `plan` (taken out of the attempt under mu_, which is
   // not held here), then records it under mu_.
   void Spawn(Attempt& attempt, std::unique_ptr<SpawnPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
-  void ReadOutputLocked(Attempt& attempt, bool drain) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One wake-up's read of an attempt's pipe, done without the lock (ReadOutput: only the
+  // loop thread reads a pipe and writes its log) and then applied under it.
+  struct OutputRead {
+    Attempt* attempt;
+    int out_fd;
+    int log_fd;
+    std::string data;     // what was read
+    int64_t logged = 0;   // bytes of it written to the log
+    int write_errno = 0;  // the log write that failed, if one did
+    bool eof = false;
+    bool would_block = false;  // the pipe is empty for now
+  };
+  static void ReadOutput(OutputRead& r);
+  // The read's bytes into the attempt's log count, tail and parser; closes the pipe at EOF.
+  void ApplyOutputLocked(const OutputRead& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the pipe to its end for now (the attempt is being reaped).
+  void DrainOutputLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CloseOutputLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TerminateLocked(Attempt& attempt, const std::string& reason, const std::string& result,
@@ -190,22 +206,10 @@ class Executor {
   // costs far less than allocating two inodes (directory and log), which dominated the
   // worker's CPU per short job on ext4. The log stays open, so the next attempt needs
   // no open, and RecycleLoop has emptied it. Left as they are when the worker stops.
-  // One wake-up's read of an attempt's pipe, done without the lock (ReadOutput) and then
-  // applied under it (Loop).
-  struct OutputRead {
-    Attempt* attempt;
-    int out_fd;
-    int log_fd;
-    std::string data;     // what was read
-    int64_t logged = 0;   // bytes of it written to the log
-    int write_errno = 0;  // the log write that failed, if one did
-    bool eof = false;
-  };
-  static void ReadOutput(OutputRead& r);
   struct SpareDir {
     std::string dir;
     int log_fd = -1;  // owned: open on dir/log, O_APPEND
-    bool log_empty = false;
+    bool log_empty = false;  // false until RecycleLoop has emptied it
   };
   std::vector<SpareDir> spare_dirs_ ABSL_GUARDED_BY(mu_);
   // Offers the directory of a forgotten attempt (and its open log) for reuse: queued for

@@ -257,7 +257,7 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
         why = absl::StrCat("cached: unchanged since revision ", last, " (", p.id(), ")");
       }
     }
-    if (!IsEngineJob(cell.spec) && !run && why.rfind("skipped", 0) != 0 && why.rfind("waits", 0) != 0) {
+    if (!IsEngineJob(cell.spec) && !run && why.rfind("skipped", 0) != 0) {
       why = absl::StrCat("run: ", JobKind(cell.spec), " jobs are not memoized");
     }
     if (!IsEngineJob(cell.spec) && why.rfind("skipped", 0) != 0) run = true;

@@ -115,6 +115,30 @@ stages:
   EXPECT_EQ(c.Cli({"ls", "-o", "json"}).Json().size(), 0u);
 }
 
+// A worker "w1" with `cpus` slots whose storage root is DIR/store (returned), running
+// `engine` (empty: the stemma-engine beside stemma-worker).
+std::string StartEngineWorker(Cluster& c, int cpus, const std::string& engine) {
+  const std::string root = c.dir() + "/store";
+  std::filesystem::create_directories(root);
+  Cluster::WorkerOptions w;
+  w.cpus = cpus;
+  w.extra = {"--storage-root", root};
+  if (!engine.empty()) w.extra.insert(w.extra.end(), {"--engine", engine});
+  c.StartWorker("w1", w);
+  c.WaitForWorkers(1);
+  return root;
+}
+
+// The real engine's worker, with an English text (en.txt) in its store.
+std::string StartRealEngineWorker(Cluster& c, int cpus) {
+  std::filesystem::create_directories(c.dir() + "/store");
+  {
+    std::ofstream text(c.dir() + "/store/en.txt");
+    for (int i = 0; i < 200; ++i) text << "the quick brown fox " << i << " jumps over the lazy dog\n";
+  }
+  return StartEngineWorker(c, cpus, "");
+}
+
 // With the engine built: a real study (init, tokenize, train, eval); an unchanged resubmission
 // runs nothing, an edited eval reruns that eval only, and a deleted checkpoint is not served.
 TEST(Experiments, EngineJobsAreMemoizedAndOnlyWhatChangedReruns) {
@@ -123,17 +147,7 @@ TEST(Experiments, EngineJobsAreMemoizedAndOnlyWhatChangedReruns) {
   }
   Cluster c;
   c.StartCoordinator();
-  const std::string root = c.dir() + "/store";
-  std::filesystem::create_directories(root);
-  {
-    std::ofstream text(root + "/en.txt");
-    for (int i = 0; i < 200; ++i) text << "the quick brown fox " << i << " jumps over the lazy dog\n";
-  }
-  Cluster::WorkerOptions w;
-  w.cpus = 2;
-  w.extra = {"--storage-root", root};
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
+  const std::string root = StartRealEngineWorker(c, 2);
   auto study = [](int limit) {
     return std::string(R"(name: memo
 stages:
@@ -233,16 +247,9 @@ exit 0
 
 // A worker "w1" with `cpus` slots that runs kFakeEngine, its storage root DIR/store (returned).
 std::string StartFakeEngineWorker(Cluster& c, int cpus) {
-  const std::string root = c.dir() + "/store";
-  std::filesystem::create_directories(root);
   const std::string engine = c.WriteFile("fake-engine", kFakeEngine);
   ::chmod(engine.c_str(), 0755);
-  Cluster::WorkerOptions w;
-  w.cpus = cpus;
-  w.extra = {"--storage-root", root, "--engine", engine};
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
-  return root;
+  return StartEngineWorker(c, cpus, engine);
 }
 
 // Trials run one at a time (one CPU) in matrix order, lr = loss: 1, 4, 2, 3. Rungs at steps
@@ -499,17 +506,7 @@ TEST(Experiments, RealTrainerStopsAtTheRungAndPublishesItsModel) {
   }
   Cluster c;
   c.StartCoordinator();
-  const std::string root = c.dir() + "/store";
-  std::filesystem::create_directories(root);
-  {
-    std::ofstream text(root + "/en.txt");
-    for (int i = 0; i < 200; ++i) text << "the quick brown fox " << i << " jumps over the lazy dog\n";
-  }
-  Cluster::WorkerOptions w;
-  w.cpus = 1;
-  w.extra = {"--storage-root", root};
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
+  StartRealEngineWorker(c, 1);
   const std::string file = c.WriteFile("real.yaml", R"(name: real
 stages:
   base:
