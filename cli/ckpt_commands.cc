@@ -62,7 +62,8 @@ absl::StatusOr<int> RunShow(const GlobalOptions& g, const std::string& id) {
     for (const auto& p : d.parents()) j["parents_detail"].push_back(ArtifactToJson(p));
     j["children"] = nlohmann::json::array();
     for (const auto& c : d.children()) j["children"].push_back(c.id());
-    j["consumer_jobs"] = std::vector<std::string>(d.consumer_jobs().begin(), d.consumer_jobs().end());
+    j["consumer_jobs"] =
+        std::vector<std::string>(d.consumer_jobs().begin(), d.consumer_jobs().end());
     if (d.has_producer()) {
       j["producer"] = {{"id", d.producer().id()},
                        {"state", v1::JobState_Name(d.producer().state())},
@@ -79,8 +80,9 @@ absl::StatusOr<int> RunShow(const GlobalOptions& g, const std::string& id) {
   Line("state", a.state() == v1::ARTIFACT_DELETED ? "deleted (" + a.deleted_by() + ")" : "present");
   Line("manifest_sha256", a.manifest_sha256().empty() ? "-" : a.manifest_sha256());
   Line("size", HumanBytes(a.bytes()));
-  Line("verification", absl::StrCat(absl::AsciiStrToLower(v1::Verification_Name(a.verification())),
-                                    a.verification_detail().empty() ? "" : ": " + a.verification_detail()));
+  Line("verification",
+       absl::StrCat(absl::AsciiStrToLower(v1::Verification_Name(a.verification())),
+                    a.verification_detail().empty() ? "" : ": " + a.verification_detail()));
   Line("pinned", a.pinned() ? "yes" : "no");
   Line("operation", a.operation().empty() ? "-" : a.operation());
   Line("experiment", a.experiment().empty() ? "-" : a.experiment());
@@ -129,11 +131,12 @@ absl::StatusOr<int> RunVerify(const GlobalOptions& g, const std::string& id) {
   CoordinatorClient client(g.coordinator, g.timeout());
   ASSIGN_OR_RETURN(v1::VerifyArtifactResponse r, client.VerifyArtifact(id));
   if (Structured(g)) {
-    PrintStructured({{"artifact", ArtifactToJson(r.artifact())},
-                     {"ok", r.ok()},
-                     {"files_checked", r.files_checked()},
-                     {"problems", std::vector<std::string>(r.problems().begin(), r.problems().end())}},
-                    g.format);
+    PrintStructured(
+        {{"artifact", ArtifactToJson(r.artifact())},
+         {"ok", r.ok()},
+         {"files_checked", r.files_checked()},
+         {"problems", std::vector<std::string>(r.problems().begin(), r.problems().end())}},
+        g.format);
   } else if (r.ok()) {
     std::cout << r.artifact().id() << " ok: " << r.files_checked() << " files match the manifest\n";
   } else {
@@ -169,13 +172,16 @@ absl::StatusOr<int> RunGc(const GlobalOptions& g, const GcOptions& o) {
   if (Structured(g)) {
     nlohmann::json array = nlohmann::json::array();
     for (const auto& d : r.decisions()) {
-      array.push_back({{"id", d.artifact().id()}, {"path", d.artifact().path()},
-                       {"deleted", d.deleted()}, {"reason", d.reason()}, {"error", d.error()},
+      array.push_back({{"id", d.artifact().id()},
+                       {"path", d.artifact().path()},
+                       {"deleted", d.deleted()},
+                       {"reason", d.reason()},
+                       {"error", d.error()},
                        {"bytes", d.artifact().bytes()}});
     }
-    PrintStructured({{"applied", r.applied()}, {"bytes_freed", r.bytes_freed()},
-                     {"decisions", array}},
-                    g.format);
+    PrintStructured(
+        {{"applied", r.applied()}, {"bytes_freed", r.bytes_freed()}, {"decisions", array}},
+        g.format);
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
@@ -184,17 +190,18 @@ absl::StatusOr<int> RunGc(const GlobalOptions& g, const GcOptions& o) {
     if (!d.error().empty()) ++failed;
     if (d.deleted()) ++deleted;
     if (!d.deleted() && d.error().empty() && !o.verbose) continue;
-    std::string action = !d.error().empty() ? "FAILED" : d.deleted() ? (o.apply ? "deleted" : "delete") : "keep";
+    std::string action = !d.error().empty() ? "FAILED"
+                         : d.deleted()      ? (o.apply ? "deleted" : "delete")
+                                            : "keep";
     rows.push_back({action, d.artifact().id(), d.artifact().name(), d.artifact().job_id(),
                     d.artifact().experiment().empty() ? "-" : d.artifact().experiment(),
-                    HumanBytes(d.artifact().bytes()),
-                    d.error().empty() ? d.reason() : d.error()});
+                    HumanBytes(d.artifact().bytes()), d.error().empty() ? d.reason() : d.error()});
   }
   if (!rows.empty()) {
     std::cout << RenderTable({"ACTION", "ID", "NAME", "JOB", "EXPERIMENT", "SIZE", "REASON"}, rows);
   }
-  std::cout << (o.apply ? "deleted " : "would delete ") << deleted << " of "
-            << r.decisions_size() << " checkpoints, " << HumanBytes(r.bytes_freed())
+  std::cout << (o.apply ? "deleted " : "would delete ") << deleted << " of " << r.decisions_size()
+            << " checkpoints, " << HumanBytes(r.bytes_freed())
             << (o.apply ? " freed" : " (dry run: --apply deletes)");
   if (failed > 0) std::cout << "; " << failed << " could not be removed";
   std::cout << "\n";
@@ -215,8 +222,9 @@ absl::StatusOr<int> RunPin(const GlobalOptions& g, const std::string& id, bool u
 }  // namespace
 
 void AddCkptCommands(CLI::App* app, const GlobalOptions* globals, Action* action) {
-  CLI::App* ckpt = app->add_subcommand("ckpt", "The checkpoint registry: ls, show, lineage, "
-                                               "verify, gc, pin, unpin");
+  CLI::App* ckpt = app->add_subcommand("ckpt",
+                                       "The checkpoint registry: ls, show, lineage, "
+                                       "verify, gc, pin, unpin");
   ckpt->require_subcommand(1);
   {
     auto o = std::make_shared<ListOptions>();
@@ -239,7 +247,8 @@ void AddCkptCommands(CLI::App* app, const GlobalOptions* globals, Action* action
   {
     auto id = std::make_shared<std::string>();
     auto depth = std::make_shared<int>(0);
-    CLI::App* sub = ckpt->add_subcommand("lineage", "The ancestry of an artifact, down to the base");
+    CLI::App* sub =
+        ckpt->add_subcommand("lineage", "The ancestry of an artifact, down to the base");
     sub->add_option("id", *id, "artifact id (a-12), ckpt:ID or path")->required();
     sub->add_option("--depth", *depth, "at most this many generations (default: all)");
     sub->callback([=] { *action = [=] { return RunLineage(*globals, *id, *depth); }; });
@@ -268,9 +277,9 @@ void AddCkptCommands(CLI::App* app, const GlobalOptions* globals, Action* action
   }
   for (bool unpin : {false, true}) {
     auto id = std::make_shared<std::string>();
-    CLI::App* sub = ckpt->add_subcommand(unpin ? "unpin" : "pin",
-                                         unpin ? "Let gc delete the artifact again"
-                                               : "Keep the artifact whatever gc's policy");
+    CLI::App* sub = ckpt->add_subcommand(
+        unpin ? "unpin" : "pin",
+        unpin ? "Let gc delete the artifact again" : "Keep the artifact whatever gc's policy");
     sub->add_option("id", *id, "artifact id (a-12), ckpt:ID or path")->required();
     sub->callback([=] { *action = [=] { return RunPin(*globals, *id, unpin); }; });
   }

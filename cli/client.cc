@@ -42,9 +42,9 @@ class CoordinatorClient::Impl {
     }
     if (setup_.ok() && !security_.tls() && !security_.token.empty() &&
         !IsLoopbackAddress(address)) {
-      setup_ = absl::FailedPreconditionError(absl::StrCat(
-          "refusing to send a token in clear text to ", address,
-          ": give the coordinator's CA with --ca or STEMMA_CA"));
+      setup_ = absl::FailedPreconditionError(
+          absl::StrCat("refusing to send a token in clear text to ", address,
+                       ": give the coordinator's CA with --ca or STEMMA_CA"));
     }
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
@@ -118,9 +118,8 @@ absl::Status Convert(const grpc::Status& status, const std::string& address,
 }  // namespace
 
 template <typename Request, typename Response, typename Method>
-absl::StatusOr<Response> Unary(CoordinatorClient::Impl* impl, Method method,
-                               const Request& request, const std::string& address,
-                               absl::Duration timeout) {
+absl::StatusOr<Response> Unary(CoordinatorClient::Impl* impl, Method method, const Request& request,
+                               const std::string& address, absl::Duration timeout) {
   if (!impl->setup().ok()) return impl->setup();
   grpc::ClientContext ctx;
   ctx.set_deadline(ToChrono(absl::Now() + timeout));
@@ -159,10 +158,9 @@ absl::StatusOr<v1::SubmitResponse> CoordinatorClient::Submit(const v1::SubmitReq
                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (!lost) return Convert(status, address_, timeout_);
     // A connection that was never made cannot have carried the request: nothing to find.
-    const bool never_connected =
-        status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-        (absl::StrContains(status.error_message(), "onnection refused") ||
-         absl::StrContains(status.error_message(), "ailed to connect"));
+    const bool never_connected = status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+                                 (absl::StrContains(status.error_message(), "onnection refused") ||
+                                  absl::StrContains(status.error_message(), "ailed to connect"));
     if (attempt == 0 && never_connected) return Convert(status, address_, timeout_);
     sent_once = sent_once || !never_connected;
     if (absl::Now() + backoff >= deadline) break;
@@ -170,11 +168,11 @@ absl::StatusOr<v1::SubmitResponse> CoordinatorClient::Submit(const v1::SubmitReq
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
   if (!sent_once) return Convert(status, address_, timeout_);
-  return absl::UnavailableError(absl::StrCat(
-      "the coordinator at ", address_, " did not confirm the submit within ",
-      absl::FormatDuration(timeout_), " (", status.error_message(),
-      "); it may have been committed: submit again with --idempotency-key ",
-      keyed.idempotency_key(), " to get the same jobs without duplicates"));
+  return absl::UnavailableError(
+      absl::StrCat("the coordinator at ", address_, " did not confirm the submit within ",
+                   absl::FormatDuration(timeout_), " (", status.error_message(),
+                   "); it may have been committed: submit again with --idempotency-key ",
+                   keyed.idempotency_key(), " to get the same jobs without duplicates"));
 }
 
 absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& id) {
@@ -241,7 +239,8 @@ absl::StatusOr<v1::SubmitExperimentResponse> CoordinatorClient::SubmitExperiment
 
 absl::StatusOr<v1::ListExperimentsResponse> CoordinatorClient::ListExperiments() {
   return Unary<v1::ListExperimentsRequest, v1::ListExperimentsResponse>(
-      impl_.get(), &v1::UserService::Stub::ListExperiments, v1::ListExperimentsRequest(), address_, timeout_);
+      impl_.get(), &v1::UserService::Stub::ListExperiments, v1::ListExperimentsRequest(), address_,
+      timeout_);
 }
 
 absl::StatusOr<v1::GetExperimentResponse> CoordinatorClient::GetExperiment(
@@ -291,8 +290,8 @@ absl::StatusOr<v1::Artifact> CoordinatorClient::PinArtifact(const std::string& i
 }
 
 absl::StatusOr<v1::GcResponse> CoordinatorClient::CollectGarbage(const v1::GcRequest& request) {
-  return Unary<v1::GcRequest, v1::GcResponse>(
-      impl_.get(), &v1::UserService::Stub::CollectGarbage, request, address_, timeout_);
+  return Unary<v1::GcRequest, v1::GcResponse>(impl_.get(), &v1::UserService::Stub::CollectGarbage,
+                                              request, address_, timeout_);
 }
 
 absl::Status CoordinatorClient::Watch(const v1::WatchRequest& request,

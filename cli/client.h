@@ -52,7 +52,8 @@ class CoordinatorClient {
   absl::StatusOr<v1::VerifyArtifactResponse> VerifyArtifact(const std::string& id);
   absl::StatusOr<v1::Artifact> PinArtifact(const std::string& id, bool unpin);
   absl::StatusOr<v1::GcResponse> CollectGarbage(const v1::GcRequest& request);
-  absl::StatusOr<v1::SubmitExperimentResponse> SubmitExperiment(const v1::SubmitExperimentRequest& request);
+  absl::StatusOr<v1::SubmitExperimentResponse> SubmitExperiment(
+      const v1::SubmitExperimentRequest& request);
   absl::StatusOr<v1::ListExperimentsResponse> ListExperiments();
   absl::StatusOr<v1::GetExperimentResponse> GetExperiment(const v1::GetExperimentRequest& request);
 

@@ -41,8 +41,10 @@ absl::StatusOr<int> RunTokenCreate(const GlobalOptions& g, const TokenOptions& o
   ASSIGN_OR_RETURN(line, TokenFileLine(token, role, o.subject));
   // The token is shown once, here; only its digest is kept.
   if (g.format == OutputFormat::kJson || g.format == OutputFormat::kYaml) {
-    nlohmann::json j = {{"token", token}, {"role", std::string(RoleName(role))},
-                        {"subject", o.subject}, {"line", line}};
+    nlohmann::json j = {{"token", token},
+                        {"role", std::string(RoleName(role))},
+                        {"subject", o.subject},
+                        {"line", line}};
     if (!o.file.empty()) j["file"] = o.file;
     PrintStructured(j, g.format);
   } else {
@@ -66,14 +68,14 @@ void AddTokenCommand(CLI::App* app, const GlobalOptions* globals, Action* action
   CLI::App* create = token->add_subcommand(
       "create", "Print a new token once; store its sha256 digest in the token file");
   create->add_option("--role", o->role, "admin | user | worker | read-only")->required();
-  create->add_option("--subject", o->subject,
-                     "who holds it: a user name, or the worker id for a worker token")
+  create
+      ->add_option("--subject", o->subject,
+                   "who holds it: a user name, or the worker id for a worker token")
       ->required();
   create->add_option("--file", o->file,
                      "append the digest line to this token file (created with mode 0600)");
-  create->callback([globals, action, o] {
-    *action = [globals, o] { return RunTokenCreate(*globals, *o); };
-  });
+  create->callback(
+      [globals, action, o] { *action = [globals, o] { return RunTokenCreate(*globals, *o); }; });
 }
 
 }  // namespace stemma::cli

@@ -4,8 +4,8 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <fstream>
-#include <map>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -67,8 +67,8 @@ absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
   std::cout << (o.dry_run ? "plan of " : "submitted ") << e.name() << " revision " << e.revision()
             << (r.existing() ? " (already submitted with this key)" : "") << "\n";
   if (e.revision() > 1) {
-    std::cout << "changes since revision " << e.revision() - 1 << ": " << r.added_size() << " added, "
-              << r.changed_size() << " changed, " << r.removed_size() << " removed\n";
+    std::cout << "changes since revision " << e.revision() - 1 << ": " << r.added_size()
+              << " added, " << r.changed_size() << " changed, " << r.removed_size() << " removed\n";
     for (const auto& n : r.added()) std::cout << "  + " << n << "\n";
     for (const auto& n : r.changed()) std::cout << "  ~ " << n << "\n";
     for (const auto& n : r.removed()) std::cout << "  - " << n << "\n";
@@ -77,7 +77,8 @@ absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
   int run = 0;
   for (const auto& c : r.cells()) {
     if (c.plan().rfind("run", 0) == 0) ++run;
-    std::cout << (c.job_id().empty() ? "" : c.job_id() + " ") << c.job_name() << "  " << c.plan() << "\n";
+    std::cout << (c.job_id().empty() ? "" : c.job_id() + " ") << c.job_name() << "  " << c.plan()
+              << "\n";
   }
   int skipped = 0;
   for (const auto& c : r.cells()) skipped += c.plan().rfind("skipped", 0) == 0;
@@ -85,8 +86,11 @@ absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
             << r.cells_size() - run - skipped << " from the cache";
   if (skipped > 0) std::cout << ", " << skipped << " skipped (upstream stopped early)";
   int superseded = 0;
-  for (const auto& c : r.cells()) superseded += c.plan().find("; cancels revision") != std::string::npos;
-  if (superseded > 0) std::cout << "; " << superseded << " unfinished jobs of the last revision superseded (cancelled)";
+  for (const auto& c : r.cells())
+    superseded += c.plan().find("; cancels revision") != std::string::npos;
+  if (superseded > 0)
+    std::cout << "; " << superseded
+              << " unfinished jobs of the last revision superseded (cancelled)";
   std::cout << "\n";
   return 0;
 }
@@ -103,7 +107,8 @@ absl::StatusOr<int> RunList(const GlobalOptions& g) {
     std::vector<std::string> states;
     for (const auto& [s, n] : e.states()) states.push_back(absl::StrCat(s, "=", n));
     std::sort(states.begin(), states.end());
-    std::cout << e.name() << "\t" << e.revision() << "\t" << e.jobs() << "\t" << absl::StrJoin(states, ",") << "\n";
+    std::cout << e.name() << "\t" << e.revision() << "\t" << e.jobs() << "\t"
+              << absl::StrJoin(states, ",") << "\n";
   }
   return 0;
 }
@@ -148,17 +153,21 @@ absl::StatusOr<int> RunWait(const GlobalOptions& g, const GetOptions& o, double 
       if (Ended(c)) ++done;
       if (EndedWell(c)) ++ok;
     }
-    const std::string line = absl::StrCat(r.experiment().name(), ": ", done, "/", r.cells_size(), " ended, ", ok, " succeeded or skipped");
+    const std::string line = absl::StrCat(r.experiment().name(), ": ", done, "/", r.cells_size(),
+                                          " ended, ", ok, " succeeded or skipped");
     if (line != last) std::cerr << line << "\n";
     last = line;
     if (done == r.cells_size()) {
       for (const auto& c : r.cells()) {
-        if (!EndedWell(c)) std::cout << c.job_id() << " " << c.job_name() << " " << c.state() << ": " << c.reason() << "\n";
+        if (!EndedWell(c))
+          std::cout << c.job_id() << " " << c.job_name() << " " << c.state() << ": " << c.reason()
+                    << "\n";
       }
       return ok == r.cells_size() ? 0 : 1;
     }
     if (timeout_s > 0 && std::chrono::steady_clock::now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("exp wait: ", line, " after ", timeout_s, " s"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("exp wait: ", line, " after ", timeout_s, " s"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
@@ -179,7 +188,9 @@ absl::StatusOr<int> RunCancel(const GlobalOptions& g, const GetOptions& o) {
       ASSIGN_OR_RETURN(r, client.GetExperiment(req));
     }
     for (const auto& c : r.cells()) {
-      if (c.job_id().empty() || c.state() == "SUCCEEDED" || c.state() == "FAILED" || c.state() == "CANCELLED") continue;
+      if (c.job_id().empty() || c.state() == "SUCCEEDED" || c.state() == "FAILED" ||
+          c.state() == "CANCELLED")
+        continue;
       if (client.Cancel(c.job_id(), absl::StrCat("experiment ", o.name, " cancelled")).ok()) {
         ++cancelled;
         earlier += revision != latest;
@@ -187,7 +198,8 @@ absl::StatusOr<int> RunCancel(const GlobalOptions& g, const GetOptions& o) {
     }
   }
   std::cout << "cancelled " << cancelled << " jobs of " << o.name;
-  if (earlier > 0) std::cout << " (" << earlier << " of earlier revisions that the latest one waited for)";
+  if (earlier > 0)
+    std::cout << " (" << earlier << " of earlier revisions that the latest one waited for)";
   std::cout << "\n";
   return 0;
 }
@@ -215,10 +227,12 @@ absl::StatusOr<int> RunRetry(const GlobalOptions& g, const GetOptions& o) {
     if (again.ok()) {
       ++retried;
     } else {
-      refused.push_back(absl::StrCat(c.job_id(), " ", c.job_name(), ": ", again.status().message()));
+      refused.push_back(
+          absl::StrCat(c.job_id(), " ", c.job_name(), ": ", again.status().message()));
     }
   }
-  std::cout << "retried " << retried << " jobs of " << o.name << " revision " << r.experiment().revision() << "\n";
+  std::cout << "retried " << retried << " jobs of " << o.name << " revision "
+            << r.experiment().revision() << "\n";
   for (const auto& line : refused) std::cout << "  not retried: " << line << "\n";
   return refused.empty() ? 0 : 1;
 }
@@ -268,29 +282,37 @@ absl::StatusOr<int> RunWatch(const GlobalOptions& g, const GetOptions& o, double
         absl::StrAppend(&running, "  ", c.job_id(), " ", c.job_name());
         if (c.step() > 0) {
           absl::StrAppend(&running, "  step ", c.step());
-          if (c.fraction() > 0) absl::StrAppend(&running, "/", static_cast<int64_t>(std::llround(c.step() / c.fraction())));
+          if (c.fraction() > 0)
+            absl::StrAppend(&running, "/",
+                            static_cast<int64_t>(std::llround(c.step() / c.fraction())));
         }
         const auto& v = values[c.job_id()];
-        if (auto it = v.find("loss"); it != v.end()) absl::StrAppend(&running, "  loss ", absl::StrFormat("%.4g", it->second));
-        if (auto it = v.find("tokens_per_s"); it != v.end()) absl::StrAppend(&running, "  ", absl::StrFormat("%.0f", it->second), " tok/s");
+        if (auto it = v.find("loss"); it != v.end())
+          absl::StrAppend(&running, "  loss ", absl::StrFormat("%.4g", it->second));
+        if (auto it = v.find("tokens_per_s"); it != v.end())
+          absl::StrAppend(&running, "  ", absl::StrFormat("%.0f", it->second), " tok/s");
         if (!c.early_stop().empty()) absl::StrAppend(&running, "  stopping: ", c.early_stop());
         absl::StrAppend(&running, "\n");
       }
       std::vector<std::string> parts;
       for (const auto& [s, n] : states) parts.push_back(absl::StrCat(s, " ", n));
-      const std::string screen = absl::StrCat(r.experiment().name(), " revision ", r.experiment().revision(), ": ",
-                                              absl::StrJoin(parts, ", "), "\n", running);
+      const std::string screen =
+          absl::StrCat(r.experiment().name(), " revision ", r.experiment().revision(), ": ",
+                       absl::StrJoin(parts, ", "), "\n", running);
       if (screen != last) std::cout << screen << std::flush;
       last = screen;
       if (ended == r.cells_size()) {
         for (const auto& c : r.cells()) {
-          if (!EndedWell(c)) std::cout << c.job_id() << " " << c.job_name() << " " << c.state() << ": " << c.reason() << "\n";
+          if (!EndedWell(c))
+            std::cout << c.job_id() << " " << c.job_name() << " " << c.state() << ": " << c.reason()
+                      << "\n";
         }
         return well == r.cells_size() ? 0 : 1;
       }
     }
     if (timeout_s > 0 && now - start > std::chrono::duration<double>(timeout_s)) {
-      return absl::DeadlineExceededError(absl::StrCat("exp watch: ", o.name, " still running after ", timeout_s, " s"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("exp watch: ", o.name, " still running after ", timeout_s, " s"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
@@ -303,8 +325,9 @@ void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* 
     auto o = std::make_shared<SweepOptions>();
     const bool plan = std::string(name) == "plan";
     CLI::App* sub = app->add_subcommand(
-        name, plan ? "Expand an experiment file and print its DAG and what would run (submits nothing)"
-                   : "Submit an experiment file: the coordinator expands it into jobs");
+        name,
+        plan ? "Expand an experiment file and print its DAG and what would run (submits nothing)"
+             : "Submit an experiment file: the coordinator expands it into jobs");
     sub->add_option("-f,--file", o->file, "experiment file (YAML)")->required();
     if (!plan) {
       sub->add_flag("--dry-run", o->dry_run, "print the plan, submit nothing");
@@ -327,21 +350,27 @@ void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* 
   g->callback([=] { *action = [=] { return RunGet(*globals, *get); }; });
   auto wait = std::make_shared<GetOptions>();
   auto wait_timeout = std::make_shared<double>(0);
-  CLI::App* w = exp->add_subcommand("wait", "Wait until every job of the latest revision has ended");
+  CLI::App* w =
+      exp->add_subcommand("wait", "Wait until every job of the latest revision has ended");
   w->add_option("name", wait->name, "experiment name")->required();
   w->add_option("--timeout", *wait_timeout, "seconds (0: no limit)");
   w->callback([=] { *action = [=] { return RunWait(*globals, *wait, *wait_timeout); }; });
   auto cancel = std::make_shared<GetOptions>();
-  CLI::App* c = exp->add_subcommand("cancel", "Cancel every unfinished job of the experiment (the latest revision and what it waits for)");
+  CLI::App* c = exp->add_subcommand(
+      "cancel",
+      "Cancel every unfinished job of the experiment (the latest revision and what it waits for)");
   c->add_option("name", cancel->name, "experiment name")->required();
   c->callback([=] { *action = [=] { return RunCancel(*globals, *cancel); }; });
   auto retry = std::make_shared<GetOptions>();
-  CLI::App* rt = exp->add_subcommand("retry", "Re-queue the failed and cancelled jobs of the latest revision");
+  CLI::App* rt =
+      exp->add_subcommand("retry", "Re-queue the failed and cancelled jobs of the latest revision");
   rt->add_option("name", retry->name, "experiment name")->required();
   rt->callback([=] { *action = [=] { return RunRetry(*globals, *retry); }; });
   auto watch = std::make_shared<GetOptions>();
   auto watch_timeout = std::make_shared<double>(0);
-  CLI::App* wt = exp->add_subcommand("watch", "Show the experiment live until it ends: states, running jobs' step, loss, tokens/s");
+  CLI::App* wt = exp->add_subcommand(
+      "watch",
+      "Show the experiment live until it ends: states, running jobs' step, loss, tokens/s");
   wt->add_option("name", watch->name, "experiment name")->required();
   wt->add_option("--timeout", *watch_timeout, "seconds (0: no limit)");
   wt->callback([=] { *action = [=] { return RunWatch(*globals, *watch, *watch_timeout); }; });

@@ -25,7 +25,8 @@ absl::StatusOr<int> RunExplain(const ExplainOptions& o) {
     return 0;
   }
   if (EngineSpecDescriptor(o.command) == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("explain: '", o.command, "' is not an engine command (",
+    return absl::InvalidArgumentError(absl::StrCat("explain: '", o.command,
+                                                   "' is not an engine command (",
                                                    absl::StrJoin(EngineCommands(), ", "), ")"));
   }
   std::cout << (o.markdown ? SpecReferenceMarkdown(o.command) : SpecHelpText(o.command));

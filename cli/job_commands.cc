@@ -154,7 +154,8 @@ void AddJobCommands(CLI::App* app, const GlobalOptions* globals, Action* action)
         if (globals->format == OutputFormat::kJson || globals->format == OutputFormat::kYaml) {
           nlohmann::json j = JobToJson(job);
           j["metrics"] = nlohmann::json::object();
-          for (const auto& p : points) j["metrics"][p.name()] = {{"value", p.value()}, {"step", p.step()}};
+          for (const auto& p : points)
+            j["metrics"][p.name()] = {{"value", p.value()}, {"step", p.step()}};
           PrintStructured(j, globals->format);
         } else {
           std::cout << RenderJobDetails(job, NowMs());

@@ -68,8 +68,12 @@ std::string HumanBytes(int64_t bytes) {
 nlohmann::json MetricPointsToJson(const std::vector<v1::MetricPoint>& points) {
   nlohmann::json array = nlohmann::json::array();
   for (const auto& p : points) {
-    nlohmann::json j = {{"job", p.job_id()},   {"attempt", p.attempt()}, {"name", p.name()},
-                        {"step", p.step()},    {"value", p.value()},     {"time_ms", p.time_ms()},
+    nlohmann::json j = {{"job", p.job_id()},
+                        {"attempt", p.attempt()},
+                        {"name", p.name()},
+                        {"step", p.step()},
+                        {"value", p.value()},
+                        {"time_ms", p.time_ms()},
                         {"labels", nlohmann::json::object()}};
     for (const auto& [k, v] : p.labels()) j["labels"][k] = v;
     array.push_back(std::move(j));
@@ -131,16 +135,15 @@ std::string RenderArtifactsTable(const std::vector<v1::Artifact>& artifacts, boo
     std::string check = a.state() == v1::ARTIFACT_DELETED
                             ? "deleted"
                             : absl::AsciiStrToLower(v1::Verification_Name(a.verification()));
-    std::vector<std::string> row = {
-        a.id(),
-        a.name().empty() ? "-" : a.name(),
-        a.type(),
-        a.job_id().empty() ? "(external)" : a.job_id(),
-        a.experiment().empty() ? "-" : a.experiment(),
-        HumanBytes(a.bytes()),
-        check,
-        HumanAge(a.created_ms(), now_ms),
-        a.path()};
+    std::vector<std::string> row = {a.id(),
+                                    a.name().empty() ? "-" : a.name(),
+                                    a.type(),
+                                    a.job_id().empty() ? "(external)" : a.job_id(),
+                                    a.experiment().empty() ? "-" : a.experiment(),
+                                    HumanBytes(a.bytes()),
+                                    check,
+                                    HumanAge(a.created_ms(), now_ms),
+                                    a.path()};
     if (wide) {
       row.push_back(a.manifest_sha256().empty() ? "-" : a.manifest_sha256().substr(0, 12));
       row.push_back(a.parents().empty() ? "-" : absl::StrJoin(a.parents(), ","));
@@ -156,9 +159,9 @@ std::string RenderLineageTree(const v1::LineageResponse& lineage) {
   absl::flat_hash_map<std::string, const v1::Artifact*> by_id;
   for (const auto& a : lineage.artifacts()) by_id[a.id()] = &a;
   auto label = [](const v1::Artifact& a) {
-    std::string what = a.external() ? "external"
-                                    : absl::StrCat(a.operation().empty() ? "?" : a.operation(),
-                                                   ", ", a.job_id());
+    std::string what =
+        a.external() ? "external"
+                     : absl::StrCat(a.operation().empty() ? "?" : a.operation(), ", ", a.job_id());
     return absl::StrCat(a.id(), " ", a.name().empty() ? "" : a.name() + " ", "(", what, ") ",
                         a.path());
   };

@@ -75,7 +75,6 @@ std::string FormatNumber(double v) {
   return s;
 }
 
-
 std::string MapCell(const google::protobuf::Map<std::string, std::string>& map) {
   std::map<std::string, std::string> sorted(map.begin(), map.end());
   return OrDash(absl::StrJoin(sorted, ",", absl::PairFormatter("=")));
@@ -154,8 +153,8 @@ absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& name) {
   if (lower == "json") return OutputFormat::kJson;
   if (lower == "yaml") return OutputFormat::kYaml;
   if (lower == "csv") return OutputFormat::kCsv;
-  return UsageError(absl::StrCat("unknown output format '", name,
-                                 "' (expected table, wide, json, yaml or csv)"));
+  return UsageError(
+      absl::StrCat("unknown output format '", name, "' (expected table, wide, json, yaml or csv)"));
 }
 
 absl::Status UsageError(const std::string& message) {

@@ -61,7 +61,8 @@ With --out DIR: report.md, report.html (self-contained), report.csv, report.json
 absl::Status WriteFileAtomically(const fs::path& path, const std::string& content) {
   const std::string tmp = absl::StrCat(path.string(), ".tmp.", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return absl::InternalError(absl::StrCat(tmp, ": cannot create: ", std::strerror(errno)));
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat(tmp, ": cannot create: ", std::strerror(errno)));
   size_t done = 0;
   while (done < content.size()) {
     const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
@@ -125,7 +126,8 @@ class Gatherer {
       c.job_id = ec.job_id();
       c.state = ec.state();
       c.reason = ec.reason();
-      if (const v1::Job* job = JobOf(c.job_id)) c.labels.insert(job->spec().labels().begin(), job->spec().labels().end());
+      if (const v1::Job* job = JobOf(c.job_id))
+        c.labels.insert(job->spec().labels().begin(), job->spec().labels().end());
       c.metrics_job = MetricsJob(c.job_id);
       in_.cells.push_back(std::move(c));
     }
@@ -185,8 +187,8 @@ class Gatherer {
       if (c.kind == "eval") evals.push_back(c.metrics_job);
       if (c.kind == "train") trains.push_back(c.metrics_job);
     }
-    for (const auto& [ids, pattern, last] :
-         {std::tuple{&evals, std::string(), true}, std::tuple{&trains, std::string("loss"), false}}) {
+    for (const auto& [ids, pattern, last] : {std::tuple{&evals, std::string(), true},
+                                             std::tuple{&trains, std::string("loss"), false}}) {
       if (ids->empty()) continue;
       v1::QueryMetricsRequest q;
       for (const std::string& id : *ids) q.add_job_ids(id);
@@ -194,7 +196,9 @@ class Gatherer {
       q.set_last_only(last);
       q.set_limit(5'000'000);
       ASSIGN_OR_RETURN(v1::QueryMetricsResponse r, client_->QueryMetrics(q));
-      if (r.truncated()) in_.notes.push_back(absl::StrCat("the metric answer was cut at ", r.points_size(), " points"));
+      if (r.truncated())
+        in_.notes.push_back(
+            absl::StrCat("the metric answer was cut at ", r.points_size(), " points"));
       for (const v1::MetricPoint& p : r.points()) {
         report::Point pt;
         pt.name = p.name();
@@ -221,7 +225,8 @@ class Gatherer {
   std::string OutputPath(const report::Cell& c, const std::string& name) {
     for (const std::string& id : {c.job_id, c.metrics_job}) {
       for (const v1::Artifact& a : artifacts_) {
-        if (a.job_id() == id && a.name() == name && a.state() != v1::ARTIFACT_DELETED) return a.path();
+        if (a.job_id() == id && a.name() == name && a.state() != v1::ARTIFACT_DELETED)
+          return a.path();
       }
     }
     if (const v1::Job* job = JobOf(c.job_id)) {
@@ -247,10 +252,12 @@ class Gatherer {
     // of them names, its role from the one that names the most languages (the study's own).
     std::vector<std::pair<std::string, std::vector<report::Language>>> read;
     for (const std::string& path : paths) {
-      const std::string manifest = fs::is_directory(path) ? (fs::path(path) / "manifest.json").string() : path;
+      const std::string manifest =
+          fs::is_directory(path) ? (fs::path(path) / "manifest.json").string() : path;
       absl::StatusOr<json> j = ReadJson(manifest);
       if (!j.ok()) {
-        in_.notes.push_back(absl::StrCat("corpus manifest ", j.status().message(), "; language roles are assumed"));
+        in_.notes.push_back(
+            absl::StrCat("corpus manifest ", j.status().message(), "; language roles are assumed"));
         continue;
       }
       std::string error;
@@ -261,8 +268,9 @@ class Gatherer {
       }
       read.emplace_back(manifest, std::move(langs));
     }
-    std::stable_sort(read.begin(), read.end(),
-                     [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+    std::stable_sort(read.begin(), read.end(), [](const auto& a, const auto& b) {
+      return a.second.size() > b.second.size();
+    });
     for (auto& [manifest, langs] : read) {
       if (in_.corpus_path.empty()) in_.corpus_path = manifest;
       for (report::Language& l : langs) {
@@ -272,8 +280,8 @@ class Gatherer {
       }
     }
     if (read.size() > 1) {
-      in_.notes.push_back(absl::StrCat(read.size(), " corpus manifests; roles from ", in_.corpus_path,
-                                       " (the one naming the most languages)"));
+      in_.notes.push_back(absl::StrCat(read.size(), " corpus manifests; roles from ",
+                                       in_.corpus_path, " (the one naming the most languages)"));
     }
   }
 
@@ -307,8 +315,10 @@ class Gatherer {
       }
     }
     if (unreadable > 0) {
-      in_.notes.push_back(absl::StrCat(unreadable, " output file(s) could not be read where this command runs: "
-                                       "run it where the workers' storage root is mounted for the analysis plots"));
+      in_.notes.push_back(
+          absl::StrCat(unreadable,
+                       " output file(s) could not be read where this command runs: "
+                       "run it where the workers' storage root is mounted for the analysis plots"));
     }
   }
 
@@ -321,7 +331,10 @@ class Gatherer {
 
 absl::StatusOr<int> RunReport(const GlobalOptions& g, const ReportCommandOptions& o) {
   std::string format = o.format;
-  if (format.empty()) format = g.format == OutputFormat::kJson ? "json" : g.format == OutputFormat::kCsv ? "csv" : "md";
+  if (format.empty())
+    format = g.format == OutputFormat::kJson  ? "json"
+             : g.format == OutputFormat::kCsv ? "csv"
+                                              : "md";
   if (format == "markdown") format = "md";
   if (format != "md" && format != "html" && format != "csv" && format != "json") {
     return UsageError(absl::StrCat("--format: '", o.format, "' is not md, html, csv or json"));
@@ -348,7 +361,9 @@ absl::StatusOr<int> RunReport(const GlobalOptions& g, const ReportCommandOptions
   const fs::path dir(o.out);
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat(o.out, ": cannot create the directory: ", ec.message()));
+  if (ec)
+    return absl::InternalError(
+        absl::StrCat(o.out, ": cannot create the directory: ", ec.message()));
   std::vector<std::pair<std::string, std::string>> files = {
       {"report.md", report::RenderMarkdown(r, true)},
       {"report.html", report::RenderHtml(r)},
@@ -357,7 +372,8 @@ absl::StatusOr<int> RunReport(const GlobalOptions& g, const ReportCommandOptions
   for (const report::Plot& p : r.plots) {
     if (p.omitted.empty()) files.emplace_back(p.file, report::RenderSvg(p.svg, true));
   }
-  for (const auto& [name, content] : files) RETURN_IF_ERROR(WriteFileAtomically(dir / name, content));
+  for (const auto& [name, content] : files)
+    RETURN_IF_ERROR(WriteFileAtomically(dir / name, content));
   if (format == "md") {
     std::cout << report::RenderMarkdown(r, true) << "\nwritten to " << o.out << ":";
     for (const auto& [name, content] : files) std::cout << " " << name;
@@ -376,17 +392,21 @@ absl::StatusOr<int> RunReport(const GlobalOptions& g, const ReportCommandOptions
 
 void AddReportCommand(CLI::App* app, const GlobalOptions* globals, Action* action) {
   auto o = std::make_shared<ReportCommandOptions>();
-  CLI::App* sub = app->add_subcommand(
-      "report", "An experiment's study report: the results table with deltas, acquisition vs forgetting, plots");
+  CLI::App* sub = app->add_subcommand("report",
+                                      "An experiment's study report: the results table with "
+                                      "deltas, acquisition vs forgetting, plots");
   sub->add_option("experiment", o->experiment, "experiment name")->required();
   sub->add_option("--revision", o->revision, "revision (default: the latest)");
-  sub->add_option("--out", o->out, "write report.md, report.html, report.csv, report.json and the plots (SVG) here");
+  sub->add_option("--out", o->out,
+                  "write report.md, report.html, report.csv, report.json and the plots (SVG) here");
   sub->add_option("--format", o->format, "what goes to stdout: md (default) | html | csv | json");
-  sub->add_option("--metric", o->metrics,
-                  "metrics to show (repeatable): a name (ppl, acc_norm), a column (bpb/ru), a glob, or all")
+  sub->add_option(
+         "--metric", o->metrics,
+         "metrics to show (repeatable): a name (ppl, acc_norm), a column (bpb/ru), a glob, or all")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  sub->add_option("--columns", o->columns, "languages (default) | families (mean over a family's languages)");
+  sub->add_option("--columns", o->columns,
+                  "languages (default) | families (mean over a family's languages)");
   sub->footer(kFooter);
   sub->callback([=] { *action = [=] { return RunReport(*globals, *o); }; });
 }

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/client.h"
-#include "common/status.h"
 #include "cli/command.h"
 #include "common/job_spec.h"
+#include "common/status.h"
 
 namespace stemma::cli {
 namespace {
@@ -80,7 +80,6 @@ absl::StatusOr<int> Follow(const GlobalOptions& g, const FollowOptions& given) {
   request.set_send_initial(true);
   const absl::Time deadline =
       o.timeout_s > 0 ? absl::Now() + absl::Seconds(o.timeout_s) : absl::InfiniteFuture();
-
 
   std::set<std::string> pending(o.ids.begin(), o.ids.end());
   std::map<std::string, v1::Job> finished;

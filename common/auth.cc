@@ -51,8 +51,8 @@ absl::Status CheckPrivate(const std::string& path, const struct stat& st) {
   if ((st.st_mode & 077) != 0) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
-    return absl::PermissionDeniedError(absl::StrCat(
-        path, ": mode ", mode, " lets group or others read it; run chmod 600 ", path));
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": mode ", mode, " lets group or others read it; run chmod 600 ", path));
   }
   return absl::OkStatus();
 }
@@ -102,11 +102,16 @@ std::string HomeConfig(absl::string_view name) {
 
 absl::string_view RoleName(Role role) {
   switch (role) {
-    case Role::kAdmin: return "admin";
-    case Role::kUser: return "user";
-    case Role::kWorker: return "worker";
-    case Role::kReadOnly: return "read-only";
-    case Role::kNone: break;
+    case Role::kAdmin:
+      return "admin";
+    case Role::kUser:
+      return "user";
+    case Role::kWorker:
+      return "worker";
+    case Role::kReadOnly:
+      return "read-only";
+    case Role::kNone:
+      break;
   }
   return "none";
 }
@@ -115,8 +120,8 @@ absl::StatusOr<Role> ParseRole(absl::string_view name) {
   for (Role r : {Role::kAdmin, Role::kUser, Role::kWorker, Role::kReadOnly}) {
     if (name == RoleName(r)) return r;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "role: '", name, "' is not one of admin, user, worker, read-only"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("role: '", name, "' is not one of admin, user, worker, read-only"));
 }
 
 const std::map<std::string, RoleSet>& MethodRoles() {
@@ -130,16 +135,13 @@ const std::map<std::string, RoleSet>& MethodRoles() {
       {"/stemma.v1.UserService/Watch", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.UserService/Cancel", Roles(Role::kAdmin, Role::kUser)},
       {"/stemma.v1.UserService/Retry", Roles(Role::kAdmin, Role::kUser)},
-      {"/stemma.v1.UserService/ListWorkers",
-       Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/ListWorkers", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.UserService/Drain", Roles(Role::kAdmin)},
       {"/stemma.v1.UserService/Logs", Roles(Role::kAdmin, Role::kUser)},
       // Metric series and the checkpoint registry: read by all; verifying reads every
       // file of a checkpoint (not for read-only dashboards); GC deletes files (admins).
-      {"/stemma.v1.UserService/QueryMetrics",
-       Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
-      {"/stemma.v1.UserService/ListArtifacts",
-       Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/QueryMetrics", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/ListArtifacts", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.UserService/GetArtifact", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.UserService/Lineage", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.UserService/VerifyArtifact", Roles(Role::kAdmin, Role::kUser)},
@@ -147,8 +149,7 @@ const std::map<std::string, RoleSet>& MethodRoles() {
       {"/stemma.v1.UserService/CollectGarbage", Roles(Role::kAdmin)},
       // Experiments: submitting one submits jobs.
       {"/stemma.v1.UserService/SubmitExperiment", Roles(Role::kAdmin, Role::kUser)},
-      {"/stemma.v1.UserService/ListExperiments",
-       Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
+      {"/stemma.v1.UserService/ListExperiments", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.UserService/GetExperiment", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.WorkerService/Session", Roles(Role::kWorker)},
   };
@@ -202,8 +203,7 @@ absl::StatusOr<std::string> NewToken() {
     if (n < 0) return ErrnoStatus("getrandom", errno);
     got += n;
   }
-  static const char kB64[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  static const char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
   std::string out = "stm_";
   uint32_t acc = 0;
   int bits = 0;
@@ -277,7 +277,8 @@ absl::StatusOr<std::map<std::string, TokenIdentity>> TokenStore::Parse(absl::str
     ++line_no;
     absl::string_view line = absl::StripAsciiWhitespace(raw);
     if (line.empty() || line[0] == '#') continue;
-    std::vector<absl::string_view> f = absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    std::vector<absl::string_view> f =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": line ", line_no, ": ", why));
     };

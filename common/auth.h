@@ -17,11 +17,11 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 
 namespace stemma {
@@ -99,7 +99,7 @@ class TokenStore {
  private:
   TokenStore() = default;
   static absl::StatusOr<std::map<std::string, TokenIdentity>> Parse(absl::string_view text,
-                                                                     absl::string_view source);
+                                                                    absl::string_view source);
   void MaybeReload() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::string path_;  // empty: never reload

@@ -72,9 +72,9 @@ TEST(Tokens, NewTokensAreDistinctAndUrlSafe) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE(*a, *b);
   EXPECT_EQ(a->size(), 4u + 43u);
-  EXPECT_EQ(a->find_first_not_of(
-                "stm_ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-"),
-            std::string::npos);
+  EXPECT_EQ(
+      a->find_first_not_of("stm_ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-"),
+      std::string::npos);
 }
 
 TEST(Tokens, Sha256KnownAnswer) {
@@ -104,8 +104,7 @@ TEST(TokenStore, MalformedLinesNameFileAndLine) {
       {"# x\nsha256:abcd admin alice\n", "line 2: the digest must be 64 hex digits"},
       {"sha256:" + std::string(64, 'a') + " root alice\n", "line 1: role"},
       {"sha256:" + std::string(64, 'a') + " admin\n", "line 1: expected"},
-      {"sha256:" + std::string(64, 'a') + " admin a\nsha256:" + std::string(64, 'a') +
-           " user b\n",
+      {"sha256:" + std::string(64, 'a') + " admin a\nsha256:" + std::string(64, 'a') + " user b\n",
        "line 2: the same token appears twice"},
   };
   for (const auto& c : cases) {
@@ -203,8 +202,8 @@ TEST_F(TempDir, ClientTokenComesFromEnvThenFileAndANamedUnreadableFileIsAnError)
 }
 
 TEST(Loopback, Addresses) {
-  for (const char* a : {"127.0.0.1:7070", "localhost:7070", "[::1]:7070", "127.1.2.3:1",
-                        "unix:/tmp/s"}) {
+  for (const char* a :
+       {"127.0.0.1:7070", "localhost:7070", "[::1]:7070", "127.1.2.3:1", "unix:/tmp/s"}) {
     EXPECT_TRUE(IsLoopbackAddress(a)) << a;
   }
   for (const char* a : {"0.0.0.0:7070", "[::]:7070", "10.0.0.1:7070", "example.com:7070",

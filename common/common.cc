@@ -1,5 +1,5 @@
-#include <cstring>
 #include <chrono>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -11,13 +11,19 @@ namespace stemma {
 absl::Status ErrnoStatus(absl::string_view what, int err) {
   std::string msg = absl::StrCat(what, ": ", std::strerror(err));
   switch (err) {
-    case ENOENT: return absl::NotFoundError(msg);
-    case EEXIST: return absl::AlreadyExistsError(msg);
+    case ENOENT:
+      return absl::NotFoundError(msg);
+    case EEXIST:
+      return absl::AlreadyExistsError(msg);
     case EACCES:
-    case EPERM: return absl::PermissionDeniedError(msg);
-    case ENOSPC: return absl::ResourceExhaustedError(msg);
-    case EINVAL: return absl::InvalidArgumentError(msg);
-    default: return absl::InternalError(msg);
+    case EPERM:
+      return absl::PermissionDeniedError(msg);
+    case ENOSPC:
+      return absl::ResourceExhaustedError(msg);
+    case EINVAL:
+      return absl::InvalidArgumentError(msg);
+    default:
+      return absl::InternalError(msg);
   }
 }
 

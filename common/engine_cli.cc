@@ -43,9 +43,9 @@ std::optional<int64_t> ModelLayersFromConfig(const std::string& dir) {
   return layers;
 }
 
-absl::StatusOr<EngineInvocation> ParseEngineCommandLine(std::string_view command, int argc,
-                                                        char** argv,
-                                                        const std::vector<std::string>& command_flags) {
+absl::StatusOr<EngineInvocation> ParseEngineCommandLine(
+    std::string_view command, int argc, char** argv,
+    const std::vector<std::string>& command_flags) {
   EngineInvocation inv;
   inv.spec = NewEngineSpec(command);
   if (inv.spec == nullptr) {
@@ -63,7 +63,8 @@ absl::StatusOr<EngineInvocation> ParseEngineCommandLine(std::string_view command
       return inv;
     }
     if (arg.rfind("--", 0) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "' (try --help)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument '", arg, "' (try --help)"));
     }
     std::string key = arg.substr(2), value;
     bool has_value = false;
@@ -72,7 +73,8 @@ absl::StatusOr<EngineInvocation> ParseEngineCommandLine(std::string_view command
       key = key.substr(0, eq);
       has_value = true;
     }
-    const bool own = std::find(command_flags.begin(), command_flags.end(), key) != command_flags.end();
+    const bool own =
+        std::find(command_flags.begin(), command_flags.end(), key) != command_flags.end();
     const std::string field = absl::StrReplaceAll(key, {{"-", "_"}});
     const pb::FieldDescriptor* f = own || key == "spec" ? nullptr : d->FindFieldByName(field);
     if (!own && key != "spec" && f == nullptr) {
@@ -106,7 +108,8 @@ absl::StatusOr<EngineInvocation> ParseEngineCommandLine(std::string_view command
     text << in.rdbuf();
     ASSIGN_OR_RETURN(std::vector<YamlNode> docs, LoadYamlDocuments(text.str(), inv.spec_file));
     if (docs.size() != 1 || !docs[0].IsMap()) {
-      return absl::InvalidArgumentError(absl::StrCat(inv.spec_file, ": the spec must be one mapping"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(inv.spec_file, ": the spec must be one mapping"));
     }
     RETURN_IF_ERROR(ReadYamlInto(docs[0], inv.spec.get(), inv.spec_file, "", &lines));
     where = inv.spec_file;
@@ -134,15 +137,16 @@ absl::StatusOr<EngineInvocation> ParseEngineCommandLine(std::string_view command
   context.lines = &lines;
   context.model_layers = ModelLayersFromConfig;
   int64_t cpus = 0;
-  if (absl::SimpleAtoi(Env(std::string(engine_contract::kEnvCpus).c_str()), &cpus)) context.job_cpus = cpus;
+  if (absl::SimpleAtoi(Env(std::string(engine_contract::kEnvCpus).c_str()), &cpus))
+    context.job_cpus = cpus;
   RETURN_IF_ERROR(ValidateEngineSpec(*inv.spec, context));
   return inv;
 }
 
 std::string EngineHelp(std::string_view command, std::string_view usage) {
-  return absl::StrCat("usage: ", std::string(usage),
-                      "\n\nSpec fields (in --spec FILE, or as --<field> VALUE):\n",
-                      SpecHelpText(command), "\nReference: docs/engine/", std::string(command), ".md\n");
+  return absl::StrCat(
+      "usage: ", std::string(usage), "\n\nSpec fields (in --spec FILE, or as --<field> VALUE):\n",
+      SpecHelpText(command), "\nReference: docs/engine/", std::string(command), ".md\n");
 }
 
 int ReportEngineFailure(const absl::Status& status) {
@@ -163,7 +167,8 @@ int ReportEngineFailure(const absl::Status& status) {
 int64_t EffectiveThreads(int64_t spec_threads) {
   if (spec_threads > 0) return spec_threads;
   int64_t cpus = 0;
-  if (absl::SimpleAtoi(Env(std::string(engine_contract::kEnvCpus).c_str()), &cpus) && cpus > 0) return cpus;
+  if (absl::SimpleAtoi(Env(std::string(engine_contract::kEnvCpus).c_str()), &cpus) && cpus > 0)
+    return cpus;
   return 0;
 }
 

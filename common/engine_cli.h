@@ -36,9 +36,8 @@ struct EngineInvocation {
 // `argv[0]` is the command name. `command_flags` are extra flag names the command accepts
 // besides its spec fields (e.g. "stop-after-step"). InvalidArgument for an unknown flag, a
 // flag without a value, or a spec that breaks a rule.
-absl::StatusOr<EngineInvocation> ParseEngineCommandLine(std::string_view command, int argc,
-                                                        char** argv,
-                                                        const std::vector<std::string>& command_flags);
+absl::StatusOr<EngineInvocation> ParseEngineCommandLine(
+    std::string_view command, int argc, char** argv, const std::vector<std::string>& command_flags);
 
 // The --help text: the usage line, then every spec field with its type, default and meaning.
 std::string EngineHelp(std::string_view command, std::string_view usage);

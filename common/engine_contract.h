@@ -11,11 +11,11 @@ namespace stemma::engine_contract {
 // --- Environment set by the worker for every attempt (engine jobs and exec jobs alike). ---
 inline constexpr std::string_view kEnvJobId = "STEMMA_JOB_ID";
 inline constexpr std::string_view kEnvAttemptId = "STEMMA_ATTEMPT_ID";  // "<job id>.<n>"
-inline constexpr std::string_view kEnvRank = "RANK";                   // also STEMMA_RANK
-inline constexpr std::string_view kEnvWorldSize = "WORLD_SIZE";        // also STEMMA_WORLD_SIZE
-inline constexpr std::string_view kEnvMasterAddr = "MASTER_ADDR";      // gang jobs: rank 0's host
+inline constexpr std::string_view kEnvRank = "RANK";                    // also STEMMA_RANK
+inline constexpr std::string_view kEnvWorldSize = "WORLD_SIZE";         // also STEMMA_WORLD_SIZE
+inline constexpr std::string_view kEnvMasterAddr = "MASTER_ADDR";       // gang jobs: rank 0's host
 inline constexpr std::string_view kEnvMasterPort = "MASTER_PORT";
-inline constexpr std::string_view kEnvWorkdir = "STEMMA_WORKDIR";      // the attempt directory
+inline constexpr std::string_view kEnvWorkdir = "STEMMA_WORKDIR";  // the attempt directory
 // Threads the job may use (its resources.cpus, rounded up): a spec's `threads: 0` means this.
 inline constexpr std::string_view kEnvCpus = "STEMMA_CPUS";
 // The worker's storage root: relative paths in a spec resolve against it.

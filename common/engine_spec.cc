@@ -47,15 +47,20 @@ double NumberAt(const pb::Message& m, const FD* f, int index) {
   const pb::Reflection* r = m.GetReflection();
   const bool rep = index >= 0;
   switch (f->cpp_type()) {
-    case FD::CPPTYPE_INT32: return rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f);
+    case FD::CPPTYPE_INT32:
+      return rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f);
     case FD::CPPTYPE_INT64:
       return static_cast<double>(rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f));
-    case FD::CPPTYPE_UINT32: return rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f);
+    case FD::CPPTYPE_UINT32:
+      return rep ? r->GetRepeatedUInt32(m, f, index) : r->GetUInt32(m, f);
     case FD::CPPTYPE_UINT64:
       return static_cast<double>(rep ? r->GetRepeatedUInt64(m, f, index) : r->GetUInt64(m, f));
-    case FD::CPPTYPE_DOUBLE: return rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f);
-    case FD::CPPTYPE_FLOAT: return rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f);
-    default: return 0;
+    case FD::CPPTYPE_DOUBLE:
+      return rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f);
+    case FD::CPPTYPE_FLOAT:
+      return rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f);
+    default:
+      return 0;
   }
 }
 
@@ -82,7 +87,8 @@ bool IsReference(std::string_view value) {
 }
 
 bool IsPathRole(int role) {
-  return role == v1::ROLE_INPUT_MODEL || role == v1::ROLE_INPUT_PATH || role == v1::ROLE_OUTPUT_PATH;
+  return role == v1::ROLE_INPUT_MODEL || role == v1::ROLE_INPUT_PATH ||
+         role == v1::ROLE_OUTPUT_PATH;
 }
 
 class Validator {
@@ -125,24 +131,29 @@ class Validator {
     const pb::Reflection* r = m.GetReflection();
     const v1::FieldRules& rules = Rules(f);
     if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
-      const pb::Message& sub = index >= 0 ? r->GetRepeatedMessage(m, f, index) : r->GetMessage(m, f);
+      const pb::Message& sub =
+          index >= 0 ? r->GetRepeatedMessage(m, f, index) : r->GetMessage(m, f);
       return Message(sub, path);
     }
     if (IsNumeric(f)) {
       const double v = NumberAt(m, f, index);
       if (!std::isfinite(v)) return Error(path, "must be a finite number");
       if (rules.has_min() && (v < rules.min() || (rules.min_exclusive() && v == rules.min()))) {
-        return Error(path, absl::StrCat(FormatNumber(v), " must be ", rules.min_exclusive() ? "> " : ">= ",
-                                        FormatNumber(rules.min())));
+        return Error(path,
+                     absl::StrCat(FormatNumber(v), " must be ",
+                                  rules.min_exclusive() ? "> " : ">= ", FormatNumber(rules.min())));
       }
       if (rules.has_max() && (v > rules.max() || (rules.max_exclusive() && v == rules.max()))) {
-        return Error(path, absl::StrCat(FormatNumber(v), " must be ", rules.max_exclusive() ? "< " : "<= ",
-                                        FormatNumber(rules.max())));
+        return Error(path,
+                     absl::StrCat(FormatNumber(v), " must be ",
+                                  rules.max_exclusive() ? "< " : "<= ", FormatNumber(rules.max())));
       }
-      if (rules.role() == v1::ROLE_THREADS && ctx_.job_cpus > 0 && v > static_cast<double>(ctx_.job_cpus)) {
-        return Error(path, absl::StrCat(FormatNumber(v), " threads is more than the job's ",
-                                        ctx_.job_cpus, " CPUs (resources.cpus); ask for more CPUs or "
-                                        "leave threads at 0 to use them all"));
+      if (rules.role() == v1::ROLE_THREADS && ctx_.job_cpus > 0 &&
+          v > static_cast<double>(ctx_.job_cpus)) {
+        return Error(
+            path, absl::StrCat(FormatNumber(v), " threads is more than the job's ", ctx_.job_cpus,
+                               " CPUs (resources.cpus); ask for more CPUs or "
+                               "leave threads at 0 to use them all"));
       }
       return absl::OkStatus();
     }
@@ -152,7 +163,8 @@ class Validator {
       bool ok = false;
       for (const auto& c : rules.choices()) ok |= c == v;
       if (!ok) {
-        return Error(path, absl::StrCat("'", v, "' is not one of ", absl::StrJoin(rules.choices(), ", ")));
+        return Error(
+            path, absl::StrCat("'", v, "' is not one of ", absl::StrJoin(rules.choices(), ", ")));
       }
     }
     if (v.find('\0') != std::string::npos) return Error(path, "contains a NUL byte");
@@ -165,7 +177,8 @@ class Validator {
         if (!resolved.ok()) return Error(path, std::string(resolved.status().message()).substr(2));
       }
     }
-    if (IsPathRole(rules.role()) && v.empty() && rules.required()) return Error(path, "is required");
+    if (IsPathRole(rules.role()) && v.empty() && rules.required())
+      return Error(path, "is required");
     return absl::OkStatus();
   }
 
@@ -237,7 +250,8 @@ void ResolvePaths(pb::Message* m, const std::filesystem::path& root) {
     if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
       if (f->is_map()) continue;
       if (f->is_repeated()) {
-        for (int k = 0; k < r->FieldSize(*m, f); ++k) ResolvePaths(r->MutableRepeatedMessage(m, f, k), root);
+        for (int k = 0; k < r->FieldSize(*m, f); ++k)
+          ResolvePaths(r->MutableRepeatedMessage(m, f, k), root);
       } else if (r->HasField(*m, f)) {
         ResolvePaths(r->MutableMessage(m, f), root);
       }
@@ -260,35 +274,60 @@ std::string TypeText(const FD* f) {
   const v1::FieldRules& rules = Rules(f);
   std::string t;
   switch (rules.role()) {
-    case v1::ROLE_INPUT_MODEL: t = "model (path or `ckpt:ID`)"; break;
-    case v1::ROLE_INPUT_PATH: t = "path (read)"; break;
-    case v1::ROLE_OUTPUT_PATH: t = "path (written)"; break;
-    case v1::ROLE_LAYER_RANGE: t = "layer range"; break;
+    case v1::ROLE_INPUT_MODEL:
+      t = "model (path or `ckpt:ID`)";
+      break;
+    case v1::ROLE_INPUT_PATH:
+      t = "path (read)";
+      break;
+    case v1::ROLE_OUTPUT_PATH:
+      t = "path (written)";
+      break;
+    case v1::ROLE_LAYER_RANGE:
+      t = "layer range";
+      break;
     default:
       switch (f->cpp_type()) {
-        case FD::CPPTYPE_STRING: t = "string"; break;
-        case FD::CPPTYPE_BOOL: t = "bool"; break;
+        case FD::CPPTYPE_STRING:
+          t = "string";
+          break;
+        case FD::CPPTYPE_BOOL:
+          t = "bool";
+          break;
         case FD::CPPTYPE_DOUBLE:
-        case FD::CPPTYPE_FLOAT: t = "number"; break;
-        case FD::CPPTYPE_ENUM: t = "enum"; break;
-        case FD::CPPTYPE_MESSAGE: t = f->is_map() ? "mapping" : "mapping (below)"; break;
-        default: t = "integer"; break;
+        case FD::CPPTYPE_FLOAT:
+          t = "number";
+          break;
+        case FD::CPPTYPE_ENUM:
+          t = "enum";
+          break;
+        case FD::CPPTYPE_MESSAGE:
+          t = f->is_map() ? "mapping" : "mapping (below)";
+          break;
+        default:
+          t = "integer";
+          break;
       }
   }
   if (f->is_repeated() && !f->is_map()) t = absl::StrCat("list of ", t);
-  if (rules.choices_size() > 0) t = absl::StrCat("one of `", absl::StrJoin(rules.choices(), "`, `"), "`");
+  if (rules.choices_size() > 0)
+    t = absl::StrCat("one of `", absl::StrJoin(rules.choices(), "`, `"), "`");
   if (rules.has_min() || rules.has_max()) {
     std::string range;
-    if (rules.has_min()) absl::StrAppend(&range, rules.min_exclusive() ? "> " : "≥ ", FormatNumber(rules.min()));
+    if (rules.has_min())
+      absl::StrAppend(&range, rules.min_exclusive() ? "> " : "≥ ", FormatNumber(rules.min()));
     if (rules.has_min() && rules.has_max()) range += ", ";
-    if (rules.has_max()) absl::StrAppend(&range, rules.max_exclusive() ? "< " : "≤ ", FormatNumber(rules.max()));
+    if (rules.has_max())
+      absl::StrAppend(&range, rules.max_exclusive() ? "< " : "≤ ", FormatNumber(rules.max()));
     absl::StrAppend(&t, " ", range);
   }
   if (rules.min_items() > 0) absl::StrAppend(&t, ", at least ", rules.min_items());
   return t;
 }
 
-std::string Cell(std::string text) { return absl::StrReplaceAll(text, {{"|", "\\|"}, {"\n", " "}}); }
+std::string Cell(std::string text) {
+  return absl::StrReplaceAll(text, {{"|", "\\|"}, {"\n", " "}});
+}
 
 void MessageTable(const pb::Descriptor* d, const std::string& prefix, std::string* out,
                   std::vector<std::pair<const pb::Descriptor*, std::string>>* subs) {
@@ -297,11 +336,14 @@ void MessageTable(const pb::Descriptor* d, const std::string& prefix, std::strin
     const FD* f = d->field(i);
     const v1::FieldRules& rules = Rules(f);
     const std::string name = Join(prefix, f->name());
-    std::string def = rules.required() ? "**required**"
-                                       : (rules.default_value().empty() ? "—" : absl::StrCat("`", rules.default_value(), "`"));
+    std::string def =
+        rules.required()
+            ? "**required**"
+            : (rules.default_value().empty() ? "—" : absl::StrCat("`", rules.default_value(), "`"));
     std::string doc = rules.doc();
     if (!rules.example().empty()) absl::StrAppend(&doc, " Example: `", rules.example(), "`.");
-    absl::StrAppend(out, "| `", name, "` | ", Cell(TypeText(f)), " | ", Cell(def), " | ", Cell(doc), " |\n");
+    absl::StrAppend(out, "| `", name, "` | ", Cell(TypeText(f)), " | ", Cell(def), " | ", Cell(doc),
+                    " |\n");
     if (f->cpp_type() == FD::CPPTYPE_MESSAGE && !f->is_map()) {
       subs->push_back({f->message_type(), f->is_repeated() ? absl::StrCat(name, "[]") : name});
     }
@@ -335,7 +377,8 @@ const pb::Descriptor* EngineSpecDescriptor(std::string_view command) {
 std::unique_ptr<pb::Message> NewEngineSpec(std::string_view command) {
   const pb::Descriptor* d = EngineSpecDescriptor(command);
   if (d == nullptr) return nullptr;
-  return std::unique_ptr<pb::Message>(pb::MessageFactory::generated_factory()->GetPrototype(d)->New());
+  return std::unique_ptr<pb::Message>(
+      pb::MessageFactory::generated_factory()->GetPrototype(d)->New());
 }
 
 void FillSpecDefaults(pb::Message* spec) {
@@ -346,7 +389,8 @@ void FillSpecDefaults(pb::Message* spec) {
     if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
       if (f->is_map()) continue;
       if (f->is_repeated()) {
-        for (int k = 0; k < r->FieldSize(*spec, f); ++k) FillSpecDefaults(r->MutableRepeatedMessage(spec, f, k));
+        for (int k = 0; k < r->FieldSize(*spec, f); ++k)
+          FillSpecDefaults(r->MutableRepeatedMessage(spec, f, k));
       } else if (r->HasField(*spec, f)) {
         FillSpecDefaults(r->MutableMessage(spec, f));
       }
@@ -439,8 +483,12 @@ std::string SpecHelpText(std::string_view command) {
       const FD* f = m->field(k);
       const v1::FieldRules& rules = Rules(f);
       const std::string name = Join(prefix, f->name());
-      std::string def = rules.required() ? "required" : (rules.default_value().empty() ? "" : absl::StrCat("default ", rules.default_value()));
-      absl::StrAppend(&out, "  ", name, "  (", TypeText(f), def.empty() ? "" : "; ", def, ")\n      ", rules.doc(), "\n");
+      std::string def = rules.required() ? "required"
+                                         : (rules.default_value().empty()
+                                                ? ""
+                                                : absl::StrCat("default ", rules.default_value()));
+      absl::StrAppend(&out, "  ", name, "  (", TypeText(f), def.empty() ? "" : "; ", def,
+                      ")\n      ", rules.doc(), "\n");
       if (f->cpp_type() == FD::CPPTYPE_MESSAGE && !f->is_map()) {
         todo.push_back({f->message_type(), f->is_repeated() ? absl::StrCat(name, "[]") : name});
       }

@@ -38,8 +38,8 @@ void FillSpecDefaults(google::protobuf::Message* spec);
 
 // What a check knows besides the spec.
 struct SpecContext {
-  std::string where;               // the file (or "job 3"), for errors
-  std::string path;                // the spec's own field path in that file ("train"), or ""
+  std::string where;  // the file (or "job 3"), for errors
+  std::string path;   // the spec's own field path in that file ("train"), or ""
   const FieldLines* lines = nullptr;
   // The layer count of an input model when the caller can read its config.json (the CLI
   // on the submitting machine, the engine); nullopt when unknown. May be empty.

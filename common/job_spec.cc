@@ -1,6 +1,5 @@
 #include "common/job_spec.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -48,8 +47,8 @@ absl::Status RewriteEngineSugar(YamlNode* job, const std::string& where) {
     }
     if (EngineSpecDescriptor(command->scalar) == nullptr) {
       return SpecError(where, command->line, "engine.command",
-                       absl::StrCat("unknown engine command '", command->scalar, "' (commands: ",
-                                    absl::StrJoin(EngineCommands(), ", "), ")"));
+                       absl::StrCat("unknown engine command '", command->scalar,
+                                    "' (commands: ", absl::StrJoin(EngineCommands(), ", "), ")"));
     }
     YamlNode key = job->items[k];
     key.scalar = command->scalar;
@@ -211,8 +210,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       size_t argv_bytes = 0;
       for (int i = 0; i < e.argv_size(); ++i) {
         const std::string& a = e.argv(i);
-        if (a.find('\0') != std::string::npos) return bad("exec.argv[", i, "]: contains a NUL byte");
-        if (a.size() > kMaxArgBytes) return bad("exec.argv[", i, "]: longer than ", kMaxArgBytes, " bytes");
+        if (a.find('\0') != std::string::npos)
+          return bad("exec.argv[", i, "]: contains a NUL byte");
+        if (a.size() > kMaxArgBytes)
+          return bad("exec.argv[", i, "]: longer than ", kMaxArgBytes, " bytes");
         argv_bytes += a.size() + 1;
       }
       if (argv_bytes > kMaxArgvBytes) {
@@ -251,7 +252,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       {
         SpecContext context;
         context.path = JobKind(spec);
-        context.job_cpus = static_cast<int64_t>(std::ceil(spec.resources().cpus() > 0 ? spec.resources().cpus() : 1));
+        context.job_cpus = static_cast<int64_t>(
+            std::ceil(spec.resources().cpus() > 0 ? spec.resources().cpus() : 1));
         RETURN_IF_ERROR(ValidateEngineSpec(*EngineSpecOf(spec), context));
         // What no worker's roots could make right (the worker checks the rest).
         RETURN_IF_ERROR(CheckSpecPathSyntax(*EngineSpecOf(spec), context.path));
@@ -268,8 +270,8 @@ int64_t BackoffMs(const v1::JobSpec& spec, int next_attempt) {
   const double initial = static_cast<double>(std::max<int64_t>(0, b.initial_ms()));
   const double mult = b.multiplier() >= 1 && std::isfinite(b.multiplier()) ? b.multiplier() : 1;
   constexpr double kCeiling = 24.0 * 3600 * 1000;  // a day, as ValidateJobSpec allows
-  const double cap = b.max_ms() > 0 ? std::min<double>(static_cast<double>(b.max_ms()), kCeiling)
-                                    : kCeiling;
+  const double cap =
+      b.max_ms() > 0 ? std::min<double>(static_cast<double>(b.max_ms()), kCeiling) : kCeiling;
   double delay = std::min(initial, cap);
   for (int i = 2; i < next_attempt && delay < cap; ++i) delay = std::min(delay * mult, cap);
   return static_cast<int64_t>(delay);
@@ -290,8 +292,8 @@ absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
   for (size_t d = 0; d < docs.size(); ++d) {
     const YamlNode& doc = docs[d];
     if (doc.IsNull()) continue;
-    std::string where = docs.size() > 1 ? absl::StrCat(source, " document ", d + 1)
-                                        : std::string(source);
+    std::string where =
+        docs.size() > 1 ? absl::StrCat(source, " document ", d + 1) : std::string(source);
     const YamlNode* jobs = doc.Find("jobs");
     if (jobs != nullptr && doc.size() == 1) {
       if (!jobs->IsSequence()) {
@@ -301,7 +303,8 @@ absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
       for (size_t i = 0; i < jobs->items.size(); ++i) {
         JobSource js;
         js.where = absl::StrCat(where, " jobs[", i, "]");
-        ASSIGN_OR_RETURN(auto spec, SpecFromNode(jobs->items[i], js.where, sources ? &js.lines : nullptr));
+        ASSIGN_OR_RETURN(auto spec,
+                         SpecFromNode(jobs->items[i], js.where, sources ? &js.lines : nullptr));
         specs.push_back(std::move(spec));
         if (sources != nullptr) sources->push_back(std::move(js));
       }
@@ -344,7 +347,8 @@ absl::Status CheckJobAsSubmitted(const v1::JobSpec& spec, const std::string& whe
   if (!st.ok()) {
     const std::string message(st.message());
     const std::string field = message.substr(0, message.find(':'));
-    return SpecError(where, lines.Line(path.empty() ? field : absl::StrCat(path, ".", field)), path, message);
+    return SpecError(where, lines.Line(path.empty() ? field : absl::StrCat(path, ".", field)), path,
+                     message);
   }
   return absl::OkStatus();
 }

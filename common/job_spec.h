@@ -15,10 +15,10 @@
 #pragma once
 
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/proto_yaml.h"
 #include "stemma/v1/job.pb.h"
 

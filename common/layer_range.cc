@@ -44,7 +44,8 @@ absl::StatusOr<LayerRange> ParseLayerRange(std::string_view text, std::string_vi
   if (left.empty() && right.empty()) return bad("give at least one bound");
   range.begin = -1;
   range.end = -1;
-  if (!left.empty() && !ParseBound(left, &range.begin)) return bad("the start is not a layer number");
+  if (!left.empty() && !ParseBound(left, &range.begin))
+    return bad("the start is not a layer number");
   if (!right.empty() && !ParseBound(right, &range.end)) return bad("the end is not a layer number");
   if (range.begin >= 0 && range.end >= 0 && range.end <= range.begin) return bad("it is empty");
   return range;
@@ -74,9 +75,9 @@ absl::StatusOr<LayerRange> ResolveLayerRange(const LayerRange& range, int64_t nu
   if (out.begin < 0) out.begin = 0;
   if (out.end < 0) out.end = num_layers;
   if (out.begin >= num_layers || out.end > num_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(w, ": layers '", range.text, "' reach past the model's ", num_layers,
-                     " layers (0..", num_layers - 1, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(w, ": layers '", range.text,
+                                                   "' reach past the model's ", num_layers,
+                                                   " layers (0..", num_layers - 1, ")"));
   }
   if (out.end <= out.begin) {
     return absl::InvalidArgumentError(absl::StrCat(w, ": layers '", range.text, "' are empty"));

@@ -20,10 +20,10 @@
 namespace stemma {
 
 struct LayerRange {
-  int64_t begin = 0;   // -1: from layer 0 (":b")
-  int64_t end = -1;    // -1: through the last layer ("a:")
-  bool middle = false; // "middle": resolved with the model's layer count
-  std::string text;    // as written, for errors and events
+  int64_t begin = 0;    // -1: from layer 0 (":b")
+  int64_t end = -1;     // -1: through the last layer ("a:")
+  bool middle = false;  // "middle": resolved with the model's layer count
+  std::string text;     // as written, for errors and events
 };
 
 // Parses one range. InvalidArgument "<where>: ..." for anything else (negative numbers,

@@ -112,7 +112,8 @@ const char* ReadOnlyWords(size_t n) { return n == 1 ? "the read root" : "the rea
 
 }  // namespace
 
-absl::Status CheckPathSyntax(std::string_view field_name, const std::string& value, PathAccess access) {
+absl::Status CheckPathSyntax(std::string_view field_name, const std::string& value,
+                             PathAccess access) {
   if (value.empty() || IsReferenceValue(value)) return absl::OkStatus();
   const std::string field(field_name);
   auto bad = [&](absl::string_view what) {
@@ -156,19 +157,22 @@ absl::StatusOr<std::string> ConfinePath(std::string_view field_name, const std::
   }
   // What the engine opens: relative paths joined and normalised (ResolveSpecPaths).
   const std::filesystem::path given(value);
-  const std::string opened = given.is_absolute()
-                                 ? value
-                                 : (std::filesystem::path(roots.storage) / given).lexically_normal().string();
+  const std::string opened =
+      given.is_absolute()
+          ? value
+          : (std::filesystem::path(roots.storage) / given).lexically_normal().string();
   absl::StatusOr<std::string> real = Resolve(opened);
-  if (!real.ok()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", real.status().message()));
+  if (!real.ok())
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", real.status().message()));
   const std::string storage = ResolvedRoot(roots.storage);
   // "VALUE" or "VALUE (resolves to R)" when the two differ.
   const std::string shown =
       *real == value ? value : absl::StrCat(value, " (resolves to ", *real, ")");
   if (access == PathAccess::kWrite) {
     if (*real == storage) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": ", shown, " is the storage root itself; an output must be a directory inside it"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", shown,
+                       " is the storage root itself; an output must be a directory inside it"));
     }
     if (!Inside(*real, storage, false)) {
       return absl::InvalidArgumentError(
@@ -209,7 +213,8 @@ PathAccess AccessOf(int role) {
 absl::Status CheckSpecConfinement(const google::protobuf::Message& spec, std::string_view prefix,
                                   const PathRoots& roots) {
   for (const SpecPath& p : SpecPaths(spec)) {
-    absl::StatusOr<std::string> ok = ConfinePath(FieldName(prefix, p.field), p.value, AccessOf(p.role), roots);
+    absl::StatusOr<std::string> ok =
+        ConfinePath(FieldName(prefix, p.field), p.value, AccessOf(p.role), roots);
     if (!ok.ok()) return ok.status();
   }
   return absl::OkStatus();

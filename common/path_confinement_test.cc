@@ -66,17 +66,21 @@ TEST_F(Confinement, OutputsOutsideTheRootAreRefusedNamingFieldAndRoot) {
   EXPECT_NE(Check(root_, PathAccess::kWrite).find("is the storage root itself"), std::string::npos);
   EXPECT_NE(Check(".", PathAccess::kWrite).find("is the storage root itself"), std::string::npos);
   // The worker's own state.
-  EXPECT_NE(Check("worker-data/attempts", PathAccess::kWrite).find("the worker's own data directory"),
-            std::string::npos);
+  EXPECT_NE(
+      Check("worker-data/attempts", PathAccess::kWrite).find("the worker's own data directory"),
+      std::string::npos);
 }
 
 TEST_F(Confinement, DotDotIsRefusedAtSyntaxLevelForOutputs) {
-  EXPECT_EQ(Check("../../..", PathAccess::kWrite), "train.out: ../../.. climbs out of the storage root ('..')");
+  EXPECT_EQ(Check("../../..", PathAccess::kWrite),
+            "train.out: ../../.. climbs out of the storage root ('..')");
   EXPECT_EQ(Check(root_ + "/../outside/x", PathAccess::kWrite),
             "train.out: " + root_ + "/../outside/x: an absolute output path must not contain '..'");
   EXPECT_EQ(Check("a//b", PathAccess::kWrite), "train.out: a//b has an empty path segment ('//')");
-  EXPECT_EQ(Check(std::string("a\0b", 3), PathAccess::kWrite), "train.out: the path contains a NUL byte");
-  EXPECT_NE(Check(std::string(5000, 'a'), PathAccess::kWrite).find("longer than"), std::string::npos);
+  EXPECT_EQ(Check(std::string("a\0b", 3), PathAccess::kWrite),
+            "train.out: the path contains a NUL byte");
+  EXPECT_NE(Check(std::string(5000, 'a'), PathAccess::kWrite).find("longer than"),
+            std::string::npos);
 }
 
 TEST_F(Confinement, SymlinksThatLeaveTheRootAreRefused) {
@@ -86,8 +90,8 @@ TEST_F(Confinement, SymlinksThatLeaveTheRootAreRefused) {
   fs::create_directory_symlink(root_ + "/models", root_ + "/inner");  // stays inside
   const std::string real_out = fs::canonical(outside_).string();
   EXPECT_EQ(Check("escape/model", PathAccess::kWrite),
-            "train.out: escape/model (resolves to " + real_out + "/model) is outside the storage root " +
-                root_);
+            "train.out: escape/model (resolves to " + real_out +
+                "/model) is outside the storage root " + root_);
   EXPECT_NE(Check(root_ + "/escape", PathAccess::kRead).find("is outside the storage root"),
             std::string::npos);
   EXPECT_NE(Check("secret-link", PathAccess::kRead).find("resolves to " + real_out + "/secret"),
@@ -118,7 +122,8 @@ TEST_F(Confinement, AStorageRootThatIsItselfASymlinkStillConfines) {
   roots_.storage = base_ + "/srv-link";
   EXPECT_EQ(Check("ckpt/a", PathAccess::kWrite), "ok");
   EXPECT_EQ(Check(root_ + "/ckpt/a", PathAccess::kWrite), "ok");  // the same directory
-  EXPECT_NE(Check(outside_ + "/a", PathAccess::kWrite).find("outside the storage root " + base_ + "/srv-link"),
+  EXPECT_NE(Check(outside_ + "/a", PathAccess::kWrite)
+                .find("outside the storage root " + base_ + "/srv-link"),
             std::string::npos);
 }
 
@@ -137,8 +142,9 @@ TEST_F(Confinement, EverySpecFieldIsCheckedWithItsRoleAndFullName) {
   EXPECT_TRUE(CheckSpecConfinement(train, "train", roots_).ok());
   train.mutable_data()->add_datasets()->set_path(outside_ + "/secret");
   absl::Status st = CheckSpecConfinement(train, "train", roots_);
-  EXPECT_EQ(st.message(), "train.data.datasets[1].path: " + outside_ + "/secret is outside the storage root " +
-                              root_ + " and the read root " + corpus_);
+  EXPECT_EQ(st.message(), "train.data.datasets[1].path: " + outside_ +
+                              "/secret is outside the storage root " + root_ +
+                              " and the read root " + corpus_);
   train.mutable_data()->mutable_datasets()->RemoveLast();
   train.set_out("/etc/x");
   EXPECT_EQ(CheckSpecConfinement(train, "train", roots_).message(),

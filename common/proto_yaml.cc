@@ -42,13 +42,14 @@ class YamlToProto {
       if (f == nullptr) {
         std::vector<std::string> names;
         for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
-        return Error(field_path, absl::StrCat("unknown field (allowed: ", absl::StrJoin(names, ", "), ")"));
+        return Error(field_path,
+                     absl::StrCat("unknown field (allowed: ", absl::StrJoin(names, ", "), ")"));
       }
       if (const pb::OneofDescriptor* o = f->containing_oneof()) {
         const pb::FieldDescriptor* set = r->GetOneofFieldDescriptor(*msg, o);
         if (set != nullptr && set != f) {
-          return Error(field_path, absl::StrCat("only one of a ", o->name(), " may be given (", set->name(),
-                                                " is already)"));
+          return Error(field_path, absl::StrCat("only one of a ", o->name(), " may be given (",
+                                                set->name(), " is already)"));
         }
       }
       RETURN_IF_ERROR(Field(value, msg, f, field_path));
@@ -87,8 +88,10 @@ class YamlToProto {
       }
       for (size_t i = 0; i < node.size(); ++i) {
         // Each item's own line, for errors about the item as a whole ("tasks[2]: ...").
-        if (lines_ != nullptr && node.items[i].line > 0) lines_->Set(absl::StrCat(path, "[", i, "]"), node.items[i].line);
-        RETURN_IF_ERROR(Value(node.items[i], msg, f, absl::StrCat(path, "[", i, "]"), static_cast<int>(i)));
+        if (lines_ != nullptr && node.items[i].line > 0)
+          lines_->Set(absl::StrCat(path, "[", i, "]"), node.items[i].line);
+        RETURN_IF_ERROR(
+            Value(node.items[i], msg, f, absl::StrCat(path, "[", i, "]"), static_cast<int>(i)));
       }
       return absl::OkStatus();
     }
@@ -141,7 +144,8 @@ class YamlToProto {
           v = static_cast<int64_t>(dv);
         }
         if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT32) {
-          if (v < INT32_MIN || v > INT32_MAX) return Error(path, absl::StrCat(text, " is out of range"));
+          if (v < INT32_MIN || v > INT32_MAX)
+            return Error(path, absl::StrCat(text, " is out of range"));
           repeated ? r->AddInt32(msg, f, static_cast<int32_t>(v))
                    : r->SetInt32(msg, f, static_cast<int32_t>(v));
         } else {
@@ -191,7 +195,8 @@ class YamlToProto {
       case pb::FieldDescriptor::CPPTYPE_ENUM: {
         const pb::EnumValueDescriptor* e = f->enum_type()->FindValueByName(text);
         int number = 0;
-        if (e == nullptr && absl::SimpleAtoi(text, &number)) e = f->enum_type()->FindValueByNumber(number);
+        if (e == nullptr && absl::SimpleAtoi(text, &number))
+          e = f->enum_type()->FindValueByNumber(number);
         if (e == nullptr) {
           std::vector<std::string> names;
           for (int i = 0; i < f->enum_type()->value_count(); ++i) {

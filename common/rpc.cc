@@ -30,9 +30,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-absl::Status Authenticator::Deny(const grpc::ServerContext&, absl::string_view,
-                                 const Caller&, absl::string_view,
-                                 absl::string_view message) const {
+absl::Status Authenticator::Deny(const grpc::ServerContext&, absl::string_view, const Caller&,
+                                 absl::string_view, absl::string_view message) const {
   return absl::PermissionDeniedError(message);
 }
 
@@ -99,10 +98,10 @@ class TokenAuthenticator final : public Authenticator {
     }
     caller->authenticated = true;
     if ((allowed & static_cast<RoleSet>(caller->role)) == 0) {
-      return Refuse(ctx, method, *caller, "denied",
-                    absl::PermissionDeniedError(absl::StrCat(
-                        "role ", RoleName(caller->role), " (", caller->subject,
-                        ") may not call ", method)));
+      return Refuse(
+          ctx, method, *caller, "denied",
+          absl::PermissionDeniedError(absl::StrCat("role ", RoleName(caller->role), " (",
+                                                   caller->subject, ") may not call ", method)));
     }
     return absl::OkStatus();
   }
@@ -171,8 +170,8 @@ class RpcEndInterceptorFactory final
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
     absl::string_view method = info->method() != nullptr ? info->method() : "";
-    if (auto slash = method.rfind('/'); slash != absl::string_view::npos &&
-                                        absl::StartsWith(method, "/stemma.")) {
+    if (auto slash = method.rfind('/');
+        slash != absl::string_view::npos && absl::StartsWith(method, "/stemma.")) {
       method.remove_prefix(slash + 1);
     }
     return new RpcEndInterceptor(method, &observer_);
@@ -194,7 +193,9 @@ class CertificateExpiryCollectable final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     prometheus::MetricFamily family;
     family.name = "stemma_tls_certificate_expiry_timestamp_seconds";
-    family.help = "Earliest notAfter (Unix seconds) of the certificates in each PEM file the TLS credentials load";
+    family.help =
+        "Earliest notAfter (Unix seconds) of the certificates in each PEM file the TLS credentials "
+        "load";
     family.type = prometheus::MetricType::Gauge;
     absl::MutexLock lock(&mu_);
     for (Watched& w : watched_) {
@@ -320,7 +321,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   }
   RETURN_IF_ERROR(CheckReadable("--tls-cert", o.cert_file));
   RETURN_IF_ERROR(CheckReadable("--tls-key", o.key_file));
-  if (!o.client_ca_file.empty()) RETURN_IF_ERROR(CheckReadable("--tls-client-ca", o.client_ca_file));
+  if (!o.client_ca_file.empty())
+    RETURN_IF_ERROR(CheckReadable("--tls-client-ca", o.client_ca_file));
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
       o.key_file, o.cert_file, o.client_ca_file, o.refresh_s);
   grpc::experimental::TlsServerCredentialsOptions options(provider);

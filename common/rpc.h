@@ -26,7 +26,7 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 struct Caller {
   std::string subject = "local";  // token subject or certificate name
   Role role = Role::kAdmin;
-  bool authenticated = false;     // false: authentication is off (loopback, zero-config)
+  bool authenticated = false;  // false: authentication is off (loopback, zero-config)
 
   bool is(Role r) const { return role == r; }
 };

@@ -87,17 +87,21 @@ absl::Status CheckTask(const v1::EvalTask& t, const std::string& at, const SpecC
     for (const TaskField& f : {TaskField{"heldout_fraction", t.has_heldout_fraction()},
                                TaskField{"heldout_split", t.has_heldout_split()},
                                TaskField{"split_seed", t.has_split_seed()}}) {
-      if (f.set) return checker.Error(absl::StrCat(at, ".", f.name), "does not apply with split: all");
+      if (f.set)
+        return checker.Error(absl::StrCat(at, ".", f.name), "does not apply with split: all");
     }
   }
   if (t.type() == "perplexity" && t.heldout_split() == "last" && t.has_split_seed()) {
-    return checker.Error(absl::StrCat(at, ".split_seed"), "does not apply to heldout_split: last (no hash)");
+    return checker.Error(absl::StrCat(at, ".split_seed"),
+                         "does not apply to heldout_split: last (no hash)");
   }
   if (t.type() == "choice" && t.format().empty()) {
-    return checker.Error(absl::StrCat(at, ".format"), "is required for a choice task (belebele, piqa, global_piqa)");
+    return checker.Error(absl::StrCat(at, ".format"),
+                         "is required for a choice task (belebele, piqa, global_piqa)");
   }
   if (t.type() == "translation" && t.source_language().empty()) {
-    return checker.Error(absl::StrCat(at, ".source_language"), "is required for a translation task");
+    return checker.Error(absl::StrCat(at, ".source_language"),
+                         "is required for a translation task");
   }
   return absl::OkStatus();
 }
@@ -117,12 +121,14 @@ absl::Status Subset(const google::protobuf::RepeatedPtrField<std::string>& list,
   for (int i = 0; i < list.size(); ++i) {
     const std::string& lang = list[i];
     if (std::find(known.begin(), known.end(), lang) == known.end()) {
-      return checker.Error(absl::StrCat(field, "[", i, "]"),
-                           absl::StrCat("'", lang, "' is not ", what,
-                                        known.empty() ? "" : absl::StrCat(" (", absl::StrJoin(known, ", "), ")")));
+      return checker.Error(
+          absl::StrCat(field, "[", i, "]"),
+          absl::StrCat("'", lang, "' is not ", what,
+                       known.empty() ? "" : absl::StrCat(" (", absl::StrJoin(known, ", "), ")")));
     }
     if (!seen.insert(lang).second) {
-      return checker.Error(absl::StrCat(field, "[", i, "]"), absl::StrCat("'", lang, "' is listed twice"));
+      return checker.Error(absl::StrCat(field, "[", i, "]"),
+                           absl::StrCat("'", lang, "' is listed twice"));
     }
   }
   return absl::OkStatus();
@@ -137,7 +143,8 @@ std::vector<std::string> Names(const google::protobuf::RepeatedPtrField<std::str
 absl::Status CheckSelect(const v1::SelectOptions& s, const std::vector<std::string>& routed,
                          const SpecChecker& checker) {
   const std::string at = "routing.select";
-  RETURN_IF_ERROR(Subset(s.high_resource(), routed, at + ".high_resource", "a routed language", checker));
+  RETURN_IF_ERROR(
+      Subset(s.high_resource(), routed, at + ".high_resource", "a routed language", checker));
   RETURN_IF_ERROR(Subset(s.targets(), routed, at + ".targets", "a routed language", checker));
   for (const auto& t : s.targets()) {
     if (Contains(s.high_resource(), t)) {
@@ -166,21 +173,25 @@ absl::Status CheckSelect(const v1::SelectOptions& s, const std::vector<std::stri
       return checker.Error(field, absl::StrCat("'", low, "' is also under high_resource"));
     }
     if (std::find(anchors.begin(), anchors.end(), parent) == anchors.end()) {
-      return checker.Error(field, absl::StrCat("the parent '", parent, "' is not a high-resource language (",
-                                               absl::StrJoin(anchors, ", "), ")"));
+      return checker.Error(
+          field, absl::StrCat("the parent '", parent, "' is not a high-resource language (",
+                              absl::StrJoin(anchors, ", "), ")"));
     }
   }
   if (anchors.empty()) {
-    return checker.Error(at + ".high_resource", "no anchor language is left (every routed language has a parent or is a target)");
+    return checker.Error(
+        at + ".high_resource",
+        "no anchor language is left (every routed language has a parent or is a target)");
   }
   if (anchors.size() + s.targets_size() < 2) {
     const std::string field = s.high_resource_size() > 0 ? at + ".high_resource"
                               : s.parents_size() > 0     ? at + ".parents"
                                                          : at;
-    return checker.Error(field,
-                         absl::StrCat("the activation gap compares two languages, but only '", anchors[0],
-                                      "' is an anchor and there is no target (list a language under "
-                                      "targets to select for it against '", anchors[0], "')"));
+    return checker.Error(
+        field, absl::StrCat("the activation gap compares two languages, but only '", anchors[0],
+                            "' is an anchor and there is no target (list a language under "
+                            "targets to select for it against '",
+                            anchors[0], "')"));
   }
   return absl::OkStatus();
 }
@@ -209,7 +220,8 @@ absl::Status Check(const v1::AnalyzeSpec& spec, const SpecChecker& checker) {
     return checker.Error("", "no analysis given (add one of lape, routing, drift, alignment)");
   }
   if (!ValidDevice(spec.device())) {
-    return checker.Error("device", absl::StrCat("'", spec.device(), "' is not cpu, cuda or cuda:N"));
+    return checker.Error("device",
+                         absl::StrCat("'", spec.device(), "' is not cpu, cuda or cuda:N"));
   }
   std::vector<std::string> languages;
   for (int i = 0; i < spec.languages_size(); ++i) {
@@ -217,7 +229,8 @@ absl::Status Check(const v1::AnalyzeSpec& spec, const SpecChecker& checker) {
     const std::string at = absl::StrCat("languages[", i, "]");
     const int given = !l.dataset().empty() + !l.text().empty() + !l.jsonl().empty();
     if (given != 1) {
-      return checker.Error(at, absl::StrCat("give exactly one of dataset, text or jsonl for '", l.language(), "'"));
+      return checker.Error(
+          at, absl::StrCat("give exactly one of dataset, text or jsonl for '", l.language(), "'"));
     }
     if (!l.field().empty() && l.jsonl().empty()) {
       return checker.Error(at + ".field", "applies to a jsonl source only");
@@ -229,8 +242,9 @@ absl::Status Check(const v1::AnalyzeSpec& spec, const SpecChecker& checker) {
   }
   const bool profiles = (spec.has_lape() && spec.lape().profile().empty()) || spec.has_routing();
   if (profiles && languages.empty()) {
-    return checker.Error("languages", absl::StrCat("is required: ", spec.has_routing() ? "routing" : "lape",
-                                                   " runs each language's text through the model"));
+    return checker.Error("languages",
+                         absl::StrCat("is required: ", spec.has_routing() ? "routing" : "lape",
+                                      " runs each language's text through the model"));
   }
   if ((profiles || spec.has_alignment()) && spec.model().empty()) {
     const char* who = spec.has_lape() && spec.lape().profile().empty() ? "lape"
@@ -241,18 +255,22 @@ absl::Status Check(const v1::AnalyzeSpec& spec, const SpecChecker& checker) {
   if (spec.has_lape()) {
     const v1::LapeOptions& lape = spec.lape();
     if (lape.profile().empty()) {
-      RETURN_IF_ERROR(Subset(lape.languages(), languages, "lape.languages", "under languages", checker));
+      RETURN_IF_ERROR(
+          Subset(lape.languages(), languages, "lape.languages", "under languages", checker));
       if (Names(lape.languages(), languages).size() < 2) {
-        return checker.Error(lape.languages().empty() ? "languages" : "lape.languages",
-                             "LAPE needs at least two languages (the entropy is taken across them)");
+        return checker.Error(
+            lape.languages().empty() ? "languages" : "lape.languages",
+            "LAPE needs at least two languages (the entropy is taken across them)");
       }
     } else if (lape.languages_size() == 1) {
-      return checker.Error("lape.languages", "LAPE needs at least two languages (the entropy is taken across them)");
+      return checker.Error("lape.languages",
+                           "LAPE needs at least two languages (the entropy is taken across them)");
     }
   }
   if (spec.has_routing()) {
     const v1::RoutingOptions& r = spec.routing();
-    RETURN_IF_ERROR(Subset(r.languages(), languages, "routing.languages", "under languages", checker));
+    RETURN_IF_ERROR(
+        Subset(r.languages(), languages, "routing.languages", "under languages", checker));
     const std::vector<std::string> routed = Names(r.languages(), languages);
     if (routed.size() < 2) {
       return checker.Error(r.languages().empty() ? "languages" : "routing.languages",
@@ -266,13 +284,16 @@ absl::Status Check(const v1::AnalyzeSpec& spec, const SpecChecker& checker) {
       return checker.Error("drift.trained", "is required when there is no model to default to");
     }
     if (d.mask_languages_size() > 0 && d.mask().empty()) {
-      return checker.Error("drift.mask_languages", "needs drift.mask (the neuron_mask.json to take them from)");
+      return checker.Error("drift.mask_languages",
+                           "needs drift.mask (the neuron_mask.json to take them from)");
     }
   }
   if (spec.has_alignment()) {
     const v1::AlignmentOptions& a = spec.alignment();
     if (a.file().empty() == a.texts().empty()) {
-      return checker.Error("alignment", "give exactly one of file (parallel JSONL) or texts (line-aligned text files)");
+      return checker.Error(
+          "alignment",
+          "give exactly one of file (parallel JSONL) or texts (line-aligned text files)");
     }
     std::vector<std::string> texts;
     for (int i = 0; i < a.texts_size(); ++i) {
@@ -283,7 +304,8 @@ absl::Status Check(const v1::AnalyzeSpec& spec, const SpecChecker& checker) {
       texts.push_back(a.texts(i).language());
     }
     if (!texts.empty()) {
-      RETURN_IF_ERROR(Subset(a.languages(), texts, "alignment.languages", "under alignment.texts", checker));
+      RETURN_IF_ERROR(
+          Subset(a.languages(), texts, "alignment.languages", "under alignment.texts", checker));
     }
     const size_t compared = a.languages_size() > 0 ? a.languages_size() : texts.size();
     if ((a.languages_size() > 0 || !texts.empty()) && compared < 2) {

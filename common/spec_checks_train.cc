@@ -7,8 +7,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "common/spec_checks.h"
 #include "common/proto_yaml.h"
+#include "common/spec_checks.h"
 #include "common/status.h"
 
 namespace stemma::spec_checks {
@@ -23,8 +23,8 @@ T WithDefaults(const T& spec) {
 
 // checker.Error(field, what), but at the line of `line_field` (a field that was written) when
 // `field` itself was not: a missing weight is reported at its dataset's line.
-absl::Status ErrorAt(const SpecChecker& checker, const std::string& field, const std::string& line_field,
-                     const std::string& what) {
+absl::Status ErrorAt(const SpecChecker& checker, const std::string& field,
+                     const std::string& line_field, const std::string& what) {
   const SpecContext& c = checker.context();
   const std::string path = c.path.empty() ? field : absl::StrCat(c.path, ".", field);
   const std::string line_path = c.path.empty() ? line_field : absl::StrCat(c.path, ".", line_field);
@@ -68,7 +68,8 @@ absl::Status CheckData(const v1::TrainData& data, int64_t eval_every, const Spec
   }
   if (!data.family_weights().empty()) {
     if (!data.has_temperature()) {
-      return checker.Error("data.family_weights", "needs data.temperature (the share inside a family)");
+      return checker.Error("data.family_weights",
+                           "needs data.temperature (the share inside a family)");
     }
     std::set<std::string> families;
     for (int i = 0; i < n; ++i) {
@@ -84,9 +85,11 @@ absl::Status CheckData(const v1::TrainData& data, int64_t eval_every, const Spec
     double sum = 0;
     for (const auto& [family, weight] : data.family_weights()) {
       if (!families.contains(family)) {
-        return checker.Error(absl::StrCat("data.family_weights.", family), "matches no dataset's family");
+        return checker.Error(absl::StrCat("data.family_weights.", family),
+                             "matches no dataset's family");
       }
-      if (weight < 0) return checker.Error(absl::StrCat("data.family_weights.", family), "must be >= 0");
+      if (weight < 0)
+        return checker.Error(absl::StrCat("data.family_weights.", family), "must be >= 0");
       sum += weight;
     }
     if (!(sum > 0)) return checker.Error("data.family_weights", "the weights sum to 0");
@@ -112,14 +115,16 @@ absl::Status CheckStrategy(const v1::TrainStrategy& s, const SpecChecker& checke
     }
   }
   if (s.has_neuron_mask() && s.has_expert_subset()) {
-    return checker.Error("strategy.expert_subset",
-                         "neuron_mask and expert_subset cannot be combined (one sparse sub-network)");
+    return checker.Error(
+        "strategy.expert_subset",
+        "neuron_mask and expert_subset cannot be combined (one sparse sub-network)");
   }
   if (s.has_expert_subset() && s.has_aux_loss() &&
       (s.aux_loss().load_balancing() > 0 || s.aux_loss().router_z() > 0)) {
-    return checker.Error("strategy.aux_loss",
-                         "expert_subset (SSFT) trains with cross-entropy only (algorithms.md §4.5): "
-                         "the aux losses would push tokens off the target experts");
+    return checker.Error(
+        "strategy.aux_loss",
+        "expert_subset (SSFT) trains with cross-entropy only (algorithms.md §4.5): "
+        "the aux losses would push tokens off the target experts");
   }
   return absl::OkStatus();
 }
@@ -130,12 +135,15 @@ absl::Status Check(const v1::InitSpec& raw, const SpecChecker& checker) {
   const v1::InitSpec spec = WithDefaults(raw);
   if (spec.has_hidden_size() && spec.has_num_heads() && !spec.has_head_dim() &&
       spec.hidden_size() % spec.num_heads() != 0) {
-    return checker.Error("num_heads", absl::StrCat(spec.num_heads(), " does not divide hidden_size ",
-                                                   spec.hidden_size(), " (or set head_dim)"));
+    return checker.Error("num_heads",
+                         absl::StrCat(spec.num_heads(), " does not divide hidden_size ",
+                                      spec.hidden_size(), " (or set head_dim)"));
   }
-  if (spec.has_num_heads() && spec.has_num_kv_heads() && spec.num_heads() % spec.num_kv_heads() != 0) {
-    return checker.Error("num_kv_heads", absl::StrCat(spec.num_kv_heads(), " does not divide num_heads ",
-                                                      spec.num_heads()));
+  if (spec.has_num_heads() && spec.has_num_kv_heads() &&
+      spec.num_heads() % spec.num_kv_heads() != 0) {
+    return checker.Error(
+        "num_kv_heads",
+        absl::StrCat(spec.num_kv_heads(), " does not divide num_heads ", spec.num_heads()));
   }
   if ((spec.has_num_experts() || spec.has_experts_per_token()) && spec.arch() != "olmoe") {
     return checker.Error(spec.has_num_experts() ? "num_experts" : "experts_per_token",
@@ -143,10 +151,12 @@ absl::Status Check(const v1::InitSpec& raw, const SpecChecker& checker) {
   }
   if (spec.has_num_experts() && spec.has_experts_per_token() &&
       spec.experts_per_token() > spec.num_experts()) {
-    return checker.Error("experts_per_token", absl::StrCat(spec.experts_per_token(), " is more than num_experts ",
-                                                           spec.num_experts()));
+    return checker.Error(
+        "experts_per_token",
+        absl::StrCat(spec.experts_per_token(), " is more than num_experts ", spec.num_experts()));
   }
-  if (spec.tokenizer().empty()) return checker.Error("tokenizer", "is empty (bytes, or a tokenizer directory)");
+  if (spec.tokenizer().empty())
+    return checker.Error("tokenizer", "is empty (bytes, or a tokenizer directory)");
   return absl::OkStatus();
 }
 
@@ -177,14 +187,17 @@ absl::Status Check(const v1::TrainSpec& raw, const SpecChecker& checker) {
   }
   const int64_t tokens_per_step = spec.batch_size() * spec.grad_accum() * spec.data().seq_len();
   const int64_t steps = spec.has_steps() ? spec.steps()
-                        : tokens_per_step > 0 ? (spec.max_tokens() + tokens_per_step - 1) / tokens_per_step
-                                              : 0;
+                        : tokens_per_step > 0
+                            ? (spec.max_tokens() + tokens_per_step - 1) / tokens_per_step
+                            : 0;
   if (steps > 0 && spec.schedule().warmup_steps() > steps) {
-    return checker.Error("schedule.warmup_steps",
-                         absl::StrCat(spec.schedule().warmup_steps(), " exceeds the ", steps, " training steps"));
+    return checker.Error(
+        "schedule.warmup_steps",
+        absl::StrCat(spec.schedule().warmup_steps(), " exceeds the ", steps, " training steps"));
   }
   if (!IsDevice(spec.device())) {
-    return checker.Error("device", absl::StrCat("'", spec.device(), "' is not cpu, cuda or cuda:N"));
+    return checker.Error("device",
+                         absl::StrCat("'", spec.device(), "' is not cpu, cuda or cuda:N"));
   }
   RETURN_IF_ERROR(CheckData(spec.data(), spec.eval().every(), checker));
   RETURN_IF_ERROR(CheckStrategy(spec.strategy(), checker));

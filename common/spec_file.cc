@@ -14,7 +14,8 @@ namespace stemma {
 absl::StatusOr<nlohmann::json> ParseSpecText(std::string_view text, std::string_view where) {
   ASSIGN_OR_RETURN(std::vector<YamlNode> docs, LoadYamlDocuments(text, where));
   if (docs.empty() || !docs[0].IsMap()) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(where), ": the spec must be a mapping"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(where), ": the spec must be a mapping"));
   }
   std::string json;
   AppendYamlAsJson(docs[0], &json);
@@ -47,8 +48,8 @@ absl::StatusOr<nlohmann::json> ParseJsonObject(std::string_view text, std::strin
   return j;
 }
 
-absl::Status CheckKeys(const nlohmann::json& object, std::initializer_list<std::string_view> allowed,
-                       std::string_view where) {
+absl::Status CheckKeys(const nlohmann::json& object,
+                       std::initializer_list<std::string_view> allowed, std::string_view where) {
   if (!object.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(where), ": expected a mapping"));
   }

@@ -3,10 +3,9 @@
 #pragma once
 
 #include <initializer_list>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,7 +25,7 @@ absl::StatusOr<nlohmann::json> ParseJsonObject(std::string_view text, std::strin
 
 // InvalidArgument unless `object` is a JSON object whose keys are all in `allowed`; the error
 // names `where` (e.g. "spec.yaml: optimizer"), the unknown key and the keys allowed there.
-absl::Status CheckKeys(const nlohmann::json& object, std::initializer_list<std::string_view> allowed,
-                       std::string_view where);
+absl::Status CheckKeys(const nlohmann::json& object,
+                       std::initializer_list<std::string_view> allowed, std::string_view where);
 
 }  // namespace stemma

@@ -9,9 +9,9 @@
 #define STEMMA_CONCAT_(a, b) STEMMA_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` is not OK.
-#define RETURN_IF_ERROR(expr)                     \
-  do {                                            \
-    ::absl::Status stemma_status_ = (expr);       \
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    ::absl::Status stemma_status_ = (expr);          \
     if (!stemma_status_.ok()) return stemma_status_; \
   } while (0)
 

@@ -107,7 +107,8 @@ class Builder {
         n.line = static_cast<int>(e.start_mark.line) + 1;
         const bool map = e.type == YAML_MAPPING_START_EVENT;
         n.kind = map ? YamlNode::Kind::kMapping : YamlNode::Kind::kSequence;
-        const yaml_char_t* anchor = map ? e.data.mapping_start.anchor : e.data.sequence_start.anchor;
+        const yaml_char_t* anchor =
+            map ? e.data.mapping_start.anchor : e.data.sequence_start.anchor;
         stack_.push_back(Add(std::move(n), 1, /*opening=*/true));
         open_weights_.push_back(1);
         anchors_open_.push_back(anchor ? reinterpret_cast<const char*>(anchor) : "");
@@ -132,8 +133,8 @@ class Builder {
         const std::string name = reinterpret_cast<const char*>(e.data.alias.anchor);
         auto it = anchors_.find(name);
         if (it == anchors_.end()) {
-          return absl::InvalidArgumentError(absl::StrCat(source_, ": line ", e.start_mark.line + 1,
-                                                         ": unknown alias *", name));
+          return absl::InvalidArgumentError(
+              absl::StrCat(source_, ": line ", e.start_mark.line + 1, ": unknown alias *", name));
         }
         if (++aliases_ > kMaxYamlAliases) {
           return absl::InvalidArgumentError(absl::StrCat(source_, ": line ", e.start_mark.line + 1,
@@ -238,11 +239,21 @@ void AppendString(const std::string& s, std::string* out) {
   *out += '"';
   for (char c : s) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\t': *out += "\\t"; break;
-      case '\r': *out += "\\r"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -304,7 +315,8 @@ void AppendYamlAsJson(const YamlNode& node, std::string* out) {
       *out += '{';
       for (size_t i = 0; i + 1 < node.items.size(); i += 2) {
         if (i > 0) *out += ',';
-        AppendString(node.items[i].kind == YamlNode::Kind::kScalar ? node.items[i].scalar : "", out);
+        AppendString(node.items[i].kind == YamlNode::Kind::kScalar ? node.items[i].scalar : "",
+                     out);
         *out += ':';
         AppendYamlAsJson(node.items[i + 1], out);
       }

@@ -60,8 +60,7 @@ TEST(YamlBounds, DeepNestingIsRefusedAtTheLimitNotAfterIt) {
 
 TEST(YamlBounds, DuplicateKeysAreRefusedWithBothLines) {
   const std::string err = Error("name: a\nnoop: {duration_ms: 1}\nname: b\n");
-  EXPECT_NE(err.find("job.yaml: line 3: duplicate key 'name' (first at line 1)"),
-            std::string::npos)
+  EXPECT_NE(err.find("job.yaml: line 3: duplicate key 'name' (first at line 1)"), std::string::npos)
       << err;
   EXPECT_NE(Error("x: {a: 1, b: 2, a: 3}\n").find("duplicate key 'a'"), std::string::npos);
   // The same key in different mappings is fine.
@@ -78,7 +77,8 @@ TEST(YamlBounds, TooManyAliasesAreRefused) {
 TEST(YamlBounds, ALargeOrdinaryFileIsWithinTheBudget) {
   std::string text = "jobs:\n";
   for (int i = 0; i < 20000; ++i) {
-    text += "  - {name: j" + std::to_string(i) + ", labels: {a: b, c: d}, noop: {duration_ms: 1}}\n";
+    text +=
+        "  - {name: j" + std::to_string(i) + ", labels: {a: b, c: d}, noop: {duration_ms: 1}}\n";
   }
   auto docs = LoadYamlDocuments(text, "big.yaml");
   ASSERT_TRUE(docs.ok()) << docs.status();

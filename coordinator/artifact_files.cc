@@ -5,9 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <algorithm>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -58,7 +58,8 @@ std::string ManifestFile(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
     // A prepared corpus (`stemma-engine prepare`) has manifest.json instead of stemma.json.
-    if (::stat((path + "/stemma.json").c_str(), &st) != 0 && ::stat((path + "/manifest.json").c_str(), &st) == 0) {
+    if (::stat((path + "/stemma.json").c_str(), &st) != 0 &&
+        ::stat((path + "/manifest.json").c_str(), &st) == 0) {
       return path + "/manifest.json";
     }
     return path + "/stemma.json";
@@ -83,8 +84,8 @@ std::string Sha256OfText(const std::string& text) {
 
 // A corpus manifest (format stemma.corpus/*): `files` is a list of {path, bytes, lines,
 // sha256}, and content_hash the sha256 of their sorted "<sha256>  <path>\n" lines.
-void VerifyCorpusFiles(const std::string& path, const std::string& manifest, const nlohmann::json& j,
-                       DeepCheck* d) {
+void VerifyCorpusFiles(const std::string& path, const std::string& manifest,
+                       const nlohmann::json& j, DeepCheck* d) {
   if (!j.contains("files") || !j["files"].is_array()) {
     d->problems.push_back(absl::StrCat(manifest, ": not a corpus manifest (no files list)"));
     return;
@@ -109,12 +110,14 @@ void VerifyCorpusFiles(const std::string& path, const std::string& manifest, con
       d->problems.push_back(std::string(sha.status().message()));
       continue;
     }
-    if (entry.contains("bytes") && entry["bytes"].is_number_integer() && entry["bytes"].get<int64_t>() != bytes) {
+    if (entry.contains("bytes") && entry["bytes"].is_number_integer() &&
+        entry["bytes"].get<int64_t>() != bytes) {
       d->problems.push_back(absl::StrCat(path, "/", rel, ": ", bytes, " bytes, manifest says ",
                                          entry["bytes"].get<int64_t>()));
       continue;
     }
-    if (*sha != listed.back().second) d->problems.push_back(absl::StrCat(path, "/", rel, ": sha256 differs from the manifest"));
+    if (*sha != listed.back().second)
+      d->problems.push_back(absl::StrCat(path, "/", rel, ": sha256 differs from the manifest"));
   }
   std::sort(listed.begin(), listed.end());
   std::string listing;
@@ -185,8 +188,8 @@ DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expect
     }
     if (entry.contains("bytes") && entry["bytes"].is_number_integer() &&
         entry["bytes"].get<int64_t>() != bytes) {
-      d.problems.push_back(absl::StrCat(file, ": ", bytes, " bytes, manifest says ",
-                                        entry["bytes"].get<int64_t>()));
+      d.problems.push_back(
+          absl::StrCat(file, ": ", bytes, " bytes, manifest says ", entry["bytes"].get<int64_t>()));
       continue;
     }
     if (*sha != entry["sha256"].get<std::string>()) {

@@ -16,7 +16,9 @@ namespace stemma::coordinator {
 namespace {
 
 bool IsLiveState(v1::JobState s) { return s == v1::ASSIGNED || s == v1::RUNNING; }
-bool Terminal(v1::JobState s) { return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED; }
+bool Terminal(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+}
 
 std::string NormalPath(std::string p) {
   while (p.size() > 1 && p.back() == '/') p.pop_back();
@@ -82,9 +84,10 @@ std::string ArtifactRegistry::ResolveParent(const std::string& path, Changes* ch
   return Put(std::move(a), changes)->id();
 }
 
-void ArtifactRegistry::Stage(const std::string& attempt_id,
-                             const google::protobuf::RepeatedPtrField<v1::OutputArtifact>& artifacts,
-                             std::vector<ManifestCheck> checks) {
+void ArtifactRegistry::Stage(
+    const std::string& attempt_id,
+    const google::protobuf::RepeatedPtrField<v1::OutputArtifact>& artifacts,
+    std::vector<ManifestCheck> checks) {
   if (artifacts.empty()) return;
   auto& staged = staged_[attempt_id];
   for (int i = 0; i < artifacts.size(); ++i) {
@@ -341,9 +344,9 @@ absl::StatusOr<v1::VerifyArtifactResponse> ArtifactRegistry::Verify(const std::s
     if (external && a.manifest_sha256().empty() && check.manifest.result == v1::VERIFIED) {
       a.set_manifest_sha256(sha);
     }
-    a.set_verification(check.problems.empty() ? v1::VERIFIED : check.manifest.result == v1::VERIFIED
-                                                                  ? v1::MISMATCH
-                                                                  : check.manifest.result);
+    a.set_verification(check.problems.empty()                  ? v1::VERIFIED
+                       : check.manifest.result == v1::VERIFIED ? v1::MISMATCH
+                                                               : check.manifest.result);
     a.set_verification_detail(check.problems.empty() ? "" : check.problems.front());
     Changes changes = core_->NewChanges();
     *resp.mutable_artifact() = *Put(std::move(a), &changes);

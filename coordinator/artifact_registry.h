@@ -31,7 +31,6 @@ class ArtifactRegistry {
   // analysis cannot see that through two parts' pointers, so callers in other parts say so.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_->mu) { core_->mu.AssertHeld(); }
 
-
   void Load(const StoreSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
 
   // What a part of `attempt_id` that exited 0 reported, with the manifest check of each

@@ -57,7 +57,8 @@ void Committer::Wait(uint64_t ticket) {
     const uint64_t* durable;
     uint64_t ticket;
   } arg{&durable_, ticket};
-  mu_.Await(absl::Condition(+[](Arg* a) { return *a->durable >= a->ticket; }, &arg));
+  mu_.Await(absl::Condition(
+      +[](Arg* a) { return *a->durable >= a->ticket; }, &arg));
 }
 
 void Committer::Loop() {
@@ -98,8 +99,7 @@ void Committer::Loop() {
     for (int tries = 0;; ++tries) {
       auto start = std::chrono::steady_clock::now();
       absl::Status st = store_->Commit(batch);
-      double secs =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (observer_) observer_(secs, batch.size(), st.ok());
       if (st.ok()) break;
       if (tries % 50 == 0) spdlog::error("store commit failed, retrying: {}", st.ToString());

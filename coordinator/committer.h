@@ -13,8 +13,8 @@
 #include <cstdint>
 #include <functional>
 #include <iterator>
-#include <tuple>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"

@@ -21,10 +21,10 @@ Coordinator::Coordinator(CoordinatorOptions options, Store* store, const Clock* 
       sessions_(&core_, &placer_, &series_, &registry_, &stopper_),
       users_(&core_, &placer_) {
   core_.on_transition = [this](const v1::Job& job, v1::JobState from, v1::JobState to)
-      ABSL_NO_THREAD_SAFETY_ANALYSIS {  // JobTable calls it under core_.mu
-        registry_.OnTransition(job, from, to);
-        series_.OnTransition(job, from, to);
-      };
+                            ABSL_NO_THREAD_SAFETY_ANALYSIS {  // JobTable calls it under core_.mu
+                              registry_.OnTransition(job, from, to);
+                              series_.OnTransition(job, from, to);
+                            };
 }
 
 Coordinator::~Coordinator() { Stop(); }

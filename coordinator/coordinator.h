@@ -54,9 +54,7 @@ class Coordinator final : public UserHandler, public WorkerHandler {
                                                 std::vector<v1::JobEvent>* initial) override {
     return users_.Watch(request, initial);
   }
-  void Unwatch(const std::shared_ptr<EventHub::Subscription>& sub) override {
-    users_.Unwatch(sub);
-  }
+  void Unwatch(const std::shared_ptr<EventHub::Subscription>& sub) override { users_.Unwatch(sub); }
   const LogStore& logs() const override { return core_.logs; }
   absl::StatusOr<v1::QueryMetricsResponse> QueryMetrics(
       const v1::QueryMetricsRequest& request) override {

@@ -2,18 +2,18 @@
 // worker channels.
 #include "coordinator/coordinator.h"
 
-#include <atomic>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <tuple>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/artifact_files.h"
 #include "coordinator/committer.h"
@@ -127,7 +127,8 @@ class CoordinatorTest : public ::testing::Test {
     EXPECT_TRUE(m.has_value());
     return m ? m->assign() : v1::Assignment();
   }
-  void Report(Worker& w, const v1::Assignment& a, int exit_code, uint64_t seq, bool retryable = true) {
+  void Report(Worker& w, const v1::Assignment& a, int exit_code, uint64_t seq,
+              bool retryable = true) {
     v1::AttemptEvent started;
     started.set_attempt_id(a.attempt_id());
     started.set_rank(a.rank());
@@ -187,9 +188,8 @@ class CoordinatorTest : public ::testing::Test {
     std::filesystem::create_directories(path);
     WriteFile(path + "/model.safetensors", weights);
     auto sha = Sha256File(path + "/model.safetensors");
-    WriteFile(path + "/stemma.json",
-              absl::StrCat(R"({"files": {"model.safetensors": {"sha256": ")", *sha,
-                           R"(", "bytes": )", weights.size(), "}}}"));
+    WriteFile(path + "/stemma.json", absl::StrCat(R"({"files": {"model.safetensors": {"sha256": ")",
+                                                  *sha, R"(", "bytes": )", weights.size(), "}}}"));
     v1::OutputArtifact out;
     out.set_name("model");
     out.set_type("checkpoint");
@@ -394,7 +394,6 @@ TEST_F(CoordinatorTest, ConcurrentSubmitsWithOneKeyMakeOneJob) {
   EXPECT_EQ(coord_->ListJobs({})->total(), 1);
 }
 
-
 // ------------------------------------------------------------ metric series, registry
 
 v1::JobSpec Spec(const std::string& name, const std::string& experiment = "",
@@ -580,7 +579,8 @@ TEST_F(CoordinatorTest, SucceededJobsRegisterTheirCheckpointsWithLineageMetricsA
   Worker w = Connect("w0", 0, /*allow_exec=*/true);
   const std::string base = (dir_ / "base").string();
   auto cpt = MakeCheckpoint("cpt-uk", "weights-1", {base});
-  std::string j1 = RunToSuccess(w, Spec("cpt", "fam", "cpt"), 1, {{"loss", 10, 2.5}, {"loss", 20, 2.0}}, {cpt});
+  std::string j1 =
+      RunToSuccess(w, Spec("cpt", "fam", "cpt"), 1, {{"loss", 10, 2.5}, {"loss", 20, 2.0}}, {cpt});
   auto soup = MakeCheckpoint("soup", "weights-2", {cpt.path(), base}, "soup");
   std::string j2 = RunToSuccess(w, Spec("soup", "fam", "soup"), 2, {}, {soup});
 
@@ -600,7 +600,7 @@ TEST_F(CoordinatorTest, SucceededJobsRegisterTheirCheckpointsWithLineageMetricsA
   ASSERT_EQ(c.parents_size(), 1);
   EXPECT_EQ(c.parents(0), b.id());
   EXPECT_DOUBLE_EQ(c.metrics().at("loss"), 2.0);  // the last value
-  EXPECT_EQ(c.verification(), v1::UNCHECKED);      // checking is off by default
+  EXPECT_EQ(c.verification(), v1::UNCHECKED);     // checking is off by default
   EXPECT_EQ(std::vector<std::string>(s.parents().begin(), s.parents().end()),
             (std::vector<std::string>{c.id(), b.id()}));
 
@@ -724,8 +724,8 @@ TEST_F(CoordinatorTest, GcDryRunChangesNothingAndApplyDeletesOnlyUnprotectedChec
   ASSERT_TRUE(dry.ok()) << dry.status();
   std::map<std::string, bool> doomed;
   for (const auto& d : dry->decisions()) doomed[d.artifact().id()] = d.deleted();
-  EXPECT_EQ(doomed, (std::map<std::string, bool>{{"a-1", false}, {"a-2", false}, {"a-3", true},
-                                                 {"a-4", false}}));
+  EXPECT_EQ(doomed, (std::map<std::string, bool>{
+                        {"a-1", false}, {"a-2", false}, {"a-3", true}, {"a-4", false}}));
   EXPECT_FALSE(dry->applied());
   EXPECT_TRUE(std::filesystem::exists(outs[2].path()));
 
@@ -828,7 +828,8 @@ std::optional<double> SeriesValue(CoordinatorMetrics& metrics, const std::string
 TEST_F(CoordinatorTest, EvalResultsAndRegisteredCheckpointsAreExportedAsTheyLand) {
   Worker w = Connect("w0", 0, /*allow_exec=*/true);
   const auto registered = [&](const std::string& op) {
-    return SeriesValue(metrics_, "stemma_registry_checkpoints_registered_total", {{"operation", op}});
+    return SeriesValue(metrics_, "stemma_registry_checkpoints_registered_total",
+                       {{"operation", op}});
   };
   // Created at 0: the first registration is an increase Prometheus can see.
   EXPECT_EQ(registered("cpt"), 0);
@@ -850,11 +851,13 @@ TEST_F(CoordinatorTest, EvalResultsAndRegisteredCheckpointsAreExportedAsTheyLand
   task->set_language("uk");
   task->set_data((dir_ / "tok").string());
   task->set_heldout_fraction(0.2);
-  const std::map<std::string, std::string> cell = {
-      {"experiment", "fam"}, {"stage", "eval-dense"}, {"cell", "eval-dense[family=slavic]"},
-      {"metric", "ppl/uk"}};
+  const std::map<std::string, std::string> cell = {{"experiment", "fam"},
+                                                   {"stage", "eval-dense"},
+                                                   {"cell", "eval-dense[family=slavic]"},
+                                                   {"metric", "ppl/uk"}};
   RunToSuccess(w, eval, 5, {{"ppl/uk", 0, 12.5}, {"ppl/uk", 0, 11.25}, {"bpb/uk", 0, 1.5}}, {});
-  EXPECT_EQ(SeriesValue(metrics_, "stemma_eval_score", cell), 11.25);  // the last, kept after the end
+  EXPECT_EQ(SeriesValue(metrics_, "stemma_eval_score", cell),
+            11.25);  // the last, kept after the end
   EXPECT_EQ(SeriesValue(metrics_, "stemma_eval_score",
                         {{"cell", "eval-dense[family=slavic]"}, {"metric", "bpb/uk"}}),
             1.5);
@@ -899,7 +902,8 @@ TEST(CoordinatorMetricsTest, RpcCodesAreCreatedAtZeroForEveryMethodAndUnknownMet
   const auto count = [&](const std::string& method, const std::string& code) {
     return SeriesValue(m, "stemma_rpc_requests_total", {{"method", method}, {"code", code}});
   };
-  for (const char* method : {"Submit", "ListJobs", "Watch", "SubmitExperiment", "Session", "other"}) {
+  for (const char* method :
+       {"Submit", "ListJobs", "Watch", "SubmitExperiment", "Session", "other"}) {
     EXPECT_EQ(count(method, "OK"), 0) << method;
     EXPECT_EQ(count(method, "UNAUTHENTICATED"), 0) << method;
     EXPECT_EQ(count(method, "DATA_LOSS"), 0) << method;
@@ -954,7 +958,9 @@ TEST(ArtifactFilesTest, ACorpusVerifiesByItsManifestJsonAndEveryFile) {
   const std::string dir = ::testing::TempDir() + "/corpus_" + std::to_string(::getpid());
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir + "/train");
-  auto write = [](const std::string& path, const std::string& text) { std::ofstream(path) << text; };
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream(path) << text;
+  };
   write(dir + "/train/uk.txt", "один\nдва\n");
   write(dir + "/suites.json", "{}\n");
   const std::string a = *Sha256File(dir + "/suites.json"), b = *Sha256File(dir + "/train/uk.txt");
@@ -962,9 +968,10 @@ TEST(ArtifactFilesTest, ACorpusVerifiesByItsManifestJsonAndEveryFile) {
   const std::string content_hash = *Sha256File(dir + "/listing");
   std::filesystem::remove(dir + "/listing");
   auto manifest = [&](const std::string& hash) {
-    return absl::StrCat(R"({"format": "stemma.corpus/1", "content_hash": ")", hash, R"(", "files": [)",
-                        R"({"path": "train/uk.txt", "bytes": 16, "lines": 2, "sha256": ")", b, R"("},)",
-                        R"({"path": "suites.json", "bytes": 3, "lines": 1, "sha256": ")", a, R"("}]})");
+    return absl::StrCat(
+        R"({"format": "stemma.corpus/1", "content_hash": ")", hash, R"(", "files": [)",
+        R"({"path": "train/uk.txt", "bytes": 16, "lines": 2, "sha256": ")", b, R"("},)",
+        R"({"path": "suites.json", "bytes": 3, "lines": 1, "sha256": ")", a, R"("}]})");
   };
   write(dir + "/manifest.json", manifest(content_hash));
   EXPECT_EQ(ManifestFile(dir), dir + "/manifest.json");
@@ -977,13 +984,15 @@ TEST(ArtifactFilesTest, ACorpusVerifiesByItsManifestJsonAndEveryFile) {
   write(dir + "/train/uk.txt", "один\nтри\n");  // same size, other bytes
   DeepCheck changed = VerifyArtifactFiles(dir, sha);
   ASSERT_EQ(changed.problems.size(), 1u);
-  EXPECT_NE(changed.problems[0].find("train/uk.txt: sha256 differs"), std::string::npos) << changed.problems[0];
+  EXPECT_NE(changed.problems[0].find("train/uk.txt: sha256 differs"), std::string::npos)
+      << changed.problems[0];
 
   write(dir + "/train/uk.txt", "один\nдва\n");
   write(dir + "/manifest.json", manifest(std::string(64, '0')));
   DeepCheck listing = VerifyArtifactFiles(dir, *Sha256File(dir + "/manifest.json"));
   ASSERT_EQ(listing.problems.size(), 1u);
-  EXPECT_NE(listing.problems[0].find("content_hash does not match"), std::string::npos) << listing.problems[0];
+  EXPECT_NE(listing.problems[0].find("content_hash does not match"), std::string::npos)
+      << listing.problems[0];
   std::filesystem::remove_all(dir);
 }
 

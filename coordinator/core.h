@@ -31,10 +31,10 @@
 namespace stemma::coordinator {
 
 struct CoordinatorOptions {
-  std::string data_dir;            // holds logs/ (the store is opened by the caller)
-  int64_t lease_ms = 10000;        // a worker silent this long is lost
-  int64_t heartbeat_ms = 2000;     // interval workers are told to use
-  int64_t tick_ms = 50;            // lease checks and backoff wake-ups
+  std::string data_dir;         // holds logs/ (the store is opened by the caller)
+  int64_t lease_ms = 10000;     // a worker silent this long is lost
+  int64_t heartbeat_ms = 2000;  // interval workers are told to use
+  int64_t tick_ms = 50;         // lease checks and backoff wake-ups
   // Read the files a worker reports as outputs and check their manifest sha256. Only
   // when the coordinator sees the workers' file systems (`stemma up`).
   bool verify_artifacts = false;

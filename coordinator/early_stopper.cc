@@ -50,7 +50,8 @@ void EarlyStopper::SendStop(const v1::Job& job, Changes* changes) {
   }
 }
 
-void EarlyStopper::OnMetric(v1::Job* job, const v1::AttemptEvent::Metric& metric, Changes* changes) {
+void EarlyStopper::OnMetric(v1::Job* job, const v1::AttemptEvent::Metric& metric,
+                            Changes* changes) {
   const experiments::EarlyStopConfig* config = ConfigOf(*job);
   if (config == nullptr) return;
   if (!job->early_stop().empty()) {
@@ -60,7 +61,8 @@ void EarlyStopper::OnMetric(v1::Job* job, const v1::AttemptEvent::Metric& metric
   if (metric.name() != config->metric) return;
   double value = metric.value();
   if (!std::isfinite(value)) {
-    value = config->maximize ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
+    value = config->maximize ? -std::numeric_limits<double>::infinity()
+                             : std::numeric_limits<double>::infinity();
   }
   const std::string bracket = BracketOf(*job);
   for (size_t i = 0; i < config->rungs.size() && config->rungs[i] <= metric.step(); ++i) {
@@ -81,10 +83,12 @@ void EarlyStopper::OnMetric(v1::Job* job, const v1::AttemptEvent::Metric& metric
     r.set_trials(d.trials);
     r.set_rank(d.rank);
     r.set_decided_ms(core_->clock->WallMs());
-    spdlog::info("job={} {} rung {} (step {}): {}={} rank {} of {}: {}", job->id(), job->spec().name(), rung + 1,
-                 config->rungs[i], config->metric, value, d.rank, d.trials, d.stop ? "stop" : "continue");
+    spdlog::info("job={} {} rung {} (step {}): {}={} rank {} of {}: {}", job->id(),
+                 job->spec().name(), rung + 1, config->rungs[i], config->metric, value, d.rank,
+                 d.trials, d.stop ? "stop" : "continue");
     if (d.stop) {
-      core_->jobs.SetEarlyStop(job, experiments::StopReason(*config, rung, config->rungs[i], value, d), changes);
+      core_->jobs.SetEarlyStop(
+          job, experiments::StopReason(*config, rung, config->rungs[i], value, d), changes);
       SendStop(*job, changes);
       return;
     }

@@ -8,9 +8,8 @@ namespace stemma::coordinator {
 
 bool EventHub::Subscription::Next(std::vector<v1::JobEvent>* out, int64_t timeout_ms) {
   absl::MutexLock lock(&mu_);
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !queue_.empty() || overflowed_;
-  };
+  auto ready = [this]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || overflowed_; };
   mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(timeout_ms));
   if (overflowed_) return false;
   out->insert(out->end(), std::make_move_iterator(queue_.begin()),

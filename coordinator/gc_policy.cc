@@ -82,7 +82,8 @@ std::vector<GcPlanEntry> PlanGc(const GcFacts& facts, const v1::GcPolicy& policy
                                                     : x->seq() > y->seq();
         });
         for (int i = 0; i < policy.keep_latest() && i < static_cast<int>(latest.size()); ++i) {
-          kept_by_rule.try_emplace(latest[i], absl::StrCat("among the latest ", policy.keep_latest()));
+          kept_by_rule.try_emplace(latest[i],
+                                   absl::StrCat("among the latest ", policy.keep_latest()));
         }
       }
       if (policy.keep_best() > 0) {
@@ -90,10 +91,11 @@ std::vector<GcPlanEntry> PlanGc(const GcFacts& facts, const v1::GcPolicy& policy
         for (const v1::Artifact* a : list) {
           if (a->metrics().contains(policy.metric())) best.push_back(a);
         }
-        std::stable_sort(best.begin(), best.end(), [&](const v1::Artifact* x, const v1::Artifact* y) {
-          double vx = x->metrics().at(policy.metric()), vy = y->metrics().at(policy.metric());
-          return policy.maximize() ? vx > vy : vx < vy;
-        });
+        std::stable_sort(
+            best.begin(), best.end(), [&](const v1::Artifact* x, const v1::Artifact* y) {
+              double vx = x->metrics().at(policy.metric()), vy = y->metrics().at(policy.metric());
+              return policy.maximize() ? vx > vy : vx < vy;
+            });
         for (int i = 0; i < policy.keep_best() && i < static_cast<int>(best.size()); ++i) {
           kept_by_rule.try_emplace(best[i], absl::StrCat("among the best ", policy.keep_best(),
                                                          " by ", policy.metric()));

@@ -117,7 +117,7 @@ TEST(GcPolicy, BadPoliciesNameTheField) {
 // policy that keeps more never deletes more.
 TEST(GcPolicy, PropertyNeverDeletesAProtectedCheckpoint) {
   std::mt19937 rng(12345);
-  const v1::JobState states[] = {v1::PENDING, v1::QUEUED,    v1::ASSIGNED, v1::RUNNING,
+  const v1::JobState states[] = {v1::PENDING,   v1::QUEUED, v1::ASSIGNED, v1::RUNNING,
                                  v1::SUCCEEDED, v1::FAILED, v1::CANCELLED};
   int deleted_total = 0;
   for (int round = 0; round < 400; ++round) {
@@ -169,7 +169,8 @@ TEST(GcPolicy, PropertyNeverDeletesAProtectedCheckpoint) {
       if (!e.remove) continue;
       const v1::Artifact& a = *e.artifact;
       deleted.insert(a.id());
-      ASSERT_FALSE(must_keep.contains(a.id())) << "round " << round << ": " << a.id() << " " << e.reason;
+      ASSERT_FALSE(must_keep.contains(a.id()))
+          << "round " << round << ": " << a.id() << " " << e.reason;
       ASSERT_EQ(a.type(), "checkpoint");
       ASSERT_EQ(a.state(), v1::ARTIFACT_PRESENT);
       ASSERT_FALSE(a.external());

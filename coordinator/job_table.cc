@@ -6,9 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
+#include "common/status.h"
 #include "coordinator/experiments/early_stop.h"
 #include "coordinator/experiments/experiment_plan.h"
-#include "common/status.h"
 
 namespace stemma::coordinator {
 namespace {
@@ -22,7 +22,8 @@ bool Runs(const v1::Job& job) {
 }
 
 std::string JobLabel(const v1::Job& job) {
-  return job.spec().name().empty() ? job.id() : absl::StrCat(job.id(), " (", job.spec().name(), ")");
+  return job.spec().name().empty() ? job.id()
+                                   : absl::StrCat(job.id(), " (", job.spec().name(), ")");
 }
 
 }  // namespace
@@ -247,10 +248,9 @@ absl::StatusOr<v1::ListJobsResponse> JobTable::List(const v1::ListJobsRequest& r
   };
   v1::ListJobsResponse resp;
   // Jobs are kept in submission order, so the token is the last sequence number seen.
-  auto start = std::upper_bound(order_.begin(), order_.end(), after,
-                                [this](uint64_t s, const std::string& id) {
-                                  return s < jobs_.at(id).job.seq();
-                                });
+  auto start = std::upper_bound(
+      order_.begin(), order_.end(), after,
+      [this](uint64_t s, const std::string& id) { return s < jobs_.at(id).job.seq(); });
   int64_t total = 0;
   for (const auto& id : order_) total += matches(jobs_.at(id).job);
   resp.set_total(total);
@@ -277,8 +277,7 @@ void JobTable::Record(Entry& e, v1::JobState previous, Changes* changes) {
   changes->events.push_back(std::move(ev));
 }
 
-void JobTable::SetState(Entry& e, v1::JobState to, const std::string& reason,
-                        Changes* changes) {
+void JobTable::SetState(Entry& e, v1::JobState to, const std::string& reason, Changes* changes) {
   v1::JobState from = e.job.state();
   if (from == v1::QUEUED) Dequeue(e.job);
   e.job.set_state(to);
@@ -371,8 +370,8 @@ bool JobTable::WaitForTwin(Entry& e, Changes* changes) {
         running.dependents.push_back(e.job.id());
       }
       SetState(e, v1::PENDING,
-               absl::StrCat("waiting for ", JobLabel(running.job),
-                            ": the same job (cache key) is ", StateName(running.job.state())),
+               absl::StrCat("waiting for ", JobLabel(running.job), ": the same job (cache key) is ",
+                            StateName(running.job.state())),
                changes);
       return true;
     }
@@ -390,7 +389,8 @@ void JobTable::LeaveInflight(const v1::Job& job) {
 bool JobTable::ServeFromCache(Entry& e, Changes* changes) {
   const auto& labels = e.job.spec().labels();
   if (!IsEngineJob(e.job.spec())) return false;
-  if (auto it = labels.find("stemma.cache"); it != labels.end() && it->second == "false") return false;
+  if (auto it = labels.find("stemma.cache"); it != labels.end() && it->second == "false")
+    return false;
   const std::string key = experiments::CacheKey(e.job.spec(), engine_build_);
   e.job.set_cache_key(key);
   if (key.empty()) return false;
@@ -407,15 +407,18 @@ bool JobTable::ServeFromCache(Entry& e, Changes* changes) {
     // A trial stopped early stands for this one only under the same early stopping.
     auto mine = labels.find(experiments::kEarlyStopLabel);
     auto theirs = from.spec().labels().find(experiments::kEarlyStopLabel);
-    if (mine == labels.end() || theirs == from.spec().labels().end() || mine->second != theirs->second) return false;
+    if (mine == labels.end() || theirs == from.spec().labels().end() ||
+        mine->second != theirs->second)
+      return false;
     e.job.set_early_stop(from.early_stop());
   }
   *e.job.mutable_outputs() = from.outputs();
   e.job.set_exit_code(0);
   e.job.set_engine_build_id(from.engine_build_id());
   SetState(e, v1::SUCCEEDED,
-           from.early_stop().empty() ? absl::StrCat("memoized from ", source->first)
-                                     : absl::StrCat("memoized from ", source->first, " (", from.early_stop(), ")"),
+           from.early_stop().empty()
+               ? absl::StrCat("memoized from ", source->first)
+               : absl::StrCat("memoized from ", source->first, " (", from.early_stop(), ")"),
            changes);
   ReleaseDependents(e, changes);
   return true;
@@ -505,8 +508,8 @@ void JobTable::PartSucceeded(v1::Job* job, int rank,
   ReleaseDependents(e, changes);
 }
 
-void JobTable::AttemptFailed(v1::Job* job, const std::string& result, int exit_code,
-                             bool retryable, Changes* changes) {
+void JobTable::AttemptFailed(v1::Job* job, const std::string& result, int exit_code, bool retryable,
+                             Changes* changes) {
   Entry& e = jobs_.at(job->id());
   v1::Attempt* a = e.job.mutable_current();
   a->set_finished_ms(clock_->WallMs());
@@ -522,7 +525,9 @@ void JobTable::AttemptFailed(v1::Job* job, const std::string& result, int exit_c
     SetState(e, v1::QUEUED, absl::StrCat(why, "; retrying in ", delay, " ms"), changes);
     return;
   }
-  if (retryable) absl::StrAppend(&why, " (", e.job.attempts(), " of ", e.job.attempt_budget(), " attempts used)");
+  if (retryable)
+    absl::StrAppend(&why, " (", e.job.attempts(), " of ", e.job.attempt_budget(),
+                    " attempts used)");
   SetState(e, v1::FAILED, why, changes);
   ReleaseDependents(e, changes);
 }
@@ -533,8 +538,7 @@ void JobTable::SetEarlyStop(v1::Job* job, const std::string& reason, Changes* ch
   Record(e, e.job.state(), changes);
 }
 
-absl::Status JobTable::Cancel(const std::string& id, const std::string& reason,
-                              Changes* changes) {
+absl::Status JobTable::Cancel(const std::string& id, const std::string& reason, Changes* changes) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
   Entry& e = it->second;
@@ -556,8 +560,9 @@ absl::Status JobTable::Retry(const std::string& id, Changes* changes) {
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", id));
   Entry& e = it->second;
   if (e.job.state() != v1::FAILED && e.job.state() != v1::CANCELLED) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", id, " is ", StateName(e.job.state()), "; only FAILED or CANCELLED jobs can be retried"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", id, " is ", StateName(e.job.state()),
+                     "; only FAILED or CANCELLED jobs can be retried"));
   }
   e.job.set_attempt_budget(e.job.attempts() + e.job.spec().max_attempts());
   e.job.set_finished_ms(0);

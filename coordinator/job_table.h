@@ -74,7 +74,8 @@ class JobTable {
   // Progress report of a running job.
   void SetProgress(v1::Job* job, const v1::Progress& progress, Changes* changes);
   // A part finished with exit code 0; the job succeeds when all parts have.
-  void PartSucceeded(v1::Job* job, int rank, const google::protobuf::Map<std::string, std::string>& outputs,
+  void PartSucceeded(v1::Job* job, int rank,
+                     const google::protobuf::Map<std::string, std::string>& outputs,
                      Changes* changes);
   // The current attempt failed: back to QUEUED after its backoff while the attempt
   // budget lasts (and `retryable`), else FAILED; FAILED spreads to dependents.
@@ -85,7 +86,9 @@ class JobTable {
   void SetEarlyStop(v1::Job* job, const std::string& reason, Changes* changes);
   // The engine build a cache hit must have been produced by (the build id the most recently
   // registered worker with an engine reported; "" before any did).
-  void SetEngineBuild(const std::string& build) { if (!build.empty()) engine_build_ = build; }
+  void SetEngineBuild(const std::string& build) {
+    if (!build.empty()) engine_build_ = build;
+  }
   const std::string& engine_build() const { return engine_build_; }
   // Ends the job as CANCELLED. FAILED_PRECONDITION when it has already ended.
   absl::Status Cancel(const std::string& id, const std::string& reason, Changes* changes);
@@ -131,7 +134,7 @@ class JobTable {
   const Clock* clock_;
   TransitionObserver observer_;
   absl::node_hash_map<std::string, Entry> jobs_;  // stable addresses
-  std::vector<std::string> order_;  // ids in submission order
+  std::vector<std::string> order_;                // ids in submission order
   std::set<QueueKey> queue_;
   std::multiset<int> queued_gpus_;
   std::multiset<double> queued_cpus_;

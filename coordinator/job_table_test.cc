@@ -44,7 +44,8 @@ class JobTableTest : public ::testing::Test {
     Run(id);
     Changes ch;
     google::protobuf::Map<std::string, std::string> outputs;
-    table_.PartSucceeded(table_.FindCurrentAttempt(table_.Find(id)->current().id()), 0, outputs, &ch);
+    table_.PartSucceeded(table_.FindCurrentAttempt(table_.Find(id)->current().id()), 0, outputs,
+                         &ch);
   }
   void Fail(const std::string& id, bool retryable = true) {
     Run(id);
@@ -258,8 +259,8 @@ std::filesystem::path CheckpointDir(const std::string& tag) {
 }
 
 // A revert of the base onto itself: an engine job whose cache key follows `layers`.
-v1::JobSpec Revert(const std::filesystem::path& dir, const std::string& name, const std::string& out,
-                   const std::string& layers) {
+v1::JobSpec Revert(const std::filesystem::path& dir, const std::string& name,
+                   const std::string& out, const std::string& layers) {
   v1::JobSpec s;
   s.set_name(name);
   s.mutable_revert()->set_base((dir / "base").string());
@@ -298,7 +299,8 @@ TEST(JobTableMemo, SameKeyIsServedAndMissingOutputsAreAMiss) {
     table.Assign(first, {part}, "", &ch);
     google::protobuf::Map<std::string, std::string> outputs;
     outputs["model"] = (dir / "out1").string();
-    table.PartSucceeded(table.FindCurrentAttempt(table.Find(first)->current().id()), 0, outputs, &ch);
+    table.PartSucceeded(table.FindCurrentAttempt(table.Find(first)->current().id()), 0, outputs,
+                        &ch);
   }
   // Another output path, same inputs: served from the first run.
   const std::string second = submit(revert("r2", (dir / "out2").string(), "middle"));
@@ -315,11 +317,13 @@ TEST(JobTableMemo, SameKeyIsServedAndMissingOutputsAreAMiss) {
   EXPECT_EQ(table.Find(submit(nocache))->state(), v1::QUEUED);
   // A changed input (its manifest) is another key.
   std::ofstream(dir / "base" / "stemma.json") << "{\"files\": {\"x\": 1}}";
-  EXPECT_EQ(table.Find(submit(revert("r5", (dir / "out5").string(), "middle")))->state(), v1::QUEUED);
+  EXPECT_EQ(table.Find(submit(revert("r5", (dir / "out5").string(), "middle")))->state(),
+            v1::QUEUED);
   std::ofstream(dir / "base" / "stemma.json") << "{\"files\": {}}";
   // The outputs gone: a miss, not a hit that serves nothing.
   std::filesystem::remove_all(dir / "out1");
-  EXPECT_EQ(table.Find(submit(revert("r6", (dir / "out6").string(), "middle")))->state(), v1::QUEUED);
+  EXPECT_EQ(table.Find(submit(revert("r6", (dir / "out6").string(), "middle")))->state(),
+            v1::QUEUED);
   std::filesystem::remove_all(dir);
 }
 

@@ -6,8 +6,7 @@
 
 namespace stemma::coordinator {
 
-absl::StatusOr<v1::HeartbeatAck> Leases::Heartbeat(const std::string& worker_id,
-                                                   uint64_t session,
+absl::StatusOr<v1::HeartbeatAck> Leases::Heartbeat(const std::string& worker_id, uint64_t session,
                                                    const v1::Heartbeat& heartbeat) {
   std::shared_ptr<Liveness> live;
   {
@@ -48,9 +47,10 @@ void Leases::Expire(Changes* changes) {
     for (const auto& attempt : attempts) {
       v1::Job* job = c.jobs.FindCurrentAttempt(attempt);
       if (job == nullptr || !c.jobs.IsLive(*job)) continue;
-      EndAttempt(c, job,
-                 absl::StrCat("worker ", id, " lost (no heartbeat for ", c.options.lease_ms, " ms)"),
-                 -1, true, "", changes);
+      EndAttempt(
+          c, job,
+          absl::StrCat("worker ", id, " lost (no heartbeat for ", c.options.lease_ms, " ms)"), -1,
+          true, "", changes);
     }
     // Anything left (e.g. parts of ended attempts) is freed too.
     std::vector<std::string> keys;

@@ -15,7 +15,6 @@ class Leases {
   // analysis cannot see that through two parts' pointers, so callers in other parts say so.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_->mu) { core_->mu.AssertHeld(); }
 
-
   // Never takes the core mutex (only live_mu). FAILED_PRECONDITION when the session was
   // replaced or the lease had expired.
   absl::StatusOr<v1::HeartbeatAck> Heartbeat(const std::string& worker_id, uint64_t session,

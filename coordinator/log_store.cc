@@ -12,9 +12,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -25,9 +25,9 @@ namespace {
 // A record's header, little-endian as the hosts we build for; the job id and then the
 // bytes follow it.
 struct RecordHeader {
-  char magic[4];       // kMagic
-  uint32_t length;     // bytes of log
-  int64_t offset;      // where they start in the attempt's log
+  char magic[4];    // kMagic
+  uint32_t length;  // bytes of log
+  int64_t offset;   // where they start in the attempt's log
   int32_t attempt;
   uint16_t job_bytes;  // length of the job id after the header
   uint16_t reserved;   // 0
@@ -143,7 +143,7 @@ absl::Status LogStore::IndexSegment(uint32_t number, bool last) {
       log.size = offset;
     }
     const int64_t skip = std::min(length, log.size - offset);  // a record is never rewritten,
-    if (length > skip) {                                      // but stay safe if one were
+    if (length > skip) {                                       // but stay safe if one were
       log.extents.push_back(Extent{file, at + skip, offset + skip, length - skip});
       log.size = offset + length;
     }
@@ -202,8 +202,8 @@ void LogStore::CloseSegment() {
 
 absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t offset,
                               const std::string& data) {
-  if (job_id.empty() || job_id.size() > kMaxJobIdBytes ||
-      job_id.find('/') != std::string::npos || job_id.find("..") != std::string::npos) {
+  if (job_id.empty() || job_id.size() > kMaxJobIdBytes || job_id.find('/') != std::string::npos ||
+      job_id.find("..") != std::string::npos) {
     return absl::InvalidArgumentError("log: bad job id");
   }
   absl::MutexLock lock(&mu_);
@@ -246,14 +246,14 @@ absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t of
     ++generation_;
     if (err == ENOSPC || err == EDQUOT) {
       MarkTruncated(log);
-      return absl::ResourceExhaustedError(
-          absl::StrCat(path, ": ", Key(job_id, attempt), ": log truncated at ", log.size,
-                       " bytes: the coordinator's disk is full"));
+      return absl::ResourceExhaustedError(absl::StrCat(path, ": ", Key(job_id, attempt),
+                                                       ": log truncated at ", log.size,
+                                                       " bytes: the coordinator's disk is full"));
     }
     return ErrnoStatus(absl::StrCat("write ", path), err);
   }
-  log.extents.push_back(
-      Extent{fd_file_, fd_size_ + record - static_cast<int64_t>(n), log.size, static_cast<int64_t>(n)});
+  log.extents.push_back(Extent{fd_file_, fd_size_ + record - static_cast<int64_t>(n), log.size,
+                               static_cast<int64_t>(n)});
   log.size += static_cast<int64_t>(n);
   fd_size_ += record;
   ++generation_;
@@ -344,8 +344,8 @@ int64_t LogStore::Size(const std::string& job_id, int attempt) const {
   return log == nullptr ? 0 : log->size;
 }
 
-absl::StatusOr<std::string> LogStore::Read(const std::string& job_id, int attempt,
-                                           int64_t offset, int64_t max) const {
+absl::StatusOr<std::string> LogStore::Read(const std::string& job_id, int attempt, int64_t offset,
+                                           int64_t max) const {
   std::vector<Piece> pieces;
   {
     absl::MutexLock lock(&mu_);
@@ -372,7 +372,8 @@ uint64_t LogStore::WaitForAppend(uint64_t generation, int64_t timeout_ms) const 
     const uint64_t* gen;
     uint64_t seen;
   } arg{&generation_, generation};
-  mu_.AwaitWithTimeout(absl::Condition(+[](Arg* a) { return *a->gen != a->seen; }, &arg),
+  mu_.AwaitWithTimeout(absl::Condition(
+                           +[](Arg* a) { return *a->gen != a->seen; }, &arg),
                        absl::Milliseconds(timeout_ms));
   return generation_;
 }

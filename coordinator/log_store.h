@@ -68,7 +68,7 @@ class LogStore {
   struct AttemptLog {
     std::vector<Extent> extents;  // in log order, contiguous
     int64_t size = 0;
-    bool truncated = false;       // cut by a full disk: later chunks are dropped
+    bool truncated = false;  // cut by a full disk: later chunks are dropped
   };
   struct Piece {  // part of a read
     std::string path;
@@ -97,7 +97,7 @@ class LogStore {
   mutable absl::flat_hash_map<std::string, AttemptLog> index_ ABSL_GUARDED_BY(mu_);
   uint32_t next_segment_ ABSL_GUARDED_BY(mu_) = 1;
   bool legacy_ ABSL_GUARDED_BY(mu_) = false;  // the directory holds per-attempt log files
-  int fd_ ABSL_GUARDED_BY(mu_) = -1;  // the segment being written, or -1
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;          // the segment being written, or -1
   uint32_t fd_file_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t fd_size_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -19,8 +19,9 @@ namespace fs = std::filesystem;
 class LogStoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("log_store_test." + std::to_string(::getpid()) + "." +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("log_store_test." + std::to_string(::getpid()) + "." +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
   }
   void TearDown() override {
@@ -60,8 +61,8 @@ TEST_F(LogStoreTest, AChunkSentTwiceIsWrittenOnceAndAGapIsRefused) {
   LogStore logs(dir_.string());
   ASSERT_TRUE(logs.Load().ok());
   ASSERT_TRUE(logs.Append("j-1", 1, 0, "abcdef").ok());
-  ASSERT_TRUE(logs.Append("j-1", 1, 0, "abcdef").ok());    // resent whole
-  ASSERT_TRUE(logs.Append("j-1", 1, 3, "defghi").ok());    // overlapping
+  ASSERT_TRUE(logs.Append("j-1", 1, 0, "abcdef").ok());  // resent whole
+  ASSERT_TRUE(logs.Append("j-1", 1, 3, "defghi").ok());  // overlapping
   EXPECT_EQ(All(logs, "j-1", 1), "abcdefghi");
   absl::Status gap = logs.Append("j-1", 1, 20, "zzz");
   EXPECT_EQ(gap.code(), absl::StatusCode::kOutOfRange) << gap;
@@ -75,7 +76,8 @@ TEST_F(LogStoreTest, ARestartedStoreReadsEveryLogAndGoesOnAppending) {
     LogStore logs(dir_.string());
     ASSERT_TRUE(logs.Load().ok());
     for (int j = 0; j < 50; ++j) {
-      ASSERT_TRUE(logs.Append("j-" + std::to_string(j), 1, 0, "line " + std::to_string(j) + "\n").ok());
+      ASSERT_TRUE(
+          logs.Append("j-" + std::to_string(j), 1, 0, "line " + std::to_string(j) + "\n").ok());
     }
     ASSERT_TRUE(logs.Append("j-7", 1, 7, "more\n").ok());
   }

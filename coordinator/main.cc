@@ -1,21 +1,19 @@
 // stemma-coordinator: composes the store, the domain core, the gRPC services and the
 // metrics endpoint. Nothing else lives here.
-#include <malloc.h>
-
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/support/server_interceptor.h>
+#include <malloc.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <signal.h>
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
-
-#include "absl/synchronization/mutex.h"
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/logging.h"
 #include "common/rpc.h"
@@ -67,7 +65,8 @@ int main(int argc, char** argv) {
   Config cfg;
   CLI::App app{"stemma-coordinator: schedules Stemma jobs onto workers"};
   app.add_option("--data", cfg.data, "Directory for the database and logs")->capture_default_str();
-  app.add_option("--listen", cfg.listen, "gRPC address (loopback by default)")->capture_default_str();
+  app.add_option("--listen", cfg.listen, "gRPC address (loopback by default)")
+      ->capture_default_str();
   app.add_option("--metrics-listen", cfg.metrics_listen, "HOST:PORT for Prometheus /metrics");
   app.add_option("--lease-ms", cfg.lease_ms, "A worker silent this long is lost")
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}))
@@ -90,7 +89,8 @@ int main(int argc, char** argv) {
                "the port can run jobs)");
   app.add_option("--health-listen", cfg.health_listen,
                  "HOST:PORT for grpc.health.v1 (plaintext, nothing else on it)");
-  app.add_option("--log-level", cfg.log_level)->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  app.add_option("--log-level", cfg.log_level)
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -114,9 +114,10 @@ int main(int argc, char** argv) {
                    tokens ? "" : "tokens");
       return 2;
     }
-    spdlog::warn("*** INSECURE: listening on {} without {}: anyone who can reach this port "
-                 "can submit jobs and register workers ***",
-                 cfg.listen, !tls && !tokens ? "TLS or tokens" : (tls ? "tokens" : "TLS"));
+    spdlog::warn(
+        "*** INSECURE: listening on {} without {}: anyone who can reach this port "
+        "can submit jobs and register workers ***",
+        cfg.listen, !tls && !tokens ? "TLS or tokens" : (tls ? "tokens" : "TLS"));
   }
 
   // Signals are taken by a dedicated thread.
@@ -138,9 +139,10 @@ int main(int argc, char** argv) {
   }
   stemma::coordinator::CoordinatorMetrics metrics;
   // The exposer holds collectables weakly: this one lives as long as main.
-  const std::shared_ptr<prometheus::Collectable> certificates = stemma::MakeCertificateExpiryCollectable(
-      {{.certificate = "server", .path = cfg.tls_cert},
-       {.certificate = "client_ca", .path = cfg.tls_client_ca}});
+  const std::shared_ptr<prometheus::Collectable> certificates =
+      stemma::MakeCertificateExpiryCollectable(
+          {{.certificate = "server", .path = cfg.tls_cert},
+           {.certificate = "client_ca", .path = cfg.tls_client_ca}});
   std::unique_ptr<prometheus::Exposer> exposer;
   if (!cfg.metrics_listen.empty()) {
     try {
@@ -148,7 +150,8 @@ int main(int argc, char** argv) {
       exposer->RegisterCollectable(metrics.registry());
       exposer->RegisterCollectable(certificates);
     } catch (const std::exception& e) {
-      spdlog::error("cannot serve metrics on --metrics-listen {}: {}", cfg.metrics_listen, e.what());
+      spdlog::error("cannot serve metrics on --metrics-listen {}: {}", cfg.metrics_listen,
+                    e.what());
       return 1;
     }
   }
@@ -158,8 +161,8 @@ int main(int argc, char** argv) {
   options.lease_ms = cfg.lease_ms;
   options.heartbeat_ms = cfg.heartbeat_ms;
   options.verify_artifacts = cfg.verify_artifacts;
-  stemma::coordinator::Coordinator coordinator(options, store->get(),
-                                               stemma::RealClock::Get(), &metrics);
+  stemma::coordinator::Coordinator coordinator(options, store->get(), stemma::RealClock::Get(),
+                                               &metrics);
   if (absl::Status st = coordinator.Start(); !st.ok()) {
     spdlog::error("start: {}", st.ToString());
     return 1;
@@ -219,9 +222,12 @@ int main(int argc, char** argv) {
   builder.RegisterService(user.get());
   builder.RegisterService(worker.get());
   {
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-    interceptors.push_back(stemma::MakeRpcEndInterceptor(
-        [&metrics](absl::string_view method, absl::StatusCode code) { metrics.RpcEnded(method, code); }));
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+        interceptors;
+    interceptors.push_back(
+        stemma::MakeRpcEndInterceptor([&metrics](absl::string_view method, absl::StatusCode code) {
+          metrics.RpcEnded(method, code);
+        }));
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
   }
   // The health service must not be on this server (every service is on every port, and

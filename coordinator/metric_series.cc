@@ -17,15 +17,16 @@ std::string StageOf(const v1::Job& job) {
 }  // namespace
 
 size_t MetricSeries::RunFor(const v1::Job& job, const std::string& name,
-                           const std::vector<std::pair<std::string, std::string>>& sorted_labels,
-                           Changes* changes) {
+                            const std::vector<std::pair<std::string, std::string>>& sorted_labels,
+                            Changes* changes) {
   // Points of one series in one change extend one run (a step event's loss, lr, ... come
   // interleaved, so the last few runs are searched).
   auto& runs = changes->batch.of<MetricPointsTable>();
   const int attempt = job.current().number();
   for (size_t k = runs.size(); k > 0 && runs.size() - k < kRunsSearched; --k) {
     const MetricRun& r = runs[k - 1];
-    if (r.attempt == attempt && r.name == name && r.job_id == job.id() && r.labels == sorted_labels) {
+    if (r.attempt == attempt && r.name == name && r.job_id == job.id() &&
+        r.labels == sorted_labels) {
       return k - 1;
     }
   }
@@ -64,7 +65,8 @@ void MetricSeries::Record(const v1::Job& job, const v1::AttemptEvent::Metric& me
   std::vector<std::pair<std::string, std::string>> labels(metric.labels().begin(),
                                                           metric.labels().end());
   std::sort(labels.begin(), labels.end());
-  MetricRun& run = changes->batch.of<MetricPointsTable>()[RunFor(job, metric.name(), labels, changes)];
+  MetricRun& run =
+      changes->batch.of<MetricPointsTable>()[RunFor(job, metric.name(), labels, changes)];
   run.steps.push_back(metric.step());
   run.values.push_back(metric.value());
   run.times_ms.push_back(metric.time_ms() != 0 ? metric.time_ms() : core_->clock->WallMs());
@@ -78,10 +80,10 @@ absl::Status MetricSeries::RecordBatch(const v1::Job& job,
   if (batch.steps_size() != n || batch.values_size() != n ||
       (batch.times_ms_size() != 0 && batch.times_ms_size() != n) ||
       (batch.label_index_size() != 0 && batch.label_index_size() != n)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "metric batch: columns disagree (", n, " names, ", batch.steps_size(), " steps, ",
-        batch.values_size(), " values, ", batch.times_ms_size(), " times, ",
-        batch.label_index_size(), " label indexes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("metric batch: columns disagree (", n, " names, ", batch.steps_size(),
+                     " steps, ", batch.values_size(), " values, ", batch.times_ms_size(),
+                     " times, ", batch.label_index_size(), " label indexes)"));
   }
   for (int i = 0; i < n; ++i) {
     if (batch.name_index(i) >= static_cast<uint32_t>(batch.names_size()) ||
@@ -110,8 +112,10 @@ absl::Status MetricSeries::RecordBatch(const v1::Job& job,
     const uint64_t key = (static_cast<uint64_t>(name) << 32) | labels;
     auto it = run_of.find(key);
     if (it == run_of.end()) {
-      it = run_of.emplace(key, RunFor(job, batch.names(static_cast<int>(name)), label_sets[labels],
-                                      changes)).first;
+      it = run_of
+               .emplace(key, RunFor(job, batch.names(static_cast<int>(name)), label_sets[labels],
+                                    changes))
+               .first;
     }
     MetricRun& run = runs[it->second];
     run.steps.push_back(batch.steps(i));
@@ -159,8 +163,7 @@ void MetricSeries::OnTransition(const v1::Job& job, v1::JobState from, v1::JobSt
   if (to != v1::SUCCEEDED) live_.erase(it);
 }
 
-absl::flat_hash_map<std::string, double> MetricSeries::LastValues(
-    const std::string& job_id) const {
+absl::flat_hash_map<std::string, double> MetricSeries::LastValues(const std::string& job_id) const {
   auto it = live_.find(job_id);
   if (it == live_.end()) return {};
   return it->second.last;
@@ -179,7 +182,8 @@ absl::StatusOr<v1::QueryMetricsResponse> MetricSeries::Query(
   q.name_pattern = request.name_pattern();
   q.last_only = request.last_only();
   if (request.limit() < 0) return absl::InvalidArgumentError("limit: must not be negative");
-  if (request.limit() > 0) q.limit = static_cast<size_t>(std::min<int64_t>(request.limit(), 10000000));
+  if (request.limit() > 0)
+    q.limit = static_cast<size_t>(std::min<int64_t>(request.limit(), 10000000));
   uint64_t ticket;
   {
     absl::MutexLock lock(&core_->mu);

@@ -22,7 +22,6 @@ class MetricSeries {
   // analysis cannot see that through two parts' pointers, so callers in other parts say so.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_->mu) { core_->mu.AssertHeld(); }
 
-
   // At most this many distinct names per job are remembered as last values.
   static constexpr size_t kMaxNamesPerJob = 1024;
   // How many of a change's latest runs a point may extend before it starts a new one.
@@ -58,7 +57,7 @@ class MetricSeries {
   using Group = std::pair<std::string, std::string>;  // (experiment, stage)
   struct Live {
     Group group;
-    bool in_group = false;  // counted in groups_ (it reported a gauge value)
+    bool in_group = false;                      // counted in groups_ (it reported a gauge value)
     CoordinatorMetrics::TrainingSeries gauges;  // valid while in_group
     absl::flat_hash_map<std::string, double> last;
   };

@@ -11,8 +11,8 @@ namespace stemma::coordinator {
 namespace {
 
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
-  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-          0.1,    0.25,    0.5,    1,     2.5,    5,     10,   30,    60,   300};
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+          0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    300};
 }
 
 // Operations of the checkpoints the engine publishes (docs/engine-events.md).
@@ -23,7 +23,10 @@ constexpr const char* kCheckpointOperations[] = {"cpt",         "soup",  "merge"
 
 CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
   using namespace prometheus;
-  jobs_ = &BuildGauge().Name("stemma_coordinator_jobs").Help("Jobs by state and kind").Register(*registry_);
+  jobs_ = &BuildGauge()
+               .Name("stemma_coordinator_jobs")
+               .Help("Jobs by state and kind")
+               .Register(*registry_);
   transitions_ = &BuildCounter()
                       .Name("stemma_coordinator_job_transitions_total")
                       .Help("Job state transitions")
@@ -48,10 +51,11 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
                      .Name("stemma_train_step")
                      .Help("Latest optimizer step of a running job, by experiment and stage")
                      .Register(*registry_);
-  train_progress_ = &BuildGauge()
-                         .Name("stemma_train_progress_ratio")
-                         .Help("Fraction of its steps a running job has done, by experiment and stage")
-                         .Register(*registry_);
+  train_progress_ =
+      &BuildGauge()
+           .Name("stemma_train_progress_ratio")
+           .Help("Fraction of its steps a running job has done, by experiment and stage")
+           .Register(*registry_);
   submitted_ = &BuildCounter()
                     .Name("stemma_coordinator_jobs_submitted_total")
                     .Help("Jobs accepted by Submit")
@@ -81,8 +85,8 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
                       .Name("stemma_store_transaction_records")
                       .Help("Records per transaction (group commit)")
                       .Register(*registry_)
-                      .Add({}, Histogram::BucketBoundaries{1, 2, 5, 10, 20, 50, 100, 200, 500,
-                                                           1000, 5000, 20000});
+                      .Add({}, Histogram::BucketBoundaries{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000,
+                                                           5000, 20000});
   heartbeat_age_ = &BuildHistogram()
                         .Name("stemma_coordinator_heartbeat_age_seconds")
                         .Help("Time since a worker's previous heartbeat, at each heartbeat")
@@ -93,19 +97,23 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
                         .Help("Reports refused because they came from a stale attempt")
                         .Register(*registry_)
                         .Add({});
-  store_commit_errors_ = &BuildCounter()
-                             .Name("stemma_store_commit_errors_total")
-                             .Help("SQLite transactions that failed (each is retried until it succeeds)")
-                             .Register(*registry_)
-                             .Add({});
+  store_commit_errors_ =
+      &BuildCounter()
+           .Name("stemma_store_commit_errors_total")
+           .Help("SQLite transactions that failed (each is retried until it succeeds)")
+           .Register(*registry_)
+           .Add({});
   eval_score_ = &BuildGauge()
                      .Name("stemma_eval_score")
-                     .Help("Latest value of each metric an eval job reported, by experiment, stage, cell and metric")
+                     .Help(
+                         "Latest value of each metric an eval job reported, by experiment, stage, "
+                         "cell and metric")
                      .Register(*registry_);
-  auto& checkpoints = BuildCounter()
-                          .Name("stemma_registry_checkpoints_registered_total")
-                          .Help("Checkpoints entered into the registry, by the operation that made them")
-                          .Register(*registry_);
+  auto& checkpoints =
+      BuildCounter()
+          .Name("stemma_registry_checkpoints_registered_total")
+          .Help("Checkpoints entered into the registry, by the operation that made them")
+          .Register(*registry_);
   for (const char* op : kCheckpointOperations) {
     checkpoints_registered_[op] = &checkpoints.Add({{"operation", op}});
   }
@@ -117,9 +125,9 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
   auto add_method = [&](const std::string& method) {
     CodeCounters& counters = rpc_requests_[method];
     for (int code = 0; code < static_cast<int>(counters.size()); ++code) {
-      counters[code] = &requests.Add(
-          {{"method", method},
-           {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}});
+      counters[code] =
+          &requests.Add({{"method", method},
+                         {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}});
     }
   };
   for (const auto* service :
@@ -131,11 +139,15 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
   }
   add_method("other");
   rpc_other_ = &rpc_requests_.at("other");
-  auto& workers = BuildGauge().Name("stemma_coordinator_workers").Help("Workers by state").Register(*registry_);
+  auto& workers =
+      BuildGauge().Name("stemma_coordinator_workers").Help("Workers by state").Register(*registry_);
   workers_alive_ = &workers.Add({{"state", "alive"}});
   workers_draining_ = &workers.Add({{"state", "draining"}});
   workers_lost_ = &workers.Add({{"state", "lost"}});
-  auto& gpus = BuildGauge().Name("stemma_coordinator_gpus").Help("GPUs on live workers").Register(*registry_);
+  auto& gpus = BuildGauge()
+                   .Name("stemma_coordinator_gpus")
+                   .Help("GPUs on live workers")
+                   .Register(*registry_);
   gpus_free_ = &gpus.Add({{"state", "free"}});
   gpus_allocated_ = &gpus.Add({{"state", "allocated"}});
 }
@@ -150,8 +162,8 @@ void CoordinatorMetrics::Transition(const std::string& kind, v1::JobState from, 
   absl::MutexLock lock(&cache_mu_);
   if (from != v1::JOB_STATE_UNSPECIFIED) {
     JobsGauge(from, kind).Decrement();
-    auto [it, inserted] =
-        transitions_cache_.try_emplace(std::make_pair(static_cast<int>(from), static_cast<int>(to)));
+    auto [it, inserted] = transitions_cache_.try_emplace(
+        std::make_pair(static_cast<int>(from), static_cast<int>(to)));
     if (inserted) {
       it->second = &transitions_->Add({{"from", StateName(from)}, {"to", StateName(to)}});
     }
@@ -186,14 +198,15 @@ void CoordinatorMetrics::EvalScore(const std::string& experiment, const std::str
   if (it == eval_.end()) {
     if (eval_.size() >= kMaxEvalSeries) {
       if (!eval_full_logged_) {
-        spdlog::warn("stemma_eval_score: {} series; further (experiment, stage, metric) are not exported",
-                     eval_.size());
+        spdlog::warn(
+            "stemma_eval_score: {} series; further (experiment, stage, metric) are not exported",
+            eval_.size());
       }
       eval_full_logged_ = true;
       return;
     }
-    prometheus::Gauge* g =
-        &eval_score_->Add({{"experiment", experiment}, {"stage", stage}, {"cell", cell}, {"metric", metric}});
+    prometheus::Gauge* g = &eval_score_->Add(
+        {{"experiment", experiment}, {"stage", stage}, {"cell", cell}, {"metric", metric}});
     it = eval_.emplace(std::move(key), g).first;
   }
   it->second->Set(value);
@@ -207,7 +220,7 @@ void CoordinatorMetrics::AttemptEnded(const std::string& result) {
 }
 
 CoordinatorMetrics::TrainingSeries CoordinatorMetrics::Training(const std::string& experiment,
-                                                               const std::string& stage) {
+                                                                const std::string& stage) {
   absl::MutexLock lock(&cache_mu_);
   auto [it, inserted] = training_.try_emplace({experiment, stage});
   if (inserted) {

@@ -18,7 +18,6 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-
 #include "stemma/v1/job.pb.h"
 
 namespace stemma::coordinator {
@@ -129,8 +128,7 @@ class CoordinatorMetrics {
       ABSL_GUARDED_BY(cache_mu_);
   absl::flat_hash_map<std::pair<int, int>, prometheus::Counter*> transitions_cache_
       ABSL_GUARDED_BY(cache_mu_);
-  absl::flat_hash_map<std::string, prometheus::Counter*> attempts_cache_
-      ABSL_GUARDED_BY(cache_mu_);
+  absl::flat_hash_map<std::string, prometheus::Counter*> attempts_cache_ ABSL_GUARDED_BY(cache_mu_);
   absl::flat_hash_map<std::pair<std::string, std::string>, TrainingSeries> training_
       ABSL_GUARDED_BY(cache_mu_);
   // (experiment, stage, cell, metric) -> its gauge.

@@ -92,8 +92,8 @@ std::string Placer::Unplaceable(const v1::Job& job, const WorkerTable& workers) 
     max_cpus = std::max(max_cpus, w.info.cpus());
     max_memory = std::max(max_memory, w.info.memory_mb());
     if (w.info.allow_exec()) ++exec;
-    if (gpus >= r.gpus() && w.info.cpus() + 1e-9 >= r.cpus() && w.info.memory_mb() >= r.memory_mb() &&
-        (!needs_exec || w.info.allow_exec())) {
+    if (gpus >= r.gpus() && w.info.cpus() + 1e-9 >= r.cpus() &&
+        w.info.memory_mb() >= r.memory_mb() && (!needs_exec || w.info.allow_exec())) {
       ++fit;
     }
   }
@@ -101,23 +101,27 @@ std::string Placer::Unplaceable(const v1::Job& job, const WorkerTable& workers) 
   const std::string workers_text = Plural(registered, "worker", "workers");
   std::string why;
   if (r.gpus() > max_gpus) {
-    why = absl::StrCat("needs ", Plural(r.gpus(), "GPU", "GPUs"), ", the largest worker has ", max_gpus);
+    why = absl::StrCat("needs ", Plural(r.gpus(), "GPU", "GPUs"), ", the largest worker has ",
+                       max_gpus);
   } else if (r.cpus() > max_cpus + 1e-9) {
     why = absl::StrCat("needs ", Cpus(r.cpus()), ", the largest worker has ", Cpus(max_cpus));
   } else if (r.memory_mb() > max_memory) {
-    why = absl::StrCat("needs ", r.memory_mb(), " MiB of memory, the largest worker has ", max_memory, " MiB");
+    why = absl::StrCat("needs ", r.memory_mb(), " MiB of memory, the largest worker has ",
+                       max_memory, " MiB");
   } else if (needs_exec && exec == 0) {
-    why = absl::StrCat("exec jobs need a worker started with --allow-exec; none of the ", workers_text,
-                       " allows it");
+    why = absl::StrCat("exec jobs need a worker started with --allow-exec; none of the ",
+                       workers_text, " allows it");
   } else {
-    const std::string part = absl::StrCat(Plural(r.gpus(), "GPU", "GPUs"), ", ", Cpus(r.cpus()),
-                                          r.memory_mb() > 0 ? absl::StrCat(", ", r.memory_mb(), " MiB") : "",
-                                          needs_exec ? " and --allow-exec" : "");
+    const std::string part =
+        absl::StrCat(Plural(r.gpus(), "GPU", "GPUs"), ", ", Cpus(r.cpus()),
+                     r.memory_mb() > 0 ? absl::StrCat(", ", r.memory_mb(), " MiB") : "",
+                     needs_exec ? " and --allow-exec" : "");
     why = nodes > 1 ? absl::StrCat("needs ", nodes, " workers with ", part, " each; ",
                                    fit == 1 ? "1 registered worker has"
                                             : absl::StrCat(fit, " registered workers have"),
                                    " that")
-                    : absl::StrCat("needs ", part, " on one worker; none of the ", workers_text, " has all of it");
+                    : absl::StrCat("needs ", part, " on one worker; none of the ", workers_text,
+                                   " has all of it");
   }
   return absl::StrCat("unplaceable: ", why);
 }
@@ -126,10 +130,17 @@ void Placer::UpdateGauges() {
   int alive = 0, draining = 0, lost = 0, free = 0, used = 0;
   for (const auto& [id, w] : core_->workers.all()) {
     switch (w.info.state()) {
-      case v1::WORKER_ALIVE: ++alive; break;
-      case v1::WORKER_DRAINING: ++draining; break;
-      case v1::WORKER_LOST: ++lost; continue;
-      default: continue;
+      case v1::WORKER_ALIVE:
+        ++alive;
+        break;
+      case v1::WORKER_DRAINING:
+        ++draining;
+        break;
+      case v1::WORKER_LOST:
+        ++lost;
+        continue;
+      default:
+        continue;
     }
     int f = w.free_gpus();
     free += f;

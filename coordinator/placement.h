@@ -12,7 +12,6 @@ class Placer {
   // analysis cannot see that through two parts' pointers, so callers in other parts say so.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_->mu) { core_->mu.AssertHeld(); }
 
-
   // Places what fits now. Returns the number of jobs placed.
   int Place(Changes* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   // The assignment message for one part (rank) of the job's current attempt.

@@ -32,8 +32,8 @@ std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers
     if (!w.schedulable() || !can_host_any(w.free_gpus(), w.free_cpus(), w.free_memory_mb())) {
       continue;
     }
-    free.push_back({&id, w.free_gpus(), w.free_cpus(), w.free_memory_mb(),
-                    w.info.allow_exec(), false});
+    free.push_back(
+        {&id, w.free_gpus(), w.free_cpus(), w.free_memory_mb(), w.info.allow_exec(), false});
   }
   if (free.empty()) return out;
 

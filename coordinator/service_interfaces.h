@@ -87,8 +87,7 @@ class WorkerHandler {
                                                   uint64_t* session) = 0;
   // FAILED_PRECONDITION when the session was replaced or the lease had expired: the
   // worker must register again.
-  virtual absl::StatusOr<v1::HeartbeatAck> Heartbeat(const std::string& worker_id,
-                                                     uint64_t session,
+  virtual absl::StatusOr<v1::HeartbeatAck> Heartbeat(const std::string& worker_id, uint64_t session,
                                                      const v1::Heartbeat& heartbeat) = 0;
   // Applies a worker's events in order (logs, starts, progress, finishes), as one change.
   virtual void Events(const std::string& worker_id, uint64_t session,

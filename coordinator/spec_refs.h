@@ -3,10 +3,10 @@
 // message type. Pure.
 #pragma once
 
+#include <google/protobuf/message.h>
+
 #include <string>
 #include <vector>
-
-#include <google/protobuf/message.h>
 
 namespace stemma::coordinator {
 

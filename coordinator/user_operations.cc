@@ -39,9 +39,9 @@ absl::StatusOr<v1::SubmitResponse> UserOperations::Submit(const v1::SubmitReques
         allowed |= w.info.allow_exec();
       }
       if (!allowed) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "exec jobs need a worker started with --allow-exec; none of the ", registered,
-            " registered workers allows it"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("exec jobs need a worker started with --allow-exec; none of the ",
+                         registered, " registered workers allows it"));
       }
     }
     Changes changes = c.NewChanges();
@@ -65,7 +65,8 @@ absl::StatusOr<v1::Job> UserOperations::GetJob(const std::string& id) {
   const v1::Job* job = core_->jobs.Find(id);
   // A name stands for the most recent job of that name (`stemma get soup`).
   if (job == nullptr) job = core_->jobs.FindByName(id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", id, " (neither an id nor a job name)"));
+  if (job == nullptr)
+    return absl::NotFoundError(absl::StrCat("no job ", id, " (neither an id nor a job name)"));
   v1::Job out = *job;
   AddUnplaceableReason(&out, core_->workers);
   return out;
@@ -168,9 +169,8 @@ std::shared_ptr<EventHub::Subscription> UserOperations::Watch(const v1::WatchReq
     };
     if (ids.empty()) {
       c.jobs.ForEach(add);
-      std::sort(initial->begin(), initial->end(), [](const auto& a, const auto& b) {
-        return a.job().seq() < b.job().seq();
-      });
+      std::sort(initial->begin(), initial->end(),
+                [](const auto& a, const auto& b) { return a.job().seq() < b.job().seq(); });
     } else {
       for (const auto& id : ids) {
         if (const v1::Job* job = c.jobs.Find(id)) add(*job);

@@ -94,8 +94,8 @@ absl::StatusOr<v1::Registered> WorkerSessions::Register(const v1::Register& requ
         *msg.mutable_assign() = Placer::MakeAssignment(*job, rank);
         changes.messages.push_back({id, std::move(msg)});
       } else {
-        EndAttempt(c, job, absl::StrCat("lost on worker ", id, " (the worker restarted)"), -1,
-                   true, "", &changes);
+        EndAttempt(c, job, absl::StrCat("lost on worker ", id, " (the worker restarted)"), -1, true,
+                   "", &changes);
       }
     }
     changes.batch.of<WorkersTable>().push_back(w.info);

@@ -2,8 +2,8 @@
 // leases, and drain. Not thread-safe: the coordinator's mutex guards it.
 #pragma once
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,11 +30,11 @@ struct Liveness {
 };
 
 struct WorkerEntry {
-  v1::WorkerInfo info;            // as registered; state kept current
-  bool connected = false;         // a session stream is open
-  uint64_t session = 0;           // id of the open session
+  v1::WorkerInfo info;     // as registered; state kept current
+  bool connected = false;  // a session stream is open
+  uint64_t session = 0;    // id of the open session
   std::shared_ptr<Liveness> live = std::make_shared<Liveness>();
-  std::vector<bool> gpu_used;     // indexed like info.gpus()
+  std::vector<bool> gpu_used;  // indexed like info.gpus()
   double cpus_used = 0;
   int64_t memory_used_mb = 0;
   std::map<std::string, Allocation> allocations;  // key: "<attempt id>/<rank>"

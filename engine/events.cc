@@ -56,7 +56,8 @@ void EventWriter::Emit(const Event& event) const {
     WriteLine(event, out_);
     return;
   }
-  Emit(event["event"].is_string() ? event["event"].get<std::string>() : event["event"].dump(), event);
+  Emit(event["event"].is_string() ? event["event"].get<std::string>() : event["event"].dump(),
+       event);
 }
 
 absl::StatusOr<Event> OutputEvent(std::string_view name, const std::string& path_in,
@@ -105,7 +106,10 @@ absl::StatusOr<Event> OutputEvent(std::string_view name, const std::string& path
     return absl::FailedPreconditionError(
         absl::StrCat(path, ": published without a ", io::kManifestName, " manifest"));
   }
-  if (type.empty()) type = HasWeights(path) ? kOutputCheckpoint : IsTokenDataset(path) ? kOutputDataset : kOutputFile;
+  if (type.empty())
+    type = HasWeights(path)       ? kOutputCheckpoint
+           : IsTokenDataset(path) ? kOutputDataset
+                                  : kOutputFile;
   event["type"] = type;
   event["manifest_sha256"] = sha;
   event["bytes"] = bytes;

@@ -25,7 +25,8 @@ using Event = nlohmann::ordered_json;
 class EventWriter {
  public:
   // `enabled` false: every Emit is dropped (data-parallel ranks other than 0).
-  explicit EventWriter(bool enabled = true, std::FILE* out = stdout) : enabled_(enabled), out_(out) {}
+  explicit EventWriter(bool enabled = true, std::FILE* out = stdout)
+      : enabled_(enabled), out_(out) {}
 
   // {"event": name, <fields...>}. `fields` must be an object (or null for none).
   void Emit(std::string_view name, const Event& fields) const;

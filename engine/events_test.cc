@@ -2,14 +2,13 @@
 // needs (type, manifest sha256, bytes, parents, operation) read from the published result.
 #include "engine/events.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "engine/io/fs.h"
 #include "engine/io/manifest.h"
@@ -42,12 +41,14 @@ TEST(EventWriterTest, EventIsTheFirstKeyOfEveryLine) {
     w.Emit(e);
     EventWriter(false).Emit("start");  // disabled: nothing
   });
-  EXPECT_EQ(out, "{\"event\":\"progress\",\"step\":3,\"fraction\":0.5}\n"
-                 "{\"event\":\"metric\",\"alpha\":1}\n");
+  EXPECT_EQ(out,
+            "{\"event\":\"progress\",\"step\":3,\"fraction\":0.5}\n"
+            "{\"event\":\"metric\",\"alpha\":1}\n");
 }
 
 TEST(OutputEventTest, DirectoryFromItsManifestAndFileFromItsBytes) {
-  const std::string dir = (fs::temp_directory_path() / ("stemma-events-" + std::to_string(::getpid()))).string();
+  const std::string dir =
+      (fs::temp_directory_path() / ("stemma-events-" + std::to_string(::getpid()))).string();
   fs::remove_all(dir);
   fs::create_directories(dir + "/ckpt");
   io::Manifest m;
@@ -90,7 +91,8 @@ TEST(OutputEventTest, DirectoryFromItsManifestAndFileFromItsBytes) {
   EXPECT_EQ((*d)["bytes"], index.size() + 8);
   EXPECT_EQ((*d)["operation"], "tokenize");
 
-  EXPECT_EQ(OutputEvent("x", dir + "/missing", "eval").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(OutputEvent("x", dir + "/missing", "eval").status().code(),
+            absl::StatusCode::kNotFound);
   fs::create_directories(dir + "/bare");
   EXPECT_FALSE(OutputEvent("x", dir + "/bare", "eval").ok());
   fs::remove_all(dir);

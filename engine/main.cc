@@ -2,12 +2,12 @@
 // Only composes: each command lives in its own file and returns the exit code. Any
 // exception that escapes a command (c10::Error from LibTorch, std::exception from the rest)
 // becomes one line on stderr and exit 1, so a worker sees a clear failed attempt.
+#include <c10/util/Exception.h>
+
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string_view>
-
-#include <c10/util/Exception.h>
 
 #include "engine/commands.h"
 #include "engine/data/commands.h"
@@ -51,8 +51,8 @@ int Dispatch(int argc, char** argv) {
   if (command == "logits") return stemma::engine::RunLogits(sub_argc, sub_argv);
   if (command == "train") return stemma::engine::RunTrain(sub_argc, sub_argv);
   // One implementation; argv[0] (the command name) selects the operation.
-  if (command == "merge" || command == "revert" || command == "interpolate" ||
-      command == "graft" || command == "upcycle") {
+  if (command == "merge" || command == "revert" || command == "interpolate" || command == "graft" ||
+      command == "upcycle") {
     return stemma::engine::RunMerge(sub_argc, sub_argv);
   }
   if (command == "eval") return stemma::engine::RunEval(sub_argc, sub_argv);

@@ -10,7 +10,9 @@
 #include "engine/io/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static const std::string path = std::string(::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") + "/stemma-fuzz-" + std::to_string(::getpid()) + ".safetensors";
+  static const std::string path =
+      std::string(::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") + "/stemma-fuzz-" +
+      std::to_string(::getpid()) + ".safetensors";
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (fd < 0) return 0;
   size_t done = 0;

@@ -12,7 +12,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string dir = [] {
-    std::string d = std::string(::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") + "/stemma-fuzz-tok-" + std::to_string(::getpid());
+    std::string d = std::string(::access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp") +
+                    "/stemma-fuzz-tok-" + std::to_string(::getpid());
     ::mkdir(d.c_str(), 0700);
     return d;
   }();

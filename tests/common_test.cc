@@ -11,9 +11,9 @@
 #include "common/engine_spec.h"
 #include "common/job_spec.h"
 #include "common/layer_range.h"
-#include "stemma/v1/spec_options.pb.h"
 #include "common/spec_file.h"
 #include "common/yaml_json.h"
+#include "stemma/v1/spec_options.pb.h"
 
 namespace stemma {
 namespace {
@@ -28,7 +28,8 @@ name: b
 depends_on: [a]
 labels: {team: lang}
 exec: {argv: [/bin/echo, "hello; rm -rf /"]}
-)", "job.yaml");
+)",
+                             "job.yaml");
   ASSERT_TRUE(specs.ok()) << specs.status();
   ASSERT_EQ(specs->size(), 2u);
   EXPECT_EQ((*specs)[0].resources().gpus(), 2);
@@ -58,13 +59,16 @@ TEST(JobYaml, WrongTypesAndTwoKindsNameTheFieldPath) {
     const char* expected;
   };
   for (const Case& c : {
-           Case{"noop: {}\nresources: {gpus: two}\n", "job.yaml: line 2: resources.gpus: must be an integer, not 'two'"},
+           Case{"noop: {}\nresources: {gpus: two}\n",
+                "job.yaml: line 2: resources.gpus: must be an integer, not 'two'"},
            Case{"noop: {}\nmax_attempts: 1.5\n", "max_attempts: must be an integer"},
            Case{"noop: {}\nresources: {cpus: [1]}\n", "resources.cpus: must be a single value"},
-           Case{"noop: {}\nexec: {argv: [ls]}\n", "exec: only one of a kind may be given (noop is already)"},
+           Case{"noop: {}\nexec: {argv: [ls]}\n",
+                "exec: only one of a kind may be given (noop is already)"},
            Case{"exec: {argv: ls}\n", "exec.argv: must be a list"},
            Case{"noop: {}\nlabels: [a]\n", "labels: must be a mapping"},
-           Case{"noop: {durtion_ms: 5}\n", "noop.durtion_ms: unknown field (allowed: duration_ms, exit_code)"},
+           Case{"noop: {durtion_ms: 5}\n",
+                "noop.durtion_ms: unknown field (allowed: duration_ms, exit_code)"},
        }) {
     auto specs = ParseJobsYaml(c.yaml, "job.yaml");
     ASSERT_FALSE(specs.ok()) << c.yaml;
@@ -74,7 +78,8 @@ TEST(JobYaml, WrongTypesAndTwoKindsNameTheFieldPath) {
 }
 
 TEST(JobYaml, NullKindIsAnEmptyOneAndNumbersTakeEitherSpelling) {
-  auto specs = ParseJobsYaml("name: a\nnoop:\ntimeout_ms: 1e3\npriority: \"7\"\nmaxAttempts: 2\n", "j");
+  auto specs =
+      ParseJobsYaml("name: a\nnoop:\ntimeout_ms: 1e3\npriority: \"7\"\nmaxAttempts: 2\n", "j");
   ASSERT_TRUE(specs.ok()) << specs.status();
   EXPECT_TRUE((*specs)[0].has_noop());
   EXPECT_EQ((*specs)[0].timeout_ms(), 1000);
@@ -112,15 +117,17 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BadCase{"noop: {}\nresources: {gpus: -1}", "resources.gpus"},
                       BadCase{"noop: {}\nresources: {gpus: 100000}", "resources.gpus"},
                       BadCase{"noop: {}\nresources: {cpus: -2}", "resources.cpus"},
-                      BadCase{"noop: {}\nresources: {memory_mb: 99999999999}", "resources.memory_mb"},
+                      BadCase{"noop: {}\nresources: {memory_mb: 99999999999}",
+                              "resources.memory_mb"},
                       BadCase{"noop: {}\nmax_attempts: 1000", "max_attempts"},
                       BadCase{"noop: {}\nnodes: 5000", "nodes"},
-                      BadCase{"noop: {}\ntimeout_ms: -5", "timeout_ms"},
-                      BadCase{"name: x", "kind"},
+                      BadCase{"noop: {}\ntimeout_ms: -5", "timeout_ms"}, BadCase{"name: x", "kind"},
                       BadCase{"exec: {argv: []}", "exec.argv"},
                       BadCase{"exec: {argv: [ls], env: {'bad-name': x}}", "exec.env"},
                       BadCase{"noop: {}\nlabels: {'a b': x}", "labels"}),
-    [](const ::testing::TestParamInfo<BadCase>& info) { return "case" + std::to_string(info.index); });
+    [](const ::testing::TestParamInfo<BadCase>& info) {
+      return "case" + std::to_string(info.index);
+    });
 
 TEST(Validate, DefaultsAreValid) {
   v1::JobSpec spec;
@@ -201,31 +208,34 @@ TEST(JobYaml, EngineJobsAreTypedAndTheEngineFormStillReads) {
   }
   auto unknown = ParseJobsYaml("engine: {command: trian, spec: {}}\n", "job.yaml");
   ASSERT_FALSE(unknown.ok());
-  EXPECT_NE(unknown.status().message().find("job.yaml: line 1: engine.command: unknown engine command 'trian'"),
-            std::string::npos) << unknown.status();
+  EXPECT_NE(unknown.status().message().find(
+                "job.yaml: line 1: engine.command: unknown engine command 'trian'"),
+            std::string::npos)
+      << unknown.status();
   EXPECT_FALSE(IsEngineJob(v1::JobSpec()));
   EXPECT_EQ(EngineSpecOf(v1::JobSpec()), nullptr);
 }
 
 // What `stemma submit` refuses before anything is sent: one line naming file, line, field.
 TEST(JobYaml, SubmitChecksRefuseBadEngineSpecsWithFileLineAndField) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("stemma-common-test-" + std::to_string(getpid()));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("stemma-common-test-" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir / "model");
-  {
-    std::ofstream(dir / "model" / "config.json") << "{\"num_hidden_layers\": 8}";
-  }
+  { std::ofstream(dir / "model" / "config.json") << "{\"num_hidden_layers\": 8}"; }
   struct Case {
     std::string yaml;
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {"name: a\ninit:\n  out: /x\n  hiden_size: 64\n", "line 4: init.hiden_size: unknown field (allowed: arch, preset"},
-      {"name: a\ninit:\n  out: /x\n  hidden_size: wide\n", "line 4: init.hidden_size: must be an integer, not 'wide'"},
+      {"name: a\ninit:\n  out: /x\n  hiden_size: 64\n",
+       "line 4: init.hiden_size: unknown field (allowed: arch, preset"},
+      {"name: a\ninit:\n  out: /x\n  hidden_size: wide\n",
+       "line 4: init.hidden_size: must be an integer, not 'wide'"},
       {"name: a\ninit:\n  out: /x\n  hidden_size: 4\n", "line 4: init.hidden_size: 4 must be >= 8"},
       {"name: a\ninit:\n  arch: llama\n", "line 2: init.out: is required"},
-      {"name: a\ninit:\n  out: /x\n  arch: gpt2\n", "line 4: init.arch: 'gpt2' is not one of llama, qwen2, gemma3, olmoe"},
+      {"name: a\ninit:\n  out: /x\n  arch: gpt2\n",
+       "line 4: init.arch: 'gpt2' is not one of llama, qwen2, gemma3, olmoe"},
       {"name: a\nresources: {cpus: -1}\ninit: {out: /x}\n", "line 2: resources.cpus"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -256,9 +266,9 @@ TEST(EngineSpec, DefaultsFillOnlyWhatIsUnset) {
 }
 
 TEST(EngineSpec, CommandsAndTheirSpecsComeFromTheJobKinds) {
-  const std::vector<std::string> expected = {"init", "tokenize", "train", "merge", "revert",
-                                             "interpolate", "graft", "upcycle", "eval", "analyze",
-                                             "prepare"};
+  const std::vector<std::string> expected = {"init",   "tokenize",    "train",  "merge",
+                                             "revert", "interpolate", "graft",  "upcycle",
+                                             "eval",   "analyze",     "prepare"};
   EXPECT_EQ(EngineCommands(), expected);
   for (const std::string& c : expected) {
     ASSERT_NE(EngineSpecDescriptor(c), nullptr) << c;
@@ -278,7 +288,8 @@ TEST(EngineSpec, EveryDefaultedScalarHasPresenceAndEveryFieldADoc) {
         const auto* f = todo[i]->field(k);
         const auto& rules = f->options().GetExtension(v1::rules);
         if (!rules.default_value().empty() && !f->is_repeated()) {
-          EXPECT_TRUE(f->has_presence()) << f->full_name() << " has a default but is not `optional`";
+          EXPECT_TRUE(f->has_presence())
+              << f->full_name() << " has a default but is not `optional`";
         }
         const bool message_doc =
             f->message_type() != nullptr &&
@@ -321,13 +332,16 @@ TEST(LayerRange, OneConventionWithMiddle) {
   for (const char* bad : {"6:2", "a:b", "1:2:3", "-1", ":", "mid"}) {
     EXPECT_FALSE(ParseLayerRange(bad, "f").ok()) << bad;
   }
-  auto past = ResolveLayerRange(*ParseLayerRange("4:12", "freeze.layers[0]"), 8, "freeze.layers[0]");
+  auto past =
+      ResolveLayerRange(*ParseLayerRange("4:12", "freeze.layers[0]"), 8, "freeze.layers[0]");
   ASSERT_FALSE(past.ok());
-  EXPECT_NE(past.status().message().find("reach past the model's 8 layers"), std::string::npos) << past.status();
+  EXPECT_NE(past.status().message().find("reach past the model's 8 layers"), std::string::npos)
+      << past.status();
 }
 
 TEST(EngineCli, FlagsSetFieldsAndHelpListsThem) {
-  std::vector<std::string> args = {"init", "--out", "/tmp/m", "--hidden-size", "96", "--tie-embeddings", "--arch=qwen2"};
+  std::vector<std::string> args = {
+      "init", "--out", "/tmp/m", "--hidden-size", "96", "--tie-embeddings", "--arch=qwen2"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   auto inv = ParseEngineCommandLine("init", static_cast<int>(argv.size()), argv.data(), {});

@@ -35,7 +35,8 @@ fs::path TempDir() {
 std::string ModelWithLayers(int layers) {
   const fs::path dir = TempDir() / ("model" + std::to_string(layers));
   fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << "{\"model_type\": \"olmoe\", \"num_hidden_layers\": " << layers << "}\n";
+  std::ofstream(dir / "config.json")
+      << "{\"model_type\": \"olmoe\", \"num_hidden_layers\": " << layers << "}\n";
   return dir.string();
 }
 
@@ -60,32 +61,36 @@ TEST_P(RefusedAtSubmit, NamesFileLineAndField) {
   const Case& c = GetParam();
   const std::string file = c.name + ".yaml";
   std::string yaml = c.yaml;
-  for (size_t p; (p = yaml.find("$MODEL16")) != std::string::npos;) yaml.replace(p, 8, ModelWithLayers(16));
+  for (size_t p; (p = yaml.find("$MODEL16")) != std::string::npos;)
+    yaml.replace(p, 8, ModelWithLayers(16));
   auto jobs = Submit(file, yaml);
   ASSERT_FALSE(jobs.ok()) << c.name << " was accepted";
   const std::string error(jobs.status().message());
   EXPECT_EQ(jobs.status().code(), absl::StatusCode::kInvalidArgument) << error;
   EXPECT_NE(error.find(file), std::string::npos) << error;
-  for (const std::string& e : c.expected) EXPECT_NE(error.find(e), std::string::npos) << "want '" << e << "' in: " << error;
+  for (const std::string& e : c.expected)
+    EXPECT_NE(error.find(e), std::string::npos) << "want '" << e << "' in: " << error;
   EXPECT_EQ(error.find('\n'), std::string::npos) << "one line: " << error;
 }
 
 // Line numbers count from 1 at `name:`.
 const char kEvalHead[] =
-    "name: ev\n"                     // 1
-    "eval:\n"                        // 2
-    "  model: /ckpt/m\n";            // 3
+    "name: ev\n"           // 1
+    "eval:\n"              // 2
+    "  model: /ckpt/m\n";  // 3
 
 INSTANTIATE_TEST_SUITE_P(
     Eval, RefusedAtSubmit,
     ::testing::Values(
         Case{"eval_typo",
-             std::string(kEvalHead) + "  batch_sise: 4\n"
-                                      "  tasks: [{type: perplexity, language: uk, data: /d, split: all}]\n",
+             std::string(kEvalHead) +
+                 "  batch_sise: 4\n"
+                 "  tasks: [{type: perplexity, language: uk, data: /d, split: all}]\n",
              {"line 4", "eval.batch_sise", "unknown field"}},
         Case{"eval_task_typo",
-             std::string(kEvalHead) + "  tasks:\n"
-                                      "    - {type: choice, format: piqa, language: uk, data: /p.jsonl, shots: 2}\n",
+             std::string(kEvalHead) +
+                 "  tasks:\n"
+                 "    - {type: choice, format: piqa, language: uk, data: /p.jsonl, shots: 2}\n",
              {"line 5", "eval.tasks[0].shots", "unknown field"}},
         Case{"eval_mistyped",
              std::string(kEvalHead) + "  tasks:\n"
@@ -96,12 +101,14 @@ INSTANTIATE_TEST_SUITE_P(
                                       "      seq_len: long\n",
              {"line 9", "eval.tasks[0].seq_len", "must be an integer"}},
         Case{"eval_out_of_range",
-             std::string(kEvalHead) + "  tasks:\n"
-                                      "    - {type: perplexity, language: uk, data: /d, heldout_fraction: 1.5}\n",
+             std::string(kEvalHead) +
+                 "  tasks:\n"
+                 "    - {type: perplexity, language: uk, data: /d, heldout_fraction: 1.5}\n",
              {"line 5", "eval.tasks[0].heldout_fraction", "1.5 must be < 1"}},
         Case{"eval_batch_zero",
-             std::string(kEvalHead) + "  batch_size: 0\n"
-                                      "  tasks: [{type: perplexity, language: uk, data: /d, split: all}]\n",
+             std::string(kEvalHead) +
+                 "  batch_size: 0\n"
+                 "  tasks: [{type: perplexity, language: uk, data: /d, split: all}]\n",
              {"line 4", "eval.batch_size", "0 must be >= 1"}},
         Case{"eval_missing_language",
              std::string(kEvalHead) + "  tasks:\n"
@@ -110,10 +117,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"eval_missing_model",
              "name: ev\neval:\n  tasks: [{type: perplexity, language: uk, data: /d, split: all}]\n",
              {"line 2", "eval.model", "is required"}},
-        Case{"eval_no_tasks", std::string(kEvalHead) + "  tasks: []\n", {"eval.tasks", "at least one task"}},
+        Case{"eval_no_tasks",
+             std::string(kEvalHead) + "  tasks: []\n",
+             {"eval.tasks", "at least one task"}},
         Case{"eval_bad_type",
              std::string(kEvalHead) + "  tasks: [{type: mmlu, language: uk, data: /d}]\n",
-             {"line 4", "eval.tasks[0].type", "'mmlu' is not one of perplexity, choice, translation"}},
+             {"line 4", "eval.tasks[0].type",
+              "'mmlu' is not one of perplexity, choice, translation"}},
         Case{"eval_field_of_another_type",
              std::string(kEvalHead) + "  tasks:\n"
                                       "    - type: perplexity\n"
@@ -128,7 +138,8 @@ INSTANTIATE_TEST_SUITE_P(
              {"line 5", "eval.tasks[0].heldout_fraction", "is required with split: heldout"}},
         Case{"eval_fraction_with_split_all",
              std::string(kEvalHead) + "  tasks:\n"
-                                      "    - {type: perplexity, language: uk, data: /d, split: all, heldout_fraction: 0.1}\n",
+                                      "    - {type: perplexity, language: uk, data: /d, split: "
+                                      "all, heldout_fraction: 0.1}\n",
              {"line 5", "eval.tasks[0].heldout_fraction", "does not apply with split: all"}},
         Case{"eval_seed_with_last_split",
              std::string(kEvalHead) + "  tasks:\n"
@@ -141,16 +152,18 @@ INSTANTIATE_TEST_SUITE_P(
              {"line 10", "eval.tasks[0].split_seed", "does not apply to heldout_split: last"}},
         Case{"eval_bad_heldout_split",
              std::string(kEvalHead) + "  tasks:\n"
-                                      "    - {type: perplexity, language: uk, data: /d, heldout_fraction: 0.1, heldout_split: tail}\n",
+                                      "    - {type: perplexity, language: uk, data: /d, "
+                                      "heldout_fraction: 0.1, heldout_split: tail}\n",
              {"line 5", "eval.tasks[0].heldout_split", "'tail' is not one of hash, last"}},
         Case{"eval_choice_without_format",
              std::string(kEvalHead) + "  tasks:\n"
                                       "    - {type: choice, language: uk, data: /b.jsonl, k: 2}\n",
              {"line 5", "eval.tasks[0].format", "is required for a choice task"}},
         Case{"eval_duplicate_names",
-             std::string(kEvalHead) + "  tasks:\n"
-                                      "    - {type: perplexity, language: uk, data: /a, split: all}\n"
-                                      "    - {type: perplexity, language: uk, data: /b, split: all}\n",
+             std::string(kEvalHead) +
+                 "  tasks:\n"
+                 "    - {type: perplexity, language: uk, data: /a, split: all}\n"
+                 "    - {type: perplexity, language: uk, data: /b, split: all}\n",
              {"line 6", "eval.tasks[1]", "'uk' is used by an earlier task"}},
         Case{"eval_threads_over_cpus",
              "name: ev\nresources: {cpus: 2}\neval:\n  model: /ckpt/m\n  threads: 4\n"
@@ -159,13 +172,13 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return info.param.name; });
 
 const char kAnalyzeHead[] =
-    "name: an\n"                                   // 1
-    "analyze:\n"                                   // 2
-    "  model: /ckpt/m\n"                           // 3
-    "  out: /analysis/m\n"                         // 4
-    "  languages:\n"                               // 5
-    "    - {language: en, text: /t/en.txt}\n"      // 6
-    "    - {language: sw, text: /t/sw.txt}\n";     // 7
+    "name: an\n"                                // 1
+    "analyze:\n"                                // 2
+    "  model: /ckpt/m\n"                        // 3
+    "  out: /analysis/m\n"                      // 4
+    "  languages:\n"                            // 5
+    "    - {language: en, text: /t/en.txt}\n"   // 6
+    "    - {language: sw, text: /t/sw.txt}\n";  // 7
 
 INSTANTIATE_TEST_SUITE_P(
     Analyze, RefusedAtSubmit,
@@ -197,7 +210,8 @@ INSTANTIATE_TEST_SUITE_P(
              "  routing:\n    select: {layers: \"14:18\"}\n",
              {"line 9", "analyze.routing.select.layers", "16"}},
         Case{"analyze_two_sources",
-             std::string(kAnalyzeHead) + "    - {language: yo, text: /t/yo.txt, dataset: /d/yo}\n  lape: {}\n",
+             std::string(kAnalyzeHead) +
+                 "    - {language: yo, text: /t/yo.txt, dataset: /d/yo}\n  lape: {}\n",
              {"line 8", "analyze.languages[2]", "exactly one of dataset, text or jsonl"}},
         Case{"analyze_unknown_language",
              std::string(kAnalyzeHead) + "  lape: {languages: [en, zu]}\n",
@@ -205,47 +219,54 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"analyze_nothing_to_do", std::string(kAnalyzeHead), {"analyze", "no analysis given"}},
         Case{"analyze_lape_without_model",
              "name: an\nanalyze:\n  out: /a\n  languages:\n"
-             "    - {language: en, text: /t/en.txt}\n    - {language: sw, text: /t/sw.txt}\n  lape: {}\n",
+             "    - {language: en, text: /t/en.txt}\n    - {language: sw, text: /t/sw.txt}\n  "
+             "lape: {}\n",
              {"line 2", "analyze.model", "is required: lape runs the model"}},
         Case{"analyze_parent_not_anchor",
              std::string(kAnalyzeHead) + "    - {language: ca, text: /t/ca.txt}\n"
                                          "  routing:\n    select:\n      high_resource: [en, sw]\n"
                                          "      parents: {ca: es}\n",
-             {"line 12", "analyze.routing.select.parents.ca", "'es' is not a high-resource language"}},
+             {"line 12", "analyze.routing.select.parents.ca",
+              "'es' is not a high-resource language"}},
         Case{"analyze_single_anchor_without_target",
              std::string(kAnalyzeHead) + "  routing:\n    select:\n      parents: {sw: en}\n",
              {"line 10", "analyze.routing.select.parents", "only 'en' is an anchor", "targets"}},
         Case{"analyze_threads_over_cpus",
-             "name: an\nresources: {cpus: 1}\nanalyze:\n  out: /a\n  threads: 2\n  drift: {base: /b, trained: /t}\n",
+             "name: an\nresources: {cpus: 1}\nanalyze:\n  out: /a\n  threads: 2\n  drift: {base: "
+             "/b, trained: /t}\n",
              {"line 5", "analyze.threads", "more than the job's 1 CPUs"}},
         Case{"analyze_alignment_both_forms",
-             std::string(kAnalyzeHead) + "  alignment:\n    file: /p.jsonl\n"
-                                         "    texts: [{language: en, path: /en.txt}, {language: sw, path: /sw.txt}]\n",
+             std::string(kAnalyzeHead) +
+                 "  alignment:\n    file: /p.jsonl\n"
+                 "    texts: [{language: en, path: /en.txt}, {language: sw, path: /sw.txt}]\n",
              {"line 8", "analyze.alignment", "exactly one of file"}}),
     [](const auto& info) { return info.param.name; });
 
 // What the refusals above must not catch: the forms the docs show.
 TEST(SpecRulesEval, AcceptsTheDocumentedForms) {
-  auto jobs = Submit("ok.yaml",
-                     "name: ev\n"
-                     "resources: {cpus: 2}\n"
-                     "eval:\n"
-                     "  model: /ckpt/m\n"
-                     "  tasks:\n"
-                     "    - {type: perplexity, language: uk, data: /d, heldout_fraction: 0.01}\n"
-                     "    - {type: choice, format: belebele, language: uk, data: /b.jsonl, k: 2}\n"
-                     "    - {type: translation, source_language: en, language: uk, data: /f.jsonl, k: 1}\n"
-                     "---\n"
-                     "name: an\n"
-                     "analyze:\n"
-                     "  model: " + ModelWithLayers(16) + "\n"
-                     "  out: /a\n"
-                     "  languages:\n"
-                     "    - {language: en, text: /t/en.txt}\n"
-                     "    - {language: xx, jsonl: /t/xx.jsonl, field: body}\n"
-                     "  routing:\n"
-                     "    select: {layers: \"14:16\", targets: [xx]}\n"
-                     "  drift: {base: /ckpt/base}\n");
+  auto jobs =
+      Submit("ok.yaml",
+             "name: ev\n"
+             "resources: {cpus: 2}\n"
+             "eval:\n"
+             "  model: /ckpt/m\n"
+             "  tasks:\n"
+             "    - {type: perplexity, language: uk, data: /d, heldout_fraction: 0.01}\n"
+             "    - {type: choice, format: belebele, language: uk, data: /b.jsonl, k: 2}\n"
+             "    - {type: translation, source_language: en, language: uk, data: /f.jsonl, k: 1}\n"
+             "---\n"
+             "name: an\n"
+             "analyze:\n"
+             "  model: " +
+                 ModelWithLayers(16) +
+                 "\n"
+                 "  out: /a\n"
+                 "  languages:\n"
+                 "    - {language: en, text: /t/en.txt}\n"
+                 "    - {language: xx, jsonl: /t/xx.jsonl, field: body}\n"
+                 "  routing:\n"
+                 "    select: {layers: \"14:16\", targets: [xx]}\n"
+                 "  drift: {base: /ckpt/base}\n");
   ASSERT_TRUE(jobs.ok()) << jobs.status();
   ASSERT_EQ(jobs->size(), 2u);
   // The job keeps what was written; defaults are filled on the copy that is checked.
@@ -262,7 +283,8 @@ TEST(SpecRulesEval, ExampleConfigsAreValidSpecs) {
     for (const auto& entry : fs::directory_iterator(configs / command)) {
       if (entry.path().extension() != ".yaml") continue;
       std::string spec = entry.path().string();
-      std::vector<char*> argv = {const_cast<char*>(command), const_cast<char*>("--spec"), spec.data()};
+      std::vector<char*> argv = {const_cast<char*>(command), const_cast<char*>("--spec"),
+                                 spec.data()};
       auto parsed = ParseEngineCommandLine(command, static_cast<int>(argv.size()), argv.data(), {});
       EXPECT_TRUE(parsed.ok()) << spec << ": " << parsed.status();
       ++checked;

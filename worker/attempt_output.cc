@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
-#include <string_view>
-
+#include <cstring>
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -44,8 +43,8 @@ class EventFields {
     bool is_number = false, is_string = false;
     double number = 0;
     int64_t integer = 0;
-    std::string_view text;                  // a string's value
-    const nlohmann::json* json = nullptr;   // the value in the DOM (DOM path only)
+    std::string_view text;                 // a string's value
+    const nlohmann::json* json = nullptr;  // the value in the DOM (DOM path only)
   };
 
   // False when `text` is not a flat object this scanner takes (escapes, nesting, ...).
@@ -87,9 +86,9 @@ class EventFields {
         } else if (c == '-' || (c >= '0' && c <= '9')) {
           const size_t from = i;
           bool integral = true;
-          while (i < text.size() && (absl::ascii_isdigit(static_cast<unsigned char>(text[i])) ||
-                                     text[i] == '-' || text[i] == '+' || text[i] == '.' ||
-                                     text[i] == 'e' || text[i] == 'E')) {
+          while (i < text.size() &&
+                 (absl::ascii_isdigit(static_cast<unsigned char>(text[i])) || text[i] == '-' ||
+                  text[i] == '+' || text[i] == '.' || text[i] == 'e' || text[i] == 'E')) {
             integral &= text[i] != '.' && text[i] != 'e' && text[i] != 'E';
             ++i;
           }
@@ -98,7 +97,7 @@ class EventFields {
           auto r = std::from_chars(b, e, f.number);
           if (r.ec != std::errc() || r.ptr != e) return false;
           if (!integral || std::from_chars(b, e, f.integer).ec != std::errc()) {
-            f.integer = f.number >= 9.2e18 ? INT64_MAX
+            f.integer = f.number >= 9.2e18    ? INT64_MAX
                         : f.number <= -9.2e18 ? INT64_MIN
                                               : static_cast<int64_t>(f.number);
           }
@@ -222,8 +221,7 @@ MetricPoints::Point MetricPoints::At(size_t i) const {
   return p;
 }
 
-size_t MetricPoints::Batch(size_t from, size_t max,
-                           v1::AttemptEvent::MetricBatch* batch) const {
+size_t MetricPoints::Batch(size_t from, size_t max, v1::AttemptEvent::MetricBatch* batch) const {
   if (from >= size()) return 0;
   const size_t end = from + std::min(max, size() - from);
   const size_t n = end - from;
@@ -338,10 +336,12 @@ void AttemptOutput::ParseLine(int64_t wall_ms) {
           art.set_name(name);
           art.set_path(std::string(*path));
           art.set_type(std::string(*type));
-          if (const std::string_view* h = string("manifest_sha256")) art.set_manifest_sha256(std::string(*h));
+          if (const std::string_view* h = string("manifest_sha256"))
+            art.set_manifest_sha256(std::string(*h));
           if (const std::string_view* op = string("operation")) art.set_operation(std::string(*op));
           if (const auto* bytes = number("bytes")) art.set_bytes(bytes->integer);
-          if (const nlohmann::json* parents = j.Json("parents"); parents != nullptr && parents->is_array()) {
+          if (const nlohmann::json* parents = j.Json("parents");
+              parents != nullptr && parents->is_array()) {
             for (const auto& p : *parents) {
               if (p.is_string() && art.parents_size() < 64) art.add_parents(p.get<std::string>());
             }
@@ -369,7 +369,8 @@ void AttemptOutput::ParseLine(int64_t wall_ms) {
       const auto* value = number("value");
       if (name != nullptr && value != nullptr && !name->empty() && name->size() <= 200) {
         const bool added = add(*name, value->number, step);
-        if (const nlohmann::json* it = j.Json("labels"); added && it != nullptr && it->is_object()) {
+        if (const nlohmann::json* it = j.Json("labels");
+            added && it != nullptr && it->is_object()) {
           std::map<std::string, std::string> labels;
           for (const auto& [k, v] : it->items()) {
             if (v.is_string() && labels.size() < 16) labels[k] = v.get<std::string>();

@@ -65,9 +65,9 @@ struct AttemptOutput {
   const v1::Progress& progress() const;
   MetricPoints metrics;
   int64_t metrics_dropped = 0;
-  std::map<std::string, std::string> outputs;   // output name → path (at most 64 names)
-  std::vector<v1::OutputArtifact> artifacts;    // typed output events, first per name
-  std::string engine_error;                     // text of the last "stemma-engine: error:" line
+  std::map<std::string, std::string> outputs;  // output name → path (at most 64 names)
+  std::vector<v1::OutputArtifact> artifacts;   // typed output events, first per name
+  std::string engine_error;                    // text of the last "stemma-engine: error:" line
 
  private:
   void ParseLine(int64_t wall_ms);

@@ -18,10 +18,12 @@ void FeedAll(AttemptOutput& out, const std::string& text, size_t piece) {
 TEST(AttemptOutput, LinesSplitAcrossReadsParseTheSame) {
   const std::string text =
       "plain log line\n"
-      "{\"event\":\"step\",\"step\":3,\"total_steps\":4,\"loss\":2.5}\n"
-      + std::string(5000, 'x') + "\n"
+      "{\"event\":\"step\",\"step\":3,\"total_steps\":4,\"loss\":2.5}\n" +
+      std::string(5000, 'x') +
+      "\n"
       "STEMMA_PROGRESS {\"fraction\":0.9,\"message\":\"almost\"}\n"
-      "{\"event\":\"output\",\"name\":\"model\",\"path\":\"/m\",\"type\":\"checkpoint\",\"parents\":[\"/b\"]}\n"
+      "{\"event\":\"output\",\"name\":\"model\",\"path\":\"/"
+      "m\",\"type\":\"checkpoint\",\"parents\":[\"/b\"]}\n"
       "stemma-engine: error: spec.json: line 2: steps: -1 must be >= 0\n";
   for (size_t piece : {1, 3, 7, 64, 100000}) {
     AttemptOutput out;
@@ -42,7 +44,10 @@ TEST(AttemptOutput, LinesSplitAcrossReadsParseTheSame) {
 
 TEST(AttemptOutput, BrokenJsonAndUntypedOutputsAreNotArtifacts) {
   AttemptOutput out;
-  FeedAll(out, "{\"event\":\"step\",\"loss\":\n{\"event\":\"output\",\"name\":\"results\",\"path\":\"/r.json\"}\n", 5);
+  FeedAll(out,
+          "{\"event\":\"step\",\"loss\":\n{\"event\":\"output\",\"name\":\"results\",\"path\":\"/"
+          "r.json\"}\n",
+          5);
   EXPECT_EQ(out.progress_version, 0u);
   EXPECT_TRUE(out.metrics.empty());
   EXPECT_EQ(out.outputs.at("results"), "/r.json");
@@ -57,13 +62,17 @@ TEST(AttemptOutput, FlatAndNestedSpellingsOfAnEventSayTheSame) {
     std::string flat, other;
   };
   const std::vector<Case> cases = {
-      {"{\"event\":\"step\",\"step\":7,\"total_steps\":10,\"loss\":2.5e-1,\"lr\":-3E-4,\"tokens_per_s\":12000}",
+      {"{\"event\":\"step\",\"step\":7,\"total_steps\":10,\"loss\":2.5e-1,\"lr\":-3E-4,\"tokens_"
+       "per_s\":12000}",
        "{\"tokens_per_s\" : 12000.0 , \"lr\":-0.0003, \"loss\":0.25,\"total_steps\":10,\"step\":7,"
        "\"event\":\"step\",\"extra\":{\"nested\":[1,2]}}"},
       {"{\"event\":\"metric\",\"name\":\"heldout_loss/uk\",\"value\":3.5,\"step\":40}",
-       "{\"event\":\"metric\",\"name\":\"heldout_loss\\/uk\",\"value\":3.5,\"step\":40,\"labels\":{}}"},
-      {"{\"event\":\"step\",\"step\":2,\"loss\":1,\"done\":true,\"note\":null,\"message\":\"warm up\"}",
-       "{\"event\":\"step\",\"step\":2,\"loss\":1,\"done\":true,\"note\":null,\"message\":\"warm\\u0020up\"}"},
+       "{\"event\":\"metric\",\"name\":\"heldout_loss\\/"
+       "uk\",\"value\":3.5,\"step\":40,\"labels\":{}}"},
+      {"{\"event\":\"step\",\"step\":2,\"loss\":1,\"done\":true,\"note\":null,\"message\":\"warm "
+       "up\"}",
+       "{\"event\":\"step\",\"step\":2,\"loss\":1,\"done\":true,\"note\":null,\"message\":"
+       "\"warm\\u0020up\"}"},
   };
   for (const Case& c : cases) {
     AttemptOutput a, b;
@@ -94,8 +103,11 @@ TEST(AttemptOutput, FlatAndNestedSpellingsOfAnEventSayTheSame) {
   EXPECT_EQ(step.progress().message(), "loss 0.25 lr -0.0003 tokens_per_s 1.2e+04");
   // Not numbers, not objects: nothing is taken from them.
   AttemptOutput bad;
-  FeedAll(bad, "{\"event\":\"step\",\"step\":1,\"loss\":1.2.3}\n{\"event\":\"step\",\"step\":1,\"loss\":\"2\"}\n"
-               "{\"event\":\"metric\",\"name\":\"x\",\"value\":1} trailing\n", 1000);
+  FeedAll(bad,
+          "{\"event\":\"step\",\"step\":1,\"loss\":1.2.3}\n{\"event\":\"step\",\"step\":1,\"loss\":"
+          "\"2\"}\n"
+          "{\"event\":\"metric\",\"name\":\"x\",\"value\":1} trailing\n",
+          1000);
   EXPECT_TRUE(bad.metrics.empty()) << bad.metrics.At(0).name;
 }
 

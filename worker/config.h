@@ -15,15 +15,15 @@ namespace stemma::worker {
 struct WorkerConfig {
   std::string coordinator = "localhost:7070";  // host:port of the coordinator
   std::string data_dir = "./stemma-data/worker";
-  std::string worker_id;                        // --name, the persisted id, or the hostname
-  std::string host = "127.0.0.1";               // advertised for gang rendezvous
-  std::vector<v1::Gpu> gpus;                    // declared or discovered
+  std::string worker_id;           // --name, the persisted id, or the hostname
+  std::string host = "127.0.0.1";  // advertised for gang rendezvous
+  std::vector<v1::Gpu> gpus;       // declared or discovered
   double cpus = 1;
   int64_t memory_mb = 0;
   std::map<std::string, std::string> labels;
-  std::string metrics_listen;                   // empty: no /metrics endpoint
+  std::string metrics_listen;  // empty: no /metrics endpoint
   bool allow_exec = false;
-  int64_t kill_grace_ms = 5000;                 // SIGTERM -> SIGKILL delay
+  int64_t kill_grace_ms = 5000;  // SIGTERM -> SIGKILL delay
   std::string log_level = "info";
   // Where to find stemma-engine; empty: next to the worker binary, then PATH.
   std::string engine_path;

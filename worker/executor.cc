@@ -1,15 +1,15 @@
 #include "worker/executor.h"
 
-#include "worker/attempt_output.h"
-#include "worker/spawn_child.h"
-#include "worker/spawn_plan.h"
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+
+#include "worker/attempt_output.h"
+#include "worker/spawn_child.h"
+#include "worker/spawn_plan.h"
 // Debian 12's <sys/pidfd.h> lacks __BEGIN_DECLS, so C++ would mangle pidfd_open.
 extern "C" {
 #include <sys/pidfd.h>
@@ -57,7 +57,7 @@ struct Executor::Attempt {
   std::vector<int32_t> gpu_ids;
   int64_t timeout_ms = 0;
   std::unique_ptr<SpawnPlan> plan;  // until a spawner takes it
-  bool spawning = false;  // a spawner is forking it (pid still 0); it will not be erased
+  bool spawning = false;            // a spawner is forking it (pid still 0); it will not be erased
 
   pid_t pid = 0;
   int pidfd = -1;
@@ -72,10 +72,10 @@ struct Executor::Attempt {
   // without opening the file (LogSince).
   std::string log_tail;
 
-  int64_t deadline_ms = 0;  // monotonic; 0: no timeout
-  int64_t start_notify_ms = 0;  // monotonic; 0: the start needs no (more) signal
+  int64_t deadline_ms = 0;         // monotonic; 0: no timeout
+  int64_t start_notify_ms = 0;     // monotonic; 0: the start needs no (more) signal
   int64_t progress_notify_ms = 0;  // monotonic; 0: no progress waiting to be signalled
-  int64_t kill_at_ms = 0;   // monotonic; 0: no SIGKILL scheduled
+  int64_t kill_at_ms = 0;          // monotonic; 0: no SIGKILL scheduled
   bool terminating = false;
   std::string term_reason;
   std::string term_result;
@@ -119,7 +119,6 @@ constexpr int64_t kProgressNotifyDelayMs = 20;
 // add little, since a spawn costs CPU, not just waiting.
 constexpr int kSpawners = 2;
 constexpr int64_t kLingerGiveUpMs = 30'000;
-
 
 // Whether `path` is an executable regular file (the PATH lookups).
 bool IsExecutableFile(const std::string& path) {
@@ -197,7 +196,6 @@ std::map<std::string, std::string> WorkerEnv() {
   }
   return env;
 }
-
 
 }  // namespace
 
@@ -298,7 +296,8 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   std::string failure;                  // retryable: something on this worker went wrong
   if (refusal.empty() && attempt->engine && !config_.storage_root.empty()) {
     // Every spec path inside the roots, before anything runs (common/path_confinement.h).
-    absl::Status confined = CheckJobConfinement(spec, {config_.storage_root, config_.read_roots, {config_.data_dir}});
+    absl::Status confined =
+        CheckJobConfinement(spec, {config_.storage_root, config_.read_roots, {config_.data_dir}});
     if (!confined.ok()) refusal = absl::StrCat("refused: ", confined.message());
   }
   if (!plan->workdir.empty()) {
@@ -326,11 +325,11 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
       failure = absl::StrCat("worker error: cannot create ", workdir, ": ", ec.message());
       attempt->log_path.clear();
     } else if (attempt->log_fd < 0) {
-      attempt->log_fd =
-          open(attempt->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+      attempt->log_fd = open(attempt->log_path.c_str(),
+                             O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
       if (attempt->log_fd < 0) {
-        failure = absl::StrCat("worker error: cannot open ", attempt->log_path, ": ",
-                               strerror(errno));
+        failure =
+            absl::StrCat("worker error: cannot open ", attempt->log_path, ": ", strerror(errno));
         attempt->log_path.clear();
       }
     }
@@ -388,8 +387,8 @@ void Executor::Cancel(const std::string& attempt_id, const std::string& reason) 
     absl::MutexLock lock(&mu_);
     auto it = attempts_.find(attempt_id);
     if (it == attempts_.end() || it->second->finished) return;
-    TerminateLocked(*it->second, reason.empty() ? "cancelled" : "cancelled: " + reason,
-                    "cancelled", false);
+    TerminateLocked(*it->second, reason.empty() ? "cancelled" : "cancelled: " + reason, "cancelled",
+                    false);
     notify = it->second->finished;
   }
   if (notify) Notify();
@@ -431,7 +430,8 @@ void Executor::RecycleDir(Attempt& a) {
   if (a.log_path.empty() || a.log_fd < 0) return;
   absl::MutexLock lock(&mu_);
   if (stop_spawners_ || spare_dirs_.size() + to_recycle_.size() >= kMaxSpares) return;
-  to_recycle_.push_back(SpareDir{absl::StrCat(attempts_dir_, "/", a.id), a.log_fd, a.log_bytes == 0});
+  to_recycle_.push_back(
+      SpareDir{absl::StrCat(attempts_dir_, "/", a.id), a.log_fd, a.log_bytes == 0});
   a.log_fd = -1;
   recycle_cv_.Signal();
 }
@@ -764,8 +764,8 @@ void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
     fail(absl::StrCat("worker error: pidfd_open: ", strerror(err)));
     return;
   }
-  spdlog::info("attempt started: job={} attempt={} rank={} pid={} kind={}", a.job_id, a.id,
-               a.rank, pid, plan->noop ? "noop" : plan->path);
+  spdlog::info("attempt started: job={} attempt={} rank={} pid={} kind={}", a.job_id, a.id, a.rank,
+               pid, plan->noop ? "noop" : plan->path);
 
   bool wake;
   {
@@ -841,7 +841,8 @@ void Executor::ApplyOutputLocked(const OutputRead& r) {
   const uint64_t before = a.out.progress_version;
   NoteLogged(a.log_tail, a.log_bytes, r.data.data(), static_cast<size_t>(r.logged));
   if (r.write_errno != 0 && !a.log_write_failed) {
-    spdlog::error("attempt={} log write to {} failed: {}", a.id, a.log_path, strerror(r.write_errno));
+    spdlog::error("attempt={} log write to {} failed: {}", a.id, a.log_path,
+                  strerror(r.write_errno));
     a.log_write_failed = true;
   }
   if (!r.data.empty()) a.out.Feed(r.data.data(), r.data.size(), clock_->WallMs());
@@ -904,10 +905,13 @@ void Executor::ReapLocked(Attempt& a) {
   } else if (a.engine && code == engine_contract::kExitBadInput) {
     // A bad spec or bad input fails the same way every time: no retry, and the engine's own
     // words in the job's reason.
-    FinishLocked(a, code, absl::StrCat("bad input: ", a.out.engine_error.empty() ? reason : a.out.engine_error),
-                 "failed", /*retryable=*/false);
+    FinishLocked(
+        a, code,
+        absl::StrCat("bad input: ", a.out.engine_error.empty() ? reason : a.out.engine_error),
+        "failed", /*retryable=*/false);
   } else {
-    if (code != 0 && !a.out.engine_error.empty()) absl::StrAppend(&reason, ": ", a.out.engine_error);
+    if (code != 0 && !a.out.engine_error.empty())
+      absl::StrAppend(&reason, ": ", a.out.engine_error);
     FinishLocked(a, code, reason, code == 0 ? "succeeded" : "failed", code != 0);
   }
 }

@@ -51,7 +51,7 @@ struct AttemptSnapshot {
   v1::AttemptEvent::Finished result;  // set when finished
   uint64_t progress_version = 0;      // grows with each STEMMA_PROGRESS line
   v1::Progress progress;
-  size_t metric_count = 0;            // metric points read so far (MetricsSince)
+  size_t metric_count = 0;  // metric points read so far (MetricsSince)
 };
 
 struct SpawnPlan;  // worker/spawn_plan.h
@@ -69,8 +69,8 @@ class Executor {
   Executor& operator=(const Executor&) = delete;
 
   // Called whenever an attempt finishes, 2 ms after it starts and at most 20 ms after it
-  // reports progress (or with its finish, if that comes first: one call for all). Log bytes are not signalled:
-  // poll Snapshot, which shows a start at once. Replaces the previous callback; after it
+  // reports progress (or with its finish, if that comes first: one call for all). Log bytes are not
+  // signalled: poll Snapshot, which shows a start at once. Replaces the previous callback; after it
   // returns the old one is not running and will not run again.
   void SetChangeCallback(std::function<void()> callback);
 
@@ -208,7 +208,7 @@ class Executor {
   // no open, and RecycleLoop has emptied it. Left as they are when the worker stops.
   struct SpareDir {
     std::string dir;
-    int log_fd = -1;  // owned: open on dir/log, O_APPEND
+    int log_fd = -1;         // owned: open on dir/log, O_APPEND
     bool log_empty = false;  // false until RecycleLoop has emptied it
   };
   std::vector<SpareDir> spare_dirs_ ABSL_GUARDED_BY(mu_);

@@ -1,18 +1,17 @@
 #include "worker/executor.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <condition_variable>
-#include <mutex>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <mutex>
 #include <set>
+#include <sstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
 #include "common/clock.h"
@@ -113,7 +112,8 @@ TEST_F(ExecutorTest, NoopExitCodes) {
     std::string reason;
     bool retryable;
   };
-  for (const Case& c : {Case{0, "exit 0", false}, Case{3, "exit 3", true}, Case{255, "exit 255", true}}) {
+  for (const Case& c :
+       {Case{0, "exit 0", false}, Case{3, "exit 3", true}, Case{255, "exit 255", true}}) {
     SCOPED_TRACE(c.code);
     AttemptSnapshot s = Run(Noop("noop" + std::to_string(c.code), 20, c.code));
     EXPECT_TRUE(s.finished);
@@ -152,10 +152,9 @@ TEST_F(ExecutorTest, ChildSeesEnvironment) {
   AttemptSnapshot s = Run(a);
   EXPECT_EQ(s.result.reason(), "exit 0");
   const std::string log = Log("env");
-  for (const char* want :
-       {"CUDA_VISIBLE_DEVICES=1,3\n", "FOO=bar baz\n", "STEMMA_ATTEMPT_ID=env\n", "STEMMA_JOB_ID=j-env\n",
-        "RANK=2\n", "WORLD_SIZE=4\n", "LOCAL_RANK=0\n", "MASTER_ADDR=10.0.0.7\n",
-        "MASTER_PORT=29500\n", "STEMMA_WORKDIR="}) {
+  for (const char* want : {"CUDA_VISIBLE_DEVICES=1,3\n", "FOO=bar baz\n", "STEMMA_ATTEMPT_ID=env\n",
+                           "STEMMA_JOB_ID=j-env\n", "RANK=2\n", "WORLD_SIZE=4\n", "LOCAL_RANK=0\n",
+                           "MASTER_ADDR=10.0.0.7\n", "MASTER_PORT=29500\n", "STEMMA_WORKDIR="}) {
     EXPECT_NE(log.find(want), std::string::npos) << want << " not in\n" << log;
   }
 }
@@ -208,11 +207,13 @@ TEST_F(ExecutorTest, TimeoutAndKillGraceFollowTheExecutorsClock) {
   config_.kill_grace_ms = 600'000;
   executor_ = std::make_unique<Executor>(config_, metrics_.get(), &clock);
   // Ignores SIGTERM (and so does the sleep it becomes): only the SIGKILL ends it.
-  v1::Assignment a = Exec("stubborn", {"/bin/sh", "-c", "trap '' TERM; echo ready; exec sleep 1000"});
+  v1::Assignment a =
+      Exec("stubborn", {"/bin/sh", "-c", "trap '' TERM; echo ready; exec sleep 1000"});
   a.mutable_spec()->set_timeout_ms(600'000);
   ASSERT_TRUE(executor().Launch(a).ok());
   ASSERT_GT(WaitPid("stubborn"), 0);
-  for (int i = 0; i < 3000 && Log("stubborn").find("ready") == std::string::npos; ++i) usleep(10'000);
+  for (int i = 0; i < 3000 && Log("stubborn").find("ready") == std::string::npos; ++i)
+    usleep(10'000);
   ASSERT_EQ(Log("stubborn"), "ready\n");
 
   clock.Advance(599'999);
@@ -249,7 +250,8 @@ TEST_F(ExecutorTest, CancelKillsWholeProcessGroup) {
 
 TEST_F(ExecutorTest, CancelEscalatesToSigkill) {
   ASSERT_TRUE(executor()
-                  .Launch(Exec("stubborn", {"/bin/sh", "-c", "trap '' TERM; sleep 100 & sleep 100; sleep 100"}))
+                  .Launch(Exec("stubborn",
+                               {"/bin/sh", "-c", "trap '' TERM; sleep 100 & sleep 100; sleep 100"}))
                   .ok());
   const int64_t pgid = WaitPid("stubborn");
   ASSERT_GT(pgid, 0);
@@ -380,8 +382,10 @@ TEST_F(ExecutorTest, EngineEventsBecomeMetricPointsAndArtifacts) {
            "echo '{\"event\":\"step\",\"step\":1,\"total_steps\":2,\"loss\":2.5,\"lr\":0.001}'\n"
            "echo '{\"event\":\"metric\",\"name\":\"heldout_loss/uk\",\"value\":2.75,\"step\":1,"
            "\"labels\":{\"language\":\"uk\"}}'\n"
-           "echo '{\"event\":\"output\",\"name\":\"model\",\"path\":\"/ckpt/m\",\"type\":\"checkpoint\","
-           "\"manifest_sha256\":\"ab12\",\"bytes\":1024,\"parents\":[\"/ckpt/base\"],\"operation\":\"cpt\"}'\n";
+           "echo "
+           "'{\"event\":\"output\",\"name\":\"model\",\"path\":\"/ckpt/m\",\"type\":\"checkpoint\","
+           "\"manifest_sha256\":\"ab12\",\"bytes\":1024,\"parents\":[\"/ckpt/"
+           "base\"],\"operation\":\"cpt\"}'\n";
   }
   fs::permissions(engine, fs::perms::owner_all);
   config_.engine_path = engine.string();
@@ -402,7 +406,8 @@ TEST_F(ExecutorTest, EngineEventsBecomeMetricPointsAndArtifacts) {
   EXPECT_EQ(name(2), "heldout_loss/uk");
   ASSERT_EQ(points.label_index_size(), 3);
   ASSERT_GT(points.label_index(2), 0u);
-  EXPECT_EQ(points.label_sets(static_cast<int>(points.label_index(2)) - 1).labels().at("language"), "uk");
+  EXPECT_EQ(points.label_sets(static_cast<int>(points.label_index(2)) - 1).labels().at("language"),
+            "uk");
   v1::AttemptEvent::MetricBatch rest;
   EXPECT_EQ(executor().MetricsSince("engine-events", 2, 100, &rest), 1u);
   v1::AttemptEvent::MetricBatch unknown;
@@ -436,12 +441,13 @@ TEST_F(ExecutorTest, ForgottenDirectoriesAreRecycledUnlessTheJobLeftFiles) {
   ASSERT_TRUE(executor().WaitFinished("first", kWaitMs));
   executor().Forget("first");
   EXPECT_TRUE(fs::exists(dir_ / "attempts" / "first"));  // kept until the next attempt
-  for (int i = 0; i < 500 && executor().SpareDirs() == 0; ++i) absl::SleepFor(absl::Milliseconds(2));
+  for (int i = 0; i < 500 && executor().SpareDirs() == 0; ++i)
+    absl::SleepFor(absl::Milliseconds(2));
   ASSERT_EQ(executor().SpareDirs(), 1u);  // emptied off the attempt's path, then offered
   AttemptSnapshot second = Run(Exec("second", {"/bin/echo", "second"}));
   EXPECT_EQ(second.result.exit_code(), 0);
   EXPECT_FALSE(fs::exists(dir_ / "attempts" / "first"));  // renamed to "second"
-  EXPECT_EQ(Log("second"), "second\n");  // the reused log starts empty
+  EXPECT_EQ(Log("second"), "second\n");                   // the reused log starts empty
   // A job that leaves files keeps its directory after Forget.
   AttemptSnapshot maker = Run(Exec("maker", {"/usr/bin/touch", "result.bin"}));
   EXPECT_EQ(maker.result.exit_code(), 0);
@@ -511,7 +517,10 @@ TEST_F(ExecutorTest, ManyAttemptsLaunchedAtOnceAllRun) {
   // The spawner threads fork in parallel; every attempt still runs exactly once.
   constexpr int kN = 60;
   for (int i = 0; i < kN; ++i) {
-    ASSERT_TRUE(executor().Launch(Exec("many" + std::to_string(i), {"/bin/sh", "-c", "echo $STEMMA_ATTEMPT_ID"})).ok());
+    ASSERT_TRUE(
+        executor()
+            .Launch(Exec("many" + std::to_string(i), {"/bin/sh", "-c", "echo $STEMMA_ATTEMPT_ID"}))
+            .ok());
   }
   std::set<int64_t> pids;
   for (int i = 0; i < kN; ++i) {

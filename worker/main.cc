@@ -1,17 +1,13 @@
 // stemma-worker: the daemon on each GPU node. Builds the one WorkerConfig from flags, then
 // composes the executor, the session with the coordinator and the /metrics endpoint.
 #include <malloc.h>
-
+#include <prometheus/exposer.h>
+#include <prometheus/registry.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-
-#include "absl/synchronization/mutex.h"
-#include <prometheus/exposer.h>
-#include <prometheus/registry.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/logging.h"
 #include "common/rpc.h"
@@ -97,7 +94,9 @@ int Main(int argc, char** argv) {
   app.add_option("--name", name, "worker id (default: DATA/worker.id, else the hostname)");
   app.add_option("--gpus", gpus, "declare N fake GPUs (default: discover with nvidia-smi)")
       ->check(CLI::Range(0, 4096));
-  app.add_option("--cpus", cpus, "CPUs offered")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--cpus", cpus, "CPUs offered")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--memory-mb", memory_mb, "memory offered in MiB (default: /proc/meminfo)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   app.add_option("--labels", labels, "labels k=v,k2=v2");
@@ -111,8 +110,7 @@ int Main(int argc, char** argv) {
   app.add_option("--kill-grace-ms", config.kill_grace_ms, "SIGTERM to SIGKILL delay")
       ->check(CLI::Range(int64_t{0}, int64_t{24} * 3600 * 1000))
       ->capture_default_str();
-  app.add_option("--ca", security.ca_file,
-                 "PEM CA of the coordinator's certificate (enables TLS)");
+  app.add_option("--ca", security.ca_file, "PEM CA of the coordinator's certificate (enables TLS)");
   app.add_option("--tls-cert", security.cert_file,
                  "PEM client certificate (mTLS: its common name is the worker id)");
   app.add_option("--tls-key", security.key_file, "PEM private key of --tls-cert");
@@ -174,9 +172,10 @@ int Main(int argc, char** argv) {
   }
   {
     std::error_code root_ec;
-    const auto root = std::filesystem::absolute(
-        config.storage_root.empty() ? std::filesystem::current_path(root_ec)
-                                    : std::filesystem::path(config.storage_root), root_ec);
+    const auto root = std::filesystem::absolute(config.storage_root.empty()
+                                                    ? std::filesystem::current_path(root_ec)
+                                                    : std::filesystem::path(config.storage_root),
+                                                root_ec);
     if (root_ec) return BadFlag("--storage-root: " + root_ec.message());
     config.storage_root = root.lexically_normal().string();
     for (std::string& dir : config.read_roots) {
@@ -231,16 +230,16 @@ int Main(int argc, char** argv) {
   auto registry = std::make_shared<prometheus::Registry>();
   Metrics metrics(registry.get());
   // The exposer holds collectables weakly: this one lives as long as Main.
-  const std::shared_ptr<prometheus::Collectable> certificates = MakeCertificateExpiryCollectable(
-      {{.certificate = "ca", .path = security.ca_file},
-       {.certificate = "client", .path = security.cert_file}});
+  const std::shared_ptr<prometheus::Collectable> certificates =
+      MakeCertificateExpiryCollectable({{.certificate = "ca", .path = security.ca_file},
+                                        {.certificate = "client", .path = security.cert_file}});
   std::unique_ptr<prometheus::Exposer> exposer;
   if (!config.metrics_listen.empty()) {
     try {
       exposer = std::make_unique<prometheus::Exposer>(config.metrics_listen);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "%s: --metrics-listen %s: %s\n", kProgram,
-                   config.metrics_listen.c_str(), e.what());
+      std::fprintf(stderr, "%s: --metrics-listen %s: %s\n", kProgram, config.metrics_listen.c_str(),
+                   e.what());
       return 1;
     }
     exposer->RegisterCollectable(registry);
@@ -268,7 +267,8 @@ int Main(int argc, char** argv) {
       health_listen.empty() ? "off" : health_listen);
 
   if (config.engine_build_id.empty()) config.engine_build_id = EngineBuildId(config.engine_path);
-  spdlog::info("engine build id: {}", config.engine_build_id.empty() ? "(no engine)" : config.engine_build_id);
+  spdlog::info("engine build id: {}",
+               config.engine_build_id.empty() ? "(no engine)" : config.engine_build_id);
   Executor executor(config, &metrics);
   Session session(config, &executor, &metrics, security);
   std::thread session_thread([&session] { session.Run(); });

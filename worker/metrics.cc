@@ -25,8 +25,8 @@ Metrics::Metrics(prometheus::Registry* registry) : registry_(registry) {
                         .Help("Round trip of a heartbeat to the coordinator and back.")
                         .Register(*registry)
                         .Add({}, prometheus::Histogram::BucketBoundaries{
-                                     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                     0.25, 0.5, 1, 2.5, 5});
+                                     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                     0.5, 1, 2.5, 5});
   connected_ = &BuildGauge()
                     .Name("stemma_worker_connected")
                     .Help("1 while registered with the coordinator, else 0.")

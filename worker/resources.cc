@@ -148,7 +148,8 @@ absl::StatusOr<std::string> ResolveWorkerId(const std::string& flag, const std::
 absl::StatusOr<std::map<std::string, std::string>> ParseLabels(absl::string_view text) {
   std::map<std::string, std::string> labels;
   for (absl::string_view pair : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(pair, absl::MaxSplits('=', 1));
     absl::string_view key = absl::StripAsciiWhitespace(kv.first);
     if (key.empty() || pair.find('=') == absl::string_view::npos) {
       return absl::InvalidArgumentError(

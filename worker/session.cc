@@ -21,12 +21,12 @@
 namespace stemma::worker {
 namespace {
 
-constexpr int64_t kTickMs = 50;               // log flush period (the brief asks <= ~100 ms)
+constexpr int64_t kTickMs = 50;                // log flush period (the brief asks <= ~100 ms)
 constexpr int64_t kRegisterTimeoutMs = 15000;  // no Registered by then: reconnect
 constexpr size_t kLogChunk = 64 * 1024;
-constexpr int kChunksPerTick = 16;             // per attempt, so heartbeats stay on time
-constexpr size_t kMetricsPerBatch = 8192;       // metric points per MetricBatch (~200 KB)
-constexpr size_t kMetricsPerTick = 32768;       // metric points per attempt per tick
+constexpr int kChunksPerTick = 16;                    // per attempt, so heartbeats stay on time
+constexpr size_t kMetricsPerBatch = 8192;             // metric points per MetricBatch (~200 KB)
+constexpr size_t kMetricsPerTick = 32768;             // metric points per attempt per tick
 constexpr size_t kBatchBytes = kMaxMessageBytes / 4;  // an EventBatch is split beyond this
 
 int64_t NowUs() {
@@ -71,7 +71,9 @@ Session::Session(const WorkerConfig& config, Executor* executor, Metrics* metric
                  ClientSecurity security, Clock* clock)
     : config_(config),
       security_(std::move(security)),
-      executor_(executor), metrics_(metrics), incarnation_(RandomIncarnation()),
+      executor_(executor),
+      metrics_(metrics),
+      incarnation_(RandomIncarnation()),
       clock_(clock != nullptr ? clock : RealClock::Get()) {
   // Finishes and progress are shipped at once, starts within 2 ms (together with the
   // finish of a short job), rather than on the next tick.
@@ -157,8 +159,8 @@ bool Session::RunStream(v1::WorkerService::Stub& stub) {
   std::unique_ptr<Stream> stream = stub.Session(&ctx);
   const v1::WorkerMessage reg = MakeRegister();
   if (Write(stream.get(), reg)) {
-    spdlog::debug("session: sent Register worker={} incarnation={} running={}",
-                  config_.worker_id, incarnation_, reg.register_().running_size());
+    spdlog::debug("session: sent Register worker={} incarnation={} running={}", config_.worker_id,
+                  incarnation_, reg.register_().running_size());
   }
   std::thread pump([&] { Pump(stream.get(), &ctx); });
 
@@ -194,7 +196,8 @@ bool Session::RunStream(v1::WorkerService::Stub& stub) {
   if (!stopping) {
     if (registered) {
       spdlog::warn("session: stream to {} ended: {} ({}); attempts keep running",
-                   config_.coordinator, status.error_message(), static_cast<int>(status.error_code()));
+                   config_.coordinator, status.error_message(),
+                   static_cast<int>(status.error_code()));
     } else if (failures_ % 50 == 0) {  // the first failure in a row, then now and then
       spdlog::warn("session: cannot register with {}: {} ({}); retrying", config_.coordinator,
                    status.error_message(), static_cast<int>(status.error_code()));
@@ -222,17 +225,15 @@ void Session::Handle(const v1::CoordinatorMessage& msg, bool* registered) {
     case v1::CoordinatorMessage::kAssign: {
       const v1::Assignment& a = msg.assign();
       if (!*registered) {
-        spdlog::warn("session: assignment before Registered ignored: attempt={}",
-                     a.attempt_id());
+        spdlog::warn("session: assignment before Registered ignored: attempt={}", a.attempt_id());
         break;
       }
       // debug: the executor logs every start and finish at info already.
       spdlog::debug("session: assigned job={} attempt={} rank={}/{} gpus={}", a.job_id(),
-                   a.attempt_id(), a.rank(), a.world_size(), a.gpu_ids_size());
+                    a.attempt_id(), a.rank(), a.world_size(), a.gpu_ids_size());
       absl::Status launched = executor_->Launch(a);
       if (!launched.ok()) {
-        spdlog::warn("session: attempt={} not launched: {}", a.attempt_id(),
-                     launched.ToString());
+        spdlog::warn("session: attempt={} not launched: {}", a.attempt_id(), launched.ToString());
       }
       break;
     }
@@ -253,7 +254,6 @@ void Session::Handle(const v1::CoordinatorMessage& msg, bool* registered) {
   }
 }
 
-
 // Early stopping: <attempt dir>/stop, which the engine checks after every step
 // (common/engine_contract.h kStopFile); written whole (temporary file and rename).
 void Session::RequestStop(const std::string& attempt_id, const std::string& reason) {
@@ -262,10 +262,12 @@ void Session::RequestStop(const std::string& attempt_id, const std::string& reas
   const std::string dir = a->log_path.substr(0, a->log_path.rfind('/'));
   const std::string tmp = dir + "/.stop.tmp", path = dir + "/stop";
   const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  bool ok = fd >= 0 && write(fd, reason.data(), reason.size()) == static_cast<ssize_t>(reason.size());
+  bool ok =
+      fd >= 0 && write(fd, reason.data(), reason.size()) == static_cast<ssize_t>(reason.size());
   if (fd >= 0) ok &= close(fd) == 0;
   ok = ok && rename(tmp.c_str(), path.c_str()) == 0;
-  spdlog::info("session: stop attempt={} ({}): {}", attempt_id, reason, ok ? "asked" : std::strerror(errno));
+  spdlog::info("session: stop attempt={} ({}): {}", attempt_id, reason,
+               ok ? "asked" : std::strerror(errno));
 }
 
 v1::WorkerMessage Session::MakeRegister() const {
@@ -328,7 +330,8 @@ void Session::OnRegistered(const v1::Registered& registered) {
     absl::MutexLock lock(&mu_);
     heartbeat_interval_ms_ =
         registered.heartbeat_interval_ms() > 0 ? registered.heartbeat_interval_ms() : 1000;
-    const int64_t lease = registered.lease_ms() > 0 ? registered.lease_ms() : 10 * heartbeat_interval_ms_;
+    const int64_t lease =
+        registered.lease_ms() > 0 ? registered.lease_ms() : 10 * heartbeat_interval_ms_;
     silence_limit_ms_ = std::max(lease, 3 * heartbeat_interval_ms_);
     pending_ship_ = std::move(ship);
     coordinator_batches_ = registered.accepts_batches();
@@ -488,8 +491,8 @@ bool Session::ShipEvents(Stream* stream) {
       v1::AttemptEvent mev;
       mev.set_attempt_id(a.attempt_id);
       mev.set_rank(a.rank);
-      const size_t n =
-          executor_->MetricsSince(a.attempt_id, s.metrics_sent, kMetricsPerBatch, mev.mutable_metrics());
+      const size_t n = executor_->MetricsSince(a.attempt_id, s.metrics_sent, kMetricsPerBatch,
+                                               mev.mutable_metrics());
       if (n == 0) break;
       s.metrics_sent += n;
       shipped += n;
@@ -511,7 +514,8 @@ bool Session::ShipEvents(Stream* stream) {
       out.push_back(ev);
       s.sent += static_cast<int64_t>(log->data().size());
     }
-    if (a.finished && !s.finished_sent && s.sent >= a.log_bytes && s.metrics_sent >= a.metric_count) {
+    if (a.finished && !s.finished_sent && s.sent >= a.log_bytes &&
+        s.metrics_sent >= a.metric_count) {
       // A fresh seq on every (re)send keeps event_seq increasing along the stream.
       s.finished_seq = ++next_event_seq_;
       ev.set_event_seq(s.finished_seq);

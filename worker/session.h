@@ -82,7 +82,7 @@ class Session {
     uint64_t progress_sent = 0;  // progress_version sent
     size_t metrics_sent = 0;     // metric points sent (Executor::MetricsSince)
     bool finished_sent = false;
-    uint64_t finished_seq = 0;   // event_seq of the Finished sent on this stream
+    uint64_t finished_seq = 0;  // event_seq of the Finished sent on this stream
   };
 
   // One stream's life; true if it got as far as Registered.
@@ -128,12 +128,12 @@ class Session {
   std::deque<std::pair<uint64_t, std::string>> awaiting_ack_ ABSL_GUARDED_BY(mu_);
   uint64_t heartbeat_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, int64_t> heartbeat_sent_us_ ABSL_GUARDED_BY(mu_);  // seq -> steady us
-  std::map<std::string, Shipping> pending_ship_ ABSL_GUARDED_BY(mu_);  // from OnRegistered
+  std::map<std::string, Shipping> pending_ship_ ABSL_GUARDED_BY(mu_);   // from OnRegistered
   bool coordinator_batches_ ABSL_GUARDED_BY(mu_) = false;  // Registered.accepts_batches
 
   // Pump-owned (one pump at a time; handed over through mu_ at registration).
   std::map<std::string, Shipping> ship_;
-  bool batches_ = false;  // the coordinator of this stream takes EventBatch
+  bool batches_ = false;         // the coordinator of this stream takes EventBatch
   uint64_t next_event_seq_ = 0;  // per worker, never reset
 
   int failures_ = 0;  // streams in a row that did not register (Run's thread only)

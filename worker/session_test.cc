@@ -3,6 +3,7 @@
 #include "worker/session.h"
 
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,8 +13,6 @@
 #include <functional>
 #include <mutex>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "common/clock.h"
 
@@ -25,9 +24,9 @@ constexpr auto kWait = std::chrono::seconds(30);  // "eventually", never a timin
 
 class FakeCoordinator final : public v1::WorkerService::Service {
  public:
-  grpc::Status Session(grpc::ServerContext* ctx,
-                       grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream)
-      override {
+  grpc::Status Session(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream) override {
     v1::WorkerMessage first;
     if (!stream->Read(&first) || !first.has_register_()) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "expected Register");
@@ -147,8 +146,8 @@ class FakeCoordinator final : public v1::WorkerService::Service {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<v1::Register> registers_;
-  int heartbeats_ = 0;      // Heartbeat messages received, all streams
-  int streams_ended_ = 0;   // streams that ended after Registered
+  int heartbeats_ = 0;     // Heartbeat messages received, all streams
+  int streams_ended_ = 0;  // streams that ended after Registered
   std::vector<v1::AttemptEvent> events_;
   std::vector<int> message_of_;  // per event in events_: the stream message it came in
   int messages_ = 0;             // event-carrying messages received
@@ -185,7 +184,8 @@ class SessionTest : public ::testing::Test {
     config_.kill_grace_ms = 200;
     Clock* clock = fake_clock_ ? &clock_ : nullptr;
     executor_ = std::make_unique<Executor>(config_, nullptr, clock);
-    session_ = std::make_unique<Session>(config_, executor_.get(), nullptr, ClientSecurity{}, clock);
+    session_ =
+        std::make_unique<Session>(config_, executor_.get(), nullptr, ClientSecurity{}, clock);
     thread_ = std::thread([this] { session_->Run(); });
   }
   void TearDown() override {
@@ -414,10 +414,11 @@ TEST_F(SessionTest, ACoordinatorWithoutBatchesGetsOneMessagePerEvent) {
 // them before its Finished, in the order the engine printed them.
 TEST_F(SessionTest, MetricPointsTravelPackedBeforeFinished) {
   ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1; }));
-  Assign("m1", {"/bin/sh", "-c",
-                "i=1; while [ $i -le 50 ]; do "
-                "echo \"{\\\"event\\\":\\\"step\\\",\\\"step\\\":$i,\\\"loss\\\":$i.5,\\\"lr\\\":0.1}\"; "
-                "i=$((i+1)); done"});
+  Assign("m1",
+         {"/bin/sh", "-c",
+          "i=1; while [ $i -le 50 ]; do "
+          "echo \"{\\\"event\\\":\\\"step\\\",\\\"step\\\":$i,\\\"loss\\\":$i.5,\\\"lr\\\":0.1}\"; "
+          "i=$((i+1)); done"});
   ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("m1") == 1; }));
   std::lock_guard<std::mutex> lock(fake_.mu_);
   std::vector<v1::AttemptEvent> events = EventsOf("m1");
@@ -468,7 +469,8 @@ class SessionClockTest : public SessionTest {
 };
 
 TEST_F(SessionClockTest, HeartbeatsSilenceAndBackoffFollowTheClock) {
-  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1 && fake_.heartbeats_ == 1; }));
+  ASSERT_TRUE(
+      fake_.WaitFor([&] { return fake_.registers_.size() == 1 && fake_.heartbeats_ == 1; }));
   // A job's whole life takes the pump round several times; with the clock standing still no
   // second heartbeat falls due, though the interval is 1 ms.
   Assign("c1", {"/bin/true"});

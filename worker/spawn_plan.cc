@@ -69,8 +69,8 @@ void SpawnPlan::Seal() {
   c.exec_error_len = exec_error.size();
 }
 
-std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment,
-                                     const WorkerConfig& config, const SpawnContext& context) {
+std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const WorkerConfig& config,
+                                     const SpawnContext& context) {
   auto plan = std::make_unique<SpawnPlan>();
   const std::string& id = assignment.attempt_id();
   const v1::JobSpec& spec = assignment.spec();
@@ -155,7 +155,8 @@ std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment,
       host = host.substr(1, host.size() - 2);
     }
     env[Var(engine_contract::kEnvMasterAddr)] = host;
-    if (colon != std::string::npos) env[Var(engine_contract::kEnvMasterPort)] = rv.substr(colon + 1);
+    if (colon != std::string::npos)
+      env[Var(engine_contract::kEnvMasterPort)] = rv.substr(colon + 1);
     env["STEMMA_RENDEZVOUS"] = rv;
   }
   plan->env.reserve(env.size());

@@ -98,8 +98,8 @@ struct SpawnPlan {
 // Refusals, in this order: an attempt id that is not a directory name; an exec job on a
 // worker without --allow-exec, or with an empty argv; an engine job without stemma-engine;
 // a spec with no kind this worker runs.
-std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment,
-                                     const WorkerConfig& config, const SpawnContext& context);
+std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const WorkerConfig& config,
+                                     const SpawnContext& context);
 
 // The first `dir/name` along `path_env` (':'-separated, empty entries meaning ".") for which
 // `is_executable` holds; empty if none.

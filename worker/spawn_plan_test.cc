@@ -2,13 +2,12 @@
 // with which environment and files, or why it is refused.
 #include "worker/spawn_plan.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "common/engine_contract.h"
 
@@ -18,9 +17,8 @@ namespace {
 class SpawnPlanTest : public ::testing::Test {
  protected:
   SpawnPlanTest() {
-    worker_env_ = {{"HOME", "HOME=/home/w"},
-                   {"PATH", "PATH=/opt/bin:/usr/bin"},
-                   {"LANG", "LANG=C.UTF-8"}};
+    worker_env_ = {
+        {"HOME", "HOME=/home/w"}, {"PATH", "PATH=/opt/bin:/usr/bin"}, {"LANG", "LANG=C.UTF-8"}};
     context_.attempts_dir = "/data/attempts";
     context_.worker_env = &worker_env_;
     context_.engine = "/opt/stemma/stemma-engine";
@@ -75,23 +73,34 @@ TEST_F(SpawnPlanTest, RefusalsSayWhyAndPlanNothingToRun) {
     bool has_workdir;
   };
   const std::vector<Case> cases = {
-      {"slash in id", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->set_attempt_id("../x"); },
+      {"slash in id",
+       [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->set_attempt_id("../x"); },
        "refused: attempt id '../x' is not a valid directory name", false},
       {"dot id", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->set_attempt_id(".."); },
        "refused: attempt id '..' is not a valid directory name", false},
       {"empty id", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->set_attempt_id(""); },
        "refused: attempt id '' is not a valid directory name", false},
-      {"exec without --allow-exec", [](v1::Assignment*, WorkerConfig* c, SpawnContext*) { c->allow_exec = false; },
+      {"exec without --allow-exec",
+       [](v1::Assignment*, WorkerConfig* c, SpawnContext*) { c->allow_exec = false; },
        "refused: exec jobs need a worker started with --allow-exec", true},
-      {"empty argv", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->mutable_spec()->mutable_exec()->clear_argv(); },
+      {"empty argv",
+       [](v1::Assignment* a, WorkerConfig*, SpawnContext*) {
+         a->mutable_spec()->mutable_exec()->clear_argv();
+       },
        "refused: exec.argv is empty", true},
-      {"empty program", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->mutable_spec()->mutable_exec()->set_argv(0, ""); },
+      {"empty program",
+       [](v1::Assignment* a, WorkerConfig*, SpawnContext*) {
+         a->mutable_spec()->mutable_exec()->set_argv(0, "");
+       },
        "refused: exec.argv is empty", true},
-      {"no engine", [](v1::Assignment* a, WorkerConfig*, SpawnContext* c) {
+      {"no engine",
+       [](v1::Assignment* a, WorkerConfig*, SpawnContext* c) {
          a->mutable_spec()->mutable_train()->set_steps(1);
          c->engine.clear();
-       }, "refused: stemma-engine not found", true},
-      {"no kind", [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->mutable_spec()->Clear(); },
+       },
+       "refused: stemma-engine not found", true},
+      {"no kind",
+       [](v1::Assignment* a, WorkerConfig*, SpawnContext*) { a->mutable_spec()->Clear(); },
        "refused: the job spec has no kind this worker runs", true},
   };
   for (const Case& c : cases) {
@@ -182,7 +191,8 @@ TEST_F(SpawnPlanTest, ProgramsAreLookedUpOnTheChildsPath) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     v1::Assignment a = Exec({c.program});
-    if (!c.job_path.empty()) (*a.mutable_spec()->mutable_exec()->mutable_env())["PATH"] = c.job_path;
+    if (!c.job_path.empty())
+      (*a.mutable_spec()->mutable_exec()->mutable_env())["PATH"] = c.job_path;
     std::unique_ptr<SpawnPlan> p = Plan(a);
     ASSERT_EQ(p->refusal, "");
     EXPECT_EQ(p->path, c.want);

@@ -7,6 +7,7 @@
 #include <functional>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -14,7 +15,6 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/strings/ascii.h"
 
 namespace stemma::cli::report {
 namespace {
@@ -37,7 +37,8 @@ std::string Coord(const Cell& c, const std::string& key) {
 
 // bpb, ppl, acc, acc_norm, acc_bytes, chrf, chrf++, then the others by name.
 int MetricRank(const std::string& m) {
-  static const std::vector<std::string> order = {"bpb", "ppl", "acc", "acc_norm", "acc_bytes", "chrf", "chrf++"};
+  static const std::vector<std::string> order = {"bpb",       "ppl",  "acc",   "acc_norm",
+                                                 "acc_bytes", "chrf", "chrf++"};
   auto it = std::find(order.begin(), order.end(), m);
   return it == order.end() ? static_cast<int>(order.size()) : static_cast<int>(it - order.begin());
 }
@@ -59,7 +60,8 @@ std::string RoleTitle(const std::string& role) {
 std::string Sanitize(const std::string& name) {
   std::string out;
   for (char c : name) {
-    out += (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
+    out +=
+        (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.') ? c : '_';
   }
   while (!out.empty() && out.back() == '_') out.pop_back();
   return out;
@@ -127,7 +129,8 @@ class Builder {
         if (absl::SimpleAtod(alpha, &a) && std::isfinite(a)) {
           row.alpha = a;
         } else {
-          r_.notes.push_back(absl::StrCat(c.job_name, ": alpha '", alpha, "' is not a number; not a sweep point"));
+          r_.notes.push_back(
+              absl::StrCat(c.job_name, ": alpha '", alpha, "' is not a number; not a sweep point"));
         }
       }
       row.range = Label(c, "report.range");
@@ -150,8 +153,8 @@ class Builder {
       }
       if (auto it = in_.results.find(c.job_name); it != in_.results.end()) {
         const json& res = it->second;
-        if (res.contains("checkpoint") && res["checkpoint"].is_object() && res["checkpoint"].contains("sha256") &&
-            res["checkpoint"]["sha256"].is_string()) {
+        if (res.contains("checkpoint") && res["checkpoint"].is_object() &&
+            res["checkpoint"].contains("sha256") && res["checkpoint"]["sha256"].is_string()) {
           row.checkpoint_sha256 = res["checkpoint"]["sha256"].get<std::string>();
         }
         if (res.contains("tasks") && res["tasks"].is_array()) {
@@ -170,7 +173,8 @@ class Builder {
         }
       }
       if (row.state == "SUCCEEDED" && row.metrics.empty()) {
-        r_.notes.push_back(absl::StrCat(c.job_name, " succeeded but no metric point or readable results file was found"));
+        r_.notes.push_back(absl::StrCat(
+            c.job_name, " succeeded but no metric point or readable results file was found"));
       }
       rows.push_back(std::move(row));
     }
@@ -182,8 +186,8 @@ class Builder {
     if (baselines.size() > 1) {
       std::vector<std::string> names;
       for (int i : baselines) names.push_back(rows[i].job_name);
-      r_.notes.push_back(absl::StrCat("several baseline candidates (", absl::StrJoin(names, ", "), "); using ",
-                                      rows[baselines[0]].job_name));
+      r_.notes.push_back(absl::StrCat("several baseline candidates (", absl::StrJoin(names, ", "),
+                                      "); using ", rows[baselines[0]].job_name));
     }
     if (!baselines.empty()) {
       rows[baselines[0]].baseline = true;
@@ -192,14 +196,17 @@ class Builder {
       r_.baseline = baseline_title_;
     } else if (!rows.empty()) {
       r_.notes.push_back(
-          "no baseline row (label report.baseline: \"true\" or a stage named eval-base): no deltas, no acquisition or forgetting");
+          "no baseline row (label report.baseline: \"true\" or a stage named eval-base): no "
+          "deltas, no acquisition or forgetting");
     }
     // Order: the baseline, then table rows by group (first appearance), then sweep points
     // by range (first appearance) and alpha.
     std::vector<std::string> groups, ranges;
     for (const Row& row : rows) {
-      if (row.in_table && std::find(groups.begin(), groups.end(), row.group) == groups.end()) groups.push_back(row.group);
-      if (!row.in_table && std::find(ranges.begin(), ranges.end(), row.range) == ranges.end()) ranges.push_back(row.range);
+      if (row.in_table && std::find(groups.begin(), groups.end(), row.group) == groups.end())
+        groups.push_back(row.group);
+      if (!row.in_table && std::find(ranges.begin(), ranges.end(), row.range) == ranges.end())
+        ranges.push_back(row.range);
     }
     auto index = [](const std::vector<std::string>& v, const std::string& s) {
       return static_cast<int>(std::find(v.begin(), v.end(), s) - v.begin());
@@ -235,7 +242,8 @@ class Builder {
   void MakeLanguages() {
     // A perplexity task named after its language needs no label to say so.
     for (auto& [name, info] : names_) {
-      if (info.language.empty() && (info.metric == "ppl" || info.metric == "bpb") && info.task != "all") {
+      if (info.language.empty() && (info.metric == "ppl" || info.metric == "bpb") &&
+          info.task != "all") {
         info.language = info.task;
       }
     }
@@ -261,15 +269,18 @@ class Builder {
         r_.languages.push_back({lang, family, lang == "en" ? "general" : "held_in", ""});
       }
       for (const std::string& code : seen) {
-        if (!Find(code)) r_.languages.push_back({code, "", code == "en" ? "general" : "held_in", ""});
+        if (!Find(code))
+          r_.languages.push_back({code, "", code == "en" ? "general" : "held_in", ""});
       }
       if (!seen.empty()) {
-        r_.notes.push_back("no corpus manifest: every language but en is taken as held-in, en as general");
+        r_.notes.push_back(
+            "no corpus manifest: every language but en is taken as held-in, en as general");
       }
     }
     OverrideRoles();
     for (const Language& l : r_.languages) {
-      if (!l.family.empty() && std::find(families_.begin(), families_.end(), l.family) == families_.end()) {
+      if (!l.family.empty() &&
+          std::find(families_.begin(), families_.end(), l.family) == families_.end()) {
         families_.push_back(l.family);
       }
     }
@@ -291,14 +302,16 @@ class Builder {
         }
         for (Language& l : r_.languages) {
           const bool listed = std::find(codes.begin(), codes.end(), l.code) != codes.end();
-          if (listed) l.role = role;
-          else if (l.role == role) l.role = "other";
+          if (listed)
+            l.role = role;
+          else if (l.role == role)
+            l.role = "other";
         }
         for (const std::string& code : codes) {
           if (!Find(code)) r_.languages.push_back({code, "", role, ""});
         }
-        r_.notes.push_back(absl::StrCat(RoleTitle(role), " languages from the ", key, " label of ", c.job_name, ": ",
-                                        absl::StrJoin(codes, ", ")));
+        r_.notes.push_back(absl::StrCat(RoleTitle(role), " languages from the ", key, " label of ",
+                                        c.job_name, ": ", absl::StrJoin(codes, ", ")));
         break;
       }
     }
@@ -326,10 +339,12 @@ class Builder {
   // --- Columns ---------------------------------------------------------------------------
 
   bool Selected(const std::string& name, const NameInfo& info) const {
-    if (opt_.metrics.empty()) return info.metric == r_.perplexity_metric || info.metric == "acc" || info.metric == "chrf";
+    if (opt_.metrics.empty())
+      return info.metric == r_.perplexity_metric || info.metric == "acc" || info.metric == "chrf";
     for (const std::string& sel : opt_.metrics) {
       if (sel == "all") return true;
-      if (sel.find('/') != std::string::npos ? Glob(sel, name) : Glob(sel, info.metric)) return true;
+      if (sel.find('/') != std::string::npos ? Glob(sel, name) : Glob(sel, info.metric))
+        return true;
     }
     return false;
   }
@@ -353,11 +368,13 @@ class Builder {
       col.role = lang != nullptr ? lang->role : "other";
       // A perplexity task named other than its language (instruct_en-fr on en) measures a
       // skill, not the language: a column group of its own, out of acquisition and forgetting.
-      if ((info.metric == "bpb" || info.metric == "ppl") && !info.language.empty() && info.task != info.language) {
+      if ((info.metric == "bpb" || info.metric == "ppl") && !info.language.empty() &&
+          info.task != info.language) {
         col.role = "task";
       }
       col.lower_is_better = LowerIsBetter(info.metric);
-      const bool family_column = opt_.by_family && !col.family.empty() && (col.role == "held_in" || col.role == "held_out");
+      const bool family_column = opt_.by_family && !col.family.empty() &&
+                                 (col.role == "held_in" || col.role == "held_out");
       if (family_column) {
         col.key = absl::StrCat(info.metric, "/", col.family, "/", col.role);
         col.title = absl::StrCat(col.family, " ", RoleTitle(col.role));
@@ -377,7 +394,8 @@ class Builder {
     }
     std::stable_sort(columns.begin(), columns.end(), [&](const Column& a, const Column& b) {
       auto key = [&](const Column& c) {
-        return std::make_tuple(MetricRank(c.metric), c.metric, RoleRank(c.role), FamilyRank(c.family),
+        return std::make_tuple(MetricRank(c.metric), c.metric, RoleRank(c.role),
+                               FamilyRank(c.family),
                                c.language.empty() ? -1 : LanguageRank(c.language), c.title);
       };
       return key(a) < key(b);
@@ -425,7 +443,9 @@ class Builder {
       if (!best) continue;
       for (Row& row : r_.rows) {
         Value& v = row.values[col.key];
-        if (row.in_table && v.value && std::fabs(*v.value - *best) <= 1e-12 * std::max(1.0, std::fabs(*best))) v.best = true;
+        if (row.in_table && v.value &&
+            std::fabs(*v.value - *best) <= 1e-12 * std::max(1.0, std::fabs(*best)))
+          v.best = true;
       }
     }
   }
@@ -437,8 +457,11 @@ class Builder {
     std::map<std::string, std::vector<double>> per;
     for (const auto& [name, value] : row.metrics) {
       auto it = names_.find(name);
-      if (it == names_.end() || it->second.metric != r_.perplexity_metric || it->second.task == "all") continue;
-      if (it->second.task != it->second.language) continue;  // a named task (instruct_en-fr), not the language
+      if (it == names_.end() || it->second.metric != r_.perplexity_metric ||
+          it->second.task == "all")
+        continue;
+      if (it->second.task != it->second.language)
+        continue;  // a named task (instruct_en-fr), not the language
       const Language* lang = Find(it->second.language);
       if (lang == nullptr || lang->role != role) continue;
       per[lang->code].push_back(value);
@@ -449,7 +472,8 @@ class Builder {
   }
 
   // Mean over the role's languages of sign·(row − base), over languages both have.
-  std::optional<double> MeanDelta(const Row& row, const Row& base, const std::string& role, double sign) const {
+  std::optional<double> MeanDelta(const Row& row, const Row& base, const std::string& role,
+                                  double sign) const {
     const auto r = RoleValues(row, role), b = RoleValues(base, role);
     std::vector<double> d;
     for (const auto& [code, v] : r) {
@@ -489,7 +513,9 @@ class Builder {
 
   // --- Plots -----------------------------------------------------------------------------
 
-  std::string PmTitle() const { return r_.perplexity_metric == "bpb" ? "bits per byte" : "perplexity"; }
+  std::string PmTitle() const {
+    return r_.perplexity_metric == "bpb" ? "bits per byte" : "perplexity";
+  }
 
   void MakePlots() {
     AcquisitionPlot();
@@ -501,9 +527,11 @@ class Builder {
   void AcquisitionPlot() {
     Plot p;
     p.file = "acquisition_forgetting.svg";
-    p.caption = absl::StrCat("Acquisition (mean held-in ", r_.perplexity_metric,
-                             " gain over the baseline, higher is better) against forgetting (general-language ",
-                             r_.perplexity_metric, " change, lower is better), one point per row; the dashed line is the Pareto front.");
+    p.caption = absl::StrCat(
+        "Acquisition (mean held-in ", r_.perplexity_metric,
+        " gain over the baseline, higher is better) against forgetting (general-language ",
+        r_.perplexity_metric,
+        " change, lower is better), one point per row; the dashed line is the Pareto front.");
     if (BaselineRow() == nullptr) {
       p.omitted = "no baseline row";
     } else if (r_.perplexity_metric.empty()) {
@@ -536,7 +564,8 @@ class Builder {
       front.y.push_back(y);
     }
     p.svg.title = "Acquisition vs forgetting";
-    p.svg.x_label = absl::StrCat("forgetting: general ", r_.perplexity_metric, " − baseline (lower is better)");
+    p.svg.x_label =
+        absl::StrCat("forgetting: general ", r_.perplexity_metric, " − baseline (lower is better)");
     p.svg.y_label = absl::StrCat("acquisition: held-in ", r_.perplexity_metric, " gain");
     p.svg.series = {points, front};
     p.svg.x_reference = 0.0;
@@ -564,7 +593,8 @@ class Builder {
         if (pt.name == "loss") pts.emplace_back(pt.step, pt.value);
       }
       if (pts.empty()) continue;
-      std::stable_sort(pts.begin(), pts.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::stable_sort(pts.begin(), pts.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
       SvgSeries s;
       s.name = c.job_name;
       s.markers = pts.size() < 40;
@@ -597,15 +627,19 @@ class Builder {
     size_t held_in = 0, general = 0;
     for (const Row& row : r_.rows) {
       if (!row.alpha) continue;
-      if (std::find(ranges.begin(), ranges.end(), row.range) == ranges.end()) ranges.push_back(row.range);
+      if (std::find(ranges.begin(), ranges.end(), row.range) == ranges.end())
+        ranges.push_back(row.range);
       held_in = std::max(held_in, RoleValues(row, "held_in").size());
       general = std::max(general, RoleValues(row, "general").size());
     }
-    for (const auto& [role, file, what] : {std::tuple<std::string, std::string, std::string>{"held_in", "alpha_held_in.svg", "held-in mean"},
+    for (const auto& [role, file, what] : {std::tuple<std::string, std::string, std::string>{
+                                               "held_in", "alpha_held_in.svg", "held-in mean"},
                                            {"general", "alpha_general.svg", "general-language"}}) {
       Plot p;
       p.file = file;
-      p.caption = absl::StrCat(what, " ", r_.perplexity_metric, " of the interpolated model θ(α) against α, one line per layer range.");
+      p.caption =
+          absl::StrCat(what, " ", r_.perplexity_metric,
+                       " of the interpolated model θ(α) against α, one line per layer range.");
       p.svg.title = absl::StrCat("Interpolation: ", what, " ", r_.perplexity_metric, " vs α");
       p.svg.x_label = "α";
       p.svg.y_label = absl::StrCat(what, " ", PmTitle());
@@ -641,12 +675,14 @@ class Builder {
       if (f.output == output && f.content.is_object()) files.push_back(&f);
     }
     std::vector<std::pair<const AnalysisFile*, std::string>> out;
-    for (const AnalysisFile* f : files) out.emplace_back(f, files.size() > 1 ? "-" + Sanitize(f->cell) : "");
+    for (const AnalysisFile* f : files)
+      out.emplace_back(f, files.size() > 1 ? "-" + Sanitize(f->cell) : "");
     return out;
   }
 
   // A plot over decoder layers (integer x axis).
-  static Plot LayerPlot(std::string file, std::string caption, std::string title, std::string y_label) {
+  static Plot LayerPlot(std::string file, std::string caption, std::string title,
+                        std::string y_label) {
     Plot p;
     p.file = std::move(file);
     p.caption = std::move(caption);
@@ -657,7 +693,8 @@ class Builder {
     return p;
   }
   // Plots that cannot be drawn, listed with the reason.
-  void Omit(std::initializer_list<const char*> files, const std::string& caption, const std::string& reason) {
+  void Omit(std::initializer_list<const char*> files, const std::string& caption,
+            const std::string& reason) {
     for (const char* file : files) {
       Plot p;
       p.file = file;
@@ -670,7 +707,8 @@ class Builder {
     int analyze = 0;
     for (const Cell& c : in_.cells) analyze += c.kind == "analyze" ? 1 : 0;
     if (analyze == 0) return "the experiment has no analyze cells";
-    return absl::StrCat("no ", file, " was read (analyze output `", output, "`: not produced yet, not asked for, or not readable here)");
+    return absl::StrCat("no ", file, " was read (analyze output `", output,
+                        "`: not produced yet, not asked for, or not readable here)");
   }
 
   void AnalysisPlots() {
@@ -687,8 +725,11 @@ class Builder {
       Plot p;
       p.file = absl::StrCat("lape_neurons", suffix, ".svg");
       const json& m = f->content;
-      std::string method = m.contains("params") && m["params"].is_object() ? m["params"].value("method", std::string()) : "";
-      p.caption = absl::StrCat("Language-specific neurons per layer and language (", method.empty() ? "mask" : method, ", ", f->cell, ").");
+      std::string method = m.contains("params") && m["params"].is_object()
+                               ? m["params"].value("method", std::string())
+                               : "";
+      p.caption = absl::StrCat("Language-specific neurons per layer and language (",
+                               method.empty() ? "mask" : method, ", ", f->cell, ").");
       p.svg.title = absl::StrCat("Neurons per layer (", f->cell, ")");
       p.svg.x_label = "layer";
       p.svg.y_label = "neurons";
@@ -711,15 +752,21 @@ class Builder {
 
     // Routing: JSD and entropy by layer.
     auto routing = Files("routing");
-    if (routing.empty()) Omit({"routing_jsd.svg", "routing_entropy.svg"}, "Routing by layer.", MissingReason("routing", "routing.json"));
+    if (routing.empty())
+      Omit({"routing_jsd.svg", "routing_entropy.svg"}, "Routing by layer.",
+           MissingReason("routing", "routing.json"));
     for (const auto& [f, suffix] : routing) {
       const json& j = f->content;
-      Plot jsd = LayerPlot(absl::StrCat("routing_jsd", suffix, ".svg"),
-                           absl::StrCat("Mean Jensen-Shannon divergence between the languages' expert usage, by MoE layer (", f->cell, ")."),
-                           absl::StrCat("Routing JSD by layer (", f->cell, ")"), "mean JSD (nats)");
-      Plot entropy = LayerPlot(absl::StrCat("routing_entropy", suffix, ".svg"),
-                               absl::StrCat("Entropy of each language's expert usage, by MoE layer (", f->cell, ")."),
-                               absl::StrCat("Routing entropy by layer (", f->cell, ")"), "entropy (nats)");
+      Plot jsd = LayerPlot(
+          absl::StrCat("routing_jsd", suffix, ".svg"),
+          absl::StrCat(
+              "Mean Jensen-Shannon divergence between the languages' expert usage, by MoE layer (",
+              f->cell, ")."),
+          absl::StrCat("Routing JSD by layer (", f->cell, ")"), "mean JSD (nats)");
+      Plot entropy = LayerPlot(
+          absl::StrCat("routing_entropy", suffix, ".svg"),
+          absl::StrCat("Entropy of each language's expert usage, by MoE layer (", f->cell, ")."),
+          absl::StrCat("Routing entropy by layer (", f->cell, ")"), "entropy (nats)");
       SvgSeries mean;
       mean.name = "mean JSD";
       std::map<std::string, SvgSeries> per_lang;
@@ -746,7 +793,8 @@ class Builder {
       if (!mean.x.empty()) jsd.svg.series.push_back(mean);
       for (const std::string& lang : langs) entropy.svg.series.push_back(per_lang[lang]);
       if (jsd.svg.series.empty()) jsd.omitted = absl::StrCat(f->path, " has no layers[].mean_jsd");
-      if (entropy.svg.series.empty()) entropy.omitted = absl::StrCat(f->path, " has no layers[].entropy");
+      if (entropy.svg.series.empty())
+        entropy.omitted = absl::StrCat(f->path, " has no layers[].entropy");
       r_.plots.push_back(std::move(jsd));
       r_.plots.push_back(std::move(entropy));
     }
@@ -755,7 +803,8 @@ class Builder {
     // fine-tuning), the mean over its language pairs.
     auto alignment = Files("alignment");
     if (alignment.empty()) {
-      Omit({"alignment.svg"}, "Cross-lingual alignment by layer.", MissingReason("alignment", "alignment.json"));
+      Omit({"alignment.svg"}, "Cross-lingual alignment by layer.",
+           MissingReason("alignment", "alignment.json"));
     } else {
       std::set<std::string> pairs;
       for (const auto& [f, suffix] : alignment) {
@@ -768,11 +817,13 @@ class Builder {
           pairs.insert(absl::StrJoin(langs, "–"));
         }
       }
-      Plot p = LayerPlot("alignment.svg",
-                         absl::StrCat("Cross-lingual alignment by layer: mean cosine between the mean hidden states of "
-                                      "parallel sentences (", pairs.empty() ? "pairs" : absl::StrJoin(pairs, ", "),
-                                      "), one line per checkpoint."),
-                         "Alignment by layer", "mean cosine");
+      Plot p = LayerPlot(
+          "alignment.svg",
+          absl::StrCat(
+              "Cross-lingual alignment by layer: mean cosine between the mean hidden states of "
+              "parallel sentences (",
+              pairs.empty() ? "pairs" : absl::StrJoin(pairs, ", "), "), one line per checkpoint."),
+          "Alignment by layer", "mean cosine");
       for (const auto& [f, suffix] : alignment) {
         const json& j = f->content;
         if (!j.contains("mean_cosine") || !j["mean_cosine"].is_array()) continue;
@@ -790,16 +841,23 @@ class Builder {
 
     // Drift: down vs gate/up by layer, and the asymmetry.
     auto drift = Files("drift");
-    if (drift.empty()) Omit({"drift.svg", "drift_asymmetry.svg"}, "Weight drift by layer.", MissingReason("drift", "drift.json"));
+    if (drift.empty())
+      Omit({"drift.svg", "drift_asymmetry.svg"}, "Weight drift by layer.",
+           MissingReason("drift", "drift.json"));
     for (const auto& [f, suffix] : drift) {
       const json& j = f->content;
-      Plot rel = LayerPlot(absl::StrCat("drift", suffix, ".svg"),
-                           absl::StrCat("Relative weight change ‖Δ‖/‖W‖ by layer of the MLP's down, gate and up projections (", f->cell, ")."),
-                           absl::StrCat("Weight drift by layer (", f->cell, ")"), "relative change");
+      Plot rel =
+          LayerPlot(absl::StrCat("drift", suffix, ".svg"),
+                    absl::StrCat("Relative weight change ‖Δ‖/‖W‖ by layer of the MLP's down, gate "
+                                 "and up projections (",
+                                 f->cell, ")."),
+                    absl::StrCat("Weight drift by layer (", f->cell, ")"), "relative change");
       Plot asym = LayerPlot(absl::StrCat("drift_asymmetry", suffix, ".svg"),
-                            absl::StrCat("Drift asymmetry down / mean(gate, up) by layer; above the dotted line the down projection moved more (",
+                            absl::StrCat("Drift asymmetry down / mean(gate, up) by layer; above "
+                                         "the dotted line the down projection moved more (",
                                          f->cell, ")."),
-                            absl::StrCat("Drift asymmetry by layer (", f->cell, ")"), "down / mean(gate, up)");
+                            absl::StrCat("Drift asymmetry by layer (", f->cell, ")"),
+                            "down / mean(gate, up)");
       asym.svg.y_reference = 1.0;
       SvgSeries down, gate, up, a, masked;
       down.name = "down";
@@ -811,12 +869,14 @@ class Builder {
         for (const json& layer : j["layers"]) {
           if (!layer.is_object()) continue;
           const double l = Number(layer.value("layer", json())).value_or(NAN);
-          for (auto [s, key] : {std::pair{&down, "down"}, {&gate, "gate"}, {&up, "up"}, {&a, "asymmetry"}}) {
+          for (auto [s, key] :
+               {std::pair{&down, "down"}, {&gate, "gate"}, {&up, "up"}, {&a, "asymmetry"}}) {
             if (!layer.contains(key)) continue;
             s->x.push_back(l);
             s->y.push_back(Number(layer[key]).value_or(NAN));
           }
-          if (layer.contains("masked") && layer["masked"].is_object() && layer["masked"].contains("asymmetry")) {
+          if (layer.contains("masked") && layer["masked"].is_object() &&
+              layer["masked"].contains("asymmetry")) {
             masked.x.push_back(l);
             masked.y.push_back(Number(layer["masked"]["asymmetry"]).value_or(NAN));
           }
@@ -828,8 +888,10 @@ class Builder {
       for (SvgSeries* s : {&a, &masked}) {
         if (!s->x.empty()) asym.svg.series.push_back(*s);
       }
-      if (rel.svg.series.empty()) rel.omitted = absl::StrCat(f->path, " has no layers[].down/gate/up");
-      if (asym.svg.series.empty()) asym.omitted = absl::StrCat(f->path, " has no layers[].asymmetry");
+      if (rel.svg.series.empty())
+        rel.omitted = absl::StrCat(f->path, " has no layers[].down/gate/up");
+      if (asym.svg.series.empty())
+        asym.omitted = absl::StrCat(f->path, " has no layers[].asymmetry");
       r_.plots.push_back(std::move(rel));
       r_.plots.push_back(std::move(asym));
     }
@@ -886,21 +948,26 @@ std::vector<Language> CorpusLanguages(const json& manifest, std::string* error) 
   };
   if (!manifest.is_object()) return fail("not a JSON object");
   if (manifest.value("format", std::string()) != "stemma.corpus/1") {
-    return fail(absl::StrCat("format: expected \"stemma.corpus/1\", got ", manifest.contains("format") ? manifest["format"].dump() : "none"));
+    return fail(absl::StrCat("format: expected \"stemma.corpus/1\", got ",
+                             manifest.contains("format") ? manifest["format"].dump() : "none"));
   }
-  if (!manifest.contains("languages") || !manifest["languages"].is_array()) return fail("languages: missing or not a list");
+  if (!manifest.contains("languages") || !manifest["languages"].is_array())
+    return fail("languages: missing or not a list");
   std::vector<Language> out;
   for (size_t i = 0; i < manifest["languages"].size(); ++i) {
     const json& l = manifest["languages"][i];
     const std::string at = absl::StrCat("languages[", i, "]");
-    if (!l.is_object() || !l.contains("code") || !l["code"].is_string() || l["code"].get<std::string>().empty()) {
+    if (!l.is_object() || !l.contains("code") || !l["code"].is_string() ||
+        l["code"].get<std::string>().empty()) {
       return fail(absl::StrCat(at, ".code: missing"));
     }
     Language lang;
     lang.code = l["code"];
-    lang.family = l.contains("family") && l["family"].is_string() ? l["family"].get<std::string>() : "";
+    lang.family =
+        l.contains("family") && l["family"].is_string() ? l["family"].get<std::string>() : "";
     lang.name = l.contains("name") && l["name"].is_string() ? l["name"].get<std::string>() : "";
-    const std::string role = l.contains("role") && l["role"].is_string() ? l["role"].get<std::string>() : "";
+    const std::string role =
+        l.contains("role") && l["role"].is_string() ? l["role"].get<std::string>() : "";
     if (role == "held_in" || role == "held_out") {
       lang.role = role;
     } else if (role == "base") {

@@ -19,11 +19,11 @@ namespace stemma::cli::report {
 struct Cell {
   std::string job_name;  // eval-dense[family=slavic]
   std::string stage;
-  std::string kind;      // eval, train, analyze, ...
+  std::string kind;                           // eval, train, analyze, ...
   std::map<std::string, std::string> coords;  // matrix axis → value
   std::map<std::string, std::string> labels;  // the job's labels (report.row, ...)
   std::string job_id;
-  std::string state;     // PENDING, RUNNING, SUCCEEDED, FAILED, ... ("" before submission)
+  std::string state;  // PENDING, RUNNING, SUCCEEDED, FAILED, ... ("" before submission)
   std::string reason;
   // The job whose metric points are this cell's: its own, or for a memoized cell the job
   // that ran ("memoized from j-7").
@@ -32,7 +32,7 @@ struct Cell {
 
 // One metric point (QueryMetrics).
 struct Point {
-  std::string name;   // bpb/ru, loss
+  std::string name;  // bpb/ru, loss
   int64_t step = 0;
   double value = 0;
   std::string language;  // the point's `language` label, if any
@@ -58,15 +58,15 @@ struct AnalysisFile {
 struct ReportInput {
   std::string experiment;
   int revision = 0;
-  std::vector<Cell> cells;                          // in the experiment's order
+  std::vector<Cell> cells;                           // in the experiment's order
   std::map<std::string, std::vector<Point>> points;  // job id → its points, as reported
   // From the corpus manifest; empty: inferred (every language but en held-in, families
   // from cells whose matrix has `language` and `family` axes).
   std::vector<Language> corpus_languages;
-  std::string corpus_path;                          // where the manifest was read ("" none)
-  std::map<std::string, nlohmann::json> results;    // eval cell job name → its results JSON
+  std::string corpus_path;                        // where the manifest was read ("" none)
+  std::map<std::string, nlohmann::json> results;  // eval cell job name → its results JSON
   std::vector<AnalysisFile> analyses;
-  std::vector<std::string> notes;                   // what the gatherer could not read, ...
+  std::vector<std::string> notes;  // what the gatherer could not read, ...
 };
 
 struct ReportOptions {
@@ -84,7 +84,7 @@ struct Column {
   std::string metric;    // bpb
   std::string language;  // ru ("" for a family column)
   std::string family;
-  std::string role;      // held_in | held_out | general | other
+  std::string role;  // held_in | held_out | general | other
   bool lower_is_better = true;
   std::vector<std::string> names;  // the metric names it averages (bpb/ru, ...)
 };
@@ -102,7 +102,7 @@ struct Row {
   bool in_table = true;
   std::optional<double> alpha;  // sweep point
   std::string range;
-  std::string checkpoint_sha256;  // from the results JSON, when read
+  std::string checkpoint_sha256;          // from the results JSON, when read
   std::map<std::string, Value> values;    // column key → value
   std::map<std::string, double> metrics;  // every metric name → its last value
 };

@@ -14,9 +14,9 @@
 namespace stemma::cli::report {
 namespace {
 
+using nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using nlohmann::json;
 
 // An eval cell whose job reported `bpb/<lang>` for each value given.
 Cell Eval(const std::string& name, const std::string& id, const std::string& state = "SUCCEEDED") {
@@ -105,7 +105,8 @@ TEST(ReportTable, ValuesDeltasAndBestPerColumn) {
   EXPECT_EQ(r.baseline, "base") << "the stage eval-base is the baseline by default";
   EXPECT_EQ(r.perplexity_metric, "bpb");
   // Default metrics: bpb (not ppl, since bpb exists) and acc; held-in before general; no */all.
-  EXPECT_EQ(ColumnKeys(r), (std::vector<std::string>{"bpb/ru", "bpb/uk", "bpb/en", "acc/belebele_ru"}));
+  EXPECT_EQ(ColumnKeys(r),
+            (std::vector<std::string>{"bpb/ru", "bpb/uk", "bpb/en", "acc/belebele_ru"}));
   ASSERT_EQ(r.rows.size(), 3u);
   EXPECT_EQ(r.rows[0].title, "base");
   EXPECT_TRUE(r.rows[0].baseline);
@@ -159,24 +160,28 @@ TEST(ReportSummary, AcquisitionForgettingAndParetoFront) {
   ASSERT_EQ(p.svg.series.size(), 2u);
   EXPECT_EQ(p.svg.series[0].x.size(), 4u) << "one point per row";
   // The front, by forgetting: base (0), freeze, dense.
-  EXPECT_EQ(p.svg.series[1].x, (std::vector<double>{0, s.freeze_en - s.base_en, s.dense_en - s.base_en}));
+  EXPECT_EQ(p.svg.series[1].x,
+            (std::vector<double>{0, s.freeze_en - s.base_en, s.dense_en - s.base_en}));
 }
 
 TEST(ReportSummary, CorpusRolesGiveTransferAndOrderColumns) {
   Study s;
   ReportInput in = s.Input();
-  for (const std::string job : {"j-1", "j-2", "j-3"}) Add(&in, job, "bpb/be", job == "j-1" ? 3.5 : 3.0, "be");
+  for (const std::string job : {"j-1", "j-2", "j-3"})
+    Add(&in, job, "bpb/be", job == "j-1" ? 3.5 : 3.0, "be");
   std::string error;
   in.corpus_languages = CorpusLanguages(json::parse(R"({"format": "stemma.corpus/1", "languages": [
       {"code": "en", "family": "germanic", "role": "base", "name": "English"},
       {"code": "uk", "family": "slavic", "role": "held_in", "name": "Ukrainian"},
       {"code": "ru", "family": "slavic", "role": "held_in", "name": "Russian"},
-      {"code": "be", "family": "slavic", "role": "held_out", "name": "Belarusian"}]})"), &error);
+      {"code": "be", "family": "slavic", "role": "held_out", "name": "Belarusian"}]})"),
+                                        &error);
   ASSERT_EQ(error, "");
   Report r = BuildReport(in, {});
   EXPECT_TRUE(r.roles_from_corpus);
   // Held-in in manifest order (uk, ru), then held-out, then general.
-  EXPECT_EQ(ColumnKeys(r), (std::vector<std::string>{"bpb/uk", "bpb/ru", "bpb/be", "bpb/en", "acc/belebele_ru"}));
+  EXPECT_EQ(ColumnKeys(r),
+            (std::vector<std::string>{"bpb/uk", "bpb/ru", "bpb/be", "bpb/en", "acc/belebele_ru"}));
   EXPECT_DOUBLE_EQ(*SummaryOf(r, "dense").transfer, 0.5);
   EXPECT_THAT(r.notes, Not(::testing::Contains(HasSubstr("no corpus manifest"))));
 }
@@ -196,7 +201,8 @@ TEST(ReportSummary, HeldInLabelAndNamedTasksStayOutOfTheLanguageMeans) {
       {"code": "en", "family": "germanic", "role": "base"},
       {"code": "ru", "family": "slavic", "role": "held_in"},
       {"code": "uk", "family": "slavic", "role": "held_in"},
-      {"code": "fr", "family": "romance", "role": "held_in"}]})"), &error);
+      {"code": "fr", "family": "romance", "role": "held_in"}]})"),
+                                        &error);
   ASSERT_EQ(error, "");
   Report without = BuildReport(in, {});
   EXPECT_DOUBLE_EQ(*SummaryOf(without, "dense").acquisition,
@@ -208,8 +214,10 @@ TEST(ReportSummary, HeldInLabelAndNamedTasksStayOutOfTheLanguageMeans) {
   in.cells.insert(in.cells.begin(), corpus);
   Report r = BuildReport(in, {});
   const Summary& dense = SummaryOf(r, "dense");
-  EXPECT_DOUBLE_EQ(*dense.acquisition, ((s.base_ru - s.dense_ru) + (s.base_uk - s.dense_uk)) / 2) << "fr is not taught";
-  EXPECT_DOUBLE_EQ(*dense.forgetting, s.dense_en - s.base_en) << "en only, not the instruction task";
+  EXPECT_DOUBLE_EQ(*dense.acquisition, ((s.base_ru - s.dense_ru) + (s.base_uk - s.dense_uk)) / 2)
+      << "fr is not taught";
+  EXPECT_DOUBLE_EQ(*dense.forgetting, s.dense_en - s.base_en)
+      << "en only, not the instruction task";
   std::string fr_role, task_role;
   for (const Column& c : r.columns) {
     if (c.key == "bpb/fr") fr_role = c.role;
@@ -225,23 +233,34 @@ TEST(ReportSummary, CorpusManifestErrorsNameTheField) {
   std::string error;
   EXPECT_TRUE(CorpusLanguages(json::parse(R"({"format": "other"})"), &error).empty());
   EXPECT_THAT(error, HasSubstr("format"));
-  CorpusLanguages(json::parse(R"({"format": "stemma.corpus/1", "languages": [{"code": "ru", "role": "train"}]})"), &error);
+  CorpusLanguages(
+      json::parse(
+          R"({"format": "stemma.corpus/1", "languages": [{"code": "ru", "role": "train"}]})"),
+      &error);
   EXPECT_THAT(error, HasSubstr("languages[0].role"));
-  CorpusLanguages(json::parse(R"({"format": "stemma.corpus/1", "languages": [{"role": "base"}]})"), &error);
+  CorpusLanguages(json::parse(R"({"format": "stemma.corpus/1", "languages": [{"role": "base"}]})"),
+                  &error);
   EXPECT_THAT(error, HasSubstr("languages[0].code"));
 }
 
 TEST(ReportColumns, FamiliesAverageTheirLanguages) {
   Study s;
   ReportInput in = s.Input();
-  in.cells.push_back(Cell{"tok[language=ru,family=slavic]", "tok", "tokenize", {{"language", "ru"}, {"family", "slavic"}}});
-  in.cells.push_back(Cell{"tok[language=uk,family=slavic]", "tok", "tokenize", {{"language", "uk"}, {"family", "slavic"}}});
+  in.cells.push_back(Cell{"tok[language=ru,family=slavic]",
+                          "tok",
+                          "tokenize",
+                          {{"language", "ru"}, {"family", "slavic"}}});
+  in.cells.push_back(Cell{"tok[language=uk,family=slavic]",
+                          "tok",
+                          "tokenize",
+                          {{"language", "uk"}, {"family", "slavic"}}});
   ReportOptions o;
   o.by_family = true;
   o.metrics = {"bpb"};
   Report r = BuildReport(in, o);
   EXPECT_EQ(ColumnKeys(r), (std::vector<std::string>{"bpb/slavic/held_in", "bpb/en"}));
-  EXPECT_DOUBLE_EQ(*RowNamed(r, "dense").values.at("bpb/slavic/held_in").value, (s.dense_ru + s.dense_uk) / 2);
+  EXPECT_DOUBLE_EQ(*RowNamed(r, "dense").values.at("bpb/slavic/held_in").value,
+                   (s.dense_ru + s.dense_uk) / 2);
   EXPECT_EQ(r.columns[0].title, "slavic held-in");
 }
 
@@ -299,7 +318,8 @@ TEST(ReportRows, LabelsTitleGroupBaselineAndSweep) {
   int id = 10;
   for (const std::string range : {"middle", "outer"}) {
     for (const std::string alpha : {"1.0", "0.0", "0.5"}) {  // out of order on purpose
-      Cell c = Eval("eval-interp[range=" + range + ",alpha=" + alpha + "]", "j-" + std::to_string(id));
+      Cell c =
+          Eval("eval-interp[range=" + range + ",alpha=" + alpha + "]", "j-" + std::to_string(id));
       c.coords = {{"range", range}, {"alpha", alpha}};
       Add(&in, c.job_id, "bpb/ru", 3 - std::stod(alpha) * (range == "middle" ? 1 : 0.5), "ru");
       Add(&in, c.job_id, "bpb/en", 2 + std::stod(alpha) * (range == "middle" ? 0.2 : 0.6), "en");
@@ -373,7 +393,8 @@ TEST(ReportRows, MissingDataIsSaidNotGuessed) {
 TEST(ReportRows, ResultsFileFillsMetricsAndNamesTheCheckpoint) {
   ReportInput in;
   in.cells = {Eval("eval-base", "j-1")};
-  in.results["eval-base"] = json::parse(R"({"format": "stemma-eval-v1", "checkpoint": {"sha256": "abc123"},
+  in.results["eval-base"] =
+      json::parse(R"({"format": "stemma-eval-v1", "checkpoint": {"sha256": "abc123"},
     "tasks": [{"name": "ru", "type": "perplexity", "language": "ru", "metrics": {"bpb": 2.5, "ppl": 5.6}}]})");
   Report r = BuildReport(in, {});
   EXPECT_EQ(r.rows[0].checkpoint_sha256, "abc123");
@@ -401,12 +422,15 @@ TEST(ReportPlots, TrainLossAndAnalysisFiles) {
   analyze.job_name = "analyze";
   analyze.kind = "analyze";
   in.cells.push_back(analyze);
-  in.analyses.push_back({"analyze", "mask", "/x/neuron_mask.json", json::parse(R"({"format": "stemma.neuron_mask/1",
+  in.analyses.push_back(
+      {"analyze", "mask", "/x/neuron_mask.json", json::parse(R"({"format": "stemma.neuron_mask/1",
       "params": {"method": "lape"}, "counts": {"ru": [1, 4, 9], "uk": [2, 3, 5]}})")});
-  in.analyses.push_back({"analyze", "routing", "/x/routing.json", json::parse(R"({"format": "stemma.routing/1",
+  in.analyses.push_back(
+      {"analyze", "routing", "/x/routing.json", json::parse(R"({"format": "stemma.routing/1",
       "layers": [{"layer": 0, "mean_jsd": 0.1, "entropy": {"ru": 1.2, "en": 1.3}},
                  {"layer": 1, "mean_jsd": 0.3, "entropy": {"ru": 0.8, "en": 1.1}}]})")});
-  in.analyses.push_back({"analyze", "drift", "/x/drift.json", json::parse(R"({"format": "stemma.drift/1",
+  in.analyses.push_back(
+      {"analyze", "drift", "/x/drift.json", json::parse(R"({"format": "stemma.drift/1",
       "layers": [{"layer": 0, "gate": 0.01, "up": 0.02, "down": 0.04, "asymmetry": 2.6667},
                  {"layer": 1, "gate": 0.02, "up": 0.02, "down": 0.01, "asymmetry": null}]})")});
   Report r = BuildReport(in, {});
@@ -426,7 +450,8 @@ TEST(ReportPlots, TrainLossAndAnalysisFiles) {
   const Plot& asym = PlotNamed(r, "drift_asymmetry.svg");
   ASSERT_EQ(asym.svg.series.size(), 1u);
   EXPECT_TRUE(std::isnan(asym.svg.series[0].y[1])) << "a null asymmetry is a gap, not a zero";
-  EXPECT_NE(PlotNamed(r, "alignment.svg").omitted.find("no alignment.json was read"), std::string::npos);
+  EXPECT_NE(PlotNamed(r, "alignment.svg").omitted.find("no alignment.json was read"),
+            std::string::npos);
 }
 
 // Alignment before and after fine-tuning: one plot, a line per alignment cell.
@@ -439,9 +464,11 @@ TEST(ReportPlots, AlignmentIsOneLinePerCheckpoint) {
     c.kind = "analyze";
     in.cells.push_back(c);
   }
-  in.analyses.push_back({"align-base", "alignment", "/x/a/alignment.json", json::parse(R"({"format": "stemma.alignment/1",
+  in.analyses.push_back({"align-base", "alignment", "/x/a/alignment.json",
+                         json::parse(R"({"format": "stemma.alignment/1",
       "languages": ["en", "uk"], "layers": 3, "mean_cosine": [0.6, 0.1, -0.2]})")});
-  in.analyses.push_back({"align-full", "alignment", "/x/b/alignment.json", json::parse(R"({"format": "stemma.alignment/1",
+  in.analyses.push_back({"align-full", "alignment", "/x/b/alignment.json",
+                         json::parse(R"({"format": "stemma.alignment/1",
       "languages": ["en", "uk"], "layers": 3, "mean_cosine": [0.7, 0.3, 0.05]})")});
   Report r = BuildReport(in, {});
   const Plot& a = PlotNamed(r, "alignment.svg");
@@ -462,7 +489,8 @@ int Count(const std::string& s, const std::string& what) {
 }
 
 TEST(Svg, TicksAreRoundAndCoverTheRange) {
-  for (const auto& [lo, hi] : std::vector<std::pair<double, double>>{{0, 1}, {2.31, 3.07}, {-5, 120}, {0.0001, 0.0009}, {7, 7}}) {
+  for (const auto& [lo, hi] : std::vector<std::pair<double, double>>{
+           {0, 1}, {2.31, 3.07}, {-5, 120}, {0.0001, 0.0009}, {7, 7}}) {
     std::vector<double> t = NiceTicks(lo, hi, 5);
     ASSERT_GE(t.size(), 2u) << lo << " " << hi;
     EXPECT_LE(t.front(), lo);
@@ -471,7 +499,9 @@ TEST(Svg, TicksAreRoundAndCoverTheRange) {
     const double step = t[1] - t[0];
     for (size_t i = 1; i < t.size(); ++i) EXPECT_NEAR(t[i] - t[i - 1], step, step * 1e-6);
     const double mantissa = step / std::pow(10.0, std::floor(std::log10(step)));
-    EXPECT_TRUE(std::fabs(mantissa - 1) < 1e-6 || std::fabs(mantissa - 2) < 1e-6 || std::fabs(mantissa - 5) < 1e-6) << step;
+    EXPECT_TRUE(std::fabs(mantissa - 1) < 1e-6 || std::fabs(mantissa - 2) < 1e-6 ||
+                std::fabs(mantissa - 5) < 1e-6)
+        << step;
   }
   EXPECT_EQ(TickText(0.25, 0.25), "0.25");
   EXPECT_EQ(TickText(2.5, 0.5), "2.5");
@@ -523,12 +553,14 @@ TEST(Writers, HtmlIsSelfContainedAndEscaped) {
   in.notes.push_back("results of eval-x: http://example.org//a not readable; url(x) src=y");
   Report r = BuildReport(in, {});
   const std::string html = RenderHtml(r);
-  EXPECT_THAT(html, HasSubstr("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'"));
+  EXPECT_THAT(
+      html, HasSubstr("<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'"));
   EXPECT_THAT(html, Not(HasSubstr("<script")));
   EXPECT_THAT(html, HasSubstr("&lt;script&gt;"));
   // Outside the CSP meta: nothing that a browser could fetch.
   std::string body = html.substr(html.find("<title>"));
-  for (const char* bad : {"http:", "https:", "//", "src=", "url(", "href=", "<img", "<link", "@import"}) {
+  for (const char* bad :
+       {"http:", "https:", "//", "src=", "url(", "href=", "<img", "<link", "@import"}) {
     EXPECT_THAT(body, Not(HasSubstr(bad))) << bad;
   }
   // Every drawn plot is inline.
@@ -584,7 +616,8 @@ TEST(Writers, MarkdownShowsDeltasBestAndSummary) {
   const std::string md = RenderMarkdown(r, true);
   EXPECT_THAT(md, HasSubstr("| row | ru bpb ↓ | uk bpb ↓ | en bpb ↓ | belebele_ru acc ↑ |"));
   EXPECT_THAT(md, HasSubstr("| base (baseline) | 3.000 | 3.200 | **2.000** | 0.250 |"));
-  EXPECT_THAT(md, HasSubstr("| dense | **2.000** (-1.000) | **2.400** (-0.800) | 2.600 (+0.600) | **0.400** (+0.150) |"));
+  EXPECT_THAT(md, HasSubstr("| dense | **2.000** (-1.000) | **2.400** (-0.800) | 2.600 (+0.600) | "
+                            "**0.400** (+0.150) |"));
   EXPECT_THAT(md, HasSubstr("## Acquisition vs forgetting (bpb)"));
   EXPECT_THAT(md, HasSubstr("[acquisition_forgetting.svg](acquisition_forgetting.svg)"));
   EXPECT_THAT(md, HasSubstr("no corpus manifest"));

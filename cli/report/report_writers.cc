@@ -72,7 +72,8 @@ std::string LanguagesLine(const Report& r) {
       if (l.role != role) continue;
       langs.push_back(l.family.empty() ? l.code : absl::StrCat(l.code, " (", l.family, ")"));
     }
-    if (!langs.empty()) parts.push_back(absl::StrCat(RoleWord(role), ": ", absl::StrJoin(langs, ", ")));
+    if (!langs.empty())
+      parts.push_back(absl::StrCat(RoleWord(role), ": ", absl::StrJoin(langs, ", ")));
   }
   return absl::StrJoin(parts, "; ");
 }
@@ -88,7 +89,8 @@ std::string MetricsLine(const Report& r) {
   for (const Column& c : r.columns) {
     if (std::find(seen.begin(), seen.end(), c.metric) != seen.end()) continue;
     seen.push_back(c.metric);
-    parts.push_back(absl::StrCat(c.metric, " = ", MetricWord(c.metric), " (", c.lower_is_better ? "lower" : "higher", " is better)"));
+    parts.push_back(absl::StrCat(c.metric, " = ", MetricWord(c.metric), " (",
+                                 c.lower_is_better ? "lower" : "higher", " is better)"));
   }
   return absl::StrJoin(parts, "; ");
 }
@@ -101,7 +103,8 @@ std::string MdTable(const Report& r, bool table) {
   for (const Row& row : r.rows) groups |= row.in_table == table && !row.group.empty();
   std::vector<std::string> header = {"row"};
   if (!table) header.insert(header.end(), {"range", "α"});
-  for (const Column& c : r.columns) header.push_back(absl::StrCat(c.title, " ", c.metric, " ", Arrow(c)));
+  for (const Column& c : r.columns)
+    header.push_back(absl::StrCat(c.title, " ", c.metric, " ", Arrow(c)));
   if (state) header.push_back("state");
   std::string out = absl::StrCat("| ", absl::StrJoin(header, " | "), " |\n|");
   for (size_t i = 0; i < header.size(); ++i) {
@@ -132,7 +135,8 @@ std::string MdTable(const Report& r, bool table) {
       }
       std::string text = FormatNumber(*v.value);
       if (v.best) text = "**" + text + "**";
-      if (v.delta && !row.baseline) absl::StrAppend(&text, " (", FormatDelta(*v.delta, *v.value), ")");
+      if (v.delta && !row.baseline)
+        absl::StrAppend(&text, " (", FormatDelta(*v.delta, *v.value), ")");
       cells.push_back(text);
     }
     if (state) cells.push_back(MdCell(StateText(row)));
@@ -145,7 +149,8 @@ std::string MdTable(const Report& r, bool table) {
 
 std::string H(const std::string& s) { return XmlEscape(s); }
 
-constexpr char kCss[] = R"(body{font-family:sans-serif;margin:24px;color:#222;background:#fff;max-width:1400px}
+constexpr char kCss[] =
+    R"(body{font-family:sans-serif;margin:24px;color:#222;background:#fff;max-width:1400px}
 h1{font-size:22px}h2{font-size:18px;margin-top:28px}
 table{border-collapse:collapse;margin:8px 0 16px 0;font-size:13px}
 th,td{border:1px solid #ccc;padding:4px 8px}th{background:#f2f2f2}
@@ -160,12 +165,14 @@ std::string HtmlTable(const Report& r, bool table) {
   const bool state = AnyUnfinished(r, table);
   bool groups = false;
   for (const Row& row : r.rows) groups |= row.in_table == table && !row.group.empty();
-  std::string out = absl::StrCat("<table class=\"", table ? "results" : "sweep", "\">\n<thead><tr><th>row</th>");
+  std::string out =
+      absl::StrCat("<table class=\"", table ? "results" : "sweep", "\">\n<thead><tr><th>row</th>");
   if (!table) out += "<th>range</th><th>α</th>";
   for (const Column& c : r.columns) {
-    absl::StrAppend(&out, "<th title=\"", H(absl::StrCat(MetricWord(c.metric), ", ", RoleWord(c.role),
-                                                         c.family.empty() ? "" : ", " + c.family)), "\">",
-                    H(c.title), "<br>", H(c.metric), " ", Arrow(c), "</th>");
+    absl::StrAppend(&out, "<th title=\"",
+                    H(absl::StrCat(MetricWord(c.metric), ", ", RoleWord(c.role),
+                                   c.family.empty() ? "" : ", " + c.family)),
+                    "\">", H(c.title), "<br>", H(c.metric), " ", Arrow(c), "</th>");
   }
   if (state) out += "<th>state</th>";
   out += "</tr></thead>\n<tbody>\n";
@@ -175,12 +182,15 @@ std::string HtmlTable(const Report& r, bool table) {
     if (row.in_table != table) continue;
     if (table && groups && !row.baseline && row.group != group) {
       group = row.group;
-      absl::StrAppend(&out, "<tr class=\"group\"><td colspan=\"", width, "\">", H(group.empty() ? "other" : group), "</td></tr>\n");
+      absl::StrAppend(&out, "<tr class=\"group\"><td colspan=\"", width, "\">",
+                      H(group.empty() ? "other" : group), "</td></tr>\n");
     }
-    absl::StrAppend(&out, "<tr", row.baseline ? " class=\"baseline\"" : "", "><td title=\"", H(row.job_name + " " + row.job_id), "\">",
-                    H(row.title), row.baseline ? " <em>(baseline)</em>" : "", "</td>");
+    absl::StrAppend(&out, "<tr", row.baseline ? " class=\"baseline\"" : "", "><td title=\"",
+                    H(row.job_name + " " + row.job_id), "\">", H(row.title),
+                    row.baseline ? " <em>(baseline)</em>" : "", "</td>");
     if (!table) {
-      absl::StrAppend(&out, "<td>", H(row.range.empty() ? "-" : row.range), "</td><td class=\"num\">",
+      absl::StrAppend(&out, "<td>", H(row.range.empty() ? "-" : row.range),
+                      "</td><td class=\"num\">",
                       row.alpha ? absl::StrFormat("%g", *row.alpha) : "-", "</td>");
     }
     for (const Column& c : r.columns) {
@@ -189,11 +199,16 @@ std::string HtmlTable(const Report& r, bool table) {
         out += "<td class=\"num missing\">-</td>";
         continue;
       }
-      absl::StrAppend(&out, "<td class=\"num", v.best ? " best" : "", "\">", FormatNumber(*v.value));
+      absl::StrAppend(&out, "<td class=\"num", v.best ? " best" : "", "\">",
+                      FormatNumber(*v.value));
       if (v.delta && !row.baseline) {
         const bool good = c.lower_is_better ? *v.delta < 0 : *v.delta > 0;
         const bool bad = c.lower_is_better ? *v.delta > 0 : *v.delta < 0;
-        absl::StrAppend(&out, "<span class=\"delta", good ? " good" : bad ? " bad" : "", "\">", FormatDelta(*v.delta, *v.value), "</span>");
+        absl::StrAppend(&out, "<span class=\"delta",
+                        good  ? " good"
+                        : bad ? " bad"
+                              : "",
+                        "\">", FormatDelta(*v.delta, *v.value), "</span>");
       }
       out += "</td>";
     }
@@ -211,11 +226,16 @@ json Opt(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); 
 std::string RenderMarkdown(const Report& r, bool plots_written) {
   std::string out = absl::StrCat("# ", r.experiment, ", revision ", r.revision, "\n\n");
   absl::StrAppend(&out, StatesLine(r), ".\n\n");
-  if (!r.baseline.empty()) absl::StrAppend(&out, "Baseline: ", r.baseline, "; deltas in parentheses are against it, the best value of each column is in bold.\n");
+  if (!r.baseline.empty())
+    absl::StrAppend(
+        &out, "Baseline: ", r.baseline,
+        "; deltas in parentheses are against it, the best value of each column is in bold.\n");
   if (!r.columns.empty()) absl::StrAppend(&out, "Metrics: ", MetricsLine(r), ".\n");
   if (!r.languages.empty()) {
-    absl::StrAppend(&out, "Languages (", r.roles_from_corpus ? "from the corpus manifest" : "assumed: no corpus manifest", "): ",
-                    LanguagesLine(r), ".\n");
+    absl::StrAppend(
+        &out, "Languages (",
+        r.roles_from_corpus ? "from the corpus manifest" : "assumed: no corpus manifest",
+        "): ", LanguagesLine(r), ".\n");
   }
   out += "\n";
   bool table_rows = false, sweep_rows = false;
@@ -228,13 +248,17 @@ std::string RenderMarkdown(const Report& r, bool plots_written) {
   if (table_rows) out += MdTable(r, true);
   if (!r.summary.empty()) {
     absl::StrAppend(&out, "\n## Acquisition vs forgetting (", r.perplexity_metric, ")\n\n",
-                    "acquisition: mean held-in ", r.perplexity_metric, " gain over the baseline (higher is better); transfer: "
-                    "the same on held-out languages; forgetting: general-language ", r.perplexity_metric,
-                    " minus the baseline's (lower is better).\n\n");
-    out += "| row | acquisition ↑ | transfer ↑ | forgetting ↓ | Pareto front |\n| --- | ---: | ---: | ---: | --- |\n";
+                    "acquisition: mean held-in ", r.perplexity_metric,
+                    " gain over the baseline (higher is better); transfer: "
+                    "the same on held-out languages; forgetting: general-language ",
+                    r.perplexity_metric, " minus the baseline's (lower is better).\n\n");
+    out +=
+        "| row | acquisition ↑ | transfer ↑ | forgetting ↓ | Pareto front |\n| --- | ---: | ---: | "
+        "---: | --- |\n";
     for (const Summary& s : r.summary) {
-      absl::StrAppend(&out, "| ", MdCell(s.baseline ? s.row + " (baseline)" : s.row), " | ", Opt(s.acquisition, true), " | ",
-                      Opt(s.transfer, true), " | ", Opt(s.forgetting, true), " | ", s.pareto ? "yes" : "", " |\n");
+      absl::StrAppend(&out, "| ", MdCell(s.baseline ? s.row + " (baseline)" : s.row), " | ",
+                      Opt(s.acquisition, true), " | ", Opt(s.transfer, true), " | ",
+                      Opt(s.forgetting, true), " | ", s.pareto ? "yes" : "", " |\n");
     }
   }
   if (sweep_rows) {
@@ -262,16 +286,23 @@ std::string RenderHtml(const Report& r) {
   std::string title = absl::StrCat(r.experiment, ", revision ", r.revision);
   std::string out = absl::StrCat(
       "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-      "<meta http-equiv=\"Content-Security-Policy\" content=\"", kHtmlCsp, "\">\n"
-      "<meta name=\"referrer\" content=\"no-referrer\">\n<title>", H(title), "</title>\n<style>", kCss,
-      "</style>\n</head>\n<body>\n");
+      "<meta http-equiv=\"Content-Security-Policy\" content=\"",
+      kHtmlCsp,
+      "\">\n"
+      "<meta name=\"referrer\" content=\"no-referrer\">\n<title>",
+      H(title), "</title>\n<style>", kCss, "</style>\n</head>\n<body>\n");
   std::string body;
   absl::StrAppend(&body, "<h1>", H(title), "</h1>\n<p class=\"meta\">", H(StatesLine(r)), ".");
-  if (!r.baseline.empty()) absl::StrAppend(&body, "<br>Baseline: <b>", H(r.baseline), "</b>; small numbers are deltas against it (green better, red worse); the best value of each column is bold.");
+  if (!r.baseline.empty())
+    absl::StrAppend(&body, "<br>Baseline: <b>", H(r.baseline),
+                    "</b>; small numbers are deltas against it (green better, red worse); the best "
+                    "value of each column is bold.");
   if (!r.columns.empty()) absl::StrAppend(&body, "<br>Metrics: ", H(MetricsLine(r)), ".");
   if (!r.languages.empty()) {
-    absl::StrAppend(&body, "<br>Languages (", r.roles_from_corpus ? "from the corpus manifest" : "assumed: no corpus manifest", "): ",
-                    H(LanguagesLine(r)), ".");
+    absl::StrAppend(
+        &body, "<br>Languages (",
+        r.roles_from_corpus ? "from the corpus manifest" : "assumed: no corpus manifest",
+        "): ", H(LanguagesLine(r)), ".");
   }
   body += "</p>\n<h2>Results</h2>\n";
   bool table_rows = false, sweep_rows = false;
@@ -279,11 +310,14 @@ std::string RenderHtml(const Report& r) {
   if (!table_rows) body += "<p>No eval cells yet: the table has no rows.</p>\n";
   if (table_rows) body += HtmlTable(r, true);
   if (!r.summary.empty()) {
-    absl::StrAppend(&body, "<h2>Acquisition vs forgetting (", H(r.perplexity_metric), ")</h2>\n<table class=\"summary\">\n",
-                    "<thead><tr><th>row</th><th>acquisition ↑</th><th>transfer ↑</th><th>forgetting ↓</th><th>Pareto front</th></tr></thead>\n<tbody>\n");
+    absl::StrAppend(&body, "<h2>Acquisition vs forgetting (", H(r.perplexity_metric),
+                    ")</h2>\n<table class=\"summary\">\n",
+                    "<thead><tr><th>row</th><th>acquisition ↑</th><th>transfer "
+                    "↑</th><th>forgetting ↓</th><th>Pareto front</th></tr></thead>\n<tbody>\n");
     for (const Summary& s : r.summary) {
-      absl::StrAppend(&body, "<tr", s.baseline ? " class=\"baseline\"" : "", "><td>", H(s.row), "</td><td class=\"num\">",
-                      Opt(s.acquisition, true), "</td><td class=\"num\">", Opt(s.transfer, true), "</td><td class=\"num\">",
+      absl::StrAppend(&body, "<tr", s.baseline ? " class=\"baseline\"" : "", "><td>", H(s.row),
+                      "</td><td class=\"num\">", Opt(s.acquisition, true),
+                      "</td><td class=\"num\">", Opt(s.transfer, true), "</td><td class=\"num\">",
                       Opt(s.forgetting, true), "</td><td>", s.pareto ? "yes" : "", "</td></tr>\n");
     }
     body += "</tbody></table>\n";
@@ -300,12 +334,13 @@ std::string RenderHtml(const Report& r) {
       continue;
     }
     std::string id = p.file.substr(0, p.file.rfind('.'));
-    absl::StrAppend(&body, "<figure id=\"plot-", H(id), "\">\n", RenderSvg(p.svg, false), "<figcaption>", H(p.caption),
-                    "</figcaption>\n</figure>\n");
+    absl::StrAppend(&body, "<figure id=\"plot-", H(id), "\">\n", RenderSvg(p.svg, false),
+                    "<figcaption>", H(p.caption), "</figcaption>\n</figure>\n");
   }
   if (!omitted.empty()) {
     body += "<p>Not drawn:</p>\n<ul class=\"omitted\">\n";
-    for (const Plot* p : omitted) absl::StrAppend(&body, "<li>", H(p->file), ": ", H(p->omitted), "</li>\n");
+    for (const Plot* p : omitted)
+      absl::StrAppend(&body, "<li>", H(p->file), ": ", H(p->omitted), "</li>\n");
     body += "</ul>\n";
   }
   if (!r.notes.empty()) {
@@ -315,7 +350,12 @@ std::string RenderHtml(const Report& r) {
   }
   // Nothing in the page may look like a reference to elsewhere, even inside text (a path
   // with "//", a note quoting a URL): the markup written above never needs these sequences.
-  body = absl::StrReplaceAll(body, {{"//", "/&#47;"}, {"http:", "http&#58;"}, {"https:", "https&#58;"}, {"url(", "url&#40;"}, {"src=", "src&#61;"}, {"href=", "href&#61;"}});
+  body = absl::StrReplaceAll(body, {{"//", "/&#47;"},
+                                    {"http:", "http&#58;"},
+                                    {"https:", "https&#58;"},
+                                    {"url(", "url&#40;"},
+                                    {"src=", "src&#61;"},
+                                    {"href=", "href&#61;"}});
   absl::StrAppend(&out, body, "</body>\n</html>\n");
   return out;
 }
@@ -325,13 +365,15 @@ std::string RenderCsv(const Report& r) {
     if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
     return "\"" + absl::StrReplaceAll(s, {{"\"", "\"\""}}) + "\"";
   };
-  auto number = [](const std::optional<double>& v) { return v ? absl::StrFormat("%.10g", *v) : std::string(); };
+  auto number = [](const std::optional<double>& v) {
+    return v ? absl::StrFormat("%.10g", *v) : std::string();
+  };
   std::string out = "row,column,metric,value,delta\n";
   for (const Row& row : r.rows) {
     for (const Column& c : r.columns) {
       const Value& v = row.values.at(c.key);
-      absl::StrAppend(&out, field(row.title), ",", field(c.title), ",", field(c.metric), ",", number(v.value), ",",
-                      row.baseline ? std::string() : number(v.delta), "\n");
+      absl::StrAppend(&out, field(row.title), ",", field(c.title), ",", field(c.metric), ",",
+                      number(v.value), ",", row.baseline ? std::string() : number(v.delta), "\n");
     }
   }
   return out;
@@ -349,12 +391,18 @@ json ReportToJson(const Report& r) {
             {"notes", r.notes}};
   j["languages"] = json::array();
   for (const Language& l : r.languages) {
-    j["languages"].push_back({{"code", l.code}, {"family", l.family}, {"role", l.role}, {"name", l.name}});
+    j["languages"].push_back(
+        {{"code", l.code}, {"family", l.family}, {"role", l.role}, {"name", l.name}});
   }
   j["columns"] = json::array();
   for (const Column& c : r.columns) {
-    j["columns"].push_back({{"key", c.key}, {"title", c.title}, {"metric", c.metric}, {"language", c.language},
-                            {"family", c.family}, {"role", c.role}, {"lower_is_better", c.lower_is_better},
+    j["columns"].push_back({{"key", c.key},
+                            {"title", c.title},
+                            {"metric", c.metric},
+                            {"language", c.language},
+                            {"family", c.family},
+                            {"role", c.role},
+                            {"lower_is_better", c.lower_is_better},
                             {"names", c.names}});
   }
   j["rows"] = json::array();
@@ -365,17 +413,29 @@ json ReportToJson(const Report& r) {
       const Value& v = row.values.at(c.key);
       cells[c.key] = {{"value", Opt(v.value)}, {"delta", Opt(v.delta)}, {"best", v.best}};
     }
-    json x = {{"title", row.title},     {"job_name", row.job_name}, {"job_id", row.job_id},
-              {"stage", row.stage},     {"group", row.group},       {"state", row.state},
-              {"reason", row.reason},   {"baseline", row.baseline}, {"checkpoint_sha256", row.checkpoint_sha256},
-              {"alpha", Opt(row.alpha)}, {"range", row.range},       {"cells", cells},
+    json x = {{"title", row.title},
+              {"job_name", row.job_name},
+              {"job_id", row.job_id},
+              {"stage", row.stage},
+              {"group", row.group},
+              {"state", row.state},
+              {"reason", row.reason},
+              {"baseline", row.baseline},
+              {"checkpoint_sha256", row.checkpoint_sha256},
+              {"alpha", Opt(row.alpha)},
+              {"range", row.range},
+              {"cells", cells},
               {"metrics", row.metrics}};
     (row.in_table ? j["rows"] : j["sweep"]).push_back(std::move(x));
   }
   j["summary"] = json::array();
   for (const Summary& s : r.summary) {
-    j["summary"].push_back({{"row", s.row}, {"baseline", s.baseline}, {"acquisition", Opt(s.acquisition)},
-                            {"transfer", Opt(s.transfer)}, {"forgetting", Opt(s.forgetting)}, {"pareto", s.pareto}});
+    j["summary"].push_back({{"row", s.row},
+                            {"baseline", s.baseline},
+                            {"acquisition", Opt(s.acquisition)},
+                            {"transfer", Opt(s.transfer)},
+                            {"forgetting", Opt(s.forgetting)},
+                            {"pareto", s.pareto}});
   }
   j["plots"] = json::array();
   for (const Plot& p : r.plots) {
@@ -383,14 +443,20 @@ json ReportToJson(const Report& r) {
     for (const SvgSeries& s : p.svg.series) {
       json points = json::array();
       for (size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
-        points.push_back({std::isfinite(s.x[i]) ? json(s.x[i]) : json(nullptr), std::isfinite(s.y[i]) ? json(s.y[i]) : json(nullptr)});
+        points.push_back({std::isfinite(s.x[i]) ? json(s.x[i]) : json(nullptr),
+                          std::isfinite(s.y[i]) ? json(s.y[i]) : json(nullptr)});
       }
       json e = {{"name", s.name}, {"points", points}};
       if (!s.labels.empty()) e["labels"] = s.labels;
       series.push_back(std::move(e));
     }
-    json e = {{"file", p.file}, {"caption", p.caption}, {"title", p.svg.title}, {"x_label", p.svg.x_label},
-              {"y_label", p.svg.y_label}, {"series", series}, {"drawn", p.omitted.empty()}};
+    json e = {{"file", p.file},
+              {"caption", p.caption},
+              {"title", p.svg.title},
+              {"x_label", p.svg.x_label},
+              {"y_label", p.svg.y_label},
+              {"series", series},
+              {"drawn", p.omitted.empty()}};
     if (!p.omitted.empty()) e["omitted"] = p.omitted;
     j["plots"].push_back(std::move(e));
   }

@@ -25,6 +25,8 @@ std::string RenderCsv(const Report& report);
 nlohmann::json ReportToJson(const Report& report);
 
 // The HTML page's Content-Security-Policy.
-inline constexpr char kHtmlCsp[] = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'; base-uri 'none'";
+inline constexpr char kHtmlCsp[] =
+    "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'; base-uri "
+    "'none'";
 
 }  // namespace stemma::cli::report

@@ -43,11 +43,21 @@ std::string XmlEscape(const std::string& text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
       default:
         // Control characters are not allowed in XML 1.0 text.
         if (static_cast<unsigned char>(c) < 0x20 && c != '\n' && c != '\t') {
@@ -105,7 +115,8 @@ std::string RenderSvg(const SvgPlot& plot, bool standalone) {
   const double W = std::max(plot.width, 200), H = std::max(plot.height, 150);
   bool legend = false;
   for (const auto& s : plot.series) legend |= !s.name.empty();
-  const double left = 72, right = legend ? 170 : 24, top = plot.title.empty() ? 16 : 40, bottom = 52;
+  const double left = 72, right = legend ? 170 : 24, top = plot.title.empty() ? 16 : 40,
+               bottom = 52;
   const double pw = W - left - right, ph = H - top - bottom;
 
   Range xr, yr;
@@ -137,7 +148,8 @@ std::string RenderSvg(const SvgPlot& plot, bool standalone) {
     const double step = std::max(1.0, std::round(xt.size() > 1 ? xt[1] - xt[0] : 1));
     const double lo = std::floor(xr.lo), hi = std::ceil(xr.hi);
     xt.clear();
-    for (double t = std::floor(lo / step) * step; t <= hi + 1e-9 && xt.size() < 200; t += step) xt.push_back(t);
+    for (double t = std::floor(lo / step) * step; t <= hi + 1e-9 && xt.size() < 200; t += step)
+      xt.push_back(t);
     if (xt.size() < 2) xt.push_back(xt.back() + step);
   }
   std::vector<double> yt = NiceTicks(yr.lo, yr.hi, 5);
@@ -147,43 +159,55 @@ std::string RenderSvg(const SvgPlot& plot, bool standalone) {
   auto py = [&](double y) { return top + ph - (y1 > y0 ? (y - y0) / (y1 - y0) : 0.5) * ph; };
 
   std::string out = absl::StrCat(
-      "<svg", standalone ? " xmlns=\"http://www.w3.org/2000/svg\"" : "", " class=\"plot\" width=\"", W,
-      "\" height=\"", H, "\" viewBox=\"0 0 ", W, " ", H, "\" role=\"img\" aria-label=\"", XmlEscape(plot.title),
-      "\" font-family=\"sans-serif\" font-size=\"12\">\n");
+      "<svg", standalone ? " xmlns=\"http://www.w3.org/2000/svg\"" : "", " class=\"plot\" width=\"",
+      W, "\" height=\"", H, "\" viewBox=\"0 0 ", W, " ", H, "\" role=\"img\" aria-label=\"",
+      XmlEscape(plot.title), "\" font-family=\"sans-serif\" font-size=\"12\">\n");
   absl::StrAppend(&out, "<title>", XmlEscape(plot.title), "</title>\n");
-  absl::StrAppend(&out, "<rect x=\"0\" y=\"0\" width=\"", W, "\" height=\"", H, "\" fill=\"#ffffff\"/>\n");
+  absl::StrAppend(&out, "<rect x=\"0\" y=\"0\" width=\"", W, "\" height=\"", H,
+                  "\" fill=\"#ffffff\"/>\n");
   if (!plot.title.empty()) {
-    absl::StrAppend(&out, "<text x=\"", Num(left + pw / 2), "\" y=\"22\" text-anchor=\"middle\" font-size=\"14\" "
-                    "font-weight=\"bold\">", XmlEscape(plot.title), "</text>\n");
+    absl::StrAppend(&out, "<text x=\"", Num(left + pw / 2),
+                    "\" y=\"22\" text-anchor=\"middle\" font-size=\"14\" "
+                    "font-weight=\"bold\">",
+                    XmlEscape(plot.title), "</text>\n");
   }
   // Grid and ticks.
   absl::StrAppend(&out, "<g class=\"axes\" stroke=\"#dddddd\" stroke-width=\"1\">\n");
-  for (double t : xt) absl::StrAppend(&out, "<line x1=\"", Num(px(t)), "\" y1=\"", Num(top), "\" x2=\"", Num(px(t)), "\" y2=\"", Num(top + ph), "\"/>\n");
-  for (double t : yt) absl::StrAppend(&out, "<line x1=\"", Num(left), "\" y1=\"", Num(py(t)), "\" x2=\"", Num(left + pw), "\" y2=\"", Num(py(t)), "\"/>\n");
+  for (double t : xt)
+    absl::StrAppend(&out, "<line x1=\"", Num(px(t)), "\" y1=\"", Num(top), "\" x2=\"", Num(px(t)),
+                    "\" y2=\"", Num(top + ph), "\"/>\n");
+  for (double t : yt)
+    absl::StrAppend(&out, "<line x1=\"", Num(left), "\" y1=\"", Num(py(t)), "\" x2=\"",
+                    Num(left + pw), "\" y2=\"", Num(py(t)), "\"/>\n");
   absl::StrAppend(&out, "</g>\n");
-  absl::StrAppend(&out, "<rect x=\"", Num(left), "\" y=\"", Num(top), "\" width=\"", Num(pw), "\" height=\"", Num(ph),
+  absl::StrAppend(&out, "<rect x=\"", Num(left), "\" y=\"", Num(top), "\" width=\"", Num(pw),
+                  "\" height=\"", Num(ph),
                   "\" fill=\"none\" stroke=\"#333333\" stroke-width=\"1\"/>\n");
   absl::StrAppend(&out, "<g class=\"ticks\" fill=\"#333333\">\n");
   for (double t : xt) {
-    absl::StrAppend(&out, "<text x=\"", Num(px(t)), "\" y=\"", Num(top + ph + 16), "\" text-anchor=\"middle\">",
-                    XmlEscape(TickText(t, xstep)), "</text>\n");
+    absl::StrAppend(&out, "<text x=\"", Num(px(t)), "\" y=\"", Num(top + ph + 16),
+                    "\" text-anchor=\"middle\">", XmlEscape(TickText(t, xstep)), "</text>\n");
   }
   for (double t : yt) {
-    absl::StrAppend(&out, "<text x=\"", Num(left - 6), "\" y=\"", Num(py(t) + 4), "\" text-anchor=\"end\">",
-                    XmlEscape(TickText(t, ystep)), "</text>\n");
+    absl::StrAppend(&out, "<text x=\"", Num(left - 6), "\" y=\"", Num(py(t) + 4),
+                    "\" text-anchor=\"end\">", XmlEscape(TickText(t, ystep)), "</text>\n");
   }
   absl::StrAppend(&out, "</g>\n");
   absl::StrAppend(&out, "<text class=\"xlabel\" x=\"", Num(left + pw / 2), "\" y=\"", Num(H - 12),
                   "\" text-anchor=\"middle\">", XmlEscape(plot.x_label), "</text>\n");
-  absl::StrAppend(&out, "<text class=\"ylabel\" x=\"16\" y=\"", Num(top + ph / 2), "\" text-anchor=\"middle\" transform=\"rotate(-90 16 ",
-                  Num(top + ph / 2), ")\">", XmlEscape(plot.y_label), "</text>\n");
+  absl::StrAppend(&out, "<text class=\"ylabel\" x=\"16\" y=\"", Num(top + ph / 2),
+                  "\" text-anchor=\"middle\" transform=\"rotate(-90 16 ", Num(top + ph / 2), ")\">",
+                  XmlEscape(plot.y_label), "</text>\n");
   if (plot.y_reference) {
-    absl::StrAppend(&out, "<line class=\"reference\" x1=\"", Num(left), "\" y1=\"", Num(py(*plot.y_reference)), "\" x2=\"",
-                    Num(left + pw), "\" y2=\"", Num(py(*plot.y_reference)), "\" stroke=\"#777777\" stroke-dasharray=\"2 3\"/>\n");
+    absl::StrAppend(&out, "<line class=\"reference\" x1=\"", Num(left), "\" y1=\"",
+                    Num(py(*plot.y_reference)), "\" x2=\"", Num(left + pw), "\" y2=\"",
+                    Num(py(*plot.y_reference)),
+                    "\" stroke=\"#777777\" stroke-dasharray=\"2 3\"/>\n");
   }
   if (plot.x_reference) {
-    absl::StrAppend(&out, "<line class=\"reference\" x1=\"", Num(px(*plot.x_reference)), "\" y1=\"", Num(top), "\" x2=\"",
-                    Num(px(*plot.x_reference)), "\" y2=\"", Num(top + ph), "\" stroke=\"#777777\" stroke-dasharray=\"2 3\"/>\n");
+    absl::StrAppend(&out, "<line class=\"reference\" x1=\"", Num(px(*plot.x_reference)), "\" y1=\"",
+                    Num(top), "\" x2=\"", Num(px(*plot.x_reference)), "\" y2=\"", Num(top + ph),
+                    "\" stroke=\"#777777\" stroke-dasharray=\"2 3\"/>\n");
   }
   if (!has_data) {
     absl::StrAppend(&out, "<text x=\"", Num(left + pw / 2), "\" y=\"", Num(top + ph / 2),
@@ -203,23 +227,26 @@ std::string RenderSvg(const SvgPlot& plot, bool standalone) {
           pen_down = false;  // a gap where a value is missing
           continue;
         }
-        absl::StrAppend(&d, pen_down ? " L" : (d.empty() ? "M" : " M"), Num(px(s.x[i])), " ", Num(py(s.y[i])));
+        absl::StrAppend(&d, pen_down ? " L" : (d.empty() ? "M" : " M"), Num(px(s.x[i])), " ",
+                        Num(py(s.y[i])));
         pen_down = true;
       }
       if (!d.empty()) {
-        absl::StrAppend(&out, "<path d=\"", d, "\" fill=\"none\" stroke=\"", color, "\" stroke-width=\"2\"",
-                        s.dashed ? " stroke-dasharray=\"6 4\"" : "", "/>\n");
+        absl::StrAppend(&out, "<path d=\"", d, "\" fill=\"none\" stroke=\"", color,
+                        "\" stroke-width=\"2\"", s.dashed ? " stroke-dasharray=\"6 4\"" : "",
+                        "/>\n");
       }
     }
     for (size_t i = 0; i < n; ++i) {
       if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
       if (s.markers) {
-        absl::StrAppend(&out, "<circle cx=\"", Num(px(s.x[i])), "\" cy=\"", Num(py(s.y[i])), "\" r=\"3.5\" fill=\"", color,
-                        "\"/>\n");
+        absl::StrAppend(&out, "<circle cx=\"", Num(px(s.x[i])), "\" cy=\"", Num(py(s.y[i])),
+                        "\" r=\"3.5\" fill=\"", color, "\"/>\n");
       }
       if (i < s.labels.size() && !s.labels[i].empty()) {
-        absl::StrAppend(&out, "<text x=\"", Num(px(s.x[i]) + 6), "\" y=\"", Num(py(s.y[i]) - 6), "\" font-size=\"11\" fill=\"#333333\">",
-                        XmlEscape(s.labels[i]), "</text>\n");
+        absl::StrAppend(&out, "<text x=\"", Num(px(s.x[i]) + 6), "\" y=\"", Num(py(s.y[i]) - 6),
+                        "\" font-size=\"11\" fill=\"#333333\">", XmlEscape(s.labels[i]),
+                        "</text>\n");
       }
     }
     absl::StrAppend(&out, "</g>\n");
@@ -234,17 +261,21 @@ std::string RenderSvg(const SvgPlot& plot, bool standalone) {
       const char* color = PaletteColor(s.color >= 0 ? s.color : static_cast<int>(si));
       const double lx = left + pw + 12;
       if (s.line) {
-        absl::StrAppend(&out, "<line x1=\"", Num(lx), "\" y1=\"", Num(ly), "\" x2=\"", Num(lx + 18), "\" y2=\"", Num(ly),
-                        "\" stroke=\"", color, "\" stroke-width=\"2\"", s.dashed ? " stroke-dasharray=\"6 4\"" : "", "/>\n");
+        absl::StrAppend(&out, "<line x1=\"", Num(lx), "\" y1=\"", Num(ly), "\" x2=\"", Num(lx + 18),
+                        "\" y2=\"", Num(ly), "\" stroke=\"", color, "\" stroke-width=\"2\"",
+                        s.dashed ? " stroke-dasharray=\"6 4\"" : "", "/>\n");
       }
-      if (s.markers) absl::StrAppend(&out, "<circle cx=\"", Num(lx + 9), "\" cy=\"", Num(ly), "\" r=\"3.5\" fill=\"", color, "\"/>\n");
+      if (s.markers)
+        absl::StrAppend(&out, "<circle cx=\"", Num(lx + 9), "\" cy=\"", Num(ly),
+                        "\" r=\"3.5\" fill=\"", color, "\"/>\n");
       std::string name = s.name;
       if (name.size() > 24) {
         size_t cut = 23;  // not inside a UTF-8 sequence
         while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
         name = name.substr(0, cut) + "…";
       }
-      absl::StrAppend(&out, "<text x=\"", Num(lx + 24), "\" y=\"", Num(ly + 4), "\">", XmlEscape(name), "</text>\n");
+      absl::StrAppend(&out, "<text x=\"", Num(lx + 24), "\" y=\"", Num(ly + 4), "\">",
+                      XmlEscape(name), "</text>\n");
       ly += 18;
       if (ly > H - 10) break;
     }

@@ -17,7 +17,7 @@ struct SvgSeries {
   bool line = true;                 // join the points in order
   bool markers = true;              // a circle at every point
   bool dashed = false;
-  int color = -1;                   // palette index; -1: the series' position
+  int color = -1;  // palette index; -1: the series' position
 };
 
 struct SvgPlot {

@@ -26,11 +26,11 @@
 namespace stemma::experiments {
 
 struct EarlyStopConfig {
-  std::string metric;           // loss, heldout_loss or heldout_loss/<dataset>
-  bool maximize = false;        // mode: max
-  std::vector<int64_t> rungs;   // steps, ascending
-  double keep = 0.5;            // fraction kept at each rung, in (0, 1)
-  int min_trials = 0;           // 0: ceil(1/keep)
+  std::string metric;          // loss, heldout_loss or heldout_loss/<dataset>
+  bool maximize = false;       // mode: max
+  std::vector<int64_t> rungs;  // steps, ascending
+  double keep = 0.5;           // fraction kept at each rung, in (0, 1)
+  int min_trials = 0;          // 0: ceil(1/keep)
 };
 
 // The label that carries an early-stop config on each trial's job.
@@ -49,10 +49,11 @@ struct RungDecision {
 
 // Decides a trial whose `value` has just been recorded at a rung; `recorded` holds every
 // value recorded at that rung, this trial's included.
-RungDecision DecideAtRung(const EarlyStopConfig& config, const std::vector<double>& recorded, double value);
+RungDecision DecideAtRung(const EarlyStopConfig& config, const std::vector<double>& recorded,
+                          double value);
 
 // "stopped early at rung 1 (step 100): heldout_loss=2.31, not in the top 0.5 of 4"
-std::string StopReason(const EarlyStopConfig& config, int rung_index, int64_t rung_step, double value,
-                       const RungDecision& decision);
+std::string StopReason(const EarlyStopConfig& config, int rung_index, int64_t rung_step,
+                       double value, const RungDecision& decision);
 
 }  // namespace stemma::experiments

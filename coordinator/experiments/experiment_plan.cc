@@ -1,11 +1,11 @@
 #include "coordinator/experiments/experiment_plan.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <optional>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -37,8 +37,8 @@ namespace pb = google::protobuf;
 // Stage keys besides the one kind key.
 const std::set<std::string>& StageKeys() {
   static const auto* keys = new std::set<std::string>{
-      "matrix", "needs", "resources", "priority", "max_attempts", "backoff", "timeout_ms",
-      "labels", "nodes", "cache", "early_stop"};
+      "matrix",     "needs",  "resources", "priority", "max_attempts", "backoff",
+      "timeout_ms", "labels", "nodes",     "cache",    "early_stop"};
   return *keys;
 }
 
@@ -71,24 +71,29 @@ class Expander {
 
   absl::StatusOr<ExperimentPlan> Run(std::string_view text) {
     ASSIGN_OR_RETURN(std::vector<YamlNode> docs, LoadYamlDocuments(text, file_));
-    if (docs.size() != 1 || !docs[0].IsMap()) return Error(0, "", "an experiment file is one mapping");
+    if (docs.size() != 1 || !docs[0].IsMap())
+      return Error(0, "", "an experiment file is one mapping");
     const YamlNode& root = docs[0];
     const YamlNode* stages = nullptr;
     for (size_t k = 0; k + 1 < root.items.size(); k += 2) {
       const std::string& key = root.items[k].scalar;
       const YamlNode& value = root.items[k + 1];
       if (key == "name") {
-        if (!value.IsScalar() || value.scalar.empty()) return Error(value.line, "name", "must be a non-empty name");
+        if (!value.IsScalar() || value.scalar.empty())
+          return Error(value.line, "name", "must be a non-empty name");
         plan_.name = value.scalar;
       } else if (key == "vars") {
-        if (!value.IsMap() && !value.IsNull()) return Error(value.line, "vars", "must be a mapping");
-        for (size_t v = 0; v + 1 < value.items.size(); v += 2) vars_[value.items[v].scalar] = &value.items[v + 1];
+        if (!value.IsMap() && !value.IsNull())
+          return Error(value.line, "vars", "must be a mapping");
+        for (size_t v = 0; v + 1 < value.items.size(); v += 2)
+          vars_[value.items[v].scalar] = &value.items[v + 1];
       } else if (key == "stages" || key == "jobs") {
         stages = &value;
       } else if (key == "models") {
         RETURN_IF_ERROR(ReadModels(value));
       } else {
-        return Error(root.items[k].line, key, "unknown field (allowed: name, vars, models, stages)");
+        return Error(root.items[k].line, key,
+                     "unknown field (allowed: name, vars, models, stages)");
       }
     }
     if (plan_.name.empty()) return Error(root.line, "name", "is required");
@@ -104,9 +109,11 @@ class Expander {
       def.line = stages->items[k].line;
       def.node = &stages->items[k + 1];
       if (def.name.empty() || def.name.find_first_of(" .[]=,$") != std::string::npos) {
-        return Error(def.line, absl::StrCat("stages.", def.name), "a stage name has no spaces, dots, brackets or commas");
+        return Error(def.line, absl::StrCat("stages.", def.name),
+                     "a stage name has no spaces, dots, brackets or commas");
       }
-      if (index_.count(def.name) > 0) return Error(def.line, absl::StrCat("stages.", def.name), "defined twice");
+      if (index_.count(def.name) > 0)
+        return Error(def.line, absl::StrCat("stages.", def.name), "defined twice");
       index_[def.name] = defs_.size();
       defs_.push_back(std::move(def));
     }
@@ -123,7 +130,8 @@ class Expander {
   }
 
   std::string StagePath(const StageDef& def, std::string_view rest = "") const {
-    return rest.empty() ? absl::StrCat("stages.", def.name) : absl::StrCat("stages.", def.name, ".", std::string(rest));
+    return rest.empty() ? absl::StrCat("stages.", def.name)
+                        : absl::StrCat("stages.", def.name, ".", std::string(rest));
   }
 
   absl::Status ReadStage(StageDef* def) {
@@ -133,27 +141,33 @@ class Expander {
       const std::string& key = n.items[k].scalar;
       if (IsKind(key)) {
         if (!def->kind.empty()) {
-          return Error(n.items[k].line, StagePath(*def, key),
-                       absl::StrCat("a stage runs one kind of job (", def->kind, " is already given)"));
+          return Error(
+              n.items[k].line, StagePath(*def, key),
+              absl::StrCat("a stage runs one kind of job (", def->kind, " is already given)"));
         }
         def->kind = key;
       } else if (key == "search") {
-        return Error(n.items[k].line, StagePath(*def, key),
-                     n.Find("matrix") == nullptr
-                         ? "a search samples a matrix, and this stage has none: write matrix: {search: {...}, AXIS: ...}"
-                         : "search belongs inside the stage's matrix: matrix: {search: {...}, AXIS: ...}");
+        return Error(
+            n.items[k].line, StagePath(*def, key),
+            n.Find("matrix") == nullptr
+                ? "a search samples a matrix, and this stage has none: write matrix: {search: "
+                  "{...}, AXIS: ...}"
+                : "search belongs inside the stage's matrix: matrix: {search: {...}, AXIS: ...}");
       } else if (StageKeys().count(key) == 0) {
         return Error(n.items[k].line, StagePath(*def, key),
                      absl::StrCat("unknown field (allowed: ", absl::StrJoin(StageKeys(), ", "),
-                                  ", and one kind: noop, exec, ", absl::StrJoin(EngineCommands(), ", "), ")"));
+                                  ", and one kind: noop, exec, ",
+                                  absl::StrJoin(EngineCommands(), ", "), ")"));
       }
     }
     if (def->kind.empty()) {
-      return Error(n.line, StagePath(*def), absl::StrCat("give the stage one kind: noop, exec, ",
-                                                          absl::StrJoin(EngineCommands(), ", ")));
+      return Error(n.line, StagePath(*def),
+                   absl::StrCat("give the stage one kind: noop, exec, ",
+                                absl::StrJoin(EngineCommands(), ", ")));
     }
     if (const YamlNode* needs = n.Find("needs")) {
-      if (!needs->IsSequence()) return Error(needs->line, StagePath(*def, "needs"), "must be a list of stages");
+      if (!needs->IsSequence())
+        return Error(needs->line, StagePath(*def, "needs"), "must be a list of stages");
       for (size_t i = 0; i < needs->items.size(); ++i) {
         const YamlNode& item = needs->items[i];
         const std::string path = StagePath(*def, absl::StrCat("needs[", i, "]"));
@@ -163,7 +177,8 @@ class Expander {
           need.stage = item.scalar;
         } else if (item.IsMap()) {
           const YamlNode* stage = item.Find("stage");
-          if (stage == nullptr || !stage->IsScalar()) return Error(item.line, path, "write {stage: S, where: {axis: value}}");
+          if (stage == nullptr || !stage->IsScalar())
+            return Error(item.line, path, "write {stage: S, where: {axis: value}}");
           need.stage = stage->scalar;
           for (size_t k = 0; k + 1 < item.items.size(); k += 2) {
             const std::string& key = item.items[k].scalar;
@@ -172,9 +187,13 @@ class Expander {
               need.all = item.items[k + 1].IsScalar() && item.items[k + 1].scalar == "true";
               continue;
             }
-            if (key != "where") return Error(item.items[k].line, absl::StrCat(path, ".", key), "unknown field (allowed: stage, where, all)");
+            if (key != "where")
+              return Error(item.items[k].line, absl::StrCat(path, ".", key),
+                           "unknown field (allowed: stage, where, all)");
             const YamlNode& where = item.items[k + 1];
-            if (!where.IsMap()) return Error(where.line, absl::StrCat(path, ".where"), "must be a mapping of axis to value(s)");
+            if (!where.IsMap())
+              return Error(where.line, absl::StrCat(path, ".where"),
+                           "must be a mapping of axis to value(s)");
             for (size_t w = 0; w + 1 < where.items.size(); w += 2) {
               std::vector<std::string> values;
               const YamlNode& v = where.items[w + 1];
@@ -183,7 +202,8 @@ class Expander {
               } else if (v.IsSequence()) {
                 for (const YamlNode& x : v.items) values.push_back(x.scalar);
               } else {
-                return Error(v.line, absl::StrCat(path, ".where.", where.items[w].scalar), "must be a value or a list of values");
+                return Error(v.line, absl::StrCat(path, ".where.", where.items[w].scalar),
+                             "must be a value or a list of values");
               }
               need.where.emplace_back(where.items[w].scalar, std::move(values));
             }
@@ -216,14 +236,21 @@ class Expander {
     for (size_t k = 0; k + 1 < m->items.size(); k += 2) {
       const std::string& axis = m->items[k].scalar;
       const YamlNode& values = m->items[k + 1];
-      if (axis == "include") { include = &values; continue; }
-      if (axis == "exclude") { exclude = &values; continue; }
+      if (axis == "include") {
+        include = &values;
+        continue;
+      }
+      if (axis == "exclude") {
+        exclude = &values;
+        continue;
+      }
       if (axis == "search") {
         RETURN_IF_ERROR(ReadSearch(values, absl::StrCat(mpath, ".search"), &search));
         continue;
       }
       if (axis.empty() || axis.find_first_of(" .[]=,$") != std::string::npos) {
-        return Error(m->items[k].line, absl::StrCat(mpath, ".", axis), "an axis name has no spaces, dots, brackets or commas");
+        return Error(m->items[k].line, absl::StrCat(mpath, ".", axis),
+                     "an axis name has no spaces, dots, brackets or commas");
       }
       std::vector<YamlNode> items;
       if (values.IsMap()) {
@@ -241,17 +268,22 @@ class Expander {
       } else if (values.IsScalar() && IsExpression(values.scalar)) {
         // An axis from a variable: `lr: ${{ vars.lrs }}`.
         ASSIGN_OR_RETURN(YamlNode expanded, Substitute(values, {}, absl::StrCat(mpath, ".", axis)));
-        if (!expanded.IsSequence()) return Error(values.line, absl::StrCat(mpath, ".", axis), "must be a list of values");
+        if (!expanded.IsSequence())
+          return Error(values.line, absl::StrCat(mpath, ".", axis), "must be a list of values");
         items = expanded.items;
       } else {
         return Error(values.line, absl::StrCat(mpath, ".", axis), "must be a list of values");
       }
-      if (items.empty()) return Error(values.line, absl::StrCat(mpath, ".", axis), "is empty: the matrix would have no cells");
+      if (items.empty())
+        return Error(values.line, absl::StrCat(mpath, ".", axis),
+                     "is empty: the matrix would have no cells");
       std::vector<std::string> texts;
       for (const YamlNode& v : items) {
-        if (!v.IsScalar()) return Error(v.line, absl::StrCat(mpath, ".", axis), "values must be scalars");
+        if (!v.IsScalar())
+          return Error(v.line, absl::StrCat(mpath, ".", axis), "values must be scalars");
         if (v.scalar.find_first_of(",[]=") != std::string::npos) {
-          return Error(v.line, absl::StrCat(mpath, ".", axis), absl::StrCat("value '", v.scalar, "' may not hold ',', '[', ']' or '='"));
+          return Error(v.line, absl::StrCat(mpath, ".", axis),
+                       absl::StrCat("value '", v.scalar, "' may not hold ',', '[', ']' or '='"));
         }
         texts.push_back(v.scalar);
       }
@@ -264,7 +296,8 @@ class Expander {
       def->axes.push_back(axis);
     }
     if (search.random && axes.empty()) {
-      return Error(search.line, absl::StrCat(mpath, ".search"), "a random search needs at least one axis to sample");
+      return Error(search.line, absl::StrCat(mpath, ".search"),
+                   "a random search needs at least one axis to sample");
     }
     std::vector<Coords> cells;
     if (search.random) {
@@ -272,16 +305,23 @@ class Expander {
     } else {
       ASSIGN_OR_RETURN(cells, Grid(axes, mpath));
     }
-    auto entries = [&](const YamlNode* list, const char* what) -> absl::StatusOr<std::vector<Coords>> {
+    auto entries = [&](const YamlNode* list,
+                       const char* what) -> absl::StatusOr<std::vector<Coords>> {
       std::vector<Coords> out;
       if (list == nullptr) return out;
-      if (!list->IsSequence()) return Error(list->line, absl::StrCat(mpath, ".", what), "must be a list of mappings");
+      if (!list->IsSequence())
+        return Error(list->line, absl::StrCat(mpath, ".", what), "must be a list of mappings");
       for (size_t i = 0; i < list->items.size(); ++i) {
         const YamlNode& e = list->items[i];
-        if (!e.IsMap() || e.size() == 0) return Error(e.line, absl::StrCat(mpath, ".", what, "[", i, "]"), "must be a mapping of axis to value");
+        if (!e.IsMap() || e.size() == 0)
+          return Error(e.line, absl::StrCat(mpath, ".", what, "[", i, "]"),
+                       "must be a mapping of axis to value");
         Coords c;
         for (size_t k = 0; k + 1 < e.items.size(); k += 2) {
-          if (!e.items[k + 1].IsScalar()) return Error(e.items[k + 1].line, absl::StrCat(mpath, ".", what, "[", i, "].", e.items[k].scalar), "must be a value");
+          if (!e.items[k + 1].IsScalar())
+            return Error(e.items[k + 1].line,
+                         absl::StrCat(mpath, ".", what, "[", i, "].", e.items[k].scalar),
+                         "must be a value");
           c.emplace_back(e.items[k].scalar, e.items[k + 1].scalar);
         }
         out.push_back(std::move(c));
@@ -298,12 +338,14 @@ class Expander {
                        absl::StrCat("'", axis, "' is not an axis of this matrix"));
         }
       }
-      cells.erase(std::remove_if(cells.begin(), cells.end(), [&](const Coords& c) {
-                    for (const auto& [axis, v] : excludes[i]) {
-                      if (Get(c, axis) != v) return false;
-                    }
-                    return true;
-                  }), cells.end());
+      cells.erase(std::remove_if(cells.begin(), cells.end(),
+                                 [&](const Coords& c) {
+                                   for (const auto& [axis, v] : excludes[i]) {
+                                     if (Get(c, axis) != v) return false;
+                                   }
+                                   return true;
+                                 }),
+                  cells.end());
     }
     const size_t original_axes = def->axes.size();
     ASSIGN_OR_RETURN(std::vector<Coords> includes, entries(include, "include"));
@@ -314,8 +356,8 @@ class Expander {
         Coords& c = cells[ci];
         bool fits = true;
         for (const auto& [axis, v] : inc) {
-          const bool original = std::find(def->axes.begin(), def->axes.begin() + original_axes, axis) !=
-                                def->axes.begin() + original_axes;
+          const bool original = std::find(def->axes.begin(), def->axes.begin() + original_axes,
+                                          axis) != def->axes.begin() + original_axes;
           if (original && Get(c, axis) != v) fits = false;
         }
         if (!fits) continue;
@@ -333,10 +375,12 @@ class Expander {
       }
       if (!extended) cells.push_back(inc);
       for (const auto& [axis, v] : inc) {
-        if (std::find(def->axes.begin(), def->axes.end(), axis) == def->axes.end()) def->axes.push_back(axis);
+        if (std::find(def->axes.begin(), def->axes.end(), axis) == def->axes.end())
+          def->axes.push_back(axis);
       }
     }
-    if (cells.empty()) return Error(m->line, mpath, "has no cells (every combination was excluded)");
+    if (cells.empty())
+      return Error(m->line, mpath, "has no cells (every combination was excluded)");
     // Cells in axis order, and distinct (a random search over discrete axes may draw one
     // cell twice: it is kept once).
     std::set<std::string> seen;
@@ -348,7 +392,8 @@ class Expander {
       }
       if (!seen.insert(CellName(def->name, ordered)).second) {
         if (search.random) continue;
-        return Error(m->line, mpath, absl::StrCat("cell ", CellName(def->name, ordered), " appears twice"));
+        return Error(m->line, mpath,
+                     absl::StrCat("cell ", CellName(def->name, ordered), " appears twice"));
       }
       distinct.push_back(std::move(ordered));
     }
@@ -385,37 +430,47 @@ class Expander {
       for (size_t k = 0; k + 1 < n.items.size(); k += 2) {
         const std::string& key = n.items[k].scalar;
         if (key != "method" && key != "seed" && key != "samples") {
-          return Error(n.items[k].line, absl::StrCat(path, ".", key), "unknown field (allowed: method, seed, samples)");
+          return Error(n.items[k].line, absl::StrCat(path, ".", key),
+                       "unknown field (allowed: method, seed, samples)");
         }
       }
-      if (method == nullptr) return Error(n.line, absl::StrCat(path, ".method"), "is required: grid or random");
+      if (method == nullptr)
+        return Error(n.line, absl::StrCat(path, ".method"), "is required: grid or random");
     }
     if (!method->IsScalar() || (method->scalar != "grid" && method->scalar != "random")) {
       return Error(method->line, n.IsMap() ? absl::StrCat(path, ".method") : path,
-                   absl::StrCat("'", method->IsScalar() ? method->scalar : "", "' is not a search (use grid or random)"));
+                   absl::StrCat("'", method->IsScalar() ? method->scalar : "",
+                                "' is not a search (use grid or random)"));
     }
     search->random = method->scalar == "random";
     const YamlNode* seed = n.IsMap() ? n.Find("seed") : nullptr;
     const YamlNode* samples = n.IsMap() ? n.Find("samples") : nullptr;
     if (!search->random) {
-      if (seed != nullptr) return Error(seed->line, absl::StrCat(path, ".seed"), "is for search method random (a grid has no randomness)");
-      if (samples != nullptr) return Error(samples->line, absl::StrCat(path, ".samples"), "is for search method random (a grid runs every cell)");
+      if (seed != nullptr)
+        return Error(seed->line, absl::StrCat(path, ".seed"),
+                     "is for search method random (a grid has no randomness)");
+      if (samples != nullptr)
+        return Error(samples->line, absl::StrCat(path, ".samples"),
+                     "is for search method random (a grid runs every cell)");
       return absl::OkStatus();
     }
     if (seed == nullptr) {
-      return Error(n.line, absl::StrCat(path, ".seed"),
-                   "a random search needs a seed: a seedless random sweep would draw other trials on every "
-                   "submission and never be memoized");
+      return Error(
+          n.line, absl::StrCat(path, ".seed"),
+          "a random search needs a seed: a seedless random sweep would draw other trials on every "
+          "submission and never be memoized");
     }
     if (!seed->IsScalar() || !absl::SimpleAtoi(seed->scalar, &search->seed)) {
       return Error(seed->line, absl::StrCat(path, ".seed"), "must be a non-negative integer");
     }
     search->seeded = true;
-    if (samples == nullptr) return Error(n.line, absl::StrCat(path, ".samples"), "is required: how many trials to draw");
-    if (!samples->IsScalar() || !absl::SimpleAtoi(samples->scalar, &search->samples) || search->samples < 1 ||
-        search->samples > kMaxSamples) {
-      return Error(samples->line, absl::StrCat(path, ".samples"),
-                   absl::StrCat("'", samples->scalar, "' must be a whole number in 1..", kMaxSamples));
+    if (samples == nullptr)
+      return Error(n.line, absl::StrCat(path, ".samples"), "is required: how many trials to draw");
+    if (!samples->IsScalar() || !absl::SimpleAtoi(samples->scalar, &search->samples) ||
+        search->samples < 1 || search->samples > kMaxSamples) {
+      return Error(
+          samples->line, absl::StrCat(path, ".samples"),
+          absl::StrCat("'", samples->scalar, "' must be a whole number in 1..", kMaxSamples));
     }
     return absl::OkStatus();
   }
@@ -423,24 +478,30 @@ class Expander {
   absl::StatusOr<Axis> ReadDistribution(const YamlNode& n, const std::string& path) {
     Axis a;
     if (n.size() != 1) {
-      return Error(n.line, path, "a distribution is one of {uniform: [lo, hi]}, {loguniform: [lo, hi]}, "
-                                 "{int: [lo, hi]}, {choice: [a, b, ...]}");
+      return Error(n.line, path,
+                   "a distribution is one of {uniform: [lo, hi]}, {loguniform: [lo, hi]}, "
+                   "{int: [lo, hi]}, {choice: [a, b, ...]}");
     }
     const std::string& kind = n.items[0].scalar;
     const YamlNode& args = n.items[1];
     const std::string dpath = absl::StrCat(path, ".", kind);
     if (kind != "uniform" && kind != "loguniform" && kind != "int" && kind != "choice") {
       return Error(n.items[0].line, dpath,
-                   absl::StrCat("unknown distribution '", kind, "' (use uniform, loguniform, int or choice)"));
+                   absl::StrCat("unknown distribution '", kind,
+                                "' (use uniform, loguniform, int or choice)"));
     }
-    if (!args.IsSequence()) return Error(args.line, dpath, kind == "choice" ? "must be a list of values" : "must be [lo, hi]");
+    if (!args.IsSequence())
+      return Error(args.line, dpath,
+                   kind == "choice" ? "must be a list of values" : "must be [lo, hi]");
     if (kind == "choice") {
-      if (args.items.empty()) return Error(args.line, dpath, "is empty: the matrix would have no cells");
+      if (args.items.empty())
+        return Error(args.line, dpath, "is empty: the matrix would have no cells");
       a.dist = Axis::kList;
       for (const YamlNode& v : args.items) {
         if (!v.IsScalar()) return Error(v.line, dpath, "values must be scalars");
         if (v.scalar.find_first_of(",[]=") != std::string::npos) {
-          return Error(v.line, dpath, absl::StrCat("value '", v.scalar, "' may not hold ',', '[', ']' or '='"));
+          return Error(v.line, dpath,
+                       absl::StrCat("value '", v.scalar, "' may not hold ',', '[', ']' or '='"));
         }
         a.values.push_back(v.scalar);
       }
@@ -456,37 +517,46 @@ class Expander {
       if (!absl::SimpleAtoi(lo, &a.ilo) || !absl::SimpleAtoi(hi, &a.ihi)) {
         return Error(args.line, dpath, absl::StrCat("[", lo, ", ", hi, "] must be whole numbers"));
       }
-      if (a.ilo > a.ihi) return Error(args.line, dpath, absl::StrCat("lo ", lo, " is above hi ", hi));
-      if (a.ihi - a.ilo > (int64_t{1} << 52)) return Error(args.line, dpath, "the range is too wide (at most 2^52 values)");
+      if (a.ilo > a.ihi)
+        return Error(args.line, dpath, absl::StrCat("lo ", lo, " is above hi ", hi));
+      if (a.ihi - a.ilo > (int64_t{1} << 52))
+        return Error(args.line, dpath, "the range is too wide (at most 2^52 values)");
       return a;
     }
     a.dist = kind == "uniform" ? Axis::kUniform : Axis::kLogUniform;
-    if (!absl::SimpleAtod(lo, &a.lo) || !absl::SimpleAtod(hi, &a.hi) || !std::isfinite(a.lo) || !std::isfinite(a.hi)) {
+    if (!absl::SimpleAtod(lo, &a.lo) || !absl::SimpleAtod(hi, &a.hi) || !std::isfinite(a.lo) ||
+        !std::isfinite(a.hi)) {
       return Error(args.line, dpath, absl::StrCat("[", lo, ", ", hi, "] must be numbers"));
     }
     if (a.lo > a.hi) return Error(args.line, dpath, absl::StrCat("lo ", lo, " is above hi ", hi));
     if (a.dist == Axis::kLogUniform && a.lo <= 0) {
-      return Error(args.line, dpath, absl::StrCat("lo ", lo, " must be > 0 (a log-uniform range is over positive numbers)"));
+      return Error(
+          args.line, dpath,
+          absl::StrCat("lo ", lo, " must be > 0 (a log-uniform range is over positive numbers)"));
     }
     return a;
   }
 
   // The product of the axes, first axis outermost. Only lists, choices and integer ranges
   // can be enumerated.
-  absl::StatusOr<std::vector<Coords>> Grid(const std::vector<Axis>& axes, const std::string& mpath) {
+  absl::StatusOr<std::vector<Coords>> Grid(const std::vector<Axis>& axes,
+                                           const std::string& mpath) {
     std::vector<Coords> cells = {{}};
     for (const Axis& a : axes) {
       std::vector<std::string> values = a.values;
       if (a.dist == Axis::kUniform || a.dist == Axis::kLogUniform) {
-        return Error(a.line, absl::StrCat(mpath, ".", a.name),
-                     absl::StrCat(a.dist == Axis::kUniform ? "uniform" : "loguniform",
-                                  " is a distribution to sample: set search: {method: random, seed: N, samples: N}, "
-                                  "or give a list of values"));
+        return Error(
+            a.line, absl::StrCat(mpath, ".", a.name),
+            absl::StrCat(
+                a.dist == Axis::kUniform ? "uniform" : "loguniform",
+                " is a distribution to sample: set search: {method: random, seed: N, samples: N}, "
+                "or give a list of values"));
       }
       if (a.dist == Axis::kInt) {
         if (a.ihi - a.ilo >= kMaxSamples) {
           return Error(a.line, absl::StrCat(mpath, ".", a.name),
-                       absl::StrCat("a grid over int [", a.ilo, ", ", a.ihi, "] would have more than ", kMaxSamples, " values"));
+                       absl::StrCat("a grid over int [", a.ilo, ", ", a.ihi,
+                                    "] would have more than ", kMaxSamples, " values"));
         }
         for (int64_t v = a.ilo; v <= a.ihi; ++v) values.push_back(absl::StrCat(v));
       }
@@ -525,7 +595,9 @@ class Expander {
     // 53 random bits as a real in [0, 1): the same on every platform (std's distributions
     // are not specified bit for bit).
     auto unit = [&] { return static_cast<double>(rng() >> 11) * 0x1.0p-53; };
-    auto index = [&](uint64_t n) { return std::min<uint64_t>(n - 1, static_cast<uint64_t>(unit() * static_cast<double>(n))); };
+    auto index = [&](uint64_t n) {
+      return std::min<uint64_t>(n - 1, static_cast<uint64_t>(unit() * static_cast<double>(n)));
+    };
     std::vector<Coords> cells;
     for (int64_t i = 0; i < search.samples; ++i) {
       Coords c;
@@ -535,14 +607,17 @@ class Expander {
             c.emplace_back(a.name, a.values[index(a.values.size())]);
             break;
           case Axis::kInt:
-            c.emplace_back(a.name, absl::StrCat(a.ilo + static_cast<int64_t>(index(static_cast<uint64_t>(a.ihi - a.ilo) + 1))));
+            c.emplace_back(
+                a.name, absl::StrCat(a.ilo + static_cast<int64_t>(
+                                                 index(static_cast<uint64_t>(a.ihi - a.ilo) + 1))));
             break;
           case Axis::kUniform:
             c.emplace_back(a.name, ShortReal(a.lo + unit() * (a.hi - a.lo), a.lo, a.hi));
             break;
           case Axis::kLogUniform: {
             const double l = std::log(a.lo), h = std::log(a.hi);
-            c.emplace_back(a.name, ShortReal(std::clamp(std::exp(l + unit() * (h - l)), a.lo, a.hi), a.lo, a.hi));
+            c.emplace_back(a.name, ShortReal(std::clamp(std::exp(l + unit() * (h - l)), a.lo, a.hi),
+                                             a.lo, a.hi));
             break;
           }
         }
@@ -609,8 +684,9 @@ class Expander {
   };
 
   // The upstream cells of need `stage` that a cell with `coords` reads.
-  absl::StatusOr<std::vector<int>> Matching(const StageDef& def, const Coords& coords, const std::string& stage,
-                                            int line, const std::string& path) {
+  absl::StatusOr<std::vector<int>> Matching(const StageDef& def, const Coords& coords,
+                                            const std::string& stage, int line,
+                                            const std::string& path) {
     const Need* need = nullptr;
     for (const Need& n : def.needs) {
       if (n.stage == stage) need = &n;
@@ -632,20 +708,23 @@ class Expander {
       if (ok) out.push_back(i);
     }
     if (out.empty()) {
-      return Error(line, path, absl::StrCat("reads no cell of stage '", stage, "' (no cell of it matches ",
-                                            CellName(def.name, coords), " and the need's where)"));
+      return Error(line, path,
+                   absl::StrCat("reads no cell of stage '", stage, "' (no cell of it matches ",
+                                CellName(def.name, coords), " and the need's where)"));
     }
     return out;
   }
 
   // One `${{ ... }}` expression: vars.X, matrix.X or needs.S.outputs.O. For needs, `target`
   // is the one upstream cell to read (the caller chose it), or -1 when it must be unique.
-  absl::StatusOr<YamlNode> Evaluate(std::string_view expr, const YamlNode& at, const CellContext& ctx,
-                                    const std::string& path, int target) {
+  absl::StatusOr<YamlNode> Evaluate(std::string_view expr, const YamlNode& at,
+                                    const CellContext& ctx, const std::string& path, int target) {
     std::string e(absl::StripAsciiWhitespace(absl::string_view(expr.data(), expr.size())));
     if (absl::StartsWith(e, "vars.")) {
       auto it = vars_.find(e.substr(5));
-      if (it == vars_.end()) return Error(at.line, path, absl::StrCat("unknown variable '", e.substr(5), "' (vars: ", VarNames(), ")"));
+      if (it == vars_.end())
+        return Error(at.line, path,
+                     absl::StrCat("unknown variable '", e.substr(5), "' (vars: ", VarNames(), ")"));
       // A variable may itself hold expressions (a list of eval tasks that read upstream
       // datasets): they are evaluated in the cell that uses it.
       if (++depth_ > 8) {
@@ -661,8 +740,10 @@ class Expander {
     if (absl::StartsWith(e, "matrix.")) {
       const std::string axis = e.substr(7);
       if (ctx.coords == nullptr || !Has(*ctx.coords, axis)) {
-        return Error(at.line, path, absl::StrCat("matrix key '", axis, "' is not defined for this cell (axes: ",
-                                                 ctx.def != nullptr ? absl::StrJoin(ctx.def->axes, ", ") : "", ")"));
+        return Error(
+            at.line, path,
+            absl::StrCat("matrix key '", axis, "' is not defined for this cell (axes: ",
+                         ctx.def != nullptr ? absl::StrJoin(ctx.def->axes, ", ") : "", ")"));
       }
       YamlNode v;
       v.kind = YamlNode::Kind::kScalar;
@@ -676,35 +757,48 @@ class Expander {
         // A coordinate of the upstream cell read (in a fan-in item: that item's cell).
         int cell = target;
         if (cell < 0) {
-          ASSIGN_OR_RETURN(std::vector<int> m, Matching(*ctx.def, *ctx.coords, parts[1], at.line, path));
-          if (m.size() != 1) return Error(at.line, path, absl::StrCat("reads ", m.size(), " cells of stage '", parts[1], "'"));
+          ASSIGN_OR_RETURN(std::vector<int> m,
+                           Matching(*ctx.def, *ctx.coords, parts[1], at.line, path));
+          if (m.size() != 1)
+            return Error(at.line, path,
+                         absl::StrCat("reads ", m.size(), " cells of stage '", parts[1], "'"));
           cell = m[0];
         }
         if (!Has(cell_coords_[cell], parts[3])) {
-          return Error(at.line, path, absl::StrCat("stage '", parts[1], "' has no matrix key '", parts[3], "'"));
+          return Error(at.line, path,
+                       absl::StrCat("stage '", parts[1], "' has no matrix key '", parts[3], "'"));
         }
         return Scalar(Get(cell_coords_[cell], parts[3]), at.line, true);
       }
       if (parts.size() != 4 || parts[2] != "outputs") {
-        return Error(at.line, path, absl::StrCat("write ${{ needs.STAGE.outputs.NAME }} or ${{ needs.STAGE.matrix.KEY }}, not '", e, "'"));
+        return Error(
+            at.line, path,
+            absl::StrCat(
+                "write ${{ needs.STAGE.outputs.NAME }} or ${{ needs.STAGE.matrix.KEY }}, not '", e,
+                "'"));
       }
       const std::string& stage = parts[1];
       const std::string& output = parts[3];
       if (stage_index_.count(stage) == 0) {
-        return Error(at.line, path, absl::StrCat("stage '", stage, "' is not in this stage's needs"));
+        return Error(at.line, path,
+                     absl::StrCat("stage '", stage, "' is not in this stage's needs"));
       }
       const PlanStage& up = plan_.stages[stage_index_.at(stage)];
       const std::vector<std::string> outs = OutputsOfKind(up.kind);
       if (std::find(outs.begin(), outs.end(), output) == outs.end()) {
-        return Error(at.line, path, absl::StrCat("stage '", stage, "' (", up.kind, ") has no output '", output,
-                                                 "' (outputs: ", outs.empty() ? "none" : absl::StrJoin(outs, ", "), ")"));
+        return Error(
+            at.line, path,
+            absl::StrCat("stage '", stage, "' (", up.kind, ") has no output '", output,
+                         "' (outputs: ", outs.empty() ? "none" : absl::StrJoin(outs, ", "), ")"));
       }
       int cell = target;
       if (cell < 0) {
         ASSIGN_OR_RETURN(std::vector<int> m, Matching(*ctx.def, *ctx.coords, stage, at.line, path));
         if (m.size() != 1) {
-          return Error(at.line, path, absl::StrCat("reads ", m.size(), " cells of stage '", stage,
-                                                   "'; put it in a list to take them all, or narrow the need with where"));
+          return Error(
+              at.line, path,
+              absl::StrCat("reads ", m.size(), " cells of stage '", stage,
+                           "'; put it in a list to take them all, or narrow the need with where"));
         }
         cell = m[0];
       }
@@ -716,7 +810,9 @@ class Expander {
       v.line = at.line;
       return v;
     }
-    return Error(at.line, path, absl::StrCat("unknown expression '${{ ", e, " }}' (use vars.X, matrix.X or needs.S.outputs.O)"));
+    return Error(at.line, path,
+                 absl::StrCat("unknown expression '${{ ", e,
+                              " }}' (use vars.X, matrix.X or needs.S.outputs.O)"));
   }
 
   std::string VarNames() const {
@@ -727,8 +823,8 @@ class Expander {
 
   // A scalar with expressions: a whole-scalar expression takes the value (any node); text
   // around expressions makes a string.
-  absl::StatusOr<YamlNode> SubstituteScalar(const YamlNode& node, const CellContext& ctx, const std::string& path,
-                                            int target) {
+  absl::StatusOr<YamlNode> SubstituteScalar(const YamlNode& node, const CellContext& ctx,
+                                            const std::string& path, int target) {
     const std::string& s = node.scalar;
     if (!IsExpression(s)) return node;
     std::string out;
@@ -737,10 +833,13 @@ class Expander {
       const size_t open = s.find("${{", pos);
       if (open == std::string::npos) break;
       const size_t close = s.find("}}", open);
-      if (close == std::string::npos) return Error(node.line, path, "an expression is not closed with }}");
-      ASSIGN_OR_RETURN(YamlNode v, Evaluate(std::string_view(s).substr(open + 3, close - open - 3), node, ctx, path, target));
+      if (close == std::string::npos)
+        return Error(node.line, path, "an expression is not closed with }}");
+      ASSIGN_OR_RETURN(YamlNode v, Evaluate(std::string_view(s).substr(open + 3, close - open - 3),
+                                            node, ctx, path, target));
       if (open == 0 && close + 2 == s.size()) return v;  // the whole scalar
-      if (!v.IsScalar()) return Error(node.line, path, "a list or mapping cannot be part of a text");
+      if (!v.IsScalar())
+        return Error(node.line, path, "a list or mapping cannot be part of a text");
       out += s.substr(pos, open - pos);
       out += v.scalar;
       pos = close + 2;
@@ -771,8 +870,8 @@ class Expander {
     for (const YamlNode& c : n.items) NeedsIn(c, stages);
   }
 
-  absl::StatusOr<YamlNode> Substitute(const YamlNode& node, const CellContext& ctx, const std::string& path,
-                                      int target = -1) {
+  absl::StatusOr<YamlNode> Substitute(const YamlNode& node, const CellContext& ctx,
+                                      const std::string& path, int target = -1) {
     if (node.IsScalar()) return SubstituteScalar(node, ctx, path, target);
     YamlNode out = node;
     out.items.clear();
@@ -782,7 +881,9 @@ class Expander {
         ASSIGN_OR_RETURN(YamlNode key, SubstituteScalar(node.items[k], ctx, path, target));
         if (!key.IsScalar()) return Error(node.items[k].line, path, "a key must be a single value");
         out.items.push_back(std::move(key));
-        ASSIGN_OR_RETURN(YamlNode v, Substitute(node.items[k + 1], ctx, absl::StrCat(path, ".", node.items[k].scalar), target));
+        ASSIGN_OR_RETURN(YamlNode v,
+                         Substitute(node.items[k + 1], ctx,
+                                    absl::StrCat(path, ".", node.items[k].scalar), target));
         out.items.push_back(std::move(v));
       }
       return out;
@@ -793,10 +894,12 @@ class Expander {
         const std::string ipath = absl::StrCat(path, "[", i, "]");
         std::set<std::string> stages;
         NeedsIn(item, &stages);
-        if (stages.size() > 1) return Error(item.line, ipath, "one list item may read one upstream stage");
+        if (stages.size() > 1)
+          return Error(item.line, ipath, "one list item may read one upstream stage");
         if (stages.size() == 1 && target < 0 && ctx.def != nullptr) {
           // Fan-in: one item per upstream cell this cell reads.
-          ASSIGN_OR_RETURN(std::vector<int> cells, Matching(*ctx.def, *ctx.coords, *stages.begin(), item.line, ipath));
+          ASSIGN_OR_RETURN(std::vector<int> cells,
+                           Matching(*ctx.def, *ctx.coords, *stages.begin(), item.line, ipath));
           for (int c : cells) {
             ASSIGN_OR_RETURN(YamlNode v, Substitute(item, ctx, ipath, c));
             out.items.push_back(std::move(v));
@@ -805,7 +908,8 @@ class Expander {
         }
         ASSIGN_OR_RETURN(YamlNode v, Substitute(item, ctx, ipath, target));
         if (v.IsSequence() && item.IsScalar() && IsExpression(item.scalar)) {
-          for (YamlNode& x : v.items) out.items.push_back(std::move(x));  // a list variable spliced in
+          for (YamlNode& x : v.items)
+            out.items.push_back(std::move(x));  // a list variable spliced in
         } else {
           out.items.push_back(std::move(v));
         }
@@ -880,9 +984,11 @@ class Expander {
       for (const Need& n : def.needs) {
         bool read_any = false;
         const PlanStage& up = plan_.stages[stage_index_.at(n.stage)];
-        for (int i = up.first_cell; i < up.first_cell + up.cells; ++i) read_any |= reads.count(plan_.cells[i].job_name) > 0;
+        for (int i = up.first_cell; i < up.first_cell + up.cells; ++i)
+          read_any |= reads.count(plan_.cells[i].job_name) > 0;
         if (read_any) continue;
-        ASSIGN_OR_RETURN(std::vector<int> m, Matching(def, coords, n.stage, n.line, StagePath(def, "needs")));
+        ASSIGN_OR_RETURN(std::vector<int> m,
+                         Matching(def, coords, n.stage, n.line, StagePath(def, "needs")));
         for (int i : m) deps.insert(plan_.cells[i].job_name);
       }
       for (const std::string& d : deps) cell.spec.add_depends_on(d);
@@ -890,16 +996,20 @@ class Expander {
       // An unset output path gets its place under the experiment.
       if (google::protobuf::Message* engine = MutableEngineSpecOf(&cell.spec)) {
         const pb::FieldDescriptor* out = engine->GetDescriptor()->FindFieldByName("out");
-        if (out != nullptr && out->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING && !out->is_repeated() &&
-            engine->GetReflection()->GetString(*engine, out).empty()) {
+        if (out != nullptr && out->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING &&
+            !out->is_repeated() && engine->GetReflection()->GetString(*engine, out).empty()) {
           // Under the job's id, so a rerun with other inputs never meets an earlier output.
           engine->GetReflection()->SetString(
-              engine, out, absl::StrCat("experiments/", plan_.name, "/", CellDir(def.name, coords), "/${{ self.id }}"));
+              engine, out,
+              absl::StrCat("experiments/", plan_.name, "/", CellDir(def.name, coords),
+                           "/${{ self.id }}"));
         }
       }
       // Checked now, as the coordinator would at submit, with the stage's lines.
       absl::Status st = CheckJobAsSubmitted(cell.spec, file_, StagePath(def), lines);
-      if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(st.message(), " (in cell ", cell.job_name, ")"));
+      if (!st.ok())
+        return absl::InvalidArgumentError(
+            absl::StrCat(st.message(), " (in cell ", cell.job_name, ")"));
       cell_coords_.push_back(coords);
       plan_.cells.push_back(std::move(cell));
     }
@@ -908,12 +1018,17 @@ class Expander {
 
   // `early_stop:` of a train stage as the trial's label (early_stop.h), checked against
   // this cell's spec: every rung before the end of training.
-  absl::StatusOr<std::string> EarlyStopLabel(const StageDef& def, const YamlNode& n, const PlanCell& cell) {
+  absl::StatusOr<std::string> EarlyStopLabel(const StageDef& def, const YamlNode& n,
+                                             const PlanCell& cell) {
     const std::string path = StagePath(def, "early_stop");
     if (def.kind != "train") {
-      return Error(n.line, path, absl::StrCat("early stopping needs a train stage (this one runs ", def.kind, ")"));
+      return Error(
+          n.line, path,
+          absl::StrCat("early stopping needs a train stage (this one runs ", def.kind, ")"));
     }
-    if (!n.IsMap()) return Error(n.line, path, "write {metric: heldout_loss, mode: min, rungs: [STEP, ...], keep: 0.5}");
+    if (!n.IsMap())
+      return Error(n.line, path,
+                   "write {metric: heldout_loss, mode: min, rungs: [STEP, ...], keep: 0.5}");
     EarlyStopConfig c;
     const YamlNode* rungs = nullptr;
     const YamlNode* rungs_tokens = nullptr;
@@ -922,14 +1037,18 @@ class Expander {
       const YamlNode& v = n.items[k + 1];
       const std::string field = absl::StrCat(path, ".", key);
       if (key == "metric") {
-        if (!v.IsScalar() || (v.scalar != "loss" && v.scalar != "heldout_loss" &&
-                              !(absl::StartsWith(v.scalar, "heldout_loss/") && v.scalar.size() > 13))) {
-          return Error(v.line, field, absl::StrCat("'", v.scalar, "' is not a metric the trainer reports (use loss, "
-                                                   "heldout_loss or heldout_loss/<dataset>)"));
+        if (!v.IsScalar() ||
+            (v.scalar != "loss" && v.scalar != "heldout_loss" &&
+             !(absl::StartsWith(v.scalar, "heldout_loss/") && v.scalar.size() > 13))) {
+          return Error(v.line, field,
+                       absl::StrCat("'", v.scalar,
+                                    "' is not a metric the trainer reports (use loss, "
+                                    "heldout_loss or heldout_loss/<dataset>)"));
         }
         c.metric = v.scalar;
       } else if (key == "mode") {
-        if (!v.IsScalar() || (v.scalar != "min" && v.scalar != "max")) return Error(v.line, field, "must be min or max");
+        if (!v.IsScalar() || (v.scalar != "min" && v.scalar != "max"))
+          return Error(v.line, field, "must be min or max");
         c.maximize = v.scalar == "max";
       } else if (key == "rungs") {
         rungs = &v;
@@ -937,19 +1056,27 @@ class Expander {
         rungs_tokens = &v;
       } else if (key == "keep") {
         if (!v.IsScalar() || !absl::SimpleAtod(v.scalar, &c.keep) || !(c.keep > 0 && c.keep < 1)) {
-          return Error(v.line, field, absl::StrCat("'", v.scalar, "' must be a fraction in (0, 1): the share kept at each rung"));
+          return Error(v.line, field,
+                       absl::StrCat("'", v.scalar,
+                                    "' must be a fraction in (0, 1): the share kept at each rung"));
         }
       } else if (key == "min_trials") {
-        if (!v.IsScalar() || !absl::SimpleAtoi(v.scalar, &c.min_trials) || c.min_trials < 1 || c.min_trials > 100000) {
+        if (!v.IsScalar() || !absl::SimpleAtoi(v.scalar, &c.min_trials) || c.min_trials < 1 ||
+            c.min_trials > 100000) {
           return Error(v.line, field, "must be a whole number >= 1");
         }
       } else {
-        return Error(n.items[k].line, field, "unknown field (allowed: metric, mode, rungs, rungs_tokens, keep, min_trials)");
+        return Error(
+            n.items[k].line, field,
+            "unknown field (allowed: metric, mode, rungs, rungs_tokens, keep, min_trials)");
       }
     }
-    if (c.metric.empty()) return Error(n.line, absl::StrCat(path, ".metric"), "is required (loss, heldout_loss or heldout_loss/<dataset>)");
+    if (c.metric.empty())
+      return Error(n.line, absl::StrCat(path, ".metric"),
+                   "is required (loss, heldout_loss or heldout_loss/<dataset>)");
     if ((rungs == nullptr) == (rungs_tokens == nullptr)) {
-      return Error(n.line, absl::StrCat(path, ".rungs"), "give exactly one of rungs (steps) and rungs_tokens");
+      return Error(n.line, absl::StrCat(path, ".rungs"),
+                   "give exactly one of rungs (steps) and rungs_tokens");
     }
     const v1::TrainSpec& t = cell.spec.train();
     const int64_t tokens_per_step = std::max<int64_t>(1, t.has_batch_size() ? t.batch_size() : 1) *
@@ -963,33 +1090,46 @@ class Expander {
     for (const YamlNode& r : list.items) {
       int64_t v = 0;
       if (!r.IsScalar() || !absl::SimpleAtoi(r.scalar, &v) || v < 1) {
-        return Error(r.line, lpath, absl::StrCat("'", r.scalar, "' must be a positive whole number"));
+        return Error(r.line, lpath,
+                     absl::StrCat("'", r.scalar, "' must be a positive whole number"));
       }
       // Tokens become the first step whose tokens reach them.
       const int64_t step = rungs != nullptr ? v : (v + tokens_per_step - 1) / tokens_per_step;
       if (!c.rungs.empty() && step <= c.rungs.back()) {
-        return Error(r.line, lpath, rungs != nullptr ? "must ascend" : absl::StrCat("must ascend (", v, " tokens is step ", step, ")"));
+        return Error(r.line, lpath,
+                     rungs != nullptr
+                         ? "must ascend"
+                         : absl::StrCat("must ascend (", v, " tokens is step ", step, ")"));
       }
       c.rungs.push_back(step);
     }
-    const int64_t total = t.has_steps() ? t.steps() : t.has_max_tokens() ? (t.max_tokens() + tokens_per_step - 1) / tokens_per_step : 0;
+    const int64_t total = t.has_steps() ? t.steps()
+                          : t.has_max_tokens()
+                              ? (t.max_tokens() + tokens_per_step - 1) / tokens_per_step
+                              : 0;
     if (total > 0 && c.rungs.back() >= total) {
-      return Error(list.line, lpath, absl::StrCat("rung at step ", c.rungs.back(), " is not before the end of training (",
-                                                  total, " steps) in cell ", cell.job_name));
+      return Error(
+          list.line, lpath,
+          absl::StrCat("rung at step ", c.rungs.back(), " is not before the end of training (",
+                       total, " steps) in cell ", cell.job_name));
     }
-    if (absl::StartsWith(c.metric, "heldout_loss") && !(t.eval().has_every() && t.eval().every() > 0)) {
+    if (absl::StartsWith(c.metric, "heldout_loss") &&
+        !(t.eval().has_every() && t.eval().every() > 0)) {
       return Error(n.line, absl::StrCat(path, ".metric"),
-                   absl::StrCat(c.metric, " is reported only with train.eval.every > 0 (in cell ", cell.job_name, ")"));
+                   absl::StrCat(c.metric, " is reported only with train.eval.every > 0 (in cell ",
+                                cell.job_name, ")"));
     }
     std::string label = FormatEarlyStop(c);
-    if (label.size() > 253) return Error(list.line, lpath, "too long once written as a label (fewer rungs)");
+    if (label.size() > 253)
+      return Error(list.line, lpath, "too long once written as a label (fewer rungs)");
     return label;
   }
 
   static bool ValidLabel(const std::string& key) {
     if (key.empty() || key.size() > 63) return false;
     for (char c : key) {
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.') return false;
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.')
+        return false;
     }
     return true;
   }
@@ -1003,7 +1143,8 @@ class Expander {
   // `models: {PATH: {params: N, layers: L}}`: sizes of models that are not readable where
   // the plan is made (a cluster's checkpoints), for the GPU-hours estimate.
   absl::Status ReadModels(const YamlNode& value) {
-    if (!value.IsMap()) return Error(value.line, "models", "must be a mapping of model path to {params, layers}");
+    if (!value.IsMap())
+      return Error(value.line, "models", "must be a mapping of model path to {params, layers}");
     for (size_t m = 0; m + 1 < value.items.size(); m += 2) {
       const std::string& path = value.items[m].scalar;
       const YamlNode& info = value.items[m + 1];
@@ -1020,7 +1161,8 @@ class Expander {
         if (field == "params") {
           params = static_cast<int64_t>(number);
         } else if (field != "layers") {
-          return Error(info.items[f].line, absl::StrCat(where, ".", field), "unknown field (allowed: params, layers)");
+          return Error(info.items[f].line, absl::StrCat(where, ".", field),
+                       "unknown field (allowed: params, layers)");
         }
       }
       if (params <= 0) return Error(info.line, absl::StrCat(where, ".params"), "is required");
@@ -1030,7 +1172,8 @@ class Expander {
   }
   // Parameters of the model a spec reads: an upstream cell's output (as estimated for that
   // cell), a model declared under `models:`, or a readable config.json.
-  std::optional<int64_t> InputParams(const std::string& model, const std::map<std::string, int64_t>& produced) const {
+  std::optional<int64_t> InputParams(const std::string& model,
+                                     const std::map<std::string, int64_t>& produced) const {
     if (model.rfind("${{ ", 0) == 0) {
       const size_t dot = model.rfind(".outputs.");
       if (dot == std::string::npos) return std::nullopt;
@@ -1045,11 +1188,14 @@ class Expander {
     auto get = [&](const char* name) -> int64_t {
       const pb::FieldDescriptor* f = init.GetDescriptor()->FindFieldByName(name);
       if (f == nullptr || f->is_repeated() || !init.GetReflection()->HasField(init, f)) return 0;
-      if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT64) return init.GetReflection()->GetInt64(init, f);
-      if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT32) return init.GetReflection()->GetInt32(init, f);
+      if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT64)
+        return init.GetReflection()->GetInt64(init, f);
+      if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT32)
+        return init.GetReflection()->GetInt32(init, f);
       return 0;
     };
-    const int64_t layers = get("num_layers"), d = get("hidden_size"), ffn = get("intermediate_size");
+    const int64_t layers = get("num_layers"), d = get("hidden_size"),
+                  ffn = get("intermediate_size");
     if (layers <= 0 || d <= 0 || ffn <= 0) return std::nullopt;  // preset sizes live in the engine
     const int64_t vocab = get("vocab_size") > 0 ? get("vocab_size") : 259;
     const int64_t experts = std::max<int64_t>(1, get("num_experts"));
@@ -1057,21 +1203,27 @@ class Expander {
   }
   void Totals() {
     std::map<std::string, int> index;
-    for (size_t i = 0; i < plan_.cells.size(); ++i) index[plan_.cells[i].job_name] = static_cast<int>(i);
+    for (size_t i = 0; i < plan_.cells.size(); ++i)
+      index[plan_.cells[i].job_name] = static_cast<int>(i);
     std::map<std::string, int64_t> produced;  // cell → estimated parameters of its model output
     for (const PlanCell& c : plan_.cells) {
       plan_.edges += c.spec.depends_on_size();
-      plan_.gpus += static_cast<int64_t>(std::max(0, c.spec.resources().gpus())) * std::max(1, c.spec.nodes());
+      plan_.gpus += static_cast<int64_t>(std::max(0, c.spec.resources().gpus())) *
+                    std::max(1, c.spec.nodes());
       if (c.spec.has_init()) {
         if (auto p = InitParams(c.spec.init())) produced[c.job_name] = *p;
         continue;
       }
-      if (const pb::Message* engine = EngineSpecOf(c.spec); engine != nullptr && !c.spec.has_train()) {
+      if (const pb::Message* engine = EngineSpecOf(c.spec);
+          engine != nullptr && !c.spec.has_train()) {
         // Merges, reverts, grafts keep the size of what they read; an upcycle multiplies the
         // FFN (about two thirds of a block) by its experts.
         if (auto p = InputParams(FirstInputModel(*engine), produced)) {
           int64_t n = *p;
-          if (c.spec.has_upcycle()) n += static_cast<int64_t>(static_cast<double>(n) * 2.0 / 3.0 * static_cast<double>(std::max<int64_t>(0, c.spec.upcycle().experts() - 1)));
+          if (c.spec.has_upcycle())
+            n += static_cast<int64_t>(
+                static_cast<double>(n) * 2.0 / 3.0 *
+                static_cast<double>(std::max<int64_t>(0, c.spec.upcycle().experts() - 1)));
           produced[c.job_name] = n;
         }
         continue;
@@ -1087,7 +1239,8 @@ class Expander {
         ++plan_.unknown_cost_cells;
         continue;
       }
-      plan_.gpu_hours_estimate += 6.0 * static_cast<double>(*params) * tokens / (400e12 * 0.4) / 3600.0;
+      plan_.gpu_hours_estimate +=
+          6.0 * static_cast<double>(*params) * tokens / (400e12 * 0.4) / 3600.0;
     }
   }
 
@@ -1099,16 +1252,21 @@ class Expander {
       const pb::FieldDescriptor* f = m.GetDescriptor()->FindFieldByName(name);
       if (f == nullptr || f->is_repeated()) return 0;
       switch (f->cpp_type()) {
-        case pb::FieldDescriptor::CPPTYPE_INT64: return static_cast<double>(m.GetReflection()->GetInt64(m, f));
-        case pb::FieldDescriptor::CPPTYPE_INT32: return m.GetReflection()->GetInt32(m, f);
-        case pb::FieldDescriptor::CPPTYPE_DOUBLE: return m.GetReflection()->GetDouble(m, f);
-        default: return 0;
+        case pb::FieldDescriptor::CPPTYPE_INT64:
+          return static_cast<double>(m.GetReflection()->GetInt64(m, f));
+        case pb::FieldDescriptor::CPPTYPE_INT32:
+          return m.GetReflection()->GetInt32(m, f);
+        case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+          return m.GetReflection()->GetDouble(m, f);
+        default:
+          return 0;
       }
     };
     if (double max_tokens = number(t, "max_tokens"); max_tokens > 0) return max_tokens;
     double seq = 0;
     if (const pb::FieldDescriptor* data = d->FindFieldByName("data");
-        data != nullptr && data->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE && r->HasField(t, data)) {
+        data != nullptr && data->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE &&
+        r->HasField(t, data)) {
       seq = number(r->GetMessage(t, data), "seq_len");
     }
     const double batch = std::max(1.0, number(t, "batch_size"));
@@ -1173,7 +1331,8 @@ std::vector<std::string> OutputsOfKind(std::string_view kind) {
   if (kind == "tokenize") return {"dataset"};
   if (kind == "prepare") return {"corpus"};
   if (kind == "eval") return {"results"};
-  if (kind == "analyze") return {"results", "mask", "random_mask", "selection", "routing", "drift", "alignment"};
+  if (kind == "analyze")
+    return {"results", "mask", "random_mask", "selection", "routing", "drift", "alignment"};
   return {};
 }
 
@@ -1209,11 +1368,13 @@ absl::Status WireMessage(
       const std::string job = inner.substr(0, dot), name = inner.substr(dot + 9);
       const pb::Map<std::string, std::string>* outputs = outputs_of(job);
       if (outputs == nullptr) {
-        return absl::FailedPreconditionError(absl::StrCat("reads an output of ", job, ", which is not one of its dependencies"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("reads an output of ", job, ", which is not one of its dependencies"));
       }
       auto it = outputs->find(name);
       if (it == outputs->end()) {
-        return absl::FailedPreconditionError(absl::StrCat(job, " succeeded without reporting its '", name, "' output"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(job, " succeeded without reporting its '", name, "' output"));
       }
       out->replace(pos, close + 3 - pos, it->second);
       pos += it->second.size();
@@ -1225,7 +1386,8 @@ absl::Status WireMessage(
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
       if (f->is_map()) continue;
       if (f->is_repeated()) {
-        for (int k = 0; k < r->FieldSize(*m, f); ++k) RETURN_IF_ERROR(WireMessage(r->MutableRepeatedMessage(m, f, k), outputs_of, self_id));
+        for (int k = 0; k < r->FieldSize(*m, f); ++k)
+          RETURN_IF_ERROR(WireMessage(r->MutableRepeatedMessage(m, f, k), outputs_of, self_id));
       } else if (r->HasField(*m, f)) {
         RETURN_IF_ERROR(WireMessage(r->MutableMessage(m, f), outputs_of, self_id));
       }
@@ -1262,7 +1424,8 @@ std::string PrunedTokenIn(const std::string& value, const std::set<std::string>&
     if (close == std::string::npos) return "";
     const std::string inner = value.substr(pos + 4, close - pos - 4);
     const size_t dot = inner.rfind(".outputs.");
-    if (dot != std::string::npos && pruned.count(inner.substr(0, dot)) > 0) return inner.substr(0, dot);
+    if (dot != std::string::npos && pruned.count(inner.substr(0, dot)) > 0)
+      return inner.substr(0, dot);
     pos = close + 3;
   }
   return "";
@@ -1347,7 +1510,9 @@ absl::Status WireInputs(
 
 namespace {
 
-std::string Sha256(std::string_view data) { return Sha256Hex(absl::string_view(data.data(), data.size())); }
+std::string Sha256(std::string_view data) {
+  return Sha256Hex(absl::string_view(data.data(), data.size()));
+}
 
 std::optional<std::string> ReadSmallFile(const std::string& path, size_t limit) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
@@ -1369,10 +1534,12 @@ std::optional<std::string> ReadSmallFile(const std::string& path, size_t limit) 
 // What an input path stands for in the key: its manifest's hash when readable here.
 std::string InputIdentity(const std::string& path) {
   // A checkpoint's stemma.json, or a token dataset's index.json (its manifest).
-  if (auto manifest = ReadSmallFile(path + "/stemma.json", 64 << 20)) return "sha256:" + Sha256(*manifest);
+  if (auto manifest = ReadSmallFile(path + "/stemma.json", 64 << 20))
+    return "sha256:" + Sha256(*manifest);
   if (auto index = ReadSmallFile(path + "/index.json", 64 << 20)) return "sha256:" + Sha256(*index);
   // A prepared corpus (`stemma-engine prepare`): its manifest.json.
-  if (auto corpus = ReadSmallFile(path + "/manifest.json", 64 << 20)) return "sha256:" + Sha256(*corpus);
+  if (auto corpus = ReadSmallFile(path + "/manifest.json", 64 << 20))
+    return "sha256:" + Sha256(*corpus);
   if (auto file = ReadSmallFile(path, 64 << 20)) return "sha256:" + Sha256(*file);
   return path;
 }
@@ -1385,7 +1552,8 @@ void Canonicalize(pb::Message* m) {
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
       if (f->is_map()) continue;
       if (f->is_repeated()) {
-        for (int k = 0; k < r->FieldSize(*m, f); ++k) Canonicalize(r->MutableRepeatedMessage(m, f, k));
+        for (int k = 0; k < r->FieldSize(*m, f); ++k)
+          Canonicalize(r->MutableRepeatedMessage(m, f, k));
       } else if (r->HasField(*m, f)) {
         Canonicalize(r->MutableMessage(m, f));
       }
@@ -1401,7 +1569,8 @@ void Canonicalize(pb::Message* m) {
       continue;
     }
     if (f->is_repeated()) {
-      for (int k = 0; k < r->FieldSize(*m, f); ++k) r->SetRepeatedString(m, f, k, InputIdentity(r->GetRepeatedString(*m, f, k)));
+      for (int k = 0; k < r->FieldSize(*m, f); ++k)
+        r->SetRepeatedString(m, f, k, InputIdentity(r->GetRepeatedString(*m, f, k)));
     } else if (r->HasField(*m, f) || !r->GetString(*m, f).empty()) {
       r->SetString(m, f, InputIdentity(r->GetString(*m, f)));
     }
@@ -1417,13 +1586,16 @@ std::string CacheKey(const v1::JobSpec& spec, const std::string& engine_build) {
   copy->CopyFrom(*engine);
   FillSpecDefaults(copy.get());
   Canonicalize(copy.get());
-  if (auto* merge = dynamic_cast<v1::MergeSpec*>(copy.get()); merge != nullptr && merge->method() == "linear") {
+  if (auto* merge = dynamic_cast<v1::MergeSpec*>(copy.get());
+      merge != nullptr && merge->method() == "linear") {
     // A uniform soup does not depend on the order of its models.
     bool uniform = true;
-    for (const auto& m : merge->models()) uniform &= !m.has_weight() || m.weight() == merge->models(0).weight();
+    for (const auto& m : merge->models())
+      uniform &= !m.has_weight() || m.weight() == merge->models(0).weight();
     if (uniform) {
-      std::sort(merge->mutable_models()->begin(), merge->mutable_models()->end(),
-                [](const v1::MergeModel& a, const v1::MergeModel& b) { return a.path() < b.path(); });
+      std::sort(
+          merge->mutable_models()->begin(), merge->mutable_models()->end(),
+          [](const v1::MergeModel& a, const v1::MergeModel& b) { return a.path() < b.path(); });
     }
   }
   // Canonical: nlohmann's objects sort their keys, so map fields (family_weights) hash the
@@ -1443,7 +1615,8 @@ bool ListedFilesThere(const std::string& dir, const std::string& manifest_text) 
   const nlohmann::json m = nlohmann::json::parse(manifest_text, nullptr, false);
   if (m.is_discarded() || !m.is_object() || !m.contains("files")) return true;
   auto same_size = [&](const std::string& rel, const nlohmann::json& bytes) {
-    if (!bytes.is_number_integer() || rel.empty() || rel.find("..") != std::string::npos) return true;
+    if (!bytes.is_number_integer() || rel.empty() || rel.find("..") != std::string::npos)
+      return true;
     std::error_code ec;
     const auto size = std::filesystem::file_size(dir + "/" + rel, ec);
     return !ec && static_cast<int64_t>(size) == bytes.get<int64_t>();
@@ -1451,7 +1624,8 @@ bool ListedFilesThere(const std::string& dir, const std::string& manifest_text) 
   const nlohmann::json& files = m["files"];
   if (files.is_object()) {
     for (const auto& [rel, info] : files.items()) {
-      if (info.is_object() && info.contains("bytes") && !same_size(rel, info["bytes"])) return false;
+      if (info.is_object() && info.contains("bytes") && !same_size(rel, info["bytes"]))
+        return false;
     }
   } else if (files.is_array()) {
     for (const auto& f : files) {
@@ -1486,10 +1660,12 @@ bool OutputsStillThere(const pb::Map<std::string, std::string>& outputs) {
 }
 
 std::string FormatPlan(const ExperimentPlan& plan) {
-  std::string out = absl::StrCat("experiment ", plan.name, ": ", plan.stages.size(), " stages, ",
-                                 plan.cells.size(), " jobs, ", plan.edges, " edges, ", plan.gpus, " GPUs\n");
+  std::string out =
+      absl::StrCat("experiment ", plan.name, ": ", plan.stages.size(), " stages, ",
+                   plan.cells.size(), " jobs, ", plan.edges, " edges, ", plan.gpus, " GPUs\n");
   for (const PlanStage& s : plan.stages) {
-    absl::StrAppend(&out, "  ", s.name, " (", s.kind, ", ", s.cells, s.cells == 1 ? " job" : " jobs");
+    absl::StrAppend(&out, "  ", s.name, " (", s.kind, ", ", s.cells,
+                    s.cells == 1 ? " job" : " jobs");
     if (!s.needs.empty()) absl::StrAppend(&out, "; needs ", absl::StrJoin(s.needs, ", "));
     absl::StrAppend(&out, ")\n");
     for (int i = s.first_cell; i < s.first_cell + s.cells; ++i) {
@@ -1503,9 +1679,11 @@ std::string FormatPlan(const ExperimentPlan& plan) {
   }
   char hours[64];
   std::snprintf(hours, sizeof hours, "%.3g", plan.gpu_hours_estimate);
-  absl::StrAppend(&out, "estimate: ", hours, " GPU-hours (6·N·tokens at 400 TFLOP/s, 40% utilisation)");
+  absl::StrAppend(&out, "estimate: ", hours,
+                  " GPU-hours (6·N·tokens at 400 TFLOP/s, 40% utilisation)");
   if (plan.unknown_cost_cells > 0) {
-    absl::StrAppend(&out, "; ", plan.unknown_cost_cells, " training jobs not counted (model or budget unknown here)");
+    absl::StrAppend(&out, "; ", plan.unknown_cost_cells,
+                    " training jobs not counted (model or budget unknown here)");
   }
   absl::StrAppend(&out, "\n");
   return out;

@@ -32,8 +32,9 @@
 //   stages share and that pass the need's `where` filter. As an item of a list it becomes one
 //   item per matching cell (fan-in, in S's cell order); elsewhere it must match exactly one
 //   cell. `{stage: S, all: true}` reads every cell of S (that passes `where`) whatever the
-//   shared axes say (an eval of one expert on every language's data). A cell depends only on the cells it reads (a need no expression uses: on every
-//   matching cell), never on the whole upstream stage.
+//   shared axes say (an eval of one expert on every language's data). A cell depends only on the
+//   cells it reads (a need no expression uses: on every matching cell), never on the whole upstream
+//   stage.
 // - Cells are named `<stage>[axis=value,...]` (axes in matrix order); a stage without a
 //   matrix has one cell named after the stage.
 // - An engine spec's unset top-level output path (`out`) becomes
@@ -65,9 +66,9 @@ struct PlanCell {
 
 struct PlanStage {
   std::string name;
-  std::string kind;                 // JobSpec kind: train, merge, eval, noop, ...
-  std::vector<std::string> needs;   // upstream stages
-  int first_cell = 0;               // cells of this stage: [first_cell, first_cell + cells)
+  std::string kind;                // JobSpec kind: train, merge, eval, noop, ...
+  std::vector<std::string> needs;  // upstream stages
+  int first_cell = 0;              // cells of this stage: [first_cell, first_cell + cells)
   int cells = 0;
 };
 

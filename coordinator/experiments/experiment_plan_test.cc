@@ -79,19 +79,22 @@ TEST(ExperimentPlan, MatrixIncludeExcludeAndPerLegEdges) {
   EXPECT_EQ(slavic.spec.train().model(), "/ckpt/base");
   EXPECT_EQ(slavic.spec.train().steps(), 12) << "a whole-scalar variable keeps its type";
   EXPECT_EQ(slavic.spec.train().data().datasets(0).path(), "data/slavic");
-  EXPECT_EQ(slavic.spec.train().out(), "experiments/study/cpt/family=slavic/strategy=dense/${{ self.id }}");
+  EXPECT_EQ(slavic.spec.train().out(),
+            "experiments/study/cpt/family=slavic/strategy=dense/${{ self.id }}");
   EXPECT_TRUE(Deps(slavic).empty());
 
   // One-to-one: each revert waits only for its own family's dense expert.
   const PlanCell& revert = *cells.at("revert[family=germanic]");
   EXPECT_EQ(Deps(revert), (std::vector<std::string>{"cpt[family=germanic,strategy=dense]"}));
-  EXPECT_EQ(revert.spec.revert().model(), OutputToken("cpt[family=germanic,strategy=dense]", "model"));
+  EXPECT_EQ(revert.spec.revert().model(),
+            OutputToken("cpt[family=germanic,strategy=dense]", "model"));
   EXPECT_EQ(revert.spec.revert().layers(0), "middle");
 
   // Fan-in: one models item per expert, in the cpt stage's order.
   const PlanCell& soup = *cells.at("soup");
   ASSERT_EQ(soup.spec.merge().models_size(), 6);
-  EXPECT_EQ(soup.spec.merge().models(5).path(), OutputToken("cpt[family=indic,strategy=dense]", "model"));
+  EXPECT_EQ(soup.spec.merge().models(5).path(),
+            OutputToken("cpt[family=indic,strategy=dense]", "model"));
   EXPECT_EQ(Deps(soup).size(), 6u);
 
   // A subset chosen by coordinates.
@@ -113,7 +116,8 @@ TEST(ExperimentPlan, WiringReplacesTokensWithReportedOutputs) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   v1::JobSpec soup = ByName(*plan).at("soup")->spec;
   google::protobuf::Map<std::string, std::string> outputs;
-  auto lookup = [&](const std::string& job) -> const google::protobuf::Map<std::string, std::string>* {
+  auto lookup =
+      [&](const std::string& job) -> const google::protobuf::Map<std::string, std::string>* {
     outputs.clear();
     outputs["model"] = "/store/" + job;
     return &outputs;
@@ -121,12 +125,14 @@ TEST(ExperimentPlan, WiringReplacesTokensWithReportedOutputs) {
   ASSERT_TRUE(WireInputs(&soup, lookup).ok());
   EXPECT_EQ(soup.merge().models(0).path(), "/store/cpt[family=slavic,strategy=dense]");
   v1::JobSpec revert = ByName(*plan).at("revert[family=slavic]")->spec;
-  auto missing = WireInputs(&revert, [](const std::string&) -> const google::protobuf::Map<std::string, std::string>* {
-    static const google::protobuf::Map<std::string, std::string> none;
-    return &none;
-  });
+  auto missing = WireInputs(
+      &revert, [](const std::string&) -> const google::protobuf::Map<std::string, std::string>* {
+        static const google::protobuf::Map<std::string, std::string> none;
+        return &none;
+      });
   ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.message().find("without reporting its 'model' output"), std::string::npos) << missing;
+  EXPECT_NE(missing.message().find("without reporting its 'model' output"), std::string::npos)
+      << missing;
 }
 
 TEST(ExperimentPlan, BadFilesGetOneErrorNamingFileLineAndField) {
@@ -141,13 +147,17 @@ TEST(ExperimentPlan, BadFilesGetOneErrorNamingFileLineAndField) {
        "the stages form a cycle: a -> b -> a"},
       {"unknown stage", head + "  a:\n    needs: [nope]\n    noop: {}\n",
        "line 4: stages.a.needs[0]: unknown stage 'nope'"},
-      {"unknown output", head + "  a:\n    init: {out: /m}\n  b:\n    needs: [a]\n    revert: {base: /m, model: \"${{ needs.a.outputs.results }}\"}\n",
+      {"unknown output",
+       head + "  a:\n    init: {out: /m}\n  b:\n    needs: [a]\n    revert: {base: /m, model: "
+              "\"${{ needs.a.outputs.results }}\"}\n",
        "line 7: stages.b.revert.model: stage 'a' (init) has no output 'results' (outputs: model)"},
       {"unknown variable", head + "  a:\n    init: {out: \"${{ vars.where }}\"}\n",
        "line 4: stages.a.init.out: unknown variable 'where'"},
-      {"matrix key", head + "  a:\n    matrix: {x: [1, 2]}\n    init: {out: \"/m/${{ matrix.y }}\"}\n",
+      {"matrix key",
+       head + "  a:\n    matrix: {x: [1, 2]}\n    init: {out: \"/m/${{ matrix.y }}\"}\n",
        "line 5: stages.a.init.out: matrix key 'y' is not defined for this cell (axes: x)"},
-      {"engine field", head + "  a:\n    matrix: {x: [1]}\n    init:\n      out: /m\n      hidden_size: 2\n",
+      {"engine field",
+       head + "  a:\n    matrix: {x: [1]}\n    init:\n      out: /m\n      hidden_size: 2\n",
        "line 7: stages.a.init.hidden_size: 2 must be >= 8"},
       {"typo in spec", head + "  a:\n    init:\n      out: /m\n      hiden: 2\n",
        "line 6: stages.a.init.hiden: unknown field"},
@@ -155,9 +165,13 @@ TEST(ExperimentPlan, BadFilesGetOneErrorNamingFileLineAndField) {
        "line 4: stages.a.matrix.x: is empty"},
       {"all excluded", head + "  a:\n    matrix: {x: [1], exclude: [{x: 1}]}\n    noop: {}\n",
        "line 4: stages.a.matrix: has no cells"},
-      {"not in needs", head + "  a:\n    init: {out: /m}\n  b:\n    revert: {base: /m, model: \"${{ needs.a.outputs.model }}\"}\n",
+      {"not in needs",
+       head + "  a:\n    init: {out: /m}\n  b:\n    revert: {base: /m, model: \"${{ "
+              "needs.a.outputs.model }}\"}\n",
        "line 6: stages.b.revert.model: stage 'a' is not in this stage's needs"},
-      {"scalar fan-in", head + "  a:\n    matrix: {x: [1, 2]}\n    init: {out: /m}\n  b:\n    needs: [a]\n    revert: {base: /m, model: \"${{ needs.a.outputs.model }}\"}\n",
+      {"scalar fan-in",
+       head + "  a:\n    matrix: {x: [1, 2]}\n    init: {out: /m}\n  b:\n    needs: [a]\n    "
+              "revert: {base: /m, model: \"${{ needs.a.outputs.model }}\"}\n",
        "line 8: stages.b.revert.model: reads 2 cells of stage 'a'"},
       {"two kinds", head + "  a:\n    noop: {}\n    init: {out: /m}\n",
        "line 5: stages.a.init: a stage runs one kind of job"},
@@ -167,7 +181,8 @@ TEST(ExperimentPlan, BadFilesGetOneErrorNamingFileLineAndField) {
     auto plan = ExpandExperiment(c.yaml, "bad.yaml");
     ASSERT_FALSE(plan.ok()) << c.name;
     EXPECT_TRUE(absl::IsInvalidArgument(plan.status())) << c.name;
-    EXPECT_NE(plan.status().message().find("bad.yaml"), std::string::npos) << c.name << ": " << plan.status();
+    EXPECT_NE(plan.status().message().find("bad.yaml"), std::string::npos)
+        << c.name << ": " << plan.status();
     EXPECT_NE(plan.status().message().find(c.expected), std::string::npos)
         << c.name << ": " << plan.status() << "\nwanted: " << c.expected;
   }
@@ -185,7 +200,8 @@ stages:
       steps: 2
       optimizer: {lr: "${{ matrix.lr }}"}
       strategy: {freeze: {layers: "${{ vars.layers }}"}}
-)", "sweep.yaml");
+)",
+                               "sweep.yaml");
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->cells.size(), 2u);
   EXPECT_EQ(plan->cells[1].job_name, "t[lr=0.0003]");
@@ -193,7 +209,6 @@ stages:
   ASSERT_EQ(plan->cells[0].spec.train().strategy().freeze().layers_size(), 2);
   EXPECT_EQ(plan->cells[0].spec.train().strategy().freeze().layers(1), "6");
 }
-
 
 constexpr const char* kRandom = R"(name: rs
 stages:
@@ -256,7 +271,8 @@ stages:
       n: {int: [1, 3]}
       c: {choice: [x, y]}
     noop: {}
-)", "g.yaml");
+)",
+                               "g.yaml");
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<std::string> names;
   for (const PlanCell& c : plan->cells) names.push_back(c.job_name);
@@ -269,10 +285,12 @@ TEST(ExperimentPlan, BadSearchesGetOneErrorNamingFileLineAndField) {
   const std::string tail = "    noop: {}\n";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"      search: {method: random, samples: 4}\n      x: [1, 2]\n",
-       "line 5: stages.t.matrix.search.seed: a random search needs a seed: a seedless random sweep would draw "
+       "line 5: stages.t.matrix.search.seed: a random search needs a seed: a seedless random sweep "
+       "would draw "
        "other trials on every submission and never be memoized"},
       {"      search: {method: random, seed: 1, samples: 4}\n      x: {normal: [0, 1]}\n",
-       "line 6: stages.t.matrix.x.normal: unknown distribution 'normal' (use uniform, loguniform, int or choice)"},
+       "line 6: stages.t.matrix.x.normal: unknown distribution 'normal' (use uniform, loguniform, "
+       "int or choice)"},
       {"      search: {method: random, seed: 1, samples: 4}\n      x: {uniform: [2, 1]}\n",
        "line 6: stages.t.matrix.x.uniform: lo 2 is above hi 1"},
       {"      search: {method: random, seed: 1, samples: 4}\n      x: {int: [5, 1]}\n",
@@ -299,13 +317,15 @@ TEST(ExperimentPlan, BadSearchesGetOneErrorNamingFileLineAndField) {
     EXPECT_NE(plan.status().message().find(expected), std::string::npos)
         << plan.status() << "\nwanted: " << expected;
   }
-  auto stage_level = ExpandExperiment("name: bad\nstages:\n  t:\n    search: random\n    noop: {}\n", "bad.yaml");
+  auto stage_level =
+      ExpandExperiment("name: bad\nstages:\n  t:\n    search: random\n    noop: {}\n", "bad.yaml");
   ASSERT_FALSE(stage_level.ok());
-  EXPECT_NE(stage_level.status().message().find("bad.yaml: line 4: stages.t.search: a search samples a matrix, and this stage has none"),
-            std::string::npos)
+  EXPECT_NE(
+      stage_level.status().message().find(
+          "bad.yaml: line 4: stages.t.search: a search samples a matrix, and this stage has none"),
+      std::string::npos)
       << stage_level.status();
 }
-
 
 TEST(EarlyStop, AshaRuleAsDocumented) {
   EarlyStopConfig c;
@@ -360,7 +380,8 @@ TEST(EarlyStop, TrialsCarryTheConfigAndDependentsDropStoppedReads) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto cells = ByName(*plan);
   // Tokens become steps: 20 tokens a step, so 100 → step 5 and 400 → step 20.
-  EXPECT_EQ(cells.at("cpt[lr=0.2]")->spec.labels().at(kEarlyStopLabel), "heldout_loss/en|min|5,20|0.5|0");
+  EXPECT_EQ(cells.at("cpt[lr=0.2]")->spec.labels().at(kEarlyStopLabel),
+            "heldout_loss/en|min|5,20|0.5|0");
   EXPECT_EQ(cells.at("soup")->spec.labels().count(kEarlyStopLabel), 0u);
   const std::set<std::string> stopped = {"cpt[lr=0.2]"};
   std::string which;
@@ -374,7 +395,8 @@ TEST(EarlyStop, TrialsCarryTheConfigAndDependentsDropStoppedReads) {
   v1::JobSpec other = cells.at("eval[lr=0.1]")->spec;
   EXPECT_TRUE(DropReadsOf(&other, stopped, &which));
   v1::JobSpec all = cells.at("soup")->spec;
-  EXPECT_FALSE(DropReadsOf(&all, {"cpt[lr=0.1]", "cpt[lr=0.2]", "cpt[lr=0.3]"}, &which)) << "nothing left to soup";
+  EXPECT_FALSE(DropReadsOf(&all, {"cpt[lr=0.1]", "cpt[lr=0.2]", "cpt[lr=0.3]"}, &which))
+      << "nothing left to soup";
 }
 
 TEST(EarlyStop, BadConfigsGetOneErrorNamingFileLineAndField) {
@@ -385,22 +407,28 @@ TEST(EarlyStop, BadConfigsGetOneErrorNamingFileLineAndField) {
     return ExpandExperiment(t, "es.yaml");
   };
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"{metric: accuracy, rungs: [5], keep: 0.5}", "line 5: stages.cpt.early_stop.metric: 'accuracy' is not a metric the trainer reports"},
-      {"{metric: loss, rungs: [5], keep: 1.5}", "stages.cpt.early_stop.keep: '1.5' must be a fraction in (0, 1)"},
+      {"{metric: accuracy, rungs: [5], keep: 0.5}",
+       "line 5: stages.cpt.early_stop.metric: 'accuracy' is not a metric the trainer reports"},
+      {"{metric: loss, rungs: [5], keep: 1.5}",
+       "stages.cpt.early_stop.keep: '1.5' must be a fraction in (0, 1)"},
       {"{metric: loss, rungs: [10, 5]}", "stages.cpt.early_stop.rungs: must ascend"},
-      {"{metric: loss, rungs: [50]}", "rung at step 50 is not before the end of training (50 steps) in cell cpt[lr=0.1]"},
-      {"{metric: loss}", "stages.cpt.early_stop.rungs: give exactly one of rungs (steps) and rungs_tokens"},
+      {"{metric: loss, rungs: [50]}",
+       "rung at step 50 is not before the end of training (50 steps) in cell cpt[lr=0.1]"},
+      {"{metric: loss}",
+       "stages.cpt.early_stop.rungs: give exactly one of rungs (steps) and rungs_tokens"},
       {"{metric: loss, rungs: [5], mode: up}", "stages.cpt.early_stop.mode: must be min or max"},
       {"{metric: loss, rungs: [5], patience: 3}", "stages.cpt.early_stop.patience: unknown field"},
   };
   for (const auto& [es, expected] : cases) {
     auto plan = with(es);
     ASSERT_FALSE(plan.ok()) << es;
-    EXPECT_NE(plan.status().message().find(expected), std::string::npos) << plan.status() << "\nwanted: " << expected;
+    EXPECT_NE(plan.status().message().find(expected), std::string::npos)
+        << plan.status() << "\nwanted: " << expected;
   }
   auto noop = with("{metric: loss, rungs: [5]}", "noop");
   ASSERT_FALSE(noop.ok());
-  EXPECT_NE(noop.status().message().find("es.yaml: line 4: stages.s.early_stop: early stopping needs a train stage"),
+  EXPECT_NE(noop.status().message().find(
+                "es.yaml: line 4: stages.s.early_stop: early stopping needs a train stage"),
             std::string::npos)
       << noop.status();
 }

@@ -100,7 +100,8 @@ int Revision(const v1::Job& job) {
   return r;
 }
 
-absl::StatusOr<std::vector<v1::Job>> JobsOf(coordinator::UserHandler* users, const std::string& experiment) {
+absl::StatusOr<std::vector<v1::Job>> JobsOf(coordinator::UserHandler* users,
+                                            const std::string& experiment) {
   std::vector<v1::Job> out;
   v1::ListJobsRequest req;
   req.set_experiment(experiment);
@@ -236,7 +237,8 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
           fields = ChangedByHashes(pf->second, now, JobKind(cell.spec));
         }
         if (fields.empty()) fields = ChangedFields(p.spec(), defaulted);
-        why = absl::StrCat("run: changed (", fields.empty() ? "spec" : absl::StrJoin(fields, ", "), ")");
+        why = absl::StrCat("run: changed (", fields.empty() ? "spec" : absl::StrJoin(fields, ", "),
+                           ")");
         resp.add_changed(cell.job_name);
       } else if (!upstream.empty()) {
         why = absl::StrCat("run: upstream ", upstream, " reruns");
@@ -340,7 +342,8 @@ absl::StatusOr<v1::ListExperimentsResponse> ExperimentService::List() {
   return resp;
 }
 
-absl::StatusOr<v1::GetExperimentResponse> ExperimentService::Get(const v1::GetExperimentRequest& request) {
+absl::StatusOr<v1::GetExperimentResponse> ExperimentService::Get(
+    const v1::GetExperimentRequest& request) {
   ASSIGN_OR_RETURN(std::vector<v1::Job> list, JobsOf(users_, request.name()));
   if (list.empty()) return absl::NotFoundError(absl::StrCat("no experiment ", request.name()));
   int revision = request.revision();
@@ -370,7 +373,8 @@ absl::StatusOr<v1::GetExperimentResponse> ExperimentService::Get(const v1::GetEx
     for (const auto& d : j.spec().depends_on()) c->add_needs(d);
   }
   if (resp.cells_size() == 0) {
-    return absl::NotFoundError(absl::StrCat("experiment ", request.name(), " has no revision ", revision));
+    return absl::NotFoundError(
+        absl::StrCat("experiment ", request.name(), " has no revision ", revision));
   }
   return resp;
 }

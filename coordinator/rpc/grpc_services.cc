@@ -99,8 +99,8 @@ class UserServiceImpl final : public v1::UserService::Service {
         if (req->idempotency_key().size() > 256) {
           return absl::InvalidArgumentError("idempotency_key: longer than 256 characters");
         }
-        owned.set_idempotency_key(
-            absl::StrCat("u:", Sha256Hex(absl::StrCat(caller.subject, "\n", req->idempotency_key()))));
+        owned.set_idempotency_key(absl::StrCat(
+            "u:", Sha256Hex(absl::StrCat(caller.subject, "\n", req->idempotency_key()))));
       }
       auto r = h_->Submit(owned);
       if (!r.ok()) return r.status();
@@ -212,7 +212,8 @@ class UserServiceImpl final : public v1::UserService::Service {
   }
   grpc::Status PinArtifact(grpc::ServerContext* ctx, const v1::PinArtifactRequest* req,
                            v1::Artifact* resp) override {
-    return Forward(ctx, "PinArtifact", resp, [&] { return h_->PinArtifact(req->id(), req->unpin()); });
+    return Forward(ctx, "PinArtifact", resp,
+                   [&] { return h_->PinArtifact(req->id(), req->unpin()); });
   }
   grpc::Status CollectGarbage(grpc::ServerContext* ctx, const v1::GcRequest* req,
                               v1::GcResponse* resp) override {
@@ -339,16 +340,16 @@ class UserServiceImpl final : public v1::UserService::Service {
 
   // Users act on their own jobs only; admins on every job. NOT_FOUND passes through so
   // that the handler says it (a job that does not exist has no owner to protect).
-  absl::Status CheckOwner(const grpc::ServerContext& ctx, const char* method,
-                          const Caller& caller, const std::string& id) {
+  absl::Status CheckOwner(const grpc::ServerContext& ctx, const char* method, const Caller& caller,
+                          const std::string& id) {
     if (!caller.authenticated || caller.is(Role::kAdmin)) return absl::OkStatus();
     auto job = h_->GetJob(id);
     if (!job.ok()) return absl::OkStatus();
     if (Owner(*job) == caller.subject) return absl::OkStatus();
-    return auth_->Deny(ctx, absl::StrCat(kUserPrefix, method), caller, "not_owner",
-                       absl::StrCat("job ", id, " belongs to ",
-                                    Owner(*job).empty() ? "nobody" : Owner(*job), ", not to ",
-                                    caller.subject));
+    return auth_->Deny(
+        ctx, absl::StrCat(kUserPrefix, method), caller, "not_owner",
+        absl::StrCat("job ", id, " belongs to ", Owner(*job).empty() ? "nobody" : Owner(*job),
+                     ", not to ", caller.subject));
   }
 
   UserHandler* h_;
@@ -432,7 +433,9 @@ class StreamChannel final : public WorkerChannel {
   bool DrainedOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return closed_ || (queue_.empty() && !writing_);
   }
-  bool HasWorkOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !queue_.empty(); }
+  bool HasWorkOrClosed() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || !queue_.empty();
+  }
 
   void WriterLoop() {
     std::vector<v1::CoordinatorMessage> take;
@@ -519,10 +522,10 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
     // A worker's id is its credential's subject: nobody registers as somebody else (that
     // would take over the real worker's attempts and outputs).
     if (caller.authenticated && msg.register_().info().id() != caller.subject) {
-      return ToGrpcStatus(auth_->Deny(
-          *ctx, kWorkerSession, caller, "wrong_identity",
-          absl::StrCat("worker credential for '", caller.subject, "' cannot register as '",
-                       msg.register_().info().id(), "'")));
+      return ToGrpcStatus(
+          auth_->Deny(*ctx, kWorkerSession, caller, "wrong_identity",
+                      absl::StrCat("worker credential for '", caller.subject,
+                                   "' cannot register as '", msg.register_().info().id(), "'")));
     }
     auto channel = std::make_shared<StreamChannel>(ctx, stream, msg.register_().accepts_batches());
     uint64_t session = 0;

@@ -78,7 +78,7 @@ class MemoryStore final : public Store {
   absl::StatusOr<std::string> IntegrityCheck() override { return std::string("ok"); }
 
   absl::StatusOr<std::vector<v1::MetricPoint>> ReadMetrics(const MetricQuery& query,
-                                                            bool* truncated) override {
+                                                           bool* truncated) override {
     absl::MutexLock lock(&mu_);
     std::vector<v1::MetricPoint> out;
     bool cut = false;

@@ -93,9 +93,9 @@ class SqliteStore final : public Store {
   }
 
   absl::Status Open() {
-    int rc = sqlite3_open_v2(path_.c_str(), &db_,
-                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
-                             nullptr);
+    int rc =
+        sqlite3_open_v2(path_.c_str(), &db_,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
     if (rc != SQLITE_OK) return Error("open", rc);
     sqlite3_busy_timeout(db_, 5000);
     RETURN_IF_ERROR(Exec("PRAGMA journal_mode=WAL"));
@@ -148,7 +148,7 @@ class SqliteStore final : public Store {
   }
 
   absl::StatusOr<std::vector<v1::MetricPoint>> ReadMetrics(const MetricQuery& query,
-                                                            bool* truncated) override {
+                                                           bool* truncated) override {
     std::lock_guard<std::mutex> lock(read_mu_);
     if (!read_all_.get()) {
       RETURN_IF_ERROR(PrepareOn(read_db_,
@@ -347,7 +347,6 @@ class SqliteStore final : public Store {
     (f(T{}, puts_[i++]), ...);  // left to right: the list's order
   }
 
-
   absl::Status Migrate() {
     RETURN_IF_ERROR(Exec("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"));
     int version = 0;
@@ -427,8 +426,7 @@ class SqliteStore final : public Store {
 
   // SQLITE_FULL, or an I/O error whose cause was ENOSPC.
   bool DiskFull(const absl::Status& st) const {
-    return st.code() == absl::StatusCode::kResourceExhausted ||
-           sqlite3_system_errno(db_) == ENOSPC;
+    return st.code() == absl::StatusCode::kResourceExhausted || sqlite3_system_errno(db_) == ENOSPC;
   }
 
   // Bytes free to this process on the database's file system (-1 if unknown).
@@ -474,14 +472,19 @@ class SqliteStore final : public Store {
   static absl::Status Status(int rc, std::string msg) {
     switch (rc & 0xff) {
       case SQLITE_BUSY:
-      case SQLITE_LOCKED: return absl::UnavailableError(msg);
-      case SQLITE_FULL: return absl::ResourceExhaustedError(msg);
+      case SQLITE_LOCKED:
+        return absl::UnavailableError(msg);
+      case SQLITE_FULL:
+        return absl::ResourceExhaustedError(msg);
       case SQLITE_CORRUPT:
-      case SQLITE_NOTADB: return absl::DataLossError(msg);
+      case SQLITE_NOTADB:
+        return absl::DataLossError(msg);
       case SQLITE_CANTOPEN:
       case SQLITE_PERM:
-      case SQLITE_READONLY: return absl::PermissionDeniedError(msg);
-      default: return absl::InternalError(msg);
+      case SQLITE_READONLY:
+        return absl::PermissionDeniedError(msg);
+      default:
+        return absl::InternalError(msg);
     }
   }
 

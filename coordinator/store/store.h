@@ -45,7 +45,7 @@ class Store {
   // Metric points of the given jobs, per job in the order asked, then in the order they
   // were committed. `*truncated` (optional) tells whether the limit cut the answer.
   virtual absl::StatusOr<std::vector<v1::MetricPoint>> ReadMetrics(const MetricQuery& query,
-                                                                    bool* truncated) = 0;
+                                                                   bool* truncated) = 0;
 };
 
 // Opens (creating and migrating as needed) the database at `path`.

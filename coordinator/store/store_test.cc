@@ -1,11 +1,11 @@
 // One suite, both backends.
+#include "coordinator/store/store.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
-
-#include "coordinator/store/store.h"
 
 namespace stemma::coordinator {
 namespace {
@@ -108,7 +108,8 @@ TEST_P(StoreTest, UpsertReplacesTheRecord) {
 
 TEST_P(StoreTest, ManyJobsInOneTransaction) {
   StoreBatch b;
-  for (int i = 1; i <= 5000; ++i) b.of<JobsTable>().push_back(MakeJob("j-" + std::to_string(i), i, v1::QUEUED));
+  for (int i = 1; i <= 5000; ++i)
+    b.of<JobsTable>().push_back(MakeJob("j-" + std::to_string(i), i, v1::QUEUED));
   ASSERT_TRUE(store_->Commit(b).ok());
   Reopen();
   auto snap = store_->Load();
@@ -121,7 +122,7 @@ TEST_P(StoreTest, ManyJobsInOneTransaction) {
 }
 
 MetricRun SeriesRun(const std::string& job, const std::string& name,
-              std::vector<std::pair<int64_t, double>> points) {
+                    std::vector<std::pair<int64_t, double>> points) {
   MetricRun r;
   r.job_id = job;
   r.attempt = 1;
@@ -138,7 +139,8 @@ TEST_P(StoreTest, MetricPointsAreAppendedNotLoadedAndReadBack) {
   StoreBatch b;
   b.of<JobsTable>().push_back(MakeJob("j-1", 1, v1::RUNNING));
   b.of<MetricPointsTable>().push_back(SeriesRun("j-1", "loss", {{1, 2.5}, {2, 2.0}}));
-  b.of<MetricPointsTable>().push_back(SeriesRun("j-1", "heldout_loss/uk", {{1, 3.0}, {2, 2.0}, {3, 1.0}}));
+  b.of<MetricPointsTable>().push_back(
+      SeriesRun("j-1", "heldout_loss/uk", {{1, 3.0}, {2, 2.0}, {3, 1.0}}));
   b.of<MetricPointsTable>().push_back(SeriesRun("j-1", "loss", {{3, 1.5}}));
   auto labelled = SeriesRun("j-2", "belebele/uk", {{0, 0.61}});
   labelled.labels = {{"shots", "2"}, {"split", "test"}};
@@ -239,7 +241,8 @@ TEST(SqliteStore, UnwritablePathIsNamed) {
 }
 
 TEST(SqliteStore, NotADatabaseIsRefused) {
-  auto path = std::filesystem::temp_directory_path() / ("stemma-garbage-" + std::to_string(::getpid()));
+  auto path =
+      std::filesystem::temp_directory_path() / ("stemma-garbage-" + std::to_string(::getpid()));
   {
     FILE* f = std::fopen(path.c_str(), "w");
     std::fputs("this is not a sqlite database, just some text that is long enough to matter..", f);
@@ -255,7 +258,8 @@ TEST(SqliteStore, NotADatabaseIsRefused) {
 // and keeps its rows.
 TEST(SqliteStore, VersionOneDatabaseIsMigrated) {
   if (std::system("command -v sqlite3 >/dev/null") != 0) GTEST_SKIP() << "needs the sqlite3 shell";
-  auto dir = std::filesystem::temp_directory_path() / ("stemma-migrate-" + std::to_string(::getpid()));
+  auto dir =
+      std::filesystem::temp_directory_path() / ("stemma-migrate-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string path = (dir / "stemma.db").string();
@@ -271,7 +275,8 @@ TEST(SqliteStore, VersionOneDatabaseIsMigrated) {
   }
   // Back to version 1, as an older coordinator left it.
   std::string sql = "sqlite3 " + path +
-                    " 'DROP TABLE metric_points; DROP TABLE artifacts; DROP TABLE early_stop_rungs; UPDATE schema_version SET version=1'";
+                    " 'DROP TABLE metric_points; DROP TABLE artifacts; DROP TABLE "
+                    "early_stop_rungs; UPDATE schema_version SET version=1'";
   ASSERT_EQ(std::system(sql.c_str()), 0);
   auto s = OpenSqliteStore(path);
   ASSERT_TRUE(s.ok()) << s.status();

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "stemma/v1/experiment.pb.h"
 #include "stemma/v1/job.pb.h"
 #include "stemma/v1/user_service.pb.h"
@@ -134,8 +134,7 @@ CREATE TABLE idempotency_keys (
   key TEXT PRIMARY KEY,
   job_ids TEXT NOT NULL          -- comma-separated
 );)sql";
-  static constexpr Column kColumns[] = {{"key", ColumnType::kText},
-                                        {"job_ids", ColumnType::kText}};
+  static constexpr Column kColumns[] = {{"key", ColumnType::kText}, {"job_ids", ColumnType::kText}};
   static constexpr const char* kConflict = "key";
   static constexpr const char* kOrderBy = "key";
   static Key KeyOf(const Record& r) { return r.first; }
@@ -182,10 +181,10 @@ CREATE TABLE metric_points (
 );
 CREATE INDEX metric_points_by_job ON metric_points(job, name);)sql";
   static constexpr Column kColumns[] = {
-      {"job", ColumnType::kText},       {"attempt", ColumnType::kInt},
-      {"name", ColumnType::kText},      {"labels", ColumnType::kText},
-      {"points", ColumnType::kInt},     {"last_step", ColumnType::kInt},
-      {"steps", ColumnType::kBlob},     {"vals", ColumnType::kBlob},
+      {"job", ColumnType::kText},     {"attempt", ColumnType::kInt},
+      {"name", ColumnType::kText},    {"labels", ColumnType::kText},
+      {"points", ColumnType::kInt},   {"last_step", ColumnType::kInt},
+      {"steps", ColumnType::kBlob},   {"vals", ColumnType::kBlob},
       {"times_ms", ColumnType::kBlob}};
   static constexpr const char* kConflict = nullptr;
   static constexpr const char* kOrderBy = "rowid";
@@ -220,9 +219,9 @@ CREATE INDEX artifacts_by_manifest ON artifacts(manifest_sha256);
 CREATE INDEX artifacts_by_job ON artifacts(job);
 CREATE INDEX artifacts_by_path ON artifacts(path);)sql";
   static constexpr Column kColumns[] = {
-      {"seq", ColumnType::kInt},   {"id", ColumnType::kText},
-      {"path", ColumnType::kText}, {"manifest_sha256", ColumnType::kText},
-      {"job", ColumnType::kText},  {"experiment", ColumnType::kText},
+      {"seq", ColumnType::kInt},    {"id", ColumnType::kText},
+      {"path", ColumnType::kText},  {"manifest_sha256", ColumnType::kText},
+      {"job", ColumnType::kText},   {"experiment", ColumnType::kText},
       {"state", ColumnType::kText}, {"record", ColumnType::kBlob}};
   static constexpr const char* kConflict = "seq";
   static constexpr const char* kOrderBy = "seq";
@@ -258,7 +257,9 @@ CREATE TABLE early_stop_rungs (
   static constexpr const char* kConflict = "key";
   static constexpr const char* kOrderBy = "rowid";  // the order decisions were made in
   static Key KeyOf(const Record& r) { return r.job_id() + "/" + std::to_string(r.rung()); }
-  static bool LoadsBefore(const Record& a, const Record& b) { return a.decided_ms() < b.decided_ms(); }
+  static bool LoadsBefore(const Record& a, const Record& b) {
+    return a.decided_ms() < b.decided_ms();
+  }
   static void Write(const Record& r, RowWriter* w) {
     w->Text(KeyOf(r));
     w->TextRef(r.bracket());
@@ -270,7 +271,8 @@ CREATE TABLE early_stop_rungs (
     Record rec;
     absl::string_view blob = r.Blob(4);
     if (!rec.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
-      return absl::DataLossError(absl::StrCat("early-stop rung record ", std::string(r.Text(0)), " does not parse"));
+      return absl::DataLossError(
+          absl::StrCat("early-stop rung record ", std::string(r.Text(0)), " does not parse"));
     }
     return rec;
   }
@@ -281,9 +283,8 @@ template <typename... T>
 struct TableList {};
 
 // Every durable table. Adding one: its descriptor above, and its name here.
-using DurableTables =
-    TableList<JobsTable, WorkersTable, IdempotencyKeysTable, MetricPointsTable, ArtifactsTable,
-              EarlyStopRungsTable>;
+using DurableTables = TableList<JobsTable, WorkersTable, IdempotencyKeysTable, MetricPointsTable,
+                                ArtifactsTable, EarlyStopRungsTable>;
 
 namespace internal {
 template <typename T, typename... Ts>

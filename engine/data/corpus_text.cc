@@ -81,8 +81,10 @@ size_t PrintfLength(std::string_view text, size_t i) {
       digits();
     }
   }
-  while (j < text.size() && std::string_view("hlLqjzZt").find(text[j]) != std::string_view::npos) ++j;
-  if (j < text.size() && std::string_view("diouxXeEfFgGaAcspnCSm").find(text[j]) != std::string_view::npos) {
+  while (j < text.size() && std::string_view("hlLqjzZt").find(text[j]) != std::string_view::npos)
+    ++j;
+  if (j < text.size() &&
+      std::string_view("diouxXeEfFgGaAcspnCSm").find(text[j]) != std::string_view::npos) {
     return j + 1 - i;
   }
   return 0;
@@ -129,8 +131,8 @@ std::string Nfc(std::string_view text) {
   UErrorCode err = U_ZERO_ERROR;
   const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(err);
   if (U_FAILURE(err)) return std::string(text);
-  const icu::UnicodeString in =
-      icu::UnicodeString::fromUTF8(icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
+  const icu::UnicodeString in = icu::UnicodeString::fromUTF8(
+      icu::StringPiece(text.data(), static_cast<int32_t>(text.size())));
   if (nfc->isNormalized(in, err) && U_SUCCESS(err)) return std::string(text);
   err = U_ZERO_ERROR;
   const icu::UnicodeString normalized = nfc->normalize(in, err);

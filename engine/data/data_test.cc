@@ -16,8 +16,8 @@
 #include "engine/data/dataset.h"
 #include "engine/data/dataset_writer.h"
 #include "engine/data/loader.h"
-#include "engine/io/sha256.h"
 #include "engine/data/tokenize.h"
+#include "engine/io/sha256.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -212,8 +212,9 @@ TEST_F(DataTest, JsonlRoundTripAndCommand) {
   EXPECT_EQ(RunTokenize(static_cast<int>(argv.size()), argv.data()), 4);
   // Several inputs after one --input, and --help.
   std::string b = Write("b.jsonl", "{\"text\": \"delta\"}\n");
-  std::vector<std::string> two = {"tokenize", "--tokenizer", tok, "--input", a, b, "--format", "jsonl",
-                                  "--language", "de", "--out", Path("ds2")};
+  std::vector<std::string> two = {"tokenize", "--tokenizer", tok,     "--input",    a,
+                                  b,          "--format",    "jsonl", "--language", "de",
+                                  "--out",    Path("ds2")};
   argv.clear();
   for (std::string& s : two) argv.push_back(s.data());
   ASSERT_EQ(RunTokenize(static_cast<int>(argv.size()), argv.data()), 0);

@@ -91,7 +91,8 @@ absl::StatusOr<std::vector<double>> TemperatureProbabilities(const std::vector<d
 
 int64_t FirstHeldOutByPosition(int64_t num_documents, double fraction) {
   if (fraction <= 0) return num_documents;
-  const auto held = static_cast<int64_t>(std::ceil(fraction * static_cast<double>(num_documents) - 1e-9));
+  const auto held =
+      static_cast<int64_t>(std::ceil(fraction * static_cast<double>(num_documents) - 1e-9));
   return num_documents - std::min(held, num_documents);
 }
 
@@ -102,10 +103,11 @@ absl::StatusOr<MixtureSpec> OpenMixture(const v1::TrainData& data) {
   for (const auto& [family, weight] : data.family_weights()) spec.family_weights[family] = weight;
   bool any_weight = false;
   for (const auto& d : data.datasets()) any_weight |= d.has_weight();
-  auto open = [](const std::string& path, const std::string& field)
-      -> absl::StatusOr<std::shared_ptr<const Dataset>> {
+  auto open = [](const std::string& path,
+                 const std::string& field) -> absl::StatusOr<std::shared_ptr<const Dataset>> {
     auto ds = Dataset::Open(path);
-    if (!ds.ok()) return absl::Status(ds.status().code(), absl::StrCat(field, ": ", ds.status().message()));
+    if (!ds.ok())
+      return absl::Status(ds.status().code(), absl::StrCat(field, ": ", ds.status().message()));
     return std::shared_ptr<const Dataset>(std::move(*ds));
   };
   for (int i = 0; i < data.datasets_size(); ++i) {
@@ -174,9 +176,9 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(MixtureSpec spec, LoaderO
     for (const Dataset* ds : {c.dataset.get(), c.heldout.get()}) {
       if (ds == nullptr || ds->tokenizer().sha256 == first.sha256) continue;
       return absl::InvalidArgumentError(absl::StrCat(
-          "mixture: ", ds->dir(), " was tokenized with ", ds->tokenizer().name,
-          " (sha256 ", ds->tokenizer().sha256, "), ", spec.components[0].dataset->dir(),
-          " with ", first.name, " (sha256 ", first.sha256, ")"));
+          "mixture: ", ds->dir(), " was tokenized with ", ds->tokenizer().name, " (sha256 ",
+          ds->tokenizer().sha256, "), ", spec.components[0].dataset->dir(), " with ", first.name,
+          " (sha256 ", first.sha256, ")"));
     }
   }
   std::vector<double> sizes;
@@ -222,8 +224,8 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(MixtureSpec spec, LoaderO
       std::optional<int32_t> eos =
           options.eos_id.has_value() ? options.eos_id : ds.tokenizer().eos_id;
       if (!eos) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "dataset ", ds.dir(), ": its tokenizer has no EOS id and none was given"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("dataset ", ds.dir(), ": its tokenizer has no EOS id and none was given"));
       }
       s.eos = *eos;
     }

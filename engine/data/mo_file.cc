@@ -12,8 +12,9 @@ constexpr uint32_t kMagic = 0x950412de;
 
 uint32_t Read32(std::string_view bytes, size_t at, bool big_endian) {
   const auto* p = reinterpret_cast<const unsigned char*>(bytes.data()) + at;
-  return big_endian ? (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3]
-                    : (uint32_t{p[3]} << 24) | (uint32_t{p[2]} << 16) | (uint32_t{p[1]} << 8) | p[0];
+  return big_endian
+             ? (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3]
+             : (uint32_t{p[3]} << 24) | (uint32_t{p[2]} << 16) | (uint32_t{p[1]} << 8) | p[0];
 }
 
 // "text/plain; charset=UTF-8" in the header's Content-Type line.
@@ -36,7 +37,9 @@ absl::StatusOr<MoCatalogue> ParseMoFile(std::string_view bytes, std::string_view
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(std::string(where), ": ", what));
   };
-  if (bytes.size() < 28) return bad(absl::StrCat("not a GNU .mo file (", bytes.size(), " bytes, shorter than its header)"));
+  if (bytes.size() < 28)
+    return bad(
+        absl::StrCat("not a GNU .mo file (", bytes.size(), " bytes, shorter than its header)"));
   MoCatalogue cat;
   if (Read32(bytes, 0, false) == kMagic) {
     cat.big_endian = false;
@@ -47,7 +50,8 @@ absl::StatusOr<MoCatalogue> ParseMoFile(std::string_view bytes, std::string_view
   }
   const bool be = cat.big_endian;
   const uint32_t revision = Read32(bytes, 4, be);
-  if ((revision >> 16) > 1) return bad(absl::StrCat("unsupported .mo major revision ", revision >> 16));
+  if ((revision >> 16) > 1)
+    return bad(absl::StrCat("unsupported .mo major revision ", revision >> 16));
   const uint64_t n = Read32(bytes, 8, be);
   const uint64_t originals = Read32(bytes, 12, be);
   const uint64_t translations = Read32(bytes, 16, be);
@@ -66,8 +70,10 @@ absl::StatusOr<MoCatalogue> ParseMoFile(std::string_view bytes, std::string_view
   cat.entries.reserve(n);
   for (uint64_t i = 0; i < n; ++i) {
     std::string_view id, str;
-    if (!string_at(originals, i, &id)) return bad(absl::StrCat("original string ", i, " lies outside the file"));
-    if (!string_at(translations, i, &str)) return bad(absl::StrCat("translation ", i, " lies outside the file"));
+    if (!string_at(originals, i, &id))
+      return bad(absl::StrCat("original string ", i, " lies outside the file"));
+    if (!string_at(translations, i, &str))
+      return bad(absl::StrCat("translation ", i, " lies outside the file"));
     if (id.empty()) {
       cat.charset = HeaderCharset(str);
       continue;

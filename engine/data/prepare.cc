@@ -63,19 +63,22 @@ struct Pair {
 };
 
 struct Stats {
-  int64_t strings = 0;           // source strings read (msgstrs, lines, JSONL records)
-  int64_t untranslated = 0;      // gettext entries without a translation
+  int64_t strings = 0;       // source strings read (msgstrs, lines, JSONL records)
+  int64_t untranslated = 0;  // gettext entries without a translation
   int64_t invalid_utf8 = 0;
   int64_t too_short = 0;
   int64_t no_letters = 0;
   int64_t duplicates = 0;
-  int64_t reserved_excluded = 0;  // a side of an evaluation pair
+  int64_t reserved_excluded = 0;       // a side of an evaluation pair
   int64_t train_overlap_excluded = 0;  // held_out language: a string trained on elsewhere
   int64_t budget_dropped = 0;
   Json ToJson() const {
-    return {{"strings", strings},           {"untranslated", untranslated},
-            {"invalid_utf8", invalid_utf8}, {"too_short", too_short},
-            {"no_letters", no_letters},     {"duplicates", duplicates},
+    return {{"strings", strings},
+            {"untranslated", untranslated},
+            {"invalid_utf8", invalid_utf8},
+            {"too_short", too_short},
+            {"no_letters", no_letters},
+            {"duplicates", duplicates},
             {"reserved_excluded", reserved_excluded},
             {"train_overlap_excluded", train_overlap_excluded},
             {"budget_dropped", budget_dropped}};
@@ -87,10 +90,10 @@ struct Language {
   int index = 0;
   std::string name;  // display name
   bool base = false, held_out = false;
-  std::vector<Pair> pairs;         // gettext pairs in read order (normalised, both sides kept)
-  std::vector<std::string> docs;   // documents in read order (normalised, before dedup)
+  std::vector<Pair> pairs;        // gettext pairs in read order (normalised, both sides kept)
+  std::vector<std::string> docs;  // documents in read order (normalised, before dedup)
   std::vector<std::string> train, heldout;  // final texts, in hash order
-  std::vector<Pair> reserved;      // evaluation pairs, in hash order of the English side
+  std::vector<Pair> reserved;               // evaluation pairs, in hash order of the English side
   Stats stats;
   Json sources = Json::array();
 };
@@ -121,7 +124,8 @@ absl::StatusOr<std::vector<std::string>> MoFiles(const std::string& dir) {
 
 bool Utf8Charset(const std::string& charset) {
   const std::string c = absl::AsciiStrToLower(charset);
-  return c.empty() || c == "utf-8" || c == "utf8" || c == "ascii" || c == "us-ascii" || c == "charset";
+  return c.empty() || c == "utf-8" || c == "utf8" || c == "ascii" || c == "us-ascii" ||
+         c == "charset";
 }
 
 // A normaliser that remembers: the same msgid appears in the catalogues of every language.
@@ -142,7 +146,8 @@ class Normalizer {
 
 class Preparer {
  public:
-  Preparer(const v1::PrepareSpec& spec, const std::function<void(double, const std::string&)>& progress)
+  Preparer(const v1::PrepareSpec& spec,
+           const std::function<void(double, const std::string&)>& progress)
       : spec_(spec),
         progress_(progress),
         english_(NormalizeOptions{spec.placeholder(), spec.min_chars()}),
@@ -166,7 +171,9 @@ class Preparer {
   absl::Status Instructions();
   void Suites();
   absl::StatusOr<PrepareSummary> Write();
-  void AddFile(const std::string& path, std::string contents) { files_[path] = std::move(contents); }
+  void AddFile(const std::string& path, std::string contents) {
+    files_[path] = std::move(contents);
+  }
 
   const v1::PrepareSpec& spec_;
   const std::function<void(double, const std::string&)>& progress_;
@@ -175,7 +182,7 @@ class Preparer {
   Language* base_ = nullptr;
   absl::flat_hash_set<std::string> gettext_english_;  // every normalised msgid kept
   absl::flat_hash_set<std::string> excluded_;         // both sides of every reserved pair
-  std::map<std::string, std::string> files_;  // path in the corpus -> contents
+  std::map<std::string, std::string> files_;          // path in the corpus -> contents
   Json mixtures_ = Json::array();
   Json instructions_ = Json::array();
   Json suites_ = Json::array();
@@ -193,15 +200,17 @@ void Preparer::AddDocument(Language* l, std::string_view raw) {
 
 absl::Status Preparer::ReadGettext(Language* l, const std::string& root, const std::string& field) {
   if (!IsDirectory(root)) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", root, ": no such directory (the gettext root)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", root, ": no such directory (the gettext root)"));
   }
   std::vector<std::string> locales(l->spec->locales().begin(), l->spec->locales().end());
   if (locales.empty()) locales.push_back(l->spec->code());
   for (const std::string& locale : locales) {
     const std::string dir = absl::StrCat(root, "/", locale, "/LC_MESSAGES");
     if (!IsDirectory(dir)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": ", dir, ": no such directory (no gettext catalogues for '", locale, "' under ", root, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", dir, ": no such directory (no gettext catalogues for '", locale,
+                       "' under ", root, ")"));
     }
     ASSIGN_OR_RETURN(std::vector<std::string> names, MoFiles(dir));
     std::string listing;
@@ -259,7 +268,8 @@ absl::Status Preparer::ReadGettext(Language* l, const std::string& root, const s
 
 absl::Status Preparer::ReadText(Language* l, const std::string& path, const std::string& field) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": cannot open the file"));
+  if (!in)
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": cannot open the file"));
   std::string line, all;
   while (std::getline(in, line)) {
     absl::StrAppend(&all, line, "\n");
@@ -271,10 +281,11 @@ absl::Status Preparer::ReadText(Language* l, const std::string& path, const std:
   return absl::OkStatus();
 }
 
-absl::Status Preparer::ReadJsonl(Language* l, const std::string& path, const std::string& json_field,
-                                 const std::string& field) {
+absl::Status Preparer::ReadJsonl(Language* l, const std::string& path,
+                                 const std::string& json_field, const std::string& field) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": cannot open the file"));
+  if (!in)
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": cannot open the file"));
   std::string line, all;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     absl::StrAppend(&all, line, "\n");
@@ -285,14 +296,16 @@ absl::Status Preparer::ReadJsonl(Language* l, const std::string& path, const std
       return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object (", field, ")"));
     }
     auto it = j.find(json_field);
-    if (it == j.end()) return absl::InvalidArgumentError(absl::StrCat(where, ": field '", json_field, "' missing"));
+    if (it == j.end())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": field '", json_field, "' missing"));
     if (!it->is_string()) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": field '", json_field, "' is ", it->type_name(), ", not a string"));
     }
     AddDocument(l, it->get<std::string>());
   }
-  l->sources.push_back({{"type", "jsonl"}, {"path", path}, {"field", json_field}, {"sha256", io::Sha256Hex(all)}});
+  l->sources.push_back(
+      {{"type", "jsonl"}, {"path", path}, {"field", json_field}, {"sha256", io::Sha256Hex(all)}});
   return absl::OkStatus();
 }
 
@@ -319,21 +332,23 @@ absl::Status Preparer::ReadSources() {
     } else if (!own && !l.base && !spec_.gettext().empty()) {
       RETURN_IF_ERROR(ReadGettext(&l, spec_.gettext(), "gettext"));
     } else if (!own && !l.base) {
-      return absl::InvalidArgumentError(absl::StrCat(at, ".code: language '", s.code(),
-                                                     "' has no source: set its gettext, text or jsonl"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, ".code: language '", s.code(), "' has no source: set its gettext, text or jsonl"));
     }
     for (int k = 0; k < s.text_size(); ++k) {
       RETURN_IF_ERROR(ReadText(&l, s.text(k), absl::StrCat(at, ".text[", k, "]")));
     }
     for (int k = 0; k < s.jsonl_size(); ++k) {
-      RETURN_IF_ERROR(ReadJsonl(&l, s.jsonl(k).path(), s.jsonl(k).field(), absl::StrCat(at, ".jsonl[", k, "]")));
+      RETURN_IF_ERROR(ReadJsonl(&l, s.jsonl(k).path(), s.jsonl(k).field(),
+                                absl::StrCat(at, ".jsonl[", k, "]")));
     }
   }
   // The base language's documents: every gettext msgid read (sorted, so that the order
   // does not depend on the hash table), then its own sources.
   std::vector<std::string> docs(gettext_english_.begin(), gettext_english_.end());
   std::sort(docs.begin(), docs.end());
-  docs.insert(docs.end(), std::make_move_iterator(base_->docs.begin()), std::make_move_iterator(base_->docs.end()));
+  docs.insert(docs.end(), std::make_move_iterator(base_->docs.begin()),
+              std::make_move_iterator(base_->docs.end()));
   base_->docs = std::move(docs);
   if (!gettext_english_.empty()) {
     base_->sources.push_back({{"type", "gettext msgids"}, {"strings", gettext_english_.size()}});
@@ -346,7 +361,8 @@ absl::Status Preparer::ReadSources() {
 void Preparer::Reserve() {
   absl::flat_hash_set<std::string> reserved_english;
   for (const std::string& en : gettext_english_) {
-    if (CorpusHashFraction(spec_.split_seed(), kSaltEval, en) < spec_.eval_fraction()) reserved_english.insert(en);
+    if (CorpusHashFraction(spec_.split_seed(), kSaltEval, en) < spec_.eval_fraction())
+      reserved_english.insert(en);
   }
   excluded_.insert(reserved_english.begin(), reserved_english.end());
   for (Language& l : languages_) {
@@ -361,7 +377,8 @@ void Preparer::Reserve() {
       keys.emplace_back(CorpusHash(spec_.split_seed(), kSaltOrder, l.reserved[i].en), i);
     }
     std::sort(keys.begin(), keys.end(), [&](const auto& a, const auto& b) {
-      return a.first != b.first ? a.first < b.first : l.reserved[a.second].en < l.reserved[b.second].en;
+      return a.first != b.first ? a.first < b.first
+                                : l.reserved[a.second].en < l.reserved[b.second].en;
     });
     std::vector<Pair> sorted;
     for (const auto& [h, i] : keys) sorted.push_back(std::move(l.reserved[i]));
@@ -378,7 +395,8 @@ void Preparer::Split() {
   auto order = [&](std::vector<std::string>* docs) {
     std::vector<std::pair<uint64_t, std::string>> keyed;
     keyed.reserve(docs->size());
-    for (std::string& d : *docs) keyed.emplace_back(CorpusHash(spec_.split_seed(), kSaltOrder, d), std::move(d));
+    for (std::string& d : *docs)
+      keyed.emplace_back(CorpusHash(spec_.split_seed(), kSaltOrder, d), std::move(d));
     std::sort(keyed.begin(), keyed.end());
     docs->clear();
     for (auto& [h, d] : keyed) docs->push_back(std::move(d));
@@ -531,7 +549,8 @@ absl::Status Preparer::Instructions() {
     const v1::CorpusInstructions& task = spec_.instructions(i);
     const std::string field = absl::StrCat("instructions[", i, "]");
     if (!names.insert(task.name()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".name: '", task.name(), "' is used twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".name: '", task.name(), "' is used twice"));
     }
     const Language* l = nullptr;
     for (const Language& c : languages_) {
@@ -545,7 +564,8 @@ absl::Status Preparer::Instructions() {
     for (const Pair& p : l->reserved) reserved.insert(p.en);
     std::vector<std::string> train, heldout;
     for (const Pair& p : l->pairs) {
-      if (reserved.count(p.en) > 0 || excluded_.count(p.tgt) > 0 || !seen.insert(p.en).second) continue;
+      if (reserved.count(p.en) > 0 || excluded_.count(p.tgt) > 0 || !seen.insert(p.en).second)
+        continue;
       std::string doc = task.template_();
       doc = absl::StrReplaceAll(doc, {{"{src}", p.en}, {"{tgt}", p.tgt}, {"{name}", l->name}});
       if (CorpusHashFraction(spec_.split_seed(), kSaltHeldout, p.en) < spec_.heldout_fraction()) {
@@ -555,12 +575,14 @@ absl::Status Preparer::Instructions() {
       }
     }
     if (train.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".language: '", task.language(),
-                                                     "' has no gettext pairs outside the evaluation pairs"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".language: '", task.language(),
+                       "' has no gettext pairs outside the evaluation pairs"));
     }
     auto order = [&](std::vector<std::string>* docs) {
       std::sort(docs->begin(), docs->end(), [&](const std::string& a, const std::string& b) {
-        const uint64_t ha = CorpusHash(spec_.split_seed(), kSaltOrder, a), hb = CorpusHash(spec_.split_seed(), kSaltOrder, b);
+        const uint64_t ha = CorpusHash(spec_.split_seed(), kSaltOrder, a),
+                       hb = CorpusHash(spec_.split_seed(), kSaltOrder, b);
         return ha != hb ? ha < hb : a < b;
       });
     };
@@ -569,7 +591,8 @@ absl::Status Preparer::Instructions() {
     if (task.budget_bytes() > 0) {
       int64_t bytes = 0;
       size_t keep = 0;
-      while (keep < train.size() && bytes + static_cast<int64_t>(train[keep].size()) + 1 <= task.budget_bytes()) {
+      while (keep < train.size() &&
+             bytes + static_cast<int64_t>(train[keep].size()) + 1 <= task.budget_bytes()) {
         bytes += static_cast<int64_t>(train[keep].size()) + 1;
         ++keep;
       }
@@ -577,10 +600,15 @@ absl::Status Preparer::Instructions() {
     }
     const std::string train_path = absl::StrCat("instruct/", task.name(), ".train.txt");
     const std::string heldout_path = absl::StrCat("instruct/", task.name(), ".heldout.txt");
-    instructions_.push_back({{"name", task.name()}, {"language", task.language()}, {"template", task.template_()},
-                             {"train", train_path}, {"heldout", heldout_path},
-                             {"train_documents", train.size()}, {"heldout_documents", heldout.size()},
-                             {"train_bytes", Bytes(train)}, {"heldout_bytes", Bytes(heldout)}});
+    instructions_.push_back({{"name", task.name()},
+                             {"language", task.language()},
+                             {"template", task.template_()},
+                             {"train", train_path},
+                             {"heldout", heldout_path},
+                             {"train_documents", train.size()},
+                             {"heldout_documents", heldout.size()},
+                             {"train_bytes", Bytes(train)},
+                             {"heldout_bytes", Bytes(heldout)}});
     AddFile(train_path, Lines(train));
     AddFile(heldout_path, Lines(heldout));
   }
@@ -589,8 +617,9 @@ absl::Status Preparer::Instructions() {
 
 // The positions of up to three distractors for item `self` of `pool` (sorted by length):
 // drawn from its neighbours in length, distinct from it and from each other by `text`.
-std::vector<size_t> Distractors(const std::vector<std::string>& texts, const std::vector<size_t>& by_length,
-                                size_t position, SplitMix* rng) {
+std::vector<size_t> Distractors(const std::vector<std::string>& texts,
+                                const std::vector<size_t>& by_length, size_t position,
+                                SplitMix* rng) {
   const std::string& self = texts[by_length[position]];
   for (size_t radius = 8; radius <= by_length.size() + 8; radius *= 2) {
     const size_t lo = position >= radius ? position - radius : 0;
@@ -643,7 +672,8 @@ void Preparer::Suites() {
   const v1::CorpusSuites& options = spec_.suites();
   const uint64_t seed = options.seed();
   auto record = [&](const std::string& name, const std::string& suite, const std::string& version,
-                    const Language& l, const std::string& format, const std::string& text, int64_t examples) {
+                    const Language& l, const std::string& format, const std::string& text,
+                    int64_t examples) {
     const std::string path = absl::StrCat("suites/", name, ".jsonl");
     suites_.push_back({{"name", name},
                        {"suite", suite},
@@ -660,7 +690,8 @@ void Preparer::Suites() {
     if (l.base) continue;
     std::vector<const Pair*> pool;
     for (const Pair& p : l.reserved) {
-      if (CodePoints(p.en) <= options.max_chars() && CodePoints(p.tgt) <= options.max_chars()) pool.push_back(&p);
+      if (CodePoints(p.en) <= options.max_chars() && CodePoints(p.tgt) <= options.max_chars())
+        pool.push_back(&p);
     }
     if (pool.size() < 4) continue;
     std::vector<std::string> texts;
@@ -679,31 +710,35 @@ void Preparer::Suites() {
     });
     std::string text;
     int64_t examples = 0;
-    const std::string question = absl::StrCat("Which sentence is the translation of the passage into ", l.name, "?");
+    const std::string question =
+        absl::StrCat("Which sentence is the translation of the passage into ", l.name, "?");
     for (size_t i : chosen) {
       if (examples == options.examples()) break;
-      SplitMix rng(CorpusHash(seed, absl::StrCat("translation_choice/", l.spec->code()), pool[i]->en));
+      SplitMix rng(
+          CorpusHash(seed, absl::StrCat("translation_choice/", l.spec->code()), pool[i]->en));
       std::vector<size_t> distractors = Distractors(texts, by_length, position[i], &rng);
       if (distractors.size() < 3) continue;
       const int64_t gold = static_cast<int64_t>(rng.Below(4));
       std::vector<std::string> answers;
       for (size_t d : distractors) answers.push_back(texts[d]);
       answers.insert(answers.begin() + gold, pool[i]->tgt);
-      Json row = {{"id", absl::StrCat(l.spec->code(), "-", absl::Hex(CorpusHash(0, "id", pool[i]->en), absl::kZeroPad16))},
-                  {"language", l.spec->code()},
-                  {"flores_passage", pool[i]->en},
-                  {"question", question},
-                  {"mc_answer1", answers[0]},
-                  {"mc_answer2", answers[1]},
-                  {"mc_answer3", answers[2]},
-                  {"mc_answer4", answers[3]},
-                  {"correct_answer_num", std::to_string(gold + 1)}};
+      Json row = {
+          {"id", absl::StrCat(l.spec->code(), "-",
+                              absl::Hex(CorpusHash(0, "id", pool[i]->en), absl::kZeroPad16))},
+          {"language", l.spec->code()},
+          {"flores_passage", pool[i]->en},
+          {"question", question},
+          {"mc_answer1", answers[0]},
+          {"mc_answer2", answers[1]},
+          {"mc_answer3", answers[2]},
+          {"mc_answer4", answers[3]},
+          {"correct_answer_num", std::to_string(gold + 1)}};
       absl::StrAppend(&text, Dump(row), "\n");
       ++examples;
     }
     if (examples > 0) {
-      record(absl::StrCat("translation_choice_", l.spec->code()), "translation_choice", kTranslationChoiceVersion, l,
-             "belebele", text, examples);
+      record(absl::StrCat("translation_choice_", l.spec->code()), "translation_choice",
+             kTranslationChoiceVersion, l, "belebele", text, examples);
     }
   }
   // Continuation: the first half of a held-out sentence, its true end and three others.
@@ -755,7 +790,8 @@ void Preparer::Suites() {
       std::vector<std::string> solutions;
       for (size_t d : distractors) solutions.push_back(endings[d]);
       solutions.insert(solutions.begin() + gold, pool[i].ending);
-      Json row = {{"id", absl::StrCat(l.spec->code(), "-", absl::Hex(CorpusHash(0, "id", key(i)), absl::kZeroPad16))},
+      Json row = {{"id", absl::StrCat(l.spec->code(), "-",
+                                      absl::Hex(CorpusHash(0, "id", key(i)), absl::kZeroPad16))},
                   {"language", l.spec->code()},
                   {"prompt", pool[i].context},
                   {"solution0", solutions[0]},
@@ -768,10 +804,11 @@ void Preparer::Suites() {
     }
     if (examples == 0) continue;
     if (l.base) {
-      record(absl::StrCat("general_", l.spec->code()), "general", kGeneralVersion, l, "global_piqa", text, examples);
-    } else {
-      record(absl::StrCat("continuation_", l.spec->code()), "continuation", kContinuationVersion, l, "global_piqa",
+      record(absl::StrCat("general_", l.spec->code()), "general", kGeneralVersion, l, "global_piqa",
              text, examples);
+    } else {
+      record(absl::StrCat("continuation_", l.spec->code()), "continuation", kContinuationVersion, l,
+             "global_piqa", text, examples);
     }
   }
   Json index = {{"format", "stemma.suites/1"},
@@ -820,11 +857,12 @@ absl::StatusOr<PrepareSummary> Preparer::Write() {
       std::string text;
       for (const Pair& p : l.reserved) {
         // src/tgt for translation; the same pair keyed by language code for analyze's alignment.
-        Json row = {{"id", absl::StrCat(code, "-", absl::Hex(CorpusHash(0, "id", p.en), absl::kZeroPad16))},
-                    {"src", p.en},
-                    {"tgt", p.tgt},
-                    {base_->spec->code(), p.en},
-                    {code, p.tgt}};
+        Json row = {
+            {"id", absl::StrCat(code, "-", absl::Hex(CorpusHash(0, "id", p.en), absl::kZeroPad16))},
+            {"src", p.en},
+            {"tgt", p.tgt},
+            {base_->spec->code(), p.en},
+            {code, p.tgt}};
         absl::StrAppend(&text, Dump(row), "\n");
       }
       AddFile(path, std::move(text));
@@ -850,7 +888,10 @@ absl::StatusOr<PrepareSummary> Preparer::Write() {
   int64_t bytes = 0;
   for (const auto& [path, contents] : files_) {
     const std::string sha = io::Sha256Hex(contents);
-    files.push_back({{"path", path}, {"bytes", contents.size()}, {"lines", LineCount(contents)}, {"sha256", sha}});
+    files.push_back({{"path", path},
+                     {"bytes", contents.size()},
+                     {"lines", LineCount(contents)},
+                     {"sha256", sha}});
     absl::StrAppend(&listing, sha, "  ", path, "\n");
     bytes += static_cast<int64_t>(contents.size());
   }
@@ -858,20 +899,22 @@ absl::StatusOr<PrepareSummary> Preparer::Write() {
   v1::PrepareSpec parameters = spec_;
   parameters.clear_out();
   parameters.clear_overwrite();
-  Json manifest = {{"format", kCorpusFormat},
-                   {"content_hash", io::Sha256Hex(listing)},
-                   {"content_hash_of", "sha256 of the sorted \"<sha256>  <path>\\n\" lines of files"},
-                   {"base", base_->spec->code()},
-                   {"languages", languages},
-                   {"files", files},
-                   {"mixtures", mixtures_},
-                   {"instructions", instructions_},
-                   {"suites", {{"translation_choice", kTranslationChoiceVersion},
-                               {"continuation", kContinuationVersion},
-                               {"general", kGeneralVersion},
-                               {"pairs", kPairsVersion}}},
-                   {"normalisation", "normalise@1"},
-                   {"parameters", Json::parse(SpecToJson(parameters))}};
+  Json manifest = {
+      {"format", kCorpusFormat},
+      {"content_hash", io::Sha256Hex(listing)},
+      {"content_hash_of", "sha256 of the sorted \"<sha256>  <path>\\n\" lines of files"},
+      {"base", base_->spec->code()},
+      {"languages", languages},
+      {"files", files},
+      {"mixtures", mixtures_},
+      {"instructions", instructions_},
+      {"suites",
+       {{"translation_choice", kTranslationChoiceVersion},
+        {"continuation", kContinuationVersion},
+        {"general", kGeneralVersion},
+        {"pairs", kPairsVersion}}},
+      {"normalisation", "normalise@1"},
+      {"parameters", Json::parse(SpecToJson(parameters))}};
   const std::string manifest_text = Dump(manifest, 2) + "\n";
   summary.content_hash = manifest["content_hash"];
   summary.manifest_sha256 = io::Sha256Hex(manifest_text);
@@ -940,8 +983,8 @@ double CorpusHashFraction(uint64_t seed, std::string_view salt, std::string_view
   return static_cast<double>(CorpusHash(seed, salt, text) >> 11) * 0x1.0p-53;
 }
 
-absl::StatusOr<PrepareSummary> PrepareCorpus(const v1::PrepareSpec& spec,
-                                             const std::function<void(double, const std::string&)>& progress) {
+absl::StatusOr<PrepareSummary> PrepareCorpus(
+    const v1::PrepareSpec& spec, const std::function<void(double, const std::string&)>& progress) {
   v1::PrepareSpec filled = spec;
   filled.mutable_suites();
   FillSpecDefaults(&filled);

@@ -40,7 +40,8 @@ struct PrepareSummary {
   std::string manifest_sha256;  // sha256 of out/manifest.json
   std::string content_hash;     // the manifest's content_hash
   int64_t bytes = 0;            // every file the manifest lists, manifest.json included
-  nlohmann::ordered_json languages = nlohmann::ordered_json::array();  // code, role, bytes and lines per split
+  nlohmann::ordered_json languages =
+      nlohmann::ordered_json::array();  // code, role, bytes and lines per split
   double seconds = 0;
 };
 
@@ -56,6 +57,7 @@ uint64_t CorpusHash(uint64_t seed, std::string_view salt, std::string_view text)
 // /usr/share/locale/xx/LC_MESSAGES: no such directory", "a.jsonl:7: field 'text' missing"),
 // AlreadyExists when `out` exists without overwrite.
 absl::StatusOr<PrepareSummary> PrepareCorpus(
-    const v1::PrepareSpec& spec, const std::function<void(double, const std::string&)>& progress = {});
+    const v1::PrepareSpec& spec,
+    const std::function<void(double, const std::string&)>& progress = {});
 
 }  // namespace stemma::engine::data

@@ -16,7 +16,8 @@
 namespace stemma::engine {
 namespace {
 
-constexpr char kUsage[] = "stemma-engine prepare --spec FILE [--out DIR] [--overwrite] [--<field> VALUE ...]";
+constexpr char kUsage[] =
+    "stemma-engine prepare --spec FILE [--out DIR] [--overwrite] [--<field> VALUE ...]";
 
 void Emit(const Event& event) { EventWriter().Emit(event); }
 

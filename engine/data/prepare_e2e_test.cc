@@ -42,17 +42,21 @@ EngineRun Engine(const std::string& args, const std::string& dir, const std::str
 }
 
 TEST(PrepareEndToEnd, RealCataloguesToSuitesThatEvalReads) {
-  const fs::path dir = fs::temp_directory_path() / ("stemma_prepare_e2e_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("stemma_prepare_e2e_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string corpus = (dir / "corpus").string();
   const std::string spec = std::string(STEMMA_SOURCE_DIR) + "/configs/corpus/languages.yaml";
-  EngineRun prepare = Engine(absl::StrCat("prepare --spec ", spec, " --out ", corpus), dir.string(), "prepare");
-  if (prepare.exit_code == 4 && prepare.err.find("LC_MESSAGES: no such directory") != std::string::npos) {
+  EngineRun prepare =
+      Engine(absl::StrCat("prepare --spec ", spec, " --out ", corpus), dir.string(), "prepare");
+  if (prepare.exit_code == 4 &&
+      prepare.err.find("LC_MESSAGES: no such directory") != std::string::npos) {
     fs::remove_all(dir);
-    GTEST_SKIP() << "this machine lacks gettext catalogues that configs/corpus/languages.yaml reads "
-                    "(scripts/setup --engine installs them): "
-                 << prepare.err;
+    GTEST_SKIP()
+        << "this machine lacks gettext catalogues that configs/corpus/languages.yaml reads "
+           "(scripts/setup --engine installs them): "
+        << prepare.err;
   }
   ASSERT_EQ(prepare.exit_code, 0) << prepare.err;
   const Json manifest = Json::parse(Read(corpus + "/manifest.json"));
@@ -78,19 +82,22 @@ TEST(PrepareEndToEnd, RealCataloguesToSuitesThatEvalReads) {
   EXPECT_TRUE(output);
 
   const std::string model = (dir / "model").string();
-  EngineRun init = Engine(absl::StrCat("init --arch llama --preset tiny --seed 1 --out ", model), dir.string(), "init");
+  EngineRun init = Engine(absl::StrCat("init --arch llama --preset tiny --seed 1 --out ", model),
+                          dir.string(), "init");
   ASSERT_EQ(init.exit_code, 0) << init.err;
   const std::string results = (dir / "results.json").string();
   const std::string eval_spec = (dir / "eval.yaml").string();
-  std::ofstream(eval_spec) << "model: " << model << "\nout: " << results << "\ntasks:\n"
-                           << "  - {type: choice, format: belebele, language: uk, limit: 4, k: 1, data: " << corpus
-                           << "/suites/translation_choice_uk.jsonl}\n"
-                           << "  - {type: choice, format: global_piqa, language: de, limit: 4, data: " << corpus
-                           << "/suites/continuation_de.jsonl}\n"
-                           << "  - {type: choice, format: global_piqa, language: en, limit: 4, data: " << corpus
-                           << "/suites/general_en.jsonl}\n"
-                           << "  - {type: translation, source_language: en, language: uk, limit: 2, max_new_tokens: 4, data: "
-                           << corpus << "/pairs/en-uk.jsonl}\n";
+  std::ofstream(eval_spec)
+      << "model: " << model << "\nout: " << results << "\ntasks:\n"
+      << "  - {type: choice, format: belebele, language: uk, limit: 4, k: 1, data: " << corpus
+      << "/suites/translation_choice_uk.jsonl}\n"
+      << "  - {type: choice, format: global_piqa, language: de, limit: 4, data: " << corpus
+      << "/suites/continuation_de.jsonl}\n"
+      << "  - {type: choice, format: global_piqa, language: en, limit: 4, data: " << corpus
+      << "/suites/general_en.jsonl}\n"
+      << "  - {type: translation, source_language: en, language: uk, limit: 2, max_new_tokens: 4, "
+         "data: "
+      << corpus << "/pairs/en-uk.jsonl}\n";
   EngineRun eval = Engine("eval --spec " + eval_spec, dir.string(), "eval");
   ASSERT_EQ(eval.exit_code, 0) << eval.err;
   const Json r = Json::parse(Read(results));
@@ -111,7 +118,8 @@ TEST(PrepareEndToEnd, RealCataloguesToSuitesThatEvalReads) {
   const double acc = r["tasks"][0]["metrics"]["acc"];
   EXPECT_TRUE(acc >= 0 && acc <= 1);
   EXPECT_TRUE(r["tasks"][3]["metrics"].contains("chrf"));
-  EXPECT_EQ(r["checkpoint"]["sha256"].get<std::string>().size(), 64u) << "the checkpoint's manifest hash stays";
+  EXPECT_EQ(r["checkpoint"]["sha256"].get<std::string>().size(), 64u)
+      << "the checkpoint's manifest hash stays";
   // Metric events carry the suite too (names unchanged: acc/<task>).
   int named = 0;
   std::istringstream events(eval.out);

@@ -4,6 +4,8 @@
 // held-out and train text across languages, deduplication, budgets, mixture proportions,
 // suite well-formedness, manifest hashes, determinism, and the refusals (exit 4, naming the
 // field or file).
+#include "engine/data/prepare.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -23,7 +25,6 @@
 #include "engine/data/commands.h"
 #include "engine/data/corpus_text.h"
 #include "engine/data/mo_file.h"
-#include "engine/data/prepare.h"
 #include "engine/io/sha256.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -65,7 +66,8 @@ std::string MoBytes(std::vector<std::pair<std::string, std::string>> entries, bo
     blob.push_back('\0');
   }
   for (const auto& [id, str] : entries) {
-    strs.push_back({static_cast<uint32_t>(str.size()), strings + static_cast<uint32_t>(blob.size())});
+    strs.push_back(
+        {static_cast<uint32_t>(str.size()), strings + static_cast<uint32_t>(blob.size())});
     blob.append(str);
     blob.push_back('\0');
   }
@@ -83,7 +85,8 @@ TEST(MoFile, ReadsBothByteOrdersWithContextPluralsAndUntranslated) {
       kHeader,
       {"Open the file", "Datei öffnen"},
       {std::string("menu\x04") + "Quit the program", "Programm beenden"},
-      {std::string("One file was copied\0%d files were copied", 39), std::string("Eine Datei kopiert\0%d Dateien kopiert", 37)},
+      {std::string("One file was copied\0%d files were copied", 39),
+       std::string("Eine Datei kopiert\0%d Dateien kopiert", 37)},
       {"Not translated at all", ""},
       {"Same in both languages", "Same in both languages"},
   };
@@ -127,8 +130,10 @@ TEST(CorpusText, NormalisationSteps) {
   EXPECT_EQ(ReplaceFormatDirectives("Cannot open %s: %d files", "…"), "Cannot open …: … files");
   EXPECT_EQ(ReplaceFormatDirectives("%1$s of %2$-5lu and %.*f, %<PRIu64>", "X"), "X of X and X, X");
   EXPECT_EQ(ReplaceFormatDirectives("%(name)s is %(count)5d", "X"), "X is X");
-  EXPECT_EQ(ReplaceFormatDirectives("{name} and {0} and {} and {x:>8}", "X"), "X and X and X and X");
-  EXPECT_EQ(ReplaceFormatDirectives("100%% done, {{literal}}, 50% off, Qt %1", "X"), "100% done, {literal}, 50% off, Qt X");
+  EXPECT_EQ(ReplaceFormatDirectives("{name} and {0} and {} and {x:>8}", "X"),
+            "X and X and X and X");
+  EXPECT_EQ(ReplaceFormatDirectives("100%% done, {{literal}}, 50% off, Qt %1", "X"),
+            "100% done, {literal}, 50% off, Qt X");
   EXPECT_EQ(ReplaceFormatDirectives("Cannot open %s", ""), "Cannot open ");
   EXPECT_EQ(CollapseWhitespace("  a\n\t b\u00a0c  "), "a b c");
 
@@ -139,7 +144,8 @@ TEST(CorpusText, NormalisationSteps) {
   EXPECT_EQ(NormalizeCorpusText("Short one", options).reason, DropReason::kTooShort);
   EXPECT_EQ(NormalizeCorpusText("%s: %s -- %d / %d (%s)", options).reason, DropReason::kNoLetters);
   EXPECT_EQ(NormalizeCorpusText("12345 67890 12345", options).reason, DropReason::kNoLetters);
-  EXPECT_EQ(NormalizeCorpusText("bad \xff\xfe utf-8 here", options).reason, DropReason::kInvalidUtf8);
+  EXPECT_EQ(NormalizeCorpusText("bad \xff\xfe utf-8 here", options).reason,
+            DropReason::kInvalidUtf8);
   options.placeholder = "VAR";
   EXPECT_EQ(NormalizeCorpusText("%s: %s -- %d / %d (%s)", options).reason, DropReason::kNoLetters)
       << "letters of the placeholder do not count";
@@ -187,14 +193,14 @@ class PrepareTest : public ::testing::Test {
   // English sentence i, and its "translation" into `lang` (words prefixed so that every
   // language's text differs).
   static std::string English(int i) {
-    static const char* kWords[] = {"file", "window", "network", "printer", "folder", "message",
-                                   "account", "server", "device", "archive", "package", "screen"};
+    static const char* kWords[] = {"file",    "window", "network", "printer", "folder",  "message",
+                                   "account", "server", "device",  "archive", "package", "screen"};
     return absl::StrCat("The ", kWords[i % 12], " number ", i, " could not be opened by the ",
                         kWords[(i / 12) % 12], " service");
   }
   static std::string Translation(const std::string& lang, int i) {
-    return absl::StrCat(lang, "word ", lang, "datei ", i, " konnte ", lang, "nicht ", i % 7, " geöffnet werden ",
-                        lang, "dienst");
+    return absl::StrCat(lang, "word ", lang, "datei ", i, " konnte ", lang, "nicht ", i % 7,
+                        " geöffnet werden ", lang, "dienst");
   }
   // A gettext root with catalogues for `langs`: entries [0, n) in two catalogues (one big
   // endian), plus a few that normalisation or the reader must drop.
@@ -247,16 +253,16 @@ class PrepareTest : public ::testing::Test {
       absl::StrAppend(&jsonl, Json({{"text", Translation("xc", i)}, {"other", 1}}).dump(), "\n");
     }
     Write("xc.jsonl", jsonl);
-    return absl::StrCat("out: ", out, "\n", "gettext: ", Path("locale"), "\n",
-                        "eval_fraction: 0.1\nheldout_fraction: 0.1\nsplit_seed: 3\n",
-                        "languages:\n",
-                        "  - {code: en, family: germanic, role: base, name: English}\n",
-                        "  - {code: xa, family: fam1, role: held_in, name: Xa}\n",
-                        "  - {code: xb, family: fam1, role: held_in, gettext: ", Path("locale"),
-                        ", text: [", Path("xb_extra.txt"), "], budget_bytes: 20000}\n",
-                        "  - {code: xc, family: fam2, role: held_in, jsonl: [{path: ", Path("xc.jsonl"), "}]}\n",
-                        "  - {code: xd, family: fam1, role: held_out, name: Xd}\n",
-                        "suites: {examples: 50}\n", extra);
+    return absl::StrCat(
+        "out: ", out, "\n", "gettext: ", Path("locale"), "\n",
+        "eval_fraction: 0.1\nheldout_fraction: 0.1\nsplit_seed: 3\n", "languages:\n",
+        "  - {code: en, family: germanic, role: base, name: English}\n",
+        "  - {code: xa, family: fam1, role: held_in, name: Xa}\n",
+        "  - {code: xb, family: fam1, role: held_in, gettext: ", Path("locale"), ", text: [",
+        Path("xb_extra.txt"), "], budget_bytes: 20000}\n",
+        "  - {code: xc, family: fam2, role: held_in, jsonl: [{path: ", Path("xc.jsonl"), "}]}\n",
+        "  - {code: xd, family: fam1, role: held_out, name: Xd}\n", "suites: {examples: 50}\n",
+        extra);
   }
 
   fs::path root_;
@@ -266,12 +272,13 @@ TEST_F(PrepareTest, LayoutAndNoOverlapBetweenPairsHeldoutAndTrain) {
   const std::string out = Path("corpus");
   std::string err;
   ASSERT_EQ(Prepare(StandardSpec(out), &err), 0) << err;
-  for (const char* rel : {"manifest.json", "train/en.txt", "train/xa.txt", "train/xb.txt", "train/xc.txt",
-                          "heldout/en.txt", "heldout/xa.txt", "heldout/xb.txt", "heldout/xc.txt", "heldout/xd.txt",
-                          "pairs/en-xa.jsonl", "pairs/en-xb.jsonl", "pairs/en-xd.jsonl",
-                          "suites/translation_choice_xa.jsonl", "suites/continuation_xa.jsonl",
-                          "suites/translation_choice_xd.jsonl", "suites/continuation_xd.jsonl",
-                          "suites/general_en.jsonl", "suites/suites.json"}) {
+  for (const char* rel :
+       {"manifest.json", "train/en.txt", "train/xa.txt", "train/xb.txt", "train/xc.txt",
+        "heldout/en.txt", "heldout/xa.txt", "heldout/xb.txt", "heldout/xc.txt", "heldout/xd.txt",
+        "pairs/en-xa.jsonl", "pairs/en-xb.jsonl", "pairs/en-xd.jsonl",
+        "suites/translation_choice_xa.jsonl", "suites/continuation_xa.jsonl",
+        "suites/translation_choice_xd.jsonl", "suites/continuation_xd.jsonl",
+        "suites/general_en.jsonl", "suites/suites.json"}) {
     EXPECT_TRUE(fs::is_regular_file(out + "/" + rel)) << rel;
   }
   EXPECT_FALSE(fs::exists(out + "/train/xd.txt")) << "a held_out language is never trained on";
@@ -294,7 +301,8 @@ TEST_F(PrepareTest, LayoutAndNoOverlapBetweenPairsHeldoutAndTrain) {
     if (std::string(lang) != "xd") {
       for (const auto& l : Lines(absl::StrCat(out, "/train/", lang, ".txt"))) train[lang].insert(l);
     }
-    for (const auto& l : Lines(absl::StrCat(out, "/heldout/", lang, ".txt"))) heldout[lang].insert(l);
+    for (const auto& l : Lines(absl::StrCat(out, "/heldout/", lang, ".txt")))
+      heldout[lang].insert(l);
   }
   std::set<std::string> all_train;
   for (auto& [lang, lines] : train) all_train.insert(lines.begin(), lines.end());
@@ -302,9 +310,11 @@ TEST_F(PrepareTest, LayoutAndNoOverlapBetweenPairsHeldoutAndTrain) {
     for (const auto& [lang, lines] : *texts) {
       EXPECT_FALSE(lines.empty()) << split << "/" << lang;
       for (const auto& line : lines) {
-        EXPECT_EQ(reserved.count(line), 0u) << split << "/" << lang << " holds a side of an evaluation pair: " << line;
+        EXPECT_EQ(reserved.count(line), 0u)
+            << split << "/" << lang << " holds a side of an evaluation pair: " << line;
         if (std::string(split) == "heldout") {
-          EXPECT_EQ(all_train.count(line), 0u) << "heldout/" << lang << " line is trained on: " << line;
+          EXPECT_EQ(all_train.count(line), 0u)
+              << "heldout/" << lang << " line is trained on: " << line;
         }
       }
     }
@@ -324,7 +334,9 @@ TEST_F(PrepareTest, LayoutAndNoOverlapBetweenPairsHeldoutAndTrain) {
       EXPECT_GE(CodePoints(line), 12) << line;
     }
   }
-  EXPECT_EQ(train["en"].count(English(5)) + heldout["en"].count(English(5)) + reserved.count(English(5)), 1u)
+  EXPECT_EQ(
+      train["en"].count(English(5)) + heldout["en"].count(English(5)) + reserved.count(English(5)),
+      1u)
       << "the accelerator of \"_" << English(5) << "\" is stripped";
   // The xb budget: 20000 bytes at most.
   EXPECT_LE(fs::file_size(out + "/train/xb.txt"), 20000u);
@@ -337,7 +349,8 @@ TEST_F(PrepareTest, LayoutAndNoOverlapBetweenPairsHeldoutAndTrain) {
 TEST_F(PrepareTest, InstructionsComeFromNonEvaluationPairsAndPairsAreKeyedByLanguage) {
   const std::string out = Path("corpus");
   std::string err;
-  ASSERT_EQ(Prepare(StandardSpec(out, "instructions:\n  - {name: en-xa, language: xa}\n"), &err), 0) << err;
+  ASSERT_EQ(Prepare(StandardSpec(out, "instructions:\n  - {name: en-xa, language: xa}\n"), &err), 0)
+      << err;
   std::set<std::string> reserved_en;
   for (const auto& p : JsonLines(out + "/pairs/en-xa.jsonl")) {
     reserved_en.insert(p["src"].get<std::string>());
@@ -371,7 +384,8 @@ TEST_F(PrepareTest, InstructionsComeFromNonEvaluationPairsAndPairsAreKeyedByLang
   ASSERT_EQ(manifest["instructions"].size(), 1u);
   EXPECT_EQ(manifest["instructions"][0]["train_documents"], train.size());
 
-  EXPECT_EQ(Prepare(StandardSpec(Path("bad"), "instructions:\n  - {name: x, language: en}\n"), &err), 4);
+  EXPECT_EQ(
+      Prepare(StandardSpec(Path("bad"), "instructions:\n  - {name: x, language: en}\n"), &err), 4);
   EXPECT_CONTAINS(err, "instructions[0].language");
 }
 
@@ -395,7 +409,8 @@ TEST_F(PrepareTest, ManifestHashesMatchTheFilesAndTheOutputIsDeterministic) {
   for (const auto& entry : fs::recursive_directory_iterator(out)) {
     if (!entry.is_regular_file()) continue;
     const std::string rel = fs::relative(entry.path(), out).string();
-    if (rel != "manifest.json") EXPECT_EQ(listed.count(rel), 1u) << rel << " is not in the manifest";
+    if (rel != "manifest.json")
+      EXPECT_EQ(listed.count(rel), 1u) << rel << " is not in the manifest";
   }
   ASSERT_EQ(manifest["languages"].size(), 5u);
   EXPECT_EQ(manifest["languages"][4]["code"], "xd");
@@ -403,7 +418,8 @@ TEST_F(PrepareTest, ManifestHashesMatchTheFilesAndTheOutputIsDeterministic) {
   EXPECT_EQ(manifest["languages"][4]["family"], "fam1");
   EXPECT_EQ(manifest["languages"][4]["name"], "Xd");
   EXPECT_EQ(manifest["suites"]["translation_choice"], kTranslationChoiceVersion);
-  EXPECT_FALSE(manifest["parameters"].contains("out")) << "the manifest does not depend on where it lies";
+  EXPECT_FALSE(manifest["parameters"].contains("out"))
+      << "the manifest does not depend on where it lies";
 
   // The same sources and spec elsewhere: byte-identical.
   const std::string again = Path("again");
@@ -413,7 +429,8 @@ TEST_F(PrepareTest, ManifestHashesMatchTheFilesAndTheOutputIsDeterministic) {
   std::string spec = StandardSpec(Path("seed4"));
   spec.replace(spec.find("split_seed: 3"), 13, "split_seed: 4");
   ASSERT_EQ(Prepare(spec), 0);
-  EXPECT_NE(Json::parse(Read(Path("seed4") + "/manifest.json"))["content_hash"], manifest["content_hash"]);
+  EXPECT_NE(Json::parse(Read(Path("seed4") + "/manifest.json"))["content_hash"],
+            manifest["content_hash"]);
 }
 
 TEST_F(PrepareTest, SuitesAreWellFormed) {
@@ -429,8 +446,9 @@ TEST_F(PrepareTest, SuitesAreWellFormed) {
     EXPECT_EQ(s["examples"], Lines(path).size()) << path;
     EXPECT_LE(s["examples"].get<int>(), 50);
   }
-  for (const char* name : {"translation_choice_xa", "translation_choice_xb", "translation_choice_xd",
-                           "continuation_xa", "continuation_xb", "continuation_xc", "continuation_xd", "general_en"}) {
+  for (const char* name :
+       {"translation_choice_xa", "translation_choice_xb", "translation_choice_xd",
+        "continuation_xa", "continuation_xb", "continuation_xc", "continuation_xd", "general_en"}) {
     EXPECT_EQ(names.count(name), 1u) << name;
   }
   // Translation choice: the gold answer is the pair's translation, present once; distractors
@@ -443,7 +461,8 @@ TEST_F(PrepareTest, SuitesAreWellFormed) {
       targets.insert(p["tgt"].get<std::string>());
     }
     std::set<int> golds;
-    for (const auto& row : JsonLines(absl::StrCat(out, "/suites/translation_choice_", lang, ".jsonl"))) {
+    for (const auto& row :
+         JsonLines(absl::StrCat(out, "/suites/translation_choice_", lang, ".jsonl"))) {
       const std::string passage = row["flores_passage"];
       ASSERT_EQ(pairs.count(passage), 1u) << passage;
       EXPECT_CONTAINS(row["question"].get<std::string>(), "translation");
@@ -468,18 +487,21 @@ TEST_F(PrepareTest, SuitesAreWellFormed) {
   for (const char* lang : {"xa", "xd", "en"}) {
     const auto held = Lines(absl::StrCat(out, "/heldout/", lang, ".txt"));
     const std::set<std::string> heldout(held.begin(), held.end());
-    const std::string file = std::string(lang) == "en" ? "/suites/general_en.jsonl"
-                                                         : absl::StrCat("/suites/continuation_", lang, ".jsonl");
+    const std::string file = std::string(lang) == "en"
+                                 ? "/suites/general_en.jsonl"
+                                 : absl::StrCat("/suites/continuation_", lang, ".jsonl");
     const auto rows = JsonLines(out + file);
     EXPECT_FALSE(rows.empty()) << file;
     for (const auto& row : rows) {
       const int label = row["label"];
       ASSERT_TRUE(label >= 0 && label < 4);
       std::set<std::string> endings;
-      for (int k = 0; k < 4; ++k) endings.insert(row[absl::StrCat("solution", k)].get<std::string>());
+      for (int k = 0; k < 4; ++k)
+        endings.insert(row[absl::StrCat("solution", k)].get<std::string>());
       EXPECT_EQ(endings.size(), 4u);
       EXPECT_EQ(row.count("solution4"), 0u);
-      const std::string whole = row["prompt"].get<std::string>() + " " + row[absl::StrCat("solution", label)].get<std::string>();
+      const std::string whole = row["prompt"].get<std::string>() + " " +
+                                row[absl::StrCat("solution", label)].get<std::string>();
       EXPECT_EQ(heldout.count(whole), 1u) << whole;
     }
   }
@@ -499,8 +521,8 @@ TEST_F(PrepareTest, MixtureProportionsFollowTheTemperature) {
       "  - {code: en, family: f, role: base, text: [", Path("a.txt"), "]}\n",
       "  - {code: xb, family: f, role: held_in, text: [", Path("b.txt"), "]}\n", "mixtures:\n",
       "  - {name: natural, languages: [en, xb], temperature: 1, budget_bytes: ", total / 4, "}\n",
-      "  - {name: flat, languages: [en, xb], temperature: 1000, budget_bytes: ", total / 4, ", seed: 7}\n",
-      "  - {name: all, languages: [en, xb], temperature: 5}\n");
+      "  - {name: flat, languages: [en, xb], temperature: 1000, budget_bytes: ", total / 4,
+      ", seed: 7}\n", "  - {name: all, languages: [en, xb], temperature: 5}\n");
   std::string err;
   ASSERT_EQ(Prepare(spec, &err), 0) << err;
   auto share_of_b = [&](const std::string& name) {
@@ -529,7 +551,8 @@ TEST_F(PrepareTest, RefusesBadInputNamingTheFieldWithExit4) {
   WriteGettext(Path("locale"), {"xa"}, 50);
   std::string err;
   // A language with no source.
-  EXPECT_EQ(Prepare(absl::StrCat("out: ", Path("c1"), "\nlanguages:\n  - {code: en, family: g, role: base}\n",
+  EXPECT_EQ(Prepare(absl::StrCat("out: ", Path("c1"),
+                                 "\nlanguages:\n  - {code: en, family: g, role: base}\n",
                                  "  - {code: xa, family: f, role: held_in}\n"),
                     &err),
             4);
@@ -579,11 +602,13 @@ TEST_F(PrepareTest, RefusesBadInputNamingTheFieldWithExit4) {
   // A JSONL record without its field: file, line and field.
   Write("bad.jsonl", "{\"text\": \"a perfectly good document\"}\n{\"body\": \"x\"}\n");
   EXPECT_EQ(Prepare(absl::StrCat("out: ", Path("c8"), "\nlanguages:\n",
-                                 "  - {code: en, family: g, role: base, jsonl: [{path: ", Path("bad.jsonl"), "}]}\n"),
+                                 "  - {code: en, family: g, role: base, jsonl: [{path: ",
+                                 Path("bad.jsonl"), "}]}\n"),
                     &err),
             4);
   EXPECT_CONTAINS(err, Path("bad.jsonl") + ":2: field 'text' missing");
-  for (const char* c : {"c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8"}) EXPECT_FALSE(fs::exists(Path(c))) << c;
+  for (const char* c : {"c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8"})
+    EXPECT_FALSE(fs::exists(Path(c))) << c;
 }
 
 TEST_F(PrepareTest, OverwriteOnlyWhenAsked) {

@@ -41,7 +41,8 @@ std::vector<std::string> GatherInputs(int argc, char** argv) {
         args.push_back(arg);
         continue;
       }
-      while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) files.push_back(argv[++i]);
+      while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0)
+        files.push_back(argv[++i]);
     } else {
       args.push_back(arg);
       continue;
@@ -89,8 +90,9 @@ int RunTokenize(int argc, char** argv) {
         {"line_docs", options.line_docs},
         {"language", options.language},
         {"out", options.out_dir}});
-  if (std::error_code ec;
-      !std::filesystem::create_directories(std::filesystem::path(options.out_dir).parent_path(), ec) && ec) {
+  if (std::error_code ec; !std::filesystem::create_directories(
+                              std::filesystem::path(options.out_dir).parent_path(), ec) &&
+                          ec) {
     return ReportEngineFailure(absl::FailedPreconditionError(
         absl::StrCat("out: cannot create the directory of ", options.out_dir, ": ", ec.message())));
   }
@@ -100,7 +102,10 @@ int RunTokenize(int argc, char** argv) {
   if (!hint.empty()) std::fprintf(stderr, "stemma-engine tokenize: hint: %s\n", hint.c_str());
   absl::StatusOr<Event> output = OutputEvent("dataset", options.out_dir, "tokenize");
   if (!output.ok()) {
-    output = Event{{"event", "output"}, {"name", "dataset"}, {"path", options.out_dir}, {"type", "dataset"},
+    output = Event{{"event", "output"},
+                   {"name", "dataset"},
+                   {"path", options.out_dir},
+                   {"type", "dataset"},
                    {"operation", "tokenize"}};
   }
   Emit(*output);

@@ -175,20 +175,23 @@ absl::Status CheckInputs(AnalyzeSpec& spec) {
   std::error_code ec;
   auto is_model = [&](const std::string& dir, const std::string& field) -> absl::Status {
     if (!std::filesystem::exists(std::filesystem::path(dir) / "config.json", ec)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          field, ": ", dir, " has no config.json (is it a checkpoint directory?)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(field, ": ", dir, " has no config.json (is it a checkpoint directory?)"));
     }
     return absl::OkStatus();
   };
-  const bool runs_model = (spec.lape && spec.lape->profile.empty()) || spec.routing || spec.alignment;
+  const bool runs_model =
+      (spec.lape && spec.lape->profile.empty()) || spec.routing || spec.alignment;
   if (runs_model) RETURN_IF_ERROR(is_model(spec.model, "model"));
   std::set<std::string> used;
-  if (spec.lape && spec.lape->profile.empty()) used.insert(spec.lape->languages.begin(), spec.lape->languages.end());
+  if (spec.lape && spec.lape->profile.empty())
+    used.insert(spec.lape->languages.begin(), spec.lape->languages.end());
   if (spec.routing) used.insert(spec.routing->languages.begin(), spec.routing->languages.end());
   for (const auto& lang : used) RETURN_IF_ERROR(CheckLanguageSourceExists(spec.languages.at(lang)));
   if (spec.lape && !spec.lape->profile.empty() &&
       !std::filesystem::is_regular_file(spec.lape->profile, ec)) {
-    return absl::NotFoundError(absl::StrCat("lape.profile: ", spec.lape->profile, ": no such file"));
+    return absl::NotFoundError(
+        absl::StrCat("lape.profile: ", spec.lape->profile, ": no such file"));
   }
   if (spec.drift) {
     RETURN_IF_ERROR(is_model(spec.drift->base, "drift.base"));
@@ -201,7 +204,8 @@ absl::Status CheckInputs(AnalyzeSpec& spec) {
     AlignmentSection& a = *spec.alignment;
     for (const auto& [lang, path] : a.texts) {
       if (!std::filesystem::is_regular_file(path, ec)) {
-        return absl::NotFoundError(absl::StrCat("alignment.texts (", lang, "): ", path, ": no such file"));
+        return absl::NotFoundError(
+            absl::StrCat("alignment.texts (", lang, "): ", path, ": no such file"));
       }
     }
     if (a.texts.empty()) {
@@ -212,7 +216,8 @@ absl::Status CheckInputs(AnalyzeSpec& spec) {
         ASSIGN_OR_RETURN(a.languages, ParallelLanguages(a.file));
       }
       if (a.languages.size() < 2) {
-        return FieldError("alignment.languages", absl::StrCat(a.file, " holds fewer than two languages"));
+        return FieldError("alignment.languages",
+                          absl::StrCat(a.file, " holds fewer than two languages"));
       }
     }
   }
@@ -225,7 +230,8 @@ absl::StatusOr<json> ReadJson(const std::string& path, const std::string& field)
   std::stringstream text;
   text << in.rdbuf();
   json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": not JSON"));
+  if (j.is_discarded())
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": not JSON"));
   return j;
 }
 
@@ -279,14 +285,14 @@ class Analysis {
     ASSIGN_OR_RETURN(model_, ModelAnalyzer::Load(spec_.model, spec_.model_options));
     // Refuse an analysis the architecture cannot answer before reading any data.
     if (ProfilesLape() && model_->is_moe()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "lape: ", spec_.model, " (model_type ", model_->model_type(),
-          ") has MoE layers; LAPE profiles the neurons of dense FFN layers"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("lape: ", spec_.model, " (model_type ", model_->model_type(),
+                       ") has MoE layers; LAPE profiles the neurons of dense FFN layers"));
     }
     if (spec_.routing && !model_->is_moe()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("routing: ", spec_.model, " (model_type ", model_->model_type(),
-                       ") has no MoE layers to analyse"));
+      return absl::FailedPreconditionError(absl::StrCat("routing: ", spec_.model, " (model_type ",
+                                                        model_->model_type(),
+                                                        ") has no MoE layers to analyse"));
     }
     if (spec_.routing) RETURN_IF_ERROR(ResolveSelectionLayers());
     return absl::OkStatus();
@@ -296,14 +302,15 @@ class Analysis {
   absl::Status ResolveSelectionLayers() {
     RoutingSection& r = *spec_.routing;
     if (!r.layers) return absl::OkStatus();  // the last two MoE layers
-    ASSIGN_OR_RETURN(LayerRange range, ResolveLayerRange(*r.layers, model_->num_layers(), "routing.select.layers"));
+    ASSIGN_OR_RETURN(LayerRange range,
+                     ResolveLayerRange(*r.layers, model_->num_layers(), "routing.select.layers"));
     const std::vector<int64_t> moe = model_->moe_layers();
     r.select.layers.clear();
     for (int64_t l = range.begin; l < range.end; ++l) {
       if (std::find(moe.begin(), moe.end(), l) == moe.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "routing.select.layers: \"", r.layers->text, "\" includes layer ", l,
-            ", which has no MoE block in ", spec_.model));
+        return absl::InvalidArgumentError(
+            absl::StrCat("routing.select.layers: \"", r.layers->text, "\" includes layer ", l,
+                         ", which has no MoE block in ", spec_.model));
       }
       r.select.layers.push_back(l);
     }
@@ -314,9 +321,8 @@ class Analysis {
     if (!tokenizer_) {
       auto loaded = tokenizer::Tokenizer::Load(spec_.tokenizer);
       if (!loaded.ok()) {
-        return absl::Status(loaded.status().code(),
-                            absl::StrCat("tokenizer ", spec_.tokenizer, ": ",
-                                         loaded.status().message()));
+        return absl::Status(loaded.status().code(), absl::StrCat("tokenizer ", spec_.tokenizer,
+                                                                 ": ", loaded.status().message()));
       }
       tokenizer_ = std::move(loaded).value();
     }
@@ -347,19 +353,18 @@ class Analysis {
         const int64_t tenth = done * 10 / windows;  // at most ten events per language
         if (tenth == last_tenth || done == windows) return;
         last_tenth = tenth;
-        EmitEvent("progress", {{"step", step_},
-                               {"total_steps", total_steps_},
-                               {"fraction", (step_ + static_cast<double>(done) / windows) /
-                                                static_cast<double>(total_steps_)},
-                               {"message", absl::StrCat("profiling ", lang, ": ", done, "/",
-                                                        windows, " windows")}});
+        EmitEvent(
+            "progress",
+            {{"step", step_},
+             {"total_steps", total_steps_},
+             {"fraction",
+              (step_ + static_cast<double>(done) / windows) / static_cast<double>(total_steps_)},
+             {"message", absl::StrCat("profiling ", lang, ": ", done, "/", windows, " windows")}});
       };
       const auto profile_start = std::chrono::steady_clock::now();
-      RETURN_IF_ERROR(
-          model_->Profile(tokens, options, &lape_counts[lang], &routing_counts[lang]));
-      profile_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                        profile_start)
-                              .count();
+      RETURN_IF_ERROR(model_->Profile(tokens, options, &lape_counts[lang], &routing_counts[lang]));
+      profile_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - profile_start).count();
       tokens_profiled_ += std::max(lape_counts[lang].tokens, routing_counts[lang].tokens);
       if (options.routing) {
         const int64_t used = routing_counts[lang].tokens;  // the tokens routed
@@ -388,19 +393,21 @@ class Analysis {
   absl::Status ReselectLape() {
     const std::string& file = spec_.lape->profile;
     ASSIGN_OR_RETURN(json saved, ReadJson(file, "lape.profile"));
-    ASSIGN_OR_RETURN(SavedProfile profile,
-                     LapeCountsFromMask(saved, spec_.lape->languages, absl::StrCat("lape.profile ", file)));
+    ASSIGN_OR_RETURN(SavedProfile profile, LapeCountsFromMask(saved, spec_.lape->languages,
+                                                              absl::StrCat("lape.profile ", file)));
     if (profile.languages.size() < 2) {
       return FieldError(absl::StrCat("lape.profile ", file), "holds fewer than two languages");
     }
-    RETURN_IF_ERROR(Lape(profile.languages, profile.counts, profile.num_layers, profile.intermediate_size,
+    RETURN_IF_ERROR(Lape(profile.languages, profile.counts, profile.num_layers,
+                         profile.intermediate_size,
                          profile.model.empty() ? spec_.model : profile.model, file));
     Progress(++step_, total_steps_, absl::StrCat("re-selected from ", file));
     return absl::OkStatus();
   }
 
-  absl::Status Lape(const std::vector<std::string>& languages, const std::vector<LapeCounts>& counts,
-                    int64_t num_layers, int64_t intermediate_size, const std::string& model,
+  absl::Status Lape(const std::vector<std::string>& languages,
+                    const std::vector<LapeCounts>& counts, int64_t num_layers,
+                    int64_t intermediate_size, const std::string& model,
                     const std::string& profile) {
     ASSIGN_OR_RETURN(LapeResult result, IdentifyLapeNeurons(languages, counts, num_layers,
                                                             intermediate_size, spec_.lape->params));
@@ -457,8 +464,8 @@ class Analysis {
       ASSIGN_OR_RETURN(mask, MaskUnion(file, spec_.drift->mask_languages,
                                        absl::StrCat("drift.mask ", spec_.drift->mask)));
     }
-    ASSIGN_OR_RETURN(json drift, WeightDrift(spec_.drift->base, spec_.drift->trained,
-                                             mask ? &*mask : nullptr));
+    ASSIGN_OR_RETURN(json drift,
+                     WeightDrift(spec_.drift->base, spec_.drift->trained, mask ? &*mask : nullptr));
     if (mask) {
       drift["mask"] = {{"file", spec_.drift->mask}, {"languages", spec_.drift->mask_languages}};
       Metric("drift/masked_total", drift["masked_total"]);
@@ -466,8 +473,7 @@ class Analysis {
     Metric("drift/total", drift["total"]);
     for (const auto& layer : drift["layers"]) {
       const std::string l = std::to_string(layer["layer"].get<int64_t>());
-      Metric("drift/relative", layer["all"],
-             {{"layer", l}});
+      Metric("drift/relative", layer["all"], {{"layer", l}});
       if (!layer["asymmetry"].is_null()) {
         Metric("drift/asymmetry", layer["asymmetry"], {{"layer", l}});
       }
@@ -493,7 +499,8 @@ class Analysis {
     ASSIGN_OR_RETURN(const tokenizer::Tokenizer* tok, GetTokenizer());
     const bool add_bos = a.add_bos.value_or(tok->bos_id().has_value());
     if (add_bos && !tok->bos_id()) {
-      return FieldError("alignment.add_bos", absl::StrCat("the tokenizer (", spec_.tokenizer, ") has no BOS token"));
+      return FieldError("alignment.add_bos",
+                        absl::StrCat("the tokenizer (", spec_.tokenizer, ") has no BOS token"));
     }
     std::vector<std::vector<std::vector<int32_t>>> ids(sentences.size());
     for (size_t i = 0; i < sentences.size(); ++i) {
@@ -504,9 +511,9 @@ class Analysis {
         s.insert(s.end(), text.begin(), text.end());
         for (int32_t id : s) {
           if (id < 0 || id >= model_->vocab_size()) {
-            return FieldError(a.file, absl::StrCat("sentence ", i + 1, " (", a.languages[k],
-                                                   ") has token ", id,
-                                                   " outside the model's vocabulary"));
+            return FieldError(
+                a.file, absl::StrCat("sentence ", i + 1, " (", a.languages[k], ") has token ", id,
+                                     " outside the model's vocabulary"));
           }
         }
         ids[i].push_back(std::move(s));
@@ -522,9 +529,9 @@ class Analysis {
       Metric("alignment/cosine", m, {{"layer", std::to_string(l)}});
     }
     for (size_t p = 0; p < result.pairs.size(); ++p) {
-      pairs.push_back({{"languages", {a.languages[result.pairs[p].first],
-                                      a.languages[result.pairs[p].second]}},
-                       {"cosine", result.cosine[p]}});
+      pairs.push_back(
+          {{"languages", {a.languages[result.pairs[p].first], a.languages[result.pairs[p].second]}},
+           {"cosine", result.cosine[p]}});
     }
     json out = {{"format", "stemma.alignment/1"},
                 {"model", spec_.model},
@@ -546,24 +553,29 @@ class Analysis {
   absl::Status WriteOutputs() {
     std::error_code ec;
     std::filesystem::create_directories(spec_.out, ec);
-    if (ec) return absl::InternalError(absl::StrCat("out: cannot create ", spec_.out, ": ",
-                                                    ec.message()));
+    if (ec)
+      return absl::InternalError(
+          absl::StrCat("out: cannot create ", spec_.out, ": ", ec.message()));
     json written = json::object();
     for (const auto& [name, content] : outputs_.files) {
       const std::string path = (std::filesystem::path(spec_.out) / (name + ".json")).string();
       RETURN_IF_ERROR(WriteJsonAtomically(path, content));
       // The output's name in events and the registry: the files' stems, except the two that
       // later stages consume by role (train's neuron_mask and expert_subset strategies).
-      const std::string output = name == "neuron_mask" ? "mask" : name == "expert_selection" ? "selection" : name;
+      const std::string output = name == "neuron_mask"        ? "mask"
+                                 : name == "expert_selection" ? "selection"
+                                                              : name;
       written[output] = path;
     }
     std::vector<std::string> parents;
     for (const std::string& p : {spec_.model, spec_.drift ? spec_.drift->base : std::string(),
                                  spec_.drift ? spec_.drift->trained : std::string()}) {
-      if (!p.empty() && std::find(parents.begin(), parents.end(), p) == parents.end()) parents.push_back(p);
+      if (!p.empty() && std::find(parents.begin(), parents.end(), p) == parents.end())
+        parents.push_back(p);
     }
     for (const auto& [name, path] : written.items()) {
-      ASSIGN_OR_RETURN(Event output, OutputEvent(name, path.get<std::string>(), "analyze", parents));
+      ASSIGN_OR_RETURN(Event output,
+                       OutputEvent(name, path.get<std::string>(), "analyze", parents));
       EventWriter().Emit(output);
     }
     Progress(++step_, total_steps_, "outputs written");
@@ -596,16 +608,19 @@ absl::Status Analyze(const google::protobuf::Message& proto_spec, const std::str
   ASSIGN_OR_RETURN(AnalyzeSpec spec, FromProto(proto, path));
   RETURN_IF_ERROR(CheckInputs(spec));
   json analyses = json::array();
-  for (const auto& [name, on] : {std::pair{"lape", spec.lape.has_value()},
-                                 std::pair{"routing", spec.routing.has_value()},
-                                 std::pair{"drift", spec.drift.has_value()},
-                                 std::pair{"alignment", spec.alignment.has_value()}}) {
+  for (const auto& [name, on] :
+       {std::pair{"lape", spec.lape.has_value()}, std::pair{"routing", spec.routing.has_value()},
+        std::pair{"drift", spec.drift.has_value()},
+        std::pair{"alignment", spec.alignment.has_value()}}) {
     if (on) analyses.push_back(name);
   }
-  json start = {{"command", "analyze"}, {"spec", path}, {"analyses", analyses},
-                {"device", spec.model_options.device}, {"dtype", spec.model_options.dtype},
+  json start = {{"command", "analyze"},
+                {"spec", path},
+                {"analyses", analyses},
+                {"device", spec.model_options.device},
+                {"dtype", spec.model_options.dtype},
                 {"threads", spec.model_options.threads},
-                {"threads_source", proto.threads() > 0 ? "spec"
+                {"threads_source", proto.threads() > 0              ? "spec"
                                    : spec.model_options.threads > 0 ? "job cpus (STEMMA_CPUS)"
                                                                     : "torch default"}};
   if (spec.lape && !spec.lape->profile.empty()) start["lape_profile"] = spec.lape->profile;
@@ -613,7 +628,8 @@ absl::Status Analyze(const google::protobuf::Message& proto_spec, const std::str
     // The resolved selection layers, when config.json says how many layers there are.
     const std::optional<int64_t> layers = ModelLayersFromConfig(spec.model);
     if (spec.routing->layers && layers) {
-      ASSIGN_OR_RETURN(LayerRange r, ResolveLayerRange(*spec.routing->layers, *layers, "routing.select.layers"));
+      ASSIGN_OR_RETURN(LayerRange r,
+                       ResolveLayerRange(*spec.routing->layers, *layers, "routing.select.layers"));
       start["select_layers"] = FormatLayerRange(r);
     } else if (layers) {
       start["select_layers"] = absl::StrCat("the last two MoE layers of ", *layers);

@@ -55,12 +55,12 @@ absl::StatusOr<std::string> StringField(const json& record, const std::string& f
                                         const std::string& path, int64_t number) {
   auto it = record.find(field);
   if (it == record.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": field '", field,
-                                                   "' missing"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ":", number, ": field '", field, "' missing"));
   }
   if (!it->is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": field '", field,
-                                                   "' is a ", it->type_name(), ", not a string"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ":", number, ": field '", field, "' is a ",
+                                                   it->type_name(), ", not a string"));
   }
   return it->get<std::string>();
 }
@@ -79,17 +79,17 @@ absl::StatusOr<std::vector<int32_t>> FileTokens(const LanguageSource& source,
                                                 const tokenizer::Tokenizer& tokenizer,
                                                 int64_t max_tokens) {
   std::vector<int32_t> tokens;
-  RETURN_IF_ERROR(ForEachLine(source.path, [&](int64_t number,
-                                               const std::string& line) -> absl::StatusOr<bool> {
-    std::string text = line;
-    if (source.kind == LanguageSource::Kind::kJsonl) {
-      ASSIGN_OR_RETURN(json record, ParseJsonLine(source.path, number, line));
-      ASSIGN_OR_RETURN(text, StringField(record, source.field, source.path, number));
-    }
-    std::vector<int32_t> ids = tokenizer.Encode(text);
-    tokens.insert(tokens.end(), ids.begin(), ids.end());
-    return max_tokens <= 0 || static_cast<int64_t>(tokens.size()) < max_tokens;
-  }));
+  RETURN_IF_ERROR(ForEachLine(
+      source.path, [&](int64_t number, const std::string& line) -> absl::StatusOr<bool> {
+        std::string text = line;
+        if (source.kind == LanguageSource::Kind::kJsonl) {
+          ASSIGN_OR_RETURN(json record, ParseJsonLine(source.path, number, line));
+          ASSIGN_OR_RETURN(text, StringField(record, source.field, source.path, number));
+        }
+        std::vector<int32_t> ids = tokenizer.Encode(text);
+        tokens.insert(tokens.end(), ids.begin(), ids.end());
+        return max_tokens <= 0 || static_cast<int64_t>(tokens.size()) < max_tokens;
+      }));
   if (max_tokens > 0 && static_cast<int64_t>(tokens.size()) > max_tokens) tokens.resize(max_tokens);
   return tokens;
 }
@@ -142,8 +142,9 @@ absl::StatusOr<std::vector<int32_t>> LoadLanguageTokens(const LanguageSource& so
   } else {
     if (tokenizer == nullptr) {
       return absl::FailedPreconditionError(
-          absl::StrCat(where, ": text input needs a tokenizer (spec field 'tokenizer' or "
-                              "tokenizer files in the model directory)"));
+          absl::StrCat(where,
+                       ": text input needs a tokenizer (spec field 'tokenizer' or "
+                       "tokenizer files in the model directory)"));
     }
     ASSIGN_OR_RETURN(tokens, FileTokens(source, *tokenizer, max_tokens));
   }
@@ -153,10 +154,9 @@ absl::StatusOr<std::vector<int32_t>> LoadLanguageTokens(const LanguageSource& so
   }
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": ", source.path, ": token ",
-                                                     tokens[i], " at position ", i,
-                                                     " is outside the model's vocabulary of ",
-                                                     vocab_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": ", source.path, ": token ", tokens[i], " at position ", i,
+                       " is outside the model's vocabulary of ", vocab_size));
     }
   }
   return tokens;
@@ -165,21 +165,21 @@ absl::StatusOr<std::vector<int32_t>> LoadLanguageTokens(const LanguageSource& so
 absl::StatusOr<std::vector<std::vector<std::string>>> ReadParallelSentences(
     const std::string& path, const std::vector<std::string>& languages, int64_t max_sentences) {
   std::vector<std::vector<std::string>> sentences;
-  RETURN_IF_ERROR(ForEachLine(path, [&](int64_t number,
-                                        const std::string& line) -> absl::StatusOr<bool> {
-    ASSIGN_OR_RETURN(json record, ParseJsonLine(path, number, line));
-    std::vector<std::string> row;
-    for (const auto& lang : languages) {
-      ASSIGN_OR_RETURN(std::string text, StringField(record, lang, path, number));
-      if (text.empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ":", number, ": field '", lang, "' is empty"));
-      }
-      row.push_back(std::move(text));
-    }
-    sentences.push_back(std::move(row));
-    return max_sentences <= 0 || static_cast<int64_t>(sentences.size()) < max_sentences;
-  }));
+  RETURN_IF_ERROR(
+      ForEachLine(path, [&](int64_t number, const std::string& line) -> absl::StatusOr<bool> {
+        ASSIGN_OR_RETURN(json record, ParseJsonLine(path, number, line));
+        std::vector<std::string> row;
+        for (const auto& lang : languages) {
+          ASSIGN_OR_RETURN(std::string text, StringField(record, lang, path, number));
+          if (text.empty()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(path, ":", number, ": field '", lang, "' is empty"));
+          }
+          row.push_back(std::move(text));
+        }
+        sentences.push_back(std::move(row));
+        return max_sentences <= 0 || static_cast<int64_t>(sentences.size()) < max_sentences;
+      }));
   if (sentences.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no parallel sentences"));
   }
@@ -197,9 +197,10 @@ absl::StatusOr<std::vector<std::vector<std::string>>> ReadLineAlignedTexts(
     for (std::string line; std::getline(in, line);) {
       if (!line.empty() && line.back() == '\r') line.pop_back();
       if (IsBlank(line)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            path, ":", lines.size() + 1, ": blank line (line-aligned files need a sentence on "
-                                         "every line)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ":", lines.size() + 1,
+                         ": blank line (line-aligned files need a sentence on "
+                         "every line)"));
       }
       lines.push_back(std::move(line));
     }
@@ -222,12 +223,12 @@ absl::StatusOr<std::vector<std::vector<std::string>>> ReadLineAlignedTexts(
 
 absl::StatusOr<std::vector<std::string>> ParallelLanguages(const std::string& path) {
   std::vector<std::string> languages;
-  RETURN_IF_ERROR(ForEachLine(path, [&](int64_t number,
-                                        const std::string& line) -> absl::StatusOr<bool> {
-    ASSIGN_OR_RETURN(json record, ParseJsonLine(path, number, line));
-    for (const auto& [key, value] : record.items()) languages.push_back(key);  // sorted keys
-    return false;
-  }));
+  RETURN_IF_ERROR(
+      ForEachLine(path, [&](int64_t number, const std::string& line) -> absl::StatusOr<bool> {
+        ASSIGN_OR_RETURN(json record, ParseJsonLine(path, number, line));
+        for (const auto& [key, value] : record.items()) languages.push_back(key);  // sorted keys
+        return false;
+      }));
   if (languages.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": no parallel sentences"));
   }

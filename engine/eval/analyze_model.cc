@@ -47,8 +47,8 @@ class HookGuard {
 
 torch::Tensor ToIds(const std::vector<int32_t>& tokens, int64_t begin, int64_t rows,
                     int64_t seq_len, const torch::Device& device) {
-  auto ids = torch::from_blob(const_cast<int32_t*>(tokens.data()) + begin, {rows, seq_len},
-                              torch::kInt32);
+  auto ids =
+      torch::from_blob(const_cast<int32_t*>(tokens.data()) + begin, {rows, seq_len}, torch::kInt32);
   return ids.to(device, torch::kInt64);  // [rows, seq_len]
 }
 
@@ -86,9 +86,7 @@ absl::StatusOr<std::unique_ptr<ModelAnalyzer>> ModelAnalyzer::Load(
 }
 
 int64_t ModelAnalyzer::num_layers() const { return state_->lm->config().num_hidden_layers; }
-int64_t ModelAnalyzer::intermediate_size() const {
-  return state_->lm->config().intermediate_size;
-}
+int64_t ModelAnalyzer::intermediate_size() const { return state_->lm->config().intermediate_size; }
 int64_t ModelAnalyzer::vocab_size() const { return state_->lm->config().vocab_size; }
 bool ModelAnalyzer::is_moe() const { return !moe_layers().empty(); }
 int64_t ModelAnalyzer::num_experts() const { return state_->lm->config().num_experts; }
@@ -112,9 +110,9 @@ absl::Status ModelAnalyzer::Profile(const std::vector<int32_t>& tokens,
                                     RoutingCounts* routing) {
   const std::vector<int64_t> moe = moe_layers();
   if (options.lape && !moe.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "lape: the model (model_type ", model_type(),
-        ") has MoE layers; LAPE profiles the neurons of dense FFN layers"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("lape: the model (model_type ", model_type(),
+                     ") has MoE layers; LAPE profiles the neurons of dense FFN layers"));
   }
   if (options.routing && moe.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -211,8 +209,8 @@ absl::StatusOr<AlignmentResult> ModelAnalyzer::Align(
           }
         }
         ids = ids.to(state_->device);
-        mask = mask.to(state_->device).unsqueeze(-1);                 // [rows, T, 1]
-        auto counts = mask.sum(1).clamp_min(1.0);                    // [rows, 1]
+        mask = mask.to(state_->device).unsqueeze(-1);  // [rows, T, 1]
+        auto counts = mask.sum(1).clamp_min(1.0);      // [rows, 1]
         lm->model->layer_output_hook = [&, k](int64_t l, const torch::Tensor& h) {
           means[k][l] = (h.to(torch::kFloat32) * mask).sum(1) / counts;  // [rows, H]
         };
@@ -222,7 +220,8 @@ absl::StatusOr<AlignmentResult> ModelAnalyzer::Align(
         const auto [a, b] = result.pairs[p];
         for (int64_t l = 0; l < layers; ++l) {
           auto cos = torch::nn::functional::cosine_similarity(
-              means[a][l], means[b][l], torch::nn::functional::CosineSimilarityFuncOptions().dim(1));
+              means[a][l], means[b][l],
+              torch::nn::functional::CosineSimilarityFuncOptions().dim(1));
           result.cosine[p][l] += cos.sum().item<double>();
         }
       }

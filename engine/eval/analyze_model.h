@@ -19,7 +19,7 @@
 namespace stemma::engine::eval {
 
 struct ModelAnalyzerOptions {
-  std::string device = "cpu";  // "cpu", "cuda", "cuda:1"
+  std::string device = "cpu";     // "cpu", "cuda", "cuda:1"
   std::string dtype = "float32";  // float32, bfloat16, float16
   int64_t threads = 0;            // torch intra-op threads; 0 keeps torch's default
 };
@@ -29,7 +29,7 @@ struct ProfileOptions {
   int64_t batch_size = 1;  // windows per forward
   bool lape = false;       // count act(gate) > activation_threshold per FFN neuron
   double activation_threshold = 0.0;
-  bool routing = false;    // count the top-k experts per MoE layer
+  bool routing = false;  // count the top-k experts per MoE layer
   // Called after each forward with (windows done, windows in all).
   std::function<void(int64_t, int64_t)> progress;
 };
@@ -71,8 +71,9 @@ class ModelAnalyzer {
   // `batch_size` per language (right-padded; the model is causal, so padding after a
   // sentence does not change it). `skip_first` positions of each sentence (a BOS) are left
   // out of the mean.
-  absl::StatusOr<AlignmentResult> Align(const std::vector<std::vector<std::vector<int32_t>>>& sentences,
-                                        int64_t batch_size, int64_t skip_first);
+  absl::StatusOr<AlignmentResult> Align(
+      const std::vector<std::vector<std::vector<int32_t>>>& sentences, int64_t batch_size,
+      int64_t skip_first);
 
  private:
   struct State;

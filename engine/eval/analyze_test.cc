@@ -105,7 +105,7 @@ TEST(Lape, ExclusiveProfileAndRandomMask) {
   }
   counts[0].over_zero[1 * inter + 7] = 900;  // sw only
   counts[1].over_zero[1 * inter + 7] = 0;
-  counts[0].over_zero[0 * inter + 3] = 0;    // yo only
+  counts[0].over_zero[0 * inter + 3] = 0;  // yo only
   counts[1].over_zero[0 * inter + 3] = 800;
   counts[0].over_zero[0 * inter + 9] = 999;  // both, with a slight lean: entropy just under ln 2
   counts[1].over_zero[0 * inter + 9] = 950;
@@ -154,7 +154,7 @@ TEST(Lape, ExclusiveProfileAndRandomMask) {
       EXPECT_EQ(std::set<int64_t>(list.begin(), list.end()).size(), list.size());
     }
   }
-  EXPECT_EQ(RandomMaskJson(*shared, 5), random);      // seeded: reproducible
+  EXPECT_EQ(RandomMaskJson(*shared, 5), random);  // seeded: reproducible
   auto union_of = MaskUnion(random, {}, "random.json");
   ASSERT_TRUE(union_of.ok());
   EXPECT_EQ(union_of->size(), 2u);
@@ -246,8 +246,8 @@ TEST(Routing, ATargetWithoutAnAnchorIsRankedAgainstTheAnchors) {
   input.moe_layers = {0, 1};
   input.num_experts = 4;
   input.top_k = 2;
-  input.counts = {{100, {{120, 40, 30, 10}, {110, 50, 20, 20}}},   // en
-                  {100, {{20, 70, 64, 46}, {30, 30, 80, 60}}}};    // xx
+  input.counts = {{100, {{120, 40, 30, 10}, {110, 50, 20, 20}}},  // en
+                  {100, {{20, 70, 64, 46}, {30, 30, 80, 60}}}};   // xx
   input.vocab = {{1}, {2}};
   SelectionParams params;
   params.targets = {"xx"};
@@ -268,14 +268,16 @@ TEST(Routing, ATargetWithoutAnAnchorIsRankedAgainstTheAnchors) {
   params.shared_k = {1, 4};
   auto bad = ExpertSelectionJson(input, params);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("shared_k: 4 shared experts of the model's 4"), std::string::npos)
+  EXPECT_NE(bad.status().message().find("shared_k: 4 shared experts of the model's 4"),
+            std::string::npos)
       << bad.status();
   // Without the target, one anchor has nothing to be compared with.
   params = SelectionParams();
   params.high_resource = {"en"};
   bad = ExpertSelectionJson(input, params);
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("at least two languages"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("at least two languages"), std::string::npos)
+      << bad.status();
 }
 
 // ---- Against tests/engine/analyze_golden.py (written from the reference code's steps) ----
@@ -285,9 +287,9 @@ json RunGolden(const std::string& mode, const json& input) {
   fs::create_directories(dir);
   const fs::path in = dir / (mode + "_in.json"), out = dir / (mode + "_out.json");
   std::ofstream(in) << input.dump();
-  const std::string cmd = absl::StrCat(STEMMA_PYTHON, " ", STEMMA_SOURCE_DIR,
-                                       "/tests/engine/analyze_golden.py ", mode, " ", in.string(),
-                                       " ", out.string());
+  const std::string cmd =
+      absl::StrCat(STEMMA_PYTHON, " ", STEMMA_SOURCE_DIR, "/tests/engine/analyze_golden.py ", mode,
+                   " ", in.string(), " ", out.string());
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream result(out);
   json parsed = json::parse(result, nullptr, false);
@@ -416,8 +418,8 @@ class AnalyzeCommand : public testing::Test {
  protected:
   void SetUp() override {
     const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::path(testing::TempDir()) /
-           absl::StrCat("analyze_test_", info->name(), "_", getpid());
+    dir_ =
+        fs::path(testing::TempDir()) / absl::StrCat("analyze_test_", info->name(), "_", getpid());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -430,8 +432,9 @@ class AnalyzeCommand : public testing::Test {
     const fs::path spec_path = dir_ / "spec.json";
     WriteText(spec_path, spec.dump(2));
     const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
-    const std::string cmd = absl::StrCat(env, STEMMA_ENGINE_BIN, " analyze --spec ", spec_path.string(),
-                                         " >", out.string(), " 2>", err.string());
+    const std::string cmd =
+        absl::StrCat(env, STEMMA_ENGINE_BIN, " analyze --spec ", spec_path.string(), " >",
+                     out.string(), " 2>", err.string());
     RunResult r;
     const int status = std::system(cmd.c_str());
     r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -471,7 +474,8 @@ class AnalyzeCommand : public testing::Test {
   }
   static json Texts(const json& by_language) {
     json list = json::array();
-    for (const auto& [lang, path] : by_language.items()) list.push_back({{"language", lang}, {"path", path}});
+    for (const auto& [lang, path] : by_language.items())
+      list.push_back({{"language", lang}, {"path", path}});
     return list;
   }
 
@@ -552,14 +556,14 @@ TEST_F(AnalyzeCommand, LapeFindsThePlantedNeuronOfEachLanguage) {
   for (std::string line; std::getline(lines, line);) jsonl += json{{"text", line}}.dump() + "\n";
   WriteText(dir_ / "bb.jsonl", jsonl);
 
-  json spec = {{"model", (dir_ / "model").string()},
-               {"out", (dir_ / "out").string()},
-               {"seq_len", 64},
-               {"batch_size", 4},
-               {"languages",
-                Langs({{"aa", {{"text", (dir_ / "aa.txt").string()}}},
-                       {"bb", {{"jsonl", (dir_ / "bb.jsonl").string()}, {"field", "text"}}}})},
-               {"lape", {{"top_rate", 0.01}}}};
+  json spec = {
+      {"model", (dir_ / "model").string()},
+      {"out", (dir_ / "out").string()},
+      {"seq_len", 64},
+      {"batch_size", 4},
+      {"languages", Langs({{"aa", {{"text", (dir_ / "aa.txt").string()}}},
+                           {"bb", {{"jsonl", (dir_ / "bb.jsonl").string()}, {"field", "text"}}}})},
+      {"lape", {{"top_rate", 0.01}}}};
   RunResult r = Run(spec);
   ASSERT_EQ(r.rc, 0) << r.err;
   std::vector<json> events = Events(r);
@@ -612,7 +616,8 @@ TEST_F(AnalyzeCommand, LapeFindsThePlantedNeuronOfEachLanguage) {
   EXPECT_EQ(random["params"]["method"], "random");
   EXPECT_EQ(random["counts"], mask["counts"]);
   bool random_output = false;
-  for (const auto& e : events) random_output |= e["event"] == "output" && e["name"] == "random_mask";
+  for (const auto& e : events)
+    random_output |= e["event"] == "output" && e["name"] == "random_mask";
   EXPECT_TRUE(random_output);
 
   // Re-selected from the saved profile, without the model: the same neurons; with a larger
@@ -624,8 +629,10 @@ TEST_F(AnalyzeCommand, LapeFindsThePlantedNeuronOfEachLanguage) {
   EXPECT_EQ(same["languages"], mask["languages"]);
   EXPECT_EQ(same["params"]["reselected_from"], (dir_ / "out" / "neuron_mask.json").string());
   RunResult wider = Run({{"out", (dir_ / "out_wider").string()},
-                         {"lape", {{"profile", (dir_ / "out" / "neuron_mask.json").string()},
-                                   {"top_rate", 0.05}, {"random_mask", false}}}});
+                         {"lape",
+                          {{"profile", (dir_ / "out" / "neuron_mask.json").string()},
+                           {"top_rate", 0.05},
+                           {"random_mask", false}}}});
   ASSERT_EQ(wider.rc, 0) << wider.err;
   json more = ReadJson(dir_ / "out_wider" / "neuron_mask.json");
   EXPECT_EQ(more["params"]["num_selected"], 13);  // round(256 · 0.05)
@@ -659,10 +666,9 @@ TEST_F(AnalyzeCommand, RoutingGivesTheRiggedLanguageLowestEntropyAndItsExpertThe
   json spec = {{"model", (dir_ / "moe").string()},
                {"out", (dir_ / "out").string()},
                {"seq_len", 64},
-               {"languages",
-                Langs({{"aa", {{"text", (dir_ / "aa.txt").string()}}},
-                       {"bb", {{"text", (dir_ / "bb.txt").string()}}},
-                       {"cc", {{"dataset", (dir_ / "cc_tokens").string()}}}})},
+               {"languages", Langs({{"aa", {{"text", (dir_ / "aa.txt").string()}}},
+                                    {"bb", {{"text", (dir_ / "bb.txt").string()}}},
+                                    {"cc", {{"dataset", (dir_ / "cc_tokens").string()}}}})},
                {"routing", {{"select", {{"alpha", 0.05}, {"shared_k", {1, 2}}}}}}};
   RunResult r = Run(spec, "STEMMA_CPUS=1 ");
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -707,7 +713,8 @@ TEST_F(AnalyzeCommand, RoutingGivesTheRiggedLanguageLowestEntropyAndItsExpertThe
   spec["routing"]["select"] = {{"layers", "1:"}, {"targets", {"aa"}}};
   r = Run(spec);
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(Events(r).front()["select_layers"], "1");  // one layer, written as the convention writes it
+  EXPECT_EQ(Events(r).front()["select_layers"],
+            "1");  // one layer, written as the convention writes it
   sel = ReadJson(dir_ / "out_layer1" / "expert_selection.json");
   EXPECT_EQ(sel["_meta"]["layers"], json::parse("[1]"));
   EXPECT_EQ(sel["_meta"]["high_resource"], json::parse(R"(["bb", "cc"])"));
@@ -719,7 +726,8 @@ TEST_F(AnalyzeCommand, RoutingGivesTheRiggedLanguageLowestEntropyAndItsExpertThe
 }
 
 TEST_F(AnalyzeCommand, HelpListsEveryFieldAndExitsZero) {
-  const std::string cmd = absl::StrCat(STEMMA_ENGINE_BIN, " analyze --help >", (dir_ / "help").string());
+  const std::string cmd =
+      absl::StrCat(STEMMA_ENGINE_BIN, " analyze --help >", (dir_ / "help").string());
   const int status = std::system(cmd.c_str());
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
@@ -741,9 +749,9 @@ TEST_F(AnalyzeCommand, DriftMeasuresKnownChangesPerModuleAndTheAsymmetry) {
     layer->mlp->down_proj->weight.mul_(1.2);   // 0.2 -> asymmetry 0.2 / 0.02 = 10
   }
   Save(lm, dir_ / "trained");
-  json spec = {{"out", (dir_ / "out").string()},
-               {"drift",
-                {{"base", (dir_ / "base").string()}, {"trained", (dir_ / "trained").string()}}}};
+  json spec = {
+      {"out", (dir_ / "out").string()},
+      {"drift", {{"base", (dir_ / "base").string()}, {"trained", (dir_ / "trained").string()}}}};
   RunResult r = Run(spec);
   ASSERT_EQ(r.rc, 0) << r.err;
   json drift = ReadJson(dir_ / "out" / "drift.json");
@@ -773,17 +781,24 @@ TEST_F(AnalyzeCommand, DriftMeasuresKnownChangesPerModuleAndTheAsymmetry) {
   }
   Save(sparse, dir_ / "sparse");
   WriteText(dir_ / "mask.json",
-            json{{"format", "stemma.neuron_mask/1"}, {"num_layers", 2}, {"intermediate_size", 128},
-                 {"languages", {{"sw", {json::array(), {5, 9}}}, {"yo", {json::array(), {9}}}}}}.dump());
+            json{{"format", "stemma.neuron_mask/1"},
+                 {"num_layers", 2},
+                 {"intermediate_size", 128},
+                 {"languages", {{"sw", {json::array(), {5, 9}}}, {"yo", {json::array(), {9}}}}}}
+                .dump());
   spec = {{"out", (dir_ / "out_sparse").string()},
-          {"drift", {{"base", (dir_ / "base").string()}, {"trained", (dir_ / "sparse").string()},
-                     {"mask", (dir_ / "mask.json").string()}, {"mask_languages", {"sw"}}}}};
+          {"drift",
+           {{"base", (dir_ / "base").string()},
+            {"trained", (dir_ / "sparse").string()},
+            {"mask", (dir_ / "mask.json").string()},
+            {"mask_languages", {"sw"}}}}};
   r = Run(spec);
   ASSERT_EQ(r.rc, 0) << r.err;
   json sd = ReadJson(dir_ / "out_sparse" / "drift.json");
   const json& masked = sd["layers"][1]["masked"];
   EXPECT_EQ(masked["neurons"], 2);
-  for (const char* g : {"gate", "up", "down", "all"}) EXPECT_NEAR(masked[g].get<double>(), 0.1, 1e-6) << g;
+  for (const char* g : {"gate", "up", "down", "all"})
+    EXPECT_NEAR(masked[g].get<double>(), 0.1, 1e-6) << g;
   EXPECT_NEAR(masked["asymmetry"].get<double>(), 1.0, 1e-5);
   EXPECT_LT(sd["layers"][1]["mlp"].get<double>(), 0.05);  // diluted by the 126 untouched neurons
   EXPECT_NEAR(sd["masked_total"].get<double>(), 0.1, 1e-6);
@@ -809,7 +824,8 @@ TEST_F(AnalyzeCommand, AlignmentOfIdenticalSentencesIsOne) {
   Save(lm, dir_ / "model");
   std::string parallel;
   const std::vector<std::pair<std::string, std::string>> pairs = {
-      {"the cat sleeps", "paka analala"}, {"good morning", "habari za asubuhi"},
+      {"the cat sleeps", "paka analala"},
+      {"good morning", "habari za asubuhi"},
       {"water is cold", "maji ni baridi"}};
   for (const auto& [en, sw] : pairs) {
     parallel += json{{"en", en}, {"copy", en}, {"sw", sw}}.dump() + "\n";
@@ -817,8 +833,7 @@ TEST_F(AnalyzeCommand, AlignmentOfIdenticalSentencesIsOne) {
   WriteText(dir_ / "parallel.jsonl", parallel);
   json spec = {{"model", (dir_ / "model").string()},
                {"out", (dir_ / "out").string()},
-               {"alignment",
-                {{"file", (dir_ / "parallel.jsonl").string()}, {"batch_size", 2}}}};
+               {"alignment", {{"file", (dir_ / "parallel.jsonl").string()}, {"batch_size", 2}}}};
   RunResult r = Run(spec);
   ASSERT_EQ(r.rc, 0) << r.err;
   json a = ReadJson(dir_ / "out" / "alignment.json");
@@ -847,10 +862,9 @@ TEST_F(AnalyzeCommand, AlignmentOfIdenticalSentencesIsOne) {
   WriteText(dir_ / "en.txt", en_text);
   WriteText(dir_ / "sw.txt", sw_text);
   spec["out"] = (dir_ / "out_texts").string();
-  spec["alignment"] = {{"texts",
-                        Texts({{"en", (dir_ / "en.txt").string()},
-                               {"copy", (dir_ / "en.txt").string()},
-                               {"sw", (dir_ / "sw.txt").string()}})},
+  spec["alignment"] = {{"texts", Texts({{"en", (dir_ / "en.txt").string()},
+                                        {"copy", (dir_ / "en.txt").string()},
+                                        {"sw", (dir_ / "sw.txt").string()}})},
                        {"batch_size", 3}};
   r = Run(spec);
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -885,8 +899,8 @@ TEST_F(AnalyzeCommand, MatchesTransformersOnTheSameWindows) {
   };
   WriteText(dir_ / "aa.txt", Letters('a', 'm', 3000, 1));
   WriteText(dir_ / "bb.txt", Letters('e', 'z', 3000, 2));  // overlapping alphabets
-  const std::string sources = absl::StrCat("aa=", (dir_ / "aa.txt").string(), " bb=",
-                                           (dir_ / "bb.txt").string());
+  const std::string sources =
+      absl::StrCat("aa=", (dir_ / "aa.txt").string(), " bb=", (dir_ / "bb.txt").string());
   const json languages = Langs({{"aa", {{"text", (dir_ / "aa.txt").string()}}},
                                 {"bb", {{"text", (dir_ / "bb.txt").string()}}}});
 

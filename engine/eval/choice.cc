@@ -1,7 +1,6 @@
 #include "engine/eval/choice.h"
 
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
@@ -115,8 +114,8 @@ absl::StatusOr<std::vector<ChoiceDoc>> ReadChoiceDocs(const std::string& path, C
     ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonObject(line, where));
     Record record(j, where);
     absl::StatusOr<ChoiceDoc> doc = format == ChoiceFormat::kBelebele ? BelebeleDoc(record)
-                                    : format == ChoiceFormat::kPiqa  ? PiqaDoc(record)
-                                                                     : GlobalPiqaDoc(record);
+                                    : format == ChoiceFormat::kPiqa   ? PiqaDoc(record)
+                                                                      : GlobalPiqaDoc(record);
     if (!doc.ok()) return doc.status();
     docs.push_back(*std::move(doc));
   }

@@ -27,7 +27,8 @@ struct ChoiceDoc {
 // One JSON object per non-blank line:
 //   belebele:    flores_passage, question, mc_answer1..mc_answer4 (strings),
 //                correct_answer_num ("1".."4" or 1..4)
-//                -> "P: {passage}\nQ: {question.strip()}\nA: {a1}\nB: {a2}\nC: {a3}\nD: {a4}\nAnswer:",
+//                -> "P: {passage}\nQ: {question.strip()}\nA: {a1}\nB: {a2}\nC: {a3}\nD:
+//                {a4}\nAnswer:",
 //                   choices A, B, C, D
 //   piqa:        goal, sol1, sol2 (strings), label (0 or 1) -> "Question: {goal}\nAnswer:",
 //                choices sol1, sol2

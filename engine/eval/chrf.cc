@@ -1,7 +1,6 @@
 #include "engine/eval/chrf.h"
 
 #include <algorithm>
-
 #include <string>
 #include <unordered_map>
 
@@ -151,8 +150,8 @@ double ChrfScoreFromStatistics(std::span<const int64_t> statistics, const ChrfOp
   return 100 * score;
 }
 
-double CorpusChrf(std::span<const std::string> hypotheses,
-                  std::span<const std::string> references, const ChrfOptions& options) {
+double CorpusChrf(std::span<const std::string> hypotheses, std::span<const std::string> references,
+                  const ChrfOptions& options) {
   std::vector<int64_t> total(3 * (options.char_order + options.word_order), 0);
   for (size_t i = 0; i < hypotheses.size() && i < references.size(); ++i) {
     const auto stats = ChrfSegmentStatistics(hypotheses[i], references.subspan(i, 1), options);

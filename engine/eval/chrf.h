@@ -46,8 +46,8 @@ double ChrfScoreFromStatistics(std::span<const int64_t> statistics, const ChrfOp
 
 // Corpus-level chrF of hypotheses[i] against references[i] (one reference per segment).
 // The spans must have equal sizes.
-double CorpusChrf(std::span<const std::string> hypotheses,
-                  std::span<const std::string> references, const ChrfOptions& options);
+double CorpusChrf(std::span<const std::string> hypotheses, std::span<const std::string> references,
+                  const ChrfOptions& options);
 
 // Sentence-level chrF (sacrebleu's sentence_score).
 double SentenceChrf(std::string_view hypothesis, std::string_view reference,

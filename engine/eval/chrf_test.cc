@@ -9,10 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace stemma::engine::eval {
 namespace {
@@ -35,8 +34,8 @@ const Golden& LoadGolden() {
     if (!std::filesystem::exists(out)) {
       // Written aside and renamed, so a concurrent test process never reads half a file.
       const std::string staging = out + ".tmp" + std::to_string(::getpid());
-      const std::string command = std::string(STEMMA_PYTHON) + " " + script +
-                                  " --n 400 --seed 7 --out " + staging;
+      const std::string command =
+          std::string(STEMMA_PYTHON) + " " + script + " --n 400 --seed 7 --out " + staging;
       EXPECT_EQ(std::system(command.c_str()), 0) << command;
       std::filesystem::rename(staging, out);
     }
@@ -116,8 +115,8 @@ TEST(Chrf, CorpusScoreIsNotTheMeanOfSentenceScores) {
   const std::vector<std::string> hyps = {"the cat sat", "a"};
   const std::vector<std::string> refs = {"the cat sat", "completely different words here"};
   const ChrfOptions options;
-  const double mean = (SentenceChrf(hyps[0], refs[0], options) +
-                       SentenceChrf(hyps[1], refs[1], options)) / 2;
+  const double mean =
+      (SentenceChrf(hyps[0], refs[0], options) + SentenceChrf(hyps[1], refs[1], options)) / 2;
   EXPECT_DOUBLE_EQ(SentenceChrf(hyps[0], refs[0], options), 100.0);
   EXPECT_GT(std::abs(CorpusChrf(hyps, refs, options) - mean), 1.0);
 }

@@ -120,9 +120,9 @@ absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string&
     ASSIGN_OR_RETURN(torch::Tensor t, trained->Tensor(name));
     ASSIGN_OR_RETURN(torch::Tensor b, base->Tensor(name));
     if (t.sizes() != b.sizes()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "drift: tensor ", name, " has shape ", c10::str(t.sizes()), " in ", trained_dir,
-          " but ", c10::str(b.sizes()), " in ", base_dir));
+      return absl::InvalidArgumentError(
+          absl::StrCat("drift: tensor ", name, " has shape ", c10::str(t.sizes()), " in ",
+                       trained_dir, " but ", c10::str(b.sizes()), " in ", base_dir));
     }
     Sums sums;
     try {
@@ -132,14 +132,15 @@ absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string&
     }
     ++compared;
     total.Add(sums);
-    if (auto part = mask != nullptr ? MaskedPart(name) : std::optional<std::pair<int64_t, std::string>>();
+    if (auto part =
+            mask != nullptr ? MaskedPart(name) : std::optional<std::pair<int64_t, std::string>>();
         part && part->first < static_cast<int64_t>(mask->size()) && !(*mask)[part->first].empty()) {
       const auto& ids = (*mask)[part->first];
       const int64_t dim = part->second == "down" ? 1 : 0;  // down: columns; gate/up: rows
       if (t.dim() != 2 || ids.back() >= t.size(dim)) {
-        return absl::InvalidArgumentError(absl::StrCat("drift.mask: neuron ", ids.back(), " of layer ",
-                                                       part->first, " is past ", name, " (shape ",
-                                                       c10::str(t.sizes()), ")"));
+        return absl::InvalidArgumentError(absl::StrCat("drift.mask: neuron ", ids.back(),
+                                                       " of layer ", part->first, " is past ", name,
+                                                       " (shape ", c10::str(t.sizes()), ")"));
       }
       Sums part_sums;
       try {
@@ -164,8 +165,8 @@ absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string&
     }
   }
   if (compared == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("drift: ", base_dir, " and ", trained_dir,
-                                                   " have no tensor name in common"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("drift: ", base_dir, " and ", trained_dir, " have no tensor name in common"));
   }
 
   json layers = json::array();
@@ -201,26 +202,28 @@ absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string&
   if (mask != nullptr) {
     for (size_t l = 0; l < mask->size(); ++l) {
       if (!(*mask)[l].empty() && !masked.count(static_cast<int64_t>(l))) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "drift.mask: layer ", l, " has masked neurons but ", trained_dir,
-            " has no dense mlp.{gate,up,down}_proj in that layer"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("drift.mask: layer ", l, " has masked neurons but ", trained_dir,
+                         " has no dense mlp.{gate,up,down}_proj in that layer"));
       }
     }
   }
   json other = json::object();
   for (const auto& [key, sums] : others) other[key] = Relative(sums);
-  json result = {{"format", "stemma.drift/1"},
-              {"base", base_dir},
-              {"trained", trained_dir},
-              {"total", Relative(total)},
-              {"layers", layers},
-              {"other", other},
-              {"only_in_base", only_in_base},
-              {"only_in_trained", only_in_trained},
-              {"definitions",
-               {{"relative", "||theta - theta0||_2 / ||theta0||_2 over the group, float64"},
-                {"asymmetry", "relative(down) / mean(relative(gate), relative(up)) per layer"},
-                {"masked", "the same over the mask's rows of gate_proj/up_proj and columns of down_proj only"}}}};
+  json result = {
+      {"format", "stemma.drift/1"},
+      {"base", base_dir},
+      {"trained", trained_dir},
+      {"total", Relative(total)},
+      {"layers", layers},
+      {"other", other},
+      {"only_in_base", only_in_base},
+      {"only_in_trained", only_in_trained},
+      {"definitions",
+       {{"relative", "||theta - theta0||_2 / ||theta0||_2 over the group, float64"},
+        {"asymmetry", "relative(down) / mean(relative(gate), relative(up)) per layer"},
+        {"masked",
+         "the same over the mask's rows of gate_proj/up_proj and columns of down_proj only"}}}};
   if (mask != nullptr) result["masked_total"] = Relative(masked_total);
   return result;
 }

@@ -11,11 +11,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -94,11 +93,14 @@ absl::StatusOr<Json> CheckpointIdentity(const std::string& dir) {
 // the task makes; the step never passes it.
 class Progress {
  public:
-  Progress(std::string task, int64_t total) : task_(std::move(task)), total_(std::max<int64_t>(total, 1)) {}
+  Progress(std::string task, int64_t total)
+      : task_(std::move(task)), total_(std::max<int64_t>(total, 1)) {}
   void Advance() {
     done_ = std::min(done_ + 1, total_);
     if (done_ == total_ || done_ % std::max<int64_t>(1, total_ / 100) == 0) {
-      Emit({{"event", "progress"}, {"step", done_}, {"total_steps", total_},
+      Emit({{"event", "progress"},
+            {"step", done_},
+            {"total_steps", total_},
             {"fraction", static_cast<double>(done_) / static_cast<double>(total_)},
             {"message", task_}});
     }
@@ -120,9 +122,13 @@ class Task {
 
   void Metric(const std::string& metric, double value, Json* result) const {
     const std::string name = absl::StrCat(metric, "/", spec_.name);
-    Json event = {{"event", "metric"}, {"name", name}, {"value", value},
-                  {"labels", {{"task", spec_.name}, {"type", eval::TaskTypeName(spec_.type)},
-                              {"language", spec_.language}}}};
+    Json event = {{"event", "metric"},
+                  {"name", name},
+                  {"value", value},
+                  {"labels",
+                   {{"task", spec_.name},
+                    {"type", eval::TaskTypeName(spec_.type)},
+                    {"language", spec_.language}}}};
     if (!suite_.is_null()) {
       event["suite"] = suite_["name"];
       event["suite_version"] = suite_["version"];
@@ -195,10 +201,10 @@ class PerplexityTask : public Task {
     ASSIGN_OR_RETURN(dataset_, data::Dataset::Open(spec_.data));
     const auto& info = dataset_->tokenizer();
     if (info.kind != tokenizer.kind() || info.vocab_size != tokenizer.vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          spec_.data, ": made with a ", info.kind, " tokenizer of ", info.vocab_size,
-          " ids, but the eval tokenizer is ", std::string(tokenizer.kind()), " with ", tokenizer.vocab_size(),
-          " (bits per byte decodes the tokens with it)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(spec_.data, ": made with a ", info.kind, " tokenizer of ", info.vocab_size,
+                       " ids, but the eval tokenizer is ", std::string(tokenizer.kind()), " with ",
+                       tokenizer.vocab_size(), " (bits per byte decodes the tokens with it)"));
     }
     eval::PerplexityStreamOptions options;
     options.heldout = spec_.split == "heldout";
@@ -213,9 +219,9 @@ class PerplexityTask : public Task {
   absl::Status Run(EvalModel& model, const EvalSpec& eval_spec, Json* result) override {
     const int64_t seq_len = spec_.seq_len;  // ResolveSequenceLengths checked it
     if (seq_len > model.max_positions()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "task ", spec_.name, ": seq_len ", seq_len, " exceeds the model's max_position_embeddings ",
-          model.max_positions()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("task ", spec_.name, ": seq_len ", seq_len,
+                       " exceeds the model's max_position_embeddings ", model.max_positions()));
     }
     if (dataset_->tokenizer().vocab_size > model.vocab_size()) {
       return absl::InvalidArgumentError(absl::StrCat(spec_.data, ": tokenizer has ",
@@ -340,8 +346,8 @@ class ChoiceTask : public Task {
         context_ids = std::move(pair.context);
         continuations.push_back(std::move(pair.continuation));
       }
-      ASSIGN_OR_RETURN(auto lls,
-                       model.ContinuationLogLikelihoods(context_ids, continuations, spec_.max_length));
+      ASSIGN_OR_RETURN(
+          auto lls, model.ContinuationLogLikelihoods(context_ids, continuations, spec_.max_length));
       const auto outcome = eval::ScoreChoices(lls, doc.choices, doc.gold);
       sum.acc += outcome.acc;
       sum.acc_norm += outcome.acc_norm;
@@ -374,8 +380,8 @@ class TranslationTask : public Task {
   using Task::Task;
   absl::Status Prepare(const tokenizer::Tokenizer& tokenizer) override {
     tokenizer_ = &tokenizer;
-    ASSIGN_OR_RETURN(pairs_, eval::ReadTranslationPairs(spec_.data, spec_.source_field,
-                                                        spec_.target_field));
+    ASSIGN_OR_RETURN(
+        pairs_, eval::ReadTranslationPairs(spec_.data, spec_.source_field, spec_.target_field));
     if (!spec_.fewshot_data.empty()) {
       ASSIGN_OR_RETURN(pool_, eval::ReadTranslationPairs(spec_.fewshot_data, spec_.source_field,
                                                          spec_.target_field));
@@ -385,7 +391,8 @@ class TranslationTask : public Task {
 
   absl::Status Run(EvalModel& model, const EvalSpec&, Json* result) override {
     const bool same = spec_.fewshot_data.empty();
-    const int64_t n = spec_.limit > 0 ? std::min<int64_t>(spec_.limit, pairs_.size()) : pairs_.size();
+    const int64_t n =
+        spec_.limit > 0 ? std::min<int64_t>(spec_.limit, pairs_.size()) : pairs_.size();
     const int64_t max_prompt = model.max_positions() - spec_.max_new_tokens;
     if (max_prompt < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -405,8 +412,8 @@ class TranslationTask : public Task {
       const auto& pair = pairs_[d];
       std::vector<int32_t> prompt;
       if (tokenizer_->bos_id()) prompt.push_back(*tokenizer_->bos_id());
-      const auto body =
-          tokenizer_->Encode(eval::TranslationPrompt(shots, pair, spec_.source_name, spec_.target_name));
+      const auto body = tokenizer_->Encode(
+          eval::TranslationPrompt(shots, pair, spec_.source_name, spec_.target_name));
       prompt.insert(prompt.end(), body.begin(), body.end());
       // Long prompts lose their oldest tokens (the first shots), as lm-eval truncates left.
       if (static_cast<int64_t>(prompt.size()) > max_prompt) {
@@ -452,9 +459,12 @@ class TranslationTask : public Task {
 
 std::unique_ptr<Task> MakeTask(const TaskSpec& spec) {
   switch (spec.type) {
-    case TaskType::kPerplexity: return std::make_unique<PerplexityTask>(spec);
-    case TaskType::kChoice: return std::make_unique<ChoiceTask>(spec);
-    case TaskType::kTranslation: return std::make_unique<TranslationTask>(spec);
+    case TaskType::kPerplexity:
+      return std::make_unique<PerplexityTask>(spec);
+    case TaskType::kChoice:
+      return std::make_unique<ChoiceTask>(spec);
+    case TaskType::kTranslation:
+      return std::make_unique<TranslationTask>(spec);
   }
   return nullptr;
 }
@@ -495,9 +505,15 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
     if (t.type == TaskType::kPerplexity) suites.push_back(nullptr);
     task_plan.push_back(std::move(entry));
   }
-  Emit({{"event", "start"}, {"command", "eval"}, {"spec", spec_path}, {"model", spec.model},
-        {"dtype", spec.dtype}, {"threads", spec.threads},
-        {"threads_source", proto.threads() > 0 ? "spec" : spec.threads > 0 ? "job cpus (STEMMA_CPUS)" : "torch default"},
+  Emit({{"event", "start"},
+        {"command", "eval"},
+        {"spec", spec_path},
+        {"model", spec.model},
+        {"dtype", spec.dtype},
+        {"threads", spec.threads},
+        {"threads_source", proto.threads() > 0 ? "spec"
+                           : spec.threads > 0  ? "job cpus (STEMMA_CPUS)"
+                                               : "torch default"},
         {"tasks", task_plan}});
 
   ASSIGN_OR_RETURN(Json checkpoint, CheckpointIdentity(spec.model));
@@ -514,16 +530,17 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
   model_options.threads = static_cast<int>(spec.threads);
   ASSIGN_OR_RETURN(auto model, EvalModel::Load(spec.model, model_options));
   if (tokenizer->vocab_size() > model->vocab_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        spec.tokenizer, ": the tokenizer has ", tokenizer->vocab_size(), " ids but the model (",
-        spec.model, ") only ", model->vocab_size()));
+    return absl::InvalidArgumentError(absl::StrCat(spec.tokenizer, ": the tokenizer has ",
+                                                   tokenizer->vocab_size(), " ids but the model (",
+                                                   spec.model, ") only ", model->vocab_size()));
   }
 
   Json results = {{"format", "stemma-eval-v1"},
                   {"checkpoint", checkpoint},
                   {"tokenizer", {{"path", spec.tokenizer}, {"kind", tokenizer->kind()}}},
-                  {"spec", {{"path", spec_path.empty() ? "" : fs::absolute(spec_path).string()},
-                            {"content", Json::parse(SpecToJson(proto))}}},
+                  {"spec",
+                   {{"path", spec_path.empty() ? "" : fs::absolute(spec_path).string()},
+                    {"content", Json::parse(SpecToJson(proto))}}},
                   {"dtype", spec.dtype},
                   {"tasks", Json::array()},
                   {"metrics", Json::object()}};
@@ -531,8 +548,11 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
   int perplexity_tasks = 0;
   for (auto& task : tasks) {
     const TaskSpec& t = task->spec();
-    Json result = {{"name", t.name}, {"type", eval::TaskTypeName(t.type)},
-                   {"language", t.language}, {"data", t.data}, {"metrics", Json::object()}};
+    Json result = {{"name", t.name},
+                   {"type", eval::TaskTypeName(t.type)},
+                   {"language", t.language},
+                   {"data", t.data},
+                   {"metrics", Json::object()}};
     if (!task->suite().is_null()) result["suite"] = task->suite();
     RETURN_IF_ERROR(task->Run(*model, spec, &result));
     for (const auto& [metric, value] : result["metrics"].items()) {
@@ -548,8 +568,8 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
   }
   if (perplexity_tasks > 1) {
     // Micro-average over all languages' tokens (bytes).
-    for (const auto& [metric, value] : {std::pair{"ppl/all", all.Perplexity()},
-                                        std::pair{"bpb/all", all.BitsPerByte()}}) {
+    for (const auto& [metric, value] :
+         {std::pair{"ppl/all", all.Perplexity()}, std::pair{"bpb/all", all.BitsPerByte()}}) {
       Emit({{"event", "metric"}, {"name", metric}, {"value", value}});
       results["metrics"][metric] = value;
     }
@@ -557,8 +577,11 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
   RETURN_IF_ERROR(WriteAtomically(spec.out, Dump(results, 2) + "\n"));
   ASSIGN_OR_RETURN(Event output, OutputEvent("results", spec.out, "eval", {spec.model}));
   Emit(output);
-  Emit({{"event", "done"}, {"command", "eval"}, {"results", spec.out},
-        {"checkpoint_sha256", checkpoint["sha256"]}, {"metrics", results["metrics"]}});
+  Emit({{"event", "done"},
+        {"command", "eval"},
+        {"results", spec.out},
+        {"checkpoint_sha256", checkpoint["sha256"]},
+        {"metrics", results["metrics"]}});
   return absl::OkStatus();
 }
 

@@ -11,11 +11,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/data/dataset.h"
 #include "engine/data/loader.h"
@@ -94,14 +93,25 @@ EngineRun Engine(const std::string& spec_path, const std::string& env = "",
 // predictions differ between choices.
 model::CausalLM& Model() {
   static model::CausalLM lm = [] {
-    json config = {{"model_type", "llama"}, {"architectures", {"LlamaForCausalLM"}},
-                   {"vocab_size", 259}, {"hidden_size", 64}, {"intermediate_size", 128},
-                   {"num_hidden_layers", 2}, {"num_attention_heads", 4},
-                   {"num_key_value_heads", 2}, {"head_dim", 16},
-                   {"max_position_embeddings", 512}, {"initializer_range", 0.3},
-                   {"hidden_act", "silu"}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0},
-                   {"tie_word_embeddings", false}, {"torch_dtype", "float32"},
-                   {"bos_token_id", kBos}, {"eos_token_id", kEos}, {"pad_token_id", 258},
+    json config = {{"model_type", "llama"},
+                   {"architectures", {"LlamaForCausalLM"}},
+                   {"vocab_size", 259},
+                   {"hidden_size", 64},
+                   {"intermediate_size", 128},
+                   {"num_hidden_layers", 2},
+                   {"num_attention_heads", 4},
+                   {"num_key_value_heads", 2},
+                   {"head_dim", 16},
+                   {"max_position_embeddings", 512},
+                   {"initializer_range", 0.3},
+                   {"hidden_act", "silu"},
+                   {"rms_norm_eps", 1e-5},
+                   {"rope_theta", 10000.0},
+                   {"tie_word_embeddings", false},
+                   {"torch_dtype", "float32"},
+                   {"bos_token_id", kBos},
+                   {"eos_token_id", kEos},
+                   {"pad_token_id", 258},
                    {"stemma_tokenizer", {{"type", "bytes"}}}};
     auto parsed = model::ParseModelConfig(config);
     EXPECT_TRUE(parsed.ok()) << parsed.status();
@@ -165,10 +175,16 @@ json Results(const EngineRun& run) {
 
 TEST(EvalCommand, PerplexityEqualsDirectComputationOverHeldOutWindows) {
   const std::string spec = Root() + "/ppl.json";
-  Write(spec, json({{"model", ModelDir()}, {"batch_size", 3},
-                    {"tasks", {{{"type", "perplexity"}, {"language", "uk"},
-                                {"data", TokenizedDataset()}, {"heldout_fraction", 0.5},
-                                {"split_seed", 3}, {"seq_len", 48}}}}}).dump());
+  Write(spec, json({{"model", ModelDir()},
+                    {"batch_size", 3},
+                    {"tasks",
+                     {{{"type", "perplexity"},
+                       {"language", "uk"},
+                       {"data", TokenizedDataset()},
+                       {"heldout_fraction", 0.5},
+                       {"split_seed", 3},
+                       {"seq_len", 48}}}}})
+                  .dump());
   const EngineRun run = Engine(spec);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json results = Results(run);
@@ -224,8 +240,9 @@ TEST(EvalCommand, PerplexityEqualsDirectComputationOverHeldOutWindows) {
 // The training loader's `last` split: the last ceil(fraction·N) documents, in file order.
 TEST(EvalCommand, HeldOutByPositionIsTheEndOfTheDataset) {
   const std::string spec = Root() + "/ppl_last.yaml";
-  Write(spec, "model: " + ModelDir() + "\ntasks: [{type: perplexity, language: uk, data: " +
-                  TokenizedDataset() + ", heldout_fraction: 0.25, heldout_split: last, seq_len: 64}]\n");
+  Write(spec, "model: " + ModelDir() +
+                  "\ntasks: [{type: perplexity, language: uk, data: " + TokenizedDataset() +
+                  ", heldout_fraction: 0.25, heldout_split: last, seq_len: 64}]\n");
   const EngineRun run = Engine(spec);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json task = Results(run)["tasks"][0];
@@ -234,7 +251,8 @@ TEST(EvalCommand, HeldOutByPositionIsTheEndOfTheDataset) {
   const int64_t n = (*dataset)->num_documents();
   const int64_t held = (n + 3) / 4;  // ceil(0.25 · n)
   int64_t tokens = 0;
-  for (int64_t d = n - held; d < n; ++d) tokens += static_cast<int64_t>((*dataset)->Document(d).size()) + 1;  // + EOS
+  for (int64_t d = n - held; d < n; ++d)
+    tokens += static_cast<int64_t>((*dataset)->Document(d).size()) + 1;  // + EOS
   EXPECT_EQ(task["documents"], held);
   EXPECT_EQ(task["tokens"], tokens);
   EXPECT_EQ(task["heldout_split"], "last");
@@ -244,10 +262,16 @@ TEST(EvalCommand, HeldOutByPositionIsTheEndOfTheDataset) {
 // re-implements the split and the windows in Python.
 TEST(EvalCommand, PerplexityAgreesWithTransformers) {
   const std::string spec = Root() + "/ppl_hf.json";
-  Write(spec, json({{"model", ModelDir()}, {"batch_size", 3},
-                    {"tasks", {{{"type", "perplexity"}, {"language", "uk"},
-                                {"data", TokenizedDataset()}, {"heldout_fraction", 0.5},
-                                {"split_seed", 3}, {"seq_len", 48}}}}}).dump());
+  Write(spec, json({{"model", ModelDir()},
+                    {"batch_size", 3},
+                    {"tasks",
+                     {{{"type", "perplexity"},
+                       {"language", "uk"},
+                       {"data", TokenizedDataset()},
+                       {"heldout_fraction", 0.5},
+                       {"split_seed", 3},
+                       {"seq_len", 48}}}}})
+                  .dump());
   const EngineRun run = Engine(spec);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json task = Results(run)["tasks"][0];
@@ -265,17 +289,24 @@ TEST(EvalCommand, PerplexityAgreesWithTransformers) {
 
 std::string BelebeleLine(const std::string& passage, const std::string& question,
                          const std::vector<std::string>& answers, const std::string& correct) {
-  return json({{"flores_passage", passage}, {"question", question}, {"mc_answer1", answers[0]},
-               {"mc_answer2", answers[1]}, {"mc_answer3", answers[2]}, {"mc_answer4", answers[3]},
-               {"correct_answer_num", correct}}).dump() + "\n";
+  return json({{"flores_passage", passage},
+               {"question", question},
+               {"mc_answer1", answers[0]},
+               {"mc_answer2", answers[1]},
+               {"mc_answer3", answers[2]},
+               {"mc_answer4", answers[3]},
+               {"correct_answer_num", correct}})
+             .dump() +
+         "\n";
 }
 
 std::string BelebeleText(const json& doc) {
   std::string q = doc["question"];
   while (!q.empty() && q.back() == ' ') q.pop_back();
   return "P: " + doc["flores_passage"].get<std::string>() + "\nQ: " + q +
-         "\nA: " + doc["mc_answer1"].get<std::string>() + "\nB: " +
-         doc["mc_answer2"].get<std::string>() + "\nC: " + doc["mc_answer3"].get<std::string>() +
+         "\nA: " + doc["mc_answer1"].get<std::string>() +
+         "\nB: " + doc["mc_answer2"].get<std::string>() +
+         "\nC: " + doc["mc_answer3"].get<std::string>() +
          "\nD: " + doc["mc_answer4"].get<std::string>() + "\nAnswer:";
 }
 
@@ -288,8 +319,9 @@ TEST(EvalCommand, BelebeleTwoShotLogLikelihoodsEqualDirectComputation) {
   }
   Write(Root() + "/belebele.jsonl", lines);
   const std::string spec = Root() + "/belebele.yaml";
-  Write(spec, "model: " + ModelDir() + "\ntasks:\n  - {type: choice, format: belebele, "
-              "language: uk, data: belebele.jsonl, k: 2}\n");
+  Write(spec, "model: " + ModelDir() +
+                  "\ntasks:\n  - {type: choice, format: belebele, "
+                  "language: uk, data: belebele.jsonl, k: 2}\n");
   const EngineRun run = Engine(spec);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json results = Results(run);
@@ -333,24 +365,33 @@ TEST(EvalCommand, PiqaAccNormDividesByCharactersAndAccBytesByBytes) {
   std::string lines;
   const std::vector<std::pair<std::string, std::string>> sols = {
       {"use a spoon", "використати ложку"}, {"пити воду", "drink some water now"},
-      {"open the lid slowly", "так"}, {"ні", "heat the pan first"},
+      {"open the lid slowly", "так"},       {"ні", "heat the pan first"},
       {"stir it well", "перемішати добре"}, {"ok", "добре зроблено"}};
   for (size_t i = 0; i < sols.size(); ++i) {
-    lines += json({{"goal", "How to do task " + std::to_string(i) + "?"}, {"sol1", sols[i].first},
-                   {"sol2", sols[i].second}, {"label", static_cast<int>(i % 2)}}).dump() + "\n";
+    lines += json({{"goal", "How to do task " + std::to_string(i) + "?"},
+                   {"sol1", sols[i].first},
+                   {"sol2", sols[i].second},
+                   {"label", static_cast<int>(i % 2)}})
+                 .dump() +
+             "\n";
   }
   Write(Root() + "/piqa.jsonl", lines);
   const std::string spec = Root() + "/piqa.json";
   Write(spec, json({{"model", ModelDir()},
-                    {"tasks", {{{"type", "choice"}, {"format", "piqa"}, {"language", "uk"},
-                                {"data", "piqa.jsonl"}, {"k", 0}}}}}).dump());
+                    {"tasks",
+                     {{{"type", "choice"},
+                       {"format", "piqa"},
+                       {"language", "uk"},
+                       {"data", "piqa.jsonl"},
+                       {"k", 0}}}}})
+                  .dump());
   const EngineRun run = Engine(spec);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json results = Results(run);
   double acc = 0, acc_norm = 0, acc_bytes = 0;
   auto chars = [](const std::string& s) {
-    return static_cast<double>(std::count_if(s.begin(), s.end(),
-                                             [](char c) { return (c & 0xc0) != 0x80; }));
+    return static_cast<double>(
+        std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xc0) != 0x80; }));
   };
   for (size_t i = 0; i < sols.size(); ++i) {
     std::vector<int32_t> ctx = {kBos};
@@ -379,17 +420,25 @@ TEST(EvalCommand, PiqaAccNormDividesByCharactersAndAccBytesByBytes) {
 TEST(EvalCommand, TranslationIsGreedyUntilNewlineAndScoredWithCorpusChrf) {
   std::string lines;
   const std::vector<std::pair<std::string, std::string>> pairs = {
-      {"Good morning.", "Доброго ранку."}, {"Thank you.", "Дякую."},
-      {"The cat sleeps.", "Кіт спить."}, {"I like tea.", "Я люблю чай."}};
+      {"Good morning.", "Доброго ранку."},
+      {"Thank you.", "Дякую."},
+      {"The cat sleeps.", "Кіт спить."},
+      {"I like tea.", "Я люблю чай."}};
   for (const auto& [src, tgt] : pairs) lines += json({{"src", src}, {"tgt", tgt}}).dump() + "\n";
   Write(Root() + "/flores.jsonl", lines);
   const std::string spec = Root() + "/flores.json";
   Write(spec, json({{"model", ModelDir()},
-                    {"tasks", {{{"type", "translation"}, {"source_language", "en"},
-                                {"language", "uk"}, {"source_name", "English"},
-                                {"target_name", "Ukrainian"}, {"data", "flores.jsonl"},
-                                {"k", 1}, {"sampler", "first_n"}, {"max_new_tokens", 24}}}}})
-                   .dump());
+                    {"tasks",
+                     {{{"type", "translation"},
+                       {"source_language", "en"},
+                       {"language", "uk"},
+                       {"source_name", "English"},
+                       {"target_name", "Ukrainian"},
+                       {"data", "flores.jsonl"},
+                       {"k", 1},
+                       {"sampler", "first_n"},
+                       {"max_new_tokens", 24}}}}})
+                  .dump());
   const EngineRun run = Engine(spec);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   const json results = Results(run);
@@ -435,10 +484,15 @@ TEST(EvalCommand, TranslationIsGreedyUntilNewlineAndScoredWithCorpusChrf) {
 TEST(EvalCommand, ProgressNeverOvershoots) {
   for (int batch : {1, 2, 3, 4}) {
     const std::string spec = Root() + "/progress" + std::to_string(batch) + ".json";
-    Write(spec, json({{"model", ModelDir()}, {"batch_size", batch},
-                      {"tasks", {{{"type", "perplexity"}, {"language", "uk"},
-                                  {"data", TokenizedDataset()}, {"split", "all"},
-                                  {"seq_len", 40}}}}}).dump());
+    Write(spec, json({{"model", ModelDir()},
+                      {"batch_size", batch},
+                      {"tasks",
+                       {{{"type", "perplexity"},
+                         {"language", "uk"},
+                         {"data", TokenizedDataset()},
+                         {"split", "all"},
+                         {"seq_len", 40}}}}})
+                    .dump());
     const EngineRun run = Engine(spec);
     ASSERT_EQ(run.exit_code, 0) << run.err;
     int64_t last = 0, total = 0;
@@ -462,7 +516,9 @@ TEST(EvalCommand, SequenceLengthDefaultsToTheTrainingRuns) {
   fs::remove_all(trained);
   fs::copy(ModelDir(), trained, fs::copy_options::recursive);
   json manifest = json::parse(Read(trained + "/stemma.json"));
-  manifest["producer"] = {{"command", "train"}, {"job", ""}, {"attempt", ""},
+  manifest["producer"] = {{"command", "train"},
+                          {"job", ""},
+                          {"attempt", ""},
                           {"params", {{"spec", {{"data", {{"seq_len", "40"}}}}}}}};
   std::ofstream(trained + "/stemma.json") << manifest.dump(2);
   const std::string spec = Root() + "/trained_ppl.yaml";
@@ -486,8 +542,9 @@ TEST(EvalCommand, SequenceLengthDefaultsToTheTrainingRuns) {
   const EngineRun hub = Engine(spec, "", " --model " + ModelDir());
   ASSERT_EQ(hub.exit_code, 0) << hub.err;
   EXPECT_EQ(hub.events.front()["tasks"][0]["seq_len"], 512);
-  EXPECT_NE(hub.events.front()["tasks"][0]["seq_len_source"].get<std::string>().find("model maximum"),
-            std::string::npos);
+  EXPECT_NE(
+      hub.events.front()["tasks"][0]["seq_len_source"].get<std::string>().find("model maximum"),
+      std::string::npos);
 }
 
 TEST(EvalCommand, HelpListsEveryFieldAndExitsZero) {
@@ -533,19 +590,25 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, EvalBadInput,
     ::testing::Values(
         BadCase{"missing_field",
-                "model: $MODEL\ntasks: [{type: choice, format: belebele, language: uk, data: b.jsonl}]\n",
-                "b.jsonl", "{\"flores_passage\": \"p\", \"question\": \"q\", \"mc_answer1\": \"a\"}\n",
+                "model: $MODEL\ntasks: [{type: choice, format: belebele, language: uk, data: "
+                "b.jsonl}]\n",
+                "b.jsonl",
+                "{\"flores_passage\": \"p\", \"question\": \"q\", \"mc_answer1\": \"a\"}\n",
                 "b.jsonl:1: field 'mc_answer2' missing"},
-        BadCase{"piqa_label",
-                "model: $MODEL\ntasks: [{type: choice, format: piqa, language: uk, data: p.jsonl}]\n",
-                "p.jsonl", "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 2}\n",
-                "p.jsonl:1: field 'label' is 2, outside 0..1"},
+        BadCase{
+            "piqa_label",
+            "model: $MODEL\ntasks: [{type: choice, format: piqa, language: uk, data: p.jsonl}]\n",
+            "p.jsonl", "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 2}\n",
+            "p.jsonl:1: field 'label' is 2, outside 0..1"},
         BadCase{"empty_language",
-                "model: $MODEL\ntasks: [{type: translation, source_language: en, language: sw, data: t.jsonl}]\n",
+                "model: $MODEL\ntasks: [{type: translation, source_language: en, language: sw, "
+                "data: t.jsonl}]\n",
                 "t.jsonl", "\n", "t.jsonl: no sentence pairs"},
         BadCase{"empty_target",
-                "model: $MODEL\ntasks: [{type: translation, source_language: en, language: sw, data: t.jsonl}]\n",
-                "t.jsonl", "{\"src\": \"hi\", \"tgt\": \" \"}\n", "t.jsonl:1: field 'tgt' is empty"},
+                "model: $MODEL\ntasks: [{type: translation, source_language: en, language: sw, "
+                "data: t.jsonl}]\n",
+                "t.jsonl", "{\"src\": \"hi\", \"tgt\": \" \"}\n",
+                "t.jsonl:1: field 'tgt' is empty"},
         BadCase{"empty_heldout",
                 "model: $MODEL\ntasks: [{type: perplexity, language: uk, data: $DATA, "
                 "heldout_fraction: 0.0000001}]\n",
@@ -554,23 +617,29 @@ INSTANTIATE_TEST_SUITE_P(
                 "model: $MODEL\ntasks: [{type: perplexity, data: $DATA, split: all}]\n", "", "",
                 "tasks[0].language: is required"},
         BadCase{"unknown_key",
-                "model: $MODEL\ntasks: [{type: choice, format: piqa, language: uk, data: x, shots: 2}]\n",
+                "model: $MODEL\ntasks: [{type: choice, format: piqa, language: uk, data: x, shots: "
+                "2}]\n",
                 "", "", "tasks[0].shots: unknown field"},
         BadCase{"k_too_large",
-                "model: $MODEL\ntasks: [{type: choice, format: piqa, language: uk, data: p.jsonl, k: 3}]\n",
+                "model: $MODEL\ntasks: [{type: choice, format: piqa, language: uk, data: p.jsonl, "
+                "k: 3}]\n",
                 "p.jsonl", "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 1}\n",
                 "k is 3 but the few-shot pool"},
-        BadCase{"no_dataset",
-                "model: $MODEL\ntasks: [{type: perplexity, language: uk, data: nowhere, split: all}]\n",
-                "", "", "nowhere"},
-        BadCase{"not_a_model",
-                "model: nomodel\ntasks: [{type: perplexity, language: uk, data: $DATA, split: all}]\n",
-                "nomodel/readme", "x", "has no readable config.json"},
+        BadCase{
+            "no_dataset",
+            "model: $MODEL\ntasks: [{type: perplexity, language: uk, data: nowhere, split: all}]\n",
+            "", "", "nowhere"},
+        BadCase{
+            "not_a_model",
+            "model: nomodel\ntasks: [{type: perplexity, language: uk, data: $DATA, split: all}]\n",
+            "nomodel/readme", "x", "has no readable config.json"},
         BadCase{"seq_len_past_the_model",
-                "model: $MODEL\ntasks: [{type: perplexity, language: uk, data: $DATA, split: all, seq_len: 513}]\n",
+                "model: $MODEL\ntasks: [{type: perplexity, language: uk, data: $DATA, split: all, "
+                "seq_len: 513}]\n",
                 "", "", "seq_len 513 exceeds the model's max_position_embeddings 512"},
         BadCase{"field_of_another_type",
-                "model: $MODEL\ntasks: [{type: perplexity, language: uk, data: $DATA, split: all, format: piqa}]\n",
+                "model: $MODEL\ntasks: [{type: perplexity, language: uk, data: $DATA, split: all, "
+                "format: piqa}]\n",
                 "", "", "line 2: tasks[0].format: does not apply to a perplexity task"}),
     [](const auto& info) { return info.param.name; });
 

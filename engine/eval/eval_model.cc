@@ -50,10 +50,10 @@ struct EvalModel::Impl {
     auto total = torch::zeros({b}, torch::kFloat64);
     for (int64_t start = 0; start < t; start += chunk) {
       const int64_t len = std::min(chunk, t - start);
-      auto logits = Logits(hidden.narrow(1, start, len));                  // [B, c, V]
-      auto target = targets.narrow(1, start, len).unsqueeze(-1);           // [B, c, 1]
-      auto picked = logits.gather(-1, target).squeeze(-1);                 // [B, c]
-      auto log_probs = picked - torch::logsumexp(logits, -1);              // [B, c]
+      auto logits = Logits(hidden.narrow(1, start, len));         // [B, c, V]
+      auto target = targets.narrow(1, start, len).unsqueeze(-1);  // [B, c, 1]
+      auto picked = logits.gather(-1, target).squeeze(-1);        // [B, c]
+      auto log_probs = picked - torch::logsumexp(logits, -1);     // [B, c]
       total += log_probs.to(torch::kFloat64).sum(1);
     }
     return total;
@@ -78,7 +78,8 @@ absl::StatusOr<std::unique_ptr<EvalModel>> EvalModel::Load(const std::string& di
   }
   if (options.threads > 0) at::set_num_threads(options.threads);
   auto impl = std::make_unique<Impl>();
-  ASSIGN_OR_RETURN(impl->lm, TorchGuard("loading the model", [&] { return model::LoadModel(dir, load); }));
+  ASSIGN_OR_RETURN(impl->lm,
+                   TorchGuard("loading the model", [&] { return model::LoadModel(dir, load); }));
   impl->lm->eval();
   return std::unique_ptr<EvalModel>(new EvalModel(std::move(impl)));
 }
@@ -143,8 +144,8 @@ absl::StatusOr<std::vector<double>> EvalModel::ContinuationLogLikelihoods(
     for (int64_t i = 0; i < b; ++i) {
       const int64_t n = static_cast<int64_t>(continuations[i].size());
       const int64_t start = static_cast<int64_t>(rows[i].size()) - n;
-      auto h = hidden[i].narrow(0, start, n).unsqueeze(0);         // [1, n, H]
-      auto targets = IdsTensor(continuations[i]).unsqueeze(0);     // [1, n]
+      auto h = hidden[i].narrow(0, start, n).unsqueeze(0);      // [1, n, H]
+      auto targets = IdsTensor(continuations[i]).unsqueeze(0);  // [1, n]
       out.push_back(impl_->SumLogProbs(h, targets)[0].item<double>());
     }
     return out;
@@ -161,7 +162,7 @@ absl::StatusOr<std::vector<int32_t>> EvalModel::Generate(
     std::vector<int32_t> generated;
     auto hidden = impl_->Hidden(IdsTensor(prompt).unsqueeze(0), &cache);  // [1, T, H]
     while (static_cast<int64_t>(generated.size()) < max_new_tokens) {
-      auto last = hidden.narrow(1, hidden.size(1) - 1, 1);     // [1, 1, H]
+      auto last = hidden.narrow(1, hidden.size(1) - 1, 1);  // [1, 1, H]
       const auto next = impl_->Logits(last).argmax(-1).item<int64_t>();
       generated.push_back(static_cast<int32_t>(next));
       if (stop(generated) || static_cast<int64_t>(generated.size()) == max_new_tokens) break;

@@ -2,9 +2,8 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -69,7 +68,8 @@ Found TrainingSeqLen(const fs::path& dir, int depth) {
     }
     return found;
   }
-  if (depth <= 0 || !manifest->contains("parents") || !(*manifest)["parents"].is_array()) return found;
+  if (depth <= 0 || !manifest->contains("parents") || !(*manifest)["parents"].is_array())
+    return found;
   for (const json& parent : (*manifest)["parents"]) {
     if (!parent.is_object() || !parent.contains("path") || !parent["path"].is_string()) continue;
     Found p = TrainingSeqLen(parent["path"].get<std::string>(), depth - 1);
@@ -88,9 +88,12 @@ Found TrainingSeqLen(const fs::path& dir, int depth) {
 
 const char* TaskTypeName(TaskType type) {
   switch (type) {
-    case TaskType::kPerplexity: return "perplexity";
-    case TaskType::kChoice: return "choice";
-    case TaskType::kTranslation: return "translation";
+    case TaskType::kPerplexity:
+      return "perplexity";
+    case TaskType::kChoice:
+      return "choice";
+    case TaskType::kTranslation:
+      return "translation";
   }
   return "?";
 }
@@ -103,7 +106,8 @@ EvalSpec EvalSpecFromProto(const v1::EvalSpec& proto, const std::string& spec_pa
   spec.out = proto.out();
   if (spec.out.empty()) {
     // Beside the spec: eval.yaml -> eval.results.json.
-    const fs::path p = spec_path.empty() ? fs::current_path() / "eval" : fs::absolute(fs::path(spec_path));
+    const fs::path p =
+        spec_path.empty() ? fs::current_path() / "eval" : fs::absolute(fs::path(spec_path));
     spec.out = (p.parent_path() / (p.stem().string() + ".results.json")).string();
   }
   spec.dtype = proto.dtype();
@@ -194,9 +198,9 @@ absl::Status ResolveSequenceLengths(const ModelFacts& facts, EvalSpec* spec) {
       }
     }
     if (task.seq_len > facts.max_positions) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "task ", task.name, ": seq_len ", task.seq_len,
-          " exceeds the model's max_position_embeddings ", facts.max_positions));
+      return absl::InvalidArgumentError(
+          absl::StrCat("task ", task.name, ": seq_len ", task.seq_len,
+                       " exceeds the model's max_position_embeddings ", facts.max_positions));
     }
   }
   return absl::OkStatus();

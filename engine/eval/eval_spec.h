@@ -32,10 +32,10 @@ struct TaskSpec {
   double heldout_fraction = 0;
   uint64_t split_seed = 0;
   std::string heldout_split = "hash";  // "hash" | "last" (the training loader's rules)
-  int64_t seq_len = 0;          // resolved by ResolveSequenceLengths (> 0 after it)
-  std::string seq_len_source;   // "spec", "training run (<path>)", "model maximum"
+  int64_t seq_len = 0;                 // resolved by ResolveSequenceLengths (> 0 after it)
+  std::string seq_len_source;          // "spec", "training run (<path>)", "model maximum"
   // Choice.
-  std::string format;  // "belebele" | "piqa" | "global_piqa"
+  std::string format;           // "belebele" | "piqa" | "global_piqa"
   std::optional<bool> add_bos;  // default: when the tokenizer has a BOS
   int64_t max_length = 0;       // 0: model max positions
   // Translation.
@@ -52,7 +52,7 @@ struct EvalSpec {
   std::string out;        // results JSON
   std::string dtype = "float32";
   int64_t batch_size = 8;
-  int64_t threads = 0;    // EffectiveThreads: the spec's, else the job's CPUs, else 0
+  int64_t threads = 0;  // EffectiveThreads: the spec's, else the job's CPUs, else 0
   std::vector<TaskSpec> tasks;
 };
 

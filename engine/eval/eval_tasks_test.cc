@@ -115,9 +115,11 @@ TEST(ChoiceContext, ShotsThenQueryWithLmEvalDelimiters) {
 }
 
 TEST(ChoiceReaders, BelebeleTemplateAndLabels) {
-  const auto path = TempFile("b.jsonl", R"({"flores_passage": "Text.", "question": " Why? ",)"
-                                        R"( "mc_answer1": "1", "mc_answer2": "2", "mc_answer3": "3",)"
-                                        R"( "mc_answer4": "4", "correct_answer_num": "3"})" "\n");
+  const auto path =
+      TempFile("b.jsonl", R"({"flores_passage": "Text.", "question": " Why? ",)"
+                          R"( "mc_answer1": "1", "mc_answer2": "2", "mc_answer3": "3",)"
+                          R"( "mc_answer4": "4", "correct_answer_num": "3"})"
+                          "\n");
   auto docs = ReadChoiceDocs(path, ChoiceFormat::kBelebele);
   ASSERT_TRUE(docs.ok()) << docs.status();
   EXPECT_EQ((*docs)[0].query, "P: Text.\nQ: Why?\nA: 1\nB: 2\nC: 3\nD: 4\nAnswer:");
@@ -127,7 +129,8 @@ TEST(ChoiceReaders, BelebeleTemplateAndLabels) {
 
 TEST(ChoiceReaders, GlobalPiqaTakesAllSolutions) {
   const auto path = TempFile("g.jsonl", R"({"prompt": "P", "solution0": "a", "solution1": "b",)"
-                                        R"( "solution2": "c", "label": 2})" "\n");
+                                        R"( "solution2": "c", "label": 2})"
+                                        "\n");
   auto docs = ReadChoiceDocs(path, ChoiceFormat::kGlobalPiqa);
   ASSERT_TRUE(docs.ok()) << docs.status();
   EXPECT_EQ((*docs)[0].choices.size(), 3u);
@@ -135,12 +138,14 @@ TEST(ChoiceReaders, GlobalPiqaTakesAllSolutions) {
 }
 
 TEST(ChoiceReaders, ErrorsNameLineAndField) {
-  const auto path = TempFile("p.jsonl", "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n"
-                                        "{\"goal\": 3, \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n");
+  const auto path = TempFile("p.jsonl",
+                             "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n"
+                             "{\"goal\": 3, \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n");
   auto docs = ReadChoiceDocs(path, ChoiceFormat::kPiqa);
   ASSERT_FALSE(docs.ok());
   EXPECT_NE(docs.status().message().find("p.jsonl:2: field 'goal' is number, not a string"),
-            std::string::npos) << docs.status();
+            std::string::npos)
+      << docs.status();
   EXPECT_FALSE(ReadChoiceDocs(TempFile("e.jsonl", "\n\n"), ChoiceFormat::kPiqa).ok());
   EXPECT_EQ(ReadChoiceDocs("/nonexistent.jsonl", ChoiceFormat::kPiqa).status().code(),
             absl::StatusCode::kNotFound);
@@ -250,8 +255,8 @@ TEST(EvalSpecTest, ErrorsNameTheFileLineAndField) {
 }
 
 TEST(EvalSpecTest, ThreadsDefaultToTheJobsCpus) {
-  const std::string path = TempFile("threads.yaml",
-                                    "model: m\ntasks: [{type: perplexity, language: x, data: d, split: all}]\n");
+  const std::string path = TempFile(
+      "threads.yaml", "model: m\ntasks: [{type: perplexity, language: x, data: d, split: all}]\n");
   ::setenv("STEMMA_CPUS", "3", 1);
   auto spec = ReadSpec(path);
   ::unsetenv("STEMMA_CPUS");
@@ -263,23 +268,28 @@ TEST(EvalSpecTest, ThreadsDefaultToTheJobsCpus) {
 }
 
 // A checkpoint directory with config.json and, optionally, a stemma.json manifest.
-std::string Checkpoint(const std::string& name, int64_t max_positions, const std::string& manifest) {
-  const auto dir = fs::path(TempFile(name + "/config.json",
-                                     "{\"max_position_embeddings\": " + std::to_string(max_positions) + "}"))
-                       .parent_path();
+std::string Checkpoint(const std::string& name, int64_t max_positions,
+                       const std::string& manifest) {
+  const auto dir =
+      fs::path(TempFile(name + "/config.json",
+                        "{\"max_position_embeddings\": " + std::to_string(max_positions) + "}"))
+          .parent_path();
   if (!manifest.empty()) std::ofstream(dir / "stemma.json") << manifest;
   return dir.string();
 }
 
 std::string TrainManifest(const std::string& seq_len_json) {
   return R"({"format": 1, "files": {}, "parents": [], "producer": {"command": "train",
-             "params": {"spec": {"data": {"seq_len": )" + seq_len_json + "}}}}}";
+             "params": {"spec": {"data": {"seq_len": )" +
+         seq_len_json + "}}}}}";
 }
 
 std::string MergeManifest(const std::vector<std::string>& parents) {
   std::string list;
-  for (const auto& p : parents) list += (list.empty() ? "" : ", ") + std::string("{\"path\": \"") + p + "\"}";
-  return R"({"format": 1, "files": {}, "parents": [)" + list + R"(], "producer": {"command": "merge"}})";
+  for (const auto& p : parents)
+    list += (list.empty() ? "" : ", ") + std::string("{\"path\": \"") + p + "\"}";
+  return R"({"format": 1, "files": {}, "parents": [)" + list +
+         R"(], "producer": {"command": "merge"}})";
 }
 
 EvalSpec OnePerplexityTask(int64_t seq_len) {
@@ -297,7 +307,8 @@ EvalSpec OnePerplexityTask(int64_t seq_len) {
 TEST(EvalSequenceLength, DefaultsToTheTrainingRunsSeqLen) {
   // A train output (the proto JSON writes int64 as a string; an older manifest a number).
   for (const std::string& v : {std::string("\"256\""), std::string("256")}) {
-    const std::string ckpt = Checkpoint("trained" + std::to_string(v.size()), 4096, TrainManifest(v));
+    const std::string ckpt =
+        Checkpoint("trained" + std::to_string(v.size()), 4096, TrainManifest(v));
     auto facts = ReadModelFacts(ckpt);
     ASSERT_TRUE(facts.ok()) << facts.status();
     EvalSpec spec = OnePerplexityTask(0);
@@ -339,7 +350,8 @@ TEST(EvalSequenceLength, WithoutATrainingRunTheModelMaximumCappedAt2048) {
   const absl::Status status = ResolveSequenceLengths(*small, &too_long);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("seq_len 513 exceeds the model's max_position_embeddings 512"),
-            std::string::npos) << status;
+            std::string::npos)
+      << status;
 }
 
 TEST(EvalSequenceLength, AModelWithoutConfigIsBadInput) {

@@ -45,9 +45,15 @@ std::u32string DecodeUtf8(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {
     const auto b = static_cast<unsigned char>(text[i]);
-    const int length =
-        b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xe ? 3 : (b >> 3) == 0x1e ? 4 : 0;
-    char32_t cp = length == 1 ? b : length == 2 ? (b & 0x1f) : length == 3 ? (b & 0x0f) : (b & 0x07);
+    const int length = b < 0x80           ? 1
+                       : (b >> 5) == 0x6  ? 2
+                       : (b >> 4) == 0xe  ? 3
+                       : (b >> 3) == 0x1e ? 4
+                                          : 0;
+    char32_t cp = length == 1   ? b
+                  : length == 2 ? (b & 0x1f)
+                  : length == 3 ? (b & 0x0f)
+                                : (b & 0x07);
     bool valid = length > 0 && i + length <= text.size();
     for (int k = 1; valid && k < length; ++k) {
       const auto c = static_cast<unsigned char>(text[i + k]);
@@ -67,7 +73,13 @@ std::u32string DecodeUtf8(std::string_view text) {
 bool IsPythonSpace(char32_t c) {
   if ((c >= 0x9 && c <= 0xd) || (c >= 0x1c && c <= 0x20)) return true;
   switch (c) {
-    case 0x85: case 0xa0: case 0x1680: case 0x2028: case 0x2029: case 0x202f: case 0x205f:
+    case 0x85:
+    case 0xa0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202f:
+    case 0x205f:
     case 0x3000:
       return true;
     default:
@@ -99,7 +111,8 @@ std::vector<int64_t> FewShotIndices(int64_t pool_size, int64_t k, int64_t doc_in
   std::iota(order.begin(), order.end(), 0);
   if (sampler == FewShotSampler::kSeeded) {
     // Partial Fisher–Yates over the first k + 1 slots (one spare for the excluded doc).
-    const uint64_t key = Mix64(Mix64(seed ^ 0x66657773686f7431ULL) + static_cast<uint64_t>(doc_index));
+    const uint64_t key =
+        Mix64(Mix64(seed ^ 0x66657773686f7431ULL) + static_cast<uint64_t>(doc_index));
     const int64_t draws = std::min(pool_size, k + 1);
     for (int64_t i = 0; i < draws; ++i) {
       const uint64_t r = Mix64(key + (static_cast<uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ULL);

@@ -96,8 +96,8 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
   }
 
   // The smallest entropies; a stable order makes ties deterministic (by layer, then neuron).
-  result.num_selected = std::min<int64_t>(
-      neurons, RoundHalfEven(static_cast<double>(neurons) * params.top_rate));
+  result.num_selected =
+      std::min<int64_t>(neurons, RoundHalfEven(static_cast<double>(neurons) * params.top_rate));
   std::vector<int64_t> order(neurons);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
@@ -111,7 +111,8 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
     bool assigned = false;
     if (result.entropy[n] != kInf) {
       int64_t above = 0;
-      for (int64_t k = 0; k < num_langs; ++k) above += prob[n * num_langs + k] > result.activation_bar;
+      for (int64_t k = 0; k < num_langs; ++k)
+        above += prob[n * num_langs + k] > result.activation_bar;
       if (params.exclusive && above > 1) {
         ++result.num_shared;
         continue;
@@ -184,12 +185,15 @@ nlohmann::json NeuronMaskJson(const LapeResult& result, const LapeParams& params
       entropy.push_back(std::vector<double>(result.raw_entropy.begin() + l * I,
                                             result.raw_entropy.begin() + (l + 1) * I));
     }
-    out["profile"] = {{"tokens", tokens},
-                      {"probability", std::move(probability)},
-                      {"entropy", std::move(entropy)},
-                      {"definitions",
-                       {{"probability", "P[l][j] = tokens with act(gate_j) > activation_threshold / tokens, per language"},
-                        {"entropy", "-sum_k Q ln Q, Q = P / sum_k P over the languages (before the activity filter)"}}}};
+    out["profile"] = {
+        {"tokens", tokens},
+        {"probability", std::move(probability)},
+        {"entropy", std::move(entropy)},
+        {"definitions",
+         {{"probability",
+           "P[l][j] = tokens with act(gate_j) > activation_threshold / tokens, per language"},
+          {"entropy",
+           "-sum_k Q ln Q, Q = P / sum_k P over the languages (before the activity filter)"}}}};
   }
   return out;
 }
@@ -209,7 +213,8 @@ uint64_t Fnv1a(const std::string& text) {
   return h;
 }
 
-absl::Status MaskError(const std::string& where, const std::string& field, const std::string& what) {
+absl::Status MaskError(const std::string& where, const std::string& field,
+                       const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", field, ": ", what));
 }
 
@@ -222,9 +227,10 @@ absl::StatusOr<SavedProfile> LapeCountsFromMask(const nlohmann::json& mask,
     return MaskError(where, "format", "not a stemma.neuron_mask/1 file");
   }
   if (!mask.contains("profile") || !mask["profile"].is_object()) {
-    return MaskError(where, "profile",
-                     "missing: the file was written with lape.keep_profile false (or before profiles "
-                     "were kept); profile the model again");
+    return MaskError(
+        where, "profile",
+        "missing: the file was written with lape.keep_profile false (or before profiles "
+        "were kept); profile the model again");
   }
   SavedProfile saved;
   saved.num_layers = mask.value("num_layers", int64_t{0});
@@ -244,14 +250,17 @@ absl::StatusOr<SavedProfile> LapeCountsFromMask(const nlohmann::json& mask,
     for (const auto& [lang, _] : probability.items()) saved.languages.push_back(lang);
   }
   for (const std::string& lang : saved.languages) {
-    if (!probability.contains(lang) || !tokens.contains(lang) || !tokens[lang].is_number_integer()) {
-      return MaskError(where, absl::StrCat("profile.probability.", lang), "missing (not profiled in this file)");
+    if (!probability.contains(lang) || !tokens.contains(lang) ||
+        !tokens[lang].is_number_integer()) {
+      return MaskError(where, absl::StrCat("profile.probability.", lang),
+                       "missing (not profiled in this file)");
     }
     LapeCounts counts;
     counts.tokens = tokens[lang].get<int64_t>();
     const nlohmann::json& layers = probability[lang];
     if (!layers.is_array() || static_cast<int64_t>(layers.size()) != saved.num_layers) {
-      return MaskError(where, absl::StrCat("profile.probability.", lang), "must hold one list per layer");
+      return MaskError(where, absl::StrCat("profile.probability.", lang),
+                       "must hold one list per layer");
     }
     counts.over_zero.reserve(saved.num_layers * saved.intermediate_size);
     for (int64_t l = 0; l < saved.num_layers; ++l) {
@@ -265,7 +274,8 @@ absl::StatusOr<SavedProfile> LapeCountsFromMask(const nlohmann::json& mask,
           return MaskError(where, absl::StrCat("profile.probability.", lang, "[", l, "]"),
                            "holds a value that is not a probability");
         }
-        counts.over_zero.push_back(std::llround(p.get<double>() * static_cast<double>(counts.tokens)));
+        counts.over_zero.push_back(
+            std::llround(p.get<double>() * static_cast<double>(counts.tokens)));
       }
     }
     saved.counts.push_back(std::move(counts));
@@ -286,7 +296,8 @@ nlohmann::json RandomMaskJson(const LapeResult& result, uint64_t seed) {
       std::vector<int64_t> ids(I);
       std::iota(ids.begin(), ids.end(), 0);
       for (int64_t i = 0; i < n; ++i) {  // partial Fisher–Yates
-        const int64_t pick = i + static_cast<int64_t>(SplitMix64(state) % static_cast<uint64_t>(I - i));
+        const int64_t pick =
+            i + static_cast<int64_t>(SplitMix64(state) % static_cast<uint64_t>(I - i));
         std::swap(ids[i], ids[pick]);
       }
       std::vector<int64_t> chosen(ids.begin(), ids.begin() + n);
@@ -310,9 +321,9 @@ nlohmann::json RandomMaskJson(const LapeResult& result, uint64_t seed) {
           {"counts", per_layer}};
 }
 
-absl::StatusOr<std::vector<std::vector<int64_t>>> MaskUnion(const nlohmann::json& mask,
-                                                            const std::vector<std::string>& languages,
-                                                            const std::string& where) {
+absl::StatusOr<std::vector<std::vector<int64_t>>> MaskUnion(
+    const nlohmann::json& mask, const std::vector<std::string>& languages,
+    const std::string& where) {
   if (!mask.is_object() || mask.value("format", "") != "stemma.neuron_mask/1") {
     return MaskError(where, "format", "not a stemma.neuron_mask/1 file");
   }
@@ -327,7 +338,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> MaskUnion(const nlohmann::json
   }
   std::vector<std::set<int64_t>> sets(L);
   for (const std::string& lang : wanted) {
-    if (!mask["languages"].contains(lang)) return MaskError(where, absl::StrCat("languages.", lang), "not in the file");
+    if (!mask["languages"].contains(lang))
+      return MaskError(where, absl::StrCat("languages.", lang), "not in the file");
     const nlohmann::json& layers = mask["languages"][lang];
     if (!layers.is_array() || static_cast<int64_t>(layers.size()) != L) {
       return MaskError(where, absl::StrCat("languages.", lang), "must hold one list per layer");

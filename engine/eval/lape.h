@@ -49,10 +49,10 @@ struct LapeResult {
   std::map<std::string, std::vector<std::vector<int64_t>>> neurons;
   double filter_threshold = 0.0;  // τ
   double activation_bar = 0.0;
-  int64_t num_selected = 0;    // round(L·I·top_rate)
-  int64_t num_unassigned = 0;  // selected neurons that no language got
-  int64_t num_shared = 0;      // exclusive: selected neurons dropped for several languages
-  std::vector<double> entropy;  // [L * I], +∞ for filtered neurons
+  int64_t num_selected = 0;         // round(L·I·top_rate)
+  int64_t num_unassigned = 0;       // selected neurons that no language got
+  int64_t num_shared = 0;           // exclusive: selected neurons dropped for several languages
+  std::vector<double> entropy;      // [L * I], +∞ for filtered neurons
   std::vector<double> raw_entropy;  // [L * I], before the filter (0 for a silent neuron)
   std::vector<double> probability;  // [L * I * K], neuron-major: P[l,j,k]
 };
@@ -98,9 +98,9 @@ nlohmann::json RandomMaskJson(const LapeResult& result, uint64_t seed);
 // The union over `languages` (empty: all) of a stemma.neuron_mask/1 file's neuron lists,
 // one sorted list per layer. InvalidArgument naming `where` for another format, a missing
 // language or an index outside the layer.
-absl::StatusOr<std::vector<std::vector<int64_t>>> MaskUnion(const nlohmann::json& mask,
-                                                            const std::vector<std::string>& languages,
-                                                            const std::string& where);
+absl::StatusOr<std::vector<std::vector<int64_t>>> MaskUnion(
+    const nlohmann::json& mask, const std::vector<std::string>& languages,
+    const std::string& where);
 
 // The k-th smallest of `values` with k = round(size·ratio) (round half to even, as Python's
 // round), clamped to [1, size]; torch.kthvalue semantics. `values` is reordered.

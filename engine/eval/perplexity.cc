@@ -33,19 +33,20 @@ absl::StatusOr<PerplexityStream> BuildPerplexityStream(const data::Dataset& data
   if (static_cast<int64_t>(stream.tokens.size()) <= stream.first_predicted) {
     return absl::InvalidArgumentError(absl::StrCat(
         dataset.dir(), ": no tokens to evaluate in the ",
-        options.heldout ? absl::StrCat("held-out split (fraction ", options.heldout_fraction,
-                                       options.heldout_last ? ", the last documents"
-                                                            : absl::StrCat(", split_seed ", options.split_seed),
-                                       ")")
-                        : std::string("dataset")));
+        options.heldout
+            ? absl::StrCat("held-out split (fraction ", options.heldout_fraction,
+                           options.heldout_last ? ", the last documents"
+                                                : absl::StrCat(", split_seed ", options.split_seed),
+                           ")")
+            : std::string("dataset")));
   }
   auto out_of_range = [&](int32_t t) { return t < 0 || t >= vocab_size; };
   if (auto it = std::find_if(stream.tokens.begin(), stream.tokens.end(), out_of_range);
       it != stream.tokens.end() || (stream.context_token && out_of_range(*stream.context_token))) {
     const int32_t bad = it != stream.tokens.end() ? *it : *stream.context_token;
-    return absl::InvalidArgumentError(absl::StrCat(
-        dataset.dir(), ": token id ", bad, " is outside the model's vocabulary (", vocab_size,
-        "); was the dataset made with another tokenizer?"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(dataset.dir(), ": token id ", bad, " is outside the model's vocabulary (",
+                     vocab_size, "); was the dataset made with another tokenizer?"));
   }
   return stream;
 }
@@ -62,8 +63,7 @@ std::vector<WindowRange> PerplexityWindows(const PerplexityStream& stream, int64
 std::vector<int32_t> WindowTokens(const PerplexityStream& stream, const WindowRange& window) {
   std::vector<int32_t> tokens;
   tokens.reserve(window.length + 1);
-  tokens.push_back(stream.context_token ? *stream.context_token
-                                        : stream.tokens[window.begin - 1]);
+  tokens.push_back(stream.context_token ? *stream.context_token : stream.tokens[window.begin - 1]);
   tokens.insert(tokens.end(), stream.tokens.begin() + window.begin,
                 stream.tokens.begin() + window.begin + window.length);
   return tokens;

@@ -36,8 +36,8 @@ struct PerplexityStreamOptions {
 };
 
 struct PerplexityStream {
-  std::vector<int64_t> documents;  // dataset document indices, index order
-  std::vector<int32_t> tokens;     // documents, each followed by EOS where inserted
+  std::vector<int64_t> documents;        // dataset document indices, index order
+  std::vector<int32_t> tokens;           // documents, each followed by EOS where inserted
   std::optional<int32_t> context_token;  // BOS, else EOS, else none
   int64_t first_predicted = 0;           // 0, or 1 without a context token
 };

@@ -183,15 +183,15 @@ std::vector<int64_t> DefaultSharedK(int64_t num_experts) {
   std::vector<int64_t> out;
   if (num_experts < 2) return out;
   for (int64_t k : {1, 3, 5}) {
-    int64_t scaled = static_cast<int64_t>(std::nearbyint(static_cast<double>(k * num_experts) / 64.0));
+    int64_t scaled =
+        static_cast<int64_t>(std::nearbyint(static_cast<double>(k * num_experts) / 64.0));
     scaled = std::clamp<int64_t>(scaled, 1, num_experts - 1);
     if (std::find(out.begin(), out.end(), scaled) == out.end()) out.push_back(scaled);
   }
   return out;
 }
 
-absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
-                                         const SelectionParams& params) {
+absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input, const SelectionParams& params) {
   if (absl::Status s = CheckInput(input); !s.ok()) return s;
   const int64_t E = input.num_experts;
   std::vector<int64_t> layers = params.layers;
@@ -201,12 +201,13 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
   }
   for (int64_t layer : layers) {
     if (MoeIndex(input, layer) < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("routing.select.layers: layer ", layer, " is not an MoE layer of the model"));
+      return absl::InvalidArgumentError(absl::StrCat("routing.select.layers: layer ", layer,
+                                                     " is not an MoE layer of the model"));
     }
   }
   const double alpha = params.alpha.value_or(DefaultAlpha(E));
-  const std::vector<int64_t> shared_k = params.shared_k.empty() ? DefaultSharedK(E) : params.shared_k;
+  const std::vector<int64_t> shared_k =
+      params.shared_k.empty() ? DefaultSharedK(E) : params.shared_k;
   for (int64_t k : shared_k) {
     if (k >= E) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -228,8 +229,8 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
   for (const auto& lang : high) {
     const int64_t k = LanguageIndex(input, lang);
     if (k < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "routing.select.high_resource: language '", lang, "' is not among the languages"));
+      return absl::InvalidArgumentError(absl::StrCat("routing.select.high_resource: language '",
+                                                     lang, "' is not among the languages"));
     }
     high_index.push_back(k);
   }
@@ -248,18 +249,17 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
   }
   for (const auto& [low, parent] : params.parents) {
     if (std::find(high.begin(), high.end(), parent) == high.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("routing.select.parents.", low, ": '",
-                                                     parent, "' is not a high-resource language"));
+      return absl::InvalidArgumentError(absl::StrCat("routing.select.parents.", low, ": '", parent,
+                                                     "' is not a high-resource language"));
     }
   }
   // Who is ranked against whom: anchors among the anchors (a single anchor against the
   // targets); each target against the anchors.
-  const std::vector<int64_t> anchor_pool =
-      high_index.size() >= 2 ? high_index : [&] {
-        std::vector<int64_t> pool = high_index;
-        pool.insert(pool.end(), target_index.begin(), target_index.end());
-        return pool;
-      }();
+  const std::vector<int64_t> anchor_pool = high_index.size() >= 2 ? high_index : [&] {
+    std::vector<int64_t> pool = high_index;
+    pool.insert(pool.end(), target_index.begin(), target_index.end());
+    return pool;
+  }();
 
   std::map<std::string, json> seft;
   std::map<int64_t, json> shared;
@@ -271,11 +271,13 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
     const int64_t m = MoeIndex(input, layer);
     const std::string key = std::to_string(layer);
     std::vector<std::vector<double>> usage(input.languages.size());
-    for (size_t k = 0; k < input.languages.size(); ++k) usage[k] = UsageDistribution(input.counts[k].counts[m]);
+    for (size_t k = 0; k < input.languages.size(); ++k)
+      usage[k] = UsageDistribution(input.counts[k].counts[m]);
     for (auto& [lang, lists] : seft) lists[key] = json::array();
     // The top language of expert e among `pool` and its gap to the runner-up; nullopt when
     // no language of the pool used e.
-    auto rank = [&](const std::vector<int64_t>& pool, int64_t e) -> std::optional<std::pair<int64_t, double>> {
+    auto rank = [&](const std::vector<int64_t>& pool,
+                    int64_t e) -> std::optional<std::pair<int64_t, double>> {
       bool seen = false;
       for (int64_t k : pool) seen |= input.counts[k].counts[m][e] > 0;
       if (!seen) return std::nullopt;
@@ -312,7 +314,8 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
     std::stable_sort(by_mean.begin(), by_mean.end(),
                      [&](int64_t a, int64_t b) { return mean[a] > mean[b]; });
     for (int64_t k : shared_k) {
-      shared[k][key] = std::vector<int64_t>(by_mean.begin(), by_mean.begin() + std::min<int64_t>(k, E));
+      shared[k][key] =
+          std::vector<int64_t>(by_mean.begin(), by_mean.begin() + std::min<int64_t>(k, E));
     }
   }
 
@@ -333,8 +336,9 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input,
       // uniformly (seeded by random_seed, the language and k, so reruns agree).
       uint64_t name_hash = 1469598103934665603ull;  // FNV-1a: the same on every build
       for (unsigned char c : source) name_hash = (name_hash ^ c) * 1099511628211ull;
-      std::seed_seq seq{static_cast<uint32_t>(params.random_seed), static_cast<uint32_t>(params.random_seed >> 32),
-                        static_cast<uint32_t>(k), static_cast<uint32_t>(name_hash), static_cast<uint32_t>(name_hash >> 32)};
+      std::seed_seq seq{static_cast<uint32_t>(params.random_seed),
+                        static_cast<uint32_t>(params.random_seed >> 32), static_cast<uint32_t>(k),
+                        static_cast<uint32_t>(name_hash), static_cast<uint32_t>(name_hash >> 32)};
       std::mt19937_64 rng(seq);
       json random = json::object();
       for (const auto& [key, list] : ssft.items()) {

@@ -37,12 +37,12 @@ double SpecializationScore(const std::vector<std::vector<int64_t>>& table);
 double Jaccard(const std::set<int32_t>& a, const std::set<int32_t>& b);
 
 struct SelectionParams {
-  std::vector<int64_t> layers;       // model layer indices (default: the last two MoE layers)
-  std::optional<double> alpha;       // minimum activation gap (default DefaultAlpha(E))
-  std::vector<int64_t> shared_k;     // default DefaultSharedK(E)
+  std::vector<int64_t> layers;    // model layer indices (default: the last two MoE layers)
+  std::optional<double> alpha;    // minimum activation gap (default DefaultAlpha(E))
+  std::vector<int64_t> shared_k;  // default DefaultSharedK(E)
   // The anchors; default every language in neither `parents` nor `targets`.
   std::vector<std::string> high_resource;
-  std::map<std::string, std::string> parents;    // low-resource language -> its HR parent
+  std::map<std::string, std::string> parents;  // low-resource language -> its HR parent
   // Languages without an anchor: each ranked against the anchors by its own routing.
   std::vector<std::string> targets;
   // Seed of the random_ssft_k<K> baselines (as many experts per layer as ssft_k<K>, drawn

@@ -1,7 +1,6 @@
 #include "engine/eval/translation.h"
 
 #include <fstream>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/status/status.h"
@@ -19,8 +18,8 @@ absl::StatusOr<std::string> StringField(const nlohmann::json& j, const std::stri
     return absl::InvalidArgumentError(absl::StrCat(where, ": field '", field, "' missing"));
   }
   if (!j[field].is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": field '", field, "' is ",
-                                                   j[field].type_name(), ", not a string"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": field '", field, "' is ", j[field].type_name(), ", not a string"));
   }
   std::string value = j[field].get<std::string>();
   if (PythonStrip(value).empty()) {
@@ -66,8 +65,8 @@ std::string TranslationPrompt(const std::vector<const TranslationPair*>& shots,
                               const std::string& target_name) {
   std::string prompt;
   for (const TranslationPair* shot : shots) {
-    absl::StrAppend(&prompt, source_name, ": ", shot->source, "\n", target_name, ": ",
-                    shot->target, "\n\n");
+    absl::StrAppend(&prompt, source_name, ": ", shot->source, "\n", target_name, ": ", shot->target,
+                    "\n\n");
   }
   absl::StrAppend(&prompt, source_name, ": ", pair.source, "\n", target_name, ":");
   return prompt;

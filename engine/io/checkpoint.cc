@@ -1,5 +1,8 @@
 #include "engine/io/checkpoint.h"
 
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -11,10 +14,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <stdexcept>
-
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/from_blob.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -29,10 +28,17 @@ namespace {
 
 // Files that travel with the weights when a checkpoint derives from another.
 constexpr const char* kCarriedFiles[] = {
-    "config.json",           "generation_config.json", "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "vocab.json",            "merges.txt",              "added_tokens.json",
-    "chat_template.jinja",   "chat_template.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
 };
 
 std::string Join(const std::string& dir, absl::string_view name) {
@@ -48,32 +54,52 @@ absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
 
 c10::ScalarType ToScalarType(Dtype d) {
   switch (d) {
-    case Dtype::kF64: return c10::kDouble;
-    case Dtype::kF32: return c10::kFloat;
-    case Dtype::kF16: return c10::kHalf;
-    case Dtype::kBF16: return c10::kBFloat16;
-    case Dtype::kI64: return c10::kLong;
-    case Dtype::kI32: return c10::kInt;
-    case Dtype::kI16: return c10::kShort;
-    case Dtype::kI8: return c10::kChar;
-    case Dtype::kU8: return c10::kByte;
-    case Dtype::kBool: return c10::kBool;
+    case Dtype::kF64:
+      return c10::kDouble;
+    case Dtype::kF32:
+      return c10::kFloat;
+    case Dtype::kF16:
+      return c10::kHalf;
+    case Dtype::kBF16:
+      return c10::kBFloat16;
+    case Dtype::kI64:
+      return c10::kLong;
+    case Dtype::kI32:
+      return c10::kInt;
+    case Dtype::kI16:
+      return c10::kShort;
+    case Dtype::kI8:
+      return c10::kChar;
+    case Dtype::kU8:
+      return c10::kByte;
+    case Dtype::kBool:
+      return c10::kBool;
   }
   return c10::kFloat;
 }
 
 absl::StatusOr<Dtype> FromScalarType(c10::ScalarType t) {
   switch (t) {
-    case c10::kDouble: return Dtype::kF64;
-    case c10::kFloat: return Dtype::kF32;
-    case c10::kHalf: return Dtype::kF16;
-    case c10::kBFloat16: return Dtype::kBF16;
-    case c10::kLong: return Dtype::kI64;
-    case c10::kInt: return Dtype::kI32;
-    case c10::kShort: return Dtype::kI16;
-    case c10::kChar: return Dtype::kI8;
-    case c10::kByte: return Dtype::kU8;
-    case c10::kBool: return Dtype::kBool;
+    case c10::kDouble:
+      return Dtype::kF64;
+    case c10::kFloat:
+      return Dtype::kF32;
+    case c10::kHalf:
+      return Dtype::kF16;
+    case c10::kBFloat16:
+      return Dtype::kBF16;
+    case c10::kLong:
+      return Dtype::kI64;
+    case c10::kInt:
+      return Dtype::kI32;
+    case c10::kShort:
+      return Dtype::kI16;
+    case c10::kChar:
+      return Dtype::kI8;
+    case c10::kByte:
+      return Dtype::kU8;
+    case c10::kBool:
+      return Dtype::kBool;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("dtype ", c10::toString(t), " cannot be stored in safetensors here"));
@@ -85,7 +111,6 @@ int64_t NowMs() {
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
-
 
 }  // namespace
 
@@ -135,8 +160,8 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   } else if (PathExists(Join(dir, kSingleFileName))) {
     r->shard_names_.push_back(kSingleFileName);
   } else {
-    return absl::NotFoundError(absl::StrCat(dir, ": neither ", kSingleFileName, " nor ",
-                                            kIndexName, " (not a checkpoint directory?)"));
+    return absl::NotFoundError(absl::StrCat(dir, ": neither ", kSingleFileName, " nor ", kIndexName,
+                                            " (not a checkpoint directory?)"));
   }
 
   for (size_t i = 0; i < r->shard_names_.size(); ++i) {
@@ -153,8 +178,8 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   }
   for (const auto& [name, file] : weight_map) {
     if (r->entries_.find(name) == r->entries_.end()) {
-      return absl::DataLossError(absl::StrCat(Join(dir, file), ": tensor \"", name,
-                                              "\" listed in ", kIndexName, " is missing"));
+      return absl::DataLossError(absl::StrCat(Join(dir, file), ": tensor \"", name, "\" listed in ",
+                                              kIndexName, " is missing"));
     }
   }
   return r;
@@ -285,7 +310,8 @@ absl::Status CheckpointWriter::AddTensor(const std::string& name, const at::Tens
   }
   auto dtype = FromScalarType(tensor.scalar_type());
   if (!dtype.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\": ", dtype.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", name, "\": ", dtype.status().message()));
   }
   if (!impl_->tensors.emplace(name, tensor).second) {
     return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" added twice"));
@@ -338,9 +364,9 @@ absl::Status CheckpointWriter::CommitImpl() {
   const size_t count = shards.size();
   nlohmann::json weight_map = nlohmann::json::object();
   for (size_t i = 0; i < count; ++i) {
-    const std::string file =
-        count == 1 ? std::string(kSingleFileName)
-                   : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, count);
+    const std::string file = count == 1
+                                 ? std::string(kSingleFileName)
+                                 : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, count);
     std::vector<at::Tensor> host;  // keeps this shard's CPU copies alive while writing
     std::vector<TensorToWrite> writes;
     for (const auto* entry : shards[i]) {
@@ -351,7 +377,8 @@ absl::Status CheckpointWriter::CommitImpl() {
                                      static_cast<uint64_t>(t.numel() * t.element_size())});
       weight_map[entry->first] = file;
     }
-    ASSIGN_OR_RETURN(WriteResult written, WriteSafetensors(Join(staging_, file), std::move(writes)));
+    ASSIGN_OR_RETURN(WriteResult written,
+                     WriteSafetensors(Join(staging_, file), std::move(writes)));
     manifest.files[file] = ManifestFile{written.sha256, written.bytes, written.tensor_sha256};
     RETURN_IF_ERROR(after(file));
   }

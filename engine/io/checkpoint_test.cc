@@ -1,14 +1,13 @@
 #include "engine/io/checkpoint.h"
 
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
-
-#include <ATen/ATen.h>
-#include <gtest/gtest.h>
 
 #include "engine/io/fs.h"
 #include "engine/io/sha256.h"
@@ -184,7 +183,7 @@ TEST_F(CheckpointTest, FailedPublishLeavesNothing) {
   o.max_shard_bytes = 520;
   o.after_file_for_test = [](absl::string_view file) {
     return file == "model-00002-of-00003.safetensors" ? absl::InternalError("injected")
-                                                       : absl::OkStatus();
+                                                      : absl::OkStatus();
   };
   EXPECT_EQ(Write(P("ck"), o).code(), absl::StatusCode::kInternal);
   EXPECT_TRUE(fs::is_empty(root_)) << "staging or target left behind";

@@ -34,7 +34,8 @@ int InspectFile(const std::string& path) {
   std::printf("file %s: %llu bytes, header %llu bytes, %zu tensors\n", path.c_str(),
               static_cast<unsigned long long>((*file)->file_bytes()),
               static_cast<unsigned long long>((*file)->header_bytes()), (*file)->tensors().size());
-  for (const auto& [k, v] : (*file)->metadata()) std::printf("metadata %s=%s\n", k.c_str(), v.c_str());
+  for (const auto& [k, v] : (*file)->metadata())
+    std::printf("metadata %s=%s\n", k.c_str(), v.c_str());
   for (const auto& t : (*file)->tensors()) PrintTensor(t, "");
   return 0;
 }
@@ -48,16 +49,16 @@ int RunInspect(int argc, char** argv) {
   }
   const std::string path = argv[1];
   if (absl::EndsWith(path, ".safetensors")) return InspectFile(path);
-  auto reader = io::CheckpointReader::Open(
-      path, {.verify = io::CheckpointReaderOptions::Verify::kNever});
+  auto reader =
+      io::CheckpointReader::Open(path, {.verify = io::CheckpointReaderOptions::Verify::kNever});
   if (!reader.ok()) return Fail(reader.status());
   const auto& r = **reader;
   std::printf("checkpoint %s\n", path.c_str());
   if (r.config().is_object()) {
-    std::printf("config model_type=%s architectures=%s\n",
-                r.config().value("model_type", std::string("?")).c_str(),
-                r.config().contains("architectures") ? r.config()["architectures"].dump().c_str()
-                                                     : "?");
+    std::printf(
+        "config model_type=%s architectures=%s\n",
+        r.config().value("model_type", std::string("?")).c_str(),
+        r.config().contains("architectures") ? r.config()["architectures"].dump().c_str() : "?");
   } else {
     std::printf("config: none\n");
   }
@@ -84,8 +85,8 @@ int RunVerify(int argc, char** argv) {
   absl::Status s = io::VerifyCheckpoint(argv[1]);
   if (!s.ok()) return Fail(s);
   // Also parse every safetensors header: the manifest proves the bytes, this the format.
-  auto reader = io::CheckpointReader::Open(
-      argv[1], {.verify = io::CheckpointReaderOptions::Verify::kNever});
+  auto reader =
+      io::CheckpointReader::Open(argv[1], {.verify = io::CheckpointReaderOptions::Verify::kNever});
   if (!reader.ok()) return Fail(reader.status());
   std::printf("%s: ok (%zu tensors in %zu shards)\n", argv[1], (*reader)->TensorNames().size(),
               (*reader)->shards().size());

@@ -1,7 +1,5 @@
 #include "engine/io/durable.h"
 
-#include <filesystem>
-
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -12,6 +10,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -94,7 +93,8 @@ bool IsCorpusDir(const std::string& dir) {
 void CrashPointForTest(absl::string_view point) {
   const char* at = std::getenv("STEMMA_IO_CRASH_AT");
   if (at == nullptr || point != at) return;
-  std::fprintf(stderr, "stemma-engine: test crash at %.*s\n", static_cast<int>(point.size()), point.data());
+  std::fprintf(stderr, "stemma-engine: test crash at %.*s\n", static_cast<int>(point.size()),
+               point.data());
   ::kill(::getpid(), SIGKILL);
 }
 
@@ -111,27 +111,30 @@ absl::Status CheckReplaceable(const std::string& out_in) {
   }
   if (S_ISLNK(st.st_mode)) {
     return absl::FailedPreconditionError(
-        absl::StrCat(out, ": is a symbolic link; overwrite replaces only a checkpoint or dataset "
-                          "directory that Stemma wrote"));
+        absl::StrCat(out,
+                     ": is a symbolic link; overwrite replaces only a checkpoint or dataset "
+                     "directory that Stemma wrote"));
   }
   if (!S_ISDIR(st.st_mode)) {
     return absl::FailedPreconditionError(
-        absl::StrCat(out, ": is a file, not a directory; overwrite replaces only a checkpoint or "
-                          "dataset directory that Stemma wrote"));
+        absl::StrCat(out,
+                     ": is a file, not a directory; overwrite replaces only a checkpoint or "
+                     "dataset directory that Stemma wrote"));
   }
   const std::string manifest = absl::StrCat(out, "/", kManifestName);
   if (PathExists(manifest)) {
     ASSIGN_OR_RETURN(std::string text, ReadFile(manifest));
     if (ParseManifest(text, manifest).ok()) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        absl::StrCat(out, ": its ", kManifestName, " is not a Stemma manifest; refusing to overwrite"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        out, ": its ", kManifestName, " is not a Stemma manifest; refusing to overwrite"));
   }
   if (IsTokenDatasetDir(out)) return absl::OkStatus();
   if (IsCorpusDir(out)) return absl::OkStatus();
   return absl::FailedPreconditionError(
-      absl::StrCat(out, ": has no ", kManifestName, ", so Stemma did not write it; overwrite "
-                        "replaces only a checkpoint or dataset directory that Stemma wrote (remove it "
-                        "yourself or choose another out)"));
+      absl::StrCat(out, ": has no ", kManifestName,
+                   ", so Stemma did not write it; overwrite "
+                   "replaces only a checkpoint or dataset directory that Stemma wrote (remove it "
+                   "yourself or choose another out)"));
 }
 
 absl::StatusOr<std::string> CreateStagingDir(const std::string& out_in, bool overwrite) {
@@ -149,7 +152,9 @@ absl::StatusOr<std::string> CreateStagingDir(const std::string& out_in, bool ove
   if (!PathExists(parent)) {
     std::error_code ec;
     std::filesystem::create_directories(parent, ec);
-    if (ec) return absl::FailedPreconditionError(absl::StrCat(out, ": cannot create ", parent, ": ", ec.message()));
+    if (ec)
+      return absl::FailedPreconditionError(
+          absl::StrCat(out, ": cannot create ", parent, ": ", ec.message()));
   }
   RemoveStaleStaging(out);
   const std::string staging = StagingDirFor(out);
@@ -184,8 +189,10 @@ absl::Status PublishDir(const std::string& staging_in, const std::string& out_in
     return SyncPath(parent, /*directory=*/true);
   }
   const int err = errno;
-  if (err != EEXIST && err != ENOTEMPTY) return ErrnoStatus("rename " + staging + " -> " + out, err);
-  if (!overwrite) return absl::AlreadyExistsError(out + ": already exists (set overwrite: true to replace it)");
+  if (err != EEXIST && err != ENOTEMPTY)
+    return ErrnoStatus("rename " + staging + " -> " + out, err);
+  if (!overwrite)
+    return absl::AlreadyExistsError(out + ": already exists (set overwrite: true to replace it)");
   RETURN_IF_ERROR(CheckReplaceable(out));
   // Swap so `out` is never missing, then drop the old directory (now at `staging`).
   if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) != 0) {
@@ -212,7 +219,8 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents
   return SyncPath(ParentDir(path), /*directory=*/true);
 }
 
-absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path, bool writable) {
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path,
+                                                             bool writable) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus("open " + path, errno);
   struct stat st;
@@ -225,7 +233,8 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
   m->path_ = path;
   m->size_ = static_cast<uint64_t>(st.st_size);
   if (m->size_ > 0) {
-    void* p = ::mmap(nullptr, m->size_, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE, fd, 0);
+    void* p =
+        ::mmap(nullptr, m->size_, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE, fd, 0);
     const int err = errno;
     ::close(fd);
     if (p == MAP_FAILED) return ErrnoStatus("mmap " + path, err);

@@ -3,6 +3,7 @@
 // step of a publish leaves the old directory or the new one, complete, never none.
 #include "engine/io/durable.h"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,8 +12,6 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "engine/io/fs.h"
 
@@ -43,10 +42,11 @@ class DurableTest : public ::testing::Test {
   void MakeStemmaDir(const std::string& path, const std::string& tag) {
     fs::create_directories(path);
     ASSERT_TRUE(WriteFileSynced(path + "/model.safetensors", "weights " + tag).ok());
-    ASSERT_TRUE(WriteFileSynced(path + "/stemma.json",
-                                "{\"format\": 1, \"files\": {}, \"type\": \"checkpoint\", \"tag\": \"" +
-                                    tag + "\"}")
-                    .ok());
+    ASSERT_TRUE(
+        WriteFileSynced(
+            path + "/stemma.json",
+            "{\"format\": 1, \"files\": {}, \"type\": \"checkpoint\", \"tag\": \"" + tag + "\"}")
+            .ok());
   }
 
   // A fresh staging directory for `out` holding the "new" version.
@@ -163,7 +163,8 @@ TEST_F(DurableTest, AKilledReplaceLeavesTheOldOrTheNewNeverNone) {
       auto staging = CreateStagingDir(out, true);
       if (!staging.ok()) ::_exit(10);
       if (!WriteFileSynced(*staging + "/model.safetensors", "weights new").ok()) ::_exit(11);
-      if (!WriteFileSynced(*staging + "/stemma.json", "{\"format\": 1, \"files\": {}}").ok()) ::_exit(12);
+      if (!WriteFileSynced(*staging + "/stemma.json", "{\"format\": 1, \"files\": {}}").ok())
+        ::_exit(12);
       (void)PublishDir(*staging, out, true);
       ::_exit(13);  // not reached: the crash point kills the process
     });

@@ -1,12 +1,11 @@
 // Stemma's checkpoints against Python's safetensors and transformers, both directions.
 // Runs tests/engine/safetensors_interop.py with the engine venv's Python (STEMMA_PYTHON).
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
-
-#include <ATen/ATen.h>
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "engine/io/checkpoint.h"
@@ -25,10 +24,10 @@ std::map<std::string, at::Tensor> ExpectedTensors() {
     std::vector<int64_t> shape;
   };
   const Spec specs[] = {
-      {"f64", at::kDouble, {3}},        {"f32", at::kFloat, {2, 3}}, {"f16", at::kHalf, {4, 2}},
-      {"bf16", at::kBFloat16, {5}},     {"i64.scalar", at::kLong, {}},
-      {"i32.empty", at::kInt, {0}},     {"i16", at::kShort, {2, 2}}, {"i8", at::kChar, {3}},
-      {"u8", at::kByte, {4}},           {"bool", at::kBool, {3}},
+      {"f64", at::kDouble, {3}},    {"f32", at::kFloat, {2, 3}},   {"f16", at::kHalf, {4, 2}},
+      {"bf16", at::kBFloat16, {5}}, {"i64.scalar", at::kLong, {}}, {"i32.empty", at::kInt, {0}},
+      {"i16", at::kShort, {2, 2}},  {"i8", at::kChar, {3}},        {"u8", at::kByte, {4}},
+      {"bool", at::kBool, {3}},
   };
   std::map<std::string, at::Tensor> out;
   for (const auto& s : specs) {
@@ -60,8 +59,8 @@ TEST(InteropTest, PythonReadsOursAndWeReadPythonAndTransformers) {
   for (const auto& [name, t] : ExpectedTensors()) ASSERT_TRUE((*w)->AddTensor(name, t).ok());
   ASSERT_TRUE((*w)->Commit().ok());
 
-  std::string cmd = std::string("'") + STEMMA_PYTHON + "' '" + STEMMA_INTEROP_SCRIPT + "' '" +
-                    dir.string() + "'";
+  std::string cmd =
+      std::string("'") + STEMMA_PYTHON + "' '" + STEMMA_INTEROP_SCRIPT + "' '" + dir.string() + "'";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
 
   // Python's safetensors file, read by us.

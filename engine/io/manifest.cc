@@ -13,10 +13,10 @@ nlohmann::json ManifestToJson(const Manifest& m) {
   }
   nlohmann::json parents = nlohmann::json::array();
   for (const auto& p : m.parents) {
-    parents.push_back({{"path", p.path},
-                       {"manifest_sha256", p.manifest_sha256.empty()
-                                               ? nlohmann::json(nullptr)
-                                               : nlohmann::json(p.manifest_sha256)}});
+    parents.push_back(
+        {{"path", p.path},
+         {"manifest_sha256", p.manifest_sha256.empty() ? nlohmann::json(nullptr)
+                                                       : nlohmann::json(p.manifest_sha256)}});
   }
   return {{"format", m.format},
           {"files", std::move(files)},

@@ -13,10 +13,9 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -50,7 +49,7 @@ inline constexpr char kManifestTypeDataset[] = "dataset";
 struct Manifest {
   int format = kManifestFormat;
   std::string type = kManifestTypeCheckpoint;  // checkpoint | dataset
-  std::map<std::string, ManifestFile> files;  // by file name, relative to the checkpoint
+  std::map<std::string, ManifestFile> files;   // by file name, relative to the checkpoint
   std::vector<ManifestParent> parents;
   ManifestProducer producer;
   int64_t created_ms = 0;

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -29,9 +28,9 @@ struct DtypeRow {
   int size;
 };
 constexpr DtypeRow kDtypes[] = {
-    {Dtype::kF64, "F64", 8},  {Dtype::kF32, "F32", 4}, {Dtype::kF16, "F16", 2},
+    {Dtype::kF64, "F64", 8},   {Dtype::kF32, "F32", 4}, {Dtype::kF16, "F16", 2},
     {Dtype::kBF16, "BF16", 2}, {Dtype::kI64, "I64", 8}, {Dtype::kI32, "I32", 4},
-    {Dtype::kI16, "I16", 2},  {Dtype::kI8, "I8", 1},   {Dtype::kU8, "U8", 1},
+    {Dtype::kI16, "I16", 2},   {Dtype::kI8, "I8", 1},   {Dtype::kU8, "U8", 1},
     {Dtype::kBool, "BOOL", 1},
 };
 
@@ -93,8 +92,8 @@ absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | bytes[i];
   if (n > kMaxHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": header length ", n, " exceeds ", kMaxHeaderBytes, " (not a safetensors file?)"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", n, " exceeds ",
+                                                   kMaxHeaderBytes, " (not a safetensors file?)"));
   }
   if (8 + n > size) {
     return absl::DataLossError(absl::StrCat(path, ": header of ", n, " bytes but the file has ",
@@ -149,8 +148,8 @@ absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       info.shape.push_back(static_cast<int64_t>(dim));
     }
     auto off = v.find("data_offsets");
-    if (off == v.end() || !off->is_array() || off->size() != 2 ||
-        !(*off)[0].is_number_unsigned() || !(*off)[1].is_number_unsigned()) {
+    if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+        !(*off)[1].is_number_unsigned()) {
       return bad("data_offsets is not [begin, end]");
     }
     info.begin = (*off)[0].get<uint64_t>();
@@ -221,7 +220,8 @@ absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorToWrite& t = tensors[i];
     if (t.name.empty() || t.name == "__metadata__") {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": invalid tensor name ", Quote(t.name)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": invalid tensor name ", Quote(t.name)));
     }
     if (i > 0 && tensors[i - 1].name == t.name) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": duplicate tensor ", Quote(t.name)));

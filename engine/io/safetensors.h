@@ -91,8 +91,8 @@ struct TensorToWrite {
 };
 
 struct WriteResult {
-  uint64_t bytes = 0;   // file size
-  std::string sha256;   // of the whole file, lowercase hex
+  uint64_t bytes = 0;  // file size
+  std::string sha256;  // of the whole file, lowercase hex
   // sha256 of each tensor's bytes, by name (for the manifest: a damaged file can then name
   // the damaged tensor).
   std::map<std::string, std::string> tensor_sha256;
@@ -104,8 +104,9 @@ struct WriteResult {
 // then by name; header keys in the same order after `__metadata__` = `metadata` (default
 // {"format":"pt"}, which transformers expects); the header padded with spaces to a
 // multiple of 8 bytes. InvalidArgument for duplicate names or a size mismatch.
-absl::StatusOr<WriteResult> WriteSafetensors(
-    const std::string& path, std::vector<TensorToWrite> tensors,
-    const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
+                                             std::vector<TensorToWrite> tensors,
+                                             const std::map<std::string, std::string>& metadata = {
+                                                 {"format", "pt"}});
 
 }  // namespace stemma::engine::io

@@ -1,12 +1,11 @@
 #include "engine/io/safetensors.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-
-#include <gtest/gtest.h>
 
 #include "engine/io/fs.h"
 #include "engine/io/sha256.h"
@@ -49,8 +48,8 @@ TEST_F(SafetensorsTest, RoundTripsEveryDtypeAndShape) {
       std::string bytes(numel * DtypeSize(d), '\0');
       for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 37 + s) & 1);
       buffers.push_back(bytes);
-      writes.push_back({std::string(DtypeName(d)) + "." + std::to_string(s), d, shapes[s],
-                        nullptr, bytes.size()});
+      writes.push_back({std::string(DtypeName(d)) + "." + std::to_string(s), d, shapes[s], nullptr,
+                        bytes.size()});
     }
   }
   for (size_t i = 0; i < writes.size(); ++i) writes[i].data = buffers[i].data();
@@ -89,8 +88,8 @@ TEST_F(SafetensorsTest, WritingTwiceGivesTheSameBytes) {
 
 TEST_F(SafetensorsTest, RejectsDuplicateNamesAndSizeMismatch) {
   float x[2] = {};
-  EXPECT_FALSE(WriteSafetensors(Path("d.safetensors"), {{"a", Dtype::kF32, {1}, x, 4},
-                                                        {"a", Dtype::kF16, {2}, x, 4}})
+  EXPECT_FALSE(WriteSafetensors(Path("d.safetensors"),
+                                {{"a", Dtype::kF32, {1}, x, 4}, {"a", Dtype::kF16, {2}, x, 4}})
                    .ok());
   EXPECT_FALSE(WriteSafetensors(Path("s.safetensors"), {{"a", Dtype::kF32, {2}, x, 4}}).ok());
 }

@@ -33,10 +33,17 @@ constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
 // Files that travel with the weights (the same list as io::CheckpointWriter's).
 constexpr const char* kCarriedFiles[] = {
-    "config.json",           "generation_config.json", "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-    "vocab.json",            "merges.txt",              "added_tokens.json",
-    "chat_template.jinja",   "chat_template.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
 };
 // Start writeback of written data every this many bytes, so the final fsync has little
 // left to do and the disk works while we compute.
@@ -59,7 +66,6 @@ absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
   if (j.is_discarded()) return absl::InvalidArgumentError(path + ": not valid JSON");
   return j;
 }
-
 
 int64_t CreatedMs(int64_t option) {
   if (option >= 0) return option;
@@ -85,7 +91,8 @@ std::string ShardHeader(std::vector<const OutputTensor*>& order) {
   for (const OutputTensor* t : order) {
     absl::StrAppend(&header, ",", Quote(t->name), ":{\"dtype\":\"", io::DtypeName(t->dtype),
                     "\",\"shape\":[");
-    for (size_t d = 0; d < t->shape.size(); ++d) absl::StrAppend(&header, d ? "," : "", t->shape[d]);
+    for (size_t d = 0; d < t->shape.size(); ++d)
+      absl::StrAppend(&header, d ? "," : "", t->shape[d]);
     absl::StrAppend(&header, "],\"data_offsets\":[", offset, ",", offset + t->nbytes(), "]}");
     offset += t->nbytes();
   }
@@ -112,7 +119,9 @@ class FileOut {
   }
   absl::Status Open(const std::string& path, bool try_direct) {
     path_ = path;
-    fd_ = try_direct ? ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644) : -1;
+    fd_ = try_direct
+              ? ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644)
+              : -1;
     if (fd_ >= 0) {
       for (uint8_t*& b : buffers_) b = static_cast<uint8_t*>(std::aligned_alloc(kAlign, kBuffer));
       if (buffers_[0] != nullptr && buffers_[1] != nullptr) {
@@ -148,7 +157,8 @@ class FileOut {
         RETURN_IF_ERROR(Submit(padded));
       }
       RETURN_IF_ERROR(StopIo());
-      if (::ftruncate(fd_, static_cast<off_t>(written_)) != 0) return Errno("truncate " + path_, errno);
+      if (::ftruncate(fd_, static_cast<off_t>(written_)) != 0)
+        return Errno("truncate " + path_, errno);
     }
     if (::fsync(fd_) != 0) return Errno("fsync " + path_, errno);
     int fd = fd_;
@@ -262,13 +272,15 @@ absl::Status WriteShard(const std::string& path, const std::vector<OutputTensor>
       jobs.push_back({index, 0, 0, true, true});
       continue;
     }
-    for (int64_t b = 0; b < n; b += step) jobs.push_back({index, b, std::min(n, b + step), b == 0, b + step >= n});
+    for (int64_t b = 0; b < n; b += step)
+      jobs.push_back({index, b, std::min(n, b + step), b == 0, b + step >= n});
   }
 
   FileOut file;
   RETURN_IF_ERROR(file.Open(path, options.direct_io));
   uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<uint8_t>(static_cast<uint64_t>(header.size()) >> (8 * i));
   RETURN_IF_ERROR(file.Write(len, 8));
   RETURN_IF_ERROR(file.Write(header.data(), header.size()));
 
@@ -376,17 +388,19 @@ absl::Status WriteStaging(const std::string& staging, const std::vector<OutputTe
   nlohmann::json weight_map = nlohmann::json::object();
   size_t tensors_done = 0;
   for (size_t s = 0; s < count; ++s) {
-    const std::string file = count == 1 ? std::string(kSingleFile)
-                                        : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, count);
+    const std::string file = count == 1
+                                 ? std::string(kSingleFile)
+                                 : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, count);
     for (size_t i : shards[s]) weight_map[tensors[i].name] = file;
     io::ManifestFile record;
-    RETURN_IF_ERROR(WriteShard(Join(staging, file), tensors, shards[s], fill, options,
-                               &tensors_done, &record));
+    RETURN_IF_ERROR(
+        WriteShard(Join(staging, file), tensors, shards[s], fill, options, &tensors_done, &record));
     manifest.files[file] = std::move(record);
     if (s == 0 && options.after_first_shard_for_test) options.after_first_shard_for_test();
   }
   if (count > 1) {
-    nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}},
+                            {"weight_map", weight_map}};
     RETURN_IF_ERROR(io::WriteFileSynced(Join(staging, kIndexFile), index.dump(2) + "\n"));
     RETURN_IF_ERROR(RecordFile(staging, kIndexFile, manifest));
   }
@@ -428,7 +442,8 @@ uint64_t OutputTensor::nbytes() const {
   return static_cast<uint64_t>(numel()) * static_cast<uint64_t>(io::DtypeSize(dtype));
 }
 
-absl::StatusOr<std::unique_ptr<SourceCheckpoint>> SourceCheckpoint::Open(const std::string& dir_in) {
+absl::StatusOr<std::unique_ptr<SourceCheckpoint>> SourceCheckpoint::Open(
+    const std::string& dir_in) {
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   auto ckpt = std::unique_ptr<SourceCheckpoint>(new SourceCheckpoint());
@@ -450,7 +465,9 @@ absl::StatusOr<std::unique_ptr<SourceCheckpoint>> SourceCheckpoint::Open(const s
     }
     weight_map = index["weight_map"];
     for (const auto& [name, file] : weight_map.items()) {
-      if (!file.is_string()) return absl::InvalidArgumentError(index_path + ": weight_map[" + Quote(name) + "] is not a string");
+      if (!file.is_string())
+        return absl::InvalidArgumentError(index_path + ": weight_map[" + Quote(name) +
+                                          "] is not a string");
       if (std::find(files.begin(), files.end(), file.get<std::string>()) == files.end()) {
         files.push_back(file.get<std::string>());
       }
@@ -469,7 +486,8 @@ absl::StatusOr<std::unique_ptr<SourceCheckpoint>> SourceCheckpoint::Open(const s
         if (it == weight_map.end() || it->get<std::string>() != name) continue;  // not indexed here
       }
       if (!ckpt->tensors_.emplace(info.name, Tensor{&info, file->Data(info)}).second) {
-        return absl::DataLossError(absl::StrCat(dir, ": tensor ", Quote(info.name), " is in two files"));
+        return absl::DataLossError(
+            absl::StrCat(dir, ": tensor ", Quote(info.name), " is in two files"));
       }
     }
     ckpt->files_.push_back(std::move(file));
@@ -477,8 +495,9 @@ absl::StatusOr<std::unique_ptr<SourceCheckpoint>> SourceCheckpoint::Open(const s
   if (!weight_map.is_null()) {
     for (const auto& [name, file] : weight_map.items()) {
       if (!ckpt->tensors_.count(name)) {
-        return absl::DataLossError(absl::StrCat(Join(dir, file.get<std::string>()), ": missing tensor ",
-                                                Quote(name), " named by ", kIndexFile));
+        return absl::DataLossError(absl::StrCat(Join(dir, file.get<std::string>()),
+                                                ": missing tensor ", Quote(name), " named by ",
+                                                kIndexFile));
       }
     }
   }
@@ -514,7 +533,8 @@ absl::Status WriteCheckpoint(const std::string& out_in, const std::vector<Output
   std::string out = out_in;
   while (out.size() > 1 && out.back() == '/') out.pop_back();
   if (out.empty()) return absl::InvalidArgumentError("output path is empty");
-  if (options.max_shard_bytes == 0) return absl::InvalidArgumentError("shard size must be positive");
+  if (options.max_shard_bytes == 0)
+    return absl::InvalidArgumentError("shard size must be positive");
   // Refuses an existing `out` (unless overwrite, and then only one Stemma wrote), removes
   // staging directories of dead writers, creates `<out>.tmp-<pid>` (engine/io/durable.h).
   ASSIGN_OR_RETURN(const std::string staging, io::CreateStagingDir(out, options.overwrite));

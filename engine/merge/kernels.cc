@@ -101,9 +101,9 @@ absl::Status RecipeFiller::Prepare(size_t index) {
     if (g.sparsify == Sparsify::kRandom && !g.rescale) continue;
     const int64_t k = static_cast<int64_t>(term.density * static_cast<double>(n));
     if (k <= 0 && g.sparsify == Sparsify::kMagnitude) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor \"", t.name, "\": density ", term.density, " of model ", m,
-          " keeps no element of its ", n, " (raise the density)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", t.name, "\": density ", term.density, " of model ", m,
+                       " keeps no element of its ", n, " (raise the density)"));
     }
     // Streamed passes over (model, base), recomputing |delta| exactly as the merge does:
     // no copy of the tensor is held, whatever its size.
@@ -186,8 +186,10 @@ void RecipeFiller::GeneralizedBlock(const Recipe& r, int64_t begin, int64_t n, f
     const float scale = static_cast<float>(sparse_[m].scale);
     for (int64_t i = 0; i < n; ++i) {
       float d = x_[i] - y_[i];
-      if (!Keep(r, m, begin + i, std::fabs(d))) d = 0.0f;
-      else if (scale != 1.0f) d *= scale;
+      if (!Keep(r, m, begin + i, std::fabs(d)))
+        d = 0.0f;
+      else if (scale != 1.0f)
+        d *= scale;
       wd[i] = w * d;  // the weighted delta
     }
   }
@@ -228,7 +230,8 @@ void RecipeFiller::Block(const Recipe& r, int64_t begin, int64_t n, float* acc) 
     case Recipe::Kind::kLinear: {
       if (r.terms.empty()) std::fill(acc, acc + n, 0.0f);
       for (size_t m = 0; m < r.terms.size(); ++m) {
-        Accumulate(r.terms[m].x, begin, n, static_cast<float>(r.terms[m].coef), m == 0, acc, x_.data());
+        Accumulate(r.terms[m].x, begin, n, static_cast<float>(r.terms[m].coef), m == 0, acc,
+                   x_.data());
       }
       return;
     }

@@ -33,13 +33,13 @@ struct GeneralizedParams {
   bool normalize = false;  // divide by the (masked) weight sum
   bool rescale = false;    // L1-rescale kept entries to the pre-mask L1 norm
   double lambda = 1.0;
-  uint64_t seed = 0;       // kRandom
+  uint64_t seed = 0;  // kRandom
 };
 
 struct Term {
   Input x;
-  Input y;             // kDelta only: the term is coef * (x - y)
-  double coef = 1.0;   // weight (kLinear / kGeneralized) or scale (kDelta)
+  Input y;               // kDelta only: the term is coef * (x - y)
+  double coef = 1.0;     // weight (kLinear / kGeneralized) or scale (kDelta)
   double density = 1.0;  // kGeneralized
 };
 
@@ -77,10 +77,10 @@ class RecipeFiller {
  private:
   // Per-model state of a sparsified delta for the current tensor.
   struct Sparse {
-    float threshold = 0;   // magnitude: keep |d| > threshold, or == threshold up to cutoff
+    float threshold = 0;  // magnitude: keep |d| > threshold, or == threshold up to cutoff
     int64_t cutoff = -1;
-    double scale = 1.0;    // L1 rescale factor
-    uint64_t stream = 0;   // random: StreamId(tensor, model)
+    double scale = 1.0;   // L1 rescale factor
+    uint64_t stream = 0;  // random: StreamId(tensor, model)
   };
   absl::Status Prepare(size_t index);
   void Block(const Recipe& r, int64_t begin, int64_t n, float* acc);

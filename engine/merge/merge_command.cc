@@ -41,11 +41,13 @@ absl::Status Run(const std::string& command, const EngineInvocation& inv) {
   for (const merge::PlannedOutput& o : plan.outputs) {
     if (!io::PathExists(o.out)) continue;
     if (!plan.overwrite) {
-      return absl::AlreadyExistsError(absl::StrCat(where, ": out: ", o.out,
-                                                   " already exists (set overwrite: true to replace it)"));
+      return absl::AlreadyExistsError(absl::StrCat(
+          where, ": out: ", o.out, " already exists (set overwrite: true to replace it)"));
     }
     absl::Status replaceable = io::CheckReplaceable(o.out);
-    if (!replaceable.ok()) return absl::Status(replaceable.code(), absl::StrCat(where, ": out: ", replaceable.message()));
+    if (!replaceable.ok())
+      return absl::Status(replaceable.code(),
+                          absl::StrCat(where, ": out: ", replaceable.message()));
   }
   size_t total = 0;
   for (const auto& o : plan.outputs) total += o.tensors.size();
@@ -67,17 +69,19 @@ absl::Status Run(const std::string& command, const EngineInvocation& inv) {
     options.files = o.files;
     options.carry_from = o.carry_from;
     options.parents = o.parents;
-    options.producer = {Env(engine_contract::kEnvJobId), Env(engine_contract::kEnvAttemptId), command,
-                        o.params};
+    options.producer = {Env(engine_contract::kEnvJobId), Env(engine_contract::kEnvAttemptId),
+                        command, o.params};
     // Progress per batch of tensors: at most ~100 events per job, and the last one.
     const size_t every = std::max<size_t>(1, total / 100);
     options.on_tensor = [&](size_t n) {
       const size_t step = done_before + n;
       if (step % every != 0 && step != total) return;
-      events.Emit(engine_contract::kEventProgress,
-                  {{"step", step}, {"total_steps", total},
-                   {"fraction", total == 0 ? 1.0 : static_cast<double>(step) / static_cast<double>(total)},
-                   {"message", absl::StrCat(o.out, ": ", n, "/", o.tensors.size(), " tensors")}});
+      events.Emit(
+          engine_contract::kEventProgress,
+          {{"step", step},
+           {"total_steps", total},
+           {"fraction", total == 0 ? 1.0 : static_cast<double>(step) / static_cast<double>(total)},
+           {"message", absl::StrCat(o.out, ": ", n, "/", o.tensors.size(), " tensors")}});
     };
     // Test hook (merge_test's kill test): stop after the first shard so a test can kill the
     // process at a known point.
@@ -90,7 +94,9 @@ absl::Status Run(const std::string& command, const EngineInvocation& inv) {
     merge::RecipeFiller filler(o.tensors, o.recipes);
     RETURN_IF_ERROR(merge::WriteCheckpoint(
         o.out, o.tensors,
-        [&](size_t i, int64_t b, int64_t e, bool first, uint8_t* out) { return filler(i, b, e, first, out); },
+        [&](size_t i, int64_t b, int64_t e, bool first, uint8_t* out) {
+          return filler(i, b, e, first, out);
+        },
         options));
     for (const auto& t : o.tensors) bytes += t.nbytes();
     done_before += o.tensors.size();
@@ -100,8 +106,11 @@ absl::Status Run(const std::string& command, const EngineInvocation& inv) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  events.Emit(engine_contract::kEventDone, {{"command", command}, {"outputs", outputs}, {"tensors", total},
-                                            {"tensor_bytes", bytes}, {"seconds", seconds}});
+  events.Emit(engine_contract::kEventDone, {{"command", command},
+                                            {"outputs", outputs},
+                                            {"tensors", total},
+                                            {"tensor_bytes", bytes},
+                                            {"seconds", seconds}});
   return absl::OkStatus();
 }
 
@@ -113,7 +122,8 @@ int RunMerge(int argc, char** argv) {
   if (!inv.ok()) return ReportEngineFailure(inv.status());
   if (inv->help) {
     std::fputs(EngineHelp(command, absl::StrCat("stemma-engine ", command,
-                                                " --spec FILE [--<field> VALUE ...]")).c_str(),
+                                                " --spec FILE [--<field> VALUE ...]"))
+                   .c_str(),
                stdout);
     return engine_contract::kExitOk;
   }

@@ -100,7 +100,6 @@ class Planner {
     return plan_.sources.back().get();
   }
 
-
   // Output dtype of a tensor computed from `input` (float inputs only take the override).
   io::Dtype OutDtype(io::Dtype input) const {
     return dtype_ && IsFloatDtype(input) ? *dtype_ : input;
@@ -130,9 +129,13 @@ class Planner {
       }
       if (missing.empty() && extra.empty() && shapes.empty()) continue;
       std::vector<std::string> parts;
-      if (!missing.empty()) parts.push_back(absl::StrCat(missing.size(), " tensors missing: ", Listed(missing)));
-      if (!extra.empty()) parts.push_back(absl::StrCat(extra.size(), " tensors not in ", ref.dir(), ": ", Listed(extra)));
-      if (!shapes.empty()) parts.push_back(absl::StrCat(shapes.size(), " differ: ", Listed(shapes)));
+      if (!missing.empty())
+        parts.push_back(absl::StrCat(missing.size(), " tensors missing: ", Listed(missing)));
+      if (!extra.empty())
+        parts.push_back(
+            absl::StrCat(extra.size(), " tensors not in ", ref.dir(), ": ", Listed(extra)));
+      if (!shapes.empty())
+        parts.push_back(absl::StrCat(shapes.size(), " differ: ", Listed(shapes)));
       return absl::InvalidArgumentError(absl::StrCat(where_, ": ", other->dir(), " does not match ",
                                                      ref.dir(), ": ", absl::StrJoin(parts, "; ")));
     }
@@ -142,10 +145,10 @@ class Planner {
   // The architecture fields of every config.json agree with `ref`'s.
   absl::Status SameConfigs(const SourceCheckpoint& ref,
                            const std::vector<const SourceCheckpoint*>& others) const {
-    static const char* kKeys[] = {"model_type",          "hidden_size",        "num_hidden_layers",
-                                  "intermediate_size",   "num_attention_heads", "num_key_value_heads",
-                                  "head_dim",            "vocab_size",          "num_experts",
-                                  "tie_word_embeddings", "hidden_act",          "hidden_activation"};
+    static const char* kKeys[] = {
+        "model_type",          "hidden_size",         "num_hidden_layers", "intermediate_size",
+        "num_attention_heads", "num_key_value_heads", "head_dim",          "vocab_size",
+        "num_experts",         "tie_word_embeddings", "hidden_act",        "hidden_activation"};
     const json& a = TextConfig(ref.config());
     for (const SourceCheckpoint* other : others) {
       const json& b = TextConfig(other->config());
@@ -167,7 +170,8 @@ class Planner {
   absl::Status FloatOnly(const std::string& name, io::Dtype dtype) const {
     if (IsFloatDtype(dtype)) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat(where_, ": tensor \"", name, "\" has dtype ",
-                                                   io::DtypeName(dtype), "; only float tensors can be merged"));
+                                                   io::DtypeName(dtype),
+                                                   "; only float tensors can be merged"));
   }
 
   // Adds a tensor to `out`.
@@ -196,7 +200,8 @@ class Planner {
 
   int NumLayers(const SourceCheckpoint& src) const {
     const json& c = TextConfig(src.config());
-    if (c.is_object() && c.contains("num_hidden_layers") && c["num_hidden_layers"].is_number_integer()) {
+    if (c.is_object() && c.contains("num_hidden_layers") &&
+        c["num_hidden_layers"].is_number_integer()) {
       return c["num_hidden_layers"].get<int>();
     }
     int n = 0;
@@ -215,7 +220,8 @@ class Planner {
                                           json* resolved) const {
     TensorSelector sel;
     std::vector<std::string> ranges(layers.begin(), layers.end());
-    if (ranges.empty() && modules.empty() && pattern.empty() && middle_by_default) ranges.push_back("middle");
+    if (ranges.empty() && modules.empty() && pattern.empty() && middle_by_default)
+      ranges.push_back("middle");
     for (size_t i = 0; i < ranges.size(); ++i) {
       const std::string key = absl::StrCat(field, "layers[", i, "]");
       auto parsed = ParseLayerRange(ranges[i], absl::StrCat(where_, ": ", key));
@@ -270,7 +276,8 @@ absl::Status Planner::Merge(const v1::MergeSpec& spec) {
   std::vector<double> weights, densities;
   for (int i = 0; i < spec.models_size(); ++i) {
     const v1::MergeModel& m = spec.models(i);
-    ASSIGN_OR_RETURN(const SourceCheckpoint* src, Open(absl::StrCat("models[", i, "].path"), m.path()));
+    ASSIGN_OR_RETURN(const SourceCheckpoint* src,
+                     Open(absl::StrCat("models[", i, "].path"), m.path()));
     models.push_back(src);
     weights.push_back(m.weight());
     densities.push_back(m.has_density() ? m.density() : 1.0);
@@ -313,8 +320,8 @@ absl::Status Planner::Merge(const v1::MergeSpec& spec) {
       if (g.sparsify == Sparsify::kMagnitude && t.density < 1.0 &&
           static_cast<int64_t>(t.density * static_cast<double>(anchor.info->numel())) < 1) {
         return Error(absl::StrCat("models[", i, "].density"),
-                        absl::StrCat(t.density, " keeps no element of tensor \"", name, "\" (",
-                                     anchor.info->numel(), " elements)"));
+                     absl::StrCat(t.density, " keeps no element of tensor \"", name, "\" (",
+                                  anchor.info->numel(), " elements)"));
       }
       r.terms.push_back(t);
     }
@@ -331,8 +338,9 @@ absl::Status Planner::Revert(const v1::RevertSpec& spec) {
   RETURN_IF_ERROR(SameTensors(*model, {base}));
   RETURN_IF_ERROR(SameConfigs(*model, {base}));
   json layers = json::array();
-  ASSIGN_OR_RETURN(TensorSelector sel, Selector("", spec.layers(), spec.modules(), spec.pattern(),
-                                                NumLayers(*model), /*middle_by_default=*/true, &layers));
+  ASSIGN_OR_RETURN(TensorSelector sel,
+                   Selector("", spec.layers(), spec.modules(), spec.pattern(), NumLayers(*model),
+                            /*middle_by_default=*/true, &layers));
   plan_.start["layers"] = layers;
   plan_.start["num_layers"] = NumLayers(*model);
   PlannedOutput o = NewOutput(spec.out(), *model, {model->dir(), base->dir()});
@@ -372,8 +380,8 @@ absl::Status Planner::Interpolate(const v1::InterpolateSpec& spec) {
       const v1::InterpolateRange& r = spec.ranges(i);
       json resolved = json::array();
       ASSIGN_OR_RETURN(TensorSelector sel,
-                       Selector(absl::StrCat("ranges[", i, "]."), r.layers(), r.modules(), r.pattern(),
-                                layers, /*middle_by_default=*/false, &resolved));
+                       Selector(absl::StrCat("ranges[", i, "]."), r.layers(), r.modules(),
+                                r.pattern(), layers, /*middle_by_default=*/false, &resolved));
       ranges.push_back({sel, r.alpha()});
       shown.push_back({{"layers", resolved}, {"alpha", r.alpha()}});
     }
@@ -388,8 +396,9 @@ absl::Status Planner::Interpolate(const v1::InterpolateSpec& spec) {
       outputs.emplace_back(spec.out(), std::vector<Range>{{sel, spec.alpha()}});
     } else {
       for (double a : spec.alphas()) {
-        outputs.emplace_back(absl::StrReplaceAll(spec.out_pattern(), {{"{alpha}", absl::StrCat(a)}}),
-                             std::vector<Range>{{sel, a}});
+        outputs.emplace_back(
+            absl::StrReplaceAll(spec.out_pattern(), {{"{alpha}", absl::StrCat(a)}}),
+            std::vector<Range>{{sel, a}});
       }
     }
   }
@@ -485,13 +494,19 @@ absl::Status Planner::Graft(const v1::GraftSpec& spec) {
     if (!used.count(name)) unused.push_back(name);
   }
   std::vector<std::string> problems;
-  if (!unmatched.empty()) problems.push_back(absl::StrCat(unmatched.size(), " target tensors have no dense counterpart: ", Listed(unmatched)));
-  if (!unused.empty()) problems.push_back(absl::StrCat(unused.size(), " dense tensors have no place in the target (their delta would be lost): ", Listed(unused)));
-  if (!bad_shapes.empty()) problems.push_back(absl::StrCat(bad_shapes.size(), " shapes differ: ", Listed(bad_shapes)));
+  if (!unmatched.empty())
+    problems.push_back(absl::StrCat(
+        unmatched.size(), " target tensors have no dense counterpart: ", Listed(unmatched)));
+  if (!unused.empty())
+    problems.push_back(absl::StrCat(
+        unused.size(), " dense tensors have no place in the target (their delta would be lost): ",
+        Listed(unused)));
+  if (!bad_shapes.empty())
+    problems.push_back(absl::StrCat(bad_shapes.size(), " shapes differ: ", Listed(bad_shapes)));
   if (!problems.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(where_, ": cannot graft ", instruct->dir(), " - ",
-                                                   base->dir(), " onto ", target->dir(), ": ",
-                                                   absl::StrJoin(problems, "; ")));
+    return absl::InvalidArgumentError(absl::StrCat(where_, ": cannot graft ", instruct->dir(),
+                                                   " - ", base->dir(), " onto ", target->dir(),
+                                                   ": ", absl::StrJoin(problems, "; ")));
   }
   o.params["grafted_tensors"] = grafted;
   plan_.outputs.push_back(std::move(o));
@@ -514,14 +529,19 @@ absl::Status Planner::Upcycle(const v1::UpcycleSpec& spec) {
   const std::string& router_method = init.method();
   json config = dense->config();
   if (!config.is_object()) return Error("model", dense->dir() + " has no config.json");
-  json& text = config.contains("text_config") && config["text_config"].is_object() ? config["text_config"] : config;
+  json& text = config.contains("text_config") && config["text_config"].is_object()
+                   ? config["text_config"]
+                   : config;
   const std::string type = config.value("model_type", "");
   if (type != "llama" && type != "qwen2" && type != "gemma3_text" && type != "gemma3") {
-    return Error("model", absl::StrCat(dense->dir(), ": model_type \"", type,
-                                          "\" cannot be upcycled (llama, qwen2, gemma3_text, gemma3)"));
+    return Error("model",
+                 absl::StrCat(dense->dir(), ": model_type \"", type,
+                              "\" cannot be upcycled (llama, qwen2, gemma3_text, gemma3)"));
   }
-  if (text.contains("num_experts")) return Error("model", dense->dir() + " is already a mixture of experts");
-  if (text.value("mlp_bias", false)) return Error("model", dense->dir() + ": MLP biases (mlp_bias) cannot be upcycled");
+  if (text.contains("num_experts"))
+    return Error("model", dense->dir() + " is already a mixture of experts");
+  if (text.value("mlp_bias", false))
+    return Error("model", dense->dir() + ": MLP biases (mlp_bias) cannot be upcycled");
   text["num_experts"] = experts;
   text["num_experts_per_tok"] = top_k;
   text["norm_topk_prob"] = norm_topk;
@@ -529,7 +549,8 @@ absl::Status Planner::Upcycle(const v1::UpcycleSpec& spec) {
 
   PlannedOutput o = NewOutput(spec.out(), *dense, {dense->dir()});
   o.files["config.json"] = config.dump(2) + "\n";
-  o.params["router_init"] = {{"method", router_method}, {"std", router.stddev}, {"seed", router.seed}};
+  o.params["router_init"] = {
+      {"method", router_method}, {"std", router.stddev}, {"seed", router.seed}};
   static const std::regex kMlp(R"(^(.*layers\.\d+\.mlp\.)(gate|up|down)_proj\.(weight|bias)$)");
   std::map<std::string, int> parts_per_layer;
   for (const std::string& name : dense->names()) {
@@ -542,19 +563,21 @@ absl::Status Planner::Upcycle(const v1::UpcycleSpec& spec) {
     if (m[3] == "bias") return Error("model", "MLP bias " + name + " cannot be upcycled");
     const std::string prefix = m[1], proj = m[2];
     for (int64_t e = 0; e < experts; ++e) {
-      Add(o, absl::StrCat(prefix, "experts.", e, ".", proj, "_proj.weight"), OutDtype(t.info->dtype),
-          t.info->shape, Copy(t));
+      Add(o, absl::StrCat(prefix, "experts.", e, ".", proj, "_proj.weight"),
+          OutDtype(t.info->dtype), t.info->shape, Copy(t));
     }
     ++parts_per_layer[prefix];
     if (proj == "gate") {  // one router per layer: [experts, hidden]
       RETURN_IF_ERROR(FloatOnly(name, t.info->dtype));
-      Add(o, prefix + "gate.weight", OutDtype(t.info->dtype), {experts, t.info->shape.at(1)}, router);
+      Add(o, prefix + "gate.weight", OutDtype(t.info->dtype), {experts, t.info->shape.at(1)},
+          router);
     }
   }
   for (const auto& [prefix, parts] : parts_per_layer) {
     if (parts != 3) return Error("model", prefix + " lacks one of gate_proj, up_proj, down_proj");
   }
-  if (parts_per_layer.empty()) return Error("model", dense->dir() + " has no layers.N.mlp.*_proj tensors");
+  if (parts_per_layer.empty())
+    return Error("model", dense->dir() + " has no layers.N.mlp.*_proj tensors");
   o.params["moe_layers"] = parts_per_layer.size();
   plan_.outputs.push_back(std::move(o));
   return absl::OkStatus();
@@ -563,7 +586,8 @@ absl::Status Planner::Upcycle(const v1::UpcycleSpec& spec) {
 }  // namespace
 
 bool IsVisionTensor(const std::string& name) {
-  return absl::StrContains(name, "vision_tower.") || absl::StrContains(name, "multi_modal_projector.");
+  return absl::StrContains(name, "vision_tower.") ||
+         absl::StrContains(name, "multi_modal_projector.");
 }
 
 int LayerOf(const std::string& name) {
@@ -590,7 +614,8 @@ bool TensorSelector::Matches(const std::string& name) const {
       if (m == "attention") in = in || absl::StrContains(name, ".self_attn.");
       if (m == "mlp") in = in || absl::StrContains(name, ".mlp.");
       if (m == "norms") in = in || absl::StrContains(name, "norm.");
-      if (m == "embeddings") in = in || absl::StrContains(name, "embed_tokens.") || absl::StrContains(name, "lm_head.");
+      if (m == "embeddings")
+        in = in || absl::StrContains(name, "embed_tokens.") || absl::StrContains(name, "lm_head.");
     }
     if (!in) return false;
   }
@@ -615,8 +640,8 @@ absl::StatusOr<MergePlan> PlanFromSpec(const google::protobuf::Message& spec,
   } else if (const auto* u = dynamic_cast<const v1::UpcycleSpec*>(&spec)) {
     command = "upcycle", s = planner.Upcycle(*u);
   } else {
-    s = absl::InvalidArgumentError(absl::StrCat(where, ": ", spec.GetDescriptor()->name(),
-                                                " is not a merge-area spec"));
+    s = absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", spec.GetDescriptor()->name(), " is not a merge-area spec"));
   }
   RETURN_IF_ERROR(s);
   for (PlannedOutput& o : plan.outputs) o.params["command"] = command;

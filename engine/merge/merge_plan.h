@@ -7,15 +7,14 @@
 
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/status/statusor.h"
 #include "engine/merge/checkpoint_stream.h"
-#include "google/protobuf/message.h"
 #include "engine/merge/kernels.h"
+#include "google/protobuf/message.h"
 
 namespace stemma::engine::merge {
 
@@ -25,11 +24,11 @@ struct PlannedOutput {
   // (the worker keeps one artifact per name).
   std::string name = "model";
   std::vector<OutputTensor> tensors;
-  std::vector<Recipe> recipes;                 // recipes[i] computes tensors[i]
-  std::map<std::string, std::string> files;    // written as given (e.g. a new config.json)
-  std::string carry_from;                      // config/tokenizer files copied from here
+  std::vector<Recipe> recipes;               // recipes[i] computes tensors[i]
+  std::map<std::string, std::string> files;  // written as given (e.g. a new config.json)
+  std::string carry_from;                    // config/tokenizer files copied from here
   std::vector<std::string> parents;
-  nlohmann::json params;                       // recorded in stemma.json
+  nlohmann::json params;  // recorded in stemma.json
 };
 
 struct MergePlan {
@@ -57,8 +56,8 @@ absl::StatusOr<MergePlan> PlanFromSpec(const google::protobuf::Message& spec,
 struct TensorSelector {
   std::vector<std::pair<int, int>> layers;  // half-open [begin, end) (common/layer_range.h)
   bool has_layers = false;
-  std::vector<std::string> modules;         // attention, mlp, norms, embeddings
-  std::string pattern;                      // ECMAScript regex, searched in the name
+  std::vector<std::string> modules;  // attention, mlp, norms, embeddings
+  std::string pattern;               // ECMAScript regex, searched in the name
   bool Matches(const std::string& name) const;
 };
 

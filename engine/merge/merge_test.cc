@@ -1,6 +1,7 @@
 // stemma-engine merge|revert|interpolate|graft|upcycle, end to end: small random
 // checkpoints written here (mixed dtypes, sharded), the real binary run on a spec, the
 // outputs read back and compared with an independent double-precision reference.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,14 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -41,8 +40,8 @@ const char* EngineBin() {
   const char* env = std::getenv("STEMMA_ENGINE_BIN");
   return env != nullptr && *env != '\0' ? env : STEMMA_ENGINE_BIN;
 }
-using nlohmann::json;
 using io::Dtype;
+using nlohmann::json;
 
 struct Tensor {
   Dtype dtype = Dtype::kF32;
@@ -52,10 +51,18 @@ struct Tensor {
 using Model = std::map<std::string, Tensor>;
 
 json TinyConfig(int layers = 4) {
-  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"hidden_size", 16},
-          {"intermediate_size", 32}, {"num_hidden_layers", layers}, {"num_attention_heads", 2},
-          {"num_key_value_heads", 2}, {"vocab_size", 64}, {"rms_norm_eps", 1e-5},
-          {"tie_word_embeddings", false}, {"max_position_embeddings", 128}, {"hidden_act", "silu"}};
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", 16},
+          {"intermediate_size", 32},
+          {"num_hidden_layers", layers},
+          {"num_attention_heads", 2},
+          {"num_key_value_heads", 2},
+          {"vocab_size", 64},
+          {"rms_norm_eps", 1e-5},
+          {"tie_word_embeddings", false},
+          {"max_position_embeddings", 128},
+          {"hidden_act", "silu"}};
 }
 
 float RoundTo(Dtype dtype, float v) {
@@ -67,8 +74,8 @@ float RoundTo(Dtype dtype, float v) {
 }
 
 // A Llama-shaped model with values ~ N(center, scale^2), rounded to `dtype`.
-Model RandomModel(uint32_t seed, Dtype dtype, int layers = 4, float center = 0.0f, float scale = 1.0f,
-                  int vocab = 64) {
+Model RandomModel(uint32_t seed, Dtype dtype, int layers = 4, float center = 0.0f,
+                  float scale = 1.0f, int vocab = 64) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(center, scale);
   Model m;
@@ -86,7 +93,8 @@ Model RandomModel(uint32_t seed, Dtype dtype, int layers = 4, float center = 0.0
     const std::string p = absl::StrCat("model.layers.", l, ".");
     add(p + "input_layernorm.weight", {16});
     add(p + "post_attention_layernorm.weight", {16});
-    for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"}) add(p + "self_attn." + proj + ".weight", {16, 16});
+    for (const char* proj : {"q_proj", "k_proj", "v_proj", "o_proj"})
+      add(p + "self_attn." + proj + ".weight", {16, 16});
     add(p + "mlp.gate_proj.weight", {32, 16});
     add(p + "mlp.up_proj.weight", {32, 16});
     add(p + "mlp.down_proj.weight", {16, 32});
@@ -108,12 +116,14 @@ void WriteModel(const std::string& dir, const Model& m, const json& config, int 
     storage.push_back(std::move(bytes));
     const int shard = i++ % shards;
     files[shard].push_back({name, t.dtype, t.shape, storage.back().data(), storage.back().size()});
-    weight_map[name] = shards == 1 ? "model.safetensors"
-                                   : absl::StrFormat("model-%05d-of-%05d.safetensors", shard + 1, shards);
+    weight_map[name] = shards == 1
+                           ? "model.safetensors"
+                           : absl::StrFormat("model-%05d-of-%05d.safetensors", shard + 1, shards);
   }
   for (int s = 0; s < shards; ++s) {
-    const std::string file = shards == 1 ? "model.safetensors"
-                                         : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, shards);
+    const std::string file = shards == 1
+                                 ? "model.safetensors"
+                                 : absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, shards);
     ASSERT_TRUE(io::WriteSafetensors(dir + "/" + file, files[s]).ok());
   }
   if (shards > 1) {
@@ -242,13 +252,18 @@ TEST(TensorSelectorTest, LayersModulesAndPatternsOnDecoderNames) {
 }
 
 TEST_F(MergeTest, SoupOfMixedDtypesAndShardsIsTheWeightedAverage) {
-  Model a = RandomModel(1, Dtype::kBF16), b = RandomModel(2, Dtype::kF32), c = RandomModel(3, Dtype::kF16);
+  Model a = RandomModel(1, Dtype::kBF16), b = RandomModel(2, Dtype::kF32),
+        c = RandomModel(3, Dtype::kF16);
   WriteModel(P("a"), a, TinyConfig());
   WriteModel(P("b"), b, TinyConfig(), /*shards=*/3);
   WriteModel(P("c"), c, TinyConfig(), /*shards=*/2);
-  Result r = Run("merge", {{"models", {{{"path", P("a")}, {"weight", 1}}, {{"path", P("b")}, {"weight", 2}},
-                                       {{"path", P("c")}, {"weight", 1}}}},
-                           {"out", P("soup")}, {"shard_size", 3000}, {"tensor_hashes", true}});
+  Result r = Run("merge", {{"models",
+                            {{{"path", P("a")}, {"weight", 1}},
+                             {{"path", P("b")}, {"weight", 2}},
+                             {{"path", P("c")}, {"weight", 1}}}},
+                           {"out", P("soup")},
+                           {"shard_size", 3000},
+                           {"tensor_hashes", true}});
   ASSERT_EQ(r.code, 0) << r.err;
   // The output event carries what the checkpoint registry records (engine/events.h).
   const json* output = nullptr;
@@ -308,15 +323,18 @@ TEST_F(MergeTest, SoupOfMixedDtypesAndShardsIsTheWeightedAverage) {
 TEST_F(MergeTest, OutputDtypeCanBeChosen) {
   WriteModel(P("a"), RandomModel(1, Dtype::kBF16), TinyConfig());
   WriteModel(P("b"), RandomModel(2, Dtype::kBF16), TinyConfig());
-  Result r = Run("merge", {{"models", Paths({P("a"), P("b")})}, {"out", P("soup")}, {"dtype", "float32"}});
+  Result r =
+      Run("merge", {{"models", Paths({P("a"), P("b")})}, {"out", P("soup")}, {"dtype", "float32"}});
   ASSERT_EQ(r.code, 0) << r.err;
   Model a = ReadModel(P("a")), b = ReadModel(P("b")), soup = ReadModel(P("soup"));
   // By default stemma.json hashes whole files only.
-  EXPECT_FALSE(json::parse(ReadText(P("soup/stemma.json")))["files"]["model.safetensors"].contains("tensors"));
+  EXPECT_FALSE(json::parse(ReadText(P("soup/stemma.json")))["files"]["model.safetensors"].contains(
+      "tensors"));
   for (const auto& [name, t] : soup) {
     ASSERT_EQ(t.dtype, Dtype::kF32);
     for (size_t i = 0; i < t.values.size(); ++i) {
-      ASSERT_EQ(t.values[i], 0.5f * a[name].values[i] + 0.5f * b[name].values[i]) << name;  // exact in fp32
+      ASSERT_EQ(t.values[i], 0.5f * a[name].values[i] + 0.5f * b[name].values[i])
+          << name;  // exact in fp32
     }
   }
 }
@@ -325,8 +343,8 @@ TEST_F(MergeTest, OutputDtypeCanBeChosen) {
 std::vector<double> ReferenceGeneralized(const std::string& method, const std::vector<float>& base,
                                          const std::vector<const std::vector<float>*>& models,
                                          const std::vector<double>& weights,
-                                         const std::vector<double>& densities, const std::string& name,
-                                         uint64_t seed) {
+                                         const std::vector<double>& densities,
+                                         const std::string& name, uint64_t seed) {
   const size_t n = base.size(), k = models.size();
   std::vector<std::vector<double>> wd(k, std::vector<double>(n));
   for (size_t m = 0; m < k; ++m) {
@@ -336,7 +354,8 @@ std::vector<double> ReferenceGeneralized(const std::string& method, const std::v
     if (method == "ties" && densities[m] < 1) {
       std::vector<size_t> order(n);
       for (size_t i = 0; i < n; ++i) order[i] = i;
-      std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return std::fabs(d[x]) > std::fabs(d[y]); });
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t x, size_t y) { return std::fabs(d[x]) > std::fabs(d[y]); });
       std::fill(keep.begin(), keep.end(), 0);
       const size_t top = static_cast<size_t>(densities[m] * n);
       for (size_t j = 0; j < top; ++j) keep[order[j]] = 1;
@@ -376,7 +395,8 @@ std::vector<double> ReferenceGeneralized(const std::string& method, const std::v
 
 TEST_F(MergeTest, TaskArithmeticTiesAndDareMatchTheirDefinitions) {
   Model base = RandomModel(10, Dtype::kF32);
-  Model a = RandomModel(11, Dtype::kF32), b = RandomModel(12, Dtype::kBF16), c = RandomModel(13, Dtype::kF32);
+  Model a = RandomModel(11, Dtype::kF32), b = RandomModel(12, Dtype::kBF16),
+        c = RandomModel(13, Dtype::kF32);
   WriteModel(P("base"), base, TinyConfig());
   WriteModel(P("a"), a, TinyConfig(), 2);
   WriteModel(P("b"), b, TinyConfig());
@@ -391,8 +411,12 @@ TEST_F(MergeTest, TaskArithmeticTiesAndDareMatchTheirDefinitions) {
       models.push_back(e);
     }
     const std::string out = P("out-" + method);
-    Result r = Run("merge", {{"method", method}, {"base", P("base")}, {"models", models}, {"out", out},
-                             {"seed", 7}, {"dtype", "float32"}});
+    Result r = Run("merge", {{"method", method},
+                             {"base", P("base")},
+                             {"models", models},
+                             {"out", out},
+                             {"seed", 7},
+                             {"dtype", "float32"}});
     ASSERT_EQ(r.code, 0) << method << ": " << r.err;
     Model merged = ReadModel(out);
     ASSERT_EQ(merged.size(), base.size());
@@ -401,7 +425,8 @@ TEST_F(MergeTest, TaskArithmeticTiesAndDareMatchTheirDefinitions) {
           method, base[name].values, {&a[name].values, &b[name].values, &c[name].values}, weights,
           method == "task_arithmetic" ? std::vector<double>{1, 1, 1} : densities, name, 7);
       for (size_t i = 0; i < ref.size(); ++i) {
-        ASSERT_NEAR(t.values[i], ref[i], 2e-5 * (1 + std::fabs(ref[i]))) << method << " " << name << "[" << i << "]";
+        ASSERT_NEAR(t.values[i], ref[i], 2e-5 * (1 + std::fabs(ref[i])))
+            << method << " " << name << "[" << i << "]";
       }
     }
   }
@@ -412,8 +437,12 @@ TEST_F(MergeTest, DareIsSeededAndKeepsAboutDensity) {
   WriteModel(P("base"), RandomModel(20, Dtype::kBF16), TinyConfig());
   WriteModel(P("a"), RandomModel(21, Dtype::kBF16), TinyConfig());
   auto spec = [&](int seed, const std::string& out) {
-    return json{{"method", "dare_linear"}, {"base", P("base")}, {"models", {{{"path", P("a")}, {"density", 0.25}}}},
-                {"seed", seed}, {"out", P(out)}, {"rescale", false}};
+    return json{{"method", "dare_linear"},
+                {"base", P("base")},
+                {"models", {{{"path", P("a")}, {"density", 0.25}}}},
+                {"seed", seed},
+                {"out", P(out)},
+                {"rescale", false}};
   };
   ASSERT_EQ(Run("merge", spec(1, "s1")).code, 0);
   ASSERT_EQ(Run("merge", spec(1, "s1b")).code, 0);
@@ -454,11 +483,17 @@ TEST_F(MergeTest, RevertCopiesTheMiddleLayersOrModulesBackFromTheBase) {
     EXPECT_EQ(t.values, (reverted ? base : model)[name].values) << name;
   }
   // "middle" written out gives the same bytes; a half-open "2:7" too.
-  ASSERT_EQ(Run("revert", {{"base", P("base")}, {"model", P("model")}, {"out", P("mid2")},
-                           {"layers", {"2:7"}}}).code, 0);
+  ASSERT_EQ(
+      Run("revert",
+          {{"base", P("base")}, {"model", P("model")}, {"out", P("mid2")}, {"layers", {"2:7"}}})
+          .code,
+      0);
   EXPECT_EQ(ReadText(P("mid2/model.safetensors")), ReadText(P("mid/model.safetensors")));
-  ASSERT_EQ(Run("revert", {{"base", P("base")}, {"model", P("model")}, {"out", P("attn")},
-                           {"modules", {"attention", "embeddings"}}, {"layers", {"0:2"}}})
+  ASSERT_EQ(Run("revert", {{"base", P("base")},
+                           {"model", P("model")},
+                           {"out", P("attn")},
+                           {"modules", {"attention", "embeddings"}},
+                           {"layers", {"0:2"}}})
                 .code,
             0);
   Model attn = ReadModel(P("attn"));
@@ -467,13 +502,16 @@ TEST_F(MergeTest, RevertCopiesTheMiddleLayersOrModulesBackFromTheBase) {
     const bool reverted = layer >= 0 && layer < 2 && name.find("self_attn") != std::string::npos;
     EXPECT_EQ(t.values, (reverted ? base : model)[name].values) << name;
   }
-  ASSERT_EQ(Run("revert", {{"base", P("base")}, {"model", P("model")}, {"out", P("pat")},
+  ASSERT_EQ(Run("revert", {{"base", P("base")},
+                           {"model", P("model")},
+                           {"out", P("pat")},
                            {"pattern", "embed_tokens|norm\\.weight$"}})
                 .code,
             0);
   Model pat = ReadModel(P("pat"));
   EXPECT_EQ(pat["model.embed_tokens.weight"].values, base["model.embed_tokens.weight"].values);
-  EXPECT_EQ(pat["model.layers.3.input_layernorm.weight"].values, base["model.layers.3.input_layernorm.weight"].values);
+  EXPECT_EQ(pat["model.layers.3.input_layernorm.weight"].values,
+            base["model.layers.3.input_layernorm.weight"].values);
   EXPECT_EQ(pat["lm_head.weight"].values, model["lm_head.weight"].values);
 }
 
@@ -481,8 +519,11 @@ TEST_F(MergeTest, InterpolationSweepWritesOneCheckpointPerAlpha) {
   Model base = RandomModel(40, Dtype::kBF16), model = RandomModel(41, Dtype::kBF16);
   WriteModel(P("base"), base, TinyConfig());
   WriteModel(P("model"), model, TinyConfig(), 2);
-  Result r = Run("interpolate", {{"base", P("base")}, {"model", P("model")}, {"alphas", {0, 0.25, 1}},
-                                 {"layers", {"1:3"}}, {"out_pattern", P("interp-{alpha}")}});
+  Result r = Run("interpolate", {{"base", P("base")},
+                                 {"model", P("model")},
+                                 {"alphas", {0, 0.25, 1}},
+                                 {"layers", {"1:3"}},
+                                 {"out_pattern", P("interp-{alpha}")}});
   ASSERT_EQ(r.code, 0) << r.err;
   // One output event per checkpoint, each under its own name (the worker keeps one artifact
   // per name) and with the sweep's operation.
@@ -492,7 +533,8 @@ TEST_F(MergeTest, InterpolationSweepWritesOneCheckpointPerAlpha) {
     names.push_back(e["name"]);
     EXPECT_EQ(e["operation"], "interpolate");
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"model_alpha_0", "model_alpha_0.25", "model_alpha_1"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"model_alpha_0", "model_alpha_0.25", "model_alpha_1"}));
   EXPECT_EQ(r.events[0]["layers"], json::array({"1:3"})) << r.events[0].dump();
   for (double alpha : {0.0, 0.25, 1.0}) {
     Model m = ReadModel(P(absl::StrCat("interp-", alpha)));
@@ -502,16 +544,21 @@ TEST_F(MergeTest, InterpolationSweepWritesOneCheckpointPerAlpha) {
       const double a = layer >= 1 && layer <= 2 ? alpha : 1.0;
       std::vector<double> ref(t.values.size());
       for (size_t i = 0; i < ref.size(); ++i) {
-        ref[i] = base[name].values[i] + a * (static_cast<double>(model[name].values[i]) - base[name].values[i]);
+        ref[i] = base[name].values[i] +
+                 a * (static_cast<double>(model[name].values[i]) - base[name].values[i]);
       }
       ExpectRounded(t, ref, absl::StrCat(name, " alpha ", alpha));
     }
   }
   // Per-range alphas in one checkpoint; tensors outside every range stay trained.
-  ASSERT_EQ(Run("interpolate", {{"base", P("base")}, {"model", P("model")}, {"out", P("ranges")},
-                                {"ranges", {{{"layers", {"0"}}, {"alpha", 0.5}}, {{"layers", {"3"}}, {"alpha", 0}}}}})
-                .code,
-            0);
+  ASSERT_EQ(
+      Run("interpolate",
+          {{"base", P("base")},
+           {"model", P("model")},
+           {"out", P("ranges")},
+           {"ranges", {{{"layers", {"0"}}, {"alpha", 0.5}}, {{"layers", {"3"}}, {"alpha", 0}}}}})
+          .code,
+      0);
   Model ranges = ReadModel(P("ranges"));
   for (const auto& [name, t] : ranges) {
     const int layer = LayerOf(name);
@@ -519,7 +566,8 @@ TEST_F(MergeTest, InterpolationSweepWritesOneCheckpointPerAlpha) {
     if (layer == 1 || layer < 0) EXPECT_EQ(t.values, model[name].values) << name;
     if (layer == 0) {
       std::vector<double> ref(t.values.size());
-      for (size_t i = 0; i < ref.size(); ++i) ref[i] = 0.5 * (static_cast<double>(base[name].values[i]) + model[name].values[i]);
+      for (size_t i = 0; i < ref.size(); ++i)
+        ref[i] = 0.5 * (static_cast<double>(base[name].values[i]) + model[name].values[i]);
       ExpectRounded(t, ref, name);
     }
   }
@@ -529,7 +577,10 @@ TEST_F(MergeTest, UpcycleCopiesEveryFfnIntoExpertsAndAddsRouters) {
   Model dense = RandomModel(50, Dtype::kBF16);
   WriteModel(P("dense"), dense, TinyConfig());
   dense = ReadModel(P("dense"));
-  json spec = {{"model", P("dense")}, {"out", P("moe")}, {"experts", 4}, {"top_k", 2},
+  json spec = {{"model", P("dense")},
+               {"out", P("moe")},
+               {"experts", 4},
+               {"top_k", 2},
                {"router_init", {{"std", 0.02}, {"seed", 3}}}};
   ASSERT_EQ(Run("upcycle", spec).code, 0);
   Model moe = ReadModel(P("moe"));
@@ -543,7 +594,8 @@ TEST_F(MergeTest, UpcycleCopiesEveryFfnIntoExpertsAndAddsRouters) {
     EXPECT_EQ(moe.count(p + "gate_proj.weight"), 0u);
     for (int e = 0; e < 4; ++e) {
       for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
-        EXPECT_EQ(moe[absl::StrCat(p, "experts.", e, ".", proj, ".weight")].values, dense[p + proj + ".weight"].values);
+        EXPECT_EQ(moe[absl::StrCat(p, "experts.", e, ".", proj, ".weight")].values,
+                  dense[p + proj + ".weight"].values);
       }
     }
     const Tensor& router = moe[p + "gate.weight"];
@@ -570,10 +622,14 @@ TEST_F(MergeTest, GraftAddsTheDenseDeltaToSharedTensorsAndEveryExpert) {
   WriteModel(P("instruct"), instruct, TinyConfig());
   // The target: an upcycled MoE whose vocabulary grew to 70 rows after the base.
   WriteModel(P("dense-grown"), RandomModel(62, Dtype::kF32, 4, 0.0f, 1.0f, 70), TinyConfig());
-  ASSERT_EQ(Run("upcycle", {{"model", P("dense-grown")}, {"out", P("target")}, {"experts", 3}}).code, 0);
+  ASSERT_EQ(
+      Run("upcycle", {{"model", P("dense-grown")}, {"out", P("target")}, {"experts", 3}}).code, 0);
   Model target = ReadModel(P("target"));
-  Result r = Run("graft", {{"base", P("base")}, {"instruct", P("instruct")}, {"target", P("target")},
-                           {"out", P("grafted")}, {"scale", 1.0}});
+  Result r = Run("graft", {{"base", P("base")},
+                           {"instruct", P("instruct")},
+                           {"target", P("target")},
+                           {"out", P("grafted")},
+                           {"scale", 1.0}});
   ASSERT_EQ(r.code, 0) << r.err;
   Model grafted = ReadModel(P("grafted"));
   ASSERT_EQ(grafted.size(), target.size());
@@ -591,7 +647,8 @@ TEST_F(MergeTest, GraftAddsTheDenseDeltaToSharedTensorsAndEveryExpert) {
     const size_t covered = base[dense].values.size();
     for (size_t i = 0; i < ref.size(); ++i) {
       ref[i] = target[name].values[i] +
-               (i < covered ? static_cast<double>(instruct[dense].values[i]) - base[dense].values[i] : 0.0);
+               (i < covered ? static_cast<double>(instruct[dense].values[i]) - base[dense].values[i]
+                            : 0.0);
     }
     ExpectRounded(t, ref, name);
   }
@@ -602,7 +659,10 @@ TEST_F(MergeTest, GraftAddsTheDenseDeltaToSharedTensorsAndEveryExpert) {
   extra_inst["model.extra.weight"] = Tensor{Dtype::kF32, {2}, {1, 3}};
   WriteModel(P("base-x"), extra, TinyConfig());
   WriteModel(P("inst-x"), extra_inst, TinyConfig());
-  r = Run("graft", {{"base", P("base-x")}, {"instruct", P("inst-x")}, {"target", P("target")}, {"out", P("bad")}});
+  r = Run("graft", {{"base", P("base-x")},
+                    {"instruct", P("inst-x")},
+                    {"target", P("target")},
+                    {"out", P("bad")}});
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.err.find("model.extra.weight"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(P("bad")));
@@ -625,30 +685,55 @@ TEST_F(MergeTest, BadInputsFailNamingTheProblemAndWriteNothing) {
     std::string expect;
   };
   const std::vector<Case> cases = {
-      {"merge", {{"models", Paths({P("a"), P("b")})}, {"out", P("o")}}, "model.layers.1.mlp.up_proj.weight [32, 16] vs [16, 32]"},
-      {"merge", {{"models", Paths({P("a"), P("c")})}, {"out", P("o")}}, "hidden_act \"silu\" vs \"gelu\""},
+      {"merge",
+       {{"models", Paths({P("a"), P("b")})}, {"out", P("o")}},
+       "model.layers.1.mlp.up_proj.weight [32, 16] vs [16, 32]"},
+      {"merge",
+       {{"models", Paths({P("a"), P("c")})}, {"out", P("o")}},
+       "hidden_act \"silu\" vs \"gelu\""},
       {"merge", {{"models", Paths({P("a"), P("d")})}, {"out", P("o")}}, "lm_head.weight"},
       {"merge", {{"models", Paths({P("a")})}, {"out", P("o")}, {"wieght", 1}}, "wieght"},
-      {"merge", {{"models", {{{"path", P("a")}, {"weight", 1}}, {{"path", P("a")}, {"weight", -1}}}}, {"out", P("o")}}, "weights sum to 0"},
-      {"merge", {{"method", "ties"}, {"base", P("a")}, {"models", {{{"path", P("a")}, {"density", 0}}}}, {"out", P("o")}}, "density"},
-      {"merge", {{"method", "ties"}, {"models", Paths({P("a")})}, {"out", P("o")}}, "base: is required by method ties"},
+      {"merge",
+       {{"models", {{{"path", P("a")}, {"weight", 1}}, {{"path", P("a")}, {"weight", -1}}}},
+        {"out", P("o")}},
+       "weights sum to 0"},
+      {"merge",
+       {{"method", "ties"},
+        {"base", P("a")},
+        {"models", {{{"path", P("a")}, {"density", 0}}}},
+        {"out", P("o")}},
+       "density"},
+      {"merge",
+       {{"method", "ties"}, {"models", Paths({P("a")})}, {"out", P("o")}},
+       "base: is required by method ties"},
       {"merge", {{"models", Paths({P("nope")})}, {"out", P("o")}}, P("nope")},
-      {"revert", {{"base", P("a")}, {"model", P("a")}, {"out", P("o")}, {"layers", {"2:9"}}}, "layers[0]: layers '2:9' reach past the model's 4 layers"},
-      {"interpolate", {{"base", P("a")}, {"model", P("a")}, {"alphas", {0.5}}, {"out_pattern", P("x")}}, "{alpha}"},
+      {"revert",
+       {{"base", P("a")}, {"model", P("a")}, {"out", P("o")}, {"layers", {"2:9"}}},
+       "layers[0]: layers '2:9' reach past the model's 4 layers"},
+      {"interpolate",
+       {{"base", P("a")}, {"model", P("a")}, {"alphas", {0.5}}, {"out_pattern", P("x")}},
+       "{alpha}"},
       {"upcycle", {{"model", P("a")}, {"out", P("o")}, {"experts", 2}, {"top_k", 3}}, "top_k"},
       {"merge", {{"models", Paths({P("a")})}, {"out", P("a")}}, "already exists"},
       // overwrite replaces only what Stemma wrote: P("a") has no stemma.json.
-      {"merge", {{"models", Paths({P("b")})}, {"out", P("a")}, {"overwrite", true}}, "Stemma did not write it"},
+      {"merge",
+       {{"models", Paths({P("b")})}, {"out", P("a")}, {"overwrite", true}},
+       "Stemma did not write it"},
       // The one layer-range convention: strings, half-open; a bare integer is refused.
-      {"revert", {{"base", P("a")}, {"model", P("a")}, {"out", P("o")}, {"layers", {2}}}, "write layer ranges as strings"},
-      {"merge", {{"models", Paths({P("a")})}, {"out", P("o")}, {"shard_size", "5XB"}}, "shard_size: '5XB' is not a byte count"},
+      {"revert",
+       {{"base", P("a")}, {"model", P("a")}, {"out", P("o")}, {"layers", {2}}},
+       "write layer ranges as strings"},
+      {"merge",
+       {{"models", Paths({P("a")})}, {"out", P("o")}, {"shard_size", "5XB"}},
+       "shard_size: '5XB' is not a byte count"},
   };
   for (const Case& c : cases) {
     Result r = Run(c.command, c.spec);
     // 4: a bad spec or bad input, which the worker does not retry (common/engine_contract.h).
     EXPECT_EQ(r.code, 4) << c.spec.dump() << "\n" << r.err;
     EXPECT_NE(r.err.find("stemma-engine: error: "), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find(c.expect), std::string::npos) << "want \"" << c.expect << "\" in: " << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos)
+        << "want \"" << c.expect << "\" in: " << r.err;
     EXPECT_FALSE(fs::exists(P("o"))) << c.spec.dump();
   }
   for (const auto& entry : fs::directory_iterator(dir_)) {
@@ -658,7 +743,8 @@ TEST_F(MergeTest, BadInputsFailNamingTheProblemAndWriteNothing) {
 
 TEST_F(MergeTest, HelpListsTheSpecFields) {
   for (const std::string command : {"merge", "revert", "interpolate", "graft", "upcycle"}) {
-    const std::string cmd = absl::StrCat(EngineBin(), " ", command, " --help >", P("help"), " 2>&1");
+    const std::string cmd =
+        absl::StrCat(EngineBin(), " ", command, " --help >", P("help"), " 2>&1");
     const int status = std::system(cmd.c_str());
     ASSERT_TRUE(WIFEXITED(status)) << command;
     EXPECT_EQ(WEXITSTATUS(status), 0) << command;
@@ -673,8 +759,11 @@ TEST_F(MergeTest, SameInputsGiveIdenticalBytes) {
   WriteModel(P("a"), RandomModel(80, Dtype::kBF16), TinyConfig());
   WriteModel(P("b"), RandomModel(81, Dtype::kF32), TinyConfig(), 2);
   auto spec = [&](const std::string& out) {
-    return json{{"method", "ties"}, {"base", P("a")}, {"models", {{{"path", P("b")}, {"density", 0.4}}}},
-                {"out", P(out)}, {"shard_size", 4000}};
+    return json{{"method", "ties"},
+                {"base", P("a")},
+                {"models", {{{"path", P("b")}, {"density", 0.4}}}},
+                {"out", P(out)},
+                {"shard_size", 4000}};
   };
   ASSERT_EQ(Run("merge", spec("x"), "SOURCE_DATE_EPOCH=1700000000").code, 0);
   ASSERT_EQ(Run("merge", spec("y"), "SOURCE_DATE_EPOCH=1700000000").code, 0);
@@ -691,7 +780,8 @@ TEST_F(MergeTest, SameInputsGiveIdenticalBytes) {
     ++files;
   }
   EXPECT_GE(files, 4);  // shards, index, config
-  json mx = json::parse(ReadText(P("x/stemma.json"))), my = json::parse(ReadText(P("y/stemma.json")));
+  json mx = json::parse(ReadText(P("x/stemma.json"))),
+       my = json::parse(ReadText(P("y/stemma.json")));
   EXPECT_EQ(mx["files"], my["files"]);
   EXPECT_EQ(mx["created_ms"], 1700000000000);
 }
@@ -726,7 +816,10 @@ TEST_F(MergeTest, KillDuringMergePublishesNothingAndRerunGivesTheSameBytes) {
   EXPECT_TRUE(fs::exists(staging)) << "the killed writer's staging directory";
   ASSERT_EQ(Run("merge", spec).code, 0);
   EXPECT_FALSE(fs::exists(staging)) << "a rerun removes a dead writer's staging directory";
-  ASSERT_EQ(Run("merge", {{"models", Paths({P("a"), P("b")})}, {"out", P("again")}, {"shard_size", 2000}}).code, 0);
+  ASSERT_EQ(
+      Run("merge", {{"models", Paths({P("a"), P("b")})}, {"out", P("again")}, {"shard_size", 2000}})
+          .code,
+      0);
   int shards = 0;
   for (const auto& entry : fs::directory_iterator(P("soup"))) {
     const std::string name = entry.path().filename().string();
@@ -745,7 +838,8 @@ TEST_F(MergeTest, OverwriteKilledAtEachStepLeavesTheOldOrTheNewCheckpoint) {
   WriteModel(P("b"), RandomModel(96, Dtype::kBF16), TinyConfig());
   auto soup = [&](double weight_b) {
     return json{{"models", {{{"path", P("a")}}, {{"path", P("b")}, {"weight", weight_b}}}},
-                {"out", P("soup")}, {"overwrite", true}};
+                {"out", P("soup")},
+                {"overwrite", true}};
   };
   ASSERT_EQ(Run("merge", soup(1)).code, 0);
   const std::string first = ReadText(P("soup/model.safetensors"));
@@ -756,7 +850,8 @@ TEST_F(MergeTest, OverwriteKilledAtEachStepLeavesTheOldOrTheNewCheckpoint) {
 
   Result r = Run("merge", soup(1), "STEMMA_IO_CRASH_AT=publish:before-rename");
   // SIGKILL: the shell reports 128 + 9, or the wait status is a signal (-1 here).
-  EXPECT_TRUE(r.code == 137 || r.code == -1) << "killed by the crash point, got " << r.code << ": " << r.err;
+  EXPECT_TRUE(r.code == 137 || r.code == -1)
+      << "killed by the crash point, got " << r.code << ": " << r.err;
   EXPECT_EQ(ReadText(P("soup/model.safetensors")), second) << "killed before the swap: the old one";
   EXPECT_TRUE(io::VerifyCheckpoint(P("soup")).ok());
   r = Run("merge", soup(1), "STEMMA_IO_CRASH_AT=publish:after-swap");
@@ -794,22 +889,31 @@ TEST_F(MergeTest, AgreesWithMergekit) {
       ours.push_back(entry);
       theirs.push_back({{"model", P(names[i])}, {"parameters", params}});
     }
-    json spec = {{"method", m.method}, {"models", ours}, {"out", P("stemma-" + m.method)}, {"dtype", "bfloat16"}};
-    json mk = {{"merge_method", m.method}, {"models", theirs}, {"dtype", "float32"}, {"out_dtype", "bfloat16"}};
+    json spec = {{"method", m.method},
+                 {"models", ours},
+                 {"out", P("stemma-" + m.method)},
+                 {"dtype", "bfloat16"}};
+    json mk = {{"merge_method", m.method},
+               {"models", theirs},
+               {"dtype", "float32"},
+               {"out_dtype", "bfloat16"}};
     if (m.method != "linear") spec["base"] = mk["base_model"] = P("base");
     Result r = Run("merge", spec);
     ASSERT_EQ(r.code, 0) << m.method << ": " << r.err;
-    cases.push_back({{"name", m.method}, {"mergekit", mk}, {"stemma_out", P("stemma-" + m.method)},
+    cases.push_back({{"name", m.method},
+                     {"mergekit", mk},
+                     {"stemma_out", P("stemma-" + m.method)},
                      {"mergekit_out", P("mergekit-" + m.method)}});
   }
   std::ofstream(P("cases.json")) << cases.dump(2);
   const std::string cmd = absl::StrCat("PYTHONPATH=", STEMMA_MERGEKIT_DIR, " ", STEMMA_PYTHON, " ",
-                                       STEMMA_SOURCE_DIR, "/tests/engine/merge_mergekit.py ", P("cases.json"),
-                                       " >", P("mk.out"), " 2>", P("mk.err"));
+                                       STEMMA_SOURCE_DIR, "/tests/engine/merge_mergekit.py ",
+                                       P("cases.json"), " >", P("mk.out"), " 2>", P("mk.err"));
   const int status = std::system(cmd.c_str());
   const std::string report = ReadText(P("mk.out"));
   std::cerr << report;
-  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0) << report << ReadText(P("mk.err")).substr(0, 4000);
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 0)
+      << report << ReadText(P("mk.err")).substr(0, 4000);
   for (const char* method : {"linear", "task_arithmetic", "ties"}) {
     EXPECT_NE(report.find(absl::StrCat(method, ": ok")), std::string::npos) << report;
   }

@@ -1,7 +1,9 @@
 // The upcycled MoE computes what the dense model computes: with every expert a copy of the
 // dense FFN and the top-k weights renormalised, the logits of the engine's forward are equal
 // (fp32 rounding), for every dense family the engine upcycles.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -9,12 +11,9 @@
 #include <fstream>
 #include <string>
 
-#include <gtest/gtest.h>
-#include <torch/torch.h>
-
 #include "absl/strings/str_cat.h"
-#include "engine/model/checkpoint.h"
 #include "engine/model/causal_lm.h"
+#include "engine/model/checkpoint.h"
 
 namespace stemma::engine::merge {
 namespace {
@@ -30,25 +29,31 @@ const char* EngineBin() {
 class UpcycleTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    dir_ = (fs::temp_directory_path() / absl::StrCat("upcycle_test_", ::getpid(), "_", GetParam())).string();
+    dir_ = (fs::temp_directory_path() / absl::StrCat("upcycle_test_", ::getpid(), "_", GetParam()))
+               .string();
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
 
   int Engine(const std::string& args) {
-    const std::string cmd = absl::StrCat(EngineBin(), " ", args, " >", dir_, "/out 2>", dir_, "/err");
+    const std::string cmd =
+        absl::StrCat(EngineBin(), " ", args, " >", dir_, "/out 2>", dir_, "/err");
     int status = std::system(cmd.c_str());
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
 
   int Upcycle(const std::string& out, bool norm_topk) {
     const std::string spec = absl::StrCat(dir_, "/", out, ".json");
-    std::ofstream(spec) << nlohmann::json{{"model", dir_ + "/dense"}, {"out", dir_ + "/" + out},
-                                          {"experts", 4}, {"top_k", 2}, {"norm_topk_prob", norm_topk},
+    std::ofstream(spec) << nlohmann::json{{"model", dir_ + "/dense"},
+                                          {"out", dir_ + "/" + out},
+                                          {"experts", 4},
+                                          {"top_k", 2},
+                                          {"norm_topk_prob", norm_topk},
                                           // A large router spread, so tokens really pick
                                           // different experts with unequal weights.
-                                          {"router_init", {{"method", "normal"}, {"std", 0.3}, {"seed", 5}}}}
+                                          {"router_init",
+                                           {{"method", "normal"}, {"std", 0.3}, {"seed", 5}}}}
                                .dump();
     return Engine("upcycle --spec " + spec);
   }
@@ -68,7 +73,9 @@ class UpcycleTest : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(UpcycleTest, LogitsEqualTheDenseModel) {
-  ASSERT_EQ(Engine(absl::StrCat("init --arch ", GetParam(), " --preset tiny --seed 3 --out ", dir_, "/dense")), 0);
+  ASSERT_EQ(Engine(absl::StrCat("init --arch ", GetParam(), " --preset tiny --seed 3 --out ", dir_,
+                                "/dense")),
+            0);
   ASSERT_EQ(Upcycle("moe", true), 0);
   ASSERT_EQ(Upcycle("moe-unnormalised", false), 0);
 

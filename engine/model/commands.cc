@@ -5,12 +5,12 @@
 #include <torch/types.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <filesystem>
-#include <optional>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -121,15 +121,19 @@ absl::Status Init(const v1::InitSpec& spec, const std::string& where) {
     std::string dir = spec.tokenizer();
     if (!std::filesystem::path(dir).is_absolute()) {
       const char* root = std::getenv(std::string(engine_contract::kEnvStorageRoot).c_str());
-      dir = (std::filesystem::path(root != nullptr && *root != '\0' ? root : ".") / dir).lexically_normal().string();
+      dir = (std::filesystem::path(root != nullptr && *root != '\0' ? root : ".") / dir)
+                .lexically_normal()
+                .string();
     }
     auto tok = tokenizer::Tokenizer::Load(dir);
     if (!tok.ok()) {
-      return absl::Status(tok.status().code(), absl::StrCat(where, ": tokenizer: ", tok.status().message()));
+      return absl::Status(tok.status().code(),
+                          absl::StrCat(where, ": tokenizer: ", tok.status().message()));
     }
     tokenizer_vocab = (*tok)->vocab_size();
-    for (auto [key, id] : {std::pair{"bos_token_id", (*tok)->bos_id()}, std::pair{"eos_token_id", (*tok)->eos_id()},
-                           std::pair{"pad_token_id", (*tok)->pad_id()}}) {
+    for (auto [key, id] :
+         {std::pair{"bos_token_id", (*tok)->bos_id()}, std::pair{"eos_token_id", (*tok)->eos_id()},
+          std::pair{"pad_token_id", (*tok)->pad_id()}}) {
       if (id.has_value()) {
         config_json[key] = *id;
       } else {
@@ -143,7 +147,8 @@ absl::Status Init(const v1::InitSpec& spec, const std::string& where) {
   config_json["vocab_size"] = tokenizer_vocab;
   if (spec.has_vocab_size() && spec.vocab_size() < tokenizer_vocab) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": vocab_size: ", spec.vocab_size(),
-                                                   " is less than the tokenizer's ", tokenizer_vocab, " ids"));
+                                                   " is less than the tokenizer's ",
+                                                   tokenizer_vocab, " ids"));
   }
   model::ModelSizes sizes;
   sizes.hidden_size = Opt(spec.has_hidden_size(), spec.hidden_size());
@@ -152,7 +157,8 @@ absl::Status Init(const v1::InitSpec& spec, const std::string& where) {
   sizes.num_kv_heads = Opt(spec.has_num_kv_heads(), spec.num_kv_heads());
   sizes.head_dim = Opt(spec.has_head_dim(), spec.head_dim());
   sizes.intermediate_size = Opt(spec.has_intermediate_size(), spec.intermediate_size());
-  sizes.max_position_embeddings = Opt(spec.has_max_position_embeddings(), spec.max_position_embeddings());
+  sizes.max_position_embeddings =
+      Opt(spec.has_max_position_embeddings(), spec.max_position_embeddings());
   sizes.vocab_size = Opt(spec.has_vocab_size(), spec.vocab_size());
   sizes.num_experts = Opt(spec.has_num_experts(), spec.num_experts());
   sizes.experts_per_token = Opt(spec.has_experts_per_token(), spec.experts_per_token());
@@ -160,17 +166,20 @@ absl::Status Init(const v1::InitSpec& spec, const std::string& where) {
   absl::Status sized = model::ApplyModelSizes(arch, sizes, &config_json);
   if (!sized.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", sized.message()));
   auto config = model::ParseModelConfig(config_json);
-  if (!config.ok()) return absl::InvalidArgumentError(absl::StrCat(where, ": ", config.status().message()));
+  if (!config.ok())
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", config.status().message()));
   const uint64_t seed = spec.seed();
   if (std::error_code ec;
-      !std::filesystem::create_directories(std::filesystem::path(spec.out()).parent_path(), ec) && ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(where, ": out: cannot create the directory of ", spec.out(), ": ", ec.message()));
+      !std::filesystem::create_directories(std::filesystem::path(spec.out()).parent_path(), ec) &&
+      ec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ": out: cannot create the directory of ", spec.out(), ": ", ec.message()));
   }
   ASSIGN_OR_RETURN(CausalLM lm, model::InitModel(*config, seed));
   options.producer.command = "init";
   options.producer.params = nlohmann::json::parse(SpecToJson(spec), nullptr, false);
-  if (const char* job = std::getenv(std::string(engine_contract::kEnvJobId).c_str())) options.producer.job = job;
+  if (const char* job = std::getenv(std::string(engine_contract::kEnvJobId).c_str()))
+    options.producer.job = job;
   if (const char* attempt = std::getenv(std::string(engine_contract::kEnvAttemptId).c_str())) {
     options.producer.attempt = attempt;
   }
@@ -178,13 +187,16 @@ absl::Status Init(const v1::InitSpec& spec, const std::string& where) {
   int64_t count = 0;
   for (const auto& p : lm->parameters()) count += p.numel();
   const auto& c = *config;
-  std::fprintf(stderr, "init: wrote %s (%s, preset %s, seed %llu, %lld parameters)\n", spec.out().c_str(),
-               spec.arch().c_str(), spec.preset().c_str(), static_cast<unsigned long long>(seed),
-               static_cast<long long>(count));
+  std::fprintf(stderr, "init: wrote %s (%s, preset %s, seed %llu, %lld parameters)\n",
+               spec.out().c_str(), spec.arch().c_str(), spec.preset().c_str(),
+               static_cast<unsigned long long>(seed), static_cast<long long>(count));
   // stdout carries only events (docs/engine-events.md).
   absl::StatusOr<Event> output = OutputEvent("model", spec.out(), "init");
   if (!output.ok()) {
-    output = Event{{"event", "output"}, {"name", "model"}, {"path", spec.out()}, {"type", "checkpoint"},
+    output = Event{{"event", "output"},
+                   {"name", "model"},
+                   {"path", spec.out()},
+                   {"type", "checkpoint"},
                    {"operation", "init"}};
   }
   nlohmann::ordered_json done = {{"event", "done"},

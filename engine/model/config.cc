@@ -477,7 +477,8 @@ absl::StatusOr<nlohmann::json> PresetConfigJson(Arch arch, absl::string_view pre
       j["query_pre_attn_scalar"] = 32;
       j["sliding_window"] = 64;
       json types = json::array();
-      for (int i = 0; i < 8; ++i) types.push_back(i % 6 == 5 ? "full_attention" : "sliding_attention");
+      for (int i = 0; i < 8; ++i)
+        types.push_back(i % 6 == 5 ? "full_attention" : "sliding_attention");
       j["layer_types"] = types;
     }
   }
@@ -499,7 +500,8 @@ absl::Status ApplyModelSizes(Arch arch, const ModelSizes& sizes, json* config) {
   if (sizes.tie_embeddings) j["tie_word_embeddings"] = *sizes.tie_embeddings;
   if (sizes.num_experts || sizes.experts_per_token) {
     if (arch != Arch::kOlmoe) {
-      return bad(sizes.num_experts ? "num_experts" : "experts_per_token", "applies to arch olmoe only");
+      return bad(sizes.num_experts ? "num_experts" : "experts_per_token",
+                 "applies to arch olmoe only");
     }
     if (sizes.num_experts) j["num_experts"] = *sizes.num_experts;
     if (sizes.experts_per_token) j["num_experts_per_tok"] = *sizes.experts_per_token;
@@ -511,20 +513,24 @@ absl::Status ApplyModelSizes(Arch arch, const ModelSizes& sizes, json* config) {
   if (sizes.head_dim) {
     head_dim = *sizes.head_dim;
   } else if (hidden % heads != 0) {
-    return bad("num_heads", absl::StrCat(heads, " does not divide hidden_size ", hidden, " (or give head_dim)"));
+    return bad("num_heads",
+               absl::StrCat(heads, " does not divide hidden_size ", hidden, " (or give head_dim)"));
   } else {
     head_dim = hidden / heads;
   }
   if (heads % kv != 0) {
-    return bad("num_kv_heads", absl::StrCat(kv, " does not divide the ", heads, " attention heads"));
+    return bad("num_kv_heads",
+               absl::StrCat(kv, " does not divide the ", heads, " attention heads"));
   }
-  if (head_dim % 2 != 0) return bad("head_dim", absl::StrCat(head_dim, " must be even (RoPE rotates pairs)"));
+  if (head_dim % 2 != 0)
+    return bad("head_dim", absl::StrCat(head_dim, " must be even (RoPE rotates pairs)"));
   if (arch == Arch::kOlmoe) {
     // OLMoE's config has no head_dim: transformers derives hidden_size / heads.
     if (sizes.head_dim && *sizes.head_dim * heads != hidden) {
       return bad("head_dim", "olmoe takes no head_dim of its own (it is hidden_size / num_heads)");
     }
-    if (hidden % heads != 0) return bad("num_heads", absl::StrCat(heads, " does not divide hidden_size ", hidden));
+    if (hidden % heads != 0)
+      return bad("num_heads", absl::StrCat(heads, " does not divide hidden_size ", hidden));
     const int64_t experts = j.at("num_experts").get<int64_t>();
     if (j.at("num_experts_per_tok").get<int64_t>() > experts) {
       return bad("experts_per_token", absl::StrCat(j.at("num_experts_per_tok").get<int64_t>(),

@@ -17,7 +17,9 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Rows per OpenMP chunk: about 32k elements, LibTorch's own grain for element-wise loops.
-int64_t RowGrain(int64_t width) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, width)); }
+int64_t RowGrain(int64_t width) {
+  return std::max<int64_t>(1, 32768 / std::max<int64_t>(1, width));
+}
 
 // ---- RMSNorm ----
 
@@ -308,7 +310,7 @@ class GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFunc
       pieces.push_back(grads[i].defined() ? grads[i].reshape({rows, widths[i]})
                                           : torch::zeros({rows, widths[i]}, x2.options()));
     }
-    auto dy = at::cat(pieces, 1);  // [N, Σ out]
+    auto dy = at::cat(pieces, 1);             // [N, Σ out]
     variable_list result(1 + 1 + 2 * parts);  // x, stacked, weights..., biases...
     if (ctx->needs_input_grad(0)) {
       result[0] = dy.mm(stacked).view(ctx->saved_data["x_sizes"].toIntVector());
@@ -368,8 +370,7 @@ class GatedUpFunction : public torch::autograd::Function<GatedUpFunction> {
     float* dyp = dy.data_ptr<float>();
     const float* yp = y.data_ptr<float>();
     SiluMulBackwardKernel(dout.data_ptr<float>(), yp, 2 * width, yp + width, 2 * width,
-                          s.data_ptr<float>(), dyp, 2 * width, dyp + width, 2 * width, rows,
-                          width);
+                          s.data_ptr<float>(), dyp, 2 * width, dyp + width, 2 * width, rows, width);
     variable_list result(4);
     if (ctx->needs_input_grad(0)) {
       result[0] = dy.mm(stacked).view(ctx->saved_data["x_sizes"].toIntVector());

@@ -1,6 +1,8 @@
 // The fused kernels against the composite LibTorch ops they replace (the path modules.cc
 // still takes for bf16, CUDA and strided inputs): values and gradients, including the
 // weight gradient of RMSNorm, and thread-count independence of that gradient.
+#include "engine/model/fused.h"
+
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
@@ -9,8 +11,6 @@
 
 #include <tuple>
 #include <vector>
-
-#include "engine/model/fused.h"
 
 namespace stemma::engine::model {
 namespace {
@@ -26,9 +26,8 @@ torch::Tensor CompositeRmsNorm(const torch::Tensor& x, const torch::Tensor& w, d
 torch::Tensor CompositeRope(const torch::Tensor& x, const torch::Tensor& cos,
                             const torch::Tensor& sin) {  // x [B, T, n, hd], cos/sin [T, hd]
   const int64_t h = x.size(-1) / 2;
-  auto rotated = torch::cat({-x.index({"...", Slice(h, torch::indexing::None)}),
-                             x.index({"...", Slice(0, h)})},
-                            -1);
+  auto rotated = torch::cat(
+      {-x.index({"...", Slice(h, torch::indexing::None)}), x.index({"...", Slice(0, h)})}, -1);
   return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
 }
 
@@ -61,9 +60,9 @@ TEST_P(RmsNormTest, MatchesCompositeValuesAndGradients) {
   auto probe = torch::randn({3, 70, 96});
   auto [fused_out, fused_grads] = ValueAndGrads(
       [&](const auto& in) { return fused::RmsNorm(in[0], in[1], 1e-6, one_plus); }, {x, w}, probe);
-  auto [ref_out, ref_grads] = ValueAndGrads(
-      [&](const auto& in) { return CompositeRmsNorm(in[0], in[1], 1e-6, one_plus); }, {x, w},
-      probe);
+  auto [ref_out, ref_grads] =
+      ValueAndGrads([&](const auto& in) { return CompositeRmsNorm(in[0], in[1], 1e-6, one_plus); },
+                    {x, w}, probe);
   EXPECT_LT(RelErr(fused_out, ref_out), 1e-6);
   EXPECT_LT(RelErr(fused_grads[0], ref_grads[0]), 1e-5) << "dx";
   EXPECT_LT(RelErr(fused_grads[1], ref_grads[1]), 1e-5) << "dw";
@@ -103,12 +102,13 @@ TEST(FusedTest, RopeMatchesComposite) {
   const int64_t b = 2, t = 9, n = 3, hd = 16;
   auto x = torch::randn({b, t, n, hd});
   auto angles = torch::randn({t, hd / 2});
-  auto cos = torch::cat({angles.cos(), angles.cos()}, -1), sin = torch::cat({angles.sin(), angles.sin()}, -1);
+  auto cos = torch::cat({angles.cos(), angles.cos()}, -1),
+       sin = torch::cat({angles.sin(), angles.sin()}, -1);
   auto probe = torch::randn({b, t, n, hd});
-  auto [fused_out, fused_grads] = ValueAndGrads(
-      [&](const auto& in) { return fused::Rope(in[0], cos, sin); }, {x}, probe);
-  auto [ref_out, ref_grads] = ValueAndGrads(
-      [&](const auto& in) { return CompositeRope(in[0], cos, sin); }, {x}, probe);
+  auto [fused_out, fused_grads] =
+      ValueAndGrads([&](const auto& in) { return fused::Rope(in[0], cos, sin); }, {x}, probe);
+  auto [ref_out, ref_grads] =
+      ValueAndGrads([&](const auto& in) { return CompositeRope(in[0], cos, sin); }, {x}, probe);
   EXPECT_LT(RelErr(fused_out, ref_out), 1e-6);
   EXPECT_LT(RelErr(fused_grads[0], ref_grads[0]), 1e-6);
 }
@@ -124,10 +124,10 @@ TEST(FusedTest, SiluMulMatchesComposite) {
   torch::manual_seed(4);
   auto g = torch::randn({5, 77}) * 4.0, u = torch::randn({5, 77});
   auto probe = torch::randn({5, 77});
-  auto [fused_out, fused_grads] = ValueAndGrads(
-      [&](const auto& in) { return fused::SiluMul(in[0], in[1]); }, {g, u}, probe);
-  auto [ref_out, ref_grads] = ValueAndGrads(
-      [&](const auto& in) { return torch::silu(in[0]) * in[1]; }, {g, u}, probe);
+  auto [fused_out, fused_grads] =
+      ValueAndGrads([&](const auto& in) { return fused::SiluMul(in[0], in[1]); }, {g, u}, probe);
+  auto [ref_out, ref_grads] =
+      ValueAndGrads([&](const auto& in) { return torch::silu(in[0]) * in[1]; }, {g, u}, probe);
   EXPECT_LT(RelErr(fused_out, ref_out), 1e-6);
   EXPECT_LT(RelErr(fused_grads[0], ref_grads[0]), 1e-5) << "dg";
   EXPECT_LT(RelErr(fused_grads[1], ref_grads[1]), 1e-6) << "du";

@@ -60,7 +60,8 @@ void RMSNormImpl::ResetToIdentity() {
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  if (fused::Applies(x) && fused::Applies(weight)) return fused::RmsNorm(x, weight, eps_, one_plus_);
+  if (fused::Applies(x) && fused::Applies(weight))
+    return fused::RmsNorm(x, weight, eps_, one_plus_);
   auto xf = x.to(torch::kFloat32);
   auto normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
   if (one_plus_) return (normed * (1.0 + weight.to(torch::kFloat32))).to(x.scalar_type());
@@ -154,10 +155,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     k = k.clamp(-*clip_qkv_, *clip_qkv_);
     v = v.clamp(-*clip_qkv_, *clip_qkv_);
   }
-  q = q.view({b, t, num_heads_, head_dim_});     // [B, T, nh, hd]
-  k = k.view({b, t, num_kv_heads_, head_dim_});  // [B, T, nkv, hd]
+  q = q.view({b, t, num_heads_, head_dim_});                     // [B, T, nh, hd]
+  k = k.view({b, t, num_kv_heads_, head_dim_});                  // [B, T, nkv, hd]
   v = v.view({b, t, num_kv_heads_, head_dim_}).transpose(1, 2);  // [B, nkv, T, hd]
-  if (qk_norm_ == ModelConfig::QkNorm::kPerHead) {  // Gemma3: per head, before RoPE
+  if (qk_norm_ == ModelConfig::QkNorm::kPerHead) {               // Gemma3: per head, before RoPE
     q = q_norm(q);
     k = k_norm(k);
   }

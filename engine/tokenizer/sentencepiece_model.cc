@@ -16,8 +16,10 @@ namespace {
 struct Shim {
   void* (*open)(const char*, char*, int) = nullptr;
   void (*close)(void*) = nullptr;
-  bool (*encode)(const void*, const char*, size_t, void (*)(const int*, size_t, void*), void*) = nullptr;
-  bool (*decode)(const void*, const int*, size_t, void (*)(const char*, size_t, void*), void*) = nullptr;
+  bool (*encode)(const void*, const char*, size_t, void (*)(const int*, size_t, void*),
+                 void*) = nullptr;
+  bool (*decode)(const void*, const int*, size_t, void (*)(const char*, size_t, void*),
+                 void*) = nullptr;
   int (*size)(const void*) = nullptr;
   int (*piece_to_id)(const void*, const char*, size_t) = nullptr;
   bool (*is_control)(const void*, int) = nullptr;
@@ -101,7 +103,9 @@ std::vector<int32_t> SentencePieceModel::Encode(std::string_view text) const {
 std::string SentencePieceModel::Decode(const std::vector<int32_t>& ids) const {
   std::string text;
   const std::vector<int> in(ids.begin(), ids.end());
-  auto sink = [](const char* s, size_t n, void* ctx) { static_cast<std::string*>(ctx)->assign(s, n); };
+  auto sink = [](const char* s, size_t n, void* ctx) {
+    static_cast<std::string*>(ctx)->assign(s, n);
+  };
   if (!LoadShim().decode(handle_, in.data(), in.size(), sink, &text)) return {};
   return text;
 }

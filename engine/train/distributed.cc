@@ -17,7 +17,9 @@
 // copied into host buckets and back (copy_ does the transfer): correct, slower.
 #include "engine/train/distributed.h"
 
+#include <ATen/ops/empty.h>
 #include <arpa/inet.h>
+#include <c10/core/GradMode.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -26,8 +28,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <ATen/ops/empty.h>
-#include <c10/core/GradMode.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #if defined(USE_C10D_NCCL) && __has_include(<nccl.h>)
@@ -60,7 +60,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint32_t kHelloMagic = 0x5354524eu;  // "STRN": a ring connection from Stemma
+constexpr uint32_t kHelloMagic = 0x5354524eu;               // "STRN": a ring connection from Stemma
 constexpr int64_t kBroadcastChunkBytes = int64_t{4} << 20;  // pipelining unit of the chain
 
 struct EnvConfig {
@@ -93,28 +93,27 @@ absl::StatusOr<EnvConfig> ReadEnv() {
   ASSIGN_OR_RETURN(auto rank, IntFromEnv("RANK", 0, 1 << 16));
   config.rank = static_cast<int>(rank.value_or(0));
   if (config.rank >= config.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("environment variable RANK=", config.rank,
-                                                   " must be below WORLD_SIZE=",
-                                                   config.world_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable RANK=", config.rank,
+                     " must be below WORLD_SIZE=", config.world_size));
   }
   if (config.world_size == 1) return config;
   if (!rank.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable RANK is not set (required when WORLD_SIZE=", config.world_size,
-        ")"));
+        "environment variable RANK is not set (required when WORLD_SIZE=", config.world_size, ")"));
   }
   const char* addr = std::getenv("MASTER_ADDR");
   if (addr == nullptr || *addr == '\0') {
     return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable MASTER_ADDR is not set (required when WORLD_SIZE=",
-        config.world_size, ")"));
+        "environment variable MASTER_ADDR is not set (required when WORLD_SIZE=", config.world_size,
+        ")"));
   }
   config.master_addr = addr;
   ASSIGN_OR_RETURN(auto port, IntFromEnv("MASTER_PORT", 1, 65535));
   if (!port.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "environment variable MASTER_PORT is not set (required when WORLD_SIZE=",
-        config.world_size, ")"));
+        "environment variable MASTER_PORT is not set (required when WORLD_SIZE=", config.world_size,
+        ")"));
   }
   config.master_port = static_cast<uint16_t>(*port);
   ASSIGN_OR_RETURN(auto timeout_s, IntFromEnv("STEMMA_DDP_TIMEOUT_S", 1, 86'400));
@@ -124,8 +123,8 @@ absl::StatusOr<EnvConfig> ReadEnv() {
   if (const char* backend = std::getenv("STEMMA_DDP_BACKEND"); backend != nullptr) {
     const std::string name = backend;
     if (name != "ring" && name != "nccl") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "environment variable STEMMA_DDP_BACKEND='", name, "' is not 'ring' or 'nccl'"));
+      return absl::InvalidArgumentError(absl::StrCat("environment variable STEMMA_DDP_BACKEND='",
+                                                     name, "' is not 'ring' or 'nccl'"));
     }
     config.use_nccl = name == "nccl";
   }
@@ -167,8 +166,8 @@ absl::StatusOr<sockaddr_in> Resolve(const std::string& host, uint16_t port) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   if (int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot resolve '", host,
-                                                   "': ", ::gai_strerror(rc)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve '", host, "': ", ::gai_strerror(rc)));
   }
   sockaddr_in address = *reinterpret_cast<sockaddr_in*>(found->ai_addr);
   ::freeaddrinfo(found);
@@ -220,9 +219,9 @@ absl::Status Exchange(int out, const char* send, size_t send_bytes, int in, char
     if (ready < 0 && errno == EINTR) continue;
     if (ready < 0) return ErrnoError("poll");
     if (ready == 0) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no progress for ", timeout.count() / 1000,
-          " s (a peer is stuck or slower than STEMMA_DDP_TIMEOUT_S)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no progress for ", timeout.count() / 1000,
+                       " s (a peer is stuck or slower than STEMMA_DDP_TIMEOUT_S)"));
     }
     for (int i = 0; i < count; ++i) {
       if (fds[i].revents == 0) continue;
@@ -277,8 +276,8 @@ class DataParallel::Ring {
   absl::Status Join(c10d::Store& store);
   absl::Status CheckHeaders(Header mine);
   absl::Status Step(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) {
-    return Exchange(to_next_.get(), static_cast<const char*>(send), send_bytes,
-                    from_prev_.get(), static_cast<char*>(recv), recv_bytes, config_.timeout);
+    return Exchange(to_next_.get(), static_cast<const char*>(send), send_bytes, from_prev_.get(),
+                    static_cast<char*>(recv), recv_bytes, config_.timeout);
   }
 
   EnvConfig config_;
@@ -339,22 +338,21 @@ absl::Status DataParallel::Ring::Join(c10d::Store& store) {
     next_location.assign(theirs.begin(), theirs.end());
   } catch (const std::exception& e) {
     std::string what = e.what();
-    return absl::DeadlineExceededError(absl::StrCat(
-        "rank ", next(), " did not join through MASTER_ADDR=", config_.master_addr,
-        " MASTER_PORT=", config_.master_port, ": ", what.substr(0, what.find('\n'))));
+    return absl::DeadlineExceededError(
+        absl::StrCat("rank ", next(), " did not join through MASTER_ADDR=", config_.master_addr,
+                     " MASTER_PORT=", config_.master_port, ": ", what.substr(0, what.find('\n'))));
   }
   std::pair<std::string, std::string> host_port = absl::StrSplit(next_location, ':');
   int port = 0;
   if (!absl::SimpleAtoi(host_port.second, &port)) {
-    return absl::InternalError(
-        absl::StrCat("bad ring address '", next_location, "' in the store"));
+    return absl::InternalError(absl::StrCat("bad ring address '", next_location, "' in the store"));
   }
   ASSIGN_OR_RETURN(sockaddr_in next_address, Resolve(host_port.first, port));
 
   // Connect to the next rank: its listener exists before its key is published.
   to_next_ = Fd(::socket(AF_INET, SOCK_STREAM, 0));
-  if (::connect(to_next_.get(), reinterpret_cast<sockaddr*>(&next_address),
-                sizeof next_address) != 0) {
+  if (::connect(to_next_.get(), reinterpret_cast<sockaddr*>(&next_address), sizeof next_address) !=
+      0) {
     return ErrnoError(absl::StrCat("connect to rank ", next(), " at ", next_location));
   }
   const uint32_t hello[2] = {kHelloMagic, static_cast<uint32_t>(config_.rank)};
@@ -374,8 +372,8 @@ absl::Status DataParallel::Ring::Join(c10d::Store& store) {
   uint32_t greeting[2] = {};
   RETURN_IF_ERROR(Step(hello, sizeof hello, greeting, sizeof greeting));
   if (greeting[0] != kHelloMagic || static_cast<int>(greeting[1]) != prev()) {
-    return absl::InternalError(absl::StrCat("unexpected ring connection (expected rank ",
-                                            prev(), ", MASTER_PORT shared by two jobs?)"));
+    return absl::InternalError(absl::StrCat("unexpected ring connection (expected rank ", prev(),
+                                            ", MASTER_PORT shared by two jobs?)"));
   }
   scratch_.reserve(1 << 20);
   return absl::OkStatus();
@@ -387,10 +385,10 @@ absl::Status DataParallel::Ring::CheckHeaders(Header mine) {
   Header theirs{};
   RETURN_IF_ERROR(Step(&mine, sizeof mine, &theirs, sizeof theirs));
   if (theirs.op != mine.op || theirs.bytes != mine.bytes) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ranks disagree on the collective: rank ", prev(), " sent op ", theirs.op, " of ",
-        theirs.bytes, " bytes, this rank op ", mine.op, " of ", mine.bytes,
-        " bytes (different models or a rank skipped a step)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("ranks disagree on the collective: rank ", prev(), " sent op ", theirs.op,
+                     " of ", theirs.bytes, " bytes, this rank op ", mine.op, " of ", mine.bytes,
+                     " bytes (different models or a rank skipped a step)"));
   }
   return absl::OkStatus();
 }
@@ -410,8 +408,8 @@ absl::Status DataParallel::Ring::AllReduceSum(T* data, int64_t count) {
   T* incoming = reinterpret_cast<T*>(scratch_.data());
   for (int s = 0; s < world - 1; ++s) {  // reduce-scatter
     const int send = rank - s, recv = rank - s - 1;
-    RETURN_IF_ERROR(Step(data + begin(send), size(send) * sizeof(T), incoming,
-                         size(recv) * sizeof(T)));
+    RETURN_IF_ERROR(
+        Step(data + begin(send), size(send) * sizeof(T), incoming, size(recv) * sizeof(T)));
     T* target = data + begin(recv);
     for (int64_t i = 0, n = size(recv); i < n; ++i) target[i] += incoming[i];
   }
@@ -498,13 +496,13 @@ struct Bucket {
 };
 
 std::vector<Bucket> PlanBuckets(const std::vector<at::Tensor>& tensors,
-                                at::ScalarType (*bucket_dtype)(const at::Tensor&),
-                                bool on_device, int64_t cap_bytes) {
+                                at::ScalarType (*bucket_dtype)(const at::Tensor&), bool on_device,
+                                int64_t cap_bytes) {
   std::vector<Bucket> buckets;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::ScalarType dtype = bucket_dtype(tensors[i]);
-    const at::Device device = on_device && tensors[i].is_cuda() ? tensors[i].device()
-                                                                : at::Device(at::kCPU);
+    const at::Device device =
+        on_device && tensors[i].is_cuda() ? tensors[i].device() : at::Device(at::kCPU);
     const int64_t numel = tensors[i].numel();
     const int64_t element = static_cast<int64_t>(c10::elementSize(dtype));
     if (buckets.empty() || buckets.back().dtype != dtype || buckets.back().device != device ||
@@ -542,8 +540,9 @@ void Pack(const std::vector<at::Tensor>& tensors, const Bucket& bucket, at::Tens
 void CheckDefined(int rank, const std::vector<at::Tensor>& tensors, const char* what) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (!tensors[i].defined()) {
-      Fail(rank, absl::InvalidArgumentError(absl::StrCat(
-          what, " ", i, " is undefined (every rank must pass the same defined tensors)")));
+      Fail(rank,
+           absl::InvalidArgumentError(absl::StrCat(
+               what, " ", i, " is undefined (every rank must pass the same defined tensors)")));
     }
   }
 }
@@ -562,14 +561,13 @@ void DataParallel::BroadcastParameters(const std::vector<torch::Tensor>& params)
   c10::NoGradGuard no_grad;  // parameters are leaves that require grad
   const bool on_device = STEMMA_DDP_HAVE_NCCL && ring_->config().use_nccl;
   for (const Bucket& bucket : PlanBuckets(params, OwnDtype, on_device, ring_->bucket_bytes())) {
-    at::Tensor flat = at::empty({bucket.numel},
-                                at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
+    at::Tensor flat =
+        at::empty({bucket.numel}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
     if (rank_ == 0) Pack(params, bucket, flat, /*gather=*/true);
     if (UseNccl(bucket.device)) {
       nccl_->Broadcast(flat);
     } else {
-      absl::Status status =
-          ring_->Broadcast(static_cast<char*>(flat.data_ptr()), flat.nbytes());
+      absl::Status status = ring_->Broadcast(static_cast<char*>(flat.data_ptr()), flat.nbytes());
       if (!status.ok()) Fail(rank_, status);
     }
     if (rank_ != 0) Pack(params, bucket, flat, /*gather=*/false);
@@ -594,8 +592,8 @@ void DataParallel::AllReduceMeanGradients(const std::vector<torch::Tensor>& grad
     if (in_place) {
       flat = first.view({-1});
     } else {
-      if (!flat.defined() || flat.numel() != bucket.numel ||
-          flat.scalar_type() != bucket.dtype || flat.device() != bucket.device) {
+      if (!flat.defined() || flat.numel() != bucket.numel || flat.scalar_type() != bucket.dtype ||
+          flat.device() != bucket.device) {
         flat = at::empty({bucket.numel},
                          at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
       }
@@ -604,10 +602,9 @@ void DataParallel::AllReduceMeanGradients(const std::vector<torch::Tensor>& grad
     if (UseNccl(bucket.device)) {
       nccl_->AllReduceSum(flat);
     } else {
-      absl::Status status =
-          bucket.dtype == at::kDouble
-              ? ring_->AllReduceSum(flat.data_ptr<double>(), bucket.numel)
-              : ring_->AllReduceSum(flat.data_ptr<float>(), bucket.numel);
+      absl::Status status = bucket.dtype == at::kDouble
+                                ? ring_->AllReduceSum(flat.data_ptr<double>(), bucket.numel)
+                                : ring_->AllReduceSum(flat.data_ptr<float>(), bucket.numel);
       if (!status.ok()) Fail(rank_, status);
     }
     flat.div_(world_size_);

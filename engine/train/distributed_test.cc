@@ -10,21 +10,19 @@
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <unistd.h>
-
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "engine/io/checkpoint.h"
 
@@ -86,12 +84,10 @@ std::vector<Process> RunAll(const std::vector<std::vector<std::string>>& command
     const std::string log = (log_dir / ("process" + std::to_string(i) + ".log")).string();
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, 1, 2);
     pid_t pid = -1;
-    EXPECT_EQ(posix_spawn(&pid, argv_ptrs[0], &actions, nullptr, argv_ptrs.data(),
-                          env_ptrs.data()),
+    EXPECT_EQ(posix_spawn(&pid, argv_ptrs[0], &actions, nullptr, argv_ptrs.data(), env_ptrs.data()),
               0);
     posix_spawn_file_actions_destroy(&actions);
     pids.push_back(pid);
@@ -135,8 +131,8 @@ std::vector<Process> RunRanks(const std::string& name, int world_size,
   std::vector<std::vector<std::string>> commands;
   std::vector<std::map<std::string, std::string>> envs;
   for (int rank = 0; rank < world_size; ++rank) {
-    commands.push_back({fs::read_symlink("/proc/self/exe").string(),
-                        "--gtest_filter=DistributedRank." + name});
+    commands.push_back(
+        {fs::read_symlink("/proc/self/exe").string(), "--gtest_filter=DistributedRank." + name});
     auto env = RankEnv(rank, world_size, port);
     env["STEMMA_DDP_TEST_RANK_MODE"] = "1";
     for (const auto& [key, value] : extra_env) env[key] = value;
@@ -176,14 +172,16 @@ TEST(DistributedRank, Collectives) {
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
     return (torch::arange(numel, torch::kFloat64).remainder(97) + 2.0 * rank * 10)
-        .reshape(shape).to(dtype);
+        .reshape(shape)
+        .to(dtype);
   };
   auto expected = [&](const torch::Tensor& like) {
     double offset_sum = 0;
     for (int r = 0; r < world; ++r) offset_sum += 2.0 * r * 10;
     const double mean_offset = offset_sum / world;
     return (torch::arange(like.numel(), torch::kFloat64).remainder(97) + mean_offset)
-        .reshape(like.sizes()).to(like.scalar_type());
+        .reshape(like.sizes())
+        .to(like.scalar_type());
   };
   torch::Tensor big = pattern({700, 1000}, torch::kFloat32);  // 2.8 MB: several buckets
   // [64, 33] laid out column-major: a non-contiguous gradient.
@@ -273,7 +271,8 @@ void ExpectAllPassed(const std::vector<Process>& ranks, const std::string& marke
   for (size_t rank = 0; rank < ranks.size(); ++rank) {
     EXPECT_EQ(ranks[rank].exit_code, 0) << "rank " << rank << ":\n" << ranks[rank].output;
     EXPECT_NE(ranks[rank].output.find(marker), std::string::npos)
-        << "rank " << rank << " did not run its checks:\n" << ranks[rank].output;
+        << "rank " << rank << " did not run its checks:\n"
+        << ranks[rank].output;
   }
 }
 
@@ -322,8 +321,12 @@ class EnvTest : public ::testing::Test {
   static void Set(const std::map<std::string, std::string>& values) {
     for (const auto& [key, value] : values) ::setenv(key.c_str(), value.c_str(), 1);
   }
-  static constexpr const char* kNames[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                           "STEMMA_DDP_TIMEOUT_S", "STEMMA_DDP_BUCKET_MB",
+  static constexpr const char* kNames[] = {"RANK",
+                                           "WORLD_SIZE",
+                                           "MASTER_ADDR",
+                                           "MASTER_PORT",
+                                           "STEMMA_DDP_TIMEOUT_S",
+                                           "STEMMA_DDP_BUCKET_MB",
                                            "STEMMA_DDP_BACKEND"};
 };
 
@@ -352,10 +355,16 @@ TEST_F(EnvTest, BadSettingsNameTheVariable) {
       {{{"WORLD_SIZE", "0"}}, "WORLD_SIZE"},
       {{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}},
        "MASTER_PORT"},
-      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "5"},
+      {{{"WORLD_SIZE", "2"},
+        {"RANK", "1"},
+        {"MASTER_ADDR", "h"},
+        {"MASTER_PORT", "5"},
         {"STEMMA_DDP_TIMEOUT_S", "soon"}},
        "STEMMA_DDP_TIMEOUT_S"},
-      {{{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "5"},
+      {{{"WORLD_SIZE", "2"},
+        {"RANK", "1"},
+        {"MASTER_ADDR", "h"},
+        {"MASTER_PORT", "5"},
         {"STEMMA_DDP_BACKEND", "gloo"}},
        "STEMMA_DDP_BACKEND"},
   };
@@ -370,13 +379,15 @@ TEST_F(EnvTest, BadSettingsNameTheVariable) {
 }
 
 TEST_F(EnvTest, UnreachableMasterTimesOutNamingIt) {
-  Set({{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"},
-       {"MASTER_PORT", std::to_string(FreePort())}, {"STEMMA_DDP_TIMEOUT_S", "2"}});
+  Set({{"WORLD_SIZE", "2"},
+       {"RANK", "1"},
+       {"MASTER_ADDR", "127.0.0.1"},
+       {"MASTER_PORT", std::to_string(FreePort())},
+       {"STEMMA_DDP_TIMEOUT_S", "2"}});
   auto dp = DataParallel::FromEnv();
   ASSERT_FALSE(dp.ok());
   EXPECT_EQ(dp.status().code(), absl::StatusCode::kUnavailable) << dp.status();
-  EXPECT_NE(dp.status().message().find("MASTER_ADDR=127.0.0.1"), std::string::npos)
-      << dp.status();
+  EXPECT_NE(dp.status().message().find("MASTER_ADDR=127.0.0.1"), std::string::npos) << dp.status();
 }
 
 // ---- stemma-engine train: two ranks against one process with the same global batch ----
@@ -427,15 +438,15 @@ TEST(DataParallelTest, TwoProcessTrainMatchesOneProcess) {
   const fs::path model = dir.path() / "model", tokens = dir.path() / "tokens";
   const fs::path logs = dir.path() / "logs";
   fs::create_directories(logs);
-  auto setup = RunAll(
-      {{STEMMA_PYTHON, std::string(STEMMA_SOURCE_DIR) + "/tests/engine/ddp_make_model.py",
-        model.string(), "3"}},
-      {{}}, logs);
+  auto setup =
+      RunAll({{STEMMA_PYTHON, std::string(STEMMA_SOURCE_DIR) + "/tests/engine/ddp_make_model.py",
+               model.string(), "3"}},
+             {{}}, logs);
   ASSERT_EQ(setup[0].exit_code, 0) << setup[0].output;
   WriteText(dir.path() / "corpus.txt", Corpus(400));
   setup = RunAll({{STEMMA_ENGINE_BIN, "tokenize", "--tokenizer", model.string(), "--input",
-                   (dir.path() / "corpus.txt").string(), "--format", "text", "--language",
-                   "xx", "--out", tokens.string(), "--eos"}},
+                   (dir.path() / "corpus.txt").string(), "--format", "text", "--language", "xx",
+                   "--out", tokens.string(), "--eos"}},
                  {{}}, logs);
   ASSERT_EQ(setup[0].exit_code, 0) << setup[0].output;
 
@@ -445,8 +456,10 @@ TEST(DataParallelTest, TwoProcessTrainMatchesOneProcess) {
     nlohmann::json spec = {
         {"model", model.string()},
         {"out", (dir.path() / ("out-" + name)).string()},
-        {"data", {{"datasets", {{{"path", tokens.string()}, {"weight", 1.0}}}},
-                  {"seq_len", 48}, {"shuffle", true}}},
+        {"data",
+         {{"datasets", {{{"path", tokens.string()}, {"weight", 1.0}}}},
+          {"seq_len", 48},
+          {"shuffle", true}}},
         {"batch_size", 4},
         {"grad_accum", 2},
         {"steps", 5},
@@ -463,8 +476,7 @@ TEST(DataParallelTest, TwoProcessTrainMatchesOneProcess) {
   };
   const std::string single_spec = write_spec("single"), ddp_spec = write_spec("ddp");
   const std::map<std::string, std::string> one_thread = {{"OMP_NUM_THREADS", "1"}};
-  auto single = RunAll({{STEMMA_ENGINE_BIN, "train", "--spec", single_spec}}, {one_thread},
-                       logs);
+  auto single = RunAll({{STEMMA_ENGINE_BIN, "train", "--spec", single_spec}}, {one_thread}, logs);
   if (single[0].output.find("train is not implemented yet") != std::string::npos) {
     GTEST_SKIP() << "this stemma-engine has no train command yet";
   }
@@ -511,8 +523,7 @@ TEST(DataParallelTest, TwoProcessTrainMatchesOneProcess) {
     const double moved = (x - before).abs().max().item<double>();
     const double differ = (x - y).abs().max().item<double>();
     EXPECT_GT(moved, 0.0) << name << " was not trained";
-    EXPECT_LE(differ, 5e-3 * moved) << name << ": moved " << moved << ", runs differ by "
-                                     << differ;
+    EXPECT_LE(differ, 5e-3 * moved) << name << ": moved " << moved << ", runs differ by " << differ;
   }
 }
 

@@ -56,12 +56,13 @@ class InitTest : public ::testing::Test {
 TEST_F(InitTest, EverySizeIsAFlag) {
   const fs::path out = root_ / "sized";
   std::string stdout_text, stderr_text;
-  ASSERT_EQ(Engine(absl::StrCat("init --arch llama --preset small --hidden-size 96 --num-layers 3 "
-                                "--num-heads 6 --num-kv-heads 2 --intermediate-size 200 --tie-embeddings "
-                                "--max-position-embeddings 1024 --vocab-size 300 --seed 5 --out ",
-                                out.string()),
-                   &stdout_text, &stderr_text),
-            0)
+  ASSERT_EQ(
+      Engine(absl::StrCat("init --arch llama --preset small --hidden-size 96 --num-layers 3 "
+                          "--num-heads 6 --num-kv-heads 2 --intermediate-size 200 --tie-embeddings "
+                          "--max-position-embeddings 1024 --vocab-size 300 --seed 5 --out ",
+                          out.string()),
+             &stdout_text, &stderr_text),
+      0)
       << stderr_text;
   json config = json::parse(ReadText(out / "config.json"));
   EXPECT_EQ(config["hidden_size"], 96);
@@ -80,9 +81,10 @@ TEST_F(InitTest, EverySizeIsAFlag) {
   json manifest = json::parse(ReadText(out / "stemma.json"));
   EXPECT_EQ(manifest["producer"]["params"]["hidden_size"], "96") << manifest["producer"].dump();
   // A spec file gives the same fields; a flag after it wins.
-  std::ofstream(root_ / "init.yaml") << "arch: olmoe\nnum_experts: 8\nexperts_per_token: 3\nnum_layers: 1\n";
-  ASSERT_EQ(Engine(absl::StrCat("init --spec ", (root_ / "init.yaml").string(), " --num-layers 2 --out ",
-                                (root_ / "moe").string()),
+  std::ofstream(root_ / "init.yaml")
+      << "arch: olmoe\nnum_experts: 8\nexperts_per_token: 3\nnum_layers: 1\n";
+  ASSERT_EQ(Engine(absl::StrCat("init --spec ", (root_ / "init.yaml").string(),
+                                " --num-layers 2 --out ", (root_ / "moe").string()),
                    nullptr, &stderr_text),
             0)
       << stderr_text;
@@ -91,8 +93,8 @@ TEST_F(InitTest, EverySizeIsAFlag) {
   EXPECT_EQ(config["num_experts_per_tok"], 3);
   EXPECT_EQ(config["num_hidden_layers"], 2);
   // Gemma3's layer pattern follows the depth.
-  ASSERT_EQ(Engine(absl::StrCat("init --arch gemma3 --num-layers 7 --out ", (root_ / "g").string()), nullptr,
-                   &stderr_text),
+  ASSERT_EQ(Engine(absl::StrCat("init --arch gemma3 --num-layers 7 --out ", (root_ / "g").string()),
+                   nullptr, &stderr_text),
             0)
       << stderr_text;
   config = json::parse(ReadText(root_ / "g" / "config.json"));
@@ -105,15 +107,20 @@ TEST_F(InitTest, EverySizeIsAFlag) {
 // tokenized with. A relative DIR is under STEMMA_STORAGE_ROOT.
 TEST_F(InitTest, TokenizerFromADirectory) {
   std::string err;
-  ASSERT_EQ(Engine(absl::StrCat("init --out ", (root_ / "first").string()), nullptr, &err), 0) << err;
-  ASSERT_EQ(Engine(absl::StrCat("init --arch qwen2 --tokenizer first --out second"), nullptr, &err), 4);
-  EXPECT_TRUE(absl::StrContains(err, "tokenizer")) << err;  // relative to the current directory: none there
-  ASSERT_EQ(Engine(absl::StrCat("init --arch qwen2 --tokenizer first --out ", (root_ / "second").string()),
+  ASSERT_EQ(Engine(absl::StrCat("init --out ", (root_ / "first").string()), nullptr, &err), 0)
+      << err;
+  ASSERT_EQ(Engine(absl::StrCat("init --arch qwen2 --tokenizer first --out second"), nullptr, &err),
+            4);
+  EXPECT_TRUE(absl::StrContains(err, "tokenizer"))
+      << err;  // relative to the current directory: none there
+  ASSERT_EQ(Engine(absl::StrCat("init --arch qwen2 --tokenizer first --out ",
+                                (root_ / "second").string()),
                    nullptr, &err),
             4)
       << err;
   const std::string env = absl::StrCat("STEMMA_STORAGE_ROOT=", root_.string(), " ");
-  const int status = std::system(absl::StrCat(env, STEMMA_ENGINE_BIN, " init --arch qwen2 --tokenizer first --out ",
+  const int status = std::system(absl::StrCat(env, STEMMA_ENGINE_BIN,
+                                              " init --arch qwen2 --tokenizer first --out ",
                                               (root_ / "second").string(), " > /dev/null 2>&1")
                                      .c_str());
   ASSERT_EQ(WEXITSTATUS(status), 0);
@@ -132,12 +139,17 @@ TEST_F(InitTest, TokenizerFromADirectory) {
 
 TEST_F(InitTest, BadSizesAreBadInput) {
   std::string err;
-  EXPECT_EQ(Engine(absl::StrCat("init --num-heads 5 --out ", (root_ / "x").string()), nullptr, &err), 4);
+  EXPECT_EQ(
+      Engine(absl::StrCat("init --num-heads 5 --out ", (root_ / "x").string()), nullptr, &err), 4);
   EXPECT_TRUE(absl::StrContains(err, "stemma-engine: error: ")) << err;
   EXPECT_TRUE(absl::StrContains(err, "num_heads")) << err;
-  EXPECT_EQ(Engine(absl::StrCat("init --vocab-size 100 --out ", (root_ / "x").string()), nullptr, &err), 4);
+  EXPECT_EQ(
+      Engine(absl::StrCat("init --vocab-size 100 --out ", (root_ / "x").string()), nullptr, &err),
+      4);
   EXPECT_TRUE(absl::StrContains(err, "vocab_size: 100 is less than the tokenizer's 259")) << err;
-  EXPECT_EQ(Engine(absl::StrCat("init --hidden-sise 100 --out ", (root_ / "x").string()), nullptr, &err), 4);
+  EXPECT_EQ(
+      Engine(absl::StrCat("init --hidden-sise 100 --out ", (root_ / "x").string()), nullptr, &err),
+      4);
   EXPECT_TRUE(absl::StrContains(err, "unknown flag --hidden-sise")) << err;
   EXPECT_FALSE(fs::exists(root_ / "x"));
 }
@@ -145,8 +157,8 @@ TEST_F(InitTest, BadSizesAreBadInput) {
 TEST_F(InitTest, HelpOnInitAndTokenize) {
   std::string out;
   ASSERT_EQ(Engine("init --help", &out), 0);
-  for (const char* needle : {"usage: stemma-engine init", "hidden_size", "num_kv_heads", "experts_per_token",
-                             "default tiny"}) {
+  for (const char* needle : {"usage: stemma-engine init", "hidden_size", "num_kv_heads",
+                             "experts_per_token", "default tiny"}) {
     EXPECT_TRUE(absl::StrContains(out, needle)) << needle << "\n" << out;
   }
   ASSERT_EQ(Engine("tokenize --help", &out), 0);
@@ -182,10 +194,10 @@ TEST(InitDocs, PresetTableMatchesTheCode) {
     EXPECT_EQ(cells[8], std::to_string(j["intermediate_size"].get<int64_t>()));
     EXPECT_EQ(cells[9], j["tie_word_embeddings"].get<bool>() ? "true" : "false");
     EXPECT_EQ(cells[10], std::to_string(j["max_position_embeddings"].get<int64_t>()));
-    const std::string experts =
-        j.contains("num_experts")
-            ? absl::StrCat(j["num_experts"].get<int64_t>(), " (", j["num_experts_per_tok"].get<int64_t>(), ")")
-            : "—";
+    const std::string experts = j.contains("num_experts")
+                                    ? absl::StrCat(j["num_experts"].get<int64_t>(), " (",
+                                                   j["num_experts_per_tok"].get<int64_t>(), ")")
+                                    : "—";
     EXPECT_EQ(cells[11], experts);
     // Applying no sizes changes nothing (the table is what `init` writes).
     json applied = j;

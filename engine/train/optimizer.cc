@@ -60,8 +60,10 @@ FlatAdamW::FlatAdamW(const std::vector<ParamPlan>& plans, const std::vector<torc
     total += s.numel;
     segments_.push_back(std::move(s));
   }
-  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(
-      segments_.empty() ? torch::Device(torch::kCPU) : segments_[0].param.device());
+  const auto opts =
+      torch::TensorOptions()
+          .dtype(torch::kFloat32)
+          .device(segments_.empty() ? torch::Device(torch::kCPU) : segments_[0].param.device());
   values_ = torch::empty({total}, opts);
   exp_avg_ = torch::zeros({total}, opts);
   exp_avg_sq_ = torch::zeros({total}, opts);
@@ -152,11 +154,13 @@ FlatAdamW::StepStats FlatAdamW::Step(double lr, double max_norm) {
   for (size_t i = 0; i < segments_.size(); ++i) {
     const Segment& s = segments_[i];
     if (!s.mask.defined()) continue;
-    if (s.lambda > 0) grads[i].view(-1).add_(l2sp_diff(s.offset, s.offset + s.numel, s.lambda), 2.0 * s.lambda);
+    if (s.lambda > 0)
+      grads[i].view(-1).add_(l2sp_diff(s.offset, s.offset + s.numel, s.lambda), 2.0 * s.lambda);
     grads[i].mul_(s.mask);
   }
   // The total norm as torch.nn.utils.clip_grad_norm_ takes it: per-tensor norms, then theirs.
-  if (!grads.empty()) stats.grad_norm = at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
+  if (!grads.empty())
+    stats.grad_norm = at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
   // torch's clip_grad_norm_ coefficient. The fused update divides the unmasked ranges'
   // gradients by 1/clip itself (its grad_scale), which saves a pass; masked segments are
   // scaled here.
@@ -223,7 +227,8 @@ void FlatAdamW::AdamMasked(const Segment& s, const torch::Tensor& grad, double l
 std::vector<std::pair<std::string, torch::Tensor>> FlatAdamW::StateTensors() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const Segment& s : segments_) {
-    out.emplace_back("exp_avg." + s.name, exp_avg_.narrow(0, s.offset, s.numel).view(s.param.sizes()));
+    out.emplace_back("exp_avg." + s.name,
+                     exp_avg_.narrow(0, s.offset, s.numel).view(s.param.sizes()));
     out.emplace_back("exp_avg_sq." + s.name,
                      exp_avg_sq_.narrow(0, s.offset, s.numel).view(s.param.sizes()));
   }
@@ -246,8 +251,8 @@ absl::Status FlatAdamW::RestoreState(
       return absl::InvalidArgumentError(absl::StrCat("optimizer state lacks tensor '", name, "'"));
     }
     if (it->second.sizes() != target.sizes()) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer state tensor '", name,
-                                                     "' has the wrong shape"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state tensor '", name, "' has the wrong shape"));
     }
     target.copy_(it->second);
   }

@@ -53,7 +53,7 @@ class FlatAdamW {
 
   struct StepStats {
     double grad_norm = 0.0;  // of the masked gradient with the L2-SP term, before clipping
-    double l2sp = 0.0;       // Σ λ‖θ − θ_base‖² at the parameters the gradient was taken at
+    double l2sp = 0.0;  // Σ λ‖θ − θ_base‖² at the parameters the gradient was taken at
   };
   // Adds the L2-SP gradient, masks, measures and clips (max_norm > 0) the gradient, then
   // applies one AdamW step with learning rate `lr`.
@@ -105,7 +105,7 @@ class FlatAdamW {
   std::vector<Segment> segments_;
   std::vector<Range> ranges_;
   torch::Tensor values_, exp_avg_, exp_avg_sq_, scratch_;  // [n] fp32 each
-  torch::Tensor grads_;  // [n], only once FlatGrads() or a missing gradient needed it
+  torch::Tensor grads_;   // [n], only once FlatGrads() or a missing gradient needed it
   torch::Tensor anchor_;  // [n] initial values, only with L2-SP
   int64_t step_ = 0;
 };

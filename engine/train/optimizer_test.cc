@@ -22,22 +22,26 @@ ParamPlan Plan(const std::string& name, const torch::Tensor& t, bool decay, doub
 // stay equal (to float rounding: LibTorch's C++ AdamW uses mul+add where Python uses lerp).
 TEST(FlatAdamWTest, MatchesTorchAdamW) {
   torch::manual_seed(0);
-  std::vector<torch::Tensor> ours = {torch::randn({8, 5}), torch::randn({5}), torch::randn({3, 4, 2})};
+  std::vector<torch::Tensor> ours = {torch::randn({8, 5}), torch::randn({5}),
+                                     torch::randn({3, 4, 2})};
   std::vector<torch::Tensor> theirs;
   for (auto& t : ours) theirs.push_back(t.clone().set_requires_grad(true));
-  std::vector<ParamPlan> plans = {Plan("a", ours[0], true), Plan("b", ours[1], false), Plan("c", ours[2], true)};
+  std::vector<ParamPlan> plans = {Plan("a", ours[0], true), Plan("b", ours[1], false),
+                                  Plan("c", ours[2], true)};
   OptimizerSpec spec;
   spec.lr = 1e-2;
   spec.weight_decay = 0.1;
   FlatAdamW flat(plans, ours, spec);
   // LibTorch's AdamW decays every parameter of a group, so "b" goes in a group without decay.
   torch::optim::AdamW reference(
-      {torch::optim::OptimizerParamGroup({theirs[0], theirs[2]},
-                                         std::make_unique<torch::optim::AdamWOptions>(
-                                             torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1))),
-       torch::optim::OptimizerParamGroup({theirs[1]},
-                                         std::make_unique<torch::optim::AdamWOptions>(
-                                             torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)))});
+      {torch::optim::OptimizerParamGroup(
+           {theirs[0], theirs[2]},
+           std::make_unique<torch::optim::AdamWOptions>(
+               torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1))),
+       torch::optim::OptimizerParamGroup(
+           {theirs[1]},
+           std::make_unique<torch::optim::AdamWOptions>(
+               torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)))});
   for (int step = 0; step < 6; ++step) {
     flat.ZeroGrad();
     reference.zero_grad();
@@ -50,7 +54,8 @@ TEST(FlatAdamWTest, MatchesTorchAdamW) {
     EXPECT_GT(stats.grad_norm, 0.0);
     reference.step();
     for (size_t i = 0; i < ours.size(); ++i) {
-      EXPECT_TRUE(torch::allclose(ours[i], theirs[i], 1e-5, 1e-6)) << "param " << i << " step " << step;
+      EXPECT_TRUE(torch::allclose(ours[i], theirs[i], 1e-5, 1e-6))
+          << "param " << i << " step " << step;
     }
   }
 }
@@ -59,7 +64,8 @@ TEST(FlatAdamWTest, ClippingScalesTheGradientToMaxNorm) {
   auto w = torch::zeros({10});
   std::vector<ParamPlan> plans = {Plan("w", w, false)};
   OptimizerSpec spec;
-  spec.beta1 = 0.0;  // the update is then lr * g / (|g| + eps): shows the clipped gradient's sign only,
+  spec.beta1 =
+      0.0;  // the update is then lr * g / (|g| + eps): shows the clipped gradient's sign only,
   FlatAdamW flat(plans, {w}, spec);
   flat.ZeroGrad();
   w.mutable_grad() = torch::full({10}, 3.0);  // norm sqrt(90)
@@ -107,12 +113,15 @@ TEST(FlatAdamWTest, L2spPullsTowardTheInitialValues) {
   flat.ZeroGrad();
   flat.Step(0.1, 0.0);  // zero task gradient at the anchor: nothing moves, penalty 0
   EXPECT_TRUE(torch::equal(w, torch::ones({4})));
-  { torch::NoGradGuard g; w.add_(1.0); }  // move away from the anchor
+  {
+    torch::NoGradGuard g;
+    w.add_(1.0);
+  }  // move away from the anchor
   flat.ZeroGrad();
   auto stats = flat.Step(0.1, 0.0);
-  EXPECT_NEAR(stats.l2sp, 0.5 * 4.0, 1e-6);      // λ‖θ − θ0‖² = 0.5 · 4 · 1²
+  EXPECT_NEAR(stats.l2sp, 0.5 * 4.0, 1e-6);           // λ‖θ − θ0‖² = 0.5 · 4 · 1²
   EXPECT_NEAR(stats.grad_norm, 2 * 0.5 * 2.0, 1e-6);  // ‖2λ(θ − θ0)‖ = 1 · √4
-  EXPECT_TRUE((w < 2.0).all().item<bool>());     // pulled back toward 1
+  EXPECT_TRUE((w < 2.0).all().item<bool>());          // pulled back toward 1
 }
 
 TEST(FlatAdamWTest, ParameterWithoutGradientIsSteppedAsWithZeroGradient) {

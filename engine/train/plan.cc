@@ -82,8 +82,10 @@ absl::StatusOr<json> ReadJsonFile(const std::string& path, const std::string& wh
 }
 
 // A JSON list of ids in [0, limit) -> sorted unique ids; errors name `where`.
-absl::StatusOr<std::vector<int64_t>> IdList(const json& v, int64_t limit, const std::string& where) {
-  if (!v.is_array()) return absl::InvalidArgumentError(absl::StrCat(where, ": must be a list of ids"));
+absl::StatusOr<std::vector<int64_t>> IdList(const json& v, int64_t limit,
+                                            const std::string& where) {
+  if (!v.is_array())
+    return absl::InvalidArgumentError(absl::StrCat(where, ": must be a list of ids"));
   std::set<int64_t> ids;
   for (const json& id : v) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= limit) {
@@ -126,13 +128,15 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> LoadNeuronMask(
     const std::string& path, const std::vector<std::string>& languages, const ModelShape& model) {
   ASSIGN_OR_RETURN(json doc, ReadJsonFile(path, "neuron mask file"));
   auto bad = [&](const std::string& field, const std::string& why) {
-    return absl::InvalidArgumentError(absl::StrCat("neuron mask file ", path, ": ", field, ": ", why));
+    return absl::InvalidArgumentError(
+        absl::StrCat("neuron mask file ", path, ": ", field, ": ", why));
   };
   if (!doc.contains("format") || doc["format"] != "stemma.neuron_mask/1") {
     return bad("format", "want \"stemma.neuron_mask/1\"");
   }
   if (!doc.contains("num_layers") || doc["num_layers"] != model.num_layers) {
-    return bad("num_layers", absl::StrCat("does not match the model's ", model.num_layers, " layers"));
+    return bad("num_layers",
+               absl::StrCat("does not match the model's ", model.num_layers, " layers"));
   }
   if (!doc.contains("intermediate_size") || doc["intermediate_size"] != model.intermediate_size) {
     return bad("intermediate_size", absl::StrCat("does not match the model's intermediate_size ",
@@ -149,7 +153,8 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> LoadNeuronMask(
   std::vector<std::set<int64_t>> sets(model.num_layers);
   for (const std::string& lang : wanted) {
     if (!table.contains(lang)) {
-      return bad(absl::StrCat("languages.", lang), "not in the file (the spec's neuron_mask.languages names it)");
+      return bad(absl::StrCat("languages.", lang),
+                 "not in the file (the spec's neuron_mask.languages names it)");
     }
     const json& layers = table[lang];
     if (!layers.is_array() || static_cast<int64_t>(layers.size()) != model.num_layers) {
@@ -157,9 +162,10 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> LoadNeuronMask(
                  absl::StrCat("must hold one list per layer (", model.num_layers, ")"));
     }
     for (int64_t l = 0; l < model.num_layers; ++l) {
-      ASSIGN_OR_RETURN(std::vector<int64_t> ids,
-                       IdList(layers[l], model.intermediate_size,
-                              absl::StrCat("neuron mask file ", path, ": languages.", lang, "[", l, "]")));
+      ASSIGN_OR_RETURN(
+          std::vector<int64_t> ids,
+          IdList(layers[l], model.intermediate_size,
+                 absl::StrCat("neuron mask file ", path, ": languages.", lang, "[", l, "]")));
       sets[l].insert(ids.begin(), ids.end());
     }
   }
@@ -178,19 +184,21 @@ absl::StatusOr<std::map<int64_t, std::vector<int64_t>>> LoadExpertSubset(
   }
   const json& sets = doc[language];
   if (!sets.contains(set) || !sets[set].is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "language '", language, "' has no set '", set, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "language '", language, "' has no set '", set, "'"));
   }
   std::map<int64_t, std::vector<int64_t>> out;
   for (const auto& [key, ids] : sets[set].items()) {
     int64_t layer = -1;
     const std::string field = absl::StrCat(where, language, ".", set, ".", key);
     if (!absl::SimpleAtoi(key, &layer) || layer < 0 || layer >= model.num_layers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": layer key is not a layer of the model (0..", model.num_layers - 1, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": layer key is not a layer of the model (0..", model.num_layers - 1, ")"));
     }
     ASSIGN_OR_RETURN(out[layer], IdList(ids, model.num_experts, field));
   }
-  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(where, language, ".", set, ": no layers"));
+  if (out.empty())
+    return absl::InvalidArgumentError(absl::StrCat(where, language, ".", set, ": no layers"));
   return out;
 }
 
@@ -211,8 +219,9 @@ absl::StatusOr<TrainPlan> BuildPlan(const StrategySpec& strategy, const ModelSha
   std::vector<std::vector<int64_t>> neurons;
   if (strategy.neuron_mask) {
     if (model.num_experts > 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ".neuron_mask: needs a dense model (this one has ", model.num_experts, " experts)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".neuron_mask: needs a dense model (this one has ", model.num_experts,
+                       " experts)"));
     }
     ASSIGN_OR_RETURN(neurons, LoadNeuronMask(strategy.neuron_mask->file,
                                              strategy.neuron_mask->languages, model));
@@ -287,7 +296,8 @@ absl::StatusOr<TrainPlan> BuildPlan(const StrategySpec& strategy, const ModelSha
           pp.l2sp_lambda = strategy.l2sp[i].lambda;
           break;
         }
-        if (default_rule) pp.l2sp_lambda = strategy.l2sp[i].lambda;  // unless a later range rule names it
+        if (default_rule)
+          pp.l2sp_lambda = strategy.l2sp[i].lambda;  // unless a later range rule names it
       }
       pp.weight_decay = pp.shape.size() >= 2 && pp.l2sp_lambda == 0.0;
     } else {

@@ -71,9 +71,8 @@ int64_t LayerOf(const std::string& name);
 // Per-layer neuron lists from a stemma.neuron_mask/1 file: the union over `languages` (all
 // languages in the file when empty). Errors name the file and field: a missing language,
 // num_layers / intermediate_size differing from the model, a neuron id out of range.
-absl::StatusOr<std::vector<std::vector<int64_t>>> LoadNeuronMask(const std::string& path,
-                                                                 const std::vector<std::string>& languages,
-                                                                 const ModelShape& model);
+absl::StatusOr<std::vector<std::vector<int64_t>>> LoadNeuronMask(
+    const std::string& path, const std::vector<std::string>& languages, const ModelShape& model);
 
 // layer -> sorted unique expert ids of `language`.`set` in an expert-selection file
 // (algorithms.md §4.4). Errors name the file and the missing key or bad id.

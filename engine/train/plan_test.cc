@@ -46,9 +46,9 @@ TEST(ScheduleTest, WarmupThenCosineToTheFloor) {
   s.min_lr_ratio = 0.1;
   EXPECT_DOUBLE_EQ(LearningRate(o, s, 1, 14), 0.25);
   EXPECT_DOUBLE_EQ(LearningRate(o, s, 4, 14), 1.0);
-  EXPECT_DOUBLE_EQ(LearningRate(o, s, 5, 14), 1.0);   // decay starts at the peak
+  EXPECT_DOUBLE_EQ(LearningRate(o, s, 5, 14), 1.0);     // decay starts at the peak
   EXPECT_NEAR(LearningRate(o, s, 14, 14), 0.1, 1e-12);  // and ends at the floor
-  const double mid = LearningRate(o, s, 9, 14);       // halfway through 5..14 (progress 4/9)
+  const double mid = LearningRate(o, s, 9, 14);         // halfway through 5..14 (progress 4/9)
   EXPECT_GT(mid, 0.55);
   EXPECT_LT(mid, 0.7);
   s.kind = ScheduleSpec::Kind::kConstant;
@@ -79,8 +79,11 @@ const ParamPlan& Find(const TrainPlan& plan, const std::string& name) {
 }
 
 StrategySpec Strategy(const json& j) {
-  json doc = {{"model", "/m"}, {"out", "/o"}, {"steps", 1},
-              {"data", {{"datasets", {{{"path", "/d"}}}}, {"seq_len", 4}}}, {"strategy", j}};
+  json doc = {{"model", "/m"},
+              {"out", "/o"},
+              {"steps", 1},
+              {"data", {{"datasets", {{{"path", "/d"}}}}, {"seq_len", 4}}},
+              {"strategy", j}};
   auto spec = ParseTrainSpecText(doc.dump(), "spec.yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
   return spec.ok() ? spec->strategy : StrategySpec{};
@@ -88,9 +91,10 @@ StrategySpec Strategy(const json& j) {
 
 TEST(PlanTest, FreezeRangesAndL2spLambdas) {
   ModelShape shape{4, 8, 0, false};
-  auto plan = BuildPlan(Strategy({{"freeze", {{"layers", {"1:3"}}, {"head", true}}},
-                                  {"l2sp", {{{"layers", {"3"}}, {"lambda", 0.05}}, {{"lambda", 0.001}}}}}),
-                        shape, DenseParams(4, 4, 8));
+  auto plan =
+      BuildPlan(Strategy({{"freeze", {{"layers", {"1:3"}}, {"head", true}}},
+                          {"l2sp", {{{"layers", {"3"}}, {"lambda", 0.05}}, {{"lambda", 0.001}}}}}),
+                shape, DenseParams(4, 4, 8));
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(Find(*plan, "model.layers.0.mlp.up_proj.weight").trainable);
   EXPECT_FALSE(Find(*plan, "model.layers.1.mlp.up_proj.weight").trainable);
@@ -99,7 +103,8 @@ TEST(PlanTest, FreezeRangesAndL2spLambdas) {
   EXPECT_EQ(Find(*plan, "model.layers.3.self_attn.q_proj.weight").l2sp_lambda, 0.05);
   EXPECT_EQ(Find(*plan, "model.layers.0.self_attn.q_proj.weight").l2sp_lambda, 0.001);
   EXPECT_EQ(Find(*plan, "model.embed_tokens.weight").l2sp_lambda, 0.001);
-  EXPECT_FALSE(Find(*plan, "model.layers.0.self_attn.q_proj.weight").weight_decay);  // L2-SP instead
+  EXPECT_FALSE(
+      Find(*plan, "model.layers.0.self_attn.q_proj.weight").weight_decay);  // L2-SP instead
   const int64_t per_layer = 16 + 4 + 3 * 32;
   EXPECT_EQ(plan->trainable_params, 400 + 2 * per_layer + 4);
   EXPECT_EQ(plan->total_params, 800 + 4 * per_layer + 4);
@@ -114,9 +119,11 @@ TEST(PlanTest, WeightDecayOnMatricesOnly) {
 
 TEST(PlanTest, NeuronMaskSelectsRowsAndColumnsOfUnionOfLanguages) {
   const std::string path = testing::TempDir() + "/mask.json";
-  std::ofstream(path) << json{{"format", "stemma.neuron_mask/1"}, {"num_layers", 2},
+  std::ofstream(path) << json{{"format", "stemma.neuron_mask/1"},
+                              {"num_layers", 2},
                               {"intermediate_size", 8},
-                              {"languages", {{"sw", {{1, 3}, json::array()}}, {"yo", {{3, 5}, {0}}}}}}
+                              {"languages",
+                               {{"sw", {{1, 3}, json::array()}}, {"yo", {{3, 5}, {0}}}}}}
                              .dump();
   StrategySpec s = Strategy({{"neuron_mask", {{"file", path}}}});
   auto plan = BuildPlan(s, ModelShape{2, 8, 0, false}, DenseParams(2, 4, 8));
@@ -130,14 +137,17 @@ TEST(PlanTest, NeuronMaskSelectsRowsAndColumnsOfUnionOfLanguages) {
   EXPECT_EQ(plan->trainable_params, (3 + 1) * 3 * 4);
   // One language only, and errors naming the file's field.
   s.neuron_mask->languages = {"sw"};
-  EXPECT_EQ(BuildPlan(s, ModelShape{2, 8, 0, false}, DenseParams(2, 4, 8))->trainable_params, 2 * 3 * 4);
+  EXPECT_EQ(BuildPlan(s, ModelShape{2, 8, 0, false}, DenseParams(2, 4, 8))->trainable_params,
+            2 * 3 * 4);
   auto wrong = BuildPlan(s, ModelShape{3, 8, 0, false}, DenseParams(3, 4, 8));
   ASSERT_FALSE(wrong.ok());
   EXPECT_TRUE(absl::StrContains(wrong.status().message(), "num_layers")) << wrong.status();
 }
 
 TEST(PlanTest, SpecErrorsNameTheField) {
-  json doc = {{"model", "/m"}, {"out", "/o"}, {"steps", 1},
+  json doc = {{"model", "/m"},
+              {"out", "/o"},
+              {"steps", 1},
               {"data", {{"datasets", {{{"path", "/d"}}}}, {"seq_len", 4}}}};
   struct Case {
     json patch;
@@ -148,7 +158,8 @@ TEST(PlanTest, SpecErrorsNameTheField) {
       {{{"batch_size", 0}}, "spec.yaml: line 1: batch_size: 0 must be >= 1"},
       {{{"strategy", {{"l2sp", {{{"layers", {"0:2"}}}}}}}}, "strategy.l2sp[0].lambda: is required"},
       {{{"strategy", {{"freeze", {{"layers", {"middle", "1:"}}}}}}}, ""},  // accepted
-      {{{"schedule", {{"type", "step"}}}}, "schedule.type: 'step' is not one of cosine, linear, constant"},
+      {{{"schedule", {{"type", "step"}}}},
+       "schedule.type: 'step' is not one of cosine, linear, constant"},
       {{{"data", {{"seq_len", 0}}}}, "data.seq_len: 0 must be >= 1"},
   };
   for (const Case& c : cases) {

@@ -12,8 +12,8 @@
 namespace stemma::engine::train {
 namespace {
 
-absl::StatusOr<std::vector<LayerRange>> Ranges(const google::protobuf::RepeatedPtrField<std::string>& texts,
-                                               const std::string& where) {
+absl::StatusOr<std::vector<LayerRange>> Ranges(
+    const google::protobuf::RepeatedPtrField<std::string>& texts, const std::string& where) {
   std::vector<LayerRange> out;
   for (int i = 0; i < texts.size(); ++i) {
     ASSIGN_OR_RETURN(LayerRange r, ParseLayerRange(texts[i], absl::StrCat(where, "[", i, "]")));
@@ -33,9 +33,9 @@ double LearningRate(const OptimizerSpec& optimizer, const ScheduleSpec& schedule
   const double floor = peak * schedule.min_lr_ratio;
   const int64_t decay_steps = total_steps - warmup;
   // Progress 0 at the first step after warmup, 1 at the last step.
-  const double progress =
-      decay_steps <= 1 ? 1.0
-                       : static_cast<double>(step - warmup - 1) / static_cast<double>(decay_steps - 1);
+  const double progress = decay_steps <= 1 ? 1.0
+                                           : static_cast<double>(step - warmup - 1) /
+                                                 static_cast<double>(decay_steps - 1);
   const double shape = schedule.kind == ScheduleSpec::Kind::kCosine
                            ? 0.5 * (1.0 + std::cos(std::numbers::pi * progress))
                            : 1.0 - progress;
@@ -68,7 +68,8 @@ absl::StatusOr<TrainSpec> TrainSpecFromProto(v1::TrainSpec p, const std::string&
   s.grad_accum = p.grad_accum();
   s.max_tokens = p.max_tokens();
   s.steps = p.has_steps() ? p.steps()
-                          : (p.max_tokens() + s.tokens_per_step() - 1) / std::max<int64_t>(s.tokens_per_step(), 1);
+                          : (p.max_tokens() + s.tokens_per_step() - 1) /
+                                std::max<int64_t>(s.tokens_per_step(), 1);
   s.seed = p.seed();
   s.threads = p.threads();
 
@@ -89,7 +90,8 @@ absl::StatusOr<TrainSpec> TrainSpecFromProto(v1::TrainSpec p, const std::string&
   s.clip_grad_norm = p.clip_grad_norm();
 
   const v1::TrainStrategy& st = p.strategy();
-  ASSIGN_OR_RETURN(s.strategy.freeze.layers, Ranges(st.freeze().layers(), "strategy.freeze.layers"));
+  ASSIGN_OR_RETURN(s.strategy.freeze.layers,
+                   Ranges(st.freeze().layers(), "strategy.freeze.layers"));
   s.strategy.freeze.embeddings = st.freeze().embeddings();
   s.strategy.freeze.head = st.freeze().head();
   s.strategy.freeze.final_norm = st.freeze().final_norm();
@@ -98,7 +100,8 @@ absl::StatusOr<TrainSpec> TrainSpecFromProto(v1::TrainSpec p, const std::string&
   s.strategy.freeze.norms = st.freeze().norms();
   for (int i = 0; i < st.l2sp_size(); ++i) {
     L2spRule rule;
-    ASSIGN_OR_RETURN(rule.layers, Ranges(st.l2sp(i).layers(), absl::StrCat("strategy.l2sp[", i, "].layers")));
+    ASSIGN_OR_RETURN(rule.layers,
+                     Ranges(st.l2sp(i).layers(), absl::StrCat("strategy.l2sp[", i, "].layers")));
     rule.lambda = st.l2sp(i).lambda();
     s.strategy.l2sp.push_back(std::move(rule));
   }

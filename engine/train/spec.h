@@ -132,8 +132,8 @@ struct TrainSpec {
   // "float32", or "bfloat16": forward and backward under bf16 autocast (the matrix products in
   // bf16, losses and reductions in fp32), the usual mixed precision on GPUs.
   std::string precision = "float32";
-  bool overwrite = false;              // replace an existing `out`
-  int64_t log_every = 1;               // step events every N steps (and the first and last)
+  bool overwrite = false;  // replace an existing `out`
+  int64_t log_every = 1;   // step events every N steps (and the first and last)
 
   std::string source;  // the spec file, for errors
   nlohmann::json raw;  // the typed spec as JSON (defaults filled), recorded in manifests

@@ -33,7 +33,8 @@ void KeepLargeBlocksInTheHeap() {
 }  // namespace
 
 int RunTrain(int argc, char** argv) {
-  absl::StatusOr<EngineInvocation> inv = ParseEngineCommandLine("train", argc, argv, {"stop-after-step"});
+  absl::StatusOr<EngineInvocation> inv =
+      ParseEngineCommandLine("train", argc, argv, {"stop-after-step"});
   if (!inv.ok()) return ReportEngineFailure(inv.status());
   if (inv->help) {
     std::fputs(EngineHelp("train", kUsage).c_str(), stdout);
@@ -42,7 +43,8 @@ int RunTrain(int argc, char** argv) {
   int64_t stop_after_step = 0;
   if (auto it = inv->flags.find("stop-after-step"); it != inv->flags.end()) {
     if (!absl::SimpleAtoi(it->second, &stop_after_step) || stop_after_step < 1) {
-      return ReportEngineFailure(absl::InvalidArgumentError("--stop-after-step wants a positive step number"));
+      return ReportEngineFailure(
+          absl::InvalidArgumentError("--stop-after-step wants a positive step number"));
     }
   }
   const std::string source = inv->spec_file.empty() ? "command line" : inv->spec_file;
@@ -52,13 +54,15 @@ int RunTrain(int argc, char** argv) {
   KeepLargeBlocksInTheHeap();
   train::RunOptions options;
   options.stop_after_step = stop_after_step;
-  absl::StatusOr<train::RunResult> result = train::Train(*spec, options, EventWriter(/*enabled=*/true));
+  absl::StatusOr<train::RunResult> result =
+      train::Train(*spec, options, EventWriter(/*enabled=*/true));
   if (!result.ok()) return ReportEngineFailure(result.status());
   if (*result == train::RunResult::kStopped) {
     std::fprintf(stderr,
                  "%sstopped after step %lld as asked (--stop-after-step); run again to resume from "
                  "the checkpoint\n",
-                 std::string(engine_contract::kErrorPrefix).c_str(), static_cast<long long>(stop_after_step));
+                 std::string(engine_contract::kErrorPrefix).c_str(),
+                 static_cast<long long>(stop_after_step));
     return engine_contract::kExitStopped;
   }
   return engine_contract::kExitOk;

@@ -2,8 +2,8 @@
 // `stemma-engine init`) and synthetic token datasets, checked the way a user would check a
 // run: the events it printed, the tensors it wrote, what it refused.
 #include <sys/wait.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -96,8 +96,13 @@ class TrainTest : public ::testing::Test {
     data::DatasetWriterOptions o;
     o.out_dir = (root_ / name).string();
     o.language = name;
-    o.tokenizer = {.name = "synthetic", .kind = "none", .file = "", .sha256 = "",
-                   .vocab_size = 256, .bos_id = 1, .eos_id = 2};
+    o.tokenizer = {.name = "synthetic",
+                   .kind = "none",
+                   .file = "",
+                   .sha256 = "",
+                   .vocab_size = 256,
+                   .bos_id = 1,
+                   .eos_id = 2};
     auto writer = data::DatasetWriter::Create(o);
     ASSERT_TRUE(writer.ok()) << writer.status();
     std::mt19937 rng(seed);
@@ -137,8 +142,8 @@ class TrainTest : public ::testing::Test {
     std::ofstream(spec_path) << spec.dump(2);
     const fs::path out = root_ / (name + ".stdout"), err = root_ / (name + ".stderr");
     Result r;
-    r.exit_code = Shell(absl::StrCat(env, STEMMA_ENGINE_BIN, " train --spec ", spec_path.string(), " ",
-                                     extra, " > ", out.string(), " 2> ", err.string()));
+    r.exit_code = Shell(absl::StrCat(env, STEMMA_ENGINE_BIN, " train --spec ", spec_path.string(),
+                                     " ", extra, " > ", out.string(), " 2> ", err.string()));
     r.stdout_text = ReadText(out);
     r.stderr_text = ReadText(err);
     std::istringstream lines(r.stdout_text);
@@ -192,7 +197,8 @@ TEST_F(TrainTest, EveryArchitectureTrainsAndReportsEvents) {
     EXPECT_EQ(outputs[0]["parents"], json::array({(root_ / arch).string()}));
     EXPECT_EQ(r.events.back()["trainable_fraction"], 1.0);
     // The output is a complete, verified checkpoint with every tensor of the base model.
-    Tensors base = ReadTensors(root_ / arch), trained = ReadTensors(root_ / absl::StrCat("full_", arch));
+    Tensors base = ReadTensors(root_ / arch),
+            trained = ReadTensors(root_ / absl::StrCat("full_", arch));
     ASSERT_EQ(base.size(), trained.size());
     int changed = 0;
     for (const auto& [name, t] : base) {
@@ -214,7 +220,8 @@ TEST_F(TrainTest, FrozenLayersEmbeddingsStayBitIdentical) {
   int64_t expect_trainable = 0, total = 0;
   for (const auto& [name, t] : base) {
     total += t.numel();
-    const bool frozen = absl::StartsWith(name, "model.layers.0.") || name == "model.embed_tokens.weight";
+    const bool frozen =
+        absl::StartsWith(name, "model.layers.0.") || name == "model.embed_tokens.weight";
     if (frozen) {
       EXPECT_TRUE(Same(t, trained[name])) << name << " changed although frozen";
     } else {
@@ -270,7 +277,8 @@ TEST_F(TrainTest, NeuronMaskChangesOnlyMaskedRowsAndColumns) {
   std::ofstream(root_ / "mask.json") << mask.dump();
   json spec = BaseSpec("llama", "masked");
   spec["optimizer"]["weight_decay"] = 0.1;  // decay and moments must be masked too
-  spec["strategy"] = {{"neuron_mask", {{"file", (root_ / "mask.json").string()}, {"languages", {"sw"}}}}};
+  spec["strategy"] = {
+      {"neuron_mask", {{"file", (root_ / "mask.json").string()}, {"languages", {"sw"}}}}};
   Result r = Run(spec, "masked");
   ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
   Tensors base = ReadTensors(root_ / "llama"), trained = ReadTensors(root_ / "masked");
@@ -278,8 +286,9 @@ TEST_F(TrainTest, NeuronMaskChangesOnlyMaskedRowsAndColumns) {
   for (const auto& [name, t] : base) {
     auto diff = (trained[name] != t);  // bool, elementwise
     changed_elements += diff.sum().item<int64_t>();
-    const int layer = absl::StartsWith(name, "model.layers.0.") ? 0
-                      : absl::StartsWith(name, "model.layers.1.") ? 1 : -1;
+    const int layer = absl::StartsWith(name, "model.layers.0.")   ? 0
+                      : absl::StartsWith(name, "model.layers.1.") ? 1
+                                                                  : -1;
     const bool rows = absl::StrContains(name, "gate_proj") || absl::StrContains(name, "up_proj");
     const bool cols = absl::StrContains(name, "down_proj");
     if (layer < 0 || (!rows && !cols)) {
@@ -314,8 +323,9 @@ TEST_F(TrainTest, ExpertSubsetTrainsOnlyListedExpertsAndRestrictsTheRouter) {
                     {"ca", {{"seft", {{"1", {2}}}}, {"ssft_k1", {{"1", {2, 3, 3}}}}}}};
   std::ofstream(root_ / "experts.json") << selection.dump();
   json spec = BaseSpec("olmoe", "ssft");
-  spec["strategy"] = {{"expert_subset",
-                       {{"file", (root_ / "experts.json").string()}, {"language", "ca"}, {"set", "ssft_k1"}}}};
+  spec["strategy"] = {
+      {"expert_subset",
+       {{"file", (root_ / "experts.json").string()}, {"language", "ca"}, {"set", "ssft_k1"}}}};
   Result r = Run(spec, "ssft");
   ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
   Tensors base = ReadTensors(root_ / "olmoe"), trained = ReadTensors(root_ / "ssft");
@@ -338,7 +348,8 @@ TEST_F(TrainTest, ExpertSubsetTrainsOnlyListedExpertsAndRestrictsTheRouter) {
     }
   }
   EXPECT_EQ(r.events.back()["trainable_params"], expected);
-  EXPECT_FALSE(trained.count("model.layers.1.mlp.gate.bias")) << "the routing mask leaked into the output";
+  EXPECT_FALSE(trained.count("model.layers.1.mlp.gate.bias"))
+      << "the routing mask leaked into the output";
 }
 
 TEST_F(TrainTest, FrozenExpertStaysBitIdenticalWithLoadBalancingLoss) {
@@ -368,7 +379,8 @@ TEST_F(TrainTest, FrozenExpertStaysBitIdenticalWithLoadBalancingLoss) {
 // MLP tensor trains.
 TEST_F(TrainTest, FfnOnlyTrainsEveryMlpTensorAndNothingElse) {
   json spec = BaseSpec("llama", "ffn_only");
-  spec["strategy"] = {{"freeze", {{"attention", true}, {"norms", true}, {"embeddings", true}, {"head", true}}}};
+  spec["strategy"] = {
+      {"freeze", {{"attention", true}, {"norms", true}, {"embeddings", true}, {"head", true}}}};
   Result r = Run(spec, "ffn_only");
   ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
   Tensors base = ReadTensors(root_ / "llama"), trained = ReadTensors(root_ / "ffn_only");
@@ -397,7 +409,8 @@ TEST_F(TrainTest, FreezeSharedTrainsOnlyNewExpertsAndRouters) {
   Tensors base = ReadTensors(root_ / "olmoe"), trained = ReadTensors(root_ / "deltamoe_shared");
   int64_t moved = 0, kept = 0;
   for (const auto& [name, t] : base) {
-    const bool new_expert = absl::StrContains(name, ".mlp.experts.") && !absl::StrContains(name, ".mlp.experts.0.");
+    const bool new_expert =
+        absl::StrContains(name, ".mlp.experts.") && !absl::StrContains(name, ".mlp.experts.0.");
     const bool router = absl::StrContains(name, "mlp.gate.");
     if (new_expert || router) {
       EXPECT_FALSE(Same(t, trained[name])) << name << " should train";
@@ -414,7 +427,8 @@ TEST_F(TrainTest, FreezeSharedTrainsOnlyNewExpertsAndRouters) {
   dense["strategy"] = {{"freeze", {{"shared", true}}}};
   Result refused = Run(dense, "dense_shared");
   EXPECT_EQ(refused.exit_code, 4) << refused.stderr_text;
-  EXPECT_TRUE(absl::StrContains(refused.stderr_text, "freeze.shared: needs an MoE model")) << refused.stderr_text;
+  EXPECT_TRUE(absl::StrContains(refused.stderr_text, "freeze.shared: needs an MoE model"))
+      << refused.stderr_text;
 }
 
 TEST_F(TrainTest, ResumedRunRepeatsTheLossCurveExactly) {
@@ -472,8 +486,13 @@ TEST_F(TrainTest, LossCurveMatchesTransformersWithTorchAdamW) {
   data::DatasetWriterOptions o;
   o.out_dir = (root_ / "one_doc").string();
   o.language = "xx";
-  o.tokenizer = {.name = "synthetic", .kind = "none", .file = "", .sha256 = "",
-                 .vocab_size = 256, .bos_id = 1, .eos_id = 2};
+  o.tokenizer = {.name = "synthetic",
+                 .kind = "none",
+                 .file = "",
+                 .sha256 = "",
+                 .vocab_size = 256,
+                 .bos_id = 1,
+                 .eos_id = 2};
   auto writer = data::DatasetWriter::Create(o);
   ASSERT_TRUE(writer.ok()) << writer.status();
   ASSERT_TRUE((*writer)->AddDocument(doc).ok());
@@ -482,20 +501,29 @@ TEST_F(TrainTest, LossCurveMatchesTransformersWithTorchAdamW) {
     SCOPED_TRACE(arch);
     json spec = BaseSpec(arch, absl::StrCat("reference_", arch));
     spec["data"] = {{"datasets", {{{"path", (root_ / "one_doc").string()}, {"weight", 1}}}},
-                    {"seq_len", 16}, {"shuffle", false}};
+                    {"seq_len", 16},
+                    {"shuffle", false}};
     spec["steps"] = 5;
-    spec["optimizer"] = {{"lr", 3e-3}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.0}};
+    spec["optimizer"] = {
+        {"lr", 3e-3}, {"betas", {0.9, 0.95}}, {"eps", 1e-8}, {"weight_decay", 0.0}};
     spec["schedule"] = {{"type", "constant"}, {"warmup_steps", 0}};
     Result r = Run(spec, absl::StrCat("reference_", arch));
     ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
-    json job = {{"model", (root_ / arch).string()}, {"doc", doc}, {"eos", 2}, {"seq_len", 16},
-                {"batch_size", 4}, {"steps", 5}, {"lr", 3e-3}, {"betas", {0.9, 0.95}},
-                {"eps", 1e-8}, {"clip", 1.0}};
+    json job = {{"model", (root_ / arch).string()},
+                {"doc", doc},
+                {"eos", 2},
+                {"seq_len", 16},
+                {"batch_size", 4},
+                {"steps", 5},
+                {"lr", 3e-3},
+                {"betas", {0.9, 0.95}},
+                {"eps", 1e-8},
+                {"clip", 1.0}};
     std::ofstream(root_ / "reference_job.json") << job.dump();
     const fs::path out = root_ / "reference_out.json";
     ASSERT_EQ(Shell(absl::StrCat(STEMMA_PYTHON, " ", STEMMA_SOURCE_DIR,
-                                 "/tests/engine/train_reference.py ", (root_ / "reference_job.json").string(),
-                                 " > ", out.string())),
+                                 "/tests/engine/train_reference.py ",
+                                 (root_ / "reference_job.json").string(), " > ", out.string())),
               0);
     json expected = json::parse(ReadText(out));
     auto losses = r.Losses();
@@ -520,7 +548,8 @@ TEST_F(TrainTest, KilledRunResumesToTheSameWeights) {
   const fs::path spec_path = root_ / "killed.json", out = root_ / "killed.stdout";
   std::ofstream(spec_path) << spec.dump(2);
   ASSERT_EQ(Shell(absl::StrCat(STEMMA_ENGINE_BIN, " train --spec ", spec_path.string(), " > ",
-                               out.string(), " 2>/dev/null & echo $! > ", (root_ / "killed.pid").string())),
+                               out.string(), " 2>/dev/null & echo $! > ",
+                               (root_ / "killed.pid").string())),
             0);
   const std::string pid = ReadText(root_ / "killed.pid");
   bool killed = false;
@@ -620,7 +649,8 @@ TEST_F(TrainTest, HeldOutLossPerDatasetWithoutDisturbingTraining) {
   // name -> step -> value
   std::map<std::string, std::map<int64_t, double>> metrics;
   for (const json& e : r.Of("metric")) {
-    if (absl::StartsWith(e["name"].get<std::string>(), "trainable_")) continue;  // the start's size points
+    if (absl::StartsWith(e["name"].get<std::string>(), "trainable_"))
+      continue;  // the start's size points
     metrics[e["name"].get<std::string>()][e["step"].get<int64_t>()] = e["value"].get<double>();
   }
   ASSERT_EQ(metrics.size(), 3u);
@@ -653,9 +683,15 @@ TEST_F(TrainTest, BadInputsFailWithNamedCauseAndPublishNothing) {
   std::vector<BadCase> cases = {
       {"unknown_field", [](json& s, const fs::path&) { s["optimizer"]["learning_rate"] = 1; },
        "learning_rate"},
-      {"bad_range", [](json& s, const fs::path&) { s["strategy"] = {{"freeze", {{"layers", {"1:9"}}}}}; },
+      {"bad_range",
+       [](json& s, const fs::path&) {
+         s["strategy"] = {{"freeze", {{"layers", {"1:9"}}}}};
+       },
        "strategy.freeze.layers[0]: layers '1:9' reach past the model's 2 layers"},
-      {"empty_range", [](json& s, const fs::path&) { s["strategy"] = {{"freeze", {{"layers", {"3:3"}}}}}; },
+      {"empty_range",
+       [](json& s, const fs::path&) {
+         s["strategy"] = {{"freeze", {{"layers", {"3:3"}}}}};
+       },
        "'3:3' is not a layer range (it is empty"},
       {"missing_model", [](json& s, const fs::path&) { s["model"] = "/nonexistent/model"; },
        "/nonexistent/model"},
@@ -705,10 +741,13 @@ TEST_F(TrainTest, BadInputsFailWithNamedCauseAndPublishNothing) {
        "neuron_mask: needs a dense model"},
       {"missing_mask_language",
        [](json& s, const fs::path& dir) {
-         json mask = {{"format", "stemma.neuron_mask/1"}, {"num_layers", 2},
-                      {"intermediate_size", 128}, {"languages", {{"sw", {{1}, {2}}}}}};
+         json mask = {{"format", "stemma.neuron_mask/1"},
+                      {"num_layers", 2},
+                      {"intermediate_size", 128},
+                      {"languages", {{"sw", {{1}, {2}}}}}};
          std::ofstream(dir / "mask_sw.json") << mask.dump();
-         s["strategy"] = {{"neuron_mask", {{"file", (dir / "mask_sw.json").string()}, {"languages", {"zu"}}}}};
+         s["strategy"] = {
+             {"neuron_mask", {{"file", (dir / "mask_sw.json").string()}, {"languages", {"zu"}}}}};
        },
        "languages.zu"},
       {"both_steps_and_tokens", [](json& s, const fs::path&) { s["max_tokens"] = 1000; },
@@ -717,7 +756,10 @@ TEST_F(TrainTest, BadInputsFailWithNamedCauseAndPublishNothing) {
        "device: 'tpu' is not cpu, cuda or cuda:N"},
       {"bad_precision", [](json& s, const fs::path&) { s["precision"] = "fp8"; },
        "precision: 'fp8' is not one of float32, bfloat16"},
-      {"eval_without_heldout", [](json& s, const fs::path&) { s["eval"] = {{"every", 2}}; },
+      {"eval_without_heldout",
+       [](json& s, const fs::path&) {
+         s["eval"] = {{"every", 2}};
+       },
        "eval.every: needs held-out documents"},
       {"eval_heldout_too_small",  // no document of 300 falls in a 1e-9 split
        [](json& s, const fs::path&) {
@@ -808,7 +850,8 @@ TEST_F(TrainTest, MiddleStorageRootThreadsAndAttempt) {
   spec["out"] = "rel/too_many";
   Result refused = Run(spec, "specs/too_many", "", env);
   EXPECT_EQ(refused.exit_code, 4);
-  EXPECT_TRUE(absl::StrContains(refused.stderr_text, "threads: 2 threads is more than the job's 1 CPUs"))
+  EXPECT_TRUE(
+      absl::StrContains(refused.stderr_text, "threads: 2 threads is more than the job's 1 CPUs"))
       << refused.stderr_text;
 }
 
@@ -828,13 +871,15 @@ TEST_F(TrainTest, HeldOutByPositionAndBySeparateDataset) {
   EXPECT_EQ(last.Of("metric")[0]["value"], 1.0);
   EXPECT_EQ(last.Of("metric")[1]["name"], "trainable_params");
   json separate = BaseSpec("llama", "heldout_separate");
-  separate["data"]["datasets"] = {{{"path", (root_ / "sw").string()}, {"heldout_path", (root_ / "yo").string()}}};
+  separate["data"]["datasets"] = {
+      {{"path", (root_ / "sw").string()}, {"heldout_path", (root_ / "yo").string()}}};
   separate["eval"] = {{"every", 4}, {"batches", 1}};
   Result r = Run(separate, "heldout_separate");
   ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
   std::set<std::string> names;
   for (const json& e : r.Of("metric")) names.insert(e["name"]);
-  EXPECT_EQ(names, (std::set<std::string>{"heldout_loss/sw", "heldout_loss", "trainable_fraction", "trainable_params"}));
+  EXPECT_EQ(names, (std::set<std::string>{"heldout_loss/sw", "heldout_loss", "trainable_fraction",
+                                          "trainable_params"}));
   // All of sw trains: the same curve as without any held-out set.
   json plain = BaseSpec("llama", "heldout_none");
   Result none = Run(plain, "heldout_none");

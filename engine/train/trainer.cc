@@ -1,11 +1,10 @@
 #include "engine/train/trainer.h"
 
-#include <unistd.h>
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,8 +34,8 @@
 #include "engine/train/plan.h"
 
 #if __has_include("engine/train/distributed.h")
-#include "engine/train/distributed.h"
 #include "engine/model/guard.h"
+#include "engine/train/distributed.h"
 #define STEMMA_TRAIN_HAS_DATA_PARALLEL 1
 #endif
 
@@ -147,7 +146,8 @@ io::ManifestProducer Producer(const TrainSpec& spec, const std::string& spec_sha
 class StopRequest {
  public:
   StopRequest() {
-    if (const char* dir = std::getenv(std::string(engine_contract::kEnvWorkdir).c_str()); dir != nullptr && *dir) {
+    if (const char* dir = std::getenv(std::string(engine_contract::kEnvWorkdir).c_str());
+        dir != nullptr && *dir) {
       path_ = absl::StrCat(dir, "/", std::string(engine_contract::kStopFile));
     }
   }
@@ -222,7 +222,8 @@ absl::Status WriteCheckpoint(Run& run, int64_t step, const std::string& path) {
   std::error_code ec;
   fs::create_directories(spec.checkpoint.dir, ec);
   if (ec) {
-    return absl::InternalError(absl::StrCat("checkpoint.dir ", spec.checkpoint.dir, ": ", ec.message()));
+    return absl::InternalError(
+        absl::StrCat("checkpoint.dir ", spec.checkpoint.dir, ": ", ec.message()));
   }
   io::CheckpointWriterOptions options;
   options.source_dir = spec.model;  // tokenizer files, so a checkpoint can be evaluated
@@ -245,9 +246,9 @@ absl::Status WriteCheckpoint(Run& run, int64_t step, const std::string& path) {
   for (auto& [name, tensor] : state) {
     tensor = tensor.to(torch::kCPU).contiguous();  // moments may live on the GPU
     const bool u8 = tensor.scalar_type() == torch::kUInt8;
-    writes.push_back(io::TensorToWrite{name, u8 ? io::Dtype::kU8 : io::Dtype::kF32,
-                                       tensor.sizes().vec(), tensor.data_ptr(),
-                                       static_cast<uint64_t>(tensor.numel() * tensor.element_size())});
+    writes.push_back(io::TensorToWrite{
+        name, u8 ? io::Dtype::kU8 : io::Dtype::kF32, tensor.sizes().vec(), tensor.data_ptr(),
+        static_cast<uint64_t>(tensor.numel() * tensor.element_size())});
   }
   ASSIGN_OR_RETURN(io::WriteResult written,
                    io::WriteSafetensors(writer->staging_dir() + "/" + kOptimizerFile, writes));
@@ -296,12 +297,14 @@ absl::StatusOr<int64_t> Resume(Run& run) {
   if (all.empty()) return 0;
   const std::string& dir = all.back().second;
   auto where = [&](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat("resuming from checkpoint ", dir, ": ", s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("resuming from checkpoint ", dir, ": ", s.message()));
   };
   ASSIGN_OR_RETURN(std::string state_text, io::ReadFile(dir + "/" + kStateFile));
   json state = json::parse(state_text, nullptr, false);
   if (state.is_discarded() || !state.is_object() || state.value("format", "") != kStateFormat) {
-    return where(absl::DataLossError(absl::StrCat(kStateFile, " is not a ", kStateFormat, " file")));
+    return where(
+        absl::DataLossError(absl::StrCat(kStateFile, " is not a ", kStateFormat, " file")));
   }
   for (const char* key : {"batch_size", "grad_accum"}) {
     const int64_t want = std::string(key) == "batch_size" ? spec.batch_size : spec.grad_accum;
@@ -314,16 +317,15 @@ absl::StatusOr<int64_t> Resume(Run& run) {
   // The model weights (verified against the manifest by the reader).
   auto reader = io::CheckpointReader::Open(dir);
   if (!reader.ok()) return where(reader.status());
-  absl::Status loaded = model::LoadWeights(run.lm, [&](const std::string& name) {
-    return (*reader)->Tensor(name);
-  });
+  absl::Status loaded =
+      model::LoadWeights(run.lm, [&](const std::string& name) { return (*reader)->Tensor(name); });
   if (!loaded.ok()) return where(loaded);
   // The optimizer moments and RNG, checked against the hash the state file recorded.
   const std::string opt_path = dir + "/" + kOptimizerFile;
   ASSIGN_OR_RETURN(std::string sha, io::Sha256File(opt_path));
   if (sha != state["optimizer_file"].value("sha256", "")) {
-    return where(absl::DataLossError(absl::StrCat(kOptimizerFile, " does not match its sha256 in ",
-                                                  kStateFile, " (damaged)")));
+    return where(absl::DataLossError(
+        absl::StrCat(kOptimizerFile, " does not match its sha256 in ", kStateFile, " (damaged)")));
   }
   auto opt_file = io::SafetensorsFile::Open(opt_path);
   if (!opt_file.ok()) return where(opt_file.status());
@@ -331,8 +333,8 @@ absl::StatusOr<int64_t> Resume(Run& run) {
   torch::Tensor rng;
   for (const io::TensorInfo& info : (*opt_file)->tensors()) {
     if (info.dtype != io::Dtype::kU8 && info.dtype != io::Dtype::kF32) {
-      return where(absl::DataLossError(absl::StrCat(kOptimizerFile, ": tensor '", info.name,
-                                                    "' has an unexpected dtype")));
+      return where(absl::DataLossError(
+          absl::StrCat(kOptimizerFile, ": tensor '", info.name, "' has an unexpected dtype")));
     }
     auto dtype = info.dtype == io::Dtype::kU8 ? torch::kUInt8 : torch::kFloat32;
     auto t = torch::from_blob((*opt_file)->Data(info), info.shape, torch::dtype(dtype)).clone();
@@ -381,7 +383,8 @@ absl::Status BuildHeldOut(Run& run, const data::MixtureSpec& mixture, data::Load
     }
     Run::HeldOut set;
     set.name = component.dataset->language();
-    if (set.name.empty()) set.name = std::filesystem::path(component.dataset->dir()).filename().string();
+    if (set.name.empty())
+      set.name = std::filesystem::path(component.dataset->dir()).filename().string();
     if (seen[set.name]++ > 0) set.name = absl::StrCat(set.name, "_", i);
     set.rows = rows;
     set.tokens = (*loader)->NextBatch(rows);
@@ -396,9 +399,9 @@ absl::Status BuildLoader(Run& run, data::MixtureSpec mixture) {
   for (const auto& c : mixture.components) {
     for (const data::Dataset* ds : {c.dataset.get(), c.heldout.get()}) {
       if (ds == nullptr || ds->tokenizer().vocab_size <= vocab) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
-          "data: dataset ", ds->dir(), " was tokenized with a vocabulary of ",
-          ds->tokenizer().vocab_size, " tokens, the model has ", vocab));
+      return absl::InvalidArgumentError(
+          absl::StrCat("data: dataset ", ds->dir(), " was tokenized with a vocabulary of ",
+                       ds->tokenizer().vocab_size, " tokens, the model has ", vocab));
     }
   }
   data::LoaderOptions options;
@@ -500,7 +503,8 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
       // Scaled so that the mean over ranks of the summed gradients is d(mean CE)/dθ.
       loss = ce * (static_cast<double>(world) / global_tokens);
       if (moe) {
-        if (aux.load_balancing > 0) loss = loss + out.load_balancing_loss * (aux.load_balancing / spec.grad_accum);
+        if (aux.load_balancing > 0)
+          loss = loss + out.load_balancing_loss * (aux.load_balancing / spec.grad_accum);
         if (aux.router_z > 0) loss = loss + out.router_z_loss * (aux.router_z / spec.grad_accum);
         lb_sum += out.load_balancing_loss.item<double>();
         z_sum += out.router_z_loss.item<double>();
@@ -518,7 +522,8 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
   }
   if (!std::isfinite(result.loss)) {
     return absl::InternalError(absl::StrCat("training diverged at step ", step, ": loss is ",
-                                            result.loss, " (lower optimizer.lr or check the data); "
+                                            result.loss,
+                                            " (lower optimizer.lr or check the data); "
                                             "no checkpoint written for this step"));
   }
   result.lr = LearningRate(spec.optimizer, spec.schedule, step, spec.steps);
@@ -584,7 +589,11 @@ void EmitOutput(const EventWriter& events, const std::string& out) {
   }
   std::fprintf(stderr, "train: output event without manifest fields: %s\n",
                std::string(output.status().message()).c_str());
-  events.Emit({{"event", "output"}, {"name", "model"}, {"path", out}, {"type", "checkpoint"}, {"operation", "cpt"}});
+  events.Emit({{"event", "output"},
+               {"name", "model"},
+               {"path", out},
+               {"type", "checkpoint"},
+               {"operation", "cpt"}});
 }
 
 // A previous attempt of this very spec already published `out`: report it again.
@@ -616,7 +625,8 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
 
   if (!spec.overwrite && AlreadyDone(spec, run.spec_sha256)) {
     EmitOutput(events, spec.out);
-    events.Emit({{"event", "done"}, {"command", "train"}, {"out", spec.out}, {"already_done", true}});
+    events.Emit(
+        {{"event", "done"}, {"command", "train"}, {"out", spec.out}, {"already_done", true}});
     return RunResult::kFinished;
   }
   if (io::PathExists(spec.out) && !spec.overwrite) {
@@ -627,19 +637,21 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
   // The directory `out` goes into (e.g. models/ under the storage root) is made now, not
   // found missing after the last step.
   if (std::error_code ec; !fs::create_directories(fs::path(spec.out).parent_path(), ec) && ec) {
-    return absl::FailedPreconditionError(absl::StrCat(spec.source, ": out: cannot create the directory of ",
-                                                      spec.out, ": ", ec.message()));
+    return absl::FailedPreconditionError(absl::StrCat(
+        spec.source, ": out: cannot create the directory of ", spec.out, ": ", ec.message()));
   }
   // Inputs that only the engine can check, before any work: the datasets open.
   auto mixture = data::OpenMixture(spec.data.mixture);
   if (!mixture.ok()) {
-    return absl::Status(mixture.status().code(), absl::StrCat(spec.source, ": ", mixture.status().message()));
+    return absl::Status(mixture.status().code(),
+                        absl::StrCat(spec.source, ": ", mixture.status().message()));
   }
   run.device = torch::Device(spec.device);  // checked by the spec's rules
   if (run.device.is_cuda() && !torch::cuda::is_available()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        spec.source, ": device: ", spec.device, " was asked for, but LibTorch sees no CUDA GPU "
-        "(a CPU-only LibTorch, no driver, or CUDA_VISIBLE_DEVICES empty)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(spec.source, ": device: ", spec.device,
+                     " was asked for, but LibTorch sees no CUDA GPU "
+                     "(a CPU-only LibTorch, no driver, or CUDA_VISIBLE_DEVICES empty)"));
   }
   run.autocast_bf16 = spec.precision == "bfloat16";
   model::LoadOptions load;
@@ -659,8 +671,8 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
     ASSIGN_OR_RETURN(start_step, Resume(run));
   }
   if (start_step > spec.steps) {
-    return absl::FailedPreconditionError(absl::StrCat("checkpoint at step ", start_step,
-                                                      " is past the spec's ", spec.steps, " steps"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint at step ", start_step, " is past the spec's ", spec.steps, " steps"));
   }
   run.ranks.Broadcast(run.optimizer->parameters());
   run.lm->train();
@@ -698,8 +710,14 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
                {"num_layers", run.lm->config().num_hidden_layers},
                {"layer_ranges", layer_ranges}});
   // As metric points too, so a study's report and the registry see how much a strategy touched.
-  events.Emit({{"event", "metric"}, {"name", "trainable_fraction"}, {"value", run.plan.trainable_fraction()}, {"step", start_step}});
-  events.Emit({{"event", "metric"}, {"name", "trainable_params"}, {"value", run.plan.trainable_params}, {"step", start_step}});
+  events.Emit({{"event", "metric"},
+               {"name", "trainable_fraction"},
+               {"value", run.plan.trainable_fraction()},
+               {"step", start_step}});
+  events.Emit({{"event", "metric"},
+               {"name", "trainable_params"},
+               {"value", run.plan.trainable_params},
+               {"step", start_step}});
 
   if (spec.eval.every > 0 && start_step == 0) {
     RETURN_IF_ERROR(TorchGuard("held-out evaluation before step 1", [&] {
@@ -751,7 +769,8 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
         spec.checkpoint.every > 0 && step % spec.checkpoint.every == 0 && step < spec.steps;
     if (checkpoint_due && run.ranks.rank() == 0) {
       const std::string path = spec.checkpoint.dir + "/" + StepDirName(step);
-      RETURN_IF_ERROR(TorchGuard("writing checkpoint " + path, [&] { return WriteCheckpoint(run, step, path); }));
+      RETURN_IF_ERROR(TorchGuard("writing checkpoint " + path,
+                                 [&] { return WriteCheckpoint(run, step, path); }));
       PruneCheckpoints(spec);
       events.Emit({{"event", "checkpoint"}, {"step", step}, {"path", path}});
     }
@@ -787,7 +806,8 @@ absl::StatusOr<RunResult> TrainImpl(const TrainSpec& spec, const RunOptions& opt
                {"resumed_from_step", start_step},
                {"tokens", run.tokens},
                {"final_loss", last_loss},
-               {"tokens_per_s", train_seconds > 0 ? steps_this_run * spec.tokens_per_step() / train_seconds : 0.0},
+               {"tokens_per_s",
+                train_seconds > 0 ? steps_this_run * spec.tokens_per_step() / train_seconds : 0.0},
                {"train_seconds", train_seconds},
                {"total_params", run.plan.total_params},
                {"trainable_params", run.plan.trainable_params},

@@ -79,7 +79,11 @@ class SimWorker : public grpc::ClientBidiReactor<v1::WorkerMessage, v1::Coordina
  public:
   SimWorker(int index, v1::WorkerService::Stub* stub, int gpus, double min_s, double max_s,
             int metrics_per_job)
-      : index_(index), rng_(index), min_s_(min_s), max_s_(max_s), metrics_per_job_(metrics_per_job) {
+      : index_(index),
+        rng_(index),
+        min_s_(min_s),
+        max_s_(max_s),
+        metrics_per_job_(metrics_per_job) {
     v1::WorkerMessage reg;
     auto* info = reg.mutable_register_()->mutable_info();
     info->set_id("sim-" + std::to_string(index));
@@ -308,16 +312,26 @@ int main(int argc, char** argv) {
   std::string bin = "build/bin";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--jobs") jobs = std::stoi(v);
-    else if (k == "--workers") workers = std::stoi(v);
-    else if (k == "--gpus") gpus = std::stoi(v);
-    else if (k == "--clients") clients = std::stoi(v);
-    else if (k == "--measure-s") measure_s = std::stoi(v);
-    else if (k == "--heartbeat-ms") heartbeat_ms = std::stoi(v);
-    else if (k == "--bin") bin = v;
-    else if (k == "--metrics-per-job") metrics_per_job = std::stoi(v);
-    else if (k == "--min-s") min_s = std::stod(v);
-    else if (k == "--max-s") max_s = std::stod(v);
+    if (k == "--jobs")
+      jobs = std::stoi(v);
+    else if (k == "--workers")
+      workers = std::stoi(v);
+    else if (k == "--gpus")
+      gpus = std::stoi(v);
+    else if (k == "--clients")
+      clients = std::stoi(v);
+    else if (k == "--measure-s")
+      measure_s = std::stoi(v);
+    else if (k == "--heartbeat-ms")
+      heartbeat_ms = std::stoi(v);
+    else if (k == "--bin")
+      bin = v;
+    else if (k == "--metrics-per-job")
+      metrics_per_job = std::stoi(v);
+    else if (k == "--min-s")
+      min_s = std::stod(v);
+    else if (k == "--max-s")
+      max_s = std::stod(v);
     else {
       std::fprintf(stderr, "coordinator_scale: unknown flag %s\n", k.c_str());
       return 2;
@@ -401,7 +415,8 @@ int main(int argc, char** argv) {
   auto worker_stub = v1::WorkerService::NewStub(channel);
   std::vector<std::unique_ptr<SimWorker>> sims;
   for (int i = 0; i < workers; ++i) {
-    sims.push_back(std::make_unique<SimWorker>(i, worker_stub.get(), gpus, min_s, max_s, metrics_per_job));
+    sims.push_back(
+        std::make_unique<SimWorker>(i, worker_stub.get(), gpus, min_s, max_s, metrics_per_job));
   }
   for (int i = 0; i < 600; ++i) {
     int n = 0;
@@ -421,7 +436,9 @@ int main(int argc, char** argv) {
     for (uint64_t k = 0; !stop; ++k) {
       double at = start + k * per;
       double now = NowMs();
-      if (at > now) std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>((at - now) * 1000)));
+      if (at > now)
+        std::this_thread::sleep_for(
+            std::chrono::microseconds(static_cast<int64_t>((at - now) * 1000)));
       sims[k % workers]->Heartbeat();
     }
   });
@@ -462,7 +479,8 @@ int main(int argc, char** argv) {
                                           "method=\"Heartbeat\"", 0.99);
   double server_event_p99 = ServerQuantileMs(metrics_addr, "stemma_rpc_server_handling_seconds",
                                              "method=\"Event\"", 0.99);
-  double server_txn_p99 = ServerQuantileMs(metrics_addr, "stemma_store_transaction_seconds", "", 0.99);
+  double server_txn_p99 =
+      ServerQuantileMs(metrics_addr, "stemma_store_transaction_seconds", "", 0.99);
 
   stop = true;
   heartbeats.join();
@@ -476,9 +494,10 @@ int main(int argc, char** argv) {
   }
   cleanup();
 
-  std::printf("[scale] heartbeats measured: %zu, placements after a freed GPU: %zu, "
-              "jobs finished in window: %lld\n",
-              g_heartbeat.size(), g_schedule.size(), static_cast<long long>(finished));
+  std::printf(
+      "[scale] heartbeats measured: %zu, placements after a freed GPU: %zu, "
+      "jobs finished in window: %lld\n",
+      g_heartbeat.size(), g_schedule.size(), static_cast<long long>(finished));
   std::printf(
       "{\"jobs\": %d, \"workers\": %d, \"gpus_per_worker\": %d, \"submit_clients\": %d, "
       "\"durable_submits_per_s\": %.0f, \"heartbeat_p50_ms\": %.3f, \"heartbeat_p99_ms\": %.3f, "
@@ -492,6 +511,7 @@ int main(int argc, char** argv) {
       g_schedule.Pct(0.5), g_schedule.Pct(0.99), finished / static_cast<double>(measure_s),
       static_cast<long long>(rss), static_cast<long long>(hwm), server_hb_p99, server_event_p99,
       server_txn_p99, finished > 0 ? window_cpu_ms / finished : -1.0, submit_cpu_us,
-      window_cpu_ms / (measure_s * 1000.0), metrics_per_job, points / static_cast<double>(measure_s));
+      window_cpu_ms / (measure_s * 1000.0), metrics_per_job,
+      points / static_cast<double>(measure_s));
   return 0;
 }

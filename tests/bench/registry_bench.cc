@@ -42,10 +42,14 @@ int main(int argc, char** argv) {
   std::string bin = "build/bin";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--checkpoints") checkpoints = std::stoi(v);
-    else if (k == "--experiments") experiments = std::stoi(v);
-    else if (k == "--queries") queries = std::stoi(v);
-    else if (k == "--bin") bin = v;
+    if (k == "--checkpoints")
+      checkpoints = std::stoi(v);
+    else if (k == "--experiments")
+      experiments = std::stoi(v);
+    else if (k == "--queries")
+      queries = std::stoi(v);
+    else if (k == "--bin")
+      bin = v;
     else {
       std::fprintf(stderr, "registry: unknown flag %s\n", k.c_str());
       return 2;
@@ -199,7 +203,9 @@ int main(int argc, char** argv) {
     nodes += resp.artifacts_size();
   }
   std::sort(ms.begin(), ms.end());
-  auto pct = [&](double p) { return ms[std::min(ms.size() - 1, static_cast<size_t>(p * ms.size()))]; };
+  auto pct = [&](double p) {
+    return ms[std::min(ms.size() - 1, static_cast<size_t>(p * ms.size()))];
+  };
   v1::ListArtifactsRequest lr;
   lr.set_limit(100000);
   grpc::ClientContext lctx;

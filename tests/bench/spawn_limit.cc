@@ -25,8 +25,7 @@ extern char** environ;
 namespace {
 
 [[noreturn]] void Usage(const char* argv0) {
-  std::fprintf(stderr, "usage: %s [--jobs N] [--concurrency C] [--program PATH] [--json]\n",
-               argv0);
+  std::fprintf(stderr, "usage: %s [--jobs N] [--concurrency C] [--program PATH] [--json]\n", argv0);
   std::exit(2);
 }
 

@@ -1,6 +1,8 @@
 // Authentication and authorisation with real processes: a coordinator with TLS and a token
 // file, workers and the CLI with their own tokens, and a raw gRPC client playing the
 // attacker (no token, a bad one, the wrong role, a worker posing as another).
+#include "common/auth.h"
+
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/codegen/client_unary_call.h>
@@ -13,7 +15,6 @@
 #include <set>
 #include <thread>
 
-#include "common/auth.h"
 #include "common/rpc.h"
 #include "stemma/v1/user_service.grpc.pb.h"
 #include "stemma/v1/worker_service.grpc.pb.h"
@@ -50,14 +51,16 @@ grpc::Status RawCall(grpc::Channel* channel, const std::string& method, const st
     std::vector<grpc::Slice> slices;
     (void)response.Dump(&slices);
     response_bytes->clear();
-    for (const auto& s : slices) response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
+    for (const auto& s : slices)
+      response_bytes->append(reinterpret_cast<const char*>(s.begin()), s.size());
   }
   return st;
 }
 
 std::vector<std::string> AllMethods() {
   std::vector<std::string> out;
-  for (const auto* file : {v1::SubmitRequest::descriptor()->file(), v1::Register::descriptor()->file()}) {
+  for (const auto* file :
+       {v1::SubmitRequest::descriptor()->file(), v1::Register::descriptor()->file()}) {
     for (int s = 0; s < file->service_count(); ++s) {
       const auto* service = file->service(s);
       for (int i = 0; i < service->method_count(); ++i) {
@@ -170,10 +173,10 @@ TEST_F(SecureCluster, UsersActOnTheirOwnJobsAndSecretsStayWithTheOwner) {
   c_.StartWorker("w0");
   c_.WaitForWorkers(1);
   ASSERT_EQ(c_.Cli({"drain", "w0"}).exit_code, 0);
-  const std::string file = c_.WriteFile(
-      "secret.yaml",
-      "name: with-secret\nlabels: {stemma.owner: bob}\n"
-      "exec: {argv: [/bin/true], env: {HF_TOKEN: hf_supersecret}}\n");
+  const std::string file =
+      c_.WriteFile("secret.yaml",
+                   "name: with-secret\nlabels: {stemma.owner: bob}\n"
+                   "exec: {argv: [/bin/true], env: {HF_TOKEN: hf_supersecret}}\n");
   CliResult submit = c_.CliAs(alice, {"submit", "-f", file, "--idempotency-key", "k1"});
   ASSERT_EQ(submit.exit_code, 0) << submit.err;
   const std::string id = FirstWord(submit.out);
@@ -327,8 +330,9 @@ TEST(Auth, ListeningBeyondLoopbackNeedsTlsAndTokensOrSaysInsecure) {
   plain_cluster.WaitExit(insecure);
 
   // A worker does not send its token in clear text to a remote coordinator either.
-  std::string out = RunShell(Cluster::BinDir() + "/stemma-worker --coordinator 10.255.0.1:7070 --data " +
-                             c.dir() + "/wx 2>&1; echo rc=$?");
+  std::string out =
+      RunShell(Cluster::BinDir() + "/stemma-worker --coordinator 10.255.0.1:7070 --data " +
+               c.dir() + "/wx 2>&1; echo rc=$?");
   EXPECT_NE(out.find("beyond loopback"), std::string::npos) << out;
   EXPECT_NE(out.find("rc=2"), std::string::npos) << out;
 }
@@ -396,9 +400,13 @@ TEST(Auth, MutualTlsWorkerIsNamedByItsCertificate) {
   c.WaitForWorkers(1);
   // The same certificate under another name is refused.
   c.StartWorker("w-impostor", o);
-  EXPECT_TRUE(c.WaitUntil([&] {
-    return Cluster::ReadFile(c.dir() + "/worker-w-impostor.log").find("cannot register as 'w-impostor'") != std::string::npos;
-  }, 20)) << Cluster::ReadFile(c.dir() + "/worker-w-impostor.log");
+  EXPECT_TRUE(c.WaitUntil(
+      [&] {
+        return Cluster::ReadFile(c.dir() + "/worker-w-impostor.log")
+                   .find("cannot register as 'w-impostor'") != std::string::npos;
+      },
+      20))
+      << Cluster::ReadFile(c.dir() + "/worker-w-impostor.log");
   auto workers = c.Cli({"workers", "-o", "json"}).Json();
   ASSERT_EQ(workers.size(), 1u);
   EXPECT_EQ(workers[0]["id"], "w-cert");
@@ -411,8 +419,8 @@ TEST(Auth, CliTokenFileModeIsCheckedAndTokensReloadAndRevoke) {
   c.EnableTokens();
   c.StartCoordinator();
   // Created with the CLI: printed once, only its digest in the file.
-  CliResult made = c.CliAs("", {"token", "create", "--role", "user", "--subject", "carol",
-                                "--file", c.tokens_file()});
+  CliResult made = c.CliAs(
+      "", {"token", "create", "--role", "user", "--subject", "carol", "--file", c.tokens_file()});
   ASSERT_EQ(made.exit_code, 0) << made.err;
   std::string token = made.out.substr(0, made.out.find('\n'));
   EXPECT_EQ(token.rfind("stm_", 0), 0u);

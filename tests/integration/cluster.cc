@@ -58,8 +58,10 @@ Cluster::~Cluster() {
     }
   }
   KillCoordinator(SIGKILL);
-  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_);
-  else std::fprintf(stderr, "kept %s for inspection\n", dir_.c_str());
+  if (!::testing::Test::HasFailure())
+    std::filesystem::remove_all(dir_);
+  else
+    std::fprintf(stderr, "kept %s for inspection\n", dir_.c_str());
 }
 
 pid_t Cluster::Spawn(const std::vector<std::string>& argv, const std::string& log,
@@ -98,11 +100,11 @@ std::string Cluster::MakeCaAndServerCert(const std::string& name) {
   std::ofstream(dir_ + "/san.ext") << "subjectAltName=IP:127.0.0.1,DNS:localhost\n";
   const std::string ec = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes ";
   std::string cmd = "cd " + dir_ + " && openssl req -x509" + ec + "-keyout " + ca + ".key -out " +
-                    ca + ".pem -days 2 -subj /CN=stemma-test-ca-" + name +
-                    " 2>&1 && openssl req" + ec + "-keyout " + server + ".key -out " + server +
+                    ca + ".pem -days 2 -subj /CN=stemma-test-ca-" + name + " 2>&1 && openssl req" +
+                    ec + "-keyout " + server + ".key -out " + server +
                     ".csr -subj /CN=localhost 2>&1 && openssl x509 -req -in " + server +
-                    ".csr -CA " + ca + ".pem -CAkey " + ca + ".key -CAcreateserial -out " +
-                    server + ".pem -days 2 -extfile san.ext 2>&1";
+                    ".csr -CA " + ca + ".pem -CAkey " + ca + ".key -CAcreateserial -out " + server +
+                    ".pem -days 2 -extfile san.ext 2>&1";
   std::string out = RunShell(cmd + "; echo rc=$?");
   EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
   return ca + ".pem";
@@ -119,9 +121,12 @@ std::string Cluster::MakeClientCert(const std::string& cn) {
   const std::string base = dir_ + "/client-" + cn;
   std::string cmd = "cd " + dir_ +
                     " && openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
-                    "-keyout " + base + ".key -out " + base + ".csr -subj /CN=" + cn +
-                    " 2>&1 && openssl x509 -req -in " + base + ".csr -CA ca-1.pem -CAkey "
-                    "ca-1.key -CAcreateserial -out " + base + ".pem -days 2 2>&1";
+                    "-keyout " +
+                    base + ".key -out " + base + ".csr -subj /CN=" + cn +
+                    " 2>&1 && openssl x509 -req -in " + base +
+                    ".csr -CA ca-1.pem -CAkey "
+                    "ca-1.key -CAcreateserial -out " +
+                    base + ".pem -days 2 2>&1";
   std::string out = RunShell(cmd + "; echo rc=$?");
   EXPECT_NE(out.find("rc=0"), std::string::npos) << out;
   return base + ".pem";
@@ -133,8 +138,8 @@ void Cluster::EnableTokens() {
 }
 
 std::string Cluster::CreateToken(const std::string& role, const std::string& subject) {
-  CliResult r = CliAs("", {"token", "create", "--role", role, "--subject", subject, "--file",
-                           tokens_file_});
+  CliResult r =
+      CliAs("", {"token", "create", "--role", role, "--subject", subject, "--file", tokens_file_});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   std::string token = r.out;
   while (!token.empty() && (token.back() == '\n' || token.back() == ' ')) token.pop_back();
@@ -153,10 +158,16 @@ std::vector<std::string> Cluster::SecurityFlags() const {
 
 pid_t Cluster::SpawnCoordinator(std::vector<std::string> extra,
                                 const std::vector<std::string>& env) {
-  std::vector<std::string> argv = {BinDir() + "/stemma-coordinator", "--data", coordinator_data(),
-                                   "--listen", listen_.empty() ? address_ : listen_,
-                                   "--metrics-listen", metrics_address_,
-                                   "--lease-ms", std::to_string(lease_ms), "--heartbeat-ms",
+  std::vector<std::string> argv = {BinDir() + "/stemma-coordinator",
+                                   "--data",
+                                   coordinator_data(),
+                                   "--listen",
+                                   listen_.empty() ? address_ : listen_,
+                                   "--metrics-listen",
+                                   metrics_address_,
+                                   "--lease-ms",
+                                   std::to_string(lease_ms),
+                                   "--heartbeat-ms",
                                    std::to_string(heartbeat_ms)};
   std::vector<std::string> security = SecurityFlags();
   argv.insert(argv.end(), security.begin(), security.end());
@@ -189,11 +200,19 @@ void Cluster::KillCoordinator(int sig) {
 }
 
 void Cluster::StartWorker(const std::string& name, const WorkerOptions& o) {
-  std::vector<std::string> argv = {BinDir() + "/stemma-worker", "--coordinator",
+  std::vector<std::string> argv = {BinDir() + "/stemma-worker",
+                                   "--coordinator",
                                    o.coordinator.empty() ? address_ : o.coordinator,
-                                   "--data", worker_data(name), "--name", name, "--gpus",
-                                   std::to_string(o.gpus), "--cpus", std::to_string(o.cpus),
-                                   "--kill-grace-ms", "500"};
+                                   "--data",
+                                   worker_data(name),
+                                   "--name",
+                                   name,
+                                   "--gpus",
+                                   std::to_string(o.gpus),
+                                   "--cpus",
+                                   std::to_string(o.cpus),
+                                   "--kill-grace-ms",
+                                   "500"};
   if (o.allow_exec) argv.push_back("--allow-exec");
   if (tls()) argv.insert(argv.end(), {"--ca", ca_});
   if (tokens() && !o.token.empty()) {
@@ -216,15 +235,17 @@ void Cluster::KillWorker(const std::string& name, int sig) {
 }
 
 void Cluster::WaitForWorkers(int n) {
-  bool ok = WaitUntil([&] {
-    auto r = Cli({"workers", "-o", "json"});
-    if (r.exit_code != 0) return false;
-    auto j = nlohmann::json::parse(r.out, nullptr, false);
-    if (!j.is_array()) return false;
-    int alive = 0;
-    for (const auto& w : j) alive += w.value("state", "") == "ALIVE";
-    return alive >= n;
-  }, 30);
+  bool ok = WaitUntil(
+      [&] {
+        auto r = Cli({"workers", "-o", "json"});
+        if (r.exit_code != 0) return false;
+        auto j = nlohmann::json::parse(r.out, nullptr, false);
+        if (!j.is_array()) return false;
+        int alive = 0;
+        for (const auto& w : j) alive += w.value("state", "") == "ALIVE";
+        return alive >= n;
+      },
+      30);
   ASSERT_TRUE(ok) << "workers did not register; coordinator log:\n"
                   << ReadFile(dir_ + "/coordinator.log");
 }
@@ -312,12 +333,14 @@ nlohmann::json Cluster::Get(const std::string& id) const {
 std::string Cluster::WaitFor(const std::string& id, const std::vector<std::string>& states,
                              int timeout_s) const {
   std::string last;
-  WaitUntil([&] {
-    auto r = Cli({"get", id, "-o", "json"});
-    if (r.exit_code != 0) return false;
-    last = nlohmann::json::parse(r.out)["state"];
-    return std::find(states.begin(), states.end(), last) != states.end();
-  }, timeout_s);
+  WaitUntil(
+      [&] {
+        auto r = Cli({"get", id, "-o", "json"});
+        if (r.exit_code != 0) return false;
+        last = nlohmann::json::parse(r.out)["state"];
+        return std::find(states.begin(), states.end(), last) != states.end();
+      },
+      timeout_s);
   return std::find(states.begin(), states.end(), last) != states.end() ? last : "";
 }
 

@@ -64,14 +64,15 @@ class Cluster {
 
   void StartCoordinator(std::vector<std::string> extra = {});
   // Starts the coordinator without waiting for it; for tests of refusals at start.
-  pid_t SpawnCoordinator(std::vector<std::string> extra,
-                         const std::vector<std::string>& env = {});
+  pid_t SpawnCoordinator(std::vector<std::string> extra, const std::vector<std::string>& env = {});
   // Waits for a process this harness started; its exit code (128+signal when killed), or
   // -1 if it is still running after `timeout_s`.
   int WaitExit(pid_t pid, int timeout_s = 20);
   void KillCoordinator(int sig = SIGKILL);
   pid_t coordinator_pid() const { return coordinator_; }
-  pid_t worker_pid(const std::string& name) const { return workers_.count(name) ? workers_.at(name) : -1; }
+  pid_t worker_pid(const std::string& name) const {
+    return workers_.count(name) ? workers_.at(name) : -1;
+  }
   void StartWorker(const std::string& name, const WorkerOptions& options);
   void StartWorker(const std::string& name) { StartWorker(name, WorkerOptions{}); }
   void KillWorker(const std::string& name, int sig = SIGKILL);

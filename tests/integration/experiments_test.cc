@@ -1,14 +1,13 @@
 // Experiments through real processes: `stemma sweep` sends the file, the coordinator expands
 // it into jobs, the worker runs them, and a resubmission is a new revision whose unchanged
 // engine jobs are served from the cache.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <set>
-
-#include <gtest/gtest.h>
 
 #include "tests/integration/cluster.h"
 
@@ -110,8 +109,10 @@ stages:
 )");
   auto r = c.Cli({"sweep", "-f", file});
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("bad.yaml: line 8: stages.b.revert.model: stage 'a' (noop) has no output 'model'"),
-            std::string::npos) << r.err;
+  EXPECT_NE(
+      r.err.find("bad.yaml: line 8: stages.b.revert.model: stage 'a' (noop) has no output 'model'"),
+      std::string::npos)
+      << r.err;
   EXPECT_EQ(c.Cli({"ls", "-o", "json"}).Json().size(), 0u);
 }
 
@@ -134,7 +135,8 @@ std::string StartRealEngineWorker(Cluster& c, int cpus) {
   std::filesystem::create_directories(c.dir() + "/store");
   {
     std::ofstream text(c.dir() + "/store/en.txt");
-    for (int i = 0; i < 200; ++i) text << "the quick brown fox " << i << " jumps over the lazy dog\n";
+    for (int i = 0; i < 200; ++i)
+      text << "the quick brown fox " << i << " jumps over the lazy dog\n";
   }
   return StartEngineWorker(c, cpus, "");
 }
@@ -206,9 +208,9 @@ stages:
   auto fourth = ByName(Cells(c, "memo"));
   EXPECT_EQ(fourth.at("cpt")["reason"], "") << "a hit whose outputs are gone must not be served";
   EXPECT_NE(std::string(fourth.at("base")["reason"]).find("memoized"), std::string::npos);
-  EXPECT_TRUE(std::filesystem::exists(std::string(c.Get(fourth.at("cpt")["job_id"])["outputs"]["model"]) + "/stemma.json"));
+  EXPECT_TRUE(std::filesystem::exists(
+      std::string(c.Get(fourth.at("cpt")["job_id"])["outputs"]["model"]) + "/stemma.json"));
 }
-
 
 // A stand-in for stemma-engine that follows its contract (common/engine_contract.h): step
 // events with a planted loss (the optimizer.lr the spec was given: a lower lr is a better
@@ -290,14 +292,17 @@ TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcr
   auto cells = ByName(Cells(c, "asha"));
   const std::string lr4 = cells.at("cpt[lr=4]")["job_id"];
   // `exp watch` follows the experiment through the restart to its end.
-  RunShell(Cluster::BinDir() + "/stemma --coordinator " + c.address() + " exp watch asha --timeout 240 > " + c.dir() +
-           "/watch.out 2>&1; echo $? > " + c.dir() + "/watch.rc &");
-  ASSERT_TRUE(c.WaitUntil([&] { return c.Get(lr4).value("early_stop", "") != ""; }, 120)) << "lr=4 is not stopped";
+  RunShell(Cluster::BinDir() + "/stemma --coordinator " + c.address() +
+           " exp watch asha --timeout 240 > " + c.dir() + "/watch.out 2>&1; echo $? > " + c.dir() +
+           "/watch.rc &");
+  ASSERT_TRUE(c.WaitUntil([&] { return c.Get(lr4).value("early_stop", "") != ""; }, 120))
+      << "lr=4 is not stopped";
   c.KillCoordinator(SIGKILL);
   c.StartCoordinator();
 
   auto wait = c.Cli({"exp", "wait", "asha", "--timeout", "240"});
-  EXPECT_EQ(wait.exit_code, 0) << "stopped trials succeed and skipped cells are not failures\n" << wait.out << wait.err;
+  EXPECT_EQ(wait.exit_code, 0) << "stopped trials succeed and skipped cells are not failures\n"
+                               << wait.out << wait.err;
   cells = ByName(Cells(c, "asha"));
   auto reason = [&](const std::string& name) { return std::string(cells.at(name)["reason"]); };
   EXPECT_EQ(cells.at("cpt[lr=1]")["state"], "SUCCEEDED");
@@ -305,11 +310,17 @@ TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcr
   for (const std::string name : {"cpt[lr=4]", "cpt[lr=2]", "cpt[lr=3]"}) {
     EXPECT_EQ(cells.at(name)["state"], "SUCCEEDED") << name;
   }
-  EXPECT_EQ(reason("cpt[lr=4]").rfind("stopped early at rung 1 (step 3): loss=4, not in the top 0.5 of 2", 0), 0u)
+  EXPECT_EQ(reason("cpt[lr=4]")
+                .rfind("stopped early at rung 1 (step 3): loss=4, not in the top 0.5 of 2", 0),
+            0u)
       << reason("cpt[lr=4]");
-  EXPECT_EQ(reason("cpt[lr=3]").rfind("stopped early at rung 1 (step 3): loss=3, not in the top 0.5 of 4", 0), 0u)
+  EXPECT_EQ(reason("cpt[lr=3]")
+                .rfind("stopped early at rung 1 (step 3): loss=3, not in the top 0.5 of 4", 0),
+            0u)
       << reason("cpt[lr=3]");
-  EXPECT_EQ(reason("cpt[lr=2]").rfind("stopped early at rung 2 (step 6): loss=2, not in the top 0.5 of 2", 0), 0u)
+  EXPECT_EQ(reason("cpt[lr=2]")
+                .rfind("stopped early at rung 2 (step 6): loss=2, not in the top 0.5 of 2", 0),
+            0u)
       << reason("cpt[lr=2]");
 
   // A stopped trial's last model is its output, noting where it stopped.
@@ -332,27 +343,36 @@ TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcr
   EXPECT_EQ(cells.at("soup")["state"], "SUCCEEDED");
   auto soup = c.Get(cells.at("soup")["job_id"]);
   ASSERT_EQ(soup["spec"]["merge"]["models"].size(), 1u) << soup.dump();
-  EXPECT_EQ(soup["spec"]["merge"]["models"][0]["path"], c.Get(cells.at("cpt[lr=1]")["job_id"])["outputs"]["model"]);
+  EXPECT_EQ(soup["spec"]["merge"]["models"][0]["path"],
+            c.Get(cells.at("cpt[lr=1]")["job_id"])["outputs"]["model"]);
 
   ASSERT_TRUE(c.WaitUntil([&] { return std::filesystem::exists(c.dir() + "/watch.rc"); }, 60));
   const std::string watched = Cluster::ReadFile(c.dir() + "/watch.out");
   EXPECT_EQ(Cluster::ReadFile(c.dir() + "/watch.rc"), "0\n") << watched;
   EXPECT_NE(watched.find("SKIPPED 3, SUCCEEDED 6\n"), std::string::npos) << watched;
-  EXPECT_NE(watched.find("loss "), std::string::npos) << "running trials show their loss\n" << watched;
+  EXPECT_NE(watched.find("loss "), std::string::npos) << "running trials show their loss\n"
+                                                      << watched;
 
   // An unchanged resubmission runs nothing: stopped trials are served as stopped, and what
   // they skipped stays skipped.
   auto resubmit = c.Cli({"sweep", "-f", c.WriteFile("asha.yaml", kAsha)});
   ASSERT_EQ(resubmit.exit_code, 0);
-  EXPECT_NE(resubmit.out.find("0 of 9 jobs expected to run, 6 from the cache, 3 skipped (upstream stopped early)"),
-            std::string::npos)
+  EXPECT_NE(
+      resubmit.out.find(
+          "0 of 9 jobs expected to run, 6 from the cache, 3 skipped (upstream stopped early)"),
+      std::string::npos)
       << resubmit.out;
   ASSERT_EQ(c.Cli({"exp", "wait", "asha", "--timeout", "60"}).exit_code, 0);
   auto again = ByName(Cells(c, "asha"));
-  EXPECT_EQ(std::string(again.at("cpt[lr=2]")["reason"]).rfind("memoized from " + std::string(cells.at("cpt[lr=2]")["job_id"]) + " (stopped early at rung 2", 0), 0u)
+  EXPECT_EQ(std::string(again.at("cpt[lr=2]")["reason"])
+                .rfind("memoized from " + std::string(cells.at("cpt[lr=2]")["job_id"]) +
+                           " (stopped early at rung 2",
+                       0),
+            0u)
       << again.at("cpt[lr=2]")["reason"];
   EXPECT_EQ(again.at("eval[lr=2]")["state"], "CANCELLED");
-  EXPECT_EQ(std::string(again.at("soup")["reason"]).rfind("memoized from", 0), 0u) << again.at("soup")["reason"];
+  EXPECT_EQ(std::string(again.at("soup")["reason"]).rfind("memoized from", 0), 0u)
+      << again.at("soup")["reason"];
 }
 
 // `exp retry` re-queues the failed cells of the latest revision, and what failed because of
@@ -363,9 +383,12 @@ TEST(Experiments, RetryRequeuesFailedCellsAndTheirDependents) {
   c.StartWorker("w1");
   c.WaitForWorkers(1);
   const std::string marker = c.dir() + "/ready";
-  const std::string file = c.WriteFile("rt.yaml", "name: rt\nstages:\n  flaky:\n    max_attempts: 1\n"
-                                                  "    exec: {argv: [sh, -c, \"test -e " + marker + "\"]}\n"
-                                                  "  after:\n    needs: [flaky]\n    noop: {}\n");
+  const std::string file = c.WriteFile("rt.yaml",
+                                       "name: rt\nstages:\n  flaky:\n    max_attempts: 1\n"
+                                       "    exec: {argv: [sh, -c, \"test -e " +
+                                           marker +
+                                           "\"]}\n"
+                                           "  after:\n    needs: [flaky]\n    noop: {}\n");
   ASSERT_EQ(c.Cli({"sweep", "-f", file}).exit_code, 0);
   EXPECT_EQ(c.Cli({"exp", "wait", "rt", "--timeout", "60"}).exit_code, 1);
   auto cells = ByName(Cells(c, "rt"));
@@ -398,8 +421,10 @@ TEST(Experiments, CacheHitsRequireTheSameEngineBuild) {
   };
   worker("w1", "");
   c.WaitForWorkers(1);
-  const std::string file = c.WriteFile("b.yaml", "name: b\nstages:\n  t:\n    train:\n      model: base\n"
-                                                 "      data: {datasets: [{path: data}], seq_len: 8}\n      steps: 2\n");
+  const std::string file =
+      c.WriteFile("b.yaml",
+                  "name: b\nstages:\n  t:\n    train:\n      model: base\n"
+                  "      data: {datasets: [{path: data}], seq_len: 8}\n      steps: 2\n");
   auto run = [&] {
     EXPECT_EQ(c.Cli({"sweep", "-f", file}).exit_code, 0);
     EXPECT_EQ(c.Cli({"exp", "wait", "b", "--timeout", "60"}).exit_code, 0);
@@ -443,28 +468,36 @@ TEST(Experiments, ANewRevisionSupersedesChangedCellsAndWaitsForUnchangedRunningO
   c.StartCoordinator();
   const std::string root = StartFakeEngineWorker(c, 2);
   auto file = [&](const std::string& lr) {
-    return c.WriteFile("sup.yaml",
-                       "name: sup\nstages:\n"
-                       "  keep:\n    resources: {cpus: 1}\n    train: {model: base, data: {datasets: [{path: data}], seq_len: 8}, steps: 24, optimizer: {lr: 0.001}}\n"
-                       "  change:\n    resources: {cpus: 1}\n    train: {model: base, data: {datasets: [{path: data}], seq_len: 8}, steps: 24, optimizer: {lr: " +
-                           lr + "}}\n");
+    return c.WriteFile(
+        "sup.yaml",
+        "name: sup\nstages:\n"
+        "  keep:\n    resources: {cpus: 1}\n    train: {model: base, data: {datasets: [{path: "
+        "data}], seq_len: 8}, steps: 24, optimizer: {lr: 0.001}}\n"
+        "  change:\n    resources: {cpus: 1}\n    train: {model: base, data: {datasets: [{path: "
+        "data}], seq_len: 8}, steps: 24, optimizer: {lr: " +
+            lr + "}}\n");
   };
   ASSERT_EQ(c.Cli({"sweep", "-f", file("0.002")}).exit_code, 0);
   auto first = ByName(Cells(c, "sup"));
   const std::string keep1 = first.at("keep")["job_id"], change1 = first.at("change")["job_id"];
-  ASSERT_TRUE(c.WaitUntil([&] { return c.State(keep1) == "RUNNING" && c.State(change1) == "RUNNING"; }, 60));
+  ASSERT_TRUE(c.WaitUntil(
+      [&] { return c.State(keep1) == "RUNNING" && c.State(change1) == "RUNNING"; }, 60));
 
   auto again = c.Cli({"sweep", "-f", file("0.003")});
   ASSERT_EQ(again.exit_code, 0) << again.err;
-  EXPECT_NE(again.out.find("waits: revision 1's " + keep1 + " is RUNNING"), std::string::npos) << again.out;
-  EXPECT_NE(again.out.find("; cancels revision 1's " + change1 + " (RUNNING)"), std::string::npos) << again.out;
-  EXPECT_NE(again.out.find("1 unfinished jobs of the last revision superseded"), std::string::npos) << again.out;
+  EXPECT_NE(again.out.find("waits: revision 1's " + keep1 + " is RUNNING"), std::string::npos)
+      << again.out;
+  EXPECT_NE(again.out.find("; cancels revision 1's " + change1 + " (RUNNING)"), std::string::npos)
+      << again.out;
+  EXPECT_NE(again.out.find("1 unfinished jobs of the last revision superseded"), std::string::npos)
+      << again.out;
   EXPECT_EQ(c.WaitFor(change1, {"CANCELLED"}, 30), "CANCELLED");
   EXPECT_EQ(c.Get(change1).value("reason", ""), "cancelled: superseded by revision 2");
   auto second = ByName(Cells(c, "sup"));
   const std::string keep2 = second.at("keep")["job_id"];
   EXPECT_EQ(c.State(keep2), "PENDING");
-  EXPECT_EQ(c.Get(keep2).value("reason", "").rfind("waiting for " + keep1 + " (keep)", 0), 0u) << c.Get(keep2).dump();
+  EXPECT_EQ(c.Get(keep2).value("reason", "").rfind("waiting for " + keep1 + " (keep)", 0), 0u)
+      << c.Get(keep2).dump();
 
   ASSERT_EQ(c.Cli({"exp", "wait", "sup", "--timeout", "120"}).exit_code, 0);
   EXPECT_EQ(c.State(keep1), "SUCCEEDED");
@@ -481,8 +514,10 @@ TEST(Experiments, CancelReachesTheEarlierRevisionsJobTheLatestWaitsFor) {
   Cluster c;
   c.StartCoordinator();
   StartFakeEngineWorker(c, 1);
-  const std::string file = c.WriteFile("w.yaml", "name: w\nstages:\n  t:\n    resources: {cpus: 1}\n"
-                                                 "    train: {model: base, data: {datasets: [{path: data}], seq_len: 8}, steps: 200}\n");
+  const std::string file = c.WriteFile(
+      "w.yaml",
+      "name: w\nstages:\n  t:\n    resources: {cpus: 1}\n"
+      "    train: {model: base, data: {datasets: [{path: data}], seq_len: 8}, steps: 200}\n");
   ASSERT_EQ(c.Cli({"sweep", "-f", file}).exit_code, 0);
   const std::string first = ByName(Cells(c, "w")).at("t")["job_id"];
   ASSERT_TRUE(c.WaitUntil([&] { return c.State(first) == "RUNNING"; }, 30));
@@ -491,8 +526,10 @@ TEST(Experiments, CancelReachesTheEarlierRevisionsJobTheLatestWaitsFor) {
   ASSERT_EQ(c.State(second), "PENDING");
   auto cancel = c.Cli({"exp", "cancel", "w"});
   ASSERT_EQ(cancel.exit_code, 0) << cancel.err;
-  EXPECT_NE(cancel.out.find("cancelled 2 jobs of w (1 of earlier revisions that the latest one waited for)"),
-            std::string::npos) << cancel.out;
+  EXPECT_NE(cancel.out.find(
+                "cancelled 2 jobs of w (1 of earlier revisions that the latest one waited for)"),
+            std::string::npos)
+      << cancel.out;
   EXPECT_EQ(c.WaitFor(first, {"CANCELLED"}, 30), "CANCELLED");
   EXPECT_EQ(c.State(second), "CANCELLED");
 }
@@ -553,16 +590,21 @@ namespace {
 TEST(EngineContract, TyposAreRefusedAtSubmitAndBadInputIsNotRetried) {
   Cluster c;
   c.StartCoordinator();
-  auto typo = c.Cli({"submit", "-f", c.WriteFile("typo.yaml",
-                                                "name: cpt\ntrain:\n  model: /m\n  out: /o\n  stepz: 30\n")});
+  auto typo =
+      c.Cli({"submit", "-f",
+             c.WriteFile("typo.yaml", "name: cpt\ntrain:\n  model: /m\n  out: /o\n  stepz: 30\n")});
   EXPECT_NE(typo.exit_code, 0);
-  EXPECT_NE(typo.err.find("typo.yaml: line 5: train.stepz: unknown field"), std::string::npos) << typo.err;
-  auto range = c.Cli({"submit", "-f", c.WriteFile("range.yaml",
-                                                 "name: cpt\ntrain:\n  model: /m\n  out: /o\n  steps: 3\n"
-                                                 "  data: {datasets: [{path: /d}], seq_len: 8}\n"
-                                                 "  optimizer: {lr: -1}\n")});
+  EXPECT_NE(typo.err.find("typo.yaml: line 5: train.stepz: unknown field"), std::string::npos)
+      << typo.err;
+  auto range = c.Cli({"submit", "-f",
+                      c.WriteFile("range.yaml",
+                                  "name: cpt\ntrain:\n  model: /m\n  out: /o\n  steps: 3\n"
+                                  "  data: {datasets: [{path: /d}], seq_len: 8}\n"
+                                  "  optimizer: {lr: -1}\n")});
   EXPECT_NE(range.exit_code, 0);
-  EXPECT_NE(range.err.find("range.yaml: line 7: train.optimizer.lr: -1 must be > 0"), std::string::npos) << range.err;
+  EXPECT_NE(range.err.find("range.yaml: line 7: train.optimizer.lr: -1 must be > 0"),
+            std::string::npos)
+      << range.err;
   EXPECT_EQ(c.Cli({"ls", "-o", "json"}).Json().size(), 0u) << "nothing is queued";
 
   if (!std::filesystem::exists(Cluster::BinDir() + "/stemma-engine")) {
@@ -573,8 +615,10 @@ TEST(EngineContract, TyposAreRefusedAtSubmitAndBadInputIsNotRetried) {
   c.StartWorker("w1", in_dir);
   c.WaitForWorkers(1);
   auto ids = c.Submit("name: cpt\nmax_attempts: 3\ntrain:\n  model: " + c.dir() +
-                      "/no-such-model\n  out: " + c.dir() + "/out\n  steps: 3\n"
-                      "  data: {datasets: [{path: " + c.dir() + "/no-such-data}], seq_len: 8}\n");
+                      "/no-such-model\n  out: " + c.dir() +
+                      "/out\n  steps: 3\n"
+                      "  data: {datasets: [{path: " +
+                      c.dir() + "/no-such-data}], seq_len: 8}\n");
   ASSERT_EQ(ids.size(), 1u);
   EXPECT_EQ(c.WaitFor(ids[0], {"FAILED", "SUCCEEDED"}), "FAILED");
   auto job = c.Get(ids[0]);

@@ -138,15 +138,19 @@ double Metric(const Cluster& c, const std::string& name) {
 
 // I4 once everything is over: no worker holds anything.
 void ExpectNothingAllocated(const Cluster& c) {
-  EXPECT_TRUE(c.WaitUntil([&] {
-    auto ws = c.Cli({"workers", "-o", "json"}).Json();
-    for (const auto& w : ws) {
-      if (w.value("cpus_in_use", 0.0) != 0 || !w.value("attempts", nlohmann::json::array()).empty()) {
-        return false;
-      }
-    }
-    return true;
-  }, 30)) << c.Cli({"workers", "-o", "json"}).out;
+  EXPECT_TRUE(c.WaitUntil(
+      [&] {
+        auto ws = c.Cli({"workers", "-o", "json"}).Json();
+        for (const auto& w : ws) {
+          if (w.value("cpus_in_use", 0.0) != 0 ||
+              !w.value("attempts", nlohmann::json::array()).empty()) {
+            return false;
+          }
+        }
+        return true;
+      },
+      30))
+      << c.Cli({"workers", "-o", "json"}).out;
 }
 
 // The job's history as the store holds it: SUCCEEDED once, by its last attempt (I2, I3).
@@ -158,9 +162,10 @@ void ExpectSucceededOnceBy(const Cluster& c, const std::string& id, int attempt)
 }
 
 std::string SleepThenRecord(const Cluster& c, const std::string& name, double seconds) {
-  return "name: " + name + "\nmax_attempts: 3\nbackoff: {initial_ms: 100}\n"
-         "exec: {argv: [/bin/sh, -c, 'sleep " + std::to_string(seconds) + "; echo $STEMMA_ATTEMPT_ID >> " +
-         c.dir() + "/done']}\n";
+  return "name: " + name +
+         "\nmax_attempts: 3\nbackoff: {initial_ms: 100}\n"
+         "exec: {argv: [/bin/sh, -c, 'sleep " +
+         std::to_string(seconds) + "; echo $STEMMA_ATTEMPT_ID >> " + c.dir() + "/done']}\n";
 }
 
 // F5, shorter than the lease: nothing is requeued, the job just finishes.
@@ -210,18 +215,23 @@ TEST(Partition, LongerThanTheLeaseRequeuesAndTheLateReportIsRefused) {
   // Attempt 1's end is refused either way it comes back: as a report on the old stream
   // (stale, counted) or in the worker's registration after it reconnected (not kept, and
   // the worker forgets it).
-  EXPECT_TRUE(c.WaitUntil([&] {
-    const std::string log = Cluster::ReadFile(c.dir() + "/coordinator.log");
-    return Metric(c, "stemma_coordinator_stale_reports_total") > stale_before ||
-           log.find("attempt=" + id + ".1 stale report refused") != std::string::npos ||
-           Cluster::ReadFile(c.dir() + "/worker-w0.log").find("attempt=" + id + ".1 not kept by the coordinator") !=
-               std::string::npos;
-  }, 30)) << "the late report of attempt 1 was not refused";
+  EXPECT_TRUE(c.WaitUntil(
+      [&] {
+        const std::string log = Cluster::ReadFile(c.dir() + "/coordinator.log");
+        return Metric(c, "stemma_coordinator_stale_reports_total") > stale_before ||
+               log.find("attempt=" + id + ".1 stale report refused") != std::string::npos ||
+               Cluster::ReadFile(c.dir() + "/worker-w0.log")
+                       .find("attempt=" + id + ".1 not kept by the coordinator") !=
+                   std::string::npos;
+      },
+      30))
+      << "the late report of attempt 1 was not refused";
   // The cut-off worker comes back and holds nothing.
   c.WaitForWorkers(2);
   ExpectNothingAllocated(c);
   const auto done = Lines(c.dir() + "/done");
-  EXPECT_EQ(std::set<std::string>(done.begin(), done.end()), (std::set<std::string>{id + ".1", id + ".2"}));
+  EXPECT_EQ(std::set<std::string>(done.begin(), done.end()),
+            (std::set<std::string>{id + ".1", id + ".2"}));
 }
 
 // Sends `sig` to a process and all its descendants (a whole machine stalling, as a VM pause).
@@ -231,7 +241,8 @@ void SignalTree(pid_t root, int sig) {
     pid_t p = todo.back();
     todo.pop_back();
     ::kill(p, sig);
-    std::istringstream kids(RunShell("cat /proc/" + std::to_string(p) + "/task/*/children 2>/dev/null"));
+    std::istringstream kids(
+        RunShell("cat /proc/" + std::to_string(p) + "/task/*/children 2>/dev/null"));
     for (pid_t k; kids >> k;) todo.push_back(k);
   }
 }
@@ -250,10 +261,13 @@ TEST(Pause, AWorkerStoppedPastItsLeaseLosesItsJobAndItsLateResultsAreRefused) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   SignalTree(c.worker_pid("w0"), SIGSTOP);
   c.StartWorker("w1");
-  ASSERT_TRUE(c.WaitUntil([&] {
-    auto j = c.Get(id);
-    return j["attempts"] == 2 && j["state"] == "RUNNING";
-  }, 30)) << c.Get(id).dump();
+  ASSERT_TRUE(c.WaitUntil(
+      [&] {
+        auto j = c.Get(id);
+        return j["attempts"] == 2 && j["state"] == "RUNNING";
+      },
+      30))
+      << c.Get(id).dump();
   auto workers = c.Cli({"workers", "-o", "json"}).Json();
   for (const auto& w : workers) {
     if (w["id"] == "w0") EXPECT_EQ(w["state"], "LOST");
@@ -308,7 +322,8 @@ TEST(ExperimentSubmit, CoordinatorKilledDuringASweepLeavesAllOrNothing) {
     fs::remove_all(c.coordinator_data());
     c.StartCoordinator();
   }
-  std::fprintf(stderr, "history: experiment present after %d kills, absent after %d\n", present, absent);
+  std::fprintf(stderr, "history: experiment present after %d kills, absent after %d\n", present,
+               absent);
   EXPECT_EQ(c.Cli({"ls", "--all", "-o", "json"}).Json().size(), 0u);
 }
 
@@ -325,7 +340,8 @@ class CorruptCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
     engine_ = EngineDir();
-    if (engine_.empty()) GTEST_SKIP() << "no stemma-engine (build with the engine or set STEMMA_ENGINE)";
+    if (engine_.empty())
+      GTEST_SKIP() << "no stemma-engine (build with the engine or set STEMMA_ENGINE)";
     c_.StartCoordinator();
     const std::string root = c_.dir() + "/store";
     fs::create_directories(root);
@@ -337,8 +353,10 @@ class CorruptCheckpoint : public ::testing::Test {
     c_.StartWorker("w0", w);
     ::setenv("PATH", old_path.c_str(), 1);
     c_.WaitForWorkers(1);
-    first_ = c_.Submit("name: base\ninit: {arch: llama, preset: tiny, seed: 7, out: models/a}\n").at(0);
-    ASSERT_EQ(c_.WaitFor(first_, {"SUCCEEDED", "FAILED"}, 300), "SUCCEEDED") << c_.Get(first_).dump();
+    first_ =
+        c_.Submit("name: base\ninit: {arch: llama, preset: tiny, seed: 7, out: models/a}\n").at(0);
+    ASSERT_EQ(c_.WaitFor(first_, {"SUCCEEDED", "FAILED"}, 300), "SUCCEEDED")
+        << c_.Get(first_).dump();
     model_ = c_.Get(first_)["outputs"]["model"];
     auto ls = c_.Cli({"ckpt", "ls", "--job", first_, "-o", "json"});
     ASSERT_EQ(ls.exit_code, 0) << ls.err;
@@ -368,7 +386,8 @@ TEST_F(CorruptCheckpoint, VerifyNamesTheTruncatedFile) {
 // the manifest's file sizes.
 TEST_F(CorruptCheckpoint, ATruncatedCheckpointIsNotServedFromTheCache) {
   // The same job with another output directory (the cache key leaves outputs out).
-  const std::string second = c_.Submit("name: base2\ninit: {arch: llama, preset: tiny, seed: 7, out: models/b}\n").at(0);
+  const std::string second =
+      c_.Submit("name: base2\ninit: {arch: llama, preset: tiny, seed: 7, out: models/b}\n").at(0);
   ASSERT_EQ(c_.WaitFor(second, {"SUCCEEDED", "FAILED"}, 300), "SUCCEEDED") << c_.Get(second).dump();
   auto job = c_.Get(second);
   EXPECT_EQ(std::string(job["reason"]).find("memoized"), std::string::npos)
@@ -485,7 +504,8 @@ class SimWorker {
 double JobsIn(const Cluster& c, const std::string& state) {
   std::istringstream in(RunShell("curl -s http://" + c.metrics_address() + "/metrics"));
   for (std::string line; std::getline(in, line);) {
-    if (line.rfind("stemma_coordinator_jobs{", 0) == 0 && line.find("state=\"" + state + "\"") != std::string::npos) {
+    if (line.rfind("stemma_coordinator_jobs{", 0) == 0 &&
+        line.find("state=\"" + state + "\"") != std::string::npos) {
       return std::stod(line.substr(line.rfind(' ') + 1));
     }
   }
@@ -502,13 +522,15 @@ TEST(ThunderingHerd, EveryWorkerReattachesAfterARestartAndNothingIsRequeued) {
   std::string yaml = "jobs:\n";
   for (int i = 0; i < 5000; ++i) yaml += "  - {noop: {duration_ms: 600000}}\n";
   const std::string file = c.WriteFile("jobs.yaml", yaml);
-  for (int b = 0; b < 2; ++b) ASSERT_EQ(c.Cli({"--timeout", "120", "submit", "-f", file}).exit_code, 0);
+  for (int b = 0; b < 2; ++b)
+    ASSERT_EQ(c.Cli({"--timeout", "120", "submit", "-f", file}).exit_code, 0);
   constexpr int kWorkers = 100;
   std::vector<std::unique_ptr<SimWorker>> sims;
   for (int i = 0; i < kWorkers; ++i) {
     sims.push_back(std::make_unique<SimWorker>(c.address(), "sim" + std::to_string(i), 1000 + i));
   }
-  ASSERT_TRUE(c.WaitUntil([&] { return JobsIn(c, "RUNNING") == kWorkers; }, 60)) << JobsIn(c, "RUNNING");
+  ASSERT_TRUE(c.WaitUntil([&] { return JobsIn(c, "RUNNING") == kWorkers; }, 60))
+      << JobsIn(c, "RUNNING");
   std::set<std::string> before;
   for (auto& s : sims) {
     auto r = s->running();
@@ -519,13 +541,18 @@ TEST(ThunderingHerd, EveryWorkerReattachesAfterARestartAndNothingIsRequeued) {
 
   c.KillCoordinator(SIGKILL);
   c.StartCoordinator();
-  ASSERT_TRUE(c.WaitUntil([&] {
-    for (auto& s : sims) if (s->registrations() < 2) return false;
-    return true;
-  }, 60)) << "not every worker re-registered";
+  ASSERT_TRUE(c.WaitUntil(
+      [&] {
+        for (auto& s : sims)
+          if (s->registrations() < 2) return false;
+        return true;
+      },
+      60))
+      << "not every worker re-registered";
   c.WaitForWorkers(kWorkers);
   // Nothing requeued: the same attempts run, each still attempt 1, on the same workers.
-  EXPECT_TRUE(c.WaitUntil([&] { return JobsIn(c, "RUNNING") == kWorkers; }, 30)) << JobsIn(c, "RUNNING");
+  EXPECT_TRUE(c.WaitUntil([&] { return JobsIn(c, "RUNNING") == kWorkers; }, 30))
+      << JobsIn(c, "RUNNING");
   EXPECT_EQ(JobsIn(c, "QUEUED"), 10000 - kWorkers);
   std::set<std::string> after;
   for (auto& s : sims) {
@@ -535,7 +562,8 @@ TEST(ThunderingHerd, EveryWorkerReattachesAfterARestartAndNothingIsRequeued) {
   EXPECT_EQ(after, before);
   for (const auto& attempt : before) EXPECT_EQ(attempt.substr(attempt.rfind('.')), ".1") << attempt;
   for (int i = 0; i < kWorkers; i += 25) {
-    auto job = c.Get(std::string(*std::next(before.begin(), i)).substr(0, std::next(before.begin(), i)->rfind('.')));
+    auto job = c.Get(std::string(*std::next(before.begin(), i))
+                         .substr(0, std::next(before.begin(), i)->rfind('.')));
     EXPECT_EQ(job["state"], "RUNNING");
     EXPECT_EQ(job["attempts"], 1);
   }

@@ -1,13 +1,13 @@
 // Fault tests: kill -9 the coordinator or a worker mid-flight (real processes).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
 #include <map>
-#include <sstream>
-#include <atomic>
 #include <mutex>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "common/rpc.h"
@@ -75,7 +75,8 @@ TEST(Fault, CoordinatorKilledWith200JobsInFlightLosesNothing) {
   for (const auto& id : acked) EXPECT_EQ(runs[id], 1) << id;
 
   c.KillCoordinator(SIGTERM);
-  std::string check = RunCommand("sqlite3 " + c.coordinator_data() + "/stemma.db 'PRAGMA integrity_check'");
+  std::string check =
+      RunCommand("sqlite3 " + c.coordinator_data() + "/stemma.db 'PRAGMA integrity_check'");
   EXPECT_EQ(check, "ok\n");
 }
 
@@ -88,7 +89,8 @@ TEST(Fault, KilledWorkerIsLostAfterItsLeaseAndTheRetryLimitHolds) {
   const std::string dir = c.dir();
   auto ids = c.Submit(
       "name: long\nmax_attempts: 2\nbackoff: {initial_ms: 100}\n"
-      "exec: {argv: [/bin/sh, -c, 'echo $$ > " + dir + "/pid-$STEMMA_ATTEMPT_ID; sleep 300']}\n");
+      "exec: {argv: [/bin/sh, -c, 'echo $$ > " +
+      dir + "/pid-$STEMMA_ATTEMPT_ID; sleep 300']}\n");
   ASSERT_EQ(c.WaitFor(ids[0], {"RUNNING"}), "RUNNING");
   std::string pidfile = dir + "/pid-" + ids[0] + ".1";
   ASSERT_TRUE(c.WaitUntil([&] { return !Cluster::ReadFile(pidfile).empty(); }));
@@ -99,10 +101,12 @@ TEST(Fault, KilledWorkerIsLostAfterItsLeaseAndTheRetryLimitHolds) {
   EXPECT_TRUE(c.WaitUntil([&] { return !ProcessAlive(child); }, 20));
   // After the lease, the job is requeued; a new worker takes attempt 2.
   c.StartWorker("w1");
-  ASSERT_TRUE(c.WaitUntil([&] {
-    auto j = c.Get(ids[0]);
-    return j["attempts"] == 2 && j["state"] == "RUNNING";
-  }, 30));
+  ASSERT_TRUE(c.WaitUntil(
+      [&] {
+        auto j = c.Get(ids[0]);
+        return j["attempts"] == 2 && j["state"] == "RUNNING";
+      },
+      30));
   auto workers = c.Cli({"workers", "-o", "json"}).Json();
   for (const auto& w : workers) {
     if (w["id"] == "w0") EXPECT_EQ(w["state"], "LOST");
@@ -184,7 +188,8 @@ TEST(Fault, AWorkerStreamThatStopsReadingDoesNotStallOtherClients) {
 
   // ~24 MB of assignments for it: far more than TCP and HTTP/2 buffer on loopback.
   std::string labels;
-  for (int l = 0; l < 60; ++l) labels += (l ? ", l" : "l") + std::to_string(l) + ": " + std::string(240, 'x');
+  for (int l = 0; l < 60; ++l)
+    labels += (l ? ", l" : "l") + std::to_string(l) + ": " + std::string(240, 'x');
   for (int batch = 0; batch < 8; ++batch) {
     std::string yaml = "jobs:\n";
     for (int i = 0; i < 200; ++i) {
@@ -211,8 +216,8 @@ TEST(Fault, AWorkerStreamThatStopsReadingDoesNotStallOtherClients) {
   ASSERT_TRUE(c.WaitUntil([&] { return assigned() >= 1500; }, 60)) << assigned();
   // Another client's submit, and a read, still answer within a short deadline.
   for (int i = 0; i < 3; ++i) {
-    CliResult r = c.Cli({"--timeout", "5", "submit", "-f",
-                         c.WriteFile("small.yaml", "noop: {duration_ms: 1}\n")});
+    CliResult r = c.Cli(
+        {"--timeout", "5", "submit", "-f", c.WriteFile("small.yaml", "noop: {duration_ms: 1}\n")});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(c.Cli({"--timeout", "5", "workers"}).exit_code, 0);
   }
@@ -322,10 +327,10 @@ TEST(Fault, RandomCoordinatorKillsUnderSubmitLoadKeepTheInvariants) {
     EXPECT_TRUE(stored.insert(id).second) << "job listed twice: " << id;
     const int attempts = j["attempts"];
     const int budget = j["max_attempts"];
-    EXPECT_LE(attempts, budget) << id;                                    // I5
+    EXPECT_LE(attempts, budget) << id;  // I5
     EXPECT_GE(attempts, 1) << id;
     const std::string current = j["attempt_id"];
-    EXPECT_EQ(current, id + "." + std::to_string(attempts)) << id;        // I3
+    EXPECT_EQ(current, id + "." + std::to_string(attempts)) << id;  // I3
   }
   for (const auto& id : acked) EXPECT_TRUE(stored.count(id)) << "acknowledged, then lost: " << id;
   // Every acknowledged job ran at least once (at-least-once execution).
@@ -334,11 +339,14 @@ TEST(Fault, RandomCoordinatorKillsUnderSubmitLoadKeepTheInvariants) {
   for (std::string line; std::getline(in, line);) ran.insert(line);
   for (const auto& id : acked) EXPECT_TRUE(ran.count(id)) << id << " never ran";
   // I4: once everything is done, nothing is allocated.
-  ASSERT_TRUE(c.WaitUntil([&] {
-    auto w = c.Cli({"workers", "-o", "json"}).Json();
-    return w.size() == 1 && w[0].value("cpus_in_use", 0.0) == 0 &&
-           w[0].value("attempts", nlohmann::json::array()).empty();
-  }, 30)) << c.Cli({"workers", "-o", "json"}).out;
+  ASSERT_TRUE(c.WaitUntil(
+      [&] {
+        auto w = c.Cli({"workers", "-o", "json"}).Json();
+        return w.size() == 1 && w[0].value("cpus_in_use", 0.0) == 0 &&
+               w[0].value("attempts", nlohmann::json::array()).empty();
+      },
+      30))
+      << c.Cli({"workers", "-o", "json"}).out;
   c.KillCoordinator(SIGTERM);
   EXPECT_EQ(RunCommand("sqlite3 " + c.coordinator_data() + "/stemma.db 'PRAGMA integrity_check'"),
             "ok\n");
@@ -350,15 +358,17 @@ TEST(Fault, ListingMoreThanTheSendLimitOfJobsPages) {
   Cluster c;
   c.StartCoordinator();
   std::string labels;
-  for (int l = 0; l < 60; ++l) labels += (l ? ", l" : "l") + std::to_string(l) + ": " + std::string(240, 'y');
+  for (int l = 0; l < 60; ++l)
+    labels += (l ? ", l" : "l") + std::to_string(l) + ": " + std::string(240, 'y');
   for (int batch = 0; batch < 2; ++batch) {
     std::string yaml = "jobs:\n";
     for (int i = 0; i < 200; ++i) {
       yaml += "  - {name: big" + std::to_string(batch * 200 + i) + ", labels: {" + labels +
               "}, noop: {duration_ms: 1}}\n";
     }
-    ASSERT_EQ(c.Cli({"submit", "-f", c.WriteFile("b" + std::to_string(batch) + ".yaml", yaml)})
-                  .exit_code, 0);
+    ASSERT_EQ(
+        c.Cli({"submit", "-f", c.WriteFile("b" + std::to_string(batch) + ".yaml", yaml)}).exit_code,
+        0);
   }
   CliResult ls = c.Cli({"ls", "--all", "-o", "json"});
   ASSERT_EQ(ls.exit_code, 0) << ls.err;

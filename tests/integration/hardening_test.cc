@@ -25,14 +25,16 @@ std::string FakeEngineDir(const Cluster& c) {
   const std::string dir = c.dir() + "/fake-bin";
   fs::create_directories(dir);
   const std::string engine = dir + "/stemma-engine";
-  std::ofstream(engine) << "#!/bin/sh\necho \"$STEMMA_JOB_ID\" >> " << c.dir() << "/engine-ran\nexit 0\n";
+  std::ofstream(engine) << "#!/bin/sh\necho \"$STEMMA_JOB_ID\" >> " << c.dir()
+                        << "/engine-ran\nexit 0\n";
   fs::permissions(engine, fs::perms::owner_all);
   return dir;
 }
 
 class PathEnv {  // PATH for the processes started while it lives
  public:
-  explicit PathEnv(const std::string& first) : old_(std::getenv("PATH") ? std::getenv("PATH") : "") {
+  explicit PathEnv(const std::string& first)
+      : old_(std::getenv("PATH") ? std::getenv("PATH") : "") {
     ::setenv("PATH", (first + ":" + old_).c_str(), 1);
   }
   ~PathEnv() { ::setenv("PATH", old_.c_str(), 1); }
@@ -47,7 +49,8 @@ TEST(Confinement, EngineJobPathsOutsideTheWorkersRootsAreRefusedBeforeTheEngineS
   const std::string root = c.dir() + "/srv";
   const std::string corpus = c.dir() + "/corpus";
   const std::string outside = c.dir() + "/outside";
-  for (const auto& d : {root + "/models/base", corpus, outside + "/precious"}) fs::create_directories(d);
+  for (const auto& d : {root + "/models/base", corpus, outside + "/precious"})
+    fs::create_directories(d);
   std::ofstream(corpus + "/en.txt") << "hello world\n";
   std::ofstream(outside + "/precious/keep.txt") << "do not delete\n";
   fs::create_directory_symlink(outside, root + "/escape");
@@ -55,14 +58,16 @@ TEST(Confinement, EngineJobPathsOutsideTheWorkersRootsAreRefusedBeforeTheEngineS
   PathEnv path(fake_engine);
   Cluster::WorkerOptions w;
   // The fake engine, not a real one beside stemma-worker (which the worker would prefer).
-  w.extra = {"--storage-root", root, "--read-root", corpus, "--engine", fake_engine + "/stemma-engine"};
+  w.extra = {"--storage-root", root,       "--read-root",
+             corpus,           "--engine", fake_engine + "/stemma-engine"};
   c.StartWorker("w0", w);
   c.WaitForWorkers(1);
 
   auto tokenize = [&](const std::string& name, const std::string& input, const std::string& out,
                       bool overwrite) {
-    return "name: " + name + "\nmax_attempts: 3\ntokenize: {tokenizer: models/base, input: [" + input +
-           "], format: text, language: en, out: " + out + (overwrite ? ", overwrite: true" : "") + "}\n";
+    return "name: " + name + "\nmax_attempts: 3\ntokenize: {tokenizer: models/base, input: [" +
+           input + "], format: text, language: en, out: " + out +
+           (overwrite ? ", overwrite: true" : "") + "}\n";
   };
   struct Case {
     std::string name, yaml, reason;
@@ -81,7 +86,8 @@ TEST(Confinement, EngineJobPathsOutsideTheWorkersRootsAreRefusedBeforeTheEngineS
   };
   std::map<std::string, std::string> ids;
   for (const auto& k : refused) ids[k.name] = c.Submit(k.yaml, k.name + ".yaml").at(0);
-  const std::string ok = c.Submit(tokenize("ok", corpus + "/en.txt", "data/en", false), "ok.yaml").at(0);
+  const std::string ok =
+      c.Submit(tokenize("ok", corpus + "/en.txt", "data/en", false), "ok.yaml").at(0);
 
   for (const auto& k : refused) {
     ASSERT_EQ(c.WaitFor(ids[k.name], {"SUCCEEDED", "FAILED"}, 60), "FAILED") << k.name;
@@ -101,7 +107,8 @@ TEST(Confinement, EngineJobPathsOutsideTheWorkersRootsAreRefusedBeforeTheEngineS
   // What anyone can see is refused at submit, naming file, line and field; nothing queued.
   const size_t before = c.Cli({"ls", "--all", "-o", "json"}).Json().size();
   for (const std::string& out : {"../../..", "/srv/../etc/x", "a//b"}) {
-    auto r = c.Cli({"submit", "-f", c.WriteFile("bad.yaml", "name: bad\ninit: {out: '" + out + "'}\n")});
+    auto r =
+        c.Cli({"submit", "-f", c.WriteFile("bad.yaml", "name: bad\ninit: {out: '" + out + "'}\n")});
     EXPECT_NE(r.exit_code, 0) << out;
     EXPECT_NE(r.err.find("bad.yaml: line 2: init.out: "), std::string::npos) << r.err;
   }
@@ -119,20 +126,26 @@ TEST(Unplaceable, AJobTooBigForEveryWorkerSaysSoAndRunsWhenABigEnoughOneJoins) {
   small.cpus = 4;
   c.StartWorker("small", small);
   c.WaitForWorkers(1);
-  const std::string big = c.Submit("name: big\nresources: {gpus: 4}\nnoop: {duration_ms: 1}\n").at(0);
-  const std::string wide = c.Submit("name: wide\nresources: {cpus: 16}\nnoop: {duration_ms: 1}\n").at(0);
-  const std::string gang = c.Submit("name: gang\nnodes: 2\nresources: {gpus: 1}\nnoop: {duration_ms: 1}\n").at(0);
-  const std::string fits = c.Submit("name: fits\nresources: {gpus: 2}\nnoop: {duration_ms: 1}\n").at(0);
+  const std::string big =
+      c.Submit("name: big\nresources: {gpus: 4}\nnoop: {duration_ms: 1}\n").at(0);
+  const std::string wide =
+      c.Submit("name: wide\nresources: {cpus: 16}\nnoop: {duration_ms: 1}\n").at(0);
+  const std::string gang =
+      c.Submit("name: gang\nnodes: 2\nresources: {gpus: 1}\nnoop: {duration_ms: 1}\n").at(0);
+  const std::string fits =
+      c.Submit("name: fits\nresources: {gpus: 2}\nnoop: {duration_ms: 1}\n").at(0);
   ASSERT_EQ(c.WaitFor(fits, {"SUCCEEDED"}), "SUCCEEDED");
   auto reason = [&](const std::string& id) { return std::string(c.Get(id)["reason"]); };
   EXPECT_EQ(c.State(big), "QUEUED");
   EXPECT_EQ(reason(big), "unplaceable: needs 4 GPUs, the largest worker has 2");
   EXPECT_EQ(reason(wide), "unplaceable: needs 16 CPUs, the largest worker has 4 CPUs");
-  EXPECT_EQ(reason(gang), "unplaceable: needs 2 workers with 1 GPU, 1 CPU each; 1 registered worker has that");
+  EXPECT_EQ(reason(gang),
+            "unplaceable: needs 2 workers with 1 GPU, 1 CPU each; 1 registered worker has that");
   EXPECT_EQ(reason(fits), "");
   // The listing carries it too.
   auto ls = c.Cli({"ls"});
-  EXPECT_NE(ls.out.find("unplaceable: needs 4 GPUs, the largest worker has 2"), std::string::npos) << ls.out;
+  EXPECT_NE(ls.out.find("unplaceable: needs 4 GPUs, the largest worker has 2"), std::string::npos)
+      << ls.out;
 
   // A second small worker makes the gang placeable; the others still cannot run.
   c.StartWorker("small2", small);
@@ -149,8 +162,10 @@ TEST(Unplaceable, AJobTooBigForEveryWorkerSaysSoAndRunsWhenABigEnoughOneJoins) {
   // Workers leave (lost after their lease): the reason follows what is registered.
   c.KillWorker("large");
   c.KillWorker("small2");
-  const std::string big2 = c.Submit("name: big2\nresources: {gpus: 4}\nnoop: {duration_ms: 1}\n").at(0);
-  EXPECT_TRUE(c.WaitUntil([&] { return reason(big2) == "unplaceable: needs 4 GPUs, the largest worker has 2"; }, 30))
+  const std::string big2 =
+      c.Submit("name: big2\nresources: {gpus: 4}\nnoop: {duration_ms: 1}\n").at(0);
+  EXPECT_TRUE(c.WaitUntil(
+      [&] { return reason(big2) == "unplaceable: needs 4 GPUs, the largest worker has 2"; }, 30))
       << reason(big2);
   EXPECT_EQ(c.State(big2), "QUEUED");
 }
@@ -174,7 +189,9 @@ class SmallDisk {
   bool mounted_ = false;
 };
 
-int JobCount(const Cluster& c) { return static_cast<int>(c.Cli({"ls", "--all", "-o", "json"}).Json().size()); }
+int JobCount(const Cluster& c) {
+  return static_cast<int>(c.Cli({"ls", "--all", "-o", "json"}).Json().size());
+}
 
 // The coordinator's disk fills up under a job's log: the log ends with a marker line, the
 // job's own end is still recorded, a submit is refused at once with RESOURCE_EXHAUSTED and
@@ -191,26 +208,35 @@ TEST(DiskFull, TheCoordinatorsDiskFillingUpIsSaidAndNothingIsHalfCommitted) {
 
   // ~40 MB of log: more than the disk holds.
   const std::string loud = c.Submit(
-      "name: loud\nexec: {argv: [/bin/sh, -c, 'yes stemma-log-line-0123456789 | head -c 40000000; echo done']}\n").at(0);
+                                "name: loud\nexec: {argv: [/bin/sh, -c, 'yes "
+                                "stemma-log-line-0123456789 | head -c 40000000; echo done']}\n")
+                               .at(0);
   ASSERT_EQ(c.WaitFor(loud, {"SUCCEEDED", "FAILED"}, 120), "SUCCEEDED") << c.Get(loud).dump();
-  ASSERT_TRUE(c.WaitUntil([&] {
-    std::string text = c.Cli({"logs", loud}).out;
-    return text.size() > 100 && text.substr(text.size() - 40).find("[stemma: log truncated: disk full]") != std::string::npos;
-  }, 60));
+  ASSERT_TRUE(c.WaitUntil(
+      [&] {
+        std::string text = c.Cli({"logs", loud}).out;
+        return text.size() > 100 &&
+               text.substr(text.size() - 40).find("[stemma: log truncated: disk full]") !=
+                   std::string::npos;
+      },
+      60));
   auto logs = c.Cli({"logs", loud});
   EXPECT_EQ(logs.exit_code, 0) << logs.err;
   EXPECT_NE(logs.out.rfind("\n[stemma: log truncated: disk full]\n"), std::string::npos);
   EXPECT_EQ(logs.out.find("done"), std::string::npos);  // nothing after the cut
-  EXPECT_NE(Cluster::ReadFile(c.dir() + "/coordinator.log").find("log truncated at"), std::string::npos);
+  EXPECT_NE(Cluster::ReadFile(c.dir() + "/coordinator.log").find("log truncated at"),
+            std::string::npos);
 
   // A submit now: refused at once (a hang would hit the CLI's timeout and say something else).
   const int before = JobCount(c);
-  auto refused = c.Cli({"--timeout", "10", "submit", "-f", c.WriteFile("more.yaml", "name: more\nnoop: {}\n")});
+  auto refused = c.Cli(
+      {"--timeout", "10", "submit", "-f", c.WriteFile("more.yaml", "name: more\nnoop: {}\n")});
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_NE(refused.err.find("the coordinator's disk is full"), std::string::npos) << refused.err;
   EXPECT_EQ(refused.err.find("may have been committed"), std::string::npos) << refused.err;
   {  // the status code on the wire
-    auto stub = v1::UserService::NewStub(grpc::CreateChannel(c.address(), grpc::InsecureChannelCredentials()));
+    auto stub = v1::UserService::NewStub(
+        grpc::CreateChannel(c.address(), grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
     v1::SubmitRequest request;
@@ -229,15 +255,19 @@ TEST(DiskFull, TheCoordinatorsDiskFillingUpIsSaidAndNothingIsHalfCommitted) {
     if (e.path().extension() == ".seg") fs::remove(e.path());
   }
   std::string again_id;
-  ASSERT_TRUE(c.WaitUntil([&] {
-    auto r = c.Cli({"--timeout", "10", "submit", "-f", c.WriteFile("again.yaml", "name: again\nnoop: {}\n")});
-    if (r.exit_code == 0) again_id = r.out.substr(0, r.out.find(' '));
-    return r.exit_code == 0;
-  }, 30));
+  ASSERT_TRUE(c.WaitUntil(
+      [&] {
+        auto r = c.Cli({"--timeout", "10", "submit", "-f",
+                        c.WriteFile("again.yaml", "name: again\nnoop: {}\n")});
+        if (r.exit_code == 0) again_id = r.out.substr(0, r.out.find(' '));
+        return r.exit_code == 0;
+      },
+      30));
   EXPECT_EQ(c.WaitFor(again_id, {"SUCCEEDED"}), "SUCCEEDED");
   EXPECT_EQ(JobCount(c), before + 1);
   c.KillCoordinator(SIGTERM);
-  EXPECT_EQ(RunShell("sqlite3 " + c.coordinator_data() + "/stemma.db 'PRAGMA integrity_check'"), "ok\n");
+  EXPECT_EQ(RunShell("sqlite3 " + c.coordinator_data() + "/stemma.db 'PRAGMA integrity_check'"),
+            "ok\n");
 }
 
 // `stemma wait` on many jobs resolves them from the listing (not one round trip each, which
@@ -248,7 +278,8 @@ TEST(ManyIds, WaitOnManyJobsResolvesIdsAndNamesAndNamesAnUnknownOne) {
   c.StartWorker("w0");
   c.WaitForWorkers(1);
   std::string yaml = "jobs:\n";
-  for (int i = 0; i < 40; ++i) yaml += "  - {name: n" + std::to_string(i) + ", noop: {duration_ms: 1}}\n";
+  for (int i = 0; i < 40; ++i)
+    yaml += "  - {name: n" + std::to_string(i) + ", noop: {duration_ms: 1}}\n";
   std::vector<std::string> ids = c.Submit(yaml);
   ASSERT_EQ(ids.size(), 40u);
   const std::string again = c.Submit("name: n3\nnoop: {duration_ms: 1, exit_code: 3}\n").at(0);

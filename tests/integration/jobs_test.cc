@@ -91,9 +91,11 @@ TEST_F(JobsTest, RetriesFollowBackoffAndTheLimitThenRetryRevives) {
 TEST_F(JobsTest, LogsAreShippedAndOutliveACoordinatorRestart) {
   auto ids = c_.Submit(Sh("talker", "echo hello from stemma; echo to stderr >&2"));
   ASSERT_EQ(c_.WaitFor(ids[0], {"SUCCEEDED"}), "SUCCEEDED");
-  ASSERT_TRUE(c_.WaitUntil([&] {
-    return c_.Cli({"logs", ids[0]}).out.find("to stderr") != std::string::npos;
-  }, 20));
+  ASSERT_TRUE(c_.WaitUntil(
+      [&] {
+        return c_.Cli({"logs", ids[0]}).out.find("to stderr") != std::string::npos;
+      },
+      20));
   c_.KillCoordinator(SIGTERM);
   c_.StartCoordinator();
   auto r = c_.Cli({"logs", ids[0]});
@@ -156,7 +158,8 @@ TEST(ExecPolicy, RefusedWhenNoWorkerAllowsExec) {
   c.StartWorker("w0", o);
   c.WaitForWorkers(1);
   std::string marker = c.dir() + "/ran";
-  auto r = c.Cli({"submit", "-f", c.WriteFile("exec.yaml", "exec: {argv: [/usr/bin/touch, " + marker + "]}\n")});
+  auto r = c.Cli({"submit", "-f",
+                  c.WriteFile("exec.yaml", "exec: {argv: [/usr/bin/touch, " + marker + "]}\n")});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--allow-exec"), std::string::npos) << r.err;
   EXPECT_EQ(c.Cli({"ls", "--all", "-o", "json"}).Json().size(), 0u);
@@ -173,9 +176,11 @@ TEST(Placement, GpusAreExclusiveAndVisibleToTheChild) {
   std::string dir = c.dir();
   auto ids = c.Submit(
       "name: g1\nresources: {gpus: 1}\nexec: {argv: [/bin/sh, -c, 'echo $CUDA_VISIBLE_DEVICES > " +
-      dir + "/g1; sleep 1']}\n---\n"
+      dir +
+      "/g1; sleep 1']}\n---\n"
       "name: g2\nresources: {gpus: 1}\nexec: {argv: [/bin/sh, -c, 'echo $CUDA_VISIBLE_DEVICES > " +
-      dir + "/g2; sleep 1']}\n---\n"
+      dir +
+      "/g2; sleep 1']}\n---\n"
       "name: g3\nresources: {gpus: 2}\nexec: {argv: [/bin/sh, -c, 'echo $CUDA_VISIBLE_DEVICES > " +
       dir + "/g3']}\n");
   for (const auto& id : ids) ASSERT_EQ(c.WaitFor(id, {"SUCCEEDED"}), "SUCCEEDED");
@@ -191,8 +196,10 @@ TEST(Placement, GangJobGetsRanksWorldSizeAndRendezvousOnDistinctWorkers) {
   c.StartWorker("w1");
   c.WaitForWorkers(2);
   std::string dir = c.dir();
-  auto ids = c.Submit("name: gang\nnodes: 2\nexec: {argv: [/bin/sh, -c, 'echo $RANK $WORLD_SIZE "
-                      "$MASTER_ADDR:$MASTER_PORT > " + dir + "/rank$RANK']}\n");
+  auto ids = c.Submit(
+      "name: gang\nnodes: 2\nexec: {argv: [/bin/sh, -c, 'echo $RANK $WORLD_SIZE "
+      "$MASTER_ADDR:$MASTER_PORT > " +
+      dir + "/rank$RANK']}\n");
   ASSERT_EQ(c.WaitFor(ids[0], {"SUCCEEDED", "FAILED"}), "SUCCEEDED");
   std::string r0 = Cluster::ReadFile(dir + "/rank0"), r1 = Cluster::ReadFile(dir + "/rank1");
   EXPECT_EQ(r0.substr(0, 4), "0 2 ");

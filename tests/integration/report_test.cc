@@ -10,6 +10,7 @@
 //   analyze, eval)
 //   on a real coordinator and worker; the report is taken while the study runs (cells
 //   pending) and when it has finished, and its numbers are those the engine reported.
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -20,8 +21,6 @@
 #include <fstream>
 #include <set>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 #include "cli/report/report_model.h"
 #include "cli/report/report_writers.h"
@@ -42,7 +41,9 @@ struct Image {
   std::string error;
 };
 
-uint32_t Be32(const unsigned char* p) { return (uint32_t{p[0]} << 24) | (p[1] << 16) | (p[2] << 8) | p[3]; }
+uint32_t Be32(const unsigned char* p) {
+  return (uint32_t{p[0]} << 24) | (p[1] << 16) | (p[2] << 8) | p[3];
+}
 
 Image ReadPng(const std::string& path) {
   Image img;
@@ -72,13 +73,15 @@ Image ReadPng(const std::string& path) {
   }
   const int channels = color == 2 ? 3 : color == 6 ? 4 : 0;
   if (depth != 8 || channels == 0 || interlace != 0 || img.width <= 0 || img.height <= 0) {
-    img.error = "unsupported PNG (depth " + std::to_string(depth) + ", colour type " + std::to_string(color) + ")";
+    img.error = "unsupported PNG (depth " + std::to_string(depth) + ", colour type " +
+                std::to_string(color) + ")";
     return img;
   }
   const size_t stride = static_cast<size_t>(img.width) * channels;
   std::vector<unsigned char> raw((stride + 1) * img.height);
   uLongf raw_size = raw.size();
-  if (uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(idat.data()), idat.size()) != Z_OK ||
+  if (uncompress(raw.data(), &raw_size, reinterpret_cast<const Bytef*>(idat.data()), idat.size()) !=
+          Z_OK ||
       raw_size != raw.size()) {
     img.error = "IDAT does not inflate to the image size";
     return img;
@@ -93,16 +96,26 @@ Image ReadPng(const std::string& path) {
       const int c = x >= static_cast<size_t>(channels) ? prev[x - channels] : 0;
       int pred = 0;
       switch (filter) {
-        case 0: pred = 0; break;
-        case 1: pred = a; break;
-        case 2: pred = b; break;
-        case 3: pred = (a + b) / 2; break;
+        case 0:
+          pred = 0;
+          break;
+        case 1:
+          pred = a;
+          break;
+        case 2:
+          pred = b;
+          break;
+        case 3:
+          pred = (a + b) / 2;
+          break;
         case 4: {
           const int p = a + b - c, pa = std::abs(p - a), pb = std::abs(p - b), pc = std::abs(p - c);
           pred = pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
           break;
         }
-        default: img.error = "bad filter"; return img;
+        default:
+          img.error = "bad filter";
+          return img;
       }
       cur[x] = static_cast<unsigned char>(in[x] + pred);
     }
@@ -118,7 +131,8 @@ Image ReadPng(const std::string& path) {
 // --- Chromium ------------------------------------------------------------------------------
 
 std::string FindChromium() {
-  for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"}) {
+  for (const char* p :
+       {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"}) {
     if (::access(p, X_OK) == 0) return p;
   }
   return "";
@@ -138,10 +152,11 @@ struct Browser {
   // Runs headless Chromium on `url` with `flags`; its stdout.
   std::string Run(const std::string& url, const std::string& flags) {
     const std::string profile = dir + "/profile-" + std::to_string(runs++);
-    const std::string cmd = "timeout 120 " + Quote(binary) +
-                            " --headless --disable-gpu --no-sandbox --no-first-run --disable-background-networking"
-                            " --disable-component-update --disable-sync --disable-extensions --user-data-dir=" +
-                            Quote(profile) + " " + flags + " " + Quote(url) + " 2>/dev/null";
+    const std::string cmd =
+        "timeout 120 " + Quote(binary) +
+        " --headless --disable-gpu --no-sandbox --no-first-run --disable-background-networking"
+        " --disable-component-update --disable-sync --disable-extensions --user-data-dir=" +
+        Quote(profile) + " " + flags + " " + Quote(url) + " 2>/dev/null";
     return RunShell(cmd);
   }
 };
@@ -164,8 +179,10 @@ std::vector<std::string> PageRequests(const std::string& netlog_path) {
   for (const json& e : log["events"]) {
     if (!e.contains("params") || !e["params"].is_object()) continue;
     const json& p = e["params"];
-    if (!p.contains("url") || !p["url"].is_string() || !p.contains("network_isolation_key")) continue;
-    const std::string key = p["network_isolation_key"].is_string() ? p["network_isolation_key"].get<std::string>() : "";
+    if (!p.contains("url") || !p["url"].is_string() || !p.contains("network_isolation_key"))
+      continue;
+    const std::string key =
+        p["network_isolation_key"].is_string() ? p["network_isolation_key"].get<std::string>() : "";
     const std::string url = p["url"];
     if (key.find("file://") != std::string::npos && url.rfind("file:", 0) != 0) urls.push_back(url);
   }
@@ -197,16 +214,19 @@ void CheckInBrowser(const std::string& html_path, int plots) {
   const size_t csp_end = html.find('>', html.find("Content-Security-Policy"));
   ASSERT_NE(csp_end, std::string::npos) << "no Content-Security-Policy meta";
   const std::string rest = html.substr(csp_end);
-  for (const char* bad : {"http://", "https://", "//", "src=", "url(", "<script", "<link", "@import"}) {
+  for (const char* bad :
+       {"http://", "https://", "//", "src=", "url(", "<script", "<link", "@import"}) {
     EXPECT_EQ(rest.find(bad), std::string::npos) << "the page contains " << bad;
   }
   Browser b{chromium, fs::path(html_path).parent_path().string() + "/browser"};
   fs::create_directories(b.dir);
   const std::string url = "file://" + fs::absolute(html_path).string();
   const std::string shot = b.dir + "/report.png", netlog = b.dir + "/report.netlog";
-  b.Run(url, "--window-size=1400,2400 --screenshot=" + Quote(shot) + " --log-net-log=" + Quote(netlog));
+  b.Run(url,
+        "--window-size=1400,2400 --screenshot=" + Quote(shot) + " --log-net-log=" + Quote(netlog));
   ExpectRendered(shot, "report.html");
-  EXPECT_TRUE(PageRequests(netlog).empty()) << "the page made a request: " << PageRequests(netlog)[0];
+  EXPECT_TRUE(PageRequests(netlog).empty())
+      << "the page made a request: " << PageRequests(netlog)[0];
   // The DOM Chromium built holds every plot.
   const std::string dom = b.Run(url, "--dump-dom");
   int svgs = 0;
@@ -215,18 +235,23 @@ void CheckInBrowser(const std::string& html_path, int plots) {
   EXPECT_NE(dom.find("<table class=\"results\">"), std::string::npos);
   // With every host name unresolvable the page is the same.
   const std::string offline = b.dir + "/offline.png";
-  b.Run(url, "--window-size=1400,2400 --screenshot=" + Quote(offline) + " --host-resolver-rules=" + Quote("MAP * ~NOTFOUND"));
+  b.Run(url, "--window-size=1400,2400 --screenshot=" + Quote(offline) +
+                 " --host-resolver-rules=" + Quote("MAP * ~NOTFOUND"));
   ExpectRendered(offline, "report.html with no name resolution");
 
   // Controls: an external image is seen by the network-log check; under the report's CSP
   // the browser does not fetch it.
   const std::string dir = b.dir;
-  std::ofstream(dir + "/leaky.html") << "<!DOCTYPE html><html><body><h1>x</h1><img src=\"http://report-test.invalid/x.png\"></body></html>";
-  std::ofstream(dir + "/guarded.html") << "<!DOCTYPE html><html><head><meta http-equiv=\"Content-Security-Policy\" content=\""
-                                       << report::kHtmlCsp << "\"></head><body><h1>x</h1>"
-                                       << "<img src=\"http://report-test.invalid/x.png\"></body></html>";
-  b.Run("file://" + dir + "/leaky.html", "--dump-dom --log-net-log=" + Quote(dir + "/leaky.netlog"));
-  b.Run("file://" + dir + "/guarded.html", "--dump-dom --log-net-log=" + Quote(dir + "/guarded.netlog"));
+  std::ofstream(dir + "/leaky.html") << "<!DOCTYPE html><html><body><h1>x</h1><img "
+                                        "src=\"http://report-test.invalid/x.png\"></body></html>";
+  std::ofstream(dir + "/guarded.html")
+      << "<!DOCTYPE html><html><head><meta http-equiv=\"Content-Security-Policy\" content=\""
+      << report::kHtmlCsp << "\"></head><body><h1>x</h1>"
+      << "<img src=\"http://report-test.invalid/x.png\"></body></html>";
+  b.Run("file://" + dir + "/leaky.html",
+        "--dump-dom --log-net-log=" + Quote(dir + "/leaky.netlog"));
+  b.Run("file://" + dir + "/guarded.html",
+        "--dump-dom --log-net-log=" + Quote(dir + "/guarded.netlog"));
   const auto leaky = PageRequests(dir + "/leaky.netlog");
   EXPECT_FALSE(leaky.empty()) << "the network-log check missed an external image";
   EXPECT_TRUE(PageRequests(dir + "/guarded.netlog").empty()) << "the CSP let a fetch through";
@@ -244,7 +269,8 @@ report::Report FullReport() {
   in.experiment = "browser-check";
   in.revision = 1;
   int id = 1;
-  auto eval = [&](const std::string& name, double ru, double en, std::map<std::string, std::string> coords = {}) {
+  auto eval = [&](const std::string& name, double ru, double en,
+                  std::map<std::string, std::string> coords = {}) {
     report::Cell c;
     c.job_name = name;
     c.stage = name.substr(0, name.find('['));
@@ -253,7 +279,9 @@ report::Report FullReport() {
     c.state = "SUCCEEDED";
     c.coords = std::move(coords);
     in.cells.push_back(c);
-    for (const auto& [n, v, l] : {std::tuple{"bpb/ru", ru, "ru"}, {"bpb/en", en, "en"}, {"acc/belebele_ru", 1 / ru, "ru"}}) {
+    for (const auto& [n, v, l] : {std::tuple{"bpb/ru", ru, "ru"},
+                                  {"bpb/en", en, "en"},
+                                  {"acc/belebele_ru", 1 / ru, "ru"}}) {
       report::Point p;
       p.name = n;
       p.value = v;
@@ -266,8 +294,8 @@ report::Report FullReport() {
   eval("eval-freeze", 2.4, 2.2);
   for (const char* range : {"middle", "outer"}) {
     for (double a : {0.0, 0.5, 1.0}) {
-      eval(std::string("eval-interp[range=") + range + ",alpha=" + std::to_string(a) + "]", 3 - a, 2 + a * (range[0] == 'm' ? 0.1 : 0.5),
-           {{"range", range}, {"alpha", std::to_string(a)}});
+      eval(std::string("eval-interp[range=") + range + ",alpha=" + std::to_string(a) + "]", 3 - a,
+           2 + a * (range[0] == 'm' ? 0.1 : 0.5), {{"range", range}, {"alpha", std::to_string(a)}});
     }
   }
   report::Cell train;
@@ -287,19 +315,22 @@ report::Report FullReport() {
   analyze.job_name = "analyze";
   analyze.kind = "analyze";
   in.cells.push_back(analyze);
-  in.analyses.push_back({"analyze", "mask", "neuron_mask.json", json::parse(R"({"counts": {"ru": [1, 4, 9, 3], "en": [2, 3, 5, 8]}})")});
+  in.analyses.push_back({"analyze", "mask", "neuron_mask.json",
+                         json::parse(R"({"counts": {"ru": [1, 4, 9, 3], "en": [2, 3, 5, 8]}})")});
   in.analyses.push_back({"analyze", "routing", "routing.json", json::parse(R"({"layers": [
       {"layer": 0, "mean_jsd": 0.05, "entropy": {"ru": 1.3, "en": 1.35}}, {"layer": 1, "mean_jsd": 0.2, "entropy": {"ru": 0.9, "en": 1.2}}]})")});
   in.analyses.push_back({"analyze", "drift", "drift.json", json::parse(R"({"layers": [
       {"layer": 0, "gate": 0.01, "up": 0.012, "down": 0.03, "asymmetry": 2.7}, {"layer": 1, "gate": 0.02, "up": 0.02, "down": 0.025, "asymmetry": 1.25}]})")});
-  in.analyses.push_back({"analyze", "alignment", "alignment.json", json::parse(R"({"languages": ["en", "ru"],
+  in.analyses.push_back(
+      {"analyze", "alignment", "alignment.json", json::parse(R"({"languages": ["en", "ru"],
       "mean_cosine": [0.6, 0.2, -0.1, 0.05]})")});
   return report::BuildReport(in, {});
 }
 
 TEST(ReportBrowser, HtmlRendersWithEveryPlotAndFetchesNothing) {
   const report::Report r = FullReport();
-  ASSERT_EQ(DrawnPlots(r), static_cast<int>(r.plots.size())) << "the fake report should draw every plot";
+  ASSERT_EQ(DrawnPlots(r), static_cast<int>(r.plots.size()))
+      << "the fake report should draw every plot";
   char tmpl[] = "/tmp/stemma-report-browser.XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   const std::string path = dir + "/report.html";
@@ -377,10 +408,12 @@ stages:
 TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   const std::string engine = EngineBinary();
   if (engine.empty()) {
-    GTEST_SKIP() << "stemma-engine is not built here (STEMMA_BUILD_ENGINE=OFF); STEMMA_ENGINE=PATH points at one";
+    GTEST_SKIP() << "stemma-engine is not built here (STEMMA_BUILD_ENGINE=OFF); STEMMA_ENGINE=PATH "
+                    "points at one";
   }
   // The worker finds the engine beside itself, else on PATH.
-  const std::string path = fs::path(engine).parent_path().string() + ":" + (std::getenv("PATH") ? std::getenv("PATH") : "");
+  const std::string path = fs::path(engine).parent_path().string() + ":" +
+                           (std::getenv("PATH") ? std::getenv("PATH") : "");
   ::setenv("PATH", path.c_str(), 1);
   Cluster c;
   c.StartCoordinator();
@@ -406,7 +439,8 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   auto early = c.Cli({"report", "report-e2e"});
   ASSERT_EQ(early.exit_code, 0) << early.err;
   EXPECT_NE(early.out.find("| dense cpt |"), std::string::npos) << early.out;
-  EXPECT_NE(early.out.find("| state |"), std::string::npos) << "unfinished rows show their state\n" << early.out;
+  EXPECT_NE(early.out.find("| state |"), std::string::npos) << "unfinished rows show their state\n"
+                                                            << early.out;
 
   auto wait = c.Cli({"exp", "wait", "report-e2e", "--timeout", "400"});
   ASSERT_EQ(wait.exit_code, 0) << wait.out << wait.err;
@@ -414,8 +448,9 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   const std::string out = c.dir() + "/report";
   auto done = c.Cli({"report", "report-e2e", "--out", out});
   ASSERT_EQ(done.exit_code, 0) << done.err;
-  for (const char* f : {"report.md", "report.html", "report.csv", "report.json", "acquisition_forgetting.svg", "loss_curves.svg",
-                        "lape_neurons.svg", "drift.svg"}) {
+  for (const char* f :
+       {"report.md", "report.html", "report.csv", "report.json", "acquisition_forgetting.svg",
+        "loss_curves.svg", "lape_neurons.svg", "drift.svg"}) {
     EXPECT_TRUE(fs::exists(out + "/" + f)) << f << "\n" << done.out;
   }
   EXPECT_NE(done.out.find("| base (baseline) |"), std::string::npos) << done.out;
@@ -437,7 +472,8 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   EXPECT_EQ(langs["en"]["role"], "general");
   std::vector<std::string> keys;
   for (const auto& col : rep["columns"]) keys.push_back(col["key"]);
-  EXPECT_EQ(keys, (std::vector<std::string>{"bpb/ru", "bpb/uk", "bpb/en"})) << "held-in, held-out, general";
+  EXPECT_EQ(keys, (std::vector<std::string>{"bpb/ru", "bpb/uk", "bpb/en"}))
+      << "held-in, held-out, general";
 
   // The numbers are the engine's: the metric points the coordinator stored and the
   // results files the evals wrote.
@@ -450,7 +486,8 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
     for (const char* col : {"bpb/ru", "bpb/uk", "bpb/en"}) {
       ASSERT_TRUE(row["cells"].contains(col)) << col;
       ASSERT_TRUE(points[job].count(col)) << job << " " << col;
-      EXPECT_DOUBLE_EQ(row["cells"][col]["value"].get<double>(), points[job][col]) << job << " " << col;
+      EXPECT_DOUBLE_EQ(row["cells"][col]["value"].get<double>(), points[job][col])
+          << job << " " << col;
     }
     const json job_json = c.Get(job);
     const json results = json::parse(Cluster::ReadFile(job_json["outputs"]["results"]));
@@ -460,14 +497,16 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   const json& base = rep["rows"][0]["cells"];
   const json& cpt = rep["rows"][1]["cells"];
   for (const char* col : {"bpb/ru", "bpb/uk", "bpb/en"}) {
-    EXPECT_DOUBLE_EQ(cpt[col]["delta"].get<double>(), cpt[col]["value"].get<double>() - base[col]["value"].get<double>());
+    EXPECT_DOUBLE_EQ(cpt[col]["delta"].get<double>(),
+                     cpt[col]["value"].get<double>() - base[col]["value"].get<double>());
   }
   ASSERT_EQ(rep["summary"].size(), 2u);
   EXPECT_DOUBLE_EQ(rep["summary"][1]["acquisition"].get<double>(),
                    base["bpb/ru"]["value"].get<double>() - cpt["bpb/ru"]["value"].get<double>());
   EXPECT_DOUBLE_EQ(rep["summary"][1]["transfer"].get<double>(),
                    base["bpb/uk"]["value"].get<double>() - cpt["bpb/uk"]["value"].get<double>());
-  EXPECT_DOUBLE_EQ(rep["summary"][1]["forgetting"].get<double>(), cpt["bpb/en"]["delta"].get<double>());
+  EXPECT_DOUBLE_EQ(rep["summary"][1]["forgetting"].get<double>(),
+                   cpt["bpb/en"]["delta"].get<double>());
   // The loss curve has every step the train job logged.
   auto loss = c.Cli({"metrics", "report-e2e", "--name", "loss", "-o", "json"});
   size_t loss_points = loss.Json().size();
@@ -499,7 +538,8 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   for (const auto& s : plots["lape_neurons.svg"]["series"]) {
     const json& counts = mask["counts"][s["name"].get<std::string>()];
     ASSERT_EQ(s["points"].size(), counts.size());
-    for (size_t l = 0; l < counts.size(); ++l) EXPECT_EQ(s["points"][l][1].get<double>(), counts[l].get<double>());
+    for (size_t l = 0; l < counts.size(); ++l)
+      EXPECT_EQ(s["points"][l][1].get<double>(), counts[l].get<double>());
   }
   const json& down = plots["drift.svg"]["series"][0];
   EXPECT_EQ(down["name"], "down");
@@ -510,7 +550,8 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
 
   // CSV: one line per row and column.
   const std::string csv = Cluster::ReadFile(out + "/report.csv");
-  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * static_cast<long>(rep["columns"].size()));
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'),
+            1 + 2 * static_cast<long>(rep["columns"].size()));
 
   // A results file that cannot be read here: said, and the table still has the metrics.
   const std::string results = c.Get(rep["rows"][0]["job_id"])["outputs"]["results"];
@@ -519,9 +560,11 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   ASSERT_EQ(partial.exit_code, 0) << partial.err;
   const json pj = partial.Json();
   bool said = false;
-  for (const auto& n : pj["notes"]) said |= n.get<std::string>().find("not readable from here") != std::string::npos;
+  for (const auto& n : pj["notes"])
+    said |= n.get<std::string>().find("not readable from here") != std::string::npos;
   EXPECT_TRUE(said) << pj["notes"].dump();
-  EXPECT_DOUBLE_EQ(pj["rows"][0]["cells"]["bpb/ru"]["value"].get<double>(), base["bpb/ru"]["value"].get<double>());
+  EXPECT_DOUBLE_EQ(pj["rows"][0]["cells"]["bpb/ru"]["value"].get<double>(),
+                   base["bpb/ru"]["value"].get<double>());
   fs::rename(results + ".away", results);
 
   // The page of a real study in a real browser.
@@ -530,7 +573,8 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   if (!FindChromium().empty()) {
     CheckInBrowser(out + "/report.html", drawn);
   } else {
-    std::fprintf(stderr, "chromium is not installed: the browser check of the real report was skipped\n");
+    std::fprintf(stderr,
+                 "chromium is not installed: the browser check of the real report was skipped\n");
   }
 }
 
