@@ -7,19 +7,10 @@
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
 #include "common/status.h"
-#include "coordinator/experiments/early_stop.h"
-#include "coordinator/experiments/experiment_plan.h"
+#include "coordinator/wiring.h"
 
 namespace stemma::coordinator {
 namespace {
-
-// The running twin a memoizable job waits for (JobTable::WaitForTwin), kept in its spec so
-// that a restarted coordinator knows it too.
-constexpr char kWaitsForLabel[] = "stemma.waits_for";
-
-bool Runs(const v1::Job& job) {
-  return job.state() == v1::QUEUED || job.state() == v1::ASSIGNED || job.state() == v1::RUNNING;
-}
 
 std::string JobLabel(const v1::Job& job) {
   return job.spec().name().empty() ? job.id()
@@ -35,10 +26,7 @@ void JobTable::Load(const StoreSnapshot& snapshot) {
     order_.push_back(job.id());
     next_seq_ = std::max(next_seq_, job.seq() + 1);
     if (job.state() == v1::QUEUED) Enqueue(job);
-    if (job.state() == v1::SUCCEEDED && !job.cache_key().empty() && job.attempts() > 0) {
-      memo_[job.cache_key()] = job.id();
-    }
-    if (Runs(job) && !job.cache_key().empty()) inflight_.emplace(job.cache_key(), job.id());
+    memo_.Load(job);
   }
   for (const auto& id : order_) {
     const v1::JobSpec& spec = jobs_[id].job.spec();
@@ -289,7 +277,7 @@ void JobTable::SetState(Entry& e, v1::JobState to, const std::string& reason, Ch
   }
   if (IsTerminal(to)) {
     e.job.set_finished_ms(now);
-    LeaveInflight(e.job);
+    memo_.Leave(e.job);
   }
   Record(e, from, changes);
   if (observer_) observer_(e.job, from, to);
@@ -324,7 +312,7 @@ void JobTable::Release(Entry& e, Changes* changes) {
   // trial go); a job that reads a stopped trial any other way (one-to-one) is skipped.
   if (!pruned.empty()) {
     std::string skipped_for;
-    if (!experiments::DropReadsOf(e.job.mutable_spec(), pruned, &skipped_for)) {
+    if (!DropReadsOf(e.job.mutable_spec(), pruned, &skipped_for)) {
       const std::string why = absl::StrCat("upstream ", skipped_for, " stopped early");
       e.job.set_early_stop(why);
       SetState(e, v1::CANCELLED, why, changes);
@@ -333,8 +321,8 @@ void JobTable::Release(Entry& e, Changes* changes) {
     }
   }
   // An experiment cell reads its dependencies' outputs: the tokens the expansion left in its
-  // spec become the paths those jobs reported (coordinator/experiments/experiment_plan.h).
-  absl::Status wired = experiments::WireInputs(
+  // spec become the paths those jobs reported (coordinator/wiring.h).
+  absl::Status wired = WireInputs(
       e.job.mutable_spec(),
       [&](const std::string& name) -> const google::protobuf::Map<std::string, std::string>* {
         for (const auto& dep : e.job.spec().depends_on()) {
@@ -356,69 +344,32 @@ void JobTable::Release(Entry& e, Changes* changes) {
 }
 
 bool JobTable::WaitForTwin(Entry& e, Changes* changes) {
-  // ServeFromCache left no key on what is not memoized (not an engine job, cache: false).
-  const std::string& key = e.job.cache_key();
-  if (key.empty()) return false;
-  auto twin = inflight_.find(key);
-  if (twin != inflight_.end() && twin->second != e.job.id()) {
-    auto t = jobs_.find(twin->second);
-    if (t != jobs_.end() && Runs(t->second.job) && t->second.job.cache_key() == key) {
-      Entry& running = t->second;
-      (*e.job.mutable_spec()->mutable_labels())[kWaitsForLabel] = running.job.id();
-      if (std::find(running.dependents.begin(), running.dependents.end(), e.job.id()) ==
-          running.dependents.end()) {
-        running.dependents.push_back(e.job.id());
-      }
-      SetState(e, v1::PENDING,
-               absl::StrCat("waiting for ", JobLabel(running.job), ": the same job (cache key) is ",
-                            StateName(running.job.state())),
-               changes);
-      return true;
-    }
+  const v1::Job* twin = memo_.FindTwin(&e.job);
+  if (twin == nullptr) return false;
+  Entry& running = jobs_.at(twin->id());
+  if (std::find(running.dependents.begin(), running.dependents.end(), e.job.id()) ==
+      running.dependents.end()) {
+    running.dependents.push_back(e.job.id());
   }
-  e.job.mutable_spec()->mutable_labels()->erase(kWaitsForLabel);
-  inflight_[key] = e.job.id();
-  return false;
-}
-
-void JobTable::LeaveInflight(const v1::Job& job) {
-  auto it = inflight_.find(job.cache_key());
-  if (it != inflight_.end() && it->second == job.id()) inflight_.erase(it);
+  SetState(e, v1::PENDING,
+           absl::StrCat("waiting for ", JobLabel(running.job), ": the same job (cache key) is ",
+                        StateName(running.job.state())),
+           changes);
+  return true;
 }
 
 bool JobTable::ServeFromCache(Entry& e, Changes* changes) {
-  const auto& labels = e.job.spec().labels();
-  if (!IsEngineJob(e.job.spec())) return false;
-  if (auto it = labels.find("stemma.cache"); it != labels.end() && it->second == "false")
-    return false;
-  const std::string key = experiments::CacheKey(e.job.spec(), engine_build_);
-  e.job.set_cache_key(key);
-  if (key.empty()) return false;
-  auto hit = memo_.find(key);
-  if (hit == memo_.end() || hit->second == e.job.id()) return false;
-  auto source = jobs_.find(hit->second);
-  if (source == jobs_.end() || source->second.job.state() != v1::SUCCEEDED ||
-      !experiments::OutputsStillThere(source->second.job.outputs())) {
-    memo_.erase(hit);  // a hit whose outputs are gone is a miss, and the entry goes
-    return false;
-  }
-  const v1::Job& from = source->second.job;
-  if (!from.early_stop().empty()) {
-    // A trial stopped early stands for this one only under the same early stopping.
-    auto mine = labels.find(experiments::kEarlyStopLabel);
-    auto theirs = from.spec().labels().find(experiments::kEarlyStopLabel);
-    if (mine == labels.end() || theirs == from.spec().labels().end() ||
-        mine->second != theirs->second)
-      return false;
-    e.job.set_early_stop(from.early_stop());
-  }
+  const v1::Job* source = memo_.FindHit(&e.job, engine_build_);
+  if (source == nullptr) return false;
+  const v1::Job& from = *source;
+  if (!from.early_stop().empty()) e.job.set_early_stop(from.early_stop());
   *e.job.mutable_outputs() = from.outputs();
   e.job.set_exit_code(0);
   e.job.set_engine_build_id(from.engine_build_id());
   SetState(e, v1::SUCCEEDED,
            from.early_stop().empty()
-               ? absl::StrCat("memoized from ", source->first)
-               : absl::StrCat("memoized from ", source->first, " (", from.early_stop(), ")"),
+               ? absl::StrCat("memoized from ", from.id())
+               : absl::StrCat("memoized from ", from.id(), " (", from.early_stop(), ")"),
            changes);
   ReleaseDependents(e, changes);
   return true;
@@ -492,18 +443,7 @@ void JobTable::PartSucceeded(v1::Job* job, int rank,
   a->set_finished_ms(clock_->WallMs());
   a->set_result("exit 0");
   e.job.set_exit_code(0);
-  if (!e.job.cache_key().empty()) {
-    // The key names the engine build that produced the outputs (the one it ran on), whatever
-    // build the key was first computed with at release (none, when the job was released
-    // before any worker had registered: then no later lookup, which uses a worker's build,
-    // would have found it, and a restarted coordinator recomputed everything).
-    LeaveInflight(e.job);  // under the key it ran with: the key is recomputed below
-    if (!e.job.engine_build_id().empty()) {
-      const std::string key = experiments::CacheKey(e.job.spec(), e.job.engine_build_id());
-      if (!key.empty()) e.job.set_cache_key(key);
-    }
-    memo_[e.job.cache_key()] = e.job.id();
-  }
+  memo_.Succeeded(&e.job);
   SetState(e, v1::SUCCEEDED, e.job.early_stop(), changes);
   ReleaseDependents(e, changes);
 }

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "coordinator/changes.h"
+#include "coordinator/memoization.h"
 #include "stemma/v1/job.pb.h"
 #include "stemma/v1/user_service.pb.h"
 
@@ -30,6 +31,8 @@ class JobTable {
       std::function<void(const v1::Job& job, v1::JobState from, v1::JobState to)>;
 
   explicit JobTable(const Clock* clock) : clock_(clock) {}
+  JobTable(const JobTable&) = delete;  // memo_ looks jobs up in this table
+  JobTable& operator=(const JobTable&) = delete;
 
   void SetObserver(TransitionObserver observer) { observer_ = std::move(observer); }
 
@@ -118,7 +121,8 @@ class JobTable {
   // PENDING or QUEUED depending on the dependencies; FAILED if one has failed.
   void Release(Entry& e, Changes* changes);
   // An engine job whose cache key a SUCCEEDED job with outputs still in place ran under ends
-  // SUCCEEDED at once with that job's outputs ("memoized from j-…"); true when it did.
+  // SUCCEEDED at once with that job's outputs ("memoized from j-…"); true when it did
+  // (coordinator/memoization.h decides).
   bool ServeFromCache(Entry& e, Changes* changes);
   // An engine job whose cache key a queued or running job already has waits for that one
   // (PENDING, its id in the kWaitsForLabel label, one of its dependents) instead of running
@@ -126,8 +130,6 @@ class JobTable {
   // runs, if that one failed or was cancelled); true when it waits. Otherwise the job is the
   // one that runs under its key.
   bool WaitForTwin(Entry& e, Changes* changes);
-  // Drops the job's inflight_ entry, if it is the one under its current key.
-  void LeaveInflight(const v1::Job& job);
   // Re-evaluates the PENDING dependents of a job that ended.
   void ReleaseDependents(Entry& e, Changes* changes);
 
@@ -142,11 +144,10 @@ class JobTable {
   void Enqueue(const v1::Job& job);
   void Dequeue(const v1::Job& job);
   absl::flat_hash_map<std::string, std::vector<std::string>> idempotency_;
-  // Memoization: cache key → the SUCCEEDED job that ran with it (not one served from cache).
-  absl::flat_hash_map<std::string, std::string> memo_;
-  // Cache key → the queued or running job that runs under it (checked on use: an entry may
-  // name a job that has ended since).
-  absl::flat_hash_map<std::string, std::string> inflight_;
+  Memoizer memo_{[this](const std::string& id) -> const v1::Job* {
+    auto it = jobs_.find(id);
+    return it == jobs_.end() ? nullptr : &it->second.job;
+  }};
   std::string engine_build_;
   uint64_t next_seq_ = 1;
 };

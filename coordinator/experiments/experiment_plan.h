@@ -44,7 +44,6 @@
 #pragma once
 
 #include <cstdint>
-#include <set>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -92,35 +91,6 @@ std::string FormatPlan(const ExperimentPlan& plan);
 
 // "${{ <job>.outputs.<name> }}", the wiring token left in a cell's spec.
 std::string OutputToken(const std::string& job_name, const std::string& output);
-
-// Replaces every wiring token in `spec`'s engine spec with the output path that job
-// reported. `outputs_of(job name)` returns that job's outputs map, or null when the job is
-// not one of this job's dependencies. FailedPrecondition naming the job and output when an
-// output is missing.
-// `${{ self.id }}` (in an output path the expansion chose) becomes `self_id`.
-absl::Status WireInputs(
-    v1::JobSpec* spec,
-    const std::function<const google::protobuf::Map<std::string, std::string>*(const std::string&)>&
-        outputs_of,
-    const std::string& self_id = "");
-
-// Early stopping: removes from `spec`'s engine spec every list item that reads an output of
-// a job named in `pruned` (a fan-in reads the survivors only). False, with the job's name in
-// `*pruned_read`, when the spec reads one of them outside a list item (one-to-one: the job
-// has nothing to run on) or a list it reads them in would be left empty.
-bool DropReadsOf(v1::JobSpec* spec, const std::set<std::string>& pruned, std::string* pruned_read);
-
-// The memoization key of an engine job whose inputs are wired (Bazel's action key: what can
-// change the output and nothing else): sha256 of the kind, the spec as canonical JSON with
-// its output paths left out, every input path replaced by the sha256 of its manifest
-// (<dir>/stemma.json, or the file itself) where this process can read it, a uniform soup's
-// models sorted, and `engine_build`. "" for jobs that are not memoized (noop, exec, a spec
-// still holding tokens).
-std::string CacheKey(const v1::JobSpec& spec, const std::string& engine_build);
-
-// True when every output path still holds what was published: a directory with a readable
-// stemma.json, or a file. (A hit whose outputs are gone is a miss.)
-bool OutputsStillThere(const google::protobuf::Map<std::string, std::string>& outputs);
 
 // The outputs a job kind reports (its `output` events' names).
 std::vector<std::string> OutputsOfKind(std::string_view kind);

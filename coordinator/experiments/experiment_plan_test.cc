@@ -111,30 +111,6 @@ TEST(ExperimentPlan, MatrixIncludeExcludeAndPerLegEdges) {
   EXPECT_NE(text.find("11 jobs, 15 edges"), std::string::npos) << text;
 }
 
-TEST(ExperimentPlan, WiringReplacesTokensWithReportedOutputs) {
-  auto plan = ExpandExperiment(kStudy, "study.yaml");
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  v1::JobSpec soup = ByName(*plan).at("soup")->spec;
-  google::protobuf::Map<std::string, std::string> outputs;
-  auto lookup =
-      [&](const std::string& job) -> const google::protobuf::Map<std::string, std::string>* {
-    outputs.clear();
-    outputs["model"] = "/store/" + job;
-    return &outputs;
-  };
-  ASSERT_TRUE(WireInputs(&soup, lookup).ok());
-  EXPECT_EQ(soup.merge().models(0).path(), "/store/cpt[family=slavic,strategy=dense]");
-  v1::JobSpec revert = ByName(*plan).at("revert[family=slavic]")->spec;
-  auto missing = WireInputs(
-      &revert, [](const std::string&) -> const google::protobuf::Map<std::string, std::string>* {
-        static const google::protobuf::Map<std::string, std::string> none;
-        return &none;
-      });
-  ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.message().find("without reporting its 'model' output"), std::string::npos)
-      << missing;
-}
-
 TEST(ExperimentPlan, BadFilesGetOneErrorNamingFileLineAndField) {
   struct Case {
     std::string name;
@@ -374,30 +350,6 @@ stages:
     needs: [cpt]
     merge: {method: linear, models: [{path: "${{ needs.cpt.outputs.model }}"}]}
 )";
-
-TEST(EarlyStop, TrialsCarryTheConfigAndDependentsDropStoppedReads) {
-  auto plan = ExpandExperiment(kSweep, "es.yaml");
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  auto cells = ByName(*plan);
-  // Tokens become steps: 20 tokens a step, so 100 → step 5 and 400 → step 20.
-  EXPECT_EQ(cells.at("cpt[lr=0.2]")->spec.labels().at(kEarlyStopLabel),
-            "heldout_loss/en|min|5,20|0.5|0");
-  EXPECT_EQ(cells.at("soup")->spec.labels().count(kEarlyStopLabel), 0u);
-  const std::set<std::string> stopped = {"cpt[lr=0.2]"};
-  std::string which;
-  v1::JobSpec soup = cells.at("soup")->spec;
-  ASSERT_TRUE(DropReadsOf(&soup, stopped, &which)) << "a fan-in keeps the survivors";
-  ASSERT_EQ(soup.merge().models_size(), 2);
-  EXPECT_EQ(soup.merge().models(1).path(), OutputToken("cpt[lr=0.3]", "model"));
-  v1::JobSpec eval = cells.at("eval[lr=0.2]")->spec;
-  EXPECT_FALSE(DropReadsOf(&eval, stopped, &which)) << "a one-to-one reader has nothing to run on";
-  EXPECT_EQ(which, "cpt[lr=0.2]");
-  v1::JobSpec other = cells.at("eval[lr=0.1]")->spec;
-  EXPECT_TRUE(DropReadsOf(&other, stopped, &which));
-  v1::JobSpec all = cells.at("soup")->spec;
-  EXPECT_FALSE(DropReadsOf(&all, {"cpt[lr=0.1]", "cpt[lr=0.2]", "cpt[lr=0.3]"}, &which))
-      << "nothing left to soup";
-}
 
 TEST(EarlyStop, BadConfigsGetOneErrorNamingFileLineAndField) {
   auto with = [](const std::string& es, const std::string& kind = "train") {

@@ -1,0 +1,240 @@
+#include "coordinator/memoization.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/auth.h"
+#include "common/engine_spec.h"
+#include "common/job_spec.h"
+#include "coordinator/experiments/early_stop.h"
+#include "nlohmann/json.hpp"
+#include "stemma/v1/spec_options.pb.h"
+#include "stemma/v1/specs/merge.pb.h"
+
+namespace stemma::coordinator {
+namespace {
+
+namespace pb = google::protobuf;
+
+bool Runs(const v1::Job& job) {
+  return job.state() == v1::QUEUED || job.state() == v1::ASSIGNED || job.state() == v1::RUNNING;
+}
+
+std::string Sha256(std::string_view data) {
+  return Sha256Hex(absl::string_view(data.data(), data.size()));
+}
+
+std::optional<std::string> ReadSmallFile(const std::string& path, size_t limit) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return std::nullopt;
+  std::string text;
+  char buf[65536];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
+    text.append(buf, n);
+    if (text.size() > limit) {
+      std::fclose(f);
+      return std::nullopt;
+    }
+  }
+  std::fclose(f);
+  return text;
+}
+
+// What an input path stands for in the key: its manifest's hash when readable here.
+std::string InputIdentity(const std::string& path) {
+  // A checkpoint's stemma.json, or a token dataset's index.json (its manifest).
+  if (auto manifest = ReadSmallFile(path + "/stemma.json", 64 << 20))
+    return "sha256:" + Sha256(*manifest);
+  if (auto index = ReadSmallFile(path + "/index.json", 64 << 20)) return "sha256:" + Sha256(*index);
+  // A prepared corpus (`stemma-engine prepare`): its manifest.json.
+  if (auto corpus = ReadSmallFile(path + "/manifest.json", 64 << 20))
+    return "sha256:" + Sha256(*corpus);
+  if (auto file = ReadSmallFile(path, 64 << 20)) return "sha256:" + Sha256(*file);
+  return path;
+}
+
+void Canonicalize(pb::Message* m) {
+  const pb::Descriptor* d = m->GetDescriptor();
+  const pb::Reflection* r = m->GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (f->is_map()) continue;
+      if (f->is_repeated()) {
+        for (int k = 0; k < r->FieldSize(*m, f); ++k)
+          Canonicalize(r->MutableRepeatedMessage(m, f, k));
+      } else if (r->HasField(*m, f)) {
+        Canonicalize(r->MutableMessage(m, f));
+      }
+      continue;
+    }
+    const int role = f->options().GetExtension(v1::rules).role();
+    if (role == v1::ROLE_OUTPUT_PATH) {
+      r->ClearField(m, f);
+      continue;
+    }
+    if ((role != v1::ROLE_INPUT_MODEL && role != v1::ROLE_INPUT_PATH) ||
+        f->cpp_type() != pb::FieldDescriptor::CPPTYPE_STRING) {
+      continue;
+    }
+    if (f->is_repeated()) {
+      for (int k = 0; k < r->FieldSize(*m, f); ++k)
+        r->SetRepeatedString(m, f, k, InputIdentity(r->GetRepeatedString(*m, f, k)));
+    } else if (r->HasField(*m, f) || !r->GetString(*m, f).empty()) {
+      r->SetString(m, f, InputIdentity(r->GetString(*m, f)));
+    }
+  }
+}
+
+// Every file a directory's manifest lists is there with the size it records: a checkpoint's
+// stemma.json (`files: {name: {bytes}}`) or a corpus manifest.json (`files: [{path, bytes}]`).
+// Sizes only (a stat per file): a truncated or deleted shard is caught, a same-size
+// corruption needs `stemma ckpt verify`.
+bool ListedFilesThere(const std::string& dir, const std::string& manifest_text) {
+  const nlohmann::json m = nlohmann::json::parse(manifest_text, nullptr, false);
+  if (m.is_discarded() || !m.is_object() || !m.contains("files")) return true;
+  auto same_size = [&](const std::string& rel, const nlohmann::json& bytes) {
+    if (!bytes.is_number_integer() || rel.empty() || rel.find("..") != std::string::npos)
+      return true;
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(dir + "/" + rel, ec);
+    return !ec && static_cast<int64_t>(size) == bytes.get<int64_t>();
+  };
+  const nlohmann::json& files = m["files"];
+  if (files.is_object()) {
+    for (const auto& [rel, info] : files.items()) {
+      if (info.is_object() && info.contains("bytes") && !same_size(rel, info["bytes"]))
+        return false;
+    }
+  } else if (files.is_array()) {
+    for (const auto& f : files) {
+      if (f.is_object() && f.contains("path") && f["path"].is_string() && f.contains("bytes") &&
+          !same_size(f["path"].get<std::string>(), f["bytes"])) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string CacheKey(const v1::JobSpec& spec, const std::string& engine_build) {
+  const pb::Message* engine = EngineSpecOf(spec);
+  if (engine == nullptr) return "";
+  std::unique_ptr<pb::Message> copy(engine->New());
+  copy->CopyFrom(*engine);
+  FillSpecDefaults(copy.get());
+  Canonicalize(copy.get());
+  if (auto* merge = dynamic_cast<v1::MergeSpec*>(copy.get());
+      merge != nullptr && merge->method() == "linear") {
+    // A uniform soup does not depend on the order of its models.
+    bool uniform = true;
+    for (const auto& m : merge->models())
+      uniform &= !m.has_weight() || m.weight() == merge->models(0).weight();
+    if (uniform) {
+      std::sort(
+          merge->mutable_models()->begin(), merge->mutable_models()->end(),
+          [](const v1::MergeModel& a, const v1::MergeModel& b) { return a.path() < b.path(); });
+    }
+  }
+  // Canonical: nlohmann's objects sort their keys, so map fields (family_weights) hash the
+  // same whatever order protobuf's map iterates in.
+  const std::string json = nlohmann::json::parse(SpecToJson(*copy), nullptr, false).dump();
+  if (json.find("${{") != std::string::npos) return "";
+  return Sha256(absl::StrCat(JobKind(spec), "\n", json, "\n", engine_build));
+}
+
+bool OutputsStillThere(const pb::Map<std::string, std::string>& outputs) {
+  if (outputs.empty()) return false;
+  for (const auto& [name, path] : outputs) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) {
+      std::optional<std::string> manifest = ReadSmallFile(path + "/stemma.json", 64 << 20);
+      if (!manifest.has_value()) manifest = ReadSmallFile(path + "/manifest.json", 64 << 20);
+      if (manifest.has_value()) {
+        if (!ListedFilesThere(path, *manifest)) return false;
+      } else if (!ReadSmallFile(path + "/index.json", 64 << 20).has_value()) {
+        return false;
+      }
+    } else if (!std::filesystem::is_regular_file(path, ec)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void Memoizer::Load(const v1::Job& job) {
+  if (job.cache_key().empty()) return;
+  if (job.state() == v1::SUCCEEDED && job.attempts() > 0) memo_[job.cache_key()] = job.id();
+  if (Runs(job)) inflight_.emplace(job.cache_key(), job.id());
+}
+
+const v1::Job* Memoizer::FindHit(v1::Job* job, const std::string& engine_build) {
+  const auto& labels = job->spec().labels();
+  if (!IsEngineJob(job->spec())) return nullptr;
+  if (auto it = labels.find("stemma.cache"); it != labels.end() && it->second == "false")
+    return nullptr;
+  const std::string key = CacheKey(job->spec(), engine_build);
+  job->set_cache_key(key);
+  if (key.empty()) return nullptr;
+  auto hit = memo_.find(key);
+  if (hit == memo_.end() || hit->second == job->id()) return nullptr;
+  const v1::Job* source = find_(hit->second);
+  if (source == nullptr || source->state() != v1::SUCCEEDED ||
+      !OutputsStillThere(source->outputs())) {
+    memo_.erase(hit);  // a hit whose outputs are gone is a miss, and the entry goes
+    return nullptr;
+  }
+  if (!source->early_stop().empty()) {
+    // A trial stopped early stands for this one only under the same early stopping.
+    auto mine = labels.find(experiments::kEarlyStopLabel);
+    auto theirs = source->spec().labels().find(experiments::kEarlyStopLabel);
+    if (mine == labels.end() || theirs == source->spec().labels().end() ||
+        mine->second != theirs->second)
+      return nullptr;
+  }
+  return source;
+}
+
+const v1::Job* Memoizer::FindTwin(v1::Job* job) {
+  // FindHit left no key on what is not memoized (not an engine job, cache: false).
+  const std::string& key = job->cache_key();
+  if (key.empty()) return nullptr;
+  auto twin = inflight_.find(key);
+  if (twin != inflight_.end() && twin->second != job->id()) {
+    const v1::Job* running = find_(twin->second);
+    if (running != nullptr && Runs(*running) && running->cache_key() == key) {
+      (*job->mutable_spec()->mutable_labels())[kWaitsForLabel] = running->id();
+      return running;
+    }
+  }
+  job->mutable_spec()->mutable_labels()->erase(kWaitsForLabel);
+  inflight_[key] = job->id();
+  return nullptr;
+}
+
+void Memoizer::Leave(const v1::Job& job) {
+  auto it = inflight_.find(job.cache_key());
+  if (it != inflight_.end() && it->second == job.id()) inflight_.erase(it);
+}
+
+void Memoizer::Succeeded(v1::Job* job) {
+  if (job->cache_key().empty()) return;
+  // The key names the engine build that produced the outputs (the one it ran on), whatever
+  // build the key was first computed with at release (none, when the job was released
+  // before any worker had registered: then no later lookup, which uses a worker's build,
+  // would have found it, and a restarted coordinator recomputed everything).
+  Leave(*job);  // under the key it ran with: the key is recomputed below
+  if (!job->engine_build_id().empty()) {
+    const std::string key = CacheKey(job->spec(), job->engine_build_id());
+    if (!key.empty()) job->set_cache_key(key);
+  }
+  memo_[job->cache_key()] = job->id();
+}
+
+}  // namespace stemma::coordinator

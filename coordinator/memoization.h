@@ -1,0 +1,78 @@
+// Job memoization (Bazel's action cache): an engine job whose cache key a SUCCEEDED job ran
+// under, with that job's outputs still in place, is served from that job's outputs instead
+// of running; one whose key a queued or running job already has waits for that job instead
+// of running the same thing beside it into the same outputs.
+//
+// The key (CacheKey) is what can change the output and nothing else: the job's kind, its
+// engine spec with defaults filled, output paths left out and input paths replaced by what
+// they hold, and the engine build. JobTable computes it when it releases a job and makes the
+// state changes; the Memoizer keeps the two indexes (key → the job that produced it, key →
+// the job that runs under it) and decides.
+//
+// Not thread-safe: it belongs to the JobTable (the coordinator's mutex guards both).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "google/protobuf/map.h"
+#include "stemma/v1/job.pb.h"
+
+namespace stemma::coordinator {
+
+// The running twin a memoizable job waits for (Memoizer::FindTwin), kept in its spec so that a
+// restarted coordinator knows it too.
+inline constexpr char kWaitsForLabel[] = "stemma.waits_for";
+
+// The memoization key of an engine job whose inputs are wired: sha256 of the kind, the spec as
+// canonical JSON with its output paths left out, every input path replaced by the sha256 of
+// its manifest (<dir>/stemma.json, a token dataset's index.json, a corpus's manifest.json, or
+// the file itself) where this process can read it, a uniform soup's models sorted, and
+// `engine_build`. "" for jobs that are not memoized (noop, exec, a spec still holding tokens).
+std::string CacheKey(const v1::JobSpec& spec, const std::string& engine_build);
+
+// True when every output path still holds what was published: a directory whose manifest
+// (stemma.json or a corpus's manifest.json) lists files that are all there with their
+// recorded sizes, or that has a token dataset's index.json; or a file. (A hit whose outputs
+// are gone is a miss.)
+bool OutputsStillThere(const google::protobuf::Map<std::string, std::string>& outputs);
+
+class Memoizer {
+ public:
+  // `find(id)`: the table's job with that id, or null. The memoizer stores ids only and
+  // checks what they name on use (an entry may name a job that has ended or changed since).
+  using FindJob = std::function<const v1::Job*(const std::string& id)>;
+  explicit Memoizer(FindJob find) : find_(std::move(find)) {}
+
+  // Start-up: a SUCCEEDED job that ran (not one served from the cache) is the entry for its
+  // key; a queued or running one is the job that runs under its key.
+  void Load(const v1::Job& job);
+
+  // Sets `job`'s cache key for `engine_build` ("" when it is not memoized: not an engine job,
+  // `cache: false`, no key) and returns the SUCCEEDED job whose outputs stand for it, or null.
+  // A hit whose outputs are gone is a miss, and its entry goes; a trial stopped early stands
+  // for `job` only under the same early stopping.
+  const v1::Job* FindHit(v1::Job* job, const std::string& engine_build);
+
+  // The queued or running job with `job`'s cache key that `job` should wait for (its id is
+  // then in `job`'s kWaitsForLabel label), or null: then `job` is the one that runs under its
+  // key (and any stale kWaitsForLabel label is removed).
+  const v1::Job* FindTwin(v1::Job* job);
+
+  // `job` no longer runs under its current key (it ended, or its key is about to change).
+  void Leave(const v1::Job& job);
+
+  // `job` succeeded after running: its key is recomputed with the engine build that produced
+  // the outputs (the one it ran on, when known) and it becomes the entry for that key.
+  void Succeeded(v1::Job* job);
+
+ private:
+  FindJob find_;
+  // Cache key → the SUCCEEDED job that ran with it (not one served from cache).
+  absl::flat_hash_map<std::string, std::string> memo_;
+  // Cache key → the queued or running job that runs under it.
+  absl::flat_hash_map<std::string, std::string> inflight_;
+};
+
+}  // namespace stemma::coordinator
