@@ -3,7 +3,6 @@
 // prints what comes back.
 #include <CLI/CLI.hpp>
 #include <cmath>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -15,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "cli/client.h"
 #include "cli/command.h"
+#include "common/files.h"
 #include "common/job_spec.h"
 #include "common/status.h"
 #include "google/protobuf/util/json_util.h"
@@ -47,13 +47,13 @@ struct SweepOptions {
 };
 
 absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
-  std::ifstream in(o.file, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(o.file, ": cannot read the experiment file"));
-  std::stringstream text;
-  text << in.rdbuf();
+  absl::StatusOr<std::string> text = files::ReadFile(o.file);
+  if (!text.ok()) {
+    return absl::NotFoundError(absl::StrCat(o.file, ": cannot read the experiment file"));
+  }
   v1::SubmitExperimentRequest request;
   request.set_file(o.file);
-  request.set_text(text.str());
+  request.set_text(*std::move(text));
   request.set_dry_run(o.dry_run);
   request.set_force(o.force);
   request.set_idempotency_key(o.idempotency_key);

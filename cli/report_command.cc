@@ -2,18 +2,11 @@
 // file gathers: the experiment's cells (GetExperiment), their jobs' labels and outputs
 // (ListJobs, GetJob), metric points (QueryMetrics), registered outputs (ListArtifacts), and
 // the files those name where this machine can read them. cli/report/ builds and renders.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -21,6 +14,7 @@
 #include "cli/command.h"
 #include "cli/report/report_model.h"
 #include "cli/report/report_writers.h"
+#include "common/files.h"
 #include "common/status.h"
 
 namespace stemma::cli {
@@ -56,50 +50,11 @@ en is held-in and en is general. A perplexity task named other than its language
 With --out DIR: report.md, report.html (self-contained), report.csv, report.json and one
 .svg per plot. See docs/report.md.)";
 
-// Writes `content` to `path` through a temporary file in the same directory: readers see
-// the old file or the whole new one.
-absl::Status WriteFileAtomically(const fs::path& path, const std::string& content) {
-  const std::string tmp = absl::StrCat(path.string(), ".tmp.", ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
-    return absl::InternalError(absl::StrCat(tmp, ": cannot create: ", std::strerror(errno)));
-  size_t done = 0;
-  while (done < content.size()) {
-    const ssize_t n = ::write(fd, content.data() + done, content.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return absl::InternalError(absl::StrCat(tmp, ": write failed: ", std::strerror(e)));
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat(tmp, ": fsync/close failed: ", std::strerror(e)));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat(path.string(), ": rename failed: ", std::strerror(e)));
-  }
-  const std::string dir = path.has_parent_path() ? path.parent_path().string() : ".";
-  if (const int d = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); d >= 0) {
-    ::fsync(d);
-    ::close(d);
-  }
-  return absl::OkStatus();
-}
-
 // The JSON file at `path`, or why not (unreadable here, or not JSON).
 absl::StatusOr<json> ReadJson(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": not readable from here"));
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
+  absl::StatusOr<std::string> text = files::ReadFile(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat(path, ": not readable from here"));
+  json j = json::parse(*text, nullptr, false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
   return j;
 }
@@ -373,7 +328,8 @@ absl::StatusOr<int> RunReport(const GlobalOptions& g, const ReportCommandOptions
     if (p.omitted.empty()) files.emplace_back(p.file, report::RenderSvg(p.svg, true));
   }
   for (const auto& [name, content] : files)
-    RETURN_IF_ERROR(WriteFileAtomically(dir / name, content));
+    // Readers see the old file or the whole new one.
+    RETURN_IF_ERROR(files::WriteFileAtomic((dir / name).string(), content));
   if (format == "md") {
     std::cout << report::RenderMarkdown(r, true) << "\nwritten to " << o.out << ":";
     for (const auto& [name, content] : files) std::cout << " " << name;

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <openssl/err.h>
-#include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <sys/random.h>
@@ -21,6 +20,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/files.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -58,36 +58,14 @@ absl::Status CheckPrivate(const std::string& path, const struct stat& st) {
 }
 
 absl::StatusOr<std::string> ReadWhole(const std::string& path, struct stat* st_out) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
+  ASSIGN_OR_RETURN(files::UniqueFd fd, files::Open(path, O_RDONLY));
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return ErrnoStatus(absl::StrCat("stat ", path), err);
-  }
-  if (absl::Status s = CheckPrivate(path, st); !s.ok()) {
-    ::close(fd);
-    return s;
-  }
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat ", path), errno);
+  RETURN_IF_ERROR(CheckPrivate(path, st));
   if (st.st_size > (16 << 20)) {
-    ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(path, ": larger than 16 MiB"));
   }
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return ErrnoStatus(absl::StrCat("read ", path), err);
-    }
-    if (n == 0) break;
-    text.append(buf, n);
-  }
-  ::close(fd);
+  ASSIGN_OR_RETURN(std::string text, files::ReadAll(fd.get(), path));
   if (st_out != nullptr) *st_out = st;
   return text;
 }
@@ -162,20 +140,6 @@ RoleSet AllowedRoles(absl::string_view full_method) {
   return it == t.end() ? 0 : it->second;
 }
 
-std::string Sha256Hex(absl::string_view data) {
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(len * 2);
-  for (unsigned i = 0; i < len; ++i) {
-    out += kHex[md[i] >> 4];
-    out += kHex[md[i] & 15];
-  }
-  return out;
-}
-
 absl::StatusOr<int64_t> EarliestCertificateExpiry(absl::string_view pem) {
   BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
   if (bio == nullptr) return absl::ResourceExhaustedError("out of memory reading a certificate");
@@ -233,39 +197,14 @@ absl::StatusOr<std::string> CreateTokenInFile(const std::string& path, Role role
                                               const std::string& subject) {
   ASSIGN_OR_RETURN(std::string token, NewToken());
   ASSIGN_OR_RETURN(std::string line, TokenFileLine(token, role, subject));
-  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
+  ASSIGN_OR_RETURN(files::UniqueFd fd, files::Open(path, O_WRONLY | O_APPEND | O_CREAT, 0600));
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return ErrnoStatus(absl::StrCat("stat ", path), err);
-  }
-  if (absl::Status s = CheckPrivate(path, st); !s.ok()) {
-    ::close(fd);
-    return s;
-  }
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(absl::StrCat("stat ", path), errno);
+  RETURN_IF_ERROR(CheckPrivate(path, st));
   if (st.st_size == 0) line = "# stemma tokens: sha256 of the token, role, subject\n" + line;
   line += "\n";
-  const char* p = line.data();
-  size_t left = line.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int err = errno;
-      ::close(fd);
-      return ErrnoStatus(absl::StrCat("write ", path), err);
-    }
-    p += n;
-    left -= n;
-  }
-  if (::fsync(fd) != 0) {
-    int err = errno;
-    ::close(fd);
-    return ErrnoStatus(absl::StrCat("fsync ", path), err);
-  }
-  ::close(fd);
+  RETURN_IF_ERROR(files::WriteAll(fd.get(), line, path));
+  RETURN_IF_ERROR(files::SyncFd(fd.get(), path));
   return token;
 }
 

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/sha256.h"  // Sha256Hex, which the token digests use
 
 namespace stemma {
 
@@ -51,9 +52,6 @@ const std::map<std::string, RoleSet>& MethodRoles();
 
 // The roles allowed to call `full_method`; 0 when the table has no entry.
 RoleSet AllowedRoles(absl::string_view full_method);
-
-// Lowercase hex sha256 of `data`.
-std::string Sha256Hex(absl::string_view data);
 
 // The earliest expiry (notAfter, Unix seconds) of the PEM certificates in `pem` (a chain
 // or a CA bundle: the first to expire is the one that breaks). INVALID_ARGUMENT when it

@@ -3,14 +3,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/engine_contract.h"
 #include "common/engine_spec.h"
+#include "common/files.h"
 #include "common/proto_yaml.h"
 #include "common/status.h"
 #include "common/yaml_json.h"
@@ -29,11 +28,9 @@ std::string Env(const char* name) {
 
 std::optional<int64_t> ModelLayersFromConfig(const std::string& dir) {
   if (dir.empty() || dir.rfind("ckpt:", 0) == 0 || dir.rfind("${{", 0) == 0) return std::nullopt;
-  std::ifstream in(std::filesystem::path(dir) / "config.json");
-  if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<std::vector<YamlNode>> docs = LoadYamlDocuments(text.str(), "config.json");
+  absl::StatusOr<std::string> text = files::ReadFile(dir + "/config.json");
+  if (!text.ok()) return std::nullopt;
+  absl::StatusOr<std::vector<YamlNode>> docs = LoadYamlDocuments(*text, "config.json");
   if (!docs.ok() || docs->empty()) return std::nullopt;
   const YamlNode* root = &(*docs)[0];
   if (const YamlNode* t = root->Find("text_config"); t != nullptr && t->IsMap()) root = t;
@@ -102,11 +99,11 @@ absl::StatusOr<EngineInvocation> ParseEngineCommandLine(
   FieldLines lines;
   std::string where = "command line";
   if (!inv.spec_file.empty()) {
-    std::ifstream in(inv.spec_file, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat(inv.spec_file, ": cannot open the spec file"));
-    std::stringstream text;
-    text << in.rdbuf();
-    ASSIGN_OR_RETURN(std::vector<YamlNode> docs, LoadYamlDocuments(text.str(), inv.spec_file));
+    absl::StatusOr<std::string> text = files::ReadFile(inv.spec_file);
+    if (!text.ok()) {
+      return absl::NotFoundError(absl::StrCat(inv.spec_file, ": cannot open the spec file"));
+    }
+    ASSIGN_OR_RETURN(std::vector<YamlNode> docs, LoadYamlDocuments(*text, inv.spec_file));
     if (docs.size() != 1 || !docs[0].IsMap()) {
       return absl::InvalidArgumentError(
           absl::StrCat(inv.spec_file, ": the spec must be one mapping"));

@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -13,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "common/engine_cli.h"
 #include "common/engine_spec.h"
+#include "common/files.h"
 #include "common/path_confinement.h"
 #include "common/proto_yaml.h"
 #include "common/status.h"
@@ -321,11 +320,8 @@ absl::StatusOr<std::vector<v1::JobSpec>> ParseJobsYaml(absl::string_view text,
 }
 
 absl::StatusOr<std::vector<v1::JobSpec>> ReadJobsFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return ErrnoStatus(absl::StrCat("cannot read ", path), errno);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseJobsYaml(ss.str(), path);
+  ASSIGN_OR_RETURN(std::string text, files::ReadFile(path));
+  return ParseJobsYaml(text, path);
 }
 
 absl::Status CheckJobAsSubmitted(const v1::JobSpec& spec, const std::string& where,
@@ -354,12 +350,9 @@ absl::Status CheckJobAsSubmitted(const v1::JobSpec& spec, const std::string& whe
 }
 
 absl::StatusOr<std::vector<v1::JobSpec>> ReadAndCheckJobsFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return ErrnoStatus(absl::StrCat("cannot read ", path), errno);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  ASSIGN_OR_RETURN(std::string text, files::ReadFile(path));
   std::vector<JobSource> sources;
-  ASSIGN_OR_RETURN(std::vector<v1::JobSpec> specs, ParseJobsYaml(ss.str(), path, &sources));
+  ASSIGN_OR_RETURN(std::vector<v1::JobSpec> specs, ParseJobsYaml(text, path, &sources));
   for (size_t i = 0; i < specs.size(); ++i) {
     RETURN_IF_ERROR(CheckJobAsSubmitted(specs[i], sources[i].where, "", sources[i].lines));
   }

@@ -8,13 +8,12 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/files.h"
 #include "common/logging.h"
 #include "common/status.h"
 
@@ -225,11 +224,9 @@ class CertificateExpiryCollectable final : public prometheus::Collectable {
         st.st_mtim.tv_sec == w.mtime.tv_sec && st.st_mtim.tv_nsec == w.mtime.tv_nsec) {
       return;
     }
-    std::ifstream in(w.file.path);
-    std::stringstream text;
-    text << in.rdbuf();
+    absl::StatusOr<std::string> text = files::ReadFile(w.file.path);
     absl::StatusOr<int64_t> expiry =
-        in ? EarliestCertificateExpiry(text.str()) : absl::NotFoundError("cannot read it");
+        text.ok() ? EarliestCertificateExpiry(*text) : absl::NotFoundError("cannot read it");
     if (!expiry.ok()) {
       // Keep the last value: a file caught in the middle of a replacement is read again.
       if (!w.warned) {

@@ -1,58 +1,20 @@
 #include "coordinator/artifact_files.h"
 
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
+#include "common/sha256.h"
 #include "common/status.h"
 
 namespace stemma::coordinator {
-
-absl::StatusOr<std::string> Sha256File(const std::string& path, int64_t* bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
-    ::close(fd);
-    return absl::InternalError("sha256: OpenSSL could not start a digest");
-  }
-  std::vector<char> buf(1 << 20);
-  int64_t total = 0;
-  for (;;) {
-    ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      return ErrnoStatus(absl::StrCat("read ", path), err);
-    }
-    if (n == 0) break;
-    EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(n));
-    total += n;
-  }
-  ::close(fd);
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_DigestFinal_ex(ctx.get(), digest, &len);
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(len * 2);
-  for (unsigned int i = 0; i < len; ++i) {
-    hex.push_back(kHex[digest[i] >> 4]);
-    hex.push_back(kHex[digest[i] & 15]);
-  }
-  if (bytes) *bytes = total;
-  return hex;
-}
 
 std::string ManifestFile(const std::string& path) {
   struct stat st;
@@ -68,19 +30,6 @@ std::string ManifestFile(const std::string& path) {
 }
 
 namespace {
-
-std::string Sha256OfText(const std::string& text) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  EVP_Digest(text.data(), text.size(), digest, &len, EVP_sha256(), nullptr);
-  static const char* kHex = "0123456789abcdef";
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) {
-    hex.push_back(kHex[digest[i] >> 4]);
-    hex.push_back(kHex[digest[i] & 15]);
-  }
-  return hex;
-}
 
 // A corpus manifest (format stemma.corpus/*): `files` is a list of {path, bytes, lines,
 // sha256}, and content_hash the sha256 of their sorted "<sha256>  <path>\n" lines.
@@ -103,7 +52,7 @@ void VerifyCorpusFiles(const std::string& path, const std::string& manifest,
       continue;
     }
     listed.emplace_back(rel, entry["sha256"].get<std::string>());
-    int64_t bytes = 0;
+    uint64_t bytes = 0;
     auto sha = Sha256File(path + "/" + rel, &bytes);
     ++d->files_checked;
     if (!sha.ok()) {
@@ -111,7 +60,7 @@ void VerifyCorpusFiles(const std::string& path, const std::string& manifest,
       continue;
     }
     if (entry.contains("bytes") && entry["bytes"].is_number_integer() &&
-        entry["bytes"].get<int64_t>() != bytes) {
+        entry["bytes"].get<uint64_t>() != bytes) {
       d->problems.push_back(absl::StrCat(path, "/", rel, ": ", bytes, " bytes, manifest says ",
                                          entry["bytes"].get<int64_t>()));
       continue;
@@ -123,7 +72,7 @@ void VerifyCorpusFiles(const std::string& path, const std::string& manifest,
   std::string listing;
   for (const auto& [rel, sha] : listed) absl::StrAppend(&listing, sha, "  ", rel, "\n");
   if (!j.contains("content_hash") || !j["content_hash"].is_string() ||
-      Sha256OfText(listing) != j["content_hash"].get<std::string>()) {
+      Sha256Hex(listing) != j["content_hash"].get<std::string>()) {
     d->problems.push_back(absl::StrCat(manifest, ": content_hash does not match its files list"));
   }
 }
@@ -159,10 +108,9 @@ DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expect
   d.files_checked = 1;
   const std::string manifest = ManifestFile(path);
   if (manifest == path) return d;  // a plain file: its own hash is the manifest hash
-  std::ifstream in(manifest);
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  // Unreadable: parsed as "" and reported below as not a manifest.
+  const std::string text = files::ReadFile(manifest).value_or("");
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_object() && j.contains("format") && j["format"].is_string() &&
       j["format"].get<std::string>().rfind("stemma.corpus/", 0) == 0) {
     VerifyCorpusFiles(path, manifest, j, &d);
@@ -179,7 +127,7 @@ DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expect
       d.problems.push_back(absl::StrCat(manifest, ": files.", it.key(), " has no sha256"));
       continue;
     }
-    int64_t bytes = 0;
+    uint64_t bytes = 0;
     auto sha = Sha256File(file, &bytes);
     ++d.files_checked;
     if (!sha.ok()) {
@@ -187,7 +135,7 @@ DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expect
       continue;
     }
     if (entry.contains("bytes") && entry["bytes"].is_number_integer() &&
-        entry["bytes"].get<int64_t>() != bytes) {
+        entry["bytes"].get<uint64_t>() != bytes) {
       d.problems.push_back(
           absl::StrCat(file, ": ", bytes, " bytes, manifest says ", entry["bytes"].get<int64_t>()));
       continue;

@@ -1,5 +1,5 @@
 // The coordinator's door to artifact files: manifest hashes, deep verification and removal.
-// The only coordinator file that includes OpenSSL. Thread-safe (no state); every function
+// Hashes through common/sha256.h (Sha256File). Thread-safe (no state); every function
 // reads or changes the file system, so none may run under the core mutex.
 #pragma once
 
@@ -8,13 +8,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/sha256.h"
 #include "stemma/v1/user_service.pb.h"
 
 namespace stemma::coordinator {
-
-// Lowercase hex sha256 of a file's bytes; `*bytes` (optional) gets its size. Errors name
-// the file.
-absl::StatusOr<std::string> Sha256File(const std::string& path, int64_t* bytes = nullptr);
 
 // The file whose sha256 is an artifact's manifest hash: <path>/stemma.json for a
 // directory (checkpoint, dataset), <path>/manifest.json for a prepared corpus (a directory

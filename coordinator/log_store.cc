@@ -70,9 +70,7 @@ bool WriteAll(int fd, iovec* iov, int count) {
 
 }  // namespace
 
-LogStore::~LogStore() {
-  if (fd_ >= 0) ::close(fd_);
-}
+LogStore::~LogStore() = default;
 
 std::string LogStore::Key(const std::string& job_id, int attempt) {
   return absl::StrCat(job_id, ".", attempt);
@@ -108,14 +106,10 @@ absl::Status LogStore::Load() {
 
 absl::Status LogStore::IndexSegment(uint32_t number, bool last) {
   const std::string path = absl::StrCat(dir_, "/", SegmentName(number));
-  const int fd = ::open(path.c_str(), (last ? O_RDWR : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
+  ASSIGN_OR_RETURN(files::UniqueFd owned, files::Open(path, last ? O_RDWR : O_RDONLY));
+  const int fd = owned.get();
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(absl::StrCat("stat ", path), err);
-  }
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(absl::StrCat("stat ", path), errno);
   files_.push_back(path);
   const auto file = static_cast<uint32_t>(files_.size() - 1);
   const int64_t size = st.st_size;
@@ -158,7 +152,6 @@ absl::Status LogStore::IndexSegment(uint32_t number, bool last) {
                    size);
     }
   }
-  ::close(fd);
   return absl::OkStatus();
 }
 
@@ -187,7 +180,7 @@ absl::Status LogStore::OpenSegment() {
     if (fd < 0 && errno == EEXIST) continue;
     if (fd < 0) return ErrnoStatus(absl::StrCat("create ", path), errno);
     files_.push_back(path);
-    fd_ = fd;
+    fd_.reset(fd);
     fd_file_ = static_cast<uint32_t>(files_.size() - 1);
     fd_size_ = 0;
     return absl::OkStatus();
@@ -195,10 +188,7 @@ absl::Status LogStore::OpenSegment() {
   return absl::InternalError(absl::StrCat(dir_, ": no free segment number"));
 }
 
-void LogStore::CloseSegment() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
+void LogStore::CloseSegment() { fd_.reset(); }
 
 absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t offset,
                               const std::string& data) {
@@ -220,7 +210,7 @@ absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t of
   const int64_t skip = log.size - offset;
   if (static_cast<int64_t>(data.size()) <= skip) return absl::OkStatus();  // sent before
   const size_t n = data.size() - static_cast<size_t>(skip);
-  if (fd_ < 0) RETURN_IF_ERROR(OpenSegment());
+  if (!fd_.valid()) RETURN_IF_ERROR(OpenSegment());
 
   RecordHeader h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
@@ -232,13 +222,13 @@ absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t of
                   {const_cast<char*>(job_id.data()), job_id.size()},
                   {const_cast<char*>(data.data() + skip), n}};
   const int64_t record = static_cast<int64_t>(sizeof h + job_id.size() + n);
-  if (!WriteAll(fd_, iov, 3)) {
+  if (!WriteAll(fd_.get(), iov, 3)) {
     const int err = errno;
     const std::string path = files_[fd_file_];
     // Nothing half-written stays: the segment goes back to where the record began (which
     // frees what the write took), and is closed, so that an operator removing segments
     // gives the space back; the next append starts a new one.
-    if (::ftruncate(fd_, fd_size_) != 0) {
+    if (::ftruncate(fd_.get(), fd_size_) != 0) {
       spdlog::error("logs: {}: cannot cut a failed record off: {}", path, std::strerror(errno));
     }
     if (fd_size_ == 0) ::unlink(path.c_str());
@@ -281,7 +271,7 @@ std::vector<LogStore::Piece> LogStore::PiecesOf(const AttemptLog& log, int64_t o
 
 absl::StatusOr<std::string> LogStore::ReadPieces(const std::vector<Piece>& pieces) {
   std::string out;
-  int fd = -1;
+  files::UniqueFd fd;
   const std::string* open_path = nullptr;
   absl::Status status;
   for (const Piece& p : pieces) {
@@ -290,9 +280,8 @@ absl::StatusOr<std::string> LogStore::ReadPieces(const std::vector<Piece>& piece
       break;
     }
     if (open_path == nullptr || *open_path != p.path) {
-      if (fd >= 0) ::close(fd);
-      fd = ::open(p.path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
+      fd.reset(::open(p.path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!fd.valid()) {
         status = errno == ENOENT
                      ? absl::NotFoundError(absl::StrCat(p.path, ": the log segment was removed"))
                      : ErrnoStatus(absl::StrCat("open ", p.path), errno);
@@ -302,14 +291,13 @@ absl::StatusOr<std::string> LogStore::ReadPieces(const std::vector<Piece>& piece
     }
     const size_t base = out.size();
     out.resize(base + static_cast<size_t>(p.length));
-    const ssize_t r = ::pread(fd, out.data() + base, static_cast<size_t>(p.length), p.at);
+    const ssize_t r = ::pread(fd.get(), out.data() + base, static_cast<size_t>(p.length), p.at);
     if (r != p.length) {
       status = r < 0 ? ErrnoStatus(absl::StrCat("read ", p.path), errno)
                      : absl::DataLossError(absl::StrCat(p.path, ": shorter than its index says"));
       break;
     }
   }
-  if (fd >= 0) ::close(fd);
   if (!status.ok()) return status;
   return out;
 }
@@ -329,11 +317,11 @@ void LogStore::MarkTruncated(AttemptLog& log) {
   const int64_t at = std::max<int64_t>(0, log.size - n);
   std::string_view text = kTruncatedMarker.substr(static_cast<size_t>(n - (log.size - at)));
   for (const Piece& p : PiecesOf(log, at, log.size - at)) {
-    const int fd = p.path.empty() ? -1 : ::open(p.path.c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0 || ::pwrite(fd, text.data(), static_cast<size_t>(p.length), p.at) != p.length) {
+    files::UniqueFd fd(p.path.empty() ? -1 : ::open(p.path.c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd.valid() ||
+        ::pwrite(fd.get(), text.data(), static_cast<size_t>(p.length), p.at) != p.length) {
       spdlog::warn("logs: {}: log truncated, and the marker could not be written either", p.path);
     }
-    if (fd >= 0) ::close(fd);
     text.remove_prefix(static_cast<size_t>(p.length));
   }
 }

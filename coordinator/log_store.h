@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/files.h"
 
 namespace stemma::coordinator {
 
@@ -97,7 +98,7 @@ class LogStore {
   mutable absl::flat_hash_map<std::string, AttemptLog> index_ ABSL_GUARDED_BY(mu_);
   uint32_t next_segment_ ABSL_GUARDED_BY(mu_) = 1;
   bool legacy_ ABSL_GUARDED_BY(mu_) = false;  // the directory holds per-attempt log files
-  int fd_ ABSL_GUARDED_BY(mu_) = -1;          // the segment being written, or -1
+  files::UniqueFd fd_ ABSL_GUARDED_BY(mu_);   // the segment being written, or none
   uint32_t fd_file_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t fd_size_ ABSL_GUARDED_BY(mu_) = 0;
 };

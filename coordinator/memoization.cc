@@ -6,9 +6,9 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "common/auth.h"
 #include "common/engine_spec.h"
 #include "common/job_spec.h"
+#include "common/sha256.h"
 #include "coordinator/experiments/early_stop.h"
 #include "nlohmann/json.hpp"
 #include "stemma/v1/spec_options.pb.h"

@@ -10,8 +10,8 @@
 #include "common/engine_contract.h"
 #include "common/engine_spec.h"
 #include "common/job_spec.h"
+#include "common/json_line.h"
 #include "common/layer_range.h"
-#include "common/spec_file.h"
 #include "common/yaml_json.h"
 #include "stemma/v1/spec_options.pb.h"
 
@@ -155,34 +155,15 @@ TEST(Backoff, GrowsAndCaps) {
 namespace stemma {
 namespace {
 
-TEST(SpecFile, YamlBecomesJsonWithTypedScalars) {
-  auto spec = ParseSpecText("steps: 10\nlr: 3.0e-4\nname: \"10\"\nfreeze: [\"9:28\"]\nddp: false\n",
-                            "train.yaml");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ((*spec)["steps"], 10);
-  EXPECT_DOUBLE_EQ((*spec)["lr"].get<double>(), 3.0e-4);
-  EXPECT_EQ((*spec)["name"], "10");  // quoted stays a string
-  EXPECT_EQ((*spec)["freeze"][0], "9:28");
-  EXPECT_EQ((*spec)["ddp"], false);
-}
-
-TEST(SpecFile, ErrorsNameTheFileAndField) {
-  auto bad = ParseSpecText("a: [1, 2\n", "bad.yaml");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("bad.yaml: line"), std::string::npos) << bad.status();
-  auto list = ParseSpecText("- 1\n- 2\n", "list.yaml");
-  ASSERT_FALSE(list.ok());
-  EXPECT_NE(list.status().message().find("mapping"), std::string::npos);
-  auto missing = ReadSpecFile("/nonexistent/spec.yaml");
-  EXPECT_TRUE(absl::IsNotFound(missing.status()));
-  EXPECT_NE(missing.status().message().find("/nonexistent/spec.yaml"), std::string::npos);
-
-  nlohmann::json obj = {{"lr", 1}, {"lrr", 2}};
-  absl::Status keys = CheckKeys(obj, {"lr", "betas"}, "train.yaml: optimizer");
-  EXPECT_TRUE(absl::IsInvalidArgument(keys));
-  EXPECT_NE(keys.message().find("train.yaml: optimizer: unknown field 'lrr' (allowed: lr, betas)"),
-            std::string::npos)
-      << keys;
+TEST(JsonLine, OneObjectOrAnErrorNamingWhere) {
+  auto ok = ParseJsonObject(R"({"text": "a", "n": 2})", "a.jsonl:1");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)["n"], 2);
+  auto bad = ParseJsonObject("{\"text\": ", "a.jsonl:2");
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_NE(bad.status().message().find("a.jsonl:2: bad JSON: "), std::string::npos);
+  auto list = ParseJsonObject("[1, 2]", "a.jsonl:3");
+  EXPECT_EQ(list.status().message(), "a.jsonl:3: expected a JSON object, got array");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 
 #include "worker/attempt_output.h"
+#include "worker/engine_binary.h"
 #include "worker/spawn_child.h"
 #include "worker/spawn_plan.h"
 // Debian 12's <sys/pidfd.h> lacks __BEGIN_DECLS, so C++ would mangle pidfd_open.
@@ -124,31 +125,6 @@ constexpr int64_t kLingerGiveUpMs = 30'000;
 bool IsExecutableFile(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
-}
-
-std::string SelfDir() {
-  std::error_code ec;
-  std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) return "";
-  return exe.parent_path().string();
-}
-
-// stemma-engine: --engine if it is executable, else beside the worker binary, else (only
-// without --engine) on PATH; empty if none.
-std::string FindEngine(const WorkerConfig& config) {
-  std::string engine = config.engine_path;
-  if (!engine.empty() && access(engine.c_str(), X_OK) != 0) {
-    engine.clear();
-  } else if (engine.empty()) {
-    std::string beside = SelfDir() + "/stemma-engine";
-    engine = access(beside.c_str(), X_OK) == 0 ? beside : "";
-  }
-  if (engine.empty() && config.engine_path.empty()) {
-    const char* path = getenv("PATH");
-    engine = FindInPath("stemma-engine", path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin",
-                        IsExecutableFile);
-  }
-  return engine;
 }
 
 void WriteAll(int fd, const char* data, size_t n) {
@@ -285,7 +261,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   SpawnContext context;
   context.attempts_dir = attempts_dir_;
   context.worker_env = &worker_env_;
-  if (attempt->engine) context.engine = FindEngine(config_);
+  if (attempt->engine) context.engine = FindEngine(config_.engine_path);
   context.ignored_signals = IgnoredSignals();
   context.devnull = devnull_fd_;
   context.is_executable = IsExecutableFile;

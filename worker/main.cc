@@ -23,6 +23,7 @@
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "worker/config.h"
+#include "worker/engine_binary.h"
 #include "worker/executor.h"
 #include "worker/metrics.h"
 #include "worker/resources.h"
@@ -36,40 +37,6 @@ constexpr char kProgram[] = "stemma-worker";
 int BadFlag(const std::string& message) {
   std::fprintf(stderr, "%s: %s\n", kProgram, message.c_str());
   return 2;
-}
-
-// The engine's build id: "sha256:" and the first 16 hex digits of sha256 over the sha256
-// of each MiB of the binary (a hash of its bytes, read once at start), for the engine the
-// executor would run: `engine` if given, else stemma-engine beside this binary, else on PATH.
-// "" when there is none.
-std::string EngineBuildId(std::string engine) {
-  std::error_code ec;
-  if (engine.empty()) {
-    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-    if (!ec && std::filesystem::exists(self.parent_path() / "stemma-engine", ec)) {
-      engine = (self.parent_path() / "stemma-engine").string();
-    } else if (const char* path = std::getenv("PATH"); path != nullptr) {
-      std::string dirs = path;
-      size_t start = 0;
-      while (start <= dirs.size() && engine.empty()) {
-        size_t end = dirs.find(':', start);
-        if (end == std::string::npos) end = dirs.size();
-        const std::string candidate = dirs.substr(start, end - start) + "/stemma-engine";
-        if (end > start && access(candidate.c_str(), X_OK) == 0) engine = candidate;
-        start = end + 1;
-      }
-    }
-  }
-  if (engine.empty()) return "";
-  std::FILE* f = std::fopen(engine.c_str(), "rb");
-  if (f == nullptr) return "";
-  std::string blocks, buf(1 << 20, '\0');
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
-    blocks += stemma::Sha256Hex(absl::string_view(buf.data(), n));
-  }
-  std::fclose(f);
-  return "sha256:" + stemma::Sha256Hex(blocks).substr(0, 16);
 }
 
 int Main(int argc, char** argv) {
@@ -266,7 +233,10 @@ int Main(int argc, char** argv) {
       config.metrics_listen.empty() ? "off" : config.metrics_listen,
       health_listen.empty() ? "off" : health_listen);
 
-  if (config.engine_build_id.empty()) config.engine_build_id = EngineBuildId(config.engine_path);
+  // The id of the binary the executor will run (worker/engine_binary.h), for cache keys.
+  if (config.engine_build_id.empty()) {
+    config.engine_build_id = EngineBuildId(FindEngine(config.engine_path));
+  }
   spdlog::info("engine build id: {}",
                config.engine_build_id.empty() ? "(no engine)" : config.engine_build_id);
   Executor executor(config, &metrics);

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/files.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/store/store.h"
@@ -445,12 +446,11 @@ class SqliteStore final : public Store {
       full_ = true;
       return free;
     }
-    int fd = ::open(reserve_path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      int err = ::posix_fallocate(fd, 0, kReserveBytes);
-      if (err == 0) err = ::fsync(fd) == 0 ? 0 : errno;
-      ::close(fd);
-      if (err == 0) {
+    if (auto fd = files::Open(reserve_path_, O_WRONLY | O_CREAT, 0600); fd.ok()) {
+      const bool made = ::posix_fallocate(fd->get(), 0, kReserveBytes) == 0 &&
+                        files::SyncFd(fd->get(), reserve_path_).ok();
+      fd->reset();
+      if (made) {
         reserve_present_ = true;
         if (full_) spdlog::info("{}: disk space is back; submits are accepted again", path_);
         full_ = false;

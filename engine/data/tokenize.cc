@@ -5,7 +5,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/spec_file.h"
+#include "common/json_line.h"
 #include "common/status.h"
 #include "engine/data/dataset_writer.h"
 #include "engine/io/sha256.h"

@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/spec_file.h"
+#include "common/json_line.h"
 #include "common/status.h"
 #include "engine/data/dataset.h"
 #include "engine/events.h"

@@ -5,7 +5,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/spec_file.h"
+#include "common/json_line.h"
 #include "common/status.h"
 #include "engine/eval/eval_text.h"
 
