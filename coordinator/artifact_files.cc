@@ -11,69 +11,64 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/files.h"
+#include "common/manifest.h"
 #include "common/sha256.h"
 #include "common/status.h"
 
 namespace stemma::coordinator {
 
-std::string ManifestFile(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    // A prepared corpus (`stemma-engine prepare`) has manifest.json instead of stemma.json.
-    if (::stat((path + "/stemma.json").c_str(), &st) != 0 &&
-        ::stat((path + "/manifest.json").c_str(), &st) == 0) {
-      return path + "/manifest.json";
-    }
-    return path + "/stemma.json";
-  }
-  return path;
-}
+std::string ManifestFile(const std::string& path) { return manifest::ManifestPathOf(path); }
 
 namespace {
 
-// A corpus manifest (format stemma.corpus/*): `files` is a list of {path, bytes, lines,
-// sha256}, and content_hash the sha256 of their sorted "<sha256>  <path>\n" lines.
-void VerifyCorpusFiles(const std::string& path, const std::string& manifest,
-                       const nlohmann::json& j, DeepCheck* d) {
-  if (!j.contains("files") || !j["files"].is_array()) {
-    d->problems.push_back(absl::StrCat(manifest, ": not a corpus manifest (no files list)"));
+// One file a manifest lists, against the disk: present, of its recorded size (when the
+// manifest records one), with its recorded sha256.
+void CheckListedFile(const std::string& file, const manifest::ListedFile& listed, DeepCheck* d) {
+  uint64_t bytes = 0;
+  auto sha = Sha256File(file, &bytes);
+  ++d->files_checked;
+  if (!sha.ok()) {
+    d->problems.push_back(std::string(sha.status().message()));
     return;
   }
-  std::vector<std::pair<std::string, std::string>> listed;  // path, sha256 as recorded
-  for (const auto& entry : j["files"]) {
-    if (!entry.is_object() || !entry.contains("path") || !entry["path"].is_string() ||
-        !entry.contains("sha256") || !entry["sha256"].is_string()) {
-      d->problems.push_back(absl::StrCat(manifest, ": a files entry has no path or sha256"));
-      continue;
-    }
-    const std::string rel = entry["path"].get<std::string>();
-    if (rel.empty() || rel[0] == '/' || rel.find("..") != std::string::npos) {
-      d->problems.push_back(absl::StrCat(manifest, ": files entry '", rel, "' leaves the corpus"));
-      continue;
-    }
-    listed.emplace_back(rel, entry["sha256"].get<std::string>());
-    uint64_t bytes = 0;
-    auto sha = Sha256File(path + "/" + rel, &bytes);
-    ++d->files_checked;
-    if (!sha.ok()) {
-      d->problems.push_back(std::string(sha.status().message()));
-      continue;
-    }
-    if (entry.contains("bytes") && entry["bytes"].is_number_integer() &&
-        entry["bytes"].get<uint64_t>() != bytes) {
-      d->problems.push_back(absl::StrCat(path, "/", rel, ": ", bytes, " bytes, manifest says ",
-                                         entry["bytes"].get<int64_t>()));
-      continue;
-    }
-    if (*sha != listed.back().second)
-      d->problems.push_back(absl::StrCat(path, "/", rel, ": sha256 differs from the manifest"));
+  if (listed.bytes.has_value() && static_cast<uint64_t>(*listed.bytes) != bytes) {
+    d->problems.push_back(absl::StrCat(file, ": ", bytes, " bytes, manifest says ", *listed.bytes));
+    return;
   }
-  std::sort(listed.begin(), listed.end());
-  std::string listing;
-  for (const auto& [rel, sha] : listed) absl::StrAppend(&listing, sha, "  ", rel, "\n");
+  if (*sha != listed.sha256) {
+    d->problems.push_back(absl::StrCat(file, ": sha256 differs from the manifest"));
+  }
+}
+
+// A corpus manifest (format stemma.corpus/*): `files` is a list of {path, bytes, lines,
+// sha256}, and content_hash the sha256 of their sorted "<sha256>  <path>\n" lines.
+void VerifyCorpusFiles(const std::string& path, const std::string& manifest_path,
+                       const nlohmann::json& j, DeepCheck* d) {
+  if (!j.contains("files") || !j["files"].is_array()) {
+    d->problems.push_back(absl::StrCat(manifest_path, ": not a corpus manifest (no files list)"));
+    return;
+  }
+  std::vector<std::pair<std::string, std::string>> listing;  // path, sha256 as recorded
+  for (const manifest::ListedFile& f : manifest::ListedFiles(j)) {
+    if (f.path.empty() || f.sha256.empty()) {
+      d->problems.push_back(absl::StrCat(manifest_path, ": a files entry has no path or sha256"));
+      continue;
+    }
+    if (f.path[0] == '/' || f.path.find("..") != std::string::npos) {
+      d->problems.push_back(
+          absl::StrCat(manifest_path, ": files entry '", f.path, "' leaves the corpus"));
+      continue;
+    }
+    listing.emplace_back(f.path, f.sha256);
+    CheckListedFile(path + "/" + f.path, f, d);
+  }
+  std::sort(listing.begin(), listing.end());
+  std::string text;
+  for (const auto& [rel, sha] : listing) absl::StrAppend(&text, sha, "  ", rel, "\n");
   if (!j.contains("content_hash") || !j["content_hash"].is_string() ||
-      Sha256Hex(listing) != j["content_hash"].get<std::string>()) {
-    d->problems.push_back(absl::StrCat(manifest, ": content_hash does not match its files list"));
+      Sha256Hex(text) != j["content_hash"].get<std::string>()) {
+    d->problems.push_back(
+        absl::StrCat(manifest_path, ": content_hash does not match its files list"));
   }
 }
 
@@ -106,43 +101,25 @@ DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expect
     return d;
   }
   d.files_checked = 1;
-  const std::string manifest = ManifestFile(path);
-  if (manifest == path) return d;  // a plain file: its own hash is the manifest hash
+  const std::string manifest_path = ManifestFile(path);
+  if (manifest_path == path) return d;  // a plain file: its own hash is the manifest hash
   // Unreadable: parsed as "" and reported below as not a manifest.
-  const std::string text = files::ReadFile(manifest).value_or("");
+  const std::string text = files::ReadFile(manifest_path).value_or("");
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_object() && j.contains("format") && j["format"].is_string() &&
-      j["format"].get<std::string>().rfind("stemma.corpus/", 0) == 0) {
-    VerifyCorpusFiles(path, manifest, j, &d);
+  if (manifest::IsCorpusManifest(j)) {
+    VerifyCorpusFiles(path, manifest_path, j, &d);
     return d;
   }
   if (j.is_discarded() || !j.is_object() || !j.contains("files") || !j["files"].is_object()) {
-    d.problems.push_back(absl::StrCat(manifest, ": not a manifest (no files object)"));
+    d.problems.push_back(absl::StrCat(manifest_path, ": not a manifest (no files object)"));
     return d;
   }
-  for (auto it = j["files"].begin(); it != j["files"].end(); ++it) {
-    const std::string file = path + "/" + it.key();
-    const auto& entry = it.value();
-    if (!entry.is_object() || !entry.contains("sha256") || !entry["sha256"].is_string()) {
-      d.problems.push_back(absl::StrCat(manifest, ": files.", it.key(), " has no sha256"));
+  for (const manifest::ListedFile& f : manifest::ListedFiles(j)) {
+    if (f.sha256.empty()) {
+      d.problems.push_back(absl::StrCat(manifest_path, ": files.", f.path, " has no sha256"));
       continue;
     }
-    uint64_t bytes = 0;
-    auto sha = Sha256File(file, &bytes);
-    ++d.files_checked;
-    if (!sha.ok()) {
-      d.problems.push_back(std::string(sha.status().message()));
-      continue;
-    }
-    if (entry.contains("bytes") && entry["bytes"].is_number_integer() &&
-        entry["bytes"].get<uint64_t>() != bytes) {
-      d.problems.push_back(
-          absl::StrCat(file, ": ", bytes, " bytes, manifest says ", entry["bytes"].get<int64_t>()));
-      continue;
-    }
-    if (*sha != entry["sha256"].get<std::string>()) {
-      d.problems.push_back(absl::StrCat(file, ": sha256 differs from the manifest"));
-    }
+    CheckListedFile(path + "/" + f.path, f, &d);
   }
   return d;
 }

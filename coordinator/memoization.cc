@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/engine_spec.h"
 #include "common/job_spec.h"
+#include "common/manifest.h"
 #include "common/sha256.h"
 #include "coordinator/experiments/early_stop.h"
 #include "nlohmann/json.hpp"
@@ -96,27 +97,11 @@ void Canonicalize(pb::Message* m) {
 // corruption needs `stemma ckpt verify`.
 bool ListedFilesThere(const std::string& dir, const std::string& manifest_text) {
   const nlohmann::json m = nlohmann::json::parse(manifest_text, nullptr, false);
-  if (m.is_discarded() || !m.is_object() || !m.contains("files")) return true;
-  auto same_size = [&](const std::string& rel, const nlohmann::json& bytes) {
-    if (!bytes.is_number_integer() || rel.empty() || rel.find("..") != std::string::npos)
-      return true;
+  for (const manifest::ListedFile& f : manifest::ListedFiles(m)) {
+    if (!f.bytes.has_value() || f.path.empty() || f.path.find("..") != std::string::npos) continue;
     std::error_code ec;
-    const auto size = std::filesystem::file_size(dir + "/" + rel, ec);
-    return !ec && static_cast<int64_t>(size) == bytes.get<int64_t>();
-  };
-  const nlohmann::json& files = m["files"];
-  if (files.is_object()) {
-    for (const auto& [rel, info] : files.items()) {
-      if (info.is_object() && info.contains("bytes") && !same_size(rel, info["bytes"]))
-        return false;
-    }
-  } else if (files.is_array()) {
-    for (const auto& f : files) {
-      if (f.is_object() && f.contains("path") && f["path"].is_string() && f.contains("bytes") &&
-          !same_size(f["path"].get<std::string>(), f["bytes"])) {
-        return false;
-      }
-    }
+    const auto size = std::filesystem::file_size(dir + "/" + f.path, ec);
+    if (ec || static_cast<int64_t>(size) != *f.bytes) return false;
   }
   return true;
 }
