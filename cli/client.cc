@@ -130,18 +130,24 @@ absl::StatusOr<Response> Unary(CoordinatorClient::Impl* impl, Method method, con
   return response;
 }
 
-absl::StatusOr<v1::SubmitResponse> CoordinatorClient::Submit(const v1::SubmitRequest& request) {
-  if (!impl_->setup().ok()) return impl_->setup();
-  // Every submit carries an idempotency key (the caller's, or a fresh random one), and a
-  // submit whose answer is lost is sent again with the same key until `timeout_` has
-  // passed: a job committed just before a crash is found, not duplicated, and not
-  // reported as failed.
-  v1::SubmitRequest keyed = request;
-  if (keyed.idempotency_key().empty()) {
-    std::random_device rd;
-    keyed.set_idempotency_key(absl::StrFormat("cli-%08x%08x%08x%08x", rd(), rd(), rd(), rd()));
-  }
-  const absl::Time deadline = absl::Now() + timeout_;
+namespace {
+
+std::string NewIdempotencyKey() {
+  std::random_device rd;
+  return absl::StrFormat("cli-%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+}
+
+}  // namespace
+
+// Every submit carries an idempotency key (the caller's, or a fresh random one), and a
+// submit whose answer is lost is sent again with the same key until `timeout` has passed: a
+// job committed just before a crash is found, not duplicated, and not reported as failed.
+template <typename Request, typename Response, typename Method>
+absl::StatusOr<Response> KeyedCall(CoordinatorClient::Impl* impl, Method method,
+                                   const Request& keyed, const std::string& address,
+                                   absl::Duration timeout, const char* again) {
+  if (!impl->setup().ok()) return impl->setup();
+  const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(100);
   bool sent_once = false;
   grpc::Status status;
@@ -150,29 +156,36 @@ absl::StatusOr<v1::SubmitResponse> CoordinatorClient::Submit(const v1::SubmitReq
     ctx.set_deadline(ToChrono(deadline));
     // After a failure, wait for the coordinator to be back rather than failing at once.
     if (attempt > 0) ctx.set_wait_for_ready(true);
-    impl_->Prepare(&ctx);
-    v1::SubmitResponse response;
-    status = impl_->stub()->Submit(&ctx, keyed, &response);
+    impl->Prepare(&ctx);
+    Response response;
+    status = (impl->stub()->*method)(&ctx, keyed, &response);
     if (status.ok()) return response;
     const bool lost = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (!lost) return Convert(status, address_, timeout_);
+    if (!lost) return Convert(status, address, timeout);
     // A connection that was never made cannot have carried the request: nothing to find.
     const bool never_connected = status.error_code() == grpc::StatusCode::UNAVAILABLE &&
                                  (absl::StrContains(status.error_message(), "onnection refused") ||
                                   absl::StrContains(status.error_message(), "ailed to connect"));
-    if (attempt == 0 && never_connected) return Convert(status, address_, timeout_);
+    if (attempt == 0 && never_connected) return Convert(status, address, timeout);
     sent_once = sent_once || !never_connected;
     if (absl::Now() + backoff >= deadline) break;
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(1));
   }
-  if (!sent_once) return Convert(status, address_, timeout_);
+  if (!sent_once) return Convert(status, address, timeout);
   return absl::UnavailableError(
-      absl::StrCat("the coordinator at ", address_, " did not confirm the submit within ",
-                   absl::FormatDuration(timeout_), " (", status.error_message(),
-                   "); it may have been committed: submit again with --idempotency-key ",
+      absl::StrCat("the coordinator at ", address, " did not confirm the submit within ",
+                   absl::FormatDuration(timeout), " (", status.error_message(),
+                   "); it may have been committed: ", again, " with --idempotency-key ",
                    keyed.idempotency_key(), " to get the same jobs without duplicates"));
+}
+
+absl::StatusOr<v1::SubmitResponse> CoordinatorClient::Submit(const v1::SubmitRequest& request) {
+  v1::SubmitRequest keyed = request;
+  if (keyed.idempotency_key().empty()) keyed.set_idempotency_key(NewIdempotencyKey());
+  return KeyedCall<v1::SubmitRequest, v1::SubmitResponse>(
+      impl_.get(), &v1::UserService::Stub::Submit, keyed, address_, timeout_, "submit again");
 }
 
 absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& id) {
@@ -233,8 +246,15 @@ absl::StatusOr<v1::WorkerInfo> CoordinatorClient::Drain(const std::string& worke
 
 absl::StatusOr<v1::SubmitExperimentResponse> CoordinatorClient::SubmitExperiment(
     const v1::SubmitExperimentRequest& request) {
-  return Unary<v1::SubmitExperimentRequest, v1::SubmitExperimentResponse>(
-      impl_.get(), &v1::UserService::Stub::SubmitExperiment, request, address_, timeout_);
+  if (request.dry_run()) {  // a plan changes nothing: no key, no retry
+    return Unary<v1::SubmitExperimentRequest, v1::SubmitExperimentResponse>(
+        impl_.get(), &v1::UserService::Stub::SubmitExperiment, request, address_, timeout_);
+  }
+  v1::SubmitExperimentRequest keyed = request;
+  if (keyed.idempotency_key().empty()) keyed.set_idempotency_key(NewIdempotencyKey());
+  return KeyedCall<v1::SubmitExperimentRequest, v1::SubmitExperimentResponse>(
+      impl_.get(), &v1::UserService::Stub::SubmitExperiment, keyed, address_, timeout_,
+      "run the sweep again");
 }
 
 absl::StatusOr<v1::ListExperimentsResponse> CoordinatorClient::ListExperiments() {

@@ -1,6 +1,12 @@
 #include "cli/command.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 #include <memory>
 
@@ -27,10 +33,35 @@ struct TokenOptions {
   std::string role;
   std::string subject;
   std::string file;
+  std::string out;  // write the token here (mode 0600) instead of printing it
 };
+
+// `token > file` under umask 022 makes a file others can read, which every reader of token
+// files refuses: --out writes it 0600 whatever the umask (an existing file is replaced and
+// made 0600 too).
+absl::Status WriteTokenFile(const std::string& path, const std::string& token) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--out ", path, ": cannot write: ", std::strerror(errno)));
+  }
+  const std::string text = token + "\n";
+  bool ok = ::fchmod(fd, 0600) == 0 &&
+            ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const int err = errno;
+  ok = (::close(fd) == 0) && ok;
+  if (!ok) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--out ", path, ": cannot write: ", std::strerror(err)));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<int> RunTokenCreate(const GlobalOptions& g, const TokenOptions& o) {
   ASSIGN_OR_RETURN(Role role, ParseRole(o.role));
+  if (!o.out.empty() && o.out == o.file) {
+    return UsageError("--out must not be the --file token file (that holds digests)");
+  }
   std::string token;
   std::string line;
   if (!o.file.empty()) {
@@ -39,6 +70,15 @@ absl::StatusOr<int> RunTokenCreate(const GlobalOptions& g, const TokenOptions& o
     ASSIGN_OR_RETURN(token, NewToken());
   }
   ASSIGN_OR_RETURN(line, TokenFileLine(token, role, o.subject));
+  if (!o.out.empty()) {
+    RETURN_IF_ERROR(WriteTokenFile(o.out, token));
+    std::cerr << "wrote the " << RoleName(role) << " token for " << o.subject << " to " << o.out
+              << " (mode 0600)\n";
+    if (o.file.empty()) {
+      std::cerr << "add this line to the coordinator's --tokens file:\n" << line << "\n";
+    }
+    return 0;
+  }
   // The token is shown once, here; only its digest is kept.
   if (g.format == OutputFormat::kJson || g.format == OutputFormat::kYaml) {
     nlohmann::json j = {{"token", token},
@@ -74,6 +114,10 @@ void AddTokenCommand(CLI::App* app, const GlobalOptions* globals, Action* action
       ->required();
   create->add_option("--file", o->file,
                      "append the digest line to this token file (created with mode 0600)");
+  create->add_option("--out", o->out,
+                     "write the token to this file, mode 0600 whatever the umask, instead of "
+                     "printing it (`> file` would make it readable by others, and the CLI and "
+                     "workers refuse such files)");
   create->callback(
       [globals, action, o] { *action = [globals, o] { return RunTokenCreate(*globals, *o); }; });
 }

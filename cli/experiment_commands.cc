@@ -46,6 +46,29 @@ struct SweepOptions {
   std::string idempotency_key;
 };
 
+// A reused idempotency key: the answer describes what the key submitted before, which may
+// be another file; it is told from those jobs, never from the file given now.
+absl::StatusOr<int> PrintAlreadySubmitted(CoordinatorClient& client,
+                                          const v1::SubmitExperimentResponse& r) {
+  std::vector<std::string> ids;
+  for (const auto& c : r.cells()) {
+    if (!c.job_id().empty()) ids.push_back(c.job_id());
+  }
+  std::string what = "an earlier submit";
+  if (!ids.empty()) {
+    auto job = client.GetJob(ids.front());
+    if (job.ok() && !job->spec().experiment().empty()) {
+      auto rev = job->spec().labels().find("stemma.revision");
+      what = absl::StrCat(job->spec().experiment(), " revision ",
+                          rev == job->spec().labels().end() ? "?" : rev->second);
+    }
+  }
+  std::cout << "already submitted with this key: " << TerminalSafe(what)
+            << (ids.empty() ? "" : absl::StrCat(" (first job ", ids.front(), ")"))
+            << "; nothing new was submitted\n";
+  return 0;
+}
+
 absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
   absl::StatusOr<std::string> text = files::ReadFile(o.file);
   if (!text.ok()) {
@@ -63,9 +86,10 @@ absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
     PrintStructured(ToJson(r), g.format);
     return 0;
   }
+  if (r.existing()) return PrintAlreadySubmitted(client, r);
   const v1::Experiment& e = r.experiment();
   std::cout << (o.dry_run ? "plan of " : "submitted ") << e.name() << " revision " << e.revision()
-            << (r.existing() ? " (already submitted with this key)" : "") << "\n";
+            << "\n";
   if (e.revision() > 1) {
     std::cout << "changes since revision " << e.revision() - 1 << ": " << r.added_size()
               << " added, " << r.changed_size() << " changed, " << r.removed_size() << " removed\n";
@@ -131,8 +155,8 @@ absl::StatusOr<int> RunGet(const GlobalOptions& g, const GetOptions& o) {
   std::cout << r.experiment().name() << " revision " << r.experiment().revision() << ": "
             << r.experiment().jobs() << " jobs\n";
   for (const auto& c : r.cells()) {
-    std::cout << c.job_id() << "\t" << c.state() << "\t" << c.job_name();
-    if (!c.reason().empty()) std::cout << "\t" << c.reason();
+    std::cout << c.job_id() << "\t" << c.state() << "\t" << TerminalSafe(c.job_name());
+    if (!c.reason().empty()) std::cout << "\t" << TerminalSafe(c.reason());
     std::cout << "\n";
   }
   return 0;

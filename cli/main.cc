@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
     ::unsetenv("STEMMA_TOKEN");  // the flag wins over the environment
   }
 
+  // Nothing the coordinator sends reaches the terminal raw (cli/output.h).
+  stemma::cli::GuardStdout();
   absl::StatusOr<int> result = action();
   if (!result.ok()) {
     return PrintError(std::string(result.status().message()),

@@ -113,7 +113,7 @@ std::string RenderLastValues(const std::vector<v1::MetricPoint>& points) {
   for (const auto& p : points) {
     parts.push_back(absl::StrCat(p.name(), " ", FormatValue(p.value()), " @ step ", p.step()));
   }
-  return absl::StrJoin(parts, ", ");
+  return TerminalSafe(absl::StrJoin(parts, ", "));
 }
 
 nlohmann::json ArtifactToJson(const v1::Artifact& artifact) {
@@ -162,8 +162,8 @@ std::string RenderLineageTree(const v1::LineageResponse& lineage) {
     std::string what =
         a.external() ? "external"
                      : absl::StrCat(a.operation().empty() ? "?" : a.operation(), ", ", a.job_id());
-    return absl::StrCat(a.id(), " ", a.name().empty() ? "" : a.name() + " ", "(", what, ") ",
-                        a.path());
+    return TerminalSafe(absl::StrCat(a.id(), " ", a.name().empty() ? "" : a.name() + " ", "(", what,
+                                     ") ", a.path()));
   };
   std::string out = label(lineage.artifacts(0)) + "\n";
   std::set<std::string> printed = {lineage.artifacts(0).id()};

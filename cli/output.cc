@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cctype>
 #include <ctime>
+#include <iostream>
+#include <memory>
 #include <set>
+#include <streambuf>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -339,8 +342,152 @@ std::string JsonToYaml(const nlohmann::json& value) {
   return text;
 }
 
+namespace {
+
+// Appends the visible escape of control character `c` ("\n", "\u001b").
+void AppendEscape(unsigned c, std::string* out) {
+  switch (c) {
+    case '\n':
+      *out += "\\n";
+      return;
+    case '\r':
+      *out += "\\r";
+      return;
+    case '\t':
+      *out += "\\t";
+      return;
+    default:
+      *out += absl::StrFormat("\\u%04x", c);
+  }
+}
+
+bool IsC0OrDel(unsigned char c) { return c < 0x20 || c == 0x7f; }
+
+// Writes through to `next`, escaping control characters but \n, \t and \r. A UTF-8 C1
+// control (0xC2 0x80..0x9F) is held one byte until its second byte is known.
+class GuardBuf final : public std::streambuf {
+ public:
+  explicit GuardBuf(std::streambuf* next) : next_(next) {}
+  std::streambuf* next() const { return next_; }
+
+ protected:
+  int_type overflow(int_type ch) override {
+    if (traits_type::eq_int_type(ch, traits_type::eof())) return traits_type::not_eof(ch);
+    const unsigned char c = static_cast<unsigned char>(traits_type::to_char_type(ch));
+    std::string out;
+    if (pending_c2_) {
+      pending_c2_ = false;
+      if (c >= 0x80 && c <= 0x9f) {
+        AppendEscape(c, &out);
+        return Put(out) ? ch : traits_type::eof();
+      }
+      out += '\xc2';
+    }
+    if (c == 0xc2) {
+      pending_c2_ = true;
+    } else if (IsC0OrDel(c) && c != '\n' && c != '\t' && c != '\r') {
+      AppendEscape(c, &out);
+    } else {
+      out += static_cast<char>(c);
+    }
+    return Put(out) ? ch : traits_type::eof();
+  }
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    std::streamsize i = 0;
+    // Runs of ordinary bytes go through in one call.
+    while (i < n) {
+      std::streamsize j = i;
+      while (!pending_c2_ && j < n) {
+        const unsigned char c = static_cast<unsigned char>(s[j]);
+        if (c == 0xc2 || (IsC0OrDel(c) && c != '\n' && c != '\t' && c != '\r')) break;
+        ++j;
+      }
+      if (j > i && next_->sputn(s + i, j - i) != j - i) return i;
+      i = j;
+      if (i < n) {
+        if (traits_type::eq_int_type(overflow(traits_type::to_int_type(s[i])),
+                                     traits_type::eof())) {
+          return i;
+        }
+        ++i;
+      }
+    }
+    return n;
+  }
+  int sync() override {
+    if (pending_c2_) {
+      pending_c2_ = false;
+      if (next_->sputc('\xc2') == traits_type::eof()) return -1;
+    }
+    return next_->pubsync();
+  }
+
+ private:
+  bool Put(const std::string& s) {
+    return next_->sputn(s.data(), static_cast<std::streamsize>(s.size())) ==
+           static_cast<std::streamsize>(s.size());
+  }
+
+  std::streambuf* next_;
+  bool pending_c2_ = false;
+};
+
+// Never destroyed while installed: std::cout is flushed after static destructors run.
+GuardBuf* out_guard = nullptr;
+GuardBuf* err_guard = nullptr;
+
+}  // namespace
+
+std::string TerminalSafe(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if (IsC0OrDel(c)) {
+      AppendEscape(c, &out);
+    } else if (c == 0xc2 && i + 1 < text.size() &&
+               static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
+      AppendEscape(static_cast<unsigned char>(text[++i]), &out);
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+void GuardStdout() {
+  if (out_guard != nullptr) return;
+  std::cout.flush();
+  std::cerr.flush();
+  out_guard = new GuardBuf(std::cout.rdbuf());
+  err_guard = new GuardBuf(std::cerr.rdbuf());
+  std::cout.rdbuf(out_guard);
+  std::cerr.rdbuf(err_guard);
+}
+
+void UnguardStdout() {
+  if (out_guard == nullptr) return;
+  std::cout.flush();
+  std::cerr.flush();
+  std::cout.rdbuf(out_guard->next());
+  std::cerr.rdbuf(err_guard->next());
+  delete out_guard;
+  delete err_guard;
+  out_guard = nullptr;
+  err_guard = nullptr;
+}
+
 std::string RenderTable(const std::vector<std::string>& header,
-                        const std::vector<std::vector<std::string>>& rows) {
+                        const std::vector<std::vector<std::string>>& raw_rows) {
+  std::vector<std::vector<std::string>> rows;
+  rows.reserve(raw_rows.size());
+  for (const auto& row : raw_rows) {
+    std::vector<std::string> safe;
+    safe.reserve(row.size());
+    for (const auto& cell : row) safe.push_back(TerminalSafe(cell));
+    rows.push_back(std::move(safe));
+  }
   std::vector<size_t> widths(header.size(), 0);
   auto measure = [&](const std::vector<std::string>& row) {
     for (size_t i = 0; i < row.size() && i < widths.size(); ++i) {
@@ -431,7 +578,8 @@ std::string RenderJobDetails(const v1::Job& job, int64_t now_ms) {
   for (const auto& [key, value] : kv) width = std::max(width, key.size());
   std::string out;
   for (const auto& [key, value] : kv) {
-    absl::StrAppend(&out, key, ":", std::string(width - key.size() + 1, ' '), value, "\n");
+    absl::StrAppend(&out, key, ":", std::string(width - key.size() + 1, ' '), TerminalSafe(value),
+                    "\n");
   }
   return out;
 }
@@ -487,15 +635,15 @@ std::string RenderEventLine(const v1::JobEvent& event, int64_t now_ms) {
   if (event.previous() == job.state()) {
     // Not a transition: progress reported by the running attempt.
     std::string progress = ProgressText(job);
-    return absl::StrCat(FormatClock(EventMs(event, now_ms)), " ", job.id(), " ",
-                        OrDash(job.spec().name()), " ", StateName(job.state()), " ",
-                        progress.empty() ? "progress" : progress);
+    return TerminalSafe(absl::StrCat(FormatClock(EventMs(event, now_ms)), " ", job.id(), " ",
+                                     OrDash(job.spec().name()), " ", StateName(job.state()), " ",
+                                     progress.empty() ? "progress" : progress));
   }
   std::string line = absl::StrCat(FormatClock(EventMs(event, now_ms)), " ", job.id(), " ",
                                   OrDash(job.spec().name()), " ", PreviousName(event), " -> ",
                                   StateName(job.state()));
   if (!job.reason().empty()) absl::StrAppend(&line, " ", job.reason());
-  return line;
+  return TerminalSafe(line);
 }
 
 nlohmann::json EventToJson(const v1::JobEvent& event, int64_t now_ms) {

@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -67,6 +68,21 @@ std::string WorkerStateName(v1::WorkerState state);
 // A YAML document with the same tree as `value` (strings that would read back as another
 // type are quoted). Ends with a newline.
 std::string JsonToYaml(const nlohmann::json& value);
+
+// Terminal safety (issue 25): every string that came from the coordinator — names,
+// reasons, engine-spec strings such as an eval task's name or a path — may carry escape
+// sequences (ESC, OSC, CSI) or line breaks that would drive the user's terminal or forge
+// table rows. Two guards, both here:
+//  - TerminalSafe(text) for a one-line field: control characters (C0 including \n, \r and
+//    \t, DEL, and C1 as UTF-8 U+0080..U+009F) become visible escapes ("\n", "\u001b");
+//    RenderTable applies it to every cell, the line renderers to every field;
+//  - GuardStdout() (main, before any command runs) routes std::cout and std::cerr through a
+//    filter that writes every control character but \n, \t and \r the same way, so that
+//    nothing printed anywhere reaches the terminal raw. `stemma logs` into a file or pipe
+//    keeps the job's bytes (UnguardStdout()).
+std::string TerminalSafe(std::string_view text);
+void GuardStdout();
+void UnguardStdout();
 
 // Columns padded to their widest cell, separated by three spaces; no trailing blanks.
 // Ends with a newline.

@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <iostream>
+#include <sstream>
+
 namespace stemma::cli {
 namespace {
 
@@ -250,6 +254,43 @@ TEST(RenderEventLineTest, ProgressOfARunningJobIsNotATransition) {
   EXPECT_THAT(RenderEventLine(event, kNow),
               HasSubstr(" j-7 train-slavic RUNNING 25% step 100 loss 2.5 lr 0.0003"));
   EXPECT_THAT(RenderEventLine(event, kNow), Not(HasSubstr("->")));
+}
+
+TEST(TerminalSafe, ControlCharactersBecomeVisibleEscapes) {
+  EXPECT_EQ(TerminalSafe("ppl/uk"), "ppl/uk");
+  EXPECT_EQ(TerminalSafe("a\x1b]0;pwned\x07"
+                         "b"),
+            "a\\u001b]0;pwned\\u0007b");
+  EXPECT_EQ(TerminalSafe("x\nj-9  FORGED\r\t"), "x\\nj-9  FORGED\\r\\t");
+  EXPECT_EQ(TerminalSafe("\xc2\x9b"
+                         "31m"),
+            "\\u009b31m");  // C1 CSI as UTF-8
+  EXPECT_EQ(TerminalSafe("caf\xc3\xa9 \xe2\x80\xa6"), "caf\xc3\xa9 \xe2\x80\xa6");  // not C1
+}
+
+TEST(TerminalSafe, TableCellsCannotForgeRows) {
+  v1::Job job = RunningJob();
+  job.set_reason("bad\x1b[31m\nj-999   FORGED");
+  const std::string table = RenderJobsTable({job}, false, kNow);
+  EXPECT_EQ(std::count(table.begin(), table.end(), '\n'), 2);
+  EXPECT_THAT(table, Not(HasSubstr("\x1b")));
+  EXPECT_THAT(table, HasSubstr("bad\\u001b[31m\\nj-999"));
+  EXPECT_THAT(RenderJobDetails(job, kNow), Not(HasSubstr("\x1b")));
+}
+
+TEST(TerminalSafe, TheGuardEscapesWhatEverIsPrintedButLineBreaks) {
+  std::ostringstream sink;
+  std::streambuf* saved = std::cout.rdbuf(sink.rdbuf());
+  GuardStdout();
+  std::cout << "ok\tline\n"
+            << "\x1b]52;c;evil\x07"
+            << "\xc2"
+            << "\x9b"
+            << "\xc2\xa9\n";
+  std::cout.flush();
+  UnguardStdout();
+  std::cout.rdbuf(saved);
+  EXPECT_EQ(sink.str(), "ok\tline\n\\u001b]52;c;evil\\u0007\\u009b\xc2\xa9\n");
 }
 
 }  // namespace

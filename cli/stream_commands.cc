@@ -1,4 +1,6 @@
 // watch, wait, logs: the commands that hold a server stream open.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -156,20 +158,72 @@ struct LogsOptions {
   int attempt = 0;
 };
 
+// Job output as it is: into a file or pipe byte for byte; on a terminal through the guard
+// (cli/output.h), so that a job's escape sequences do not drive the terminal.
+void WriteLog(const std::string& data) {
+  static const bool terminal = ::isatty(STDOUT_FILENO) != 0;
+  if (terminal) {
+    std::cout << data << std::flush;
+    return;
+  }
+  std::fwrite(data.data(), 1, data.size(), stdout);
+  std::fflush(stdout);
+}
+
+// With --follow, a lost stream (a coordinator restart) is opened again, as `watch` does, and
+// what was printed already (bytes per attempt) is skipped: the coordinator streams each
+// attempt's log from its start.
 absl::StatusOr<int> RunLogs(const GlobalOptions& g, const LogsOptions& o) {
   if (o.attempt < 0) return UsageError("--attempt must be 0 (all) or an attempt number");
-  CoordinatorClient client(g.coordinator, g.timeout());
-  ASSIGN_OR_RETURN(v1::Job job, client.GetJob(o.id));  // an id or a job name
   v1::LogsRequest request;
-  request.set_job_id(job.id());
+  {
+    CoordinatorClient client(g.coordinator, g.timeout());
+    ASSIGN_OR_RETURN(v1::Job job, client.GetJob(o.id));  // an id or a job name
+    request.set_job_id(job.id());
+  }
   request.set_follow(o.follow);
   request.set_attempt(o.attempt);
-  absl::Status status = client.Logs(request, [](const v1::LogChunk& chunk) {
-    std::fwrite(chunk.data().data(), 1, chunk.data().size(), stdout);
-    std::fflush(stdout);
-  });
-  if (!status.ok()) return status;
-  return 0;
+  std::map<std::string, size_t> printed;  // attempt id -> bytes printed
+  absl::Time last_progress = absl::Now();
+  absl::Duration backoff = absl::Milliseconds(200);
+  for (bool first = true;; first = false) {
+    std::map<std::string, size_t> seen;  // on this stream
+    bool progress = false;
+    CoordinatorClient client(g.coordinator, g.timeout());
+    absl::Status status = client.Logs(request, [&](const v1::LogChunk& chunk) {
+      size_t& at = seen[chunk.attempt_id()];
+      size_t& done = printed[chunk.attempt_id()];
+      const std::string& data = chunk.data();
+      const size_t skip = done > at ? std::min(done - at, data.size()) : 0;
+      at += data.size();
+      if (skip < data.size()) {
+        WriteLog(data.substr(skip));
+        done = at;
+      }
+      progress = true;
+    });
+    if (!o.follow) return status.ok() ? absl::StatusOr<int>(0) : status;
+    const bool lost = status.ok() || status.code() == absl::StatusCode::kUnavailable ||
+                      status.code() == absl::StatusCode::kCancelled;
+    if (!lost || (first && !status.ok() && !progress)) return status;
+    if (status.ok()) {
+      // The stream ends when the job does, or when the coordinator stops.
+      auto job = client.GetJob(request.job_id());
+      if (job.ok() && IsTerminal(job->state())) return 0;
+      if (!job.ok() && job.status().code() != absl::StatusCode::kUnavailable) {
+        return job.status();
+      }
+    }
+    if (progress) {
+      last_progress = absl::Now();
+      backoff = absl::Milliseconds(200);
+    }
+    if (absl::Now() - last_progress > kReconnectFor) {
+      return status.ok() ? absl::UnavailableError("the coordinator ended the log stream") : status;
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(5));
+  }
 }
 
 }  // namespace

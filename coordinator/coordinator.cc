@@ -31,9 +31,15 @@ Coordinator::~Coordinator() { Stop(); }
 
 absl::Status Coordinator::Start() {
   RETURN_IF_ERROR(core_.logs.Load());
+  QuotaConfig quotas;
+  if (!core_.options.quotas_file.empty()) {
+    quota_file_ = std::make_unique<QuotaFile>(core_.options.quotas_file);
+    ASSIGN_OR_RETURN(quotas, quota_file_->Load());
+  }
   ASSIGN_OR_RETURN(StoreSnapshot snap, core_.store->Load());
   {
     absl::MutexLock lock(&core_.mu);
+    core_.quotas.SetConfig(std::move(quotas));  // before the jobs: their load fills the accounts
     core_.jobs.Load(snap);
     core_.workers.Load(snap, core_.clock->MonoMs(), core_.options.lease_ms);
     registry_.AssertHeld();
@@ -77,7 +83,16 @@ void Coordinator::Stop() {
 }
 
 void Coordinator::SchedulerLoop() {
-  while (core_.AwaitKick(core_.options.tick_ms)) RunSchedulerPass();
+  while (core_.AwaitKick(core_.options.tick_ms)) {
+    if (quota_file_ != nullptr) {
+      // Read outside the lock; installed under it.
+      if (std::optional<QuotaConfig> changed = quota_file_->Poll(core_.clock->MonoMs())) {
+        absl::MutexLock lock(&core_.mu);
+        core_.quotas.SetConfig(*std::move(changed));
+      }
+    }
+    RunSchedulerPass();
+  }
 }
 
 int Coordinator::RunSchedulerPass() {

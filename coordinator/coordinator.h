@@ -117,6 +117,7 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   void SchedulerLoop();
 
   CoordinatorCore core_;
+  std::unique_ptr<QuotaFile> quota_file_;  // scheduler thread only (after Start)
   Placer placer_;
   Leases leases_;
   MetricSeries series_;

@@ -25,11 +25,14 @@ CoordinatorCore::CoordinatorCore(CoordinatorOptions opts, Store* s, const Clock*
       clock(c),
       metrics(m),
       logs(options.data_dir + "/logs"),
-      jobs(c) {
-  jobs.SetObserver([this](const v1::Job& job, v1::JobState from, v1::JobState to) {
-    metrics->Transition(JobKind(job.spec()), from, to);
-    if (on_transition) on_transition(job, from, to);
-  });
+      jobs(c),
+      quotas(c) {
+  jobs.SetObserver([this](const v1::Job& job, v1::JobState from, v1::JobState to)
+                       ABSL_NO_THREAD_SAFETY_ANALYSIS {  // JobTable calls it under mu
+                         metrics->Transition(JobKind(job.spec()), from, to);
+                         quotas.OnTransition(job, from, to);
+                         if (on_transition) on_transition(job, from, to);
+                       });
 }
 
 void CoordinatorCore::StartCommitter() {

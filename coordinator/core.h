@@ -24,6 +24,7 @@
 #include "coordinator/job_table.h"
 #include "coordinator/log_store.h"
 #include "coordinator/metrics.h"
+#include "coordinator/quotas.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/service_interfaces.h"
 #include "coordinator/worker_table.h"
@@ -39,6 +40,9 @@ struct CoordinatorOptions {
   // when the coordinator sees the workers' file systems (`stemma up`).
   bool verify_artifacts = false;
   SchedulerOptions scheduler;
+  // Quotas and fair share (coordinator/quotas.h): a YAML file, re-read when it changes; ""
+  // for no limits (fair share on, default half-life).
+  std::string quotas_file;
 };
 
 class CoordinatorCore {
@@ -89,6 +93,7 @@ class CoordinatorCore {
   absl::Mutex mu;
   JobTable jobs ABSL_GUARDED_BY(mu);
   WorkerTable workers ABSL_GUARDED_BY(mu);
+  Quotas quotas ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<std::string, std::shared_ptr<WorkerChannel>> channels ABSL_GUARDED_BY(mu);
   uint64_t next_session ABSL_GUARDED_BY(mu) = 0;
   // Heartbeats look workers up here (never under mu). Entries are added under both locks.

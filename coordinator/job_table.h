@@ -50,6 +50,8 @@ class JobTable {
   absl::StatusOr<SubmitResult> Submit(const v1::SubmitRequest& request, Changes* changes);
 
   const v1::Job* Find(const std::string& id) const;
+  // Whether a submit used this idempotency key before.
+  bool HasIdempotencyKey(const std::string& key) const { return idempotency_.contains(key); }
   // The most recently submitted job named `name`, or null. A scan: for user lookups only.
   const v1::Job* FindByName(const std::string& name) const;
   // The job an attempt id ("j-12.3") belongs to, if that attempt is its current one.

@@ -39,6 +39,7 @@ struct Config {
   std::string tokens;
   bool insecure = false;
   std::string health_listen;  // grpc.health.v1, plaintext, on its own port
+  std::string quotas;         // quotas and fair share (coordinator/quotas.h)
 };
 
 int MakeDirs(const std::string& path) {
@@ -87,6 +88,10 @@ int main(int argc, char** argv) {
   app.add_flag("--insecure", cfg.insecure,
                "allow listening beyond loopback without TLS and tokens (anyone who can reach "
                "the port can run jobs)");
+  app.add_option("--quotas", cfg.quotas,
+                 "YAML file of per-subject and per-project limits (queued jobs, running GPUs, "
+                 "priority range) and fair share; re-read when it changes "
+                 "(docs/operator-guide.md)");
   app.add_option("--health-listen", cfg.health_listen,
                  "HOST:PORT for grpc.health.v1 (plaintext, nothing else on it)");
   app.add_option("--log-level", cfg.log_level)
@@ -161,6 +166,7 @@ int main(int argc, char** argv) {
   options.lease_ms = cfg.lease_ms;
   options.heartbeat_ms = cfg.heartbeat_ms;
   options.verify_artifacts = cfg.verify_artifacts;
+  options.quotas_file = cfg.quotas;
   stemma::coordinator::Coordinator coordinator(options, store->get(), stemma::RealClock::Get(),
                                                &metrics);
   if (absl::Status st = coordinator.Start(); !st.ok()) {

@@ -11,7 +11,8 @@ int Placer::Place(Changes* changes) {
   CoordinatorCore& c = *core_;
   c.mu.AssertHeld();
   const int64_t now = c.clock->WallMs();
-  std::vector<Placement> placements = Schedule(c.jobs, c.workers, now, c.options.scheduler);
+  std::vector<Placement> placements =
+      Schedule(c.jobs, c.workers, now, c.options.scheduler, &c.quotas);
   for (const auto& p : placements) {
     const v1::Job* queued = c.jobs.Find(p.job_id);
     const auto& r = queued->spec().resources();

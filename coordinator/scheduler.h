@@ -1,6 +1,9 @@
 // Placement: which QUEUED jobs start now, and where.
 //
-// Jobs are taken in queue order (priority, then submission order). Each part of a job
+// Jobs are taken by priority (high first). Among jobs of equal priority, with a Quotas, the
+// next job is the oldest of the owner with the least usage now (fair share, quotas.h), and
+// an owner whose next job would pass its max_running_gpus waits for the rest of the pass;
+// without one (or with fair share off) in submission order. Each part of a job
 // goes to a distinct connected, non-draining worker that has the part's GPUs, CPUs and
 // memory free (best fit: the worker left with the fewest free GPUs, then CPUs); a gang job
 // is placed whole or not at all. A job that does not fit does not block the jobs behind
@@ -14,6 +17,7 @@
 #include <vector>
 
 #include "coordinator/job_table.h"
+#include "coordinator/quotas.h"
 #include "coordinator/worker_table.h"
 
 namespace stemma::coordinator {
@@ -27,7 +31,9 @@ struct SchedulerOptions {
   int max_blocked = 2000;
 };
 
+// `quotas` may be null: one FIFO per priority, no limits.
 std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers,
-                                int64_t now_wall_ms, const SchedulerOptions& options = {});
+                                int64_t now_wall_ms, const SchedulerOptions& options = {},
+                                const Quotas* quotas = nullptr);
 
 }  // namespace stemma::coordinator

@@ -44,6 +44,13 @@ absl::StatusOr<v1::SubmitResponse> UserOperations::Submit(const v1::SubmitReques
                          registered, " registered workers allows it"));
       }
     }
+    // Quotas: a retried submit (a known key) returns what it made before, never refused.
+    if (request.idempotency_key().empty() || !c.jobs.HasIdempotencyKey(request.idempotency_key())) {
+      std::vector<const v1::JobSpec*> specs;
+      specs.reserve(request.jobs_size());
+      for (const auto& spec : request.jobs()) specs.push_back(&spec);
+      RETURN_IF_ERROR(c.quotas.CheckSubmit(specs));
+    }
     Changes changes = c.NewChanges();
     ASSIGN_OR_RETURN(JobTable::SubmitResult result, c.jobs.Submit(request, &changes));
     resp.mutable_job_ids()->Assign(result.ids.begin(), result.ids.end());

@@ -32,10 +32,36 @@ std::string RoleWord(const std::string& role) {
   return role;
 }
 
-// Markdown table cell text: no pipes, no newlines.
-std::string MdCell(const std::string& s) {
-  return absl::StrReplaceAll(s, {{"|", "\\|"}, {"\n", " "}, {"\r", " "}});
+// Markdown text from the experiment (names, metrics, reasons): raw HTML in it would be
+// rendered by a Markdown viewer, and control characters would reach a terminal, so both
+// are escaped.
+std::string MdText(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (unsigned char c : s) {
+    switch (c) {
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          out += ' ';
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out;
 }
+
+// Markdown table cell text: no pipes, no newlines, no HTML.
+std::string MdCell(const std::string& s) { return absl::StrReplaceAll(MdText(s), {{"|", "\\|"}}); }
 
 std::string Shorten(const std::string& s, size_t n) {
   if (s.size() <= n) return s;
@@ -104,7 +130,7 @@ std::string MdTable(const Report& r, bool table) {
   std::vector<std::string> header = {"row"};
   if (!table) header.insert(header.end(), {"range", "α"});
   for (const Column& c : r.columns)
-    header.push_back(absl::StrCat(c.title, " ", c.metric, " ", Arrow(c)));
+    header.push_back(MdCell(absl::StrCat(c.title, " ", c.metric, " ", Arrow(c))));
   if (state) header.push_back("state");
   std::string out = absl::StrCat("| ", absl::StrJoin(header, " | "), " |\n|");
   for (size_t i = 0; i < header.size(); ++i) {
@@ -224,18 +250,18 @@ json Opt(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); 
 }  // namespace
 
 std::string RenderMarkdown(const Report& r, bool plots_written) {
-  std::string out = absl::StrCat("# ", r.experiment, ", revision ", r.revision, "\n\n");
-  absl::StrAppend(&out, StatesLine(r), ".\n\n");
+  std::string out = absl::StrCat("# ", MdText(r.experiment), ", revision ", r.revision, "\n\n");
+  absl::StrAppend(&out, MdText(StatesLine(r)), ".\n\n");
   if (!r.baseline.empty())
     absl::StrAppend(
-        &out, "Baseline: ", r.baseline,
+        &out, "Baseline: ", MdText(r.baseline),
         "; deltas in parentheses are against it, the best value of each column is in bold.\n");
-  if (!r.columns.empty()) absl::StrAppend(&out, "Metrics: ", MetricsLine(r), ".\n");
+  if (!r.columns.empty()) absl::StrAppend(&out, "Metrics: ", MdText(MetricsLine(r)), ".\n");
   if (!r.languages.empty()) {
     absl::StrAppend(
         &out, "Languages (",
         r.roles_from_corpus ? "from the corpus manifest" : "assumed: no corpus manifest",
-        "): ", LanguagesLine(r), ".\n");
+        "): ", MdText(LanguagesLine(r)), ".\n");
   }
   out += "\n";
   bool table_rows = false, sweep_rows = false;
@@ -247,11 +273,12 @@ std::string RenderMarkdown(const Report& r, bool plots_written) {
   }
   if (table_rows) out += MdTable(r, true);
   if (!r.summary.empty()) {
-    absl::StrAppend(&out, "\n## Acquisition vs forgetting (", r.perplexity_metric, ")\n\n",
-                    "acquisition: mean held-in ", r.perplexity_metric,
+    const std::string ppl = MdText(r.perplexity_metric);
+    absl::StrAppend(&out, "\n## Acquisition vs forgetting (", ppl, ")\n\n",
+                    "acquisition: mean held-in ", ppl,
                     " gain over the baseline (higher is better); transfer: "
                     "the same on held-out languages; forgetting: general-language ",
-                    r.perplexity_metric, " minus the baseline's (lower is better).\n\n");
+                    ppl, " minus the baseline's (lower is better).\n\n");
     out +=
         "| row | acquisition ↑ | transfer ↑ | forgetting ↓ | Pareto front |\n| --- | ---: | ---: | "
         "---: | --- |\n";
@@ -268,16 +295,16 @@ std::string RenderMarkdown(const Report& r, bool plots_written) {
   out += "\n## Plots\n\n";
   for (const Plot& p : r.plots) {
     if (!p.omitted.empty()) {
-      absl::StrAppend(&out, "- ", p.file, ": not drawn: ", p.omitted, "\n");
+      absl::StrAppend(&out, "- ", p.file, ": not drawn: ", MdText(p.omitted), "\n");
     } else if (plots_written) {
-      absl::StrAppend(&out, "- [", p.file, "](", p.file, "): ", p.caption, "\n");
+      absl::StrAppend(&out, "- [", p.file, "](", p.file, "): ", MdText(p.caption), "\n");
     } else {
-      absl::StrAppend(&out, "- ", p.file, ": ", p.caption, " (written with --out DIR)\n");
+      absl::StrAppend(&out, "- ", p.file, ": ", MdText(p.caption), " (written with --out DIR)\n");
     }
   }
   if (!r.notes.empty()) {
     out += "\n## Notes\n\n";
-    for (const std::string& n : r.notes) absl::StrAppend(&out, "- ", n, "\n");
+    for (const std::string& n : r.notes) absl::StrAppend(&out, "- ", MdText(n), "\n");
   }
   return out;
 }
