@@ -7,10 +7,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/files.h"
 #include "common/status.h"
 #include "engine/io/sha256.h"
 #include "nlohmann/json.hpp"
@@ -55,15 +54,13 @@ Dataset::~Dataset() {
 absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir,
                                                        bool verify_checksums) {
   std::string index_path = dir + "/index.json";
-  std::ifstream in(index_path);
-  if (!in) {
+  absl::StatusOr<std::string> text = files::ReadFile(index_path);
+  if (!text.ok()) {
     return absl::NotFoundError(absl::StrCat("dataset ", dir, ": cannot open index.json"));
   }
-  std::stringstream ss;
-  ss << in.rdbuf();
   json index;
   try {
-    index = json::parse(ss.str());
+    index = json::parse(*text);
   } catch (const json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(index_path, ": bad JSON: ", e.what()));
   }
@@ -109,22 +106,15 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir,
   }
 
   auto map_file = [&](const std::string& path, size_t expect_bytes) -> absl::StatusOr<void*> {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus("open " + path, errno);
+    ASSIGN_OR_RETURN(files::UniqueFd fd, files::Open(path, O_RDONLY));
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      int err = errno;
-      ::close(fd);
-      return ErrnoStatus("stat " + path, err);
-    }
+    if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("stat " + path, errno);
     if (static_cast<size_t>(st.st_size) != expect_bytes) {
-      ::close(fd);
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": ", st.st_size, " bytes, ", index_path, " implies ", expect_bytes));
     }
-    void* addr = ::mmap(nullptr, expect_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    void* addr = ::mmap(nullptr, expect_bytes, PROT_READ, MAP_SHARED, fd.get(), 0);
     int err = errno;
-    ::close(fd);
     if (addr == MAP_FAILED) return ErrnoStatus("mmap " + path, err);
     ds->mappings_.push_back({addr, expect_bytes});
     return addr;

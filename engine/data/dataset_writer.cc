@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/files.h"
 #include "common/status.h"
 #include "engine/io/durable.h"
 
@@ -18,25 +19,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::Status FsyncPath(const std::string& path, bool directory) {
-  int fd = ::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("open " + path, errno);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoStatus("fsync " + path, err);
-  return absl::OkStatus();
-}
-
 absl::Status WriteSynced(const std::string& path, const void* data, size_t size) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return ErrnoStatus("create " + path, errno);
-  bool ok =
-      std::fwrite(data, 1, size, f) == size && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  int err = errno;
-  std::fclose(f);
-  if (!ok) return ErrnoStatus("write " + path, err);
-  return absl::OkStatus();
+  return files::WriteFileSynced(path, absl::string_view(static_cast<const char*>(data), size));
 }
 
 std::string ParentOf(const std::string& path) {
@@ -98,7 +82,7 @@ absl::Status DatasetWriter::OpenShard() {
 absl::Status DatasetWriter::CloseShard() {
   std::string name = ShardName(shards_.size());
   std::string path = absl::StrCat(staging_, "/", name);
-  bool ok = std::fflush(shard_) == 0 && ::fsync(::fileno(shard_)) == 0;
+  bool ok = std::fflush(shard_) == 0 && files::SyncFd(::fileno(shard_), path).ok();
   int err = errno;
   ok = (std::fclose(shard_) == 0) && ok;
   shard_ = nullptr;
@@ -180,7 +164,7 @@ absl::Status DatasetWriter::Finish(const std::vector<SourceFile>& sources) {
       {"sources", src}};
   std::string text = index.dump(2) + "\n";
   RETURN_IF_ERROR(WriteSynced(staging_ + "/index.json", text.data(), text.size()));
-  RETURN_IF_ERROR(FsyncPath(staging_, /*directory=*/true));
+  RETURN_IF_ERROR(files::SyncDir(staging_));
 
   // The durability door (engine/io/durable.h): a replaced dataset is swapped atomically,
   // so `out_dir` is the old dataset or the new one at every instant, never missing.

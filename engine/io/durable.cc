@@ -3,13 +3,11 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <stdio.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <filesystem>
 #include <vector>
 
@@ -29,28 +27,8 @@ std::string Trimmed(std::string path) {
   return path;
 }
 
-std::string ParentDir(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-std::string BaseName(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-absl::Status SyncPath(const std::string& path, bool directory) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (directory ? O_DIRECTORY : 0));
-  if (fd < 0) return ErrnoStatus(absl::StrCat("open ", path), errno);
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(absl::StrCat("fsync ", path), err);
-  }
-  if (::close(fd) != 0) return ErrnoStatus(absl::StrCat("close ", path), errno);
-  return absl::OkStatus();
-}
+using files::BaseName;
+using files::ParentDir;
 
 // Staging directories `<out>.tmp-<pid>` whose process is gone are leftovers of a killed
 // writer: removed so they do not pile up.
@@ -81,22 +59,11 @@ bool IsTokenDatasetDir(const std::string& dir) {
 
 // A prepared corpus (`stemma-engine prepare`): manifest.json with format stemma.corpus/*.
 bool IsCorpusDir(const std::string& dir) {
-  auto text = ReadFile(dir + "/manifest.json");
-  if (!text.ok()) return false;
-  nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-  return j.is_object() && j.contains("format") && j["format"].is_string() &&
-         absl::StartsWith(j["format"].get<std::string>(), "stemma.corpus/");
+  auto text = ReadFile(absl::StrCat(dir, "/", manifest::kCorpusManifestName));
+  return text.ok() && manifest::IsCorpusManifest(nlohmann::json::parse(*text, nullptr, false));
 }
 
 }  // namespace
-
-void CrashPointForTest(absl::string_view point) {
-  const char* at = std::getenv("STEMMA_IO_CRASH_AT");
-  if (at == nullptr || point != at) return;
-  std::fprintf(stderr, "stemma-engine: test crash at %.*s\n", static_cast<int>(point.size()),
-               point.data());
-  ::kill(::getpid(), SIGKILL);
-}
 
 std::string StagingDirFor(const std::string& out) {
   return absl::StrCat(Trimmed(out), ".tmp-", ::getpid());
@@ -163,84 +130,30 @@ absl::StatusOr<std::string> CreateStagingDir(const std::string& out_in, bool ove
   return staging;
 }
 
-absl::Status PublishDir(const std::string& staging_in, const std::string& out_in, bool overwrite) {
-  const std::string staging = Trimmed(staging_in), out = Trimmed(out_in);
-  // Every file durable before the name is: writers usually synced already (then this is
-  // cheap), but the door does not rely on it.
-  DIR* d = ::opendir(staging.c_str());
-  if (d == nullptr) return ErrnoStatus("open directory " + staging, errno);
-  std::vector<std::string> files;
-  while (dirent* e = ::readdir(d)) {
-    if (e->d_type == DT_REG || e->d_type == DT_UNKNOWN) files.emplace_back(e->d_name);
-  }
-  ::closedir(d);
-  for (const std::string& name : files) {
-    if (name == "." || name == "..") continue;
-    const std::string path = absl::StrCat(staging, "/", name);
-    struct stat st;
-    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-    RETURN_IF_ERROR(SyncPath(path, /*directory=*/false));
-  }
-  RETURN_IF_ERROR(SyncPath(staging, /*directory=*/true));
-
-  CrashPointForTest("publish:before-rename");
-  const std::string parent = ParentDir(out);
-  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, out.c_str(), RENAME_NOREPLACE) == 0) {
-    return SyncPath(parent, /*directory=*/true);
-  }
-  const int err = errno;
-  if (err != EEXIST && err != ENOTEMPTY)
-    return ErrnoStatus("rename " + staging + " -> " + out, err);
-  if (!overwrite)
-    return absl::AlreadyExistsError(out + ": already exists (set overwrite: true to replace it)");
-  RETURN_IF_ERROR(CheckReplaceable(out));
-  // Swap so `out` is never missing, then drop the old directory (now at `staging`).
-  if (::renameat2(AT_FDCWD, staging.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) != 0) {
-    return ErrnoStatus("swap " + staging + " <-> " + out, errno);
-  }
-  RETURN_IF_ERROR(SyncPath(parent, /*directory=*/true));
-  CrashPointForTest("publish:after-swap");
-  return RemoveTree(staging);
-}
-
-absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents) {
-  const std::string tmp = absl::StrCat(path, ".tmp-", ::getpid());
-  absl::Status s = WriteFileSynced(tmp, contents);
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  CrashPointForTest("write-file:before-rename");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return ErrnoStatus("rename " + tmp + " -> " + path, err);
-  }
-  return SyncPath(ParentDir(path), /*directory=*/true);
+absl::Status PublishDir(const std::string& staging, const std::string& out, bool overwrite) {
+  return files::PublishDir(staging, out, [overwrite](const std::string& existing) {
+    if (!overwrite) {
+      return absl::AlreadyExistsError(existing +
+                                      ": already exists (set overwrite: true to replace it)");
+    }
+    return CheckReplaceable(existing);
+  });
 }
 
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path,
                                                              bool writable) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("open " + path, errno);
+  ASSIGN_OR_RETURN(UniqueFd fd, files::Open(path, O_RDONLY));
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus("stat " + path, err);
-  }
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("stat " + path, errno);
   std::unique_ptr<MappedFile> m(new MappedFile());
   m->path_ = path;
   m->size_ = static_cast<uint64_t>(st.st_size);
   if (m->size_ > 0) {
-    void* p =
-        ::mmap(nullptr, m->size_, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE, fd, 0);
-    const int err = errno;
-    ::close(fd);
-    if (p == MAP_FAILED) return ErrnoStatus("mmap " + path, err);
+    // The mapping outlives the descriptor (closed when `fd` goes out of scope).
+    void* p = ::mmap(nullptr, m->size_, PROT_READ | (writable ? PROT_WRITE : 0), MAP_PRIVATE,
+                     fd.get(), 0);
+    if (p == MAP_FAILED) return ErrnoStatus("mmap " + path, errno);
     m->data_ = static_cast<uint8_t*>(p);
-  } else {
-    ::close(fd);
   }
   return m;
 }

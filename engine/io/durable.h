@@ -1,6 +1,6 @@
-// The engine's one door for file-system durability (docs/engine-io.md § Durability): every
-// directory the engine publishes (checkpoints, datasets) and every file it must not leave
-// half-written goes through here, so the crash rules are written once:
+// The engine's policy over the files door (common/files.h, where the crash rules are
+// written once; docs/engine-io.md § Durability): every directory the engine publishes
+// (checkpoints, datasets) and every file it must not leave half-written goes through here:
 //
 //   - a directory is built in a staging directory `<out>.tmp-<pid>` beside `out`, every file
 //     in it and the directory itself fsynced, then renamed onto `out` and the parent
@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/files.h"
 
 namespace stemma::engine::io {
 
@@ -40,16 +41,16 @@ absl::Status CheckReplaceable(const std::string& out);
 // pid is removed first) and returns its path.
 absl::StatusOr<std::string> CreateStagingDir(const std::string& out, bool overwrite);
 
-// Publishes the complete directory `staging` as `out`: fsyncs every regular file in it and
-// the directory, renames it onto `out` (RENAME_NOREPLACE, AlreadyExists unless overwrite;
-// with overwrite an existing replaceable `out` is swapped with RENAME_EXCHANGE and the old
-// one removed afterwards), then fsyncs the parent. On error `staging` is left for the
-// caller to remove; `out` is untouched unless the swap happened.
+// Publishes the complete directory `staging` as `out` (files::PublishDir): fsyncs every
+// regular file in it and the directory, renames it onto `out` (RENAME_NOREPLACE,
+// AlreadyExists unless overwrite; with overwrite an existing replaceable `out` is swapped
+// with RENAME_EXCHANGE and the old one removed afterwards), then fsyncs the parent. On error
+// `staging` is left for the caller to remove; `out` is untouched unless the swap happened.
 absl::Status PublishDir(const std::string& staging, const std::string& out, bool overwrite);
 
 // Writes `contents` to `path` atomically: `<path>.tmp-<pid>`, fsync, rename, fsync of the
-// directory. A reader sees the old file or the new one, never a prefix.
-absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents);
+// directory. A reader sees the old file or the new one, never a prefix (common/files.h).
+using ::stemma::files::WriteFileAtomic;
 
 // A whole file mapped read-only (MAP_PRIVATE; `writable` makes the private mapping
 // writable, copy-on-write, for callers that hand the bytes to code that may write them).
@@ -76,7 +77,7 @@ class MappedFile {
 
 // Crash tests: when $STEMMA_IO_CRASH_AT equals `point`, the process kills itself (SIGKILL,
 // no cleanup) right there. The points: "publish:before-rename", "publish:after-swap"
-// (replaced, the old directory not yet removed), "write-file:before-rename".
-void CrashPointForTest(absl::string_view point);
+// (replaced, the old directory not yet removed), "write-file:before-rename" (common/files.h).
+using ::stemma::files::CrashPointForTest;
 
 }  // namespace stemma::engine::io

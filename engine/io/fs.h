@@ -1,23 +1,17 @@
-// Durable file helpers for checkpoint publishing. Every error names the path.
+// The engine's names for the file helpers of the one files door (common/files.h), kept so
+// that engine code reads `io::ReadFile`. Every error names the path.
 #pragma once
 
-#include <string>
-
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
+#include "common/files.h"
 
 namespace stemma::engine::io {
 
-// Creates or truncates `path`, writes `contents`, fsyncs, closes.
-absl::Status WriteFileSynced(const std::string& path, absl::string_view contents);
-// Copies `from` to `to` (created or truncated) and fsyncs `to`.
-absl::Status CopyFileSynced(const std::string& from, const std::string& to);
-// fsync on a directory, so the names created in it survive a crash.
-absl::Status SyncDir(const std::string& dir);
-absl::StatusOr<std::string> ReadFile(const std::string& path);
-bool PathExists(const std::string& path);
-// Removes a file or a directory tree; a missing path is OK.
-absl::Status RemoveTree(const std::string& path);
+using ::stemma::files::CopyFileSynced;
+using ::stemma::files::PathExists;
+using ::stemma::files::ReadFile;
+using ::stemma::files::RemoveTree;
+using ::stemma::files::SyncDir;
+using ::stemma::files::UniqueFd;
+using ::stemma::files::WriteFileSynced;
 
 }  // namespace stemma::engine::io

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "engine/io/durable.h"
+#include "engine/io/fs.h"
 #include "engine/io/sha256.h"
 
 namespace stemma::engine::io {
@@ -35,6 +36,99 @@ constexpr DtypeRow kDtypes[] = {
 };
 
 std::string Quote(absl::string_view s) { return nlohmann::json(std::string(s)).dump(); }
+
+// The header's __metadata__: an object of strings.
+absl::Status ReadMetadata(const std::string& path, const nlohmann::json& v,
+                          std::map<std::string, std::string>* out) {
+  if (!v.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": __metadata__ is not an object"));
+  }
+  for (auto m = v.begin(); m != v.end(); ++m) {
+    if (!m.value().is_string()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": __metadata__.", m.key(), " is not a string"));
+    }
+    (*out)[m.key()] = m.value().get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+// One tensor's header entry {dtype, shape, data_offsets}, checked against itself and the
+// data section's size.
+absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string& path, const std::string& name,
+                                            const nlohmann::json& v, uint64_t data_bytes) {
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat(path, ": tensor ", Quote(name), ": ", why));
+  };
+  if (!v.is_object()) return bad("header entry is not an object");
+  TensorInfo info;
+  info.name = name;
+  auto dt = v.find("dtype");
+  if (dt == v.end() || !dt->is_string()) return bad("missing dtype");
+  auto dtype = ParseDtype(dt->get<std::string>());
+  if (!dtype.ok()) return bad(dtype.status().message());
+  info.dtype = *dtype;
+  auto shape = v.find("shape");
+  if (shape == v.end() || !shape->is_array()) return bad("missing shape");
+  uint64_t numel = 1;
+  for (const auto& d : *shape) {
+    if (!d.is_number_unsigned()) return bad("shape has a negative or non-integer dimension");
+    uint64_t dim = d.get<uint64_t>();
+    if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel)) {
+      return bad("shape overflows");
+    }
+    info.shape.push_back(static_cast<int64_t>(dim));
+  }
+  auto off = v.find("data_offsets");
+  if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+      !(*off)[1].is_number_unsigned()) {
+    return bad("data_offsets is not [begin, end]");
+  }
+  info.begin = (*off)[0].get<uint64_t>();
+  info.end = (*off)[1].get<uint64_t>();
+  if (info.begin > info.end) return bad("data_offsets begin > end");
+  if (info.end > data_bytes) {
+    return bad(absl::StrCat("data_offsets [", info.begin, ", ", info.end,
+                            ") beyond the data section of ", data_bytes,
+                            " bytes (truncated file?)"));
+  }
+  uint64_t want = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(DtypeSize(info.dtype)), &want) ||
+      want != info.nbytes()) {
+    return bad(absl::StrCat("shape and dtype need ", want, " bytes but data_offsets hold ",
+                            info.nbytes()));
+  }
+  return info;
+}
+
+// The tensors' ranges must tile the data section exactly: no overlap, no unindexed bytes.
+absl::Status CheckTiling(const std::string& path, const std::vector<TensorInfo>& tensors,
+                         uint64_t data_bytes) {
+  std::vector<const TensorInfo*> by_offset;
+  for (const auto& t : tensors) {
+    if (t.nbytes() > 0) by_offset.push_back(&t);
+  }
+  std::sort(by_offset.begin(), by_offset.end(),
+            [](const TensorInfo* a, const TensorInfo* b) { return a->begin < b->begin; });
+  uint64_t pos = 0;
+  for (size_t i = 0; i < by_offset.size(); ++i) {
+    const TensorInfo* t = by_offset[i];
+    if (t->begin < pos) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor ", Quote(t->name),
+                                              " overlaps tensor ", Quote(by_offset[i - 1]->name)));
+    }
+    if (t->begin > pos) {
+      return absl::DataLossError(absl::StrCat(path, ": bytes [", pos, ", ", t->begin,
+                                              ") of the data section belong to no tensor"));
+    }
+    pos = t->end;
+  }
+  if (pos != data_bytes) {
+    return absl::DataLossError(absl::StrCat(path, ": ", data_bytes - pos,
+                                            " bytes after the last tensor belong to no tensor"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -110,91 +204,16 @@ absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
         absl::StrCat(path, ": header is not a JSON object (not a safetensors file, or damaged)"));
   }
   for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const nlohmann::json& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) {
-        return absl::InvalidArgumentError(absl::StrCat(path, ": __metadata__ is not an object"));
-      }
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(path, ": __metadata__.", m.key(), " is not a string"));
-        }
-        file->metadata_[m.key()] = m.value().get<std::string>();
-      }
+    if (it.key() == "__metadata__") {
+      RETURN_IF_ERROR(ReadMetadata(path, it.value(), &file->metadata_));
       continue;
     }
-    auto bad = [&](absl::string_view why) {
-      return absl::DataLossError(absl::StrCat(path, ": tensor ", Quote(name), ": ", why));
-    };
-    if (!v.is_object()) return bad("header entry is not an object");
-    TensorInfo info;
-    info.name = name;
-    auto dt = v.find("dtype");
-    if (dt == v.end() || !dt->is_string()) return bad("missing dtype");
-    auto dtype = ParseDtype(dt->get<std::string>());
-    if (!dtype.ok()) return bad(dtype.status().message());
-    info.dtype = *dtype;
-    auto shape = v.find("shape");
-    if (shape == v.end() || !shape->is_array()) return bad("missing shape");
-    uint64_t numel = 1;
-    for (const auto& d : *shape) {
-      if (!d.is_number_unsigned()) return bad("shape has a negative or non-integer dimension");
-      uint64_t dim = d.get<uint64_t>();
-      if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel)) {
-        return bad("shape overflows");
-      }
-      info.shape.push_back(static_cast<int64_t>(dim));
-    }
-    auto off = v.find("data_offsets");
-    if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
-        !(*off)[1].is_number_unsigned()) {
-      return bad("data_offsets is not [begin, end]");
-    }
-    info.begin = (*off)[0].get<uint64_t>();
-    info.end = (*off)[1].get<uint64_t>();
-    if (info.begin > info.end) return bad("data_offsets begin > end");
-    if (info.end > data_bytes) {
-      return bad(absl::StrCat("data_offsets [", info.begin, ", ", info.end,
-                              ") beyond the data section of ", data_bytes,
-                              " bytes (truncated file?)"));
-    }
-    uint64_t want = 0;
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(DtypeSize(info.dtype)), &want) ||
-        want != info.nbytes()) {
-      return bad(absl::StrCat("shape and dtype need ", want, " bytes but data_offsets hold ",
-                              info.nbytes()));
-    }
+    ASSIGN_OR_RETURN(TensorInfo info, ParseTensorEntry(path, it.key(), it.value(), data_bytes));
     file->tensors_.push_back(std::move(info));
   }
   std::sort(file->tensors_.begin(), file->tensors_.end(),
             [](const TensorInfo& a, const TensorInfo& b) { return a.name < b.name; });
-
-  // Ranges must tile the data section exactly: no overlap, no unindexed bytes.
-  std::vector<const TensorInfo*> by_offset;
-  for (const auto& t : file->tensors_) {
-    if (t.nbytes() > 0) by_offset.push_back(&t);
-  }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const TensorInfo* a, const TensorInfo* b) { return a->begin < b->begin; });
-  uint64_t pos = 0;
-  for (size_t i = 0; i < by_offset.size(); ++i) {
-    const TensorInfo* t = by_offset[i];
-    if (t->begin < pos) {
-      return absl::DataLossError(absl::StrCat(path, ": tensor ", Quote(t->name),
-                                              " overlaps tensor ", Quote(by_offset[i - 1]->name)));
-    }
-    if (t->begin > pos) {
-      return absl::DataLossError(absl::StrCat(path, ": bytes [", pos, ", ", t->begin,
-                                              ") of the data section belong to no tensor"));
-    }
-    pos = t->end;
-  }
-  if (pos != data_bytes) {
-    return absl::DataLossError(absl::StrCat(path, ": ", data_bytes - pos,
-                                            " bytes after the last tensor belong to no tensor"));
-  }
+  RETURN_IF_ERROR(CheckTiling(path, file->tensors_, data_bytes));
   return file;
 }
 
@@ -259,23 +278,14 @@ absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
     }
   }
 
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus("create " + path, errno);
+  const int raw_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (raw_fd < 0) return ErrnoStatus("create " + path, errno);
+  UniqueFd fd(raw_fd);
   Sha256 file_hash;
   WriteResult result;
   auto write_all = [&](const void* data, uint64_t size) -> absl::Status {
     file_hash.Update(data, size);
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      ssize_t n = ::write(fd, p, std::min<uint64_t>(size, 1u << 30));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoStatus("write " + path, errno);
-      }
-      p += n;
-      size -= static_cast<uint64_t>(n);
-    }
-    return absl::OkStatus();
+    return files::WriteAll(fd.get(), absl::string_view(static_cast<const char*>(data), size), path);
   };
   absl::Status s;
   uint8_t len[8];
@@ -290,8 +300,8 @@ absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
     tensor_hash.Update(t.data, t.nbytes);
     result.tensor_sha256[t.name] = tensor_hash.HexDigest();
   }
-  if (s.ok() && ::fsync(fd) != 0) s = ErrnoStatus("fsync " + path, errno);
-  if (::close(fd) != 0 && s.ok()) s = ErrnoStatus("close " + path, errno);
+  if (s.ok()) s = files::SyncFd(fd.get(), path);
+  if (s.ok()) s = fd.Close(path);
   if (!s.ok()) return s;
   result.bytes = 8 + n + offset;
   result.sha256 = file_hash.HexDigest();

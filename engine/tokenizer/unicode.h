@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/utf8.h"
+
 namespace stemma::engine::tokenizer::internal {
 
 enum class CharClass : uint8_t { kOther, kLetter, kNumber, kSpace };
@@ -27,7 +29,8 @@ CharClass Classify(uint32_t cp);
 // UTF-8 sequence gives U+FFFD with length 1 (callers keep the byte itself).
 uint32_t DecodeUtf8At(std::string_view text, size_t pos, int* len);
 
-void AppendUtf8(uint32_t cp, std::string* out);
+// The one UTF-8 encoder (common/utf8.h).
+using ::stemma::AppendUtf8;
 
 // `bytes` with every maximal invalid subsequence replaced by U+FFFD, as Rust's
 // String::from_utf8_lossy and Python's bytes.decode("utf-8", "replace") do.
