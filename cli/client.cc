@@ -7,6 +7,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -89,9 +90,10 @@ absl::Status Convert(const grpc::Status& status, const std::string& address,
   if (status.ok()) return absl::OkStatus();
   switch (status.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
-      if (absl::StrContains(status.error_message(), "ssl") ||
-          absl::StrContains(status.error_message(), "SSL") ||
-          absl::StrContains(status.error_message(), "handshake")) {
+      // gRPC spells it "Ssl handshake failed", "Handshake failed", "SSL_ERROR_SSL"...
+      if (const std::string lower = absl::AsciiStrToLower(status.error_message());
+          absl::StrContains(lower, "ssl") || absl::StrContains(lower, "handshake") ||
+          absl::StrContains(lower, "tls") || absl::StrContains(lower, "certificate")) {
         return absl::UnavailableError(absl::StrCat(
             "cannot reach the coordinator at ", address, " over TLS: ", status.error_message(),
             " (check --ca / STEMMA_CA and that the coordinator serves TLS)"));

@@ -15,10 +15,12 @@
 #include <ctime>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/files.h"
 #include "common/logging.h"
@@ -208,31 +210,46 @@ absl::StatusOr<std::string> CreateTokenInFile(const std::string& path, Role role
   return token;
 }
 
-absl::StatusOr<std::map<std::string, TokenIdentity>> TokenStore::Parse(absl::string_view text,
-                                                                       absl::string_view source) {
+absl::StatusOr<std::map<std::string, TokenIdentity>> TokenStore::Parse(
+    absl::string_view text, absl::string_view source, std::vector<std::string>* skipped) {
   std::map<std::string, TokenIdentity> out;
+  std::set<std::string> twice;  // digests on more than one line: refused (which role?)
   int line_no = 0;
   for (absl::string_view raw : absl::StrSplit(text, '\n')) {
     ++line_no;
     absl::string_view line = absl::StripAsciiWhitespace(raw);
     if (line.empty() || line[0] == '#') continue;
+    std::string why;
     std::vector<absl::string_view> f =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    auto bad = [&](absl::string_view why) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": line ", line_no, ": ", why));
-    };
-    if (f.size() != 3) return bad("expected 'sha256:<hex digest> <role> <subject>'");
-    if (f[0].substr(0, kDigestPrefix.size()) != kDigestPrefix) {
-      return bad("the digest must start with 'sha256:' (the file holds digests, not tokens)");
+    std::string digest;
+    absl::StatusOr<Role> role = Role::kNone;
+    if (f.size() != 3) {
+      why = "expected 'sha256:<hex digest> <role> <subject>'";
+    } else if (f[0].substr(0, kDigestPrefix.size()) != kDigestPrefix) {
+      why = "the digest must start with 'sha256:' (the file holds digests, not tokens)";
+    } else {
+      digest = absl::AsciiStrToLower(f[0].substr(kDigestPrefix.size()));
+      role = ParseRole(f[1]);
+      if (digest.size() != 64 ||
+          digest.find_first_not_of("0123456789abcdef") != std::string::npos) {
+        why = "the digest must be 64 hex digits";
+      } else if (!role.ok()) {
+        why = std::string(role.status().message());
+      } else if (!ValidSubject(f[2])) {
+        why = "bad subject";
+      } else if (out.count(digest) != 0 || twice.count(digest) != 0) {
+        why = "the same token appears twice";
+        out.erase(digest);
+        twice.insert(digest);
+      }
     }
-    std::string digest = absl::AsciiStrToLower(f[0].substr(kDigestPrefix.size()));
-    if (digest.size() != 64 || digest.find_first_not_of("0123456789abcdef") != std::string::npos) {
-      return bad("the digest must be 64 hex digits");
+    if (!why.empty()) {
+      const std::string message = absl::StrCat(source, ": line ", line_no, ": ", why);
+      if (skipped == nullptr) return absl::InvalidArgumentError(message);
+      skipped->push_back(message);
+      continue;
     }
-    auto role = ParseRole(f[1]);
-    if (!role.ok()) return bad(role.status().message());
-    if (!ValidSubject(f[2])) return bad("bad subject");
-    if (out.count(digest) != 0) return bad("the same token appears twice");
     out[digest] = TokenIdentity{*role, std::string(f[2])};
   }
   return out;
@@ -241,7 +258,7 @@ absl::StatusOr<std::map<std::string, TokenIdentity>> TokenStore::Parse(absl::str
 absl::StatusOr<std::unique_ptr<TokenStore>> TokenStore::Open(const std::string& path) {
   struct stat st;
   ASSIGN_OR_RETURN(std::string text, ReadWhole(path, &st));
-  ASSIGN_OR_RETURN(auto parsed, Parse(text, path));
+  ASSIGN_OR_RETURN(auto parsed, Parse(text, path, nullptr));
   std::unique_ptr<TokenStore> store(new TokenStore());
   store->path_ = path;
   absl::MutexLock lock(&store->mu_);
@@ -254,7 +271,7 @@ absl::StatusOr<std::unique_ptr<TokenStore>> TokenStore::Open(const std::string& 
 
 absl::StatusOr<std::unique_ptr<TokenStore>> TokenStore::FromText(absl::string_view text,
                                                                  absl::string_view source) {
-  ASSIGN_OR_RETURN(auto parsed, Parse(text, source));
+  ASSIGN_OR_RETURN(auto parsed, Parse(text, source, nullptr));
   std::unique_ptr<TokenStore> store(new TokenStore());
   absl::MutexLock lock(&store->mu_);
   store->by_digest_ = std::move(parsed);
@@ -276,16 +293,47 @@ void TokenStore::MaybeReload() {
                   st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec};
   if (stamp == stamp_) return;
   auto text = ReadWhole(path_, &st);
-  absl::StatusOr<std::map<std::string, TokenIdentity>> parsed =
-      text.ok() ? Parse(*text, path_) : text.status();
-  if (!parsed.ok()) {
-    spdlog::error("auth: token file {} not reloaded: {}", path_, parsed.status().ToString());
-    stamp_ = stamp;  // do not log again until it changes
+  stamp_ = stamp;  // do not log again until it changes
+  if (!text.ok()) {
+    spdlog::error("auth: token file {} not reloaded: {}; keeping the {} tokens loaded", path_,
+                  text.status().ToString(), by_digest_.size());
+    if (on_reload_) on_reload_(-1);
     return;
   }
-  stamp_ = stamp;
+  // A malformed line must not keep a revocation elsewhere in the file from taking effect:
+  // the well-formed lines apply, and a token on a malformed line is refused.
+  std::vector<std::string> skipped;
+  absl::StatusOr<std::map<std::string, TokenIdentity>> parsed = Parse(*text, path_, &skipped);
+  if (!parsed.ok()) return;  // not reached: lenient parsing skips instead of failing
+  for (const std::string& why : skipped) {
+    spdlog::error("auth: token file line skipped (its token is refused): {}", why);
+  }
   by_digest_ = *std::move(parsed);
-  spdlog::info("auth: reloaded {} tokens from {}", by_digest_.size(), path_);
+  spdlog::info("auth: reloaded {} tokens from {}{}", by_digest_.size(), path_,
+               skipped.empty() ? "" : absl::StrCat(" (", skipped.size(), " malformed lines)"));
+  if (on_reload_) on_reload_(static_cast<int>(skipped.size()));
+}
+
+void TokenStore::SetReloadObserver(std::function<void(int)> observer) {
+  absl::MutexLock lock(&mu_);
+  on_reload_ = std::move(observer);
+}
+
+bool LogRateLimiter::Allow(int64_t* suppressed) {
+  const int64_t window = SteadyMs() / 1000;
+  absl::MutexLock lock(&mu_);
+  if (window != window_ms_) {
+    window_ms_ = window;
+    in_window_ = 0;
+  }
+  if (in_window_ >= per_second_) {
+    ++suppressed_;
+    return false;
+  }
+  ++in_window_;
+  *suppressed = suppressed_;
+  suppressed_ = 0;
+  return true;
 }
 
 absl::StatusOr<TokenIdentity> TokenStore::Lookup(absl::string_view token) {
@@ -305,6 +353,19 @@ size_t TokenStore::size() {
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadWhole(path, nullptr));
   return std::string(absl::StripAsciiWhitespace(text));
+}
+
+absl::Status CheckPrivateKeyFile(absl::string_view flag, const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    return absl::NotFoundError(absl::StrCat(flag, " ", path, ": ", std::strerror(errno)));
+  }
+  if ((st.st_mode & 0027) != 0) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "%s %s: mode %04o lets other users read or change the private key; chmod 600 %s", flag,
+        path, st.st_mode & 07777, path));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> FindClientToken() {

@@ -15,8 +15,12 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -77,8 +81,11 @@ struct TokenIdentity {
 };
 
 // The tokens of one token file, reloaded when the file changes (checked at most once a
-// second, on lookup): adding or revoking a token needs no restart. A file that fails to
-// parse on reload keeps the previous tokens and logs why. Thread-safe.
+// second, on lookup): adding or revoking a token needs no restart. On reload, a malformed
+// line is logged and skipped, and the rest of the file applies: a revocation in it takes
+// effect, and a token on a malformed line is refused (the reload observer gets the count).
+// A file that cannot be read on reload keeps the previous tokens and logs why.
+// Thread-safe.
 class TokenStore {
  public:
   // Reads `path`. INVALID_ARGUMENT naming the file and line for a malformed line;
@@ -94,10 +101,16 @@ class TokenStore {
 
   size_t size();
 
+  // Called (under the store's lock: keep it short) after each reload attempt with the
+  // number of malformed lines skipped (-1: the file could not be read); for a metric.
+  void SetReloadObserver(std::function<void(int malformed_lines)> observer);
+
  private:
   TokenStore() = default;
-  static absl::StatusOr<std::map<std::string, TokenIdentity>> Parse(absl::string_view text,
-                                                                    absl::string_view source);
+  // `skipped` null: the first malformed line is an error. Otherwise malformed lines are
+  // left out and described there.
+  static absl::StatusOr<std::map<std::string, TokenIdentity>> Parse(
+      absl::string_view text, absl::string_view source, std::vector<std::string>* skipped);
   void MaybeReload() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::string path_;  // empty: never reload
@@ -112,11 +125,33 @@ class TokenStore {
     bool operator==(const FileStamp&) const = default;
   };
   FileStamp stamp_ ABSL_GUARDED_BY(mu_);
+  std::function<void(int)> on_reload_ ABSL_GUARDED_BY(mu_);
+};
+
+// Keeps a flood of log lines (refused calls) to `per_second` lines a second. Allow says
+// whether this one may be logged, and how many were suppressed since the last one that was
+// (for that line to say). Thread-safe.
+class LogRateLimiter {
+ public:
+  explicit LogRateLimiter(int per_second) : per_second_(per_second) {}
+  bool Allow(int64_t* suppressed);
+
+ private:
+  const int per_second_;
+  absl::Mutex mu_;
+  int64_t window_ms_ ABSL_GUARDED_BY(mu_) = -1;
+  int in_window_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t suppressed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Reads a secret file (token, key) that must be a regular file not readable by group or
 // others. PERMISSION_DENIED / NOT_FOUND naming the path; surrounding whitespace removed.
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
+
+// A TLS private key (`flag` names it in errors): PERMISSION_DENIED naming the file when
+// others may read it or the group may write it (mode & 027; group read is allowed because
+// Kubernetes makes Secret files group-readable under fsGroup); NOT_FOUND when absent.
+absl::Status CheckPrivateKeyFile(absl::string_view flag, const std::string& path);
 
 // The CLI's token: $STEMMA_TOKEN, else the file $STEMMA_TOKEN_FILE, else
 // ~/.config/stemma/token when it exists, else "" (no token). A file that is named but

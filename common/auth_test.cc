@@ -163,6 +163,52 @@ TEST_F(TempDir, CreateTokenInFileThenReloadAndRevoke) {
   EXPECT_TRUE((*store)->Lookup(*t2).ok());
 }
 
+// A reload with a malformed line applies the rest of the file (a revocation in it takes
+// effect) and refuses the token on the malformed line; the observer gets the count.
+TEST_F(TempDir, AMalformedLineDoesNotKeepARevocationFromTakingEffect) {
+  const std::string path = dir_ + "/tokens";
+  auto keep = CreateTokenInFile(path, Role::kAdmin, "ops");
+  auto revoke = CreateTokenInFile(path, Role::kUser, "mallory");
+  ASSERT_TRUE(keep.ok() && revoke.ok());
+  auto store = TokenStore::Open(path);
+  ASSERT_TRUE(store.ok()) << store.status();
+  int malformed = -2;
+  (*store)->SetReloadObserver([&](int n) { malformed = n; });
+  ASSERT_TRUE((*store)->Lookup(*revoke).ok());
+  const std::string broken = TokenFileLine("stm_other", Role::kUser, "carol").value();
+  {
+    std::ofstream out(path + ".new");
+    out << TokenFileLine(*keep, Role::kAdmin, "ops").value() << "\n"
+        << broken.substr(0, broken.size() - 6) << "\n";  // "user carol" cut: malformed
+  }
+  ::chmod((path + ".new").c_str(), 0600);
+  ASSERT_EQ(::rename((path + ".new").c_str(), path.c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_FALSE((*store)->Lookup(*revoke).ok());
+  EXPECT_TRUE((*store)->Lookup(*keep).ok());
+  EXPECT_FALSE((*store)->Lookup("stm_other").ok());
+  EXPECT_EQ(malformed, 1);
+}
+
+TEST(LogRateLimiter, LetsAFewThroughAndCountsTheRest) {
+  LogRateLimiter limiter(5);
+  int allowed = 0;
+  int64_t reported = 0;  // the suppressed counts the allowed lines carry
+  for (int i = 0; i < 3000; ++i) {
+    int64_t suppressed = 0;
+    if (limiter.Allow(&suppressed)) {
+      ++allowed;
+      reported += suppressed;
+    }
+  }
+  EXPECT_GE(allowed, 5);
+  EXPECT_LE(allowed, 15);  // at most three one-second windows, even on a slow machine
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  int64_t suppressed = 0;
+  ASSERT_TRUE(limiter.Allow(&suppressed));
+  EXPECT_EQ(reported + suppressed + allowed, 3000);
+}
+
 TEST_F(TempDir, SecretFilesReadableByOthersAreRefused) {
   const std::string path = dir_ + "/token";
   std::ofstream(path) << "stm_abc\n";

@@ -123,17 +123,23 @@ class TokenAuthenticator final : public Authenticator {
   absl::Status Refuse(const grpc::ServerContext& ctx, absl::string_view method,
                       const Caller& caller, absl::string_view reason, absl::Status status) const {
     if (on_failure_) on_failure_(reason);
-    // Never the token: method, peer, who it claimed to be, and why.
-    spdlog::warn("auth: refused method={} reason={} peer={} subject={} role={}: {}",
-                 std::string(method), std::string(reason), ctx.peer(),
-                 caller.subject.empty() ? "-" : caller.subject, std::string(RoleName(caller.role)),
-                 std::string(status.message()));
+    // Never the token: method, peer, who it claimed to be, and why. A flood of refused calls
+    // (the metric counts each) is logged at a bounded rate, saying how many were left out.
+    int64_t suppressed = 0;
+    if (!log_limit_.Allow(&suppressed)) return status;
+    spdlog::warn(
+        "auth: refused method={} reason={} peer={} subject={} role={}: {}{}", std::string(method),
+        std::string(reason), ctx.peer(), caller.subject.empty() ? "-" : caller.subject,
+        std::string(RoleName(caller.role)), std::string(status.message()),
+        suppressed == 0 ? std::string()
+                        : absl::StrCat(" (", suppressed, " refusals before it not logged)"));
     return status;
   }
 
   std::shared_ptr<TokenStore> tokens_;
   const bool trust_client_certs_;
   AuthFailureCounter on_failure_;
+  mutable LogRateLimiter log_limit_{20};
 };
 
 absl::Status CheckReadable(absl::string_view what, const std::string& path) {
@@ -318,6 +324,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   }
   RETURN_IF_ERROR(CheckReadable("--tls-cert", o.cert_file));
   RETURN_IF_ERROR(CheckReadable("--tls-key", o.key_file));
+  RETURN_IF_ERROR(CheckPrivateKeyFile("--tls-key", o.key_file));
   if (!o.client_ca_file.empty())
     RETURN_IF_ERROR(CheckReadable("--tls-client-ca", o.client_ca_file));
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
@@ -351,6 +358,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   if (!s.cert_file.empty()) {
     RETURN_IF_ERROR(CheckReadable("--tls-cert", s.cert_file));
     RETURN_IF_ERROR(CheckReadable("--tls-key", s.key_file));
+    RETURN_IF_ERROR(CheckPrivateKeyFile("--tls-key", s.key_file));
     provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
         s.key_file, s.cert_file, s.ca_file, 5);
   } else {

@@ -176,7 +176,7 @@ LogStore::AttemptLog* LogStore::Find(const std::string& job_id, int attempt, boo
 absl::Status LogStore::OpenSegment() {
   for (int tries = 0; tries < 1000; ++tries) {
     const std::string path = absl::StrCat(dir_, "/", SegmentName(next_segment_++));
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0600);
     if (fd < 0 && errno == EEXIST) continue;
     if (fd < 0) return ErrnoStatus(absl::StrCat("create ", path), errno);
     files_.push_back(path);

@@ -5,6 +5,7 @@
 #include <malloc.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -186,6 +187,14 @@ int main(int argc, char** argv) {
                          .Name("stemma_auth_failures_total")
                          .Help("Calls refused by authentication or authorisation, by reason")
                          .Register(*metrics.registry());
+    auto& malformed = prometheus::BuildGauge()
+                          .Name("stemma_auth_token_file_malformed_lines")
+                          .Help(
+                              "Lines of the --tokens file skipped at its last reload (their "
+                              "tokens are refused); -1: the file could not be read")
+                          .Register(*metrics.registry())
+                          .Add({});
+    (*store)->SetReloadObserver([&malformed](int lines) { malformed.Set(lines); });
     // Bounded label set: the reasons are fixed strings.
     auth = stemma::MakeTokenAuthenticator(
         std::shared_ptr<stemma::TokenStore>(std::move(*store)), !cfg.tls_client_ca.empty(),

@@ -1,6 +1,7 @@
 #include "coordinator/worker_sessions.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/attempts.h"
@@ -33,10 +34,25 @@ absl::StatusOr<v1::Registered> WorkerSessions::Register(const v1::Register& requ
   CoordinatorCore& c = *core_;
   const std::string& id = request.info().id();
   v1::Registered reply;
+  absl::StatusOr<std::string> secret = NewToken();
+  if (!secret.ok()) return secret.status();
   uint64_t ticket;
   {
     absl::MutexLock lock(&c.mu);
     WorkerEntry* existing = c.workers.Find(id);
+    if (existing != nullptr && existing->connected && c.channels.contains(id) &&
+        c.clock->MonoMs() - existing->live->last_heartbeat_mono.load() < c.options.lease_ms) {
+      auto known = session_secrets_.find(id);
+      if (known == session_secrets_.end() || request.session_secret() != known->second) {
+        c.metrics->StaleReport();
+        spdlog::warn("worker={} second session refused: its session is alive", id);
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker '", id,
+            "' already has a live session; a second session under its identity is refused"));
+      }
+    }
+    session_secrets_[id] = *secret;
+    reply.set_session_secret(*secret);
     bool draining = existing != nullptr && existing->info.state() == v1::WORKER_DRAINING;
     v1::WorkerInfo info = request.info();
     info.set_state(draining ? v1::WORKER_DRAINING : v1::WORKER_ALIVE);
@@ -125,6 +141,7 @@ void WorkerSessions::Events(const std::string& worker_id, uint64_t session,
   // chunk harmless), and reported outputs are hashed, before the lock: file work needs none.
   bool state_events = false;
   std::vector<std::vector<ManifestCheck>> checks;
+  const std::vector<bool> owned = OwnedLogs(worker_id, events);
   for (size_t i = 0; i < events.size(); ++i) {
     const v1::AttemptEvent* event = events[i];
     if (!event->has_log()) {
@@ -140,7 +157,11 @@ void WorkerSessions::Events(const std::string& worker_id, uint64_t session,
     }
     std::string job_id;
     int number;
-    if (ParseAttemptId(event->attempt_id(), &job_id, &number)) {
+    if (!owned[i]) {
+      c.metrics->StaleReport();
+      spdlog::info("worker={} attempt={} log refused: not its attempt", worker_id,
+                   event->attempt_id());
+    } else if (ParseAttemptId(event->attempt_id(), &job_id, &number)) {
       absl::Status st = c.logs.Append(job_id, number, event->log().offset(), event->log().data());
       if (!st.ok()) spdlog::warn("worker={} log: {}", worker_id, st.ToString());
     }
@@ -163,6 +184,24 @@ void WorkerSessions::Events(const std::string& worker_id, uint64_t session,
   // one commit less between a job ending and the next one starting.
   if (freed) placer_->Place(&changes);
   c.Finish(std::move(changes));
+}
+
+std::vector<bool> WorkerSessions::OwnedLogs(const std::string& worker_id,
+                                            absl::Span<const v1::AttemptEvent* const> events) {
+  std::vector<bool> owned(events.size(), false);
+  bool any = false;
+  for (const v1::AttemptEvent* e : events) any |= e->has_log();
+  if (!any) return owned;
+  CoordinatorCore& c = *core_;
+  absl::MutexLock lock(&c.mu);
+  for (size_t i = 0; i < events.size(); ++i) {
+    const v1::AttemptEvent& e = *events[i];
+    if (!e.has_log()) continue;
+    const v1::Job* job = c.jobs.FindCurrentAttempt(e.attempt_id());
+    owned[i] = job != nullptr && e.rank() >= 0 && e.rank() < job->current().parts_size() &&
+               job->current().parts(e.rank()).worker_id() == worker_id;
+  }
+  return owned;
 }
 
 bool WorkerSessions::ApplyEvent(const std::string& worker_id, WorkerEntry& w,

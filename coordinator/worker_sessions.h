@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
 #include "coordinator/artifact_registry.h"
 #include "coordinator/core.h"
@@ -15,6 +16,12 @@
 
 namespace stemma::coordinator {
 
+// Thread-safe: everything runs under the core's lock, log file work outside it.
+//
+// A worker id has one session at a time. Each Registered carries a fresh session secret;
+// a Register for a worker whose session is alive (connected, heartbeating within the lease)
+// is refused with FAILED_PRECONDITION unless it presents that secret (the same daemon
+// reconnecting). Otherwise it is a restart, and is reconciled.
 class WorkerSessions {
  public:
   WorkerSessions(CoordinatorCore* core, Placer* placer, MetricSeries* series,
@@ -37,11 +44,19 @@ class WorkerSessions {
                   std::vector<ManifestCheck> checks, Changes* changes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
 
+  // Which log events of a batch `worker_id` may write: those of an attempt part placed on
+  // it (a worker never writes another worker's attempt log).
+  std::vector<bool> OwnedLogs(const std::string& worker_id,
+                              absl::Span<const v1::AttemptEvent* const> events);
+
   CoordinatorCore* const core_;
   Placer* const placer_;
   MetricSeries* const series_;
   ArtifactRegistry* const registry_;
   EarlyStopper* const stopper_;
+  // worker id -> the secret issued with its last Registered (in memory: after a
+  // coordinator restart every worker registers afresh).
+  absl::flat_hash_map<std::string, std::string> session_secrets_ ABSL_GUARDED_BY(core_->mu);
 };
 
 }  // namespace stemma::coordinator

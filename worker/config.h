@@ -38,6 +38,9 @@ struct WorkerConfig {
   // The engine's build id, sent in the registration: --engine-build-id, else
   // "sha256:<16 hex>" of the engine binary (EngineBuildId in main.cc); "" without an engine.
   std::string engine_build_id;
+  // The Landlock rule set every exec and engine child restricts itself to
+  // (job_confinement.h), made in main; -1: none (a kernel without Landlock).
+  int job_ruleset_fd = -1;
 };
 
 }  // namespace stemma::worker

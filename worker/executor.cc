@@ -9,6 +9,7 @@
 
 #include "worker/attempt_output.h"
 #include "worker/engine_binary.h"
+#include "worker/executor_internal.h"
 #include "worker/spawn_child.h"
 #include "worker/spawn_plan.h"
 // Debian 12's <sys/pidfd.h> lacks __BEGIN_DECLS, so C++ would mangle pidfd_open.
@@ -43,62 +44,8 @@ extern char** environ;
 
 namespace stemma::worker {
 
-struct Executor::Attempt {
-  Attempt() = default;
-  Attempt(const Attempt&) = delete;
-  Attempt& operator=(const Attempt&) = delete;
-  // The log stays open after the attempt finishes: a recycled directory passes it on.
-  ~Attempt() {
-    if (log_fd >= 0) close(log_fd);
-  }
+namespace executor_internal {
 
-  std::string id;
-  std::string job_id;
-  int32_t rank = 0;
-  std::vector<int32_t> gpu_ids;
-  int64_t timeout_ms = 0;
-  std::unique_ptr<SpawnPlan> plan;  // until a spawner takes it
-  bool spawning = false;            // a spawner is forking it (pid still 0); it will not be erased
-
-  pid_t pid = 0;
-  int pidfd = -1;
-  int out_fd = -1;  // read end of the child's stdout+stderr pipe
-  int log_fd = -1;
-  uint64_t pid_token = 0;
-  uint64_t out_token = 0;
-  std::string log_path;
-  int64_t log_bytes = 0;
-  bool log_write_failed = false;
-  // The log's last bytes, [log_bytes - log_tail.size(), log_bytes), for the session to ship
-  // without opening the file (LogSince).
-  std::string log_tail;
-
-  int64_t deadline_ms = 0;         // monotonic; 0: no timeout
-  int64_t start_notify_ms = 0;     // monotonic; 0: the start needs no (more) signal
-  int64_t progress_notify_ms = 0;  // monotonic; 0: no progress waiting to be signalled
-  int64_t kill_at_ms = 0;          // monotonic; 0: no SIGKILL scheduled
-  bool terminating = false;
-  std::string term_reason;
-  std::string term_result;
-  bool term_retryable = false;
-  bool discard = false;
-
-  bool finished = false;
-  v1::AttemptEvent::Finished result;
-
-  // What its output said so far: progress, metric points, outputs, the engine's error line.
-  AttemptOutput out;
-  bool engine = false;  // an engine job: its exit codes follow common/engine_contract.h
-};
-
-namespace {
-
-constexpr size_t kReadChunk = 64 * 1024;
-// How much of each attempt's log is kept in memory for shipping: a session that falls further
-// behind reads the file.
-constexpr size_t kLogTailBytes = 256 * 1024;
-
-// Bytes just written to the attempt's log.
 void NoteLogged(std::string& tail, int64_t& log_bytes, const char* data, size_t n) {
   log_bytes += static_cast<int64_t>(n);
   if (n >= kLogTailBytes) {
@@ -107,24 +54,6 @@ void NoteLogged(std::string& tail, int64_t& log_bytes, const char* data, size_t 
   }
   if (tail.size() + n > kLogTailBytes) tail.erase(0, tail.size() + n - kLogTailBytes / 2);
   tail.append(data, n);
-}
-constexpr uint64_t kWakeToken = 0;
-constexpr int64_t kLingerPollMs = 50;
-constexpr int64_t kStartNotifyDelayMs = 2;
-// Progress (and the metric points read with it) is signalled at most this often per attempt,
-// and with the finish if that comes first: a short job's progress, points and end then leave
-// in one session round and reach the coordinator as one pass, a trainer's steps in one round
-// per 20 ms at most.
-constexpr int64_t kProgressNotifyDelayMs = 20;
-// Spawner threads. Two keep both cores of a small node busy with children's exec; more
-// add little, since a spawn costs CPU, not just waiting.
-constexpr int kSpawners = 2;
-constexpr int64_t kLingerGiveUpMs = 30'000;
-
-// Whether `path` is an executable regular file (the PATH lookups).
-bool IsExecutableFile(const std::string& path) {
-  struct stat st;
-  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
 }
 
 void WriteAll(int fd, const char* data, size_t n) {
@@ -137,8 +66,23 @@ void WriteAll(int fd, const char* data, size_t n) {
   }
 }
 
+}  // namespace executor_internal
+
+using executor_internal::kSpawners;
+using executor_internal::kWakeToken;
+using executor_internal::NoteLogged;
+using executor_internal::WriteAll;
+
+namespace {
+
+// Whether `path` is an executable regular file (the PATH lookups).
+bool IsExecutableFile(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
 absl::Status WriteFile(const std::string& path, const std::string& data) {
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus("open " + path, errno);
   WriteAll(fd, data.data(), data.size());
   if (close(fd) != 0) return ErrnoStatus("close " + path, errno);
@@ -264,6 +208,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   if (attempt->engine) context.engine = FindEngine(config_.engine_path);
   context.ignored_signals = IgnoredSignals();
   context.devnull = devnull_fd_;
+  context.job_ruleset = config_.job_ruleset_fd;
   context.is_executable = IsExecutableFile;
   std::unique_ptr<SpawnPlan> plan = PlanSpawn(assignment, config_, context);
 
@@ -302,7 +247,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
       attempt->log_path.clear();
     } else if (attempt->log_fd < 0) {
       attempt->log_fd = open(attempt->log_path.c_str(),
-                             O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+                             O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
       if (attempt->log_fd < 0) {
         failure =
             absl::StrCat("worker error: cannot open ", attempt->log_path, ": ", strerror(errno));
@@ -581,425 +526,6 @@ void Executor::Shutdown() {
   for (std::thread& t : spawners_) t.join();
   spawners_.clear();
   if (recycler_.joinable()) recycler_.join();
-}
-
-void Executor::SpawnLoop() {
-  mu_.Lock();
-  for (;;) {
-    while (!stop_spawners_ && to_spawn_.empty()) spawn_cv_.Wait(&mu_);
-    if (stop_spawners_) break;
-    const std::string id = std::move(to_spawn_.front());
-    to_spawn_.pop_front();
-    auto it = attempts_.find(id);
-    if (it == attempts_.end() || it->second->finished || !it->second->plan) continue;
-    Attempt& a = *it->second;
-    a.spawning = true;
-    std::unique_ptr<SpawnPlan> plan = std::move(a.plan);
-    mu_.Unlock();  // forking takes a while (a vfork parent waits for the child's execve)
-    Spawn(a, std::move(plan));
-    mu_.Lock();
-  }
-  mu_.Unlock();
-}
-
-void Executor::Loop() {
-  epoll_event events[32];
-  for (;;) {
-    int timeout;
-    {
-      absl::MutexLock lock(&mu_);
-      if (shutting_down_ && lingering_.empty() &&
-          std::none_of(attempts_.begin(), attempts_.end(),
-                       [](const auto& kv) { return !kv.second->finished; })) {
-        return;
-      }
-      const int64_t now = clock_->MonoMs();
-      int64_t next = NextTimerMsLocked(now);
-      if (!lingering_.empty() && (next < 0 || next > kLingerPollMs)) next = kLingerPollMs;
-      timeout = next < 0 ? -1 : static_cast<int>(std::min<int64_t>(next, 60'000));
-      loop_wake_ms_ = timeout < 0 ? -1 : now + timeout;
-    }
-    int n = epoll_wait(epoll_fd_, events, 32, timeout);
-    if (n < 0) {
-      if (errno != EINTR) spdlog::error("executor: epoll_wait: {}", strerror(errno));
-      n = 0;
-    }
-    bool notify = false;
-    // Output is read and logged outside the lock (the session's Snapshot and the spawners
-    // would wait on it): only this thread reads an attempt's pipe, writes its log, and ends an
-    // attempt that has a pipe, so the attempt stays put until the lock is taken again.
-    std::vector<OutputRead> reads;
-    std::vector<uint64_t> exits;
-    {
-      absl::MutexLock lock(&mu_);
-      for (int i = 0; i < n; ++i) {
-        const uint64_t token = events[i].data.u64;
-        if (token == kWakeToken) {
-          uint64_t count;
-          ssize_t ignored = read(wake_fd_, &count, sizeof count);
-          (void)ignored;
-          continue;
-        }
-        auto owner = tokens_.find(token);
-        if (owner == tokens_.end()) continue;
-        auto it = attempts_.find(owner->second);
-        if (it == attempts_.end()) continue;
-        Attempt& a = *it->second;
-        if (token == a.out_token && a.out_fd >= 0) {
-          reads.push_back(OutputRead{&a, a.out_fd, a.log_fd});
-        } else if (token == a.pid_token) {
-          exits.push_back(token);
-        }
-      }
-    }
-    for (OutputRead& r : reads) ReadOutput(r);
-    {
-      absl::MutexLock lock(&mu_);
-      for (const OutputRead& r : reads) ApplyOutputLocked(r);
-      for (const uint64_t token : exits) {
-        auto owner = tokens_.find(token);
-        if (owner == tokens_.end()) continue;
-        auto it = attempts_.find(owner->second);
-        if (it == attempts_.end() || it->second->pid_token != token) continue;
-        ReapLocked(*it->second);
-        notify |= it->second->finished;
-      }
-      notify |= FireTimersLocked(clock_->MonoMs());
-      ReapLingeringLocked(clock_->MonoMs());
-      for (auto it = attempts_.begin(); it != attempts_.end();) {
-        if (it->second->finished && it->second->discard) {
-          it = attempts_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      UpdateGaugesLocked();
-    }
-    if (notify) Notify();
-  }
-}
-
-void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
-  // `a` stays put while a.spawning: attempts are erased only once finished, and only this
-  // thread finishes a spawning attempt.
-  auto fail = [&](const std::string& why) {
-    {
-      absl::MutexLock lock(&mu_);
-      a.spawning = false;
-      if (a.terminating) {  // cancelled meanwhile: it ends the way it was asked to
-        FinishLocked(a, -1, a.term_reason, a.term_result, a.term_retryable);
-      } else {
-        FinishLocked(a, -1, why, "failed", true);
-      }
-    }
-    // The executor thread may be waiting for this attempt to end (Shutdown), or may have
-    // to drop it (Discard): let it look again.
-    WakeLoop();
-    Notify();
-  };
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    fail(absl::StrCat("worker error: pipe: ", strerror(errno)));
-    return;
-  }
-  static const pid_t parent = getpid();  // a process's pid never changes
-  // exec jobs start with vfork: the child borrows the worker's memory until execve, so
-  // no page tables are copied and torn down for every attempt (fork + exit of the copy
-  // cost about half of the worker's CPU per job). noop children outlive that moment, so
-  // they need a real fork.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  // The child's plan, completed on this stack before the fork: the child only reads it.
-  ChildPlan child = plan->child();
-  child.out_fd = fds[1];
-  child.parent = parent;
-  const pid_t pid = plan->noop ? fork() : vfork();
-  if (pid == 0) RunChild(child);
-  const int fork_errno = errno;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  close(fds[1]);
-  if (pid < 0) {
-    close(fds[0]);
-    fail(absl::StrCat("worker error: fork: ", strerror(fork_errno)));
-    return;
-  }
-  // Also done in the child; whichever runs first wins the race. After vfork the child
-  // has run it already (and exec'd, so the call here would fail with EACCES).
-  if (plan->noop) setpgid(pid, pid);
-  fcntl(fds[0], F_SETFL, O_RDONLY | O_NONBLOCK);  // already O_CLOEXEC (pipe2)
-  const int pidfd = pidfd_open(pid, 0);
-  if (pidfd < 0) {
-    const int err = errno;
-    kill(-pid, SIGKILL);
-    kill(pid, SIGKILL);
-    int status;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    close(fds[0]);
-    fail(absl::StrCat("worker error: pidfd_open: ", strerror(err)));
-    return;
-  }
-  spdlog::info("attempt started: job={} attempt={} rank={} pid={} kind={}", a.job_id, a.id, a.rank,
-               pid, plan->noop ? "noop" : plan->path);
-
-  bool wake;
-  {
-    absl::MutexLock lock(&mu_);
-    a.spawning = false;
-    a.pid = pid;
-    a.out_fd = fds[0];
-    a.pidfd = pidfd;
-    a.out_token = next_token_++;
-    a.pid_token = next_token_++;
-    tokens_[a.out_token] = a.id;
-    tokens_[a.pid_token] = a.id;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = a.out_token;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.out_fd, &ev);
-    ev.data.u64 = a.pid_token;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.pidfd, &ev);
-    const int64_t now = clock_->MonoMs();
-    if (a.timeout_ms > 0) a.deadline_ms = now + a.timeout_ms;
-    // A start is signalled kStartNotifyDelayMs later, or with the finish if that comes
-    // first: a short job then costs the session one round (one wake-up, one write, one
-    // event batch at the coordinator) instead of two.
-    a.start_notify_ms = now + kStartNotifyDelayMs;
-    int64_t due = a.start_notify_ms;
-    if (a.deadline_ms > 0) due = std::min(due, a.deadline_ms);
-    if (a.terminating) {  // cancelled while it was being forked
-      kill(-pid, SIGTERM);
-      a.kill_at_ms = now + std::max<int64_t>(0, config_.kill_grace_ms);
-      due = std::min(due, a.kill_at_ms);
-    }
-    // The executor thread computes its next timeout from every attempt's timers whenever
-    // it goes back to epoll_wait: wake it only if it would sleep past this one.
-    wake = loop_wake_ms_ < 0 || loop_wake_ms_ > due;
-  }
-  if (wake) WakeLoop();
-}
-
-void Executor::ReadOutput(OutputRead& r) {
-  char buf[kReadChunk];
-  // Bounded reads per wakeup keep one chatty child from starving the others.
-  for (int i = 0; i < 4; ++i) {
-    const ssize_t n = read(r.out_fd, buf, sizeof buf);
-    if (n > 0) {
-      if (r.log_fd >= 0 && r.write_errno == 0) {
-        size_t done = 0;
-        while (done < static_cast<size_t>(n)) {
-          const ssize_t w = write(r.log_fd, buf + done, static_cast<size_t>(n) - done);
-          if (w < 0 && errno == EINTR) continue;
-          if (w <= 0) {
-            r.write_errno = w < 0 ? errno : EIO;
-            break;
-          }
-          done += static_cast<size_t>(w);
-        }
-        r.logged += static_cast<int64_t>(done);
-      }
-      r.data.append(buf, static_cast<size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      r.would_block = true;
-      return;
-    }
-    r.eof = true;  // EOF: every writer is gone
-    return;
-  }
-}
-
-void Executor::ApplyOutputLocked(const OutputRead& r) {
-  Attempt& a = *r.attempt;
-  const uint64_t before = a.out.progress_version;
-  NoteLogged(a.log_tail, a.log_bytes, r.data.data(), static_cast<size_t>(r.logged));
-  if (r.write_errno != 0 && !a.log_write_failed) {
-    spdlog::error("attempt={} log write to {} failed: {}", a.id, a.log_path,
-                  strerror(r.write_errno));
-    a.log_write_failed = true;
-  }
-  if (!r.data.empty()) a.out.Feed(r.data.data(), r.data.size(), clock_->WallMs());
-  if (a.out.progress_version != before && a.progress_notify_ms == 0) {
-    a.progress_notify_ms = clock_->MonoMs() + kProgressNotifyDelayMs;
-  }
-  if (r.eof) CloseOutputLocked(a);
-}
-
-void Executor::DrainOutputLocked(Attempt& a) {
-  while (a.out_fd >= 0) {
-    OutputRead r{&a, a.out_fd, a.log_fd};
-    ReadOutput(r);
-    ApplyOutputLocked(r);
-    if (r.would_block) return;
-  }
-}
-
-void Executor::CloseOutputLocked(Attempt& a) {
-  if (a.out_fd < 0) return;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, a.out_fd, nullptr);
-  close(a.out_fd);
-  a.out_fd = -1;
-  tokens_.erase(a.out_token);
-}
-
-void Executor::ReapLocked(Attempt& a) {
-  // The leader is a zombie now, so its process group id cannot be reused yet: clear out
-  // whatever it left behind in the group before reaping it.
-  siginfo_t info{};
-  if (waitid(P_PID, a.pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0) {
-    return;  // still alive (spurious wakeup)
-  }
-  kill(-a.pid, SIGKILL);
-  int status = 0;
-  pid_t r;
-  do {
-    r = waitpid(a.pid, &status, WNOHANG);
-  } while (r < 0 && errno == EINTR);
-  if (r == 0) return;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, a.pidfd, nullptr);
-  close(a.pidfd);
-  a.pidfd = -1;
-  tokens_.erase(a.pid_token);
-  DrainOutputLocked(a);
-  CloseOutputLocked(a);
-  lingering_[a.pid] = clock_->MonoMs() + kLingerGiveUpMs;
-
-  int code = -1;
-  std::string reason = "exit status unknown";
-  if (r > 0 && WIFEXITED(status)) {
-    code = WEXITSTATUS(status);
-    reason = absl::StrCat("exit ", code);
-  } else if (r > 0 && WIFSIGNALED(status)) {
-    code = 128 + WTERMSIG(status);
-    reason = absl::StrCat("killed by signal ", WTERMSIG(status));
-  }
-  if (a.terminating) {
-    FinishLocked(a, code, a.term_reason, a.term_result, a.term_retryable);
-  } else if (a.engine && code == engine_contract::kExitBadInput) {
-    // A bad spec or bad input fails the same way every time: no retry, and the engine's own
-    // words in the job's reason.
-    FinishLocked(
-        a, code,
-        absl::StrCat("bad input: ", a.out.engine_error.empty() ? reason : a.out.engine_error),
-        "failed", /*retryable=*/false);
-  } else {
-    if (code != 0 && !a.out.engine_error.empty())
-      absl::StrAppend(&reason, ": ", a.out.engine_error);
-    FinishLocked(a, code, reason, code == 0 ? "succeeded" : "failed", code != 0);
-  }
-}
-
-void Executor::TerminateLocked(Attempt& a, const std::string& reason, const std::string& result,
-                               bool retryable) {
-  if (a.finished) return;
-  if (a.pid == 0 && !a.spawning) {  // not forked yet: never start it
-    a.plan.reset();
-    FinishLocked(a, -1, reason, result, retryable);
-    return;
-  }
-  if (a.terminating) return;  // the first reason wins (a timeout, then a cancel)
-  a.terminating = true;
-  a.term_reason = reason;
-  a.term_result = result;
-  a.term_retryable = retryable;
-  if (a.pid == 0) return;  // being forked: its spawner sends SIGTERM once it has a pid
-  kill(-a.pid, SIGTERM);
-  a.kill_at_ms = clock_->MonoMs() + std::max<int64_t>(0, config_.kill_grace_ms);
-  spdlog::info("attempt terminating: job={} attempt={} reason=\"{}\"", a.job_id, a.id, reason);
-  WakeLoop();
-}
-
-void Executor::FinishLocked(Attempt& a, int exit_code, const std::string& reason,
-                            const std::string& result, bool retryable) {
-  a.finished = true;
-  a.result.set_exit_code(exit_code);
-  a.result.set_reason(reason);
-  a.result.set_retryable(retryable);
-  for (const auto& [name, path] : a.out.outputs) (*a.result.mutable_outputs())[name] = path;
-  if (exit_code == 0) {
-    for (const v1::OutputArtifact& art : a.out.artifacts) *a.result.add_artifacts() = art;
-  }
-  if (a.out.metrics_dropped > 0) {
-    spdlog::warn("attempt {}: {} metric points past the first {} were not kept", a.id,
-                 a.out.metrics_dropped, AttemptOutput::kMaxMetricPoints);
-  }
-  if (metrics_ != nullptr && !result.empty()) metrics_->AttemptFinished(result);
-  spdlog::info("attempt finished: job={} attempt={} reason=\"{}\" exit_code={} log_bytes={}",
-               a.job_id, a.id, reason, exit_code, a.log_bytes);
-  UpdateGaugesLocked();
-  changed_.SignalAll();
-}
-
-int64_t Executor::NextTimerMsLocked(int64_t now) {
-  int64_t next = -1;
-  auto consider = [&](int64_t at) {
-    if (at <= 0) return;
-    const int64_t in = std::max<int64_t>(0, at - now);
-    if (next < 0 || in < next) next = in;
-  };
-  for (const auto& [id, a] : attempts_) {
-    if (a->finished || a->pid == 0) continue;
-    if (!a->terminating) consider(a->deadline_ms);
-    consider(a->kill_at_ms);
-    consider(a->start_notify_ms);
-    consider(a->progress_notify_ms);
-  }
-  return next;
-}
-
-bool Executor::FireTimersLocked(int64_t now) {
-  bool started = false;
-  for (auto& [id, a] : attempts_) {
-    if (a->finished || a->pid == 0) continue;
-    if (a->start_notify_ms > 0 && now >= a->start_notify_ms) {
-      a->start_notify_ms = 0;
-      started = true;
-    }
-    if (a->progress_notify_ms > 0 && now >= a->progress_notify_ms) {
-      a->progress_notify_ms = 0;
-      started = true;
-    }
-    if (!a->terminating && a->deadline_ms > 0 && now >= a->deadline_ms) {
-      TerminateLocked(*a, absl::StrCat("timeout after ", a->timeout_ms, " ms"), "timeout", true);
-    }
-    if (a->kill_at_ms > 0 && now >= a->kill_at_ms) {
-      kill(-a->pid, SIGKILL);
-      a->kill_at_ms = 0;
-    }
-  }
-  return started;
-}
-
-void Executor::ReapLingeringLocked(int64_t now) {
-  for (auto it = lingering_.begin(); it != lingering_.end();) {
-    const pid_t pgid = it->first;
-    int status;
-    while (waitpid(-pgid, &status, WNOHANG) > 0) {
-    }
-    const bool gone = kill(-pgid, 0) != 0 && errno == ESRCH;
-    if (gone || now >= it->second) {
-      if (!gone) spdlog::warn("executor: process group {} still has members; giving up", pgid);
-      it = lingering_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void Executor::UpdateGaugesLocked() {
-  if (metrics_ == nullptr) return;
-  int running = 0;
-  std::set<int32_t> gpus;
-  for (const auto& [id, a] : attempts_) {
-    if (a->finished) continue;
-    ++running;
-    gpus.insert(a->gpu_ids.begin(), a->gpu_ids.end());
-  }
-  metrics_->SetAttemptsRunning(running);
-  metrics_->SetGpusInUse(static_cast<int>(gpus.size()));
 }
 
 }  // namespace stemma::worker

@@ -270,7 +270,7 @@ void Session::RequestStop(const std::string& attempt_id, const std::string& reas
                ok ? "asked" : std::strerror(errno));
 }
 
-v1::WorkerMessage Session::MakeRegister() const {
+v1::WorkerMessage Session::MakeRegister() {
   v1::WorkerMessage msg;
   v1::Register* reg = msg.mutable_register_();
   v1::WorkerInfo* info = reg->mutable_info();
@@ -284,6 +284,10 @@ v1::WorkerMessage Session::MakeRegister() const {
   info->set_engine_build_id(config_.engine_build_id);
   reg->set_incarnation(incarnation_);
   reg->set_accepts_batches(true);
+  {
+    absl::MutexLock lock(&mu_);
+    reg->set_session_secret(session_secret_);
+  }
   for (const AttemptSnapshot& a : executor_->Snapshot()) {
     v1::RunningAttempt* r = reg->add_running();
     r->set_attempt_id(a.attempt_id);
@@ -335,6 +339,7 @@ void Session::OnRegistered(const v1::Registered& registered) {
     silence_limit_ms_ = std::max(lease, 3 * heartbeat_interval_ms_);
     pending_ship_ = std::move(ship);
     coordinator_batches_ = registered.accepts_batches();
+    session_secret_ = registered.session_secret();
     registered_ = true;
     last_ack_ms_ = clock_->MonoMs();
     cv_.SignalAll();

@@ -99,7 +99,7 @@ class Session {
   // them; false if the stream broke.
   bool WriteEvents(Stream* stream, std::vector<v1::AttemptEvent>* events);
   bool Write(Stream* stream, const v1::WorkerMessage& msg);
-  v1::WorkerMessage MakeRegister() const;
+  v1::WorkerMessage MakeRegister();
   // A StopAttempt: writes the attempt's stop file for its engine.
   void RequestStop(const std::string& attempt_id, const std::string& reason);
 
@@ -130,6 +130,9 @@ class Session {
   std::map<uint64_t, int64_t> heartbeat_sent_us_ ABSL_GUARDED_BY(mu_);  // seq -> steady us
   std::map<std::string, Shipping> pending_ship_ ABSL_GUARDED_BY(mu_);   // from OnRegistered
   bool coordinator_batches_ ABSL_GUARDED_BY(mu_) = false;  // Registered.accepts_batches
+  // The last Registered.session_secret: proves a reconnect is this daemon, not a copy of
+  // its token. Only in memory (a restarted daemon has none).
+  std::string session_secret_ ABSL_GUARDED_BY(mu_);
 
   // Pump-owned (one pump at a time; handed over through mu_ at registration).
   std::map<std::string, Shipping> ship_;

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -84,6 +85,13 @@ void PrepareErrnoTexts() {
   }
   dup2(p.out_fd, 1);
   dup2(p.out_fd, 2);
+  // Before the rule set's descriptor is closed; no_new_privs is what lets an unprivileged
+  // process restrict itself.
+  if (p.ruleset_fd >= 0 && (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+                            syscall(SYS_landlock_restrict_self, p.ruleset_fd, 0) != 0)) {
+    WriteAll(2, p.confine_error, p.confine_error_len);
+    _exit(126);
+  }
   close_range(3, ~0U, 0);
 
   if (chdir(p.workdir) != 0) {

@@ -26,6 +26,11 @@ struct ChildPlan {
   bool noop = false;
   int64_t noop_ms = 0;
   int noop_exit = 0;
+  // >= 0: a Landlock rule set (job_confinement.h) the child restricts itself to, with
+  // no_new_privs, before execve; when that fails it writes confine_error and exits 126.
+  int ruleset_fd = -1;
+  const char* confine_error = nullptr;
+  size_t confine_error_len = 0;
   // Otherwise these signals (those the worker ignores) are reset before execve.
   const int* reset_signals = nullptr;
   size_t reset_signal_count = 0;

@@ -21,6 +21,9 @@ bool IsSafeComponent(const std::string& s) {
 
 std::string Var(std::string_view name) { return std::string(name); }
 
+// The worker's own token, when it came from the environment (main.cc also removes it).
+constexpr char kWorkerTokenVariable[] = "STEMMA_TOKEN";
+
 }  // namespace
 
 std::string FindInPath(const std::string& name, const std::string& path_env,
@@ -58,6 +61,9 @@ void SpawnPlan::Seal() {
   c.envp = envp_ptrs_.data();
   c.workdir = workdir.c_str();
   c.stdin_fd = stdin_fd;
+  c.ruleset_fd = ruleset_fd;
+  c.confine_error = confine_error.data();
+  c.confine_error_len = confine_error.size();
   c.noop = noop;
   c.noop_ms = noop_ms;
   c.noop_exit = noop_exit;
@@ -163,10 +169,13 @@ std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const Wor
   for (const auto& [k, v] : env) plan->env.push_back(absl::StrCat(k, "=", v));
   plan->inherited.reserve(worker_env.size());
   for (const auto& [k, kv] : worker_env) {
+    if (k == kWorkerTokenVariable) continue;
     if (env.find(k) == env.end()) plan->inherited.push_back(kv.c_str());
   }
   plan->reset_signals = context.ignored_signals;
   plan->stdin_fd = context.devnull;
+  plan->ruleset_fd = context.job_ruleset;
+  plan->confine_error = "stemma-worker: cannot confine the job (Landlock)\n";
 
   // execvp's PATH lookup, done here (with the child's PATH) rather than in the child.
   const std::string& program = plan->argv[0];

@@ -35,6 +35,9 @@ struct SpawnContext {
   // Signals the worker ignores: the child resets them to their defaults before exec.
   std::vector<int> ignored_signals;
   int devnull = -1;  // the executor's /dev/null, the child's stdin; -1: none
+  // The Landlock rule set exec and engine children restrict themselves to
+  // (WorkerConfig::job_ruleset_fd); -1: none.
+  int job_ruleset = -1;
   // True if `path` names an executable regular file: the PATH lookup of an exec job's
   // program (done before the fork, with the child's PATH, instead of execvp in the child).
   // Null: no lookup (the program name is exec'd as given).
@@ -75,8 +78,10 @@ struct SpawnPlan {
   std::vector<const char*> inherited;
   std::vector<int> reset_signals;  // the worker's ignored signals, reset before exec
   int stdin_fd = -1;
-  std::string chdir_error;  // written to the log when chdir fails
-  std::string exec_error;   // written to the log when execve fails, before the errno text
+  int ruleset_fd = -1;        // SpawnContext::job_ruleset for exec and engine jobs
+  std::string confine_error;  // written to the log when the child cannot restrict itself
+  std::string chdir_error;    // written to the log when chdir fails
+  std::string exec_error;     // written to the log when execve fails, before the errno text
 
   // The value of one of the attempt's own variables; empty if it does not set it.
   std::string Env(const std::string& name) const;
@@ -98,6 +103,9 @@ struct SpawnPlan {
 // Refusals, in this order: an attempt id that is not a directory name; an exec job on a
 // worker without --allow-exec, or with an empty argv; an engine job without stemma-engine;
 // a spec with no kind this worker runs.
+//
+// The worker's own credential ($STEMMA_TOKEN) is never passed on, whatever the worker's
+// environment holds.
 std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const WorkerConfig& config,
                                      const SpawnContext& context);
 

@@ -173,6 +173,28 @@ TEST_F(SpawnPlanTest, ExecGetsTheContractVariablesOverTheWorkersEnvironment) {
   EXPECT_EQ(p->chdir_error, "stemma-worker: cannot enter /data/attempts/j-1.1\n");
 }
 
+TEST_F(SpawnPlanTest, TheWorkersTokenIsNotPassedOnAndJobsAreConfined) {
+  worker_env_["STEMMA_TOKEN"] = "STEMMA_TOKEN=stm_worker_secret";
+  context_.job_ruleset = 9;
+  for (const v1::Assignment& a : {Exec({"/bin/env"}), Train()}) {
+    auto p = Plan(a);
+    ASSERT_TRUE(p->refusal.empty()) << p->refusal;
+    for (const std::string& e : Envp(*p)) EXPECT_EQ(e.find("stm_worker_secret"), std::string::npos);
+    EXPECT_EQ(p->ruleset_fd, 9);
+    p->Seal();
+    EXPECT_EQ(p->child().ruleset_fd, 9);
+    EXPECT_GT(p->child().confine_error_len, 0u);
+  }
+  // A job's own STEMMA_TOKEN (its own secret) is its business.
+  v1::Assignment own = Exec({"/bin/env"});
+  (*own.mutable_spec()->mutable_exec()->mutable_env())["STEMMA_TOKEN"] = "mine";
+  EXPECT_EQ(Plan(own)->Env("STEMMA_TOKEN"), "mine");
+  v1::Assignment noop;
+  noop.set_attempt_id("j-3.1");
+  noop.mutable_spec()->mutable_noop()->set_duration_ms(1);
+  EXPECT_EQ(Plan(noop)->ruleset_fd, -1);  // never execs: nothing to confine
+}
+
 TEST_F(SpawnPlanTest, ProgramsAreLookedUpOnTheChildsPath) {
   executables_ = {"/usr/bin/tool", "/opt/bin/tool", "/job/bin/tool", "./local"};
   struct Case {

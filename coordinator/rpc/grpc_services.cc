@@ -410,11 +410,12 @@ class StreamChannel final : public WorkerChannel {
   }
 
   // Called when the session ends: stops the writer; no write touches the stream after
-  // this returns. Idempotent.
-  void Detach() {
+  // this returns. Idempotent. `cancel` false: the handler returns a status the client must
+  // see (a refused registration), which cancelling the call would replace with CANCELLED.
+  void Detach(bool cancel = true) {
     {
       absl::MutexLock lock(&mu_);
-      if (!closed_) ctx_->TryCancel();
+      if (!closed_ && cancel) ctx_->TryCancel();
       closed_ = true;
     }
     if (writer_.joinable()) writer_.join();
@@ -535,7 +536,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
       registered = h_->Register(msg.register_(), channel, &session);
     }
     if (!registered.ok()) {
-      channel->Detach();
+      channel->Detach(/*cancel=*/false);
       return ToGrpcStatus(registered.status());
     }
     const std::string worker_id = registered->worker_id();  // Registered went out already

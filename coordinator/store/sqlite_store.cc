@@ -1,6 +1,7 @@
 // The SQLite backend: the only file in the project that includes <sqlite3.h>.
 #include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -94,6 +95,13 @@ class SqliteStore final : public Store {
   }
 
   absl::Status Open() {
+    // The database holds job secrets (exec.env): owner-only, and SQLite gives the -wal and
+    // -shm files the database file's mode. An older, wider database is narrowed.
+    if (const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600); fd >= 0) {
+      ::fchmod(fd, 0600);
+      ::close(fd);
+      for (const char* suffix : {"-wal", "-shm"}) ::chmod((path_ + suffix).c_str(), 0600);
+    }
     int rc =
         sqlite3_open_v2(path_.c_str(), &db_,
                         SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);

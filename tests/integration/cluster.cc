@@ -223,7 +223,7 @@ void Cluster::StartWorker(const std::string& name, const WorkerOptions& o) {
     argv.insert(argv.end(), {"--token-file", file});
   }
   argv.insert(argv.end(), o.extra.begin(), o.extra.end());
-  workers_[name] = Spawn(argv, dir_ + "/worker-" + name + ".log");
+  workers_[name] = Spawn(argv, dir_ + "/worker-" + name + ".log", o.env);
 }
 
 void Cluster::KillWorker(const std::string& name, int sig) {

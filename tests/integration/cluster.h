@@ -36,6 +36,8 @@ class Cluster {
     std::string token = "default";
     // The address the worker dials ("" = the coordinator's): a proxy between them, say.
     std::string coordinator;
+    // Extra environment of the worker ("K=V").
+    std::vector<std::string> env;
   };
 
   // Security (call before StartCoordinator). EnableTls makes a CA and a server certificate

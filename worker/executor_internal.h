@@ -1,0 +1,96 @@
+// The executor's private parts, shared by executor.cc (attempts, directories, queries)
+// and executor_process.cc (spawning, output, reaping, timers). Not a public header: only
+// those two files include it.
+#pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "stemma/v1/worker_service.pb.h"
+#include "worker/attempt_output.h"
+#include "worker/executor.h"
+#include "worker/spawn_plan.h"
+
+namespace stemma::worker {
+
+struct Executor::Attempt {
+  Attempt() = default;
+  Attempt(const Attempt&) = delete;
+  Attempt& operator=(const Attempt&) = delete;
+  // The log stays open after the attempt finishes: a recycled directory passes it on.
+  ~Attempt() {
+    if (log_fd >= 0) close(log_fd);
+  }
+
+  std::string id;
+  std::string job_id;
+  int32_t rank = 0;
+  std::vector<int32_t> gpu_ids;
+  int64_t timeout_ms = 0;
+  std::unique_ptr<SpawnPlan> plan;  // until a spawner takes it
+  bool spawning = false;            // a spawner is forking it (pid still 0); it will not be erased
+
+  pid_t pid = 0;
+  int pidfd = -1;
+  int out_fd = -1;  // read end of the child's stdout+stderr pipe
+  int log_fd = -1;
+  uint64_t pid_token = 0;
+  uint64_t out_token = 0;
+  std::string log_path;
+  int64_t log_bytes = 0;
+  bool log_write_failed = false;
+  // The log's last bytes, [log_bytes - log_tail.size(), log_bytes), for the session to ship
+  // without opening the file (LogSince).
+  std::string log_tail;
+
+  int64_t deadline_ms = 0;         // monotonic; 0: no timeout
+  int64_t start_notify_ms = 0;     // monotonic; 0: the start needs no (more) signal
+  int64_t progress_notify_ms = 0;  // monotonic; 0: no progress waiting to be signalled
+  int64_t kill_at_ms = 0;          // monotonic; 0: no SIGKILL scheduled
+  bool terminating = false;
+  std::string term_reason;
+  std::string term_result;
+  bool term_retryable = false;
+  bool discard = false;
+
+  bool finished = false;
+  v1::AttemptEvent::Finished result;
+
+  // What its output said so far: progress, metric points, outputs, the engine's error line.
+  AttemptOutput out;
+  bool engine = false;  // an engine job: its exit codes follow common/engine_contract.h
+};
+
+namespace executor_internal {
+
+inline constexpr size_t kReadChunk = 64 * 1024;
+// How much of each attempt's log is kept in memory for shipping: a session that falls further
+// behind reads the file.
+inline constexpr size_t kLogTailBytes = 256 * 1024;
+
+inline constexpr uint64_t kWakeToken = 0;
+inline constexpr int64_t kLingerPollMs = 50;
+inline constexpr int64_t kStartNotifyDelayMs = 2;
+// Progress (and the metric points read with it) is signalled at most this often per attempt,
+// and with the finish if that comes first: a short job's progress, points and end then leave
+// in one session round and reach the coordinator as one pass, a trainer's steps in one round
+// per 20 ms at most.
+inline constexpr int64_t kProgressNotifyDelayMs = 20;
+// Spawner threads. Two keep both cores of a small node busy with children's exec; more
+// add little, since a spawn costs CPU, not just waiting.
+inline constexpr int kSpawners = 2;
+inline constexpr int64_t kLingerGiveUpMs = 30'000;
+
+// Bytes just written to the attempt's log: counts them and keeps the log's tail.
+void NoteLogged(std::string& tail, int64_t& log_bytes, const char* data, size_t n);
+// write(2) until done or an error other than EINTR.
+void WriteAll(int fd, const char* data, size_t n);
+
+}  // namespace executor_internal
+}  // namespace stemma::worker
