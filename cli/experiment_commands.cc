@@ -30,13 +30,11 @@ nlohmann::json ToJson(const google::protobuf::Message& m) {
   return nlohmann::json::parse(text, nullptr, false);
 }
 
-bool Ended(const v1::ExperimentCell& c) {
-  return c.state() == "SUCCEEDED" || c.state() == "FAILED" || c.state() == "CANCELLED";
-}
+bool Ended(const v1::ExperimentCell& c) { return IsTerminal(c.state()); }
 // Succeeded, or skipped because a trial it read was stopped early: both are what the
 // experiment asked for.
 bool EndedWell(const v1::ExperimentCell& c) {
-  return c.state() == "SUCCEEDED" || (c.state() == "CANCELLED" && !c.early_stop().empty());
+  return c.state() == v1::SUCCEEDED || (c.state() == v1::CANCELLED && !c.early_stop().empty());
 }
 
 struct SweepOptions {
@@ -155,7 +153,7 @@ absl::StatusOr<int> RunGet(const GlobalOptions& g, const GetOptions& o) {
   std::cout << r.experiment().name() << " revision " << r.experiment().revision() << ": "
             << r.experiment().jobs() << " jobs\n";
   for (const auto& c : r.cells()) {
-    std::cout << c.job_id() << "\t" << c.state() << "\t" << TerminalSafe(c.job_name());
+    std::cout << c.job_id() << "\t" << StateName(c.state()) << "\t" << TerminalSafe(c.job_name());
     if (!c.reason().empty()) std::cout << "\t" << TerminalSafe(c.reason());
     std::cout << "\n";
   }
@@ -184,8 +182,8 @@ absl::StatusOr<int> RunWait(const GlobalOptions& g, const GetOptions& o, double 
     if (done == r.cells_size()) {
       for (const auto& c : r.cells()) {
         if (!EndedWell(c))
-          std::cout << c.job_id() << " " << c.job_name() << " " << c.state() << ": " << c.reason()
-                    << "\n";
+          std::cout << c.job_id() << " " << c.job_name() << " " << StateName(c.state()) << ": "
+                    << c.reason() << "\n";
       }
       return ok == r.cells_size() ? 0 : 1;
     }
@@ -212,9 +210,7 @@ absl::StatusOr<int> RunCancel(const GlobalOptions& g, const GetOptions& o) {
       ASSIGN_OR_RETURN(r, client.GetExperiment(req));
     }
     for (const auto& c : r.cells()) {
-      if (c.job_id().empty() || c.state() == "SUCCEEDED" || c.state() == "FAILED" ||
-          c.state() == "CANCELLED")
-        continue;
+      if (c.job_id().empty() || IsTerminal(c.state())) continue;
       if (client.Cancel(c.job_id(), absl::StrCat("experiment ", o.name, " cancelled")).ok()) {
         ++cancelled;
         earlier += revision != latest;
@@ -239,7 +235,7 @@ absl::StatusOr<int> RunRetry(const GlobalOptions& g, const GetOptions& o) {
   int retried = 0;
   std::vector<std::string> refused;
   for (const auto& c : r.cells()) {  // in submission order: upstream first
-    if (c.state() != "FAILED" && c.state() != "CANCELLED") continue;
+    if (c.state() != v1::FAILED && c.state() != v1::CANCELLED) continue;
     if (!c.early_stop().empty()) continue;
     absl::StatusOr<v1::Job> job = client.GetJob(c.job_id());
     // A dependent an earlier retry already set waiting again.
@@ -299,10 +295,11 @@ absl::StatusOr<int> RunWatch(const GlobalOptions& g, const GetOptions& o, double
       int ended = 0, well = 0;
       std::string running;
       for (const auto& c : r.cells()) {
-        ++states[c.state() == "CANCELLED" && !c.early_stop().empty() ? "SKIPPED" : c.state()];
+        ++states[c.state() == v1::CANCELLED && !c.early_stop().empty() ? "SKIPPED"
+                                                                       : StateName(c.state())];
         ended += Ended(c);
         well += EndedWell(c);
-        if (c.state() != "RUNNING") continue;
+        if (c.state() != v1::RUNNING) continue;
         absl::StrAppend(&running, "  ", c.job_id(), " ", c.job_name());
         if (c.step() > 0) {
           absl::StrAppend(&running, "  step ", c.step());
@@ -328,8 +325,8 @@ absl::StatusOr<int> RunWatch(const GlobalOptions& g, const GetOptions& o, double
       if (ended == r.cells_size()) {
         for (const auto& c : r.cells()) {
           if (!EndedWell(c))
-            std::cout << c.job_id() << " " << c.job_name() << " " << c.state() << ": " << c.reason()
-                      << "\n";
+            std::cout << c.job_id() << " " << c.job_name() << " " << StateName(c.state()) << ": "
+                      << c.reason() << "\n";
         }
         return well == r.cells_size() ? 0 : 1;
       }

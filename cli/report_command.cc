@@ -15,6 +15,7 @@
 #include "cli/report/report_model.h"
 #include "cli/report/report_writers.h"
 #include "common/files.h"
+#include "common/job_spec.h"
 #include "common/status.h"
 
 namespace stemma::cli {
@@ -79,7 +80,7 @@ class Gatherer {
       c.coords.insert(ec.coords().begin(), ec.coords().end());
       if (c.coords.empty()) c.coords = report::CoordsFromName(c.job_name);
       c.job_id = ec.job_id();
-      c.state = ec.state();
+      c.state = StateName(ec.state());
       c.reason = ec.reason();
       if (const v1::Job* job = JobOf(c.job_id))
         c.labels.insert(job->spec().labels().begin(), job->spec().labels().end());

@@ -1,7 +1,7 @@
 // The coordinator: composes the core state (core.h) with one part per domain — worker
-// sessions and reconcile, leases, placement, user operations, metric series and the
-// checkpoint registry — and offers them as the UserHandler and WorkerHandler interfaces.
-// It holds no state of its own beyond the scheduler thread.
+// sessions and reconcile, leases, placement, user operations, metric series, the checkpoint
+// registry, early stopping and experiment revisions — and offers them as the UserHandler and
+// WorkerHandler interfaces. It holds no state of its own beyond the scheduler thread.
 //
 // Thread-safety: see core.h. A scheduler thread places jobs when kicked (submit, freed
 // resources) and checks leases on a short tick.
@@ -14,7 +14,7 @@
 #include "coordinator/artifact_registry.h"
 #include "coordinator/core.h"
 #include "coordinator/early_stopper.h"
-#include "coordinator/experiments/experiment_service.h"
+#include "coordinator/experiment_revisions.h"
 #include "coordinator/leases.h"
 #include "coordinator/metric_series.h"
 #include "coordinator/placement.h"
@@ -125,7 +125,7 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   EarlyStopper stopper_;
   WorkerSessions sessions_;
   UserOperations users_;
-  experiments::ExperimentService experiments_{this};  // over the job operations above
+  ExperimentRevisions experiments_{this};  // over the job operations above
   std::thread scheduler_;
 };
 

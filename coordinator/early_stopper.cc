@@ -24,21 +24,6 @@ void EarlyStopper::Load(const StoreSnapshot& snapshot) {
   }
 }
 
-const experiments::EarlyStopConfig* EarlyStopper::ConfigOf(const v1::Job& job) {
-  auto label = job.spec().labels().find(experiments::kEarlyStopLabel);
-  if (label == job.spec().labels().end()) return nullptr;
-  auto [it, inserted] = configs_.try_emplace(job.id());
-  if (inserted) {
-    absl::StatusOr<experiments::EarlyStopConfig> c = experiments::ParseEarlyStop(label->second);
-    if (c.ok()) {
-      it->second = *std::move(c);
-    } else {
-      spdlog::warn("job={} early stopping off: {}", job.id(), std::string(c.status().message()));
-    }
-  }
-  return it->second.has_value() ? &*it->second : nullptr;
-}
-
 void EarlyStopper::SendStop(const v1::Job& job, Changes* changes) {
   if (!stop_sent_.insert(job.current().id()).second) return;
   for (const auto& part : job.current().parts()) {
@@ -52,20 +37,21 @@ void EarlyStopper::SendStop(const v1::Job& job, Changes* changes) {
 
 void EarlyStopper::OnMetric(v1::Job* job, const v1::AttemptEvent::Metric& metric,
                             Changes* changes) {
-  const experiments::EarlyStopConfig* config = ConfigOf(*job);
-  if (config == nullptr) return;
+  if (!job->spec().has_early_stop_rule()) return;
+  const v1::EarlyStopRule* config = &job->spec().early_stop_rule();
   if (!job->early_stop().empty()) {
     SendStop(*job, changes);  // still running: tell it again (once per attempt)
     return;
   }
-  if (metric.name() != config->metric) return;
+  if (metric.name() != config->metric()) return;
   double value = metric.value();
   if (!std::isfinite(value)) {
-    value = config->maximize ? -std::numeric_limits<double>::infinity()
-                             : std::numeric_limits<double>::infinity();
+    value = experiments::Maximize(*config) ? -std::numeric_limits<double>::infinity()
+                                           : std::numeric_limits<double>::infinity();
   }
   const std::string bracket = BracketOf(*job);
-  for (size_t i = 0; i < config->rungs.size() && config->rungs[i] <= metric.step(); ++i) {
+  for (size_t i = 0;
+       i < static_cast<size_t>(config->rungs_size()) && config->rungs(i) <= metric.step(); ++i) {
     const int rung = static_cast<int>(i);
     if (!recorded_.insert(absl::StrCat(job->id(), "/", rung)).second) continue;
     std::vector<double>& values = brackets_[bracket][rung];
@@ -76,7 +62,7 @@ void EarlyStopper::OnMetric(v1::Job* job, const v1::AttemptEvent::Metric& metric
     r.set_job_id(job->id());
     r.set_job_name(job->spec().name());
     r.set_rung(rung);
-    r.set_rung_step(config->rungs[i]);
+    r.set_rung_step(config->rungs(i));
     r.set_step(metric.step());
     r.set_value(value);
     r.set_stopped(d.stop);
@@ -84,11 +70,11 @@ void EarlyStopper::OnMetric(v1::Job* job, const v1::AttemptEvent::Metric& metric
     r.set_rank(d.rank);
     r.set_decided_ms(core_->clock->WallMs());
     spdlog::info("job={} {} rung {} (step {}): {}={} rank {} of {}: {}", job->id(),
-                 job->spec().name(), rung + 1, config->rungs[i], config->metric, value, d.rank,
+                 job->spec().name(), rung + 1, config->rungs(i), config->metric(), value, d.rank,
                  d.trials, d.stop ? "stop" : "continue");
     if (d.stop) {
       core_->jobs.SetEarlyStop(
-          job, experiments::StopReason(*config, rung, config->rungs[i], value, d), changes);
+          job, experiments::StopReason(*config, rung, config->rungs(i), value, d), changes);
       SendStop(*job, changes);
       return;
     }

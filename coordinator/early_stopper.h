@@ -1,5 +1,5 @@
 // Early stopping as metric points arrive: the trials of a train stage with `early_stop:`
-// (the stemma.early_stop label, coordinator/experiments/early_stop.h for the rule) are
+// (JobSpec.early_stop_rule, coordinator/experiments/early_stop.h for the rule) are
 // recorded at each rung they reach and stopped there when they are not in the top `keep`
 // of the trials recorded at that rung so far.
 //
@@ -17,7 +17,6 @@
 #pragma once
 
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,17 +44,12 @@ class EarlyStopper {
 
  private:
   void SendStop(const v1::Job& job, Changes* changes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
-  // The job's config, parsed once; null when the job has none (or it does not parse).
-  const experiments::EarlyStopConfig* ConfigOf(const v1::Job& job)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
 
   CoordinatorCore* const core_;
   // bracket → rung index → values recorded there.
   absl::flat_hash_map<std::string, std::map<int, std::vector<double>>> brackets_
       ABSL_GUARDED_BY(core_->mu);
-  absl::flat_hash_set<std::string> recorded_ ABSL_GUARDED_BY(core_->mu);  // "<job id>/<rung>"
-  absl::flat_hash_map<std::string, std::optional<experiments::EarlyStopConfig>> configs_
-      ABSL_GUARDED_BY(core_->mu);
+  absl::flat_hash_set<std::string> recorded_ ABSL_GUARDED_BY(core_->mu);   // "<job id>/<rung>"
   absl::flat_hash_set<std::string> stop_sent_ ABSL_GUARDED_BY(core_->mu);  // attempt ids
 };
 

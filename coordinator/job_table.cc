@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/job_spec.h"
 #include "common/status.h"
+#include "coordinator/experiments/early_stop.h"
 #include "coordinator/wiring.h"
 
 namespace stemma::coordinator {
@@ -77,6 +78,8 @@ absl::StatusOr<JobTable::SubmitResult> JobTable::Submit(const v1::SubmitRequest&
     ids.push_back(absl::StrCat("j-", next_seq_ + i));
     ApplyDefaults(&specs[i]);
     absl::Status st = ValidateJobSpec(specs[i]);
+    if (st.ok() && specs[i].has_early_stop_rule())
+      st = experiments::CheckRule(specs[i].early_stop_rule());
     std::string who = specs[i].name().empty() ? absl::StrCat("jobs[", i, "]")
                                               : absl::StrCat("job '", specs[i].name(), "'");
     if (!st.ok()) return absl::InvalidArgumentError(absl::StrCat(who, ": ", st.message()));

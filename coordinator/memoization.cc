@@ -10,7 +10,7 @@
 #include "common/job_spec.h"
 #include "common/manifest.h"
 #include "common/sha256.h"
-#include "coordinator/experiments/early_stop.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "nlohmann/json.hpp"
 #include "stemma/v1/spec_options.pb.h"
 #include "stemma/v1/specs/merge.pb.h"
@@ -177,11 +177,11 @@ const v1::Job* Memoizer::FindHit(v1::Job* job, const std::string& engine_build) 
   }
   if (!source->early_stop().empty()) {
     // A trial stopped early stands for this one only under the same early stopping.
-    auto mine = labels.find(experiments::kEarlyStopLabel);
-    auto theirs = source->spec().labels().find(experiments::kEarlyStopLabel);
-    if (mine == labels.end() || theirs == source->spec().labels().end() ||
-        mine->second != theirs->second)
+    if (!job->spec().has_early_stop_rule() || !source->spec().has_early_stop_rule() ||
+        !google::protobuf::util::MessageDifferencer::Equals(job->spec().early_stop_rule(),
+                                                            source->spec().early_stop_rule())) {
       return nullptr;
+    }
   }
   return source;
 }

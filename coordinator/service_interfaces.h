@@ -48,7 +48,7 @@ class UserHandler {
   // INVALID_ARGUMENT for a bad policy. A dry run unless request.apply().
   virtual absl::StatusOr<v1::GcResponse> CollectGarbage(const v1::GcRequest& request) = 0;
 
-  // Experiments (coordinator/experiments/experiment_service.h). `owner`: the caller's
+  // Experiments (coordinator/experiment_revisions.h). `owner`: the caller's
   // subject, recorded on every job, or "" without authentication.
   virtual absl::StatusOr<v1::SubmitExperimentResponse> SubmitExperiment(
       const v1::SubmitExperimentRequest& request, const std::string& owner) = 0;

@@ -8,17 +8,23 @@
 #include <set>
 #include <string>
 
-#include "coordinator/experiments/early_stop.h"
+#include "common/job_spec.h"
 #include "coordinator/experiments/experiment_plan.h"
 
 namespace stemma::coordinator {
 namespace {
 
-using experiments::ExpandExperiment;
+using experiments::ExpansionEnv;
 using experiments::ExperimentPlan;
-using experiments::kEarlyStopLabel;
 using experiments::OutputToken;
 using experiments::PlanCell;
+
+// As the coordinator expands: each cell checked as a submitted job.
+absl::StatusOr<ExperimentPlan> Expand(std::string_view text, std::string_view file) {
+  ExpansionEnv env;
+  env.check_job = CheckJobAsSubmitted;
+  return experiments::ExpandExperiment(text, file, env);
+}
 
 // A 3 × 2 matrix with exclude and include, one-to-one edges (a revert per dense expert),
 // fan-in (a soup over every expert), a subset (a soup over the dense experts only) and an
@@ -61,7 +67,7 @@ std::map<std::string, const PlanCell*> ByName(const ExperimentPlan& plan) {
 }
 
 TEST(Wiring, ReplacesTokensWithReportedOutputs) {
-  auto plan = ExpandExperiment(kStudy, "study.yaml");
+  auto plan = Expand(kStudy, "study.yaml");
   ASSERT_TRUE(plan.ok()) << plan.status();
   v1::JobSpec soup = ByName(*plan).at("soup")->spec;
   google::protobuf::Map<std::string, std::string> outputs;
@@ -106,13 +112,18 @@ stages:
 )";
 
 TEST(Wiring, TrialsCarryTheConfigAndDependentsDropStoppedReads) {
-  auto plan = ExpandExperiment(kSweep, "es.yaml");
+  auto plan = Expand(kSweep, "es.yaml");
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto cells = ByName(*plan);
   // Tokens become steps: 20 tokens a step, so 100 → step 5 and 400 → step 20.
-  EXPECT_EQ(cells.at("cpt[lr=0.2]")->spec.labels().at(kEarlyStopLabel),
-            "heldout_loss/en|min|5,20|0.5|0");
-  EXPECT_EQ(cells.at("soup")->spec.labels().count(kEarlyStopLabel), 0u);
+  const v1::EarlyStopRule& rule = cells.at("cpt[lr=0.2]")->spec.early_stop_rule();
+  EXPECT_EQ(rule.metric(), "heldout_loss/en");
+  EXPECT_EQ(rule.mode(), "min");
+  EXPECT_EQ(std::vector<int64_t>(rule.rungs().begin(), rule.rungs().end()),
+            (std::vector<int64_t>{5, 20}));
+  EXPECT_DOUBLE_EQ(rule.keep(), 0.5);
+  EXPECT_EQ(rule.min_trials(), 0);
+  EXPECT_FALSE(cells.at("soup")->spec.has_early_stop_rule());
   const std::set<std::string> stopped = {"cpt[lr=0.2]"};
   std::string which;
   v1::JobSpec soup = cells.at("soup")->spec;

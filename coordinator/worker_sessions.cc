@@ -251,7 +251,7 @@ bool WorkerSessions::ApplyEvent(const std::string& worker_id, WorkerEntry& w,
       if (!recorded.ok()) {
         spdlog::warn("worker={} attempt={} {}", worker_id, event.attempt_id(),
                      std::string(recorded.message()));
-      } else if (job->spec().labels().count(experiments::kEarlyStopLabel) > 0) {
+      } else if (job->spec().has_early_stop_rule()) {
         // Early stopping reads the points one by one (only jobs that have it pay for that).
         const auto& b = event.metrics();
         stopper_->AssertHeld();

@@ -4,10 +4,9 @@
 #include <cmath>
 #include <cstdio>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
+#include "common/status.h"
 
 namespace stemma::experiments {
 namespace {
@@ -18,57 +17,145 @@ std::string Number(double v) {
   return buf;
 }
 
+bool KnownMetric(const std::string& m) {
+  return m == "loss" || m == "heldout_loss" ||
+         (absl::StartsWith(m, "heldout_loss/") && m.size() > 13);
+}
+
+// The fields of a rule that do not depend on the cell: metric, mode, keep, min_trials, and
+// exactly one list of rungs.
+absl::Status CheckWritten(const v1::EarlyStopRule& c, const YamlNode& node, const FieldLines& lines,
+                          const std::string& path, std::string_view file) {
+  auto error = [&](const char* field, std::string_view what) {
+    const std::string fpath = absl::StrCat(path, ".", field);
+    return SpecError(file, node.Find(field) != nullptr ? lines.Line(fpath) : node.line, fpath,
+                     what);
+  };
+  if (node.Find("metric") != nullptr && !KnownMetric(c.metric())) {
+    return error("metric", absl::StrCat("'", c.metric(),
+                                        "' is not a metric the trainer reports (use loss, "
+                                        "heldout_loss or heldout_loss/<dataset>)"));
+  }
+  if (node.Find("mode") != nullptr && c.mode() != "min" && c.mode() != "max")
+    return error("mode", "must be min or max");
+  if (c.has_keep() && !(c.keep() > 0 && c.keep() < 1)) {
+    return error("keep",
+                 absl::StrCat("'", Number(c.keep()),
+                              "' must be a fraction in (0, 1): the share kept at each rung"));
+  }
+  if (c.has_min_trials() && (c.min_trials() < 1 || c.min_trials() > 100000))
+    return error("min_trials", "must be a whole number >= 1");
+  if (c.metric().empty())
+    return error("metric", "is required (loss, heldout_loss or heldout_loss/<dataset>)");
+  if ((node.Find("rungs") == nullptr) == (node.Find("rungs_tokens") == nullptr)) {
+    return SpecError(file, node.line, absl::StrCat(path, ".rungs"),
+                     "give exactly one of rungs (steps) and rungs_tokens");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-std::string FormatEarlyStop(const EarlyStopConfig& c) {
-  return absl::StrCat(c.metric, "|", c.maximize ? "max" : "min", "|", absl::StrJoin(c.rungs, ","),
-                      "|", Number(c.keep), "|", c.min_trials);
+double Keep(const v1::EarlyStopRule& rule) { return rule.has_keep() ? rule.keep() : 0.5; }
+
+absl::StatusOr<v1::EarlyStopRule> RuleForTrial(const v1::EarlyStopRule& written,
+                                               const YamlNode& node, const FieldLines& lines,
+                                               const std::string& path, std::string_view file,
+                                               const v1::JobSpec& cell,
+                                               const std::string& cell_name) {
+  RETURN_IF_ERROR(CheckWritten(written, node, lines, path, file));
+  const bool steps = node.Find("rungs") != nullptr;
+  const auto& list = steps ? written.rungs() : written.rungs_tokens();
+  const std::string lpath = absl::StrCat(path, steps ? ".rungs" : ".rungs_tokens");
+  const int line = lines.Line(lpath);
+  if (list.empty() || list.size() > 16)
+    return SpecError(file, line, lpath, "must be a list of 1 to 16 ascending positive numbers");
+  const v1::TrainSpec& t = cell.train();
+  const int64_t tokens_per_step = std::max<int64_t>(1, t.has_batch_size() ? t.batch_size() : 1) *
+                                  std::max<int64_t>(1, t.has_grad_accum() ? t.grad_accum() : 1) *
+                                  std::max<int64_t>(1, t.data().seq_len());
+  v1::EarlyStopRule rule;
+  rule.set_metric(written.metric());
+  rule.set_mode(written.mode() == "max" ? "max" : "min");
+  rule.set_keep(Keep(written));
+  if (written.has_min_trials()) rule.set_min_trials(written.min_trials());
+  for (int64_t v : list) {
+    if (v < 1)
+      return SpecError(file, line, lpath,
+                       absl::StrCat("'", v, "' must be a positive whole number"));
+    // Tokens become the first step whose tokens reach them.
+    const int64_t step = steps ? v : (v + tokens_per_step - 1) / tokens_per_step;
+    if (!rule.rungs().empty() && step <= rule.rungs(rule.rungs_size() - 1)) {
+      return SpecError(
+          file, line, lpath,
+          steps ? "must ascend" : absl::StrCat("must ascend (", v, " tokens is step ", step, ")"));
+    }
+    rule.add_rungs(step);
+  }
+  const int64_t total = t.has_steps() ? t.steps()
+                        : t.has_max_tokens()
+                            ? (t.max_tokens() + tokens_per_step - 1) / tokens_per_step
+                            : 0;
+  const int64_t last = rule.rungs(rule.rungs_size() - 1);
+  if (total > 0 && last >= total) {
+    return SpecError(file, line, lpath,
+                     absl::StrCat("rung at step ", last, " is not before the end of training (",
+                                  total, " steps) in cell ", cell_name));
+  }
+  if (absl::StartsWith(rule.metric(), "heldout_loss") &&
+      !(t.eval().has_every() && t.eval().every() > 0)) {
+    return SpecError(
+        file, node.line, absl::StrCat(path, ".metric"),
+        absl::StrCat(rule.metric(), " is reported only with train.eval.every > 0 (in cell ",
+                     cell_name, ")"));
+  }
+  return rule;
 }
 
-absl::StatusOr<EarlyStopConfig> ParseEarlyStop(const std::string& text) {
-  std::vector<std::string> parts = absl::StrSplit(text, '|');
-  EarlyStopConfig c;
-  auto bad = [&] {
-    return absl::InvalidArgumentError(absl::StrCat("early-stop label '", text, "' does not parse"));
+absl::Status CheckRule(const v1::EarlyStopRule& rule) {
+  auto bad = [](const char* field, const char* what) {
+    return absl::InvalidArgumentError(absl::StrCat("early_stop_rule.", field, ": ", what));
   };
-  if (parts.size() != 5 || parts[0].empty() || (parts[1] != "min" && parts[1] != "max"))
-    return bad();
-  c.metric = parts[0];
-  c.maximize = parts[1] == "max";
-  for (absl::string_view r : absl::StrSplit(parts[2], ',', absl::SkipEmpty())) {
-    int64_t step = 0;
-    if (!absl::SimpleAtoi(r, &step) || step < 1) return bad();
-    c.rungs.push_back(step);
+  if (!KnownMetric(rule.metric()))
+    return bad("metric", "must be loss, heldout_loss or heldout_loss/<dataset>");
+  if (!rule.mode().empty() && rule.mode() != "min" && rule.mode() != "max")
+    return bad("mode", "must be min or max");
+  if (rule.rungs().empty() || rule.rungs_size() > 16)
+    return bad("rungs", "must be 1 to 16 ascending steps");
+  for (int i = 0; i < rule.rungs_size(); ++i) {
+    if (rule.rungs(i) < 1 || (i > 0 && rule.rungs(i) <= rule.rungs(i - 1)))
+      return bad("rungs", "must be 1 to 16 ascending steps");
   }
-  if (c.rungs.empty() || !absl::SimpleAtod(parts[3], &c.keep) || !(c.keep > 0 && c.keep < 1) ||
-      !absl::SimpleAtoi(parts[4], &c.min_trials) || c.min_trials < 0) {
-    return bad();
-  }
-  return c;
+  if (!rule.rungs_tokens().empty())
+    return bad("rungs_tokens", "is for experiment files (a job gives its rungs in steps)");
+  if (rule.has_keep() && !(rule.keep() > 0 && rule.keep() < 1))
+    return bad("keep", "must be a fraction in (0, 1)");
+  if (rule.min_trials() < 0) return bad("min_trials", "must be >= 0");
+  return absl::OkStatus();
 }
 
-RungDecision DecideAtRung(const EarlyStopConfig& config, const std::vector<double>& recorded,
+RungDecision DecideAtRung(const v1::EarlyStopRule& rule, const std::vector<double>& recorded,
                           double value) {
   RungDecision d;
   d.trials = static_cast<int>(recorded.size());
   d.rank = 1;
   for (double v : recorded) {
-    if (config.maximize ? v > value : v < value) ++d.rank;
+    if (Maximize(rule) ? v > value : v < value) ++d.rank;
   }
-  const int enough =
-      std::max(static_cast<int>(std::ceil(1.0 / config.keep - 1e-9)), config.min_trials);
+  const double keep = Keep(rule);
+  const int enough = std::max(static_cast<int>(std::ceil(1.0 / keep - 1e-9)), rule.min_trials());
   if (d.trials < enough) return d;
-  d.keep_count = std::max(1, static_cast<int>(std::ceil(config.keep * d.trials - 1e-9)));
+  d.keep_count = std::max(1, static_cast<int>(std::ceil(keep * d.trials - 1e-9)));
   d.stop = d.rank > d.keep_count;
   return d;
 }
 
-std::string StopReason(const EarlyStopConfig& config, int rung_index, int64_t rung_step,
+std::string StopReason(const v1::EarlyStopRule& rule, int rung_index, int64_t rung_step,
                        double value, const RungDecision& d) {
   return absl::StrCat("stopped early at rung ", rung_index + 1, " (step ", rung_step,
-                      "): ", config.metric, "=", Number(value), ", not in the top ",
-                      Number(config.keep), " of ", d.trials, " (rank ", d.rank, ", ",
-                      config.maximize ? "max" : "min", ")");
+                      "): ", rule.metric(), "=", Number(value), ", not in the top ",
+                      Number(Keep(rule)), " of ", d.trials, " (rank ", d.rank, ", ",
+                      Maximize(rule) ? "max" : "min", ")");
 }
 
 }  // namespace stemma::experiments

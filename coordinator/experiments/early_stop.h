@@ -1,7 +1,8 @@
 // Early stopping of a train stage's trials (`early_stop:` in an experiment file): the rule,
-// and the compact form it travels in on each trial's job (the `stemma.early_stop` label).
-// Pure: no store, no clock. The coordinator's part that applies it as metric points arrive,
-// and keeps its decisions durable, is coordinator/early_stopper.h.
+// and how a stage's `early_stop:` becomes each trial's typed JobSpec.early_stop_rule (kept
+// with the job, so it is as durable as the job). Pure: no store, no clock, no files. The
+// coordinator's part that applies it as metric points arrive, and keeps its decisions
+// durable, is coordinator/early_stopper.h.
 //
 // The rule (asynchronous successive halving, ASHA as Ray Tune's ASHAScheduler and
 // Determined's adaptive ASHA apply it, with stopping only, no promotion queue):
@@ -19,26 +20,33 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/proto_yaml.h"
+#include "common/yaml_json.h"
+#include "stemma/v1/job.pb.h"
 
 namespace stemma::experiments {
 
-struct EarlyStopConfig {
-  std::string metric;          // loss, heldout_loss or heldout_loss/<dataset>
-  bool maximize = false;       // mode: max
-  std::vector<int64_t> rungs;  // steps, ascending
-  double keep = 0.5;           // fraction kept at each rung, in (0, 1)
-  int min_trials = 0;          // 0: ceil(1/keep)
-};
+// The rule of one trial from its stage's `early_stop:` as read (`written`; `node` is the
+// mapping it was read from, `lines` where each field is, `path` its field path):
+// rungs_tokens become steps of `cell`'s train spec (the first step whose tokens reach them),
+// the mode and keep are written out, and every rung must come before the end of training.
+// InvalidArgument "<file>: line L: <path>: <problem>" naming the cell where it depends on one.
+absl::StatusOr<v1::EarlyStopRule> RuleForTrial(const v1::EarlyStopRule& written,
+                                               const YamlNode& node, const FieldLines& lines,
+                                               const std::string& path, std::string_view file,
+                                               const v1::JobSpec& cell,
+                                               const std::string& cell_name);
 
-// The label that carries an early-stop config on each trial's job.
-inline constexpr const char* kEarlyStopLabel = "stemma.early_stop";
+// A rule as a submitted job carries it: InvalidArgument "early_stop_rule.<field>: <problem>".
+absl::Status CheckRule(const v1::EarlyStopRule& rule);
 
-// "heldout_loss|min|100,200|0.5|0" (at most 253 characters: the label limit).
-std::string FormatEarlyStop(const EarlyStopConfig& config);
-absl::StatusOr<EarlyStopConfig> ParseEarlyStop(const std::string& text);
+// The rule's keep (its default 0.5 when unset) and direction.
+double Keep(const v1::EarlyStopRule& rule);
+inline bool Maximize(const v1::EarlyStopRule& rule) { return rule.mode() == "max"; }
 
 struct RungDecision {
   bool stop = false;
@@ -49,11 +57,11 @@ struct RungDecision {
 
 // Decides a trial whose `value` has just been recorded at a rung; `recorded` holds every
 // value recorded at that rung, this trial's included.
-RungDecision DecideAtRung(const EarlyStopConfig& config, const std::vector<double>& recorded,
+RungDecision DecideAtRung(const v1::EarlyStopRule& rule, const std::vector<double>& recorded,
                           double value);
 
 // "stopped early at rung 1 (step 100): heldout_loss=2.31, not in the top 0.5 of 4"
-std::string StopReason(const EarlyStopConfig& config, int rung_index, int64_t rung_step,
+std::string StopReason(const v1::EarlyStopRule& rule, int rung_index, int64_t rung_step,
                        double value, const RungDecision& decision);
 
 }  // namespace stemma::experiments

@@ -1,6 +1,14 @@
 // Experiment files: one YAML file that describes a whole study, expanded into a DAG of
-// typed jobs. Pure functions (no store, no clock): the coordinator expands, validates and
-// submits the result in one transaction; `stemma sweep --dry-run` prints it.
+// typed jobs. Pure (no store, no clock, no files: what only files tell — a model's size, the
+// check of a job as submitted — the caller gives in an ExpansionEnv): the coordinator
+// expands, validates and submits the result in one transaction
+// (coordinator/experiment_revisions.h); `stemma sweep --dry-run` prints it.
+//
+// The parts, one concern each: experiment_file.h (the envelope: name, vars, models, stages),
+// matrix.h and search.h (a stage's cells: grid or random search), expressions.h
+// (`${{ }}`), expansion.h (cells into jobs), early_stop.h (a trial's rule), cost.h (the
+// GPU-hour estimate). Wiring the outputs into the inputs happens when a job is released
+// (coordinator/wiring.h).
 //
 //   name: family-experts
 //   vars: {base: /ckpt/base, steps: 40}
@@ -44,12 +52,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/proto_yaml.h"
 #include "stemma/v1/job.pb.h"
 
 namespace stemma::experiments {
@@ -78,19 +89,38 @@ struct ExperimentPlan {
   int64_t edges = 0;              // dependency edges between cells
   int64_t gpus = 0;               // GPUs asked for by all cells together (gpus × nodes)
   // 6·N·tokens over an assumed 400 TFLOP/s at 40% utilisation, for train cells whose model
-  // size and token budget are known here; unknown_cost_cells counts the others.
+  // size and token budget are known here; unknown_cost_cells counts the others (cost.h).
   double gpu_hours_estimate = 0;
   int64_t unknown_cost_cells = 0;
 };
 
+// Parameters of the model at a path (its config.json), or nullopt when unknown.
+using ModelParams = std::function<std::optional<int64_t>(const std::string& path)>;
+
+// What expanding a file asks of the world outside it; the coordinator's answers read files
+// (coordinator/experiment_revisions.h).
+struct ExpansionEnv {
+  // For the GPU-hour estimate of a model neither the file's `models:` nor an upstream cell
+  // sizes; null: unknown.
+  ModelParams model_params;
+  // Checks a cell's job as the coordinator would at submit (common/job_spec.h's
+  // CheckJobAsSubmitted, which reads a model's config.json for layer ranges); null: unchecked.
+  std::function<absl::Status(const v1::JobSpec& job, const std::string& where,
+                             const std::string& path, const FieldLines& lines)>
+      check_job;
+};
+
 // Expands the experiment file `text` (named `file` in errors).
-absl::StatusOr<ExperimentPlan> ExpandExperiment(std::string_view text, std::string_view file);
+absl::StatusOr<ExperimentPlan> ExpandExperiment(std::string_view text, std::string_view file,
+                                                const ExpansionEnv& env);
 
 // The DAG as text for people: stages with their cells and what each reads, then totals.
 std::string FormatPlan(const ExperimentPlan& plan);
 
 // "${{ <job>.outputs.<name> }}", the wiring token left in a cell's spec.
 std::string OutputToken(const std::string& job_name, const std::string& output);
+// In an output path the expansion chose: the job's id, filled in at release.
+inline constexpr char kSelfIdToken[] = "${{ self.id }}";
 
 // The outputs a job kind reports (its `output` events' names).
 std::vector<std::string> OutputsOfKind(std::string_view kind);

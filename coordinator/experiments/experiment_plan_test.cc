@@ -8,10 +8,19 @@
 #include <vector>
 
 #include "absl/strings/str_join.h"
+#include "common/job_spec.h"
+#include "coordinator/experiments/cost.h"
 #include "coordinator/experiments/early_stop.h"
 
 namespace stemma::experiments {
 namespace {
+
+// As the coordinator expands: each cell checked as a submitted job (models' sizes unknown).
+absl::StatusOr<ExperimentPlan> Expand(std::string_view text, std::string_view file) {
+  ExpansionEnv env;
+  env.check_job = CheckJobAsSubmitted;
+  return ExpandExperiment(text, file, env);
+}
 
 // A 3 × 2 matrix with exclude and include, one-to-one edges (a revert per dense expert),
 // fan-in (a soup over every expert), a subset (a soup over the dense experts only) and an
@@ -58,7 +67,7 @@ std::vector<std::string> Deps(const PlanCell& c) {
 }
 
 TEST(ExperimentPlan, MatrixIncludeExcludeAndPerLegEdges) {
-  auto plan = ExpandExperiment(kStudy, "study.yaml");
+  auto plan = Expand(kStudy, "study.yaml");
   ASSERT_TRUE(plan.ok()) << plan.status();
   auto cells = ByName(*plan);
   // 3 × 2 − 1 excluded + 1 included = 6 cpt cells.
@@ -154,7 +163,7 @@ TEST(ExperimentPlan, BadFilesGetOneErrorNamingFileLineAndField) {
       {"no name", "stages:\n  a:\n    noop: {}\n", "name: is required"},
   };
   for (const Case& c : cases) {
-    auto plan = ExpandExperiment(c.yaml, "bad.yaml");
+    auto plan = Expand(c.yaml, "bad.yaml");
     ASSERT_FALSE(plan.ok()) << c.name;
     EXPECT_TRUE(absl::IsInvalidArgument(plan.status())) << c.name;
     EXPECT_NE(plan.status().message().find("bad.yaml"), std::string::npos)
@@ -165,7 +174,7 @@ TEST(ExperimentPlan, BadFilesGetOneErrorNamingFileLineAndField) {
 }
 
 TEST(ExperimentPlan, ListVariablesBecomeAxesAndSpliceIntoLists) {
-  auto plan = ExpandExperiment(R"(name: sweep
+  auto plan = Expand(R"(name: sweep
 vars: {lrs: [0.001, 0.0003], layers: ["2:4", "6"]}
 stages:
   t:
@@ -177,7 +186,7 @@ stages:
       optimizer: {lr: "${{ matrix.lr }}"}
       strategy: {freeze: {layers: "${{ vars.layers }}"}}
 )",
-                               "sweep.yaml");
+                     "sweep.yaml");
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->cells.size(), 2u);
   EXPECT_EQ(plan->cells[1].job_name, "t[lr=0.0003]");
@@ -204,9 +213,9 @@ stages:
 )";
 
 TEST(ExperimentPlan, RandomSearchIsDeterministicGivenTheSeedAndNamesCellsByValue) {
-  auto a = ExpandExperiment(kRandom, "rs.yaml");
+  auto a = Expand(kRandom, "rs.yaml");
   ASSERT_TRUE(a.ok()) << a.status();
-  auto b = ExpandExperiment(kRandom, "rs.yaml");
+  auto b = Expand(kRandom, "rs.yaml");
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_EQ(a->cells.size(), 12u) << "continuous axes make repeats (kept once) all but impossible";
   std::set<std::string> lists;
@@ -233,13 +242,13 @@ TEST(ExperimentPlan, RandomSearchIsDeterministicGivenTheSeedAndNamesCellsByValue
   // Another seed, other trials.
   std::string other = kRandom;
   other.replace(other.find("seed: 7"), 7, "seed: 8");
-  auto c = ExpandExperiment(other, "rs.yaml");
+  auto c = Expand(other, "rs.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_NE(c->cells[0].job_name, a->cells[0].job_name);
 }
 
 TEST(ExperimentPlan, GridSearchEnumeratesIntRangesAndChoices) {
-  auto plan = ExpandExperiment(R"(name: g
+  auto plan = Expand(R"(name: g
 stages:
   t:
     matrix:
@@ -248,7 +257,7 @@ stages:
       c: {choice: [x, y]}
     noop: {}
 )",
-                               "g.yaml");
+                     "g.yaml");
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<std::string> names;
   for (const PlanCell& c : plan->cells) names.push_back(c.job_name);
@@ -287,14 +296,14 @@ TEST(ExperimentPlan, BadSearchesGetOneErrorNamingFileLineAndField) {
        "stages.t.matrix.search: a random search needs at least one axis"},
   };
   for (const auto& [matrix, expected] : cases) {
-    auto plan = ExpandExperiment(head + matrix + tail, "bad.yaml");
+    auto plan = Expand(head + matrix + tail, "bad.yaml");
     ASSERT_FALSE(plan.ok()) << matrix;
     EXPECT_EQ(plan.status().message().rfind("bad.yaml: ", 0), 0u) << plan.status();
     EXPECT_NE(plan.status().message().find(expected), std::string::npos)
         << plan.status() << "\nwanted: " << expected;
   }
   auto stage_level =
-      ExpandExperiment("name: bad\nstages:\n  t:\n    search: random\n    noop: {}\n", "bad.yaml");
+      Expand("name: bad\nstages:\n  t:\n    search: random\n    noop: {}\n", "bad.yaml");
   ASSERT_FALSE(stage_level.ok());
   EXPECT_NE(
       stage_level.status().message().find(
@@ -304,10 +313,11 @@ TEST(ExperimentPlan, BadSearchesGetOneErrorNamingFileLineAndField) {
 }
 
 TEST(EarlyStop, AshaRuleAsDocumented) {
-  EarlyStopConfig c;
-  c.metric = "loss";
-  c.rungs = {3, 6};
-  c.keep = 0.5;
+  v1::EarlyStopRule c;
+  c.set_metric("loss");
+  c.add_rungs(3);
+  c.add_rungs(6);
+  c.set_keep(0.5);
   // The first trial at a rung cannot be judged; from ceil(1/keep) = 2 on, the top ceil(keep·n).
   EXPECT_FALSE(DecideAtRung(c, {1}, 1).stop);
   RungDecision d = DecideAtRung(c, {1, 4}, 4);
@@ -316,18 +326,52 @@ TEST(EarlyStop, AshaRuleAsDocumented) {
   EXPECT_EQ(d.keep_count, 1);
   EXPECT_FALSE(DecideAtRung(c, {1, 4, 2}, 2).stop) << "rank 2 of 3 is in the top ceil(1.5) = 2";
   EXPECT_TRUE(DecideAtRung(c, {1, 4, 2, 3}, 3).stop);
-  c.min_trials = 3;
+  c.set_min_trials(3);
   EXPECT_FALSE(DecideAtRung(c, {1, 4}, 4).stop) << "min_trials raises the bar";
-  c.maximize = true;
-  c.min_trials = 0;
+  c.set_mode("max");
+  c.set_min_trials(0);
   EXPECT_TRUE(DecideAtRung(c, {5, 1}, 1).stop);
   EXPECT_FALSE(DecideAtRung(c, {1, 5}, 5).stop);
-  auto parsed = ParseEarlyStop(FormatEarlyStop(c));
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->rungs, c.rungs);
-  EXPECT_TRUE(parsed->maximize);
-  EXPECT_DOUBLE_EQ(parsed->keep, 0.5);
-  EXPECT_FALSE(ParseEarlyStop("loss|min||0.5|0").ok());
+  // The rule travels typed, in the job's spec.
+  v1::JobSpec job;
+  *job.mutable_early_stop_rule() = c;
+  v1::JobSpec parsed;
+  ASSERT_TRUE(parsed.ParseFromString(job.SerializeAsString()));
+  EXPECT_EQ(std::vector<int64_t>(parsed.early_stop_rule().rungs().begin(),
+                                 parsed.early_stop_rule().rungs().end()),
+            (std::vector<int64_t>{3, 6}));
+  EXPECT_TRUE(Maximize(parsed.early_stop_rule()));
+  EXPECT_DOUBLE_EQ(Keep(parsed.early_stop_rule()), 0.5);
+  EXPECT_TRUE(CheckRule(parsed.early_stop_rule()).ok());
+  c.clear_rungs();
+  EXPECT_FALSE(CheckRule(c).ok()) << "a rule without rungs";
+}
+
+TEST(ExperimentPlan, GpuHoursReadModelSizesThroughTheEnv) {
+  constexpr const char* kTrain = R"(name: cost
+models: {/declared: {params: 1000000000}}
+stages:
+  a:
+    matrix: {m: [/declared, /on-disk, /unknown]}
+    train: {model: "${{ matrix.m }}", data: {datasets: [{path: /d}], seq_len: 1000}, steps: 1000}
+)";
+  ExpansionEnv env;
+  std::vector<std::string> asked;
+  env.model_params = [&](const std::string& path) -> std::optional<int64_t> {
+    asked.push_back(path);
+    if (path == "/on-disk") return 2000000000;
+    return std::nullopt;
+  };
+  auto plan = ExpandExperiment(kTrain, "cost.yaml", env);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(asked, (std::vector<std::string>{"/on-disk", "/unknown"}))
+      << "a declared model is never looked up";
+  // 6 · (1e9 + 2e9) · 1e6 tokens at 160 TFLOP/s.
+  EXPECT_NEAR(plan->gpu_hours_estimate, 6.0 * 3e9 * 1e6 / 160e12 / 3600.0, 1e-9);
+  EXPECT_EQ(plan->unknown_cost_cells, 1);
+  EXPECT_EQ(ParamsFromConfig(R"({"hidden_size": 8, "vocab_size": 10, "intermediate_size": 16})", 2)
+                .value_or(-1),
+            2 * (4 * 8 * 8 + 3 * 8 * 16) + 2 * 10 * 8);
 }
 
 constexpr const char* kSweep = R"(name: es
@@ -356,7 +400,7 @@ TEST(EarlyStop, BadConfigsGetOneErrorNamingFileLineAndField) {
     std::string t = kSweep;
     t.replace(t.find("{metric: heldout_loss/en, rungs_tokens: [100, 400], keep: 0.5}"), 62, es);
     if (kind != "train") t = "name: es\nstages:\n  s:\n    early_stop: " + es + "\n    noop: {}\n";
-    return ExpandExperiment(t, "es.yaml");
+    return Expand(t, "es.yaml");
   };
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{metric: accuracy, rungs: [5], keep: 0.5}",

@@ -1,23 +1,26 @@
-#include "coordinator/experiments/experiment_service.h"
+#include "coordinator/experiment_revisions.h"
 
 #include <map>
+#include <optional>
 #include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/auth.h"
+#include "common/engine_cli.h"
 #include "common/engine_spec.h"
+#include "common/files.h"
 #include "common/job_spec.h"
+#include "common/sha256.h"
 #include "common/status.h"
-#include "coordinator/experiments/experiment_plan.h"
+#include "coordinator/experiments/cost.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/json_util.h"
 
-namespace stemma::experiments {
+namespace stemma::coordinator {
 namespace {
 
 namespace pb = google::protobuf;
@@ -100,8 +103,7 @@ int Revision(const v1::Job& job) {
   return r;
 }
 
-absl::StatusOr<std::vector<v1::Job>> JobsOf(coordinator::UserHandler* users,
-                                            const std::string& experiment) {
+absl::StatusOr<std::vector<v1::Job>> JobsOf(UserHandler* users, const std::string& experiment) {
   std::vector<v1::Job> out;
   v1::ListJobsRequest req;
   req.set_experiment(experiment);
@@ -161,7 +163,7 @@ std::vector<std::string> ChangedFields(const v1::JobSpec& before, const v1::JobS
   return out;
 }
 
-v1::Experiment Summary(const ExperimentPlan& plan) {
+v1::Experiment Summary(const experiments::ExperimentPlan& plan) {
   v1::Experiment e;
   e.set_name(plan.name);
   e.set_jobs(static_cast<int32_t>(plan.cells.size()));
@@ -172,104 +174,150 @@ v1::Experiment Summary(const ExperimentPlan& plan) {
   return e;
 }
 
+// The latest revision of an experiment so far.
+struct Latest {
+  std::vector<v1::Job> jobs;  // every revision's
+  int revision = 0;
+  std::map<std::string, const v1::Job*> cells;  // job name → its job in `revision`
+};
+
+absl::StatusOr<Latest> LatestOf(UserHandler* users, const std::string& experiment) {
+  Latest l;
+  ASSIGN_OR_RETURN(l.jobs, JobsOf(users, experiment));
+  for (const v1::Job& j : l.jobs) l.revision = std::max(l.revision, Revision(j));
+  for (const v1::Job& j : l.jobs) {
+    if (Revision(j) == l.revision) l.cells[j.spec().name()] = &j;
+  }
+  return l;
+}
+
+// What the plan expects of one cell, against its job `prev` in the latest revision `last`.
+struct CellDecision {
+  std::string why;  // "run: ...", "cached: ...", "waits: ...", "skipped: ..."
+  bool run = true;
+  // An unchanged job of an earlier revision that has not ended: the new job waits for it
+  // (the same cache key) rather than running beside it, so it goes on running.
+  bool reuses_unfinished = false;
+};
+
+CellDecision Decide(const experiments::PlanCell& cell, const std::string& hash, const v1::Job* prev,
+                    int last, const std::string& upstream, bool force) {
+  CellDecision d;
+  if (force) {
+    d.why = "run: --force";
+  } else if (prev == nullptr) {
+    d.why = last == 0 ? "run: new experiment" : "run: new cell";
+  } else if (auto ph = prev->spec().labels().find(kSpecHashLabel);
+             ph == prev->spec().labels().end() || ph->second != hash) {
+    v1::JobSpec defaulted = cell.spec;
+    ApplyDefaults(&defaulted);
+    std::vector<std::string> fields;
+    auto pf = prev->spec().labels().find(kFieldsLabel);
+    const std::string now = FieldHashes(cell.spec);
+    if (pf != prev->spec().labels().end() && !pf->second.empty() && !now.empty()) {
+      fields = ChangedByHashes(pf->second, now, JobKind(cell.spec));
+    }
+    if (fields.empty()) fields = ChangedFields(prev->spec(), defaulted);
+    d.why =
+        absl::StrCat("run: changed (", fields.empty() ? "spec" : absl::StrJoin(fields, ", "), ")");
+  } else if (!upstream.empty()) {
+    d.why = absl::StrCat("run: upstream ", upstream, " reruns");
+  } else if (prev->state() == v1::CANCELLED && !prev->early_stop().empty()) {
+    d.run = false;  // its upstream trial is served stopped again, so it is skipped again
+    d.why = absl::StrCat("skipped: ", prev->early_stop(), " (revision ", last, ")");
+  } else if (prev->state() != v1::SUCCEEDED) {
+    if (!IsTerminal(prev->state()) && IsEngineJob(cell.spec)) {
+      d.reuses_unfinished = true;
+      d.run = false;
+      d.why =
+          absl::StrCat("waits: revision ", last, "'s ", prev->id(), " is ",
+                       StateName(prev->state()), " (the same job: served from it when it ends)");
+    } else {
+      d.why =
+          absl::StrCat("run: revision ", last, "'s ", prev->id(), " is ", StateName(prev->state()));
+    }
+  } else {
+    d.run = false;
+    d.why = absl::StrCat("cached: unchanged since revision ", last, " (", prev->id(), ")");
+  }
+  const bool skipped = d.why.rfind("skipped", 0) == 0;
+  if (!IsEngineJob(cell.spec) && !d.run && !skipped) {
+    d.why = absl::StrCat("run: ", JobKind(cell.spec), " jobs are not memoized");
+  }
+  if (!IsEngineJob(cell.spec) && !skipped) d.run = true;
+  if (prev != nullptr && !IsTerminal(prev->state()) && !d.reuses_unfinished) {
+    absl::StrAppend(&d.why, "; cancels revision ", last, "'s ", prev->id(), " (",
+                    StateName(prev->state()), ")");
+  }
+  return d;
+}
+
+// The cell as the response lists it.
+void Describe(const experiments::PlanCell& cell, v1::ExperimentCell* out) {
+  out->set_job_name(cell.job_name);
+  out->set_stage(cell.stage);
+  out->set_kind(JobKind(cell.spec));
+  out->set_gpus(cell.spec.resources().gpus());
+  for (const auto& [axis, v] : cell.coords) (*out->mutable_coords())[axis] = v;
+  for (const auto& d : cell.spec.depends_on()) out->add_needs(d);
+}
+
+// Parameters of the model in `dir` from its config.json (experiments/cost.h's estimate).
+std::optional<int64_t> ModelParamsOnDisk(const std::string& dir) {
+  std::optional<int64_t> layers = ModelLayersFromConfig(dir);
+  if (!layers.has_value()) return std::nullopt;
+  absl::StatusOr<std::string> text = files::ReadFile(dir + "/config.json");
+  if (!text.ok()) return std::nullopt;
+  return experiments::ParamsFromConfig(*text, *layers);
+}
+
 }  // namespace
 
-absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
+experiments::ExpansionEnv CoordinatorExpansionEnv() {
+  experiments::ExpansionEnv env;
+  env.model_params = ModelParamsOnDisk;
+  env.check_job = CheckJobAsSubmitted;
+  return env;
+}
+
+absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
     const v1::SubmitExperimentRequest& request, const std::string& owner) {
   if (request.text().size() > (8u << 20)) {
     return absl::InvalidArgumentError(absl::StrCat(request.file(), ": larger than 8 MiB"));
   }
   const std::string file = request.file().empty() ? "experiment" : request.file();
-  ASSIGN_OR_RETURN(ExperimentPlan plan, ExpandExperiment(request.text(), file));
-
-  // The latest revision so far, cell by cell.
-  ASSIGN_OR_RETURN(std::vector<v1::Job> previous, JobsOf(users_, plan.name));
-  int last = 0;
-  for (const v1::Job& j : previous) last = std::max(last, Revision(j));
-  std::map<std::string, const v1::Job*> before;
-  for (const v1::Job& j : previous) {
-    if (Revision(j) == last) before[j.spec().name()] = &j;
-  }
+  ASSIGN_OR_RETURN(experiments::ExperimentPlan plan,
+                   experiments::ExpandExperiment(request.text(), file, CoordinatorExpansionEnv()));
+  ASSIGN_OR_RETURN(Latest latest, LatestOf(users_, plan.name));
+  const int last = latest.revision;
 
   v1::SubmitExperimentResponse resp;
   *resp.mutable_experiment() = Summary(plan);
   resp.mutable_experiment()->set_revision(last + 1);
   std::map<std::string, bool> reruns;  // job name → expected to run
   std::set<std::string> names;
-  // Cells whose unchanged job of an earlier revision has not ended: the new job waits for
-  // it (the same cache key) rather than running beside it, so it goes on running. Every other
-  // unfinished job of an earlier revision is superseded and cancelled once this one is in.
+  // Every unfinished job of an earlier revision that no new job waits for is superseded and
+  // cancelled once this revision is in.
   std::set<std::string> reused_unfinished;
   v1::SubmitRequest submit;
-  for (PlanCell& cell : plan.cells) {
+  for (experiments::PlanCell& cell : plan.cells) {
     names.insert(cell.job_name);
     const std::string hash = CellHash(cell.spec);
     v1::ExperimentCell* out = resp.add_cells();
-    out->set_job_name(cell.job_name);
-    out->set_stage(cell.stage);
-    out->set_kind(JobKind(cell.spec));
-    out->set_gpus(cell.spec.resources().gpus());
-    for (const auto& [axis, v] : cell.coords) (*out->mutable_coords())[axis] = v;
-    for (const auto& d : cell.spec.depends_on()) out->add_needs(d);
+    Describe(cell, out);
     std::string upstream;
     for (const auto& d : cell.spec.depends_on()) {
       if (reruns[d] && upstream.empty()) upstream = d;
     }
-    auto prev = before.find(cell.job_name);
-    std::string why;
-    bool run = true;
-    if (request.force()) {
-      why = "run: --force";
-    } else if (prev == before.end()) {
-      why = last == 0 ? "run: new experiment" : "run: new cell";
-      if (last > 0) resp.add_added(cell.job_name);
-    } else {
-      const v1::Job& p = *prev->second;
-      auto ph = p.spec().labels().find(kSpecHashLabel);
-      const bool same = ph != p.spec().labels().end() && ph->second == hash;
-      if (!same) {
-        v1::JobSpec defaulted = cell.spec;
-        ApplyDefaults(&defaulted);
-        std::vector<std::string> fields;
-        auto pf = p.spec().labels().find(kFieldsLabel);
-        const std::string now = FieldHashes(cell.spec);
-        if (pf != p.spec().labels().end() && !pf->second.empty() && !now.empty()) {
-          fields = ChangedByHashes(pf->second, now, JobKind(cell.spec));
-        }
-        if (fields.empty()) fields = ChangedFields(p.spec(), defaulted);
-        why = absl::StrCat("run: changed (", fields.empty() ? "spec" : absl::StrJoin(fields, ", "),
-                           ")");
-        resp.add_changed(cell.job_name);
-      } else if (!upstream.empty()) {
-        why = absl::StrCat("run: upstream ", upstream, " reruns");
-      } else if (p.state() == v1::CANCELLED && !p.early_stop().empty()) {
-        run = false;  // its upstream trial is served stopped again, so it is skipped again
-        why = absl::StrCat("skipped: ", p.early_stop(), " (revision ", last, ")");
-      } else if (p.state() != v1::SUCCEEDED) {
-        if (!IsTerminal(p.state()) && IsEngineJob(cell.spec) && !request.force()) {
-          reused_unfinished.insert(cell.job_name);
-          run = false;
-          why = absl::StrCat("waits: revision ", last, "'s ", p.id(), " is ", StateName(p.state()),
-                             " (the same job: served from it when it ends)");
-        } else {
-          why = absl::StrCat("run: revision ", last, "'s ", p.id(), " is ", StateName(p.state()));
-        }
-      } else {
-        run = false;
-        why = absl::StrCat("cached: unchanged since revision ", last, " (", p.id(), ")");
-      }
-    }
-    if (!IsEngineJob(cell.spec) && !run && why.rfind("skipped", 0) != 0) {
-      why = absl::StrCat("run: ", JobKind(cell.spec), " jobs are not memoized");
-    }
-    if (!IsEngineJob(cell.spec) && why.rfind("skipped", 0) != 0) run = true;
-    reruns[cell.job_name] = run;
-    if (prev != before.end() && !IsTerminal(prev->second->state()) &&
-        reused_unfinished.count(cell.job_name) == 0) {
-      absl::StrAppend(&why, "; cancels revision ", last, "'s ", prev->second->id(), " (",
-                      StateName(prev->second->state()), ")");
-    }
-    out->set_plan(why);
+    auto prev = latest.cells.find(cell.job_name);
+    const v1::Job* p = prev == latest.cells.end() ? nullptr : prev->second;
+    const CellDecision d = Decide(cell, hash, p, last, upstream, request.force());
+    if (!request.force() && p == nullptr && last > 0) resp.add_added(cell.job_name);
+    if (!request.force() && p != nullptr && d.why.rfind("run: changed", 0) == 0)
+      resp.add_changed(cell.job_name);
+    if (d.reuses_unfinished) reused_unfinished.insert(cell.job_name);
+    reruns[cell.job_name] = d.run;
+    out->set_plan(d.why);
 
     v1::JobSpec job = cell.spec;
     auto& labels = *job.mutable_labels();
@@ -280,10 +328,10 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
     if (request.force()) labels["stemma.cache"] = "false";
     *submit.add_jobs() = std::move(job);
   }
-  for (const auto& [name, job] : before) {
+  for (const auto& [name, job] : latest.cells) {
     if (names.count(name) == 0) resp.add_removed(name);
   }
-  resp.set_plan(FormatPlan(plan));
+  resp.set_plan(experiments::FormatPlan(plan));
   if (request.dry_run()) return resp;
 
   if (!request.idempotency_key().empty()) {
@@ -299,7 +347,7 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
     // (changed, removed, downstream of a change, or everything under --force). A job that
     // has ended meanwhile refuses the cancel, which is fine.
     const std::string why = absl::StrCat("superseded by revision ", last + 1);
-    for (const v1::Job& j : previous) {
+    for (const v1::Job& j : latest.jobs) {
       if (IsTerminal(j.state()) || reused_unfinished.count(j.spec().name()) > 0) continue;
       absl::StatusOr<v1::Job> cancelled = users_->Cancel(j.id(), why);
       (void)cancelled;
@@ -308,7 +356,7 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentService::Submit(
   return resp;
 }
 
-absl::StatusOr<v1::ListExperimentsResponse> ExperimentService::List() {
+absl::StatusOr<v1::ListExperimentsResponse> ExperimentRevisions::List() {
   std::map<std::string, v1::Experiment> by_name;
   std::map<std::string, std::vector<v1::Job>> jobs;
   v1::ListJobsRequest req;
@@ -342,7 +390,7 @@ absl::StatusOr<v1::ListExperimentsResponse> ExperimentService::List() {
   return resp;
 }
 
-absl::StatusOr<v1::GetExperimentResponse> ExperimentService::Get(
+absl::StatusOr<v1::GetExperimentResponse> ExperimentRevisions::Get(
     const v1::GetExperimentRequest& request) {
   ASSIGN_OR_RETURN(std::vector<v1::Job> list, JobsOf(users_, request.name()));
   if (list.empty()) return absl::NotFoundError(absl::StrCat("no experiment ", request.name()));
@@ -365,7 +413,7 @@ absl::StatusOr<v1::GetExperimentResponse> ExperimentService::Get(
     if (stage != j.spec().labels().end()) c->set_stage(stage->second);
     c->set_kind(JobKind(j.spec()));
     c->set_gpus(j.spec().resources().gpus());
-    c->set_state(StateName(j.state()));
+    c->set_state(j.state());
     c->set_reason(j.reason());
     c->set_early_stop(j.early_stop());
     c->set_step(j.progress().step());
@@ -379,4 +427,4 @@ absl::StatusOr<v1::GetExperimentResponse> ExperimentService::Get(
   return resp;
 }
 
-}  // namespace stemma::experiments
+}  // namespace stemma::coordinator

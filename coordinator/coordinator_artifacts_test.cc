@@ -1,0 +1,225 @@
+// The coordinator core driven directly (coordinator_test_fixture.h): checkpoints registered
+// with lineage, verification, garbage collection; artifact files.
+#include "coordinator/coordinator_test_fixture.h"
+
+namespace stemma::coordinator {
+namespace {
+
+TEST_F(CoordinatorTest, SucceededJobsRegisterTheirCheckpointsWithLineageMetricsAndConsumers) {
+  Worker w = Connect("w0", 0, /*allow_exec=*/true);
+  const std::string base = (dir_ / "base").string();
+  auto cpt = MakeCheckpoint("cpt-uk", "weights-1", {base});
+  std::string j1 =
+      RunToSuccess(w, Spec("cpt", "fam", "cpt"), 1, {{"loss", 10, 2.5}, {"loss", 20, 2.0}}, {cpt});
+  auto soup = MakeCheckpoint("soup", "weights-2", {cpt.path(), base}, "soup");
+  std::string j2 = RunToSuccess(w, Spec("soup", "fam", "soup"), 2, {}, {soup});
+
+  auto list = coord_->ListArtifacts({});
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->artifacts_size(), 3);  // newest first: soup, cpt, the external base
+  const v1::Artifact& s = list->artifacts(0);
+  const v1::Artifact& c = list->artifacts(1);
+  const v1::Artifact& b = list->artifacts(2);
+  EXPECT_TRUE(b.external());
+  EXPECT_EQ(b.path(), base);
+  EXPECT_EQ(c.job_id(), j1);
+  EXPECT_EQ(c.experiment(), "fam");
+  EXPECT_EQ(c.stage(), "cpt");
+  EXPECT_EQ(c.manifest_sha256(), cpt.manifest_sha256());
+  EXPECT_EQ(c.operation(), "cpt");
+  ASSERT_EQ(c.parents_size(), 1);
+  EXPECT_EQ(c.parents(0), b.id());
+  EXPECT_DOUBLE_EQ(c.metrics().at("loss"), 2.0);  // the last value
+  EXPECT_EQ(c.verification(), v1::UNCHECKED);     // checking is off by default
+  EXPECT_EQ(std::vector<std::string>(s.parents().begin(), s.parents().end()),
+            (std::vector<std::string>{c.id(), b.id()}));
+
+  v1::LineageRequest lr;
+  lr.set_id(s.id());
+  auto lineage = coord_->Lineage(lr);
+  ASSERT_TRUE(lineage.ok());
+  ASSERT_EQ(lineage->artifacts_size(), 3);  // each ancestor once, the base reached twice
+  EXPECT_EQ(lineage->artifacts(0).id(), s.id());
+  lr.set_max_depth(1);
+  lr.set_id("ckpt:" + c.id());
+  lineage = coord_->Lineage(lr);
+  ASSERT_TRUE(lineage.ok());
+  EXPECT_EQ(lineage->artifacts_size(), 2);
+
+  // An evaluation reading the soup (a file inside it) credits its metric to it.
+  v1::JobSpec eval;
+  eval.set_name("eval");
+  eval.mutable_exec()->add_argv("/bin/eval");
+  eval.mutable_exec()->add_argv(soup.path() + "/model.safetensors");
+  std::string j3 = RunToSuccess(w, eval, 3, {{"heldout_loss/uk", 0, 3.25}}, {});
+  auto details = coord_->GetArtifact(soup.path());
+  ASSERT_TRUE(details.ok()) << details.status();
+  EXPECT_EQ(details->artifact().id(), s.id());
+  EXPECT_DOUBLE_EQ(details->artifact().metrics().at("heldout_loss/uk"), 3.25);
+  EXPECT_EQ(details->producer().id(), j2);
+  ASSERT_EQ(details->parents_size(), 2);
+  ASSERT_EQ(details->consumer_jobs_size(), 1);
+  EXPECT_EQ(details->consumer_jobs(0), j3);
+  auto cd = coord_->GetArtifact(c.id());
+  ASSERT_EQ(cd->children_size(), 1);
+  EXPECT_EQ(cd->children(0).id(), s.id());
+  EXPECT_EQ(coord_->GetArtifact("a-999").status().code(), absl::StatusCode::kNotFound);
+
+  // Verify reads the files; a changed weights file is found.
+  auto ok = coord_->VerifyArtifact(c.id());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->ok());
+  EXPECT_EQ(ok->files_checked(), 2);
+  EXPECT_EQ(ok->artifact().verification(), v1::VERIFIED);
+  WriteFile(cpt.path() + "/model.safetensors", "weights-X");
+  auto bad = coord_->VerifyArtifact(c.id());
+  ASSERT_TRUE(bad.ok());
+  EXPECT_FALSE(bad->ok());
+  ASSERT_EQ(bad->problems_size(), 1);
+  EXPECT_NE(bad->problems(0).find("model.safetensors"), std::string::npos) << bad->problems(0);
+  EXPECT_EQ(bad->artifact().verification(), v1::MISMATCH);
+
+  // The registry is durable: a restarted coordinator has it, and new ids continue.
+  coord_.reset();
+  StartCoordinator();
+  list = coord_->ListArtifacts({});
+  ASSERT_EQ(list->artifacts_size(), 3);
+  EXPECT_EQ(list->artifacts(1).verification(), v1::MISMATCH);
+  Worker again = Connect("w0", 0, true);
+  auto more = MakeCheckpoint("later", "weights-3", {soup.path()});
+  RunToSuccess(again, Spec("later"), 4, {}, {more});
+  EXPECT_EQ(coord_->ListArtifacts({})->artifacts(0).id(), "a-4");
+}
+
+TEST_F(CoordinatorTest, FailedAttemptsRegisterNothingAndReportedHashesAreCheckedWhenAsked) {
+  coord_.reset();
+  verify_artifacts_ = true;
+  StartCoordinator();
+  Worker w = Connect("w0");
+  auto out = MakeCheckpoint("first", "w1");
+  v1::SubmitRequest req;
+  auto* spec = req.add_jobs();
+  *spec = Spec("retried");
+  spec->set_max_attempts(2);
+  spec->mutable_backoff()->set_initial_ms(1);
+  std::string id = coord_->Submit(req)->job_ids(0);
+  v1::Assignment a = Assigned(w);
+  v1::AttemptEvent fail;
+  fail.set_attempt_id(a.attempt_id());
+  fail.set_event_seq(1);
+  fail.mutable_finished()->set_exit_code(3);
+  *fail.mutable_finished()->add_artifacts() = out;
+  coord_->Event(w.id, w.session, fail);
+  EXPECT_EQ(coord_->ListArtifacts({})->artifacts_size(), 0);
+
+  auto good = MakeCheckpoint("good", "w2");
+  auto lying = MakeCheckpoint("lying", "w3");
+  lying.set_manifest_sha256(std::string(64, '0'));
+  auto missing = good;
+  missing.set_name("results");
+  missing.set_type("file");
+  missing.set_path((dir_ / "not-here.json").string());
+  RunToSuccess(w, Spec("checked"), 2, {}, {good, lying, missing});
+  std::map<std::string, v1::Verification> by_path;
+  auto list = coord_->ListArtifacts({});
+  ASSERT_TRUE(list.ok());
+  for (const auto& art : list->artifacts()) by_path[art.path()] = art.verification();
+  EXPECT_EQ(by_path[good.path()], v1::VERIFIED);
+  EXPECT_EQ(by_path[lying.path()], v1::MISMATCH);
+  EXPECT_EQ(by_path[missing.path()], v1::UNREADABLE);
+}
+
+TEST_F(CoordinatorTest, GcDryRunChangesNothingAndApplyDeletesOnlyUnprotectedCheckpoints) {
+  Worker w = Connect("w0");
+  std::vector<v1::OutputArtifact> outs;
+  for (int i = 0; i < 4; ++i) {
+    outs.push_back(MakeCheckpoint(absl::StrCat("trial", i), absl::StrCat("weights", i)));
+    RunToSuccess(w, Spec(absl::StrCat("trial", i), "sweep"), i + 1, {{"heldout_loss", 0, 4.0 - i}},
+                 {outs.back()});
+  }
+  // trial3 (loss 1) is the best; trial0 is pinned; a queued job will read trial1.
+  ASSERT_TRUE(coord_->PinArtifact("a-1", false).ok());
+  v1::SubmitRequest reader;
+  auto* spec = reader.add_jobs();
+  spec->set_name("reader");
+  spec->mutable_exec()->add_argv(outs[1].path());
+  spec->mutable_resources()->set_gpus(8);  // never placed: stays QUEUED
+  Worker exec = Connect("w1", 0, true);
+  ASSERT_TRUE(coord_->Submit(reader).ok());
+
+  v1::GcRequest gc;
+  gc.mutable_policy()->set_keep_best(1);
+  gc.mutable_policy()->set_metric("heldout_loss");
+  auto dry = coord_->CollectGarbage(gc);
+  ASSERT_TRUE(dry.ok()) << dry.status();
+  std::map<std::string, bool> doomed;
+  for (const auto& d : dry->decisions()) doomed[d.artifact().id()] = d.deleted();
+  EXPECT_EQ(doomed, (std::map<std::string, bool>{
+                        {"a-1", false}, {"a-2", false}, {"a-3", true}, {"a-4", false}}));
+  EXPECT_FALSE(dry->applied());
+  EXPECT_TRUE(std::filesystem::exists(outs[2].path()));
+
+  gc.set_apply(true);
+  auto applied = coord_->CollectGarbage(gc);
+  ASSERT_TRUE(applied.ok());
+  EXPECT_TRUE(applied->applied());
+  EXPECT_EQ(applied->bytes_freed(), outs[2].bytes());
+  EXPECT_FALSE(std::filesystem::exists(outs[2].path()));
+  for (int i : {0, 1, 3}) EXPECT_TRUE(std::filesystem::exists(outs[i].path())) << i;
+  auto deleted = coord_->GetArtifact("a-3");
+  EXPECT_EQ(deleted->artifact().state(), v1::ARTIFACT_DELETED);
+  EXPECT_NE(deleted->artifact().deleted_by().find("not among the best 1 by heldout_loss"),
+            std::string::npos)
+      << deleted->artifact().deleted_by();
+  EXPECT_EQ(coord_->ListArtifacts({})->artifacts_size(), 3);  // deleted ones need --all
+  v1::GcRequest bad;
+  bad.mutable_policy()->set_keep_best(2);
+  EXPECT_EQ(coord_->CollectGarbage(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A prepared corpus (`stemma-engine prepare`) has manifest.json, not stemma.json: its hash is
+// the manifest's, and the deep check covers every listed file and the content_hash.
+TEST(ArtifactFilesTest, ACorpusVerifiesByItsManifestJsonAndEveryFile) {
+  const std::string dir = ::testing::TempDir() + "/corpus_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir + "/train");
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream(path) << text;
+  };
+  write(dir + "/train/uk.txt", "один\nдва\n");
+  write(dir + "/suites.json", "{}\n");
+  const std::string a = *Sha256File(dir + "/suites.json"), b = *Sha256File(dir + "/train/uk.txt");
+  write(dir + "/listing", absl::StrCat(a, "  suites.json\n", b, "  train/uk.txt\n"));
+  const std::string content_hash = *Sha256File(dir + "/listing");
+  std::filesystem::remove(dir + "/listing");
+  auto manifest = [&](const std::string& hash) {
+    return absl::StrCat(
+        R"({"format": "stemma.corpus/1", "content_hash": ")", hash, R"(", "files": [)",
+        R"({"path": "train/uk.txt", "bytes": 16, "lines": 2, "sha256": ")", b, R"("},)",
+        R"({"path": "suites.json", "bytes": 3, "lines": 1, "sha256": ")", a, R"("}]})");
+  };
+  write(dir + "/manifest.json", manifest(content_hash));
+  EXPECT_EQ(ManifestFile(dir), dir + "/manifest.json");
+  const std::string sha = *Sha256File(dir + "/manifest.json");
+  DeepCheck ok = VerifyArtifactFiles(dir, sha);
+  EXPECT_TRUE(ok.problems.empty()) << ok.problems.front();
+  EXPECT_EQ(ok.files_checked, 3);
+  EXPECT_EQ(CheckManifest(dir, "0000").result, v1::MISMATCH);
+
+  write(dir + "/train/uk.txt", "один\nтри\n");  // same size, other bytes
+  DeepCheck changed = VerifyArtifactFiles(dir, sha);
+  ASSERT_EQ(changed.problems.size(), 1u);
+  EXPECT_NE(changed.problems[0].find("train/uk.txt: sha256 differs"), std::string::npos)
+      << changed.problems[0];
+
+  write(dir + "/train/uk.txt", "один\nдва\n");
+  write(dir + "/manifest.json", manifest(std::string(64, '0')));
+  DeepCheck listing = VerifyArtifactFiles(dir, *Sha256File(dir + "/manifest.json"));
+  ASSERT_EQ(listing.problems.size(), 1u);
+  EXPECT_NE(listing.problems[0].find("content_hash does not match"), std::string::npos)
+      << listing.problems[0];
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace stemma::coordinator

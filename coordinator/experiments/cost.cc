@@ -1,0 +1,152 @@
+#include "coordinator/experiments/cost.h"
+
+#include <algorithm>
+
+#include "absl/strings/numbers.h"
+#include "common/engine_spec.h"
+#include "common/job_spec.h"
+#include "google/protobuf/message.h"
+
+namespace stemma::experiments {
+namespace {
+
+namespace pb = google::protobuf;
+
+// A numeric field of `m` by name as a double (0 when absent or not a number).
+double Number(const pb::Message& m, const char* name) {
+  const pb::FieldDescriptor* f = m.GetDescriptor()->FindFieldByName(name);
+  if (f == nullptr || f->is_repeated()) return 0;
+  switch (f->cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_INT64:
+      return static_cast<double>(m.GetReflection()->GetInt64(m, f));
+    case pb::FieldDescriptor::CPPTYPE_INT32:
+      return m.GetReflection()->GetInt32(m, f);
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+      return m.GetReflection()->GetDouble(m, f);
+    default:
+      return 0;
+  }
+}
+
+// The tokens a train cell sees: max_tokens, else steps · batch · accumulation · sequence.
+double TrainTokens(const v1::JobSpec& s) {
+  const pb::Message& t = s.train();
+  const pb::Descriptor* d = t.GetDescriptor();
+  const pb::Reflection* r = t.GetReflection();
+  if (double max_tokens = Number(t, "max_tokens"); max_tokens > 0) return max_tokens;
+  double seq = 0;
+  if (const pb::FieldDescriptor* data = d->FindFieldByName("data");
+      data != nullptr && data->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE &&
+      r->HasField(t, data)) {
+    seq = Number(r->GetMessage(t, data), "seq_len");
+  }
+  const double batch = std::max(1.0, Number(t, "batch_size"));
+  const double accum = std::max(1.0, Number(t, "grad_accum"));
+  return Number(t, "steps") * batch * accum * seq;
+}
+
+// An init cell's model from its sizes (the byte tokenizer's 259 ids unless vocab_size).
+std::optional<int64_t> InitParams(const pb::Message& init) {
+  auto get = [&](const char* name) -> int64_t {
+    const pb::FieldDescriptor* f = init.GetDescriptor()->FindFieldByName(name);
+    if (f == nullptr || f->is_repeated() || !init.GetReflection()->HasField(init, f)) return 0;
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT64)
+      return init.GetReflection()->GetInt64(init, f);
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_INT32)
+      return init.GetReflection()->GetInt32(init, f);
+    return 0;
+  };
+  const int64_t layers = get("num_layers"), d = get("hidden_size"), ffn = get("intermediate_size");
+  if (layers <= 0 || d <= 0 || ffn <= 0) return std::nullopt;  // preset sizes live in the engine
+  const int64_t vocab = get("vocab_size") > 0 ? get("vocab_size") : 259;
+  const int64_t experts = std::max<int64_t>(1, get("num_experts"));
+  return layers * (4 * d * d + experts * 3 * d * ffn) + 2 * vocab * d;
+}
+
+class Estimator {
+ public:
+  Estimator(const std::map<std::string, int64_t>& declared, const ModelParams& model_params)
+      : declared_(declared), model_params_(model_params) {}
+
+  // Parameters of the model a spec reads: an upstream cell's output (as estimated for that
+  // cell), a model declared under `models:`, or the caller's answer.
+  std::optional<int64_t> InputParams(const std::string& model) const {
+    if (model.rfind("${{ ", 0) == 0) {
+      const size_t dot = model.rfind(".outputs.");
+      if (dot == std::string::npos) return std::nullopt;
+      auto it = produced_.find(model.substr(4, dot - 4));
+      return it == produced_.end() ? std::nullopt : std::optional<int64_t>(it->second);
+    }
+    if (auto it = declared_.find(model); it != declared_.end()) return it->second;
+    if (model.empty() || !model_params_) return std::nullopt;
+    return model_params_(model);
+  }
+
+  void Add(const PlanCell& c, ExperimentPlan* plan) {
+    plan->edges += c.spec.depends_on_size();
+    plan->gpus +=
+        static_cast<int64_t>(std::max(0, c.spec.resources().gpus())) * std::max(1, c.spec.nodes());
+    if (c.spec.has_init()) {
+      if (auto p = InitParams(c.spec.init())) produced_[c.job_name] = *p;
+      return;
+    }
+    if (const pb::Message* engine = EngineSpecOf(c.spec);
+        engine != nullptr && !c.spec.has_train()) {
+      // Merges, reverts, grafts keep the size of what they read; an upcycle multiplies the
+      // FFN (about two thirds of a block) by its experts.
+      if (auto p = InputParams(FirstInputModel(*engine))) {
+        int64_t n = *p;
+        if (c.spec.has_upcycle())
+          n += static_cast<int64_t>(
+              static_cast<double>(n) * 2.0 / 3.0 *
+              static_cast<double>(std::max<int64_t>(0, c.spec.upcycle().experts() - 1)));
+        produced_[c.job_name] = n;
+      }
+      return;
+    }
+    if (!c.spec.has_train()) return;
+    // 6·N·D: parameters from the model it reads, tokens from the budget.
+    std::optional<int64_t> params = InputParams(FirstInputModel(c.spec.train()));
+    if (params.has_value()) produced_[c.job_name] = *params;
+    const double tokens = TrainTokens(c.spec);
+    if (!params.has_value() || tokens <= 0) {
+      ++plan->unknown_cost_cells;
+      return;
+    }
+    plan->gpu_hours_estimate +=
+        6.0 * static_cast<double>(*params) * tokens / (400e12 * 0.4) / 3600.0;
+  }
+
+ private:
+  const std::map<std::string, int64_t>& declared_;
+  const ModelParams& model_params_;
+  std::map<std::string, int64_t> produced_;  // cell → estimated parameters of its model output
+};
+
+}  // namespace
+
+void EstimateCost(const std::map<std::string, int64_t>& declared, const ModelParams& model_params,
+                  ExperimentPlan* plan) {
+  Estimator estimator(declared, model_params);
+  for (const PlanCell& c : plan->cells) estimator.Add(c, plan);
+}
+
+std::optional<int64_t> ParamsFromConfig(std::string_view config_json, int64_t layers) {
+  absl::StatusOr<std::vector<YamlNode>> docs = LoadYamlDocuments(config_json, "config.json");
+  if (!docs.ok() || docs->empty()) return std::nullopt;
+  const YamlNode* root = &(*docs)[0];
+  if (const YamlNode* t = root->Find("text_config"); t != nullptr && t->IsMap()) root = t;
+  auto get = [&](const char* key) -> int64_t {
+    const YamlNode* n = root->Find(key);
+    int64_t v = 0;
+    if (n != nullptr && n->IsScalar()) (void)absl::SimpleAtoi(n->scalar, &v);
+    return v;
+  };
+  const int64_t d = get("hidden_size"), v = get("vocab_size"), ffn = get("intermediate_size");
+  const int64_t experts = std::max<int64_t>(1, get("num_experts"));
+  if (d <= 0) return std::nullopt;
+  const int64_t block = 4 * d * d + experts * 3 * d * std::max<int64_t>(ffn, 1);
+  return layers * block + 2 * v * d;
+}
+
+}  // namespace stemma::experiments
