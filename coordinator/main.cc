@@ -41,6 +41,7 @@ struct Config {
   bool insecure = false;
   std::string health_listen;  // grpc.health.v1, plaintext, on its own port
   std::string quotas;         // quotas and fair share (coordinator/quotas.h)
+  std::string metrics_auth;   // USER:PASSWORD file: /metrics needs HTTP basic auth
 };
 
 int MakeDirs(const std::string& path) {
@@ -89,6 +90,9 @@ int main(int argc, char** argv) {
   app.add_flag("--insecure", cfg.insecure,
                "allow listening beyond loopback without TLS and tokens (anyone who can reach "
                "the port can run jobs)");
+  app.add_option("--metrics-auth", cfg.metrics_auth,
+                 "file (mode 0600) holding USER:PASSWORD: /metrics then needs HTTP basic auth "
+                 "(its series name every user's experiments, stages and metrics)");
   app.add_option("--quotas", cfg.quotas,
                  "YAML file of per-subject and per-project limits (queued jobs, running GPUs, "
                  "priority range) and fair share; re-read when it changes "
@@ -153,6 +157,19 @@ int main(int argc, char** argv) {
   if (!cfg.metrics_listen.empty()) {
     try {
       exposer = std::make_unique<prometheus::Exposer>(cfg.metrics_listen);
+      if (!cfg.metrics_auth.empty()) {
+        absl::StatusOr<std::string> text = stemma::ReadSecretFile(cfg.metrics_auth);
+        absl::StatusOr<std::function<bool(const std::string&, const std::string&)>> check =
+            absl::UnknownError("unread");
+        check = text.ok() ? stemma::coordinator::MetricsBasicAuth(*text, cfg.metrics_auth)
+                          : decltype(check)(text.status());
+        if (!check.ok()) {
+          std::fprintf(stderr, "stemma-coordinator: --metrics-auth: %s\n",
+                       std::string(check.status().message()).c_str());
+          return 2;
+        }
+        exposer->RegisterAuth(*std::move(check), "stemma");
+      }
       exposer->RegisterCollectable(metrics.registry());
       exposer->RegisterCollectable(certificates);
     } catch (const std::exception& e) {

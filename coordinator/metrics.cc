@@ -1,13 +1,38 @@
 #include "coordinator/metrics.h"
 
+#include <algorithm>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "stemma/v1/user_service.pb.h"
 #include "stemma/v1/worker_service.pb.h"
 
 namespace stemma::coordinator {
+
+absl::StatusOr<std::function<bool(const std::string&, const std::string&)>> MetricsBasicAuth(
+    const std::string& text, const std::string& source) {
+  std::string line = text.substr(0, text.find('\n'));
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  const size_t colon = line.find(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == line.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": expected one line USER:PASSWORD (both non-empty)"));
+  }
+  const std::string want = line;
+  return [want](const std::string& user, const std::string& password) {
+    const std::string got = user + ":" + password;
+    // Constant time in the content: every byte of the longer string is looked at.
+    unsigned diff = got.size() == want.size() ? 0 : 1;
+    const size_t n = std::max(got.size(), want.size());
+    for (size_t i = 0; i < n; ++i) {
+      diff |= static_cast<unsigned char>(i < got.size() ? got[i] : 0) ^
+              static_cast<unsigned char>(i < want.size() ? want[i] : 0);
+    }
+    return diff == 0;
+  };
+}
 namespace {
 
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {

@@ -9,6 +9,7 @@
 #include <prometheus/registry.h>
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -17,10 +18,18 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "stemma/v1/job.pb.h"
 
 namespace stemma::coordinator {
+
+// HTTP basic authentication for /metrics (`stemma-coordinator --metrics-auth FILE`): the per-
+// experiment series name experiments, stages, cells and metrics of every user, which nobody
+// without the credentials should read. `text` is the file's content, "USER:PASSWORD";
+// INVALID_ARGUMENT naming `source` otherwise. The returned check compares in constant time.
+absl::StatusOr<std::function<bool(const std::string&, const std::string&)>> MetricsBasicAuth(
+    const std::string& text, const std::string& source);
 
 class CoordinatorMetrics {
  public:

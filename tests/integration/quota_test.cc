@@ -155,5 +155,22 @@ TEST_F(QuotaCluster, EscapeSequencesFromAJobNeverReachATerminalRaw) {
   EXPECT_TRUE(escaped) << "the escape sequence should show, escaped";
 }
 
+// Low: /metrics names every user's experiments, stages and metrics. With --metrics-auth it
+// answers only to the credentials in that file (mode 0600), as Prometheus's basic_auth sends.
+TEST(MetricsAuth, MetricsAnswerOnlyWithTheCredentialsWhenGiven) {
+  Cluster c;
+  const std::string loose = c.WriteFile("metrics-loose", "prom:s3cret\n");
+  RunShell("chmod 644 " + loose);
+  EXPECT_EQ(c.WaitExit(c.SpawnCoordinator({"--metrics-auth", loose})), 2);
+  const std::string creds = c.WriteFile("metrics-auth", "prom:s3cret\n");
+  RunShell("chmod 600 " + creds);
+  c.StartCoordinator({"--metrics-auth", creds});
+  const std::string url = "http://" + c.metrics_address() + "/metrics";
+  EXPECT_EQ(RunShell("curl -s -o /dev/null -w '%{http_code}' " + url), "401");
+  EXPECT_EQ(RunShell("curl -s -o /dev/null -w '%{http_code}' -u prom:wrong " + url), "401");
+  EXPECT_NE(RunShell("curl -s -u prom:s3cret " + url).find("stemma_coordinator_jobs"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace stemma::testing
