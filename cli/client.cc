@@ -98,6 +98,18 @@ absl::Status Convert(const grpc::Status& status, const std::string& address,
             "cannot reach the coordinator at ", address, " over TLS: ", status.error_message(),
             " (check --ca / STEMMA_CA and that the coordinator serves TLS)"));
       }
+      // A coordinator that serves TLS closes a plaintext connection during setup ("failed to
+      // connect ...: Socket closed"; no coordinator says "Connection refused"): "start one"
+      // would send the user after a coordinator that is running.
+      if (const std::string lower = absl::AsciiStrToLower(status.error_message());
+          absl::StrContains(lower, "failed to connect") &&
+          (absl::StrContains(lower, "socket closed") ||
+           absl::StrContains(lower, "connection reset") || absl::StrContains(lower, "eof"))) {
+        return absl::UnavailableError(absl::StrCat(
+            "the coordinator at ", address, " closed the connection during setup (",
+            status.error_message(),
+            "): if it serves TLS, give its CA with --ca or STEMMA_CA (a TLS handshake failure)"));
+      }
       return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", address,
                                                  " (start one with 'stemma up')"));
     case grpc::StatusCode::UNAUTHENTICATED:

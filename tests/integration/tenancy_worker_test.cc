@@ -248,14 +248,18 @@ TEST(TenancyWorkerKeys, ATlsKeyOthersCanReadIsRefusedNamingTheFile) {
   EXPECT_NE(log.find("chmod 600"), std::string::npos) << log;
 }
 
-// A CLI that trusts another CA: the handshake fails, and the message says it is TLS (not
-// "start one with 'stemma up'", which sends the user after a coordinator that is running).
+// A CLI that trusts another CA, or talks plaintext to a TLS coordinator: the handshake fails,
+// and the message says it is TLS (not "start one with 'stemma up'", which sends the user
+// after a coordinator that is running).
 TEST_F(TenancyWorker, ATlsHandshakeFailureSaysItIsTls) {
   const std::string other_ca = c_.MakeCaAndServerCert("other");
-  CliResult r = c_.CliAs(c_.admin_token(), {"ls"}, {"STEMMA_CA=" + other_ca});
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find("TLS"), std::string::npos) << r.err;
-  EXPECT_EQ(r.err.find("stemma up"), std::string::npos) << r.err;
+  // Another CA, then no CA at all (a plaintext client: the coordinator closes the connection).
+  for (const std::string& ca : {"STEMMA_CA=" + other_ca, std::string("STEMMA_CA=")}) {
+    CliResult r = c_.CliAs(c_.admin_token(), {"ls"}, {ca});
+    EXPECT_NE(r.exit_code, 0) << ca;
+    EXPECT_NE(r.err.find("TLS"), std::string::npos) << ca << ": " << r.err;
+    EXPECT_EQ(r.err.find("stemma up"), std::string::npos) << ca << ": " << r.err;
+  }
 }
 
 }  // namespace
