@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/files.h"
 #include "common/status.h"
 
 namespace stemma::cli {
@@ -40,17 +41,20 @@ struct TokenOptions {
 // files refuses: --out writes it 0600 whatever the umask (an existing file is replaced and
 // made 0600 too).
 absl::Status WriteTokenFile(const std::string& path, const std::string& token) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) {
+  files::UniqueFd fd(
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
     return absl::FailedPreconditionError(
         absl::StrCat("--out ", path, ": cannot write: ", std::strerror(errno)));
   }
   const std::string text = token + "\n";
-  bool ok = ::fchmod(fd, 0600) == 0 &&
-            ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  const int err = errno;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok) {
+  int err = 0;
+  if (::fchmod(fd.get(), 0600) != 0) err = errno;
+  if (err == 0) {
+    if (absl::Status s = files::WriteAll(fd.get(), text, path); !s.ok()) err = errno;
+  }
+  if (absl::Status s = fd.Close(path); !s.ok() && err == 0) err = errno;
+  if (err != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("--out ", path, ": cannot write: ", std::strerror(err)));
   }

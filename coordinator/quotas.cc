@@ -4,14 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/auth.h"
+#include "common/files.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -175,15 +174,11 @@ absl::StatusOr<QuotaConfig> QuotaFile::Load() {
     return absl::NotFoundError(
         absl::StrCat(path_, ": cannot read the quota file: ", std::strerror(errno)));
   }
-  std::ifstream in(path_, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  if (!in.good() && !in.eof()) {
-    return absl::NotFoundError(absl::StrCat(path_, ": cannot read the quota file"));
-  }
+  absl::StatusOr<std::string> text = files::ReadFile(path_);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat(path_, ": cannot read the quota file"));
   stamp_ = {static_cast<int64_t>(st.st_ino), static_cast<int64_t>(st.st_size),
             st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec};
-  return ParseQuotaConfig(text.str(), path_);
+  return ParseQuotaConfig(*text, path_);
 }
 
 std::optional<QuotaConfig> QuotaFile::Poll(int64_t mono_ms) {
