@@ -29,6 +29,18 @@ std::string Join(const std::string& path, std::string_view name) {
   return path.empty() ? std::string(name) : absl::StrCat(path, ".", std::string(name));
 }
 
+// A member of a tagged message's oneof (MessageRules.tag): files write its fields flat.
+const std::string* TagOf(const FD* f) {
+  if (f->real_containing_oneof() == nullptr) return nullptr;
+  const std::string& tag = f->containing_type()->options().GetExtension(v1::message_rules).tag();
+  return tag.empty() ? nullptr : &tag;
+}
+
+// The path of field `f` of a message at `rel`; a tagged member adds nothing to it.
+std::string FieldPath(const std::string& rel, const FD* f) {
+  return TagOf(f) != nullptr ? rel : Join(rel, f->name());
+}
+
 bool IsNumeric(const FD* f) {
   switch (f->cpp_type()) {
     case FD::CPPTYPE_INT32:
@@ -101,7 +113,7 @@ class Validator {
     for (int i = 0; i < d->field_count(); ++i) {
       const FD* f = d->field(i);
       const v1::FieldRules& rules = Rules(f);
-      const std::string path = Join(rel, f->name());
+      const std::string path = FieldPath(rel, f);
       const bool set = IsSet(m, f);
       if (rules.required() && !set) return Error(path, "is required");
       if (!set) continue;
@@ -214,7 +226,7 @@ void CollectPaths(const pb::Message& m, const std::string& rel, std::vector<Spec
   const pb::Reflection* r = m.GetReflection();
   for (int i = 0; i < d->field_count(); ++i) {
     const FD* f = d->field(i);
-    const std::string path = Join(rel, f->name());
+    const std::string path = FieldPath(rel, f);
     if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
       if (f->is_map()) continue;
       if (f->is_repeated()) {
@@ -329,11 +341,28 @@ std::string Cell(std::string text) {
   return absl::StrReplaceAll(text, {{"|", "\\|"}, {"\n", " "}});
 }
 
+// A sub-message's table: its field prefix and its heading.
+struct SubTable {
+  const pb::Descriptor* d;
+  std::string prefix, heading;
+};
+
 void MessageTable(const pb::Descriptor* d, const std::string& prefix, std::string* out,
-                  std::vector<std::pair<const pb::Descriptor*, std::string>>* subs) {
+                  std::vector<SubTable>* subs) {
   absl::StrAppend(out, "| field | type | default | meaning |\n| --- | --- | --- | --- |\n");
+  std::vector<std::string> kinds;
   for (int i = 0; i < d->field_count(); ++i) {
     const FD* f = d->field(i);
+    if (const std::string* tag = TagOf(f)) {
+      // One row for the tag; each member's fields get a table of their own.
+      kinds.push_back(f->name());
+      subs->push_back({f->message_type(), prefix,
+                       absl::StrCat("`", prefix, "` with `", *tag, ": ", f->name(), "`")});
+      if (i + 1 < d->field_count() && TagOf(d->field(i + 1)) != nullptr) continue;
+      absl::StrAppend(out, "| `", Join(prefix, *tag), "` | one of `", absl::StrJoin(kinds, "`, `"),
+                      "` | **required** | The kind; its own fields are in the sections below. |\n");
+      continue;
+    }
     const v1::FieldRules& rules = Rules(f);
     const std::string name = Join(prefix, f->name());
     std::string def =
@@ -345,7 +374,8 @@ void MessageTable(const pb::Descriptor* d, const std::string& prefix, std::strin
     absl::StrAppend(out, "| `", name, "` | ", Cell(TypeText(f)), " | ", Cell(def), " | ", Cell(doc),
                     " |\n");
     if (f->cpp_type() == FD::CPPTYPE_MESSAGE && !f->is_map()) {
-      subs->push_back({f->message_type(), f->is_repeated() ? absl::StrCat(name, "[]") : name});
+      const std::string sub = f->is_repeated() ? absl::StrCat(name, "[]") : name;
+      subs->push_back({f->message_type(), sub, absl::StrCat("`", sub, "`")});
     }
   }
 }
@@ -460,14 +490,14 @@ std::string SpecReferenceMarkdown(std::string_view command) {
   std::string out;
   const v1::MessageRules& mr = d->options().GetExtension(v1::message_rules);
   if (!mr.doc().empty()) absl::StrAppend(&out, mr.doc(), "\n\n");
-  std::vector<std::pair<const pb::Descriptor*, std::string>> subs;
+  std::vector<SubTable> subs;
   MessageTable(d, "", &out, &subs);
   for (size_t i = 0; i < subs.size(); ++i) {  // grows while iterating: breadth first
-    auto [sub, name] = subs[i];
-    absl::StrAppend(&out, "\n### `", name, "`\n\n");
-    const v1::MessageRules& sr = sub->options().GetExtension(v1::message_rules);
+    const SubTable sub = subs[i];
+    absl::StrAppend(&out, "\n### ", sub.heading, "\n\n");
+    const v1::MessageRules& sr = sub.d->options().GetExtension(v1::message_rules);
     if (!sr.doc().empty()) absl::StrAppend(&out, sr.doc(), "\n\n");
-    MessageTable(sub, name, &out, &subs);
+    MessageTable(sub.d, sub.prefix, &out, &subs);
   }
   return out;
 }
@@ -481,6 +511,11 @@ std::string SpecHelpText(std::string_view command) {
     auto [m, prefix] = todo[i];
     for (int k = 0; k < m->field_count(); ++k) {
       const FD* f = m->field(k);
+      if (const std::string* tag = TagOf(f)) {
+        absl::StrAppend(&out, "  ", Join(prefix, *tag), ": ", f->name(), "  (the fields below)\n");
+        todo.push_back({f->message_type(), prefix});
+        continue;
+      }
       const v1::FieldRules& rules = Rules(f);
       const std::string name = Join(prefix, f->name());
       std::string def = rules.required() ? "required"

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -28,6 +29,8 @@ class YamlToProto {
     if (node.IsNull()) return absl::OkStatus();  // `noop:` is an empty noop
     if (node.line > 0) line_ = node.line;
     if (!node.IsMap()) return Error(path, "must be a mapping");
+    const std::string& tag = d->options().GetExtension(v1::message_rules).tag();
+    if (!tag.empty() && node.Find(tag) != nullptr) return Tagged(node, msg, path, tag);
     const pb::Reflection* r = msg->GetReflection();
     for (size_t k = 0; k + 1 < node.items.size(); k += 2) {
       const YamlNode& key_node = node.items[k];
@@ -52,12 +55,81 @@ class YamlToProto {
                                                 set->name(), " is already)"));
         }
       }
-      RETURN_IF_ERROR(Field(value, msg, f, field_path));
+      // A tagged message's member, nested ({choice: {k: 2}}), has the flat form's paths.
+      const bool inline_member = !tag.empty() && f->real_containing_oneof() != nullptr;
+      RETURN_IF_ERROR(Field(value, msg, f, inline_member ? path : field_path));
     }
     return absl::OkStatus();
   }
 
  private:
+  // The flat form of a tagged message (MessageRules.tag): `<tag>: <member>` selects the
+  // oneof member; every other key is a field of the message itself or of that member.
+  absl::Status Tagged(const YamlNode& node, google::protobuf::Message* msg, const std::string& path,
+                      const std::string& tag) {
+    namespace pb = google::protobuf;
+    const pb::Descriptor* d = msg->GetDescriptor();
+    const YamlNode* kind = node.Find(tag);
+    const std::string tag_path = path.empty() ? tag : absl::StrCat(path, ".", tag);
+    std::vector<std::string> kinds;
+    const pb::FieldDescriptor* member = nullptr;
+    for (int i = 0; i < d->field_count(); ++i) {
+      const pb::FieldDescriptor* f = d->field(i);
+      if (f->real_containing_oneof() == nullptr || f->message_type() == nullptr) continue;
+      kinds.push_back(f->name());
+      if (kind->IsScalar() && kind->scalar == f->name()) member = f;
+    }
+    if (kind->line > 0) line_ = kind->line;
+    if (lines_ != nullptr && kind->line > 0) lines_->Set(tag_path, kind->line);
+    if (member == nullptr) {
+      return Error(tag_path, absl::StrCat("'", kind->IsScalar() ? kind->scalar : "",
+                                          "' is not one of ", absl::StrJoin(kinds, ", ")));
+    }
+    pb::Message* body = msg->GetReflection()->MutableMessage(msg, member);
+    for (size_t k = 0; k + 1 < node.items.size(); k += 2) {
+      const YamlNode& key_node = node.items[k];
+      if (!key_node.IsScalar()) return Error(path, "keys must be plain names");
+      const std::string& key = key_node.scalar;
+      if (key == tag) continue;
+      const std::string field_path = path.empty() ? key : absl::StrCat(path, ".", key);
+      line_ = key_node.line;
+      if (lines_ != nullptr) lines_->Set(field_path, key_node.line);
+      const pb::FieldDescriptor* f = d->FindFieldByName(key);
+      if (f == nullptr) f = d->FindFieldByCamelcaseName(key);
+      if (f != nullptr && f->real_containing_oneof() == nullptr) {
+        RETURN_IF_ERROR(Field(node.items[k + 1], msg, f, field_path));
+        continue;
+      }
+      const pb::FieldDescriptor* own = body->GetDescriptor()->FindFieldByName(key);
+      if (own == nullptr) own = body->GetDescriptor()->FindFieldByCamelcaseName(key);
+      if (own != nullptr) {
+        RETURN_IF_ERROR(Field(node.items[k + 1], body, own, field_path));
+        continue;
+      }
+      const pb::OneofDescriptor* oneof = member->real_containing_oneof();
+      for (int i = 0; i < oneof->field_count(); ++i) {
+        const pb::Descriptor* other = oneof->field(i)->message_type();
+        if (other != nullptr && other->FindFieldByName(key) != nullptr) {
+          // "does not apply to a perplexity task": the member, then the message name's last word.
+          const std::string& name = d->name();
+          const size_t word = name.find_last_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ");
+          return Error(field_path, absl::StrCat("does not apply to a ", member->name(), " ",
+                                                absl::AsciiStrToLower(name.substr(word))));
+        }
+      }
+      std::vector<std::string> names = {tag};
+      for (int i = 0; i < d->field_count(); ++i) {
+        if (d->field(i)->real_containing_oneof() == nullptr) names.push_back(d->field(i)->name());
+      }
+      for (int i = 0; i < body->GetDescriptor()->field_count(); ++i) {
+        names.push_back(body->GetDescriptor()->field(i)->name());
+      }
+      return Error(field_path,
+                   absl::StrCat("unknown field (allowed: ", absl::StrJoin(names, ", "), ")"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Error(const std::string& path, std::string_view what) const {
     return SpecError(where_, line_, path, what);
   }

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/eval_task.h"
 #include "common/spec_checks.h"
 #include "common/status.h"
 
@@ -20,86 +21,38 @@ bool Contains(const google::protobuf::RepeatedPtrField<std::string>& list, const
   return std::find(list.begin(), list.end(), v) != list.end();
 }
 
-// The fields of a task that belong to other types, as (name, set?) pairs.
-struct TaskField {
-  const char* name;
-  bool set;
-};
-
-std::vector<TaskField> PerplexityFields(const v1::EvalTask& t) {
-  return {{"split", !t.split().empty()},
-          {"heldout_fraction", t.has_heldout_fraction()},
-          {"split_seed", t.has_split_seed()},
-          {"heldout_split", t.has_heldout_split()},
-          {"seq_len", t.has_seq_len()}};
-}
-std::vector<TaskField> FewShotFields(const v1::EvalTask& t) {
-  return {{"k", t.has_k()},
-          {"seed", t.has_seed()},
-          {"sampler", !t.sampler().empty()},
-          {"fewshot_data", !t.fewshot_data().empty()}};
-}
-std::vector<TaskField> ChoiceFields(const v1::EvalTask& t) {
-  return {{"format", !t.format().empty()},
-          {"add_bos", t.has_add_bos()},
-          {"max_length", t.has_max_length()}};
-}
-std::vector<TaskField> TranslationFields(const v1::EvalTask& t) {
-  return {{"source_language", !t.source_language().empty()},
-          {"source_field", !t.source_field().empty()},
-          {"target_field", !t.target_field().empty()},
-          {"source_name", !t.source_name().empty()},
-          {"target_name", !t.target_name().empty()},
-          {"max_new_tokens", t.has_max_new_tokens()}};
-}
-
-// The task's name as the engine will use it (docs: EvalTask.name).
-std::string TaskName(const v1::EvalTask& t) {
-  if (!t.name().empty()) return t.name();
-  if (t.type() == "choice") return absl::StrCat(t.format(), "_", t.language());
-  if (t.type() == "translation") return absl::StrCat(t.source_language(), "-", t.language());
-  return t.language();
-}
-
 absl::Status CheckTask(const v1::EvalTask& t, const std::string& at, const SpecChecker& checker) {
-  std::vector<std::vector<TaskField>> foreign;
-  if (t.type() == "perplexity") {
-    foreign = {FewShotFields(t), ChoiceFields(t), TranslationFields(t)};
-  } else if (t.type() == "choice") {
-    foreign = {PerplexityFields(t), TranslationFields(t)};
-  } else {
-    foreign = {PerplexityFields(t), ChoiceFields(t)};
+  // Which fields go with which type is the schema's (the reader refuses a field of another
+  // type); what is left are the rules between fields of one type.
+  if (t.kind_case() == v1::EvalTask::KIND_NOT_SET) {
+    return checker.Error(absl::StrCat(at, ".type"),
+                         "is required (perplexity, choice, translation)");
   }
-  for (const auto& group : foreign) {
-    for (const TaskField& f : group) {
-      if (f.set) {
-        return checker.Error(absl::StrCat(at, ".", f.name),
-                             absl::StrCat("does not apply to a ", t.type(), " task"));
+  if (t.has_perplexity()) {
+    const v1::PerplexityTask& p = t.perplexity();
+    if (p.split() != "all" && !p.has_heldout_fraction()) {
+      return checker.Error(absl::StrCat(at, ".heldout_fraction"),
+                           "is required with split: heldout (the training run's "
+                           "data.heldout_fraction; or split: all)");
+    }
+    if (p.split() == "all") {
+      for (const auto& [name, set] : {std::pair{"heldout_fraction", p.has_heldout_fraction()},
+                                      std::pair{"heldout_split", p.has_heldout_split()},
+                                      std::pair{"split_seed", p.has_split_seed()}}) {
+        if (set)
+          return checker.Error(absl::StrCat(at, ".", name), "does not apply with split: all");
       }
     }
-  }
-  if (t.type() == "perplexity" && t.split() != "all" && !t.has_heldout_fraction()) {
-    return checker.Error(absl::StrCat(at, ".heldout_fraction"),
-                         "is required with split: heldout (the training run's "
-                         "data.heldout_fraction; or split: all)");
-  }
-  if (t.type() == "perplexity" && t.split() == "all") {
-    for (const TaskField& f : {TaskField{"heldout_fraction", t.has_heldout_fraction()},
-                               TaskField{"heldout_split", t.has_heldout_split()},
-                               TaskField{"split_seed", t.has_split_seed()}}) {
-      if (f.set)
-        return checker.Error(absl::StrCat(at, ".", f.name), "does not apply with split: all");
+    if (p.heldout_split() == "last" && p.has_split_seed()) {
+      return checker.Error(absl::StrCat(at, ".split_seed"),
+                           "does not apply to heldout_split: last (no hash)");
     }
   }
-  if (t.type() == "perplexity" && t.heldout_split() == "last" && t.has_split_seed()) {
-    return checker.Error(absl::StrCat(at, ".split_seed"),
-                         "does not apply to heldout_split: last (no hash)");
-  }
-  if (t.type() == "choice" && t.format().empty()) {
+  if (t.has_choice() && t.choice().format().empty()) {
     return checker.Error(absl::StrCat(at, ".format"),
                          "is required for a choice task (belebele, piqa, global_piqa)");
   }
-  if (t.type() == "translation" && t.source_language().empty()) {
+  if (t.has_translation() && t.translation().source_language().empty()) {
     return checker.Error(absl::StrCat(at, ".source_language"),
                          "is required for a translation task");
   }
@@ -198,6 +151,37 @@ absl::Status CheckSelect(const v1::SelectOptions& s, const std::vector<std::stri
 
 }  // namespace
 
+std::string EvalTaskType(const v1::EvalTask& task) {
+  if (task.kind_case() == v1::EvalTask::KIND_NOT_SET) return "";
+  return v1::EvalTask::descriptor()->FindFieldByNumber(task.kind_case())->name();
+}
+
+std::string EvalTaskName(const v1::EvalTask& t) {
+  if (!t.name().empty()) return t.name();
+  if (t.has_choice()) return absl::StrCat(t.choice().format(), "_", t.language());
+  if (t.has_translation())
+    return absl::StrCat(t.translation().source_language(), "-", t.language());
+  return t.language();
+}
+
+void FillEvalTaskDefaults(v1::EvalTask* t) {
+  t->set_name(EvalTaskName(*t));
+  if (t->has_perplexity()) {
+    // Not a rule default: split_seed and heldout_split are refused with split: all and a
+    // filled default could not be told from a written one.
+    v1::PerplexityTask* p = t->mutable_perplexity();
+    if (p->split() == "heldout" && !p->has_heldout_split()) p->set_heldout_split("hash");
+  }
+  if (t->has_choice() && t->choice().sampler().empty()) {
+    t->mutable_choice()->set_sampler(t->choice().format() == "belebele" ? "first_n" : "seeded");
+  }
+  if (t->has_translation()) {
+    v1::TranslationTask* tr = t->mutable_translation();
+    if (tr->source_name().empty()) tr->set_source_name(tr->source_language());
+    if (tr->target_name().empty()) tr->set_target_name(t->language());
+  }
+}
+
 absl::Status Check(const v1::EvalSpec& spec, const SpecChecker& checker) {
   if (spec.tasks_size() == 0) return checker.Error("tasks", "needs at least one task");
   std::set<std::string> names;
@@ -205,7 +189,7 @@ absl::Status Check(const v1::EvalSpec& spec, const SpecChecker& checker) {
     const v1::EvalTask& t = spec.tasks(i);
     const std::string at = absl::StrCat("tasks[", i, "]");
     RETURN_IF_ERROR(CheckTask(t, at, checker));
-    const std::string name = TaskName(t);
+    const std::string name = EvalTaskName(t);
     if (!names.insert(name).second) {
       return checker.Error(absl::StrCat(at, t.name().empty() ? ".type" : ".name"),
                            absl::StrCat("the task name '", name, "' is used by an earlier task",

@@ -196,10 +196,9 @@ TEST_F(CoordinatorTest, EvalResultsAndRegisteredCheckpointsAreExportedAsTheyLand
   v1::JobSpec eval = Spec("eval-dense[family=slavic]", "fam", "eval-dense");
   eval.mutable_eval()->set_model((dir_ / "soup").string());
   auto* task = eval.mutable_eval()->add_tasks();
-  task->set_type("perplexity");
   task->set_language("uk");
   task->set_data((dir_ / "tok").string());
-  task->set_heldout_fraction(0.2);
+  task->mutable_perplexity()->set_heldout_fraction(0.2);
   const std::map<std::string, std::string> cell = {{"experiment", "fam"},
                                                    {"stage", "eval-dense"},
                                                    {"cell", "eval-dense[family=slavic]"},

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "engine/commands.h"
+#include "engine/analyze/commands.h"
 #include "engine/data/commands.h"
 #include "engine/eval/commands.h"
 #include "engine/io/commands.h"

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/engine_cli.h"
+#include "common/engine_spec.h"
 #include "common/job_spec.h"
 #include "stemma/v1/specs/eval.pb.h"
 
@@ -272,6 +273,55 @@ TEST(SpecRulesEval, AcceptsTheDocumentedForms) {
   // The job keeps what was written; defaults are filled on the copy that is checked.
   EXPECT_EQ((*jobs)[0].eval().tasks_size(), 3);
   EXPECT_EQ((*jobs)[1].analyze().routing().select().targets(0), "xx");
+}
+
+// A task is written flat (`type: choice` beside its fields) and held as the `kind` oneof;
+// the worker hands the engine the proto's JSON, where the fields sit under the type's name.
+// Both read into the same spec, and the flat form's errors name the fields as written.
+TEST(SpecRulesEval, TasksReadFlatAndAsTheWorkersJson) {
+  const fs::path flat = TempDir() / "flat.yaml";
+  std::ofstream(flat)
+      << "model: /ckpt/m\n"
+         "tasks:\n"
+         "  - {type: perplexity, language: uk, data: /d, heldout_fraction: 0.1, limit: 5}\n"
+         "  - {type: choice, format: belebele, language: uk, data: /b.jsonl, k: 2}\n"
+         "  - {type: translation, source_language: en, language: uk, data: /f}\n";
+  auto read = [](const fs::path& path) {
+    std::string file = path.string();
+    std::vector<char*> argv = {const_cast<char*>("eval"), const_cast<char*>("--spec"), file.data()};
+    return ParseEngineCommandLine("eval", 3, argv.data(), {});
+  };
+  auto from_flat = read(flat);
+  ASSERT_TRUE(from_flat.ok()) << from_flat.status();
+  const auto& spec = static_cast<const v1::EvalSpec&>(*from_flat->spec);
+  ASSERT_EQ(spec.tasks_size(), 3);
+  EXPECT_EQ(spec.tasks(0).perplexity().heldout_fraction(), 0.1);
+  EXPECT_EQ(spec.tasks(0).limit(), 5);
+  EXPECT_EQ(spec.tasks(1).choice().k(), 2);
+  EXPECT_EQ(spec.tasks(1).choice().seed(), 1234u);  // the schema's default
+  EXPECT_EQ(spec.tasks(2).translation().max_new_tokens(), 256);
+  EXPECT_EQ(spec.tasks(2).language(), "uk");
+
+  const fs::path json = TempDir() / "worker.json";
+  std::ofstream(json) << SpecToJson(spec);
+  auto from_json = read(json);
+  ASSERT_TRUE(from_json.ok()) << from_json.status();
+  EXPECT_EQ(from_json->spec->SerializeAsString(), spec.SerializeAsString());
+
+  const fs::path nested = TempDir() / "nested.yaml";
+  std::ofstream(nested) << "model: /ckpt/m\n"
+                           "tasks:\n"
+                           "  - {language: uk, data: /d, perplexity: {split: all, k: 3}}\n";
+  auto bad = read(nested);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("tasks[0].k: unknown field"), std::string::npos)
+      << bad.status();
+  const fs::path untyped = TempDir() / "untyped.yaml";
+  std::ofstream(untyped) << "model: /ckpt/m\ntasks:\n  - {language: uk, data: /d}\n";
+  auto missing = read(untyped);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("tasks[0].type: is required"), std::string::npos)
+      << missing.status();
 }
 
 // Every example spec under configs/ reads and passes the rules as `stemma-engine <command>

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/engine_spec.h"
 #include "engine/data/commands.h"
 #include "engine/data/dataset.h"
 #include "engine/data/dataset_writer.h"
@@ -60,14 +61,16 @@ class DataTest : public ::testing::Test {
     ss << in.rdbuf();
     return ss.str();
   }
-  TokenizeOptions Options(std::vector<std::string> inputs, InputFormat format,
-                          const std::string& out) const {
-    TokenizeOptions o;
-    o.tokenizer_dir = Path("tok");
-    o.inputs = std::move(inputs);
-    o.format = format;
-    o.language = "xx";
-    o.out_dir = Path(out);
+  // A tokenize spec as the command sees it: the schema's defaults filled.
+  v1::TokenizeSpec Options(std::vector<std::string> inputs, const std::string& format,
+                           const std::string& out) const {
+    v1::TokenizeSpec o;
+    o.set_tokenizer(Path("tok"));
+    for (std::string& input : inputs) o.add_input(std::move(input));
+    o.set_format(format);
+    o.set_language("xx");
+    o.set_out(Path(out));
+    FillSpecDefaults(&o);
     return o;
   }
   static std::vector<int32_t> Bytes(const std::string& s) {
@@ -121,8 +124,8 @@ TEST(Sha256Test, KnownVectors) {
 TEST_F(DataTest, TextParagraphsRoundTrip) {
   std::string a = Write("a.txt", "Hello world.\nSecond line.\n\n\n  \nПривет мир\r\n\r\nlast");
   std::string b = Write("b.txt", "\n\nfrom b\n");
-  TokenizeOptions o = Options({a, b}, InputFormat::kText, "ds");
-  o.shard_tokens = 5;
+  v1::TokenizeSpec o = Options({a, b}, "text", "ds");
+  o.set_shard_tokens(5);
   auto summary = TokenizeFiles(o);
   ASSERT_TRUE(summary.ok()) << summary.status();
   std::vector<std::string> want = {"Hello world.\nSecond line.", "Привет мир", "last", "from b"};
@@ -163,9 +166,9 @@ TEST_F(DataTest, TextParagraphsRoundTrip) {
 
 TEST_F(DataTest, LineDocsEosAndDeterminism) {
   std::string a = Write("a.txt", "one\ntwo\n\nthree\n");
-  TokenizeOptions o = Options({a}, InputFormat::kText, "ds1");
-  o.line_docs = true;
-  o.append_eos = true;
+  v1::TokenizeSpec o = Options({a}, "text", "ds1");
+  o.set_line_docs(true);
+  o.set_eos(true);
   ASSERT_TRUE(TokenizeFiles(o).ok());
   auto ds = Dataset::Open(Path("ds1"));
   ASSERT_TRUE(ds.ok()) << ds.status();
@@ -175,7 +178,7 @@ TEST_F(DataTest, LineDocsEosAndDeterminism) {
   EXPECT_EQ((*ds)->Document(2), three);
   EXPECT_TRUE((*ds)->eos_appended());
   // Same inputs, same bytes.
-  o.out_dir = Path("ds2");
+  o.set_out(Path("ds2"));
   ASSERT_TRUE(TokenizeFiles(o).ok());
   for (std::string f : {"index.json", "index.bin", "shard-00000.bin"}) {
     EXPECT_EQ(ReadAll(Path("ds1/" + f)), ReadAll(Path("ds2/" + f))) << f;
@@ -183,7 +186,7 @@ TEST_F(DataTest, LineDocsEosAndDeterminism) {
   // An existing output is refused unless overwriting.
   auto again = TokenizeFiles(o);
   EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists);
-  o.overwrite = true;
+  o.set_overwrite(true);
   EXPECT_TRUE(TokenizeFiles(o).ok());
 }
 
@@ -241,8 +244,8 @@ TEST_F(DataTest, BadInputsNameFileLineAndField) {
   };
   for (const Case& c : cases) {
     std::string path = Write(c.name, c.contents);
-    TokenizeOptions o = Options({path}, InputFormat::kJsonl, "out_" + c.name);
-    o.field = c.field;
+    v1::TokenizeSpec o = Options({path}, "jsonl", "out_" + c.name);
+    o.set_field(c.field);
     auto r = TokenizeFiles(o);
     ASSERT_FALSE(r.ok()) << c.name;
     EXPECT_CONTAINS(std::string(r.status().message()), c.want) << c.name;
@@ -255,12 +258,12 @@ TEST_F(DataTest, BadInputsNameFileLineAndField) {
   }
   // Empty text input, missing input file, missing tokenizer.
   std::string blank = Write("blank.txt", "\n  \n\n");
-  auto r = TokenizeFiles(Options({blank}, InputFormat::kText, "o1"));
+  auto r = TokenizeFiles(Options({blank}, "text", "o1"));
   EXPECT_CONTAINS(std::string(r.status().message()), "empty dataset");
-  r = TokenizeFiles(Options({Path("nope.txt")}, InputFormat::kText, "o2"));
+  r = TokenizeFiles(Options({Path("nope.txt")}, "text", "o2"));
   EXPECT_CONTAINS(std::string(r.status().message()), "nope.txt");
-  TokenizeOptions o = Options({blank}, InputFormat::kText, "o3");
-  o.tokenizer_dir = Path("no_tokenizer");
+  v1::TokenizeSpec o = Options({blank}, "text", "o3");
+  o.set_tokenizer(Path("no_tokenizer"));
   EXPECT_FALSE(TokenizeFiles(o).ok());
 }
 
@@ -427,31 +430,31 @@ TEST_F(DataTest, AHugeOneParagraphTextGetsALineDocsHint) {
     text += "line " + std::to_string(i) + " of a corpus with one paragraph per line\n";
   }
   const std::string path = Write("lines.txt", text);
-  TokenizeOptions o = Options({path}, InputFormat::kText, "lines_ds");
+  v1::TokenizeSpec o = Options({path}, "text", "lines_ds");
   auto summary = TokenizeFiles(o);
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ(summary->num_documents, 1);
   const std::string hint = LineDocsHint(o, *summary);
   EXPECT_CONTAINS(hint, "lines.txt:1");
   EXPECT_CONTAINS(hint, "--line-docs");
-  o.line_docs = true;
-  o.out_dir = Path("lines_ds2");
+  o.set_line_docs(true);
+  o.set_out(Path("lines_ds2"));
   auto per_line = TokenizeFiles(o);
   ASSERT_TRUE(per_line.ok());
   EXPECT_GT(per_line->num_documents, 10000);
   EXPECT_EQ(LineDocsHint(o, *per_line), "");
   // Ordinary paragraphs get none.
-  o = Options({Write("p.txt", "one\ntwo\n\nthree\n")}, InputFormat::kText, "p_ds");
+  o = Options({Write("p.txt", "one\ntwo\n\nthree\n")}, "text", "p_ds");
   EXPECT_EQ(LineDocsHint(o, *TokenizeFiles(o)), "");
 }
 
 TEST_F(DataTest, MixtureRefusesDifferentTokenizers) {
   std::string a = Write("a.txt", "alpha\n");
-  ASSERT_TRUE(TokenizeFiles(Options({a}, InputFormat::kText, "bytes_ds")).ok());
+  ASSERT_TRUE(TokenizeFiles(Options({a}, "text", "bytes_ds")).ok());
   fs::create_directories(Path("tok2"));
   Write("tok2/config.json", R"({"stemma_tokenizer": {"type": "bytes"}})");
-  TokenizeOptions o = Options({a}, InputFormat::kText, "bytes2_ds");
-  o.tokenizer_dir = Path("tok2");
+  v1::TokenizeSpec o = Options({a}, "text", "bytes2_ds");
+  o.set_tokenizer(Path("tok2"));
   ASSERT_TRUE(TokenizeFiles(o).ok());
   MixtureSpec spec;
   spec.components = {{std::move(*Dataset::Open(Path("bytes_ds"))), 1.0, ""},

@@ -158,6 +158,86 @@ absl::StatusOr<LoaderState> LoaderState::FromJson(const nlohmann::json& j) {
   return s;
 }
 
+namespace {
+
+// The sampling probability of each component: by temperature over the components' split
+// sizes (within families when family weights are given), or the weights normalised.
+absl::StatusOr<std::vector<double>> MixtureProbabilities(const MixtureSpec& spec,
+                                                         const std::vector<double>& sizes) {
+  std::vector<double> p;
+  if (spec.temperature.has_value()) {
+    for (const MixtureComponent& c : spec.components) {
+      if (c.weight.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "mixture: dataset ", c.dataset->dir(), " has a weight and the mixture a temperature"));
+      }
+    }
+    if (spec.family_weights.empty()) {
+      ASSIGN_OR_RETURN(p, TemperatureProbabilities(sizes, *spec.temperature));
+    } else {
+      std::set<std::string> families;
+      double family_sum = 0;
+      for (const MixtureComponent& c : spec.components) {
+        auto it = spec.family_weights.find(c.family);
+        if (it == spec.family_weights.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "mixture: family '", c.family, "' of ", c.dataset->dir(), " has no family weight"));
+        }
+        if (!(it->second >= 0) || !std::isfinite(it->second)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("mixture: family weight of '", c.family, "' is ", it->second));
+        }
+        if (families.insert(c.family).second) family_sum += it->second;
+      }
+      for (const auto& [f, w] : spec.family_weights) {
+        if (!families.contains(f)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("mixture: family weight '", f, "' matches no dataset"));
+        }
+      }
+      if (!(family_sum > 0)) return absl::InvalidArgumentError("mixture: family weights sum to 0");
+      p.assign(sizes.size(), 0.0);
+      for (const std::string& f : families) {
+        std::vector<size_t> members;
+        std::vector<double> member_sizes;
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          if (spec.components[i].family == f) {
+            members.push_back(i);
+            member_sizes.push_back(sizes[i]);
+          }
+        }
+        ASSIGN_OR_RETURN(std::vector<double> inner,
+                         TemperatureProbabilities(member_sizes, *spec.temperature));
+        for (size_t k = 0; k < members.size(); ++k) {
+          p[members[k]] = spec.family_weights.at(f) / family_sum * inner[k];
+        }
+      }
+    }
+  } else {
+    if (!spec.family_weights.empty()) {
+      return absl::InvalidArgumentError("mixture: family weights need a temperature");
+    }
+    double sum = 0;
+    for (const MixtureComponent& c : spec.components) {
+      if (!c.weight.has_value()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "mixture: dataset ", c.dataset->dir(), " has no weight and there is no temperature"));
+      }
+      if (!(*c.weight >= 0) || !std::isfinite(*c.weight)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("mixture: weight of ", c.dataset->dir(), " is ", *c.weight));
+      }
+      p.push_back(*c.weight);
+      sum += *c.weight;
+    }
+    if (!(sum > 0)) return absl::InvalidArgumentError("mixture: weights sum to 0");
+    for (double& x : p) x /= sum;
+  }
+  return p;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(MixtureSpec spec, LoaderOptions options) {
   if (options.seq_len <= 0) {
     return absl::InvalidArgumentError(
@@ -234,76 +314,8 @@ absl::StatusOr<std::unique_ptr<Loader>> Loader::Create(MixtureSpec spec, LoaderO
     loader->streams_.push_back(std::move(s));
   }
 
-  // Sampling probabilities.
-  std::vector<double>& p = loader->probabilities_;
-  if (spec.temperature.has_value()) {
-    for (const MixtureComponent& c : spec.components) {
-      if (c.weight.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "mixture: dataset ", c.dataset->dir(), " has a weight and the mixture a temperature"));
-      }
-    }
-    if (spec.family_weights.empty()) {
-      ASSIGN_OR_RETURN(p, TemperatureProbabilities(sizes, *spec.temperature));
-    } else {
-      std::set<std::string> families;
-      double family_sum = 0;
-      for (const MixtureComponent& c : spec.components) {
-        auto it = spec.family_weights.find(c.family);
-        if (it == spec.family_weights.end()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "mixture: family '", c.family, "' of ", c.dataset->dir(), " has no family weight"));
-        }
-        if (!(it->second >= 0) || !std::isfinite(it->second)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("mixture: family weight of '", c.family, "' is ", it->second));
-        }
-        if (families.insert(c.family).second) family_sum += it->second;
-      }
-      for (const auto& [f, w] : spec.family_weights) {
-        if (!families.contains(f)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("mixture: family weight '", f, "' matches no dataset"));
-        }
-      }
-      if (!(family_sum > 0)) return absl::InvalidArgumentError("mixture: family weights sum to 0");
-      p.assign(sizes.size(), 0.0);
-      for (const std::string& f : families) {
-        std::vector<size_t> members;
-        std::vector<double> member_sizes;
-        for (size_t i = 0; i < sizes.size(); ++i) {
-          if (spec.components[i].family == f) {
-            members.push_back(i);
-            member_sizes.push_back(sizes[i]);
-          }
-        }
-        ASSIGN_OR_RETURN(std::vector<double> inner,
-                         TemperatureProbabilities(member_sizes, *spec.temperature));
-        for (size_t k = 0; k < members.size(); ++k) {
-          p[members[k]] = spec.family_weights.at(f) / family_sum * inner[k];
-        }
-      }
-    }
-  } else {
-    if (!spec.family_weights.empty()) {
-      return absl::InvalidArgumentError("mixture: family weights need a temperature");
-    }
-    double sum = 0;
-    for (const MixtureComponent& c : spec.components) {
-      if (!c.weight.has_value()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "mixture: dataset ", c.dataset->dir(), " has no weight and there is no temperature"));
-      }
-      if (!(*c.weight >= 0) || !std::isfinite(*c.weight)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("mixture: weight of ", c.dataset->dir(), " is ", *c.weight));
-      }
-      p.push_back(*c.weight);
-      sum += *c.weight;
-    }
-    if (!(sum > 0)) return absl::InvalidArgumentError("mixture: weights sum to 0");
-    for (double& x : p) x /= sum;
-  }
+  ASSIGN_OR_RETURN(loader->probabilities_, MixtureProbabilities(spec, sizes));
+  const std::vector<double>& p = loader->probabilities_;
   double acc = 0;
   for (double x : p) loader->cumulative_.push_back(acc += x);
   loader->rows_per_component_.assign(p.size(), 0);

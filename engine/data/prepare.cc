@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "engine/data/corpus_text.h"
 #include "engine/data/mo_file.h"
+#include "engine/data/prepare_suites.h"
 #include "engine/io/durable.h"
 #include "engine/io/fs.h"
 #include "engine/io/sha256.h"
@@ -36,31 +37,7 @@ constexpr char kSaltEval[] = "eval";
 constexpr char kSaltHeldout[] = "heldout";
 constexpr char kSaltOrder[] = "order";
 
-std::string Dump(const Json& j, int indent = -1) {
-  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
-}
-
-// splitmix64: the seeded draws of mixtures and suites (fully specified, unlike the
-// standard library's distributions).
-class SplitMix {
- public:
-  explicit SplitMix(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
-  uint64_t Below(uint64_t n) { return n == 0 ? 0 : Next() % n; }
-
- private:
-  uint64_t state_;
-};
-
-struct Pair {
-  std::string en, tgt;
-};
+std::string Dump(const Json& j, int indent = -1) { return CorpusJson(j, indent); }
 
 struct Stats {
   int64_t strings = 0;       // source strings read (msgstrs, lines, JSONL records)
@@ -90,10 +67,10 @@ struct Language {
   int index = 0;
   std::string name;  // display name
   bool base = false, held_out = false;
-  std::vector<Pair> pairs;        // gettext pairs in read order (normalised, both sides kept)
+  std::vector<CorpusPair> pairs;  // gettext pairs in read order (normalised, both sides kept)
   std::vector<std::string> docs;  // documents in read order (normalised, before dedup)
   std::vector<std::string> train, heldout;  // final texts, in hash order
-  std::vector<Pair> reserved;               // evaluation pairs, in hash order of the English side
+  std::vector<CorpusPair> reserved;         // evaluation pairs, in hash order of the English side
   Stats stats;
   Json sources = Json::array();
 };
@@ -368,7 +345,7 @@ void Preparer::Reserve() {
   for (Language& l : languages_) {
     if (l.base) continue;
     absl::flat_hash_set<std::string_view> seen;  // views into l.pairs, which stays put
-    for (Pair& p : l.pairs) {
+    for (CorpusPair& p : l.pairs) {
       if (!seen.insert(p.en).second) continue;  // pairs are deduplicated on the English side
       if (reserved_english.count(p.en) > 0) l.reserved.push_back(p);
     }
@@ -380,10 +357,10 @@ void Preparer::Reserve() {
       return a.first != b.first ? a.first < b.first
                                 : l.reserved[a.second].en < l.reserved[b.second].en;
     });
-    std::vector<Pair> sorted;
+    std::vector<CorpusPair> sorted;
     for (const auto& [h, i] : keys) sorted.push_back(std::move(l.reserved[i]));
     l.reserved = std::move(sorted);
-    for (const Pair& p : l.reserved) excluded_.insert(p.tgt);
+    for (const CorpusPair& p : l.reserved) excluded_.insert(p.tgt);
   }
 }
 
@@ -561,9 +538,9 @@ absl::Status Preparer::Instructions() {
                                                      "' is not a non-base language of this spec"));
     }
     absl::flat_hash_set<std::string> reserved, seen;
-    for (const Pair& p : l->reserved) reserved.insert(p.en);
+    for (const CorpusPair& p : l->reserved) reserved.insert(p.en);
     std::vector<std::string> train, heldout;
-    for (const Pair& p : l->pairs) {
+    for (const CorpusPair& p : l->pairs) {
       if (reserved.count(p.en) > 0 || excluded_.count(p.tgt) > 0 || !seen.insert(p.en).second)
         continue;
       std::string doc = task.template_();
@@ -615,210 +592,14 @@ absl::Status Preparer::Instructions() {
   return absl::OkStatus();
 }
 
-// The positions of up to three distractors for item `self` of `pool` (sorted by length):
-// drawn from its neighbours in length, distinct from it and from each other by `text`.
-std::vector<size_t> Distractors(const std::vector<std::string>& texts,
-                                const std::vector<size_t>& by_length, size_t position,
-                                SplitMix* rng) {
-  const std::string& self = texts[by_length[position]];
-  for (size_t radius = 8; radius <= by_length.size() + 8; radius *= 2) {
-    const size_t lo = position >= radius ? position - radius : 0;
-    const size_t hi = std::min(by_length.size(), position + radius + 1);
-    std::vector<size_t> window;
-    std::set<std::string> distinct;
-    for (size_t p = lo; p < hi; ++p) {
-      const std::string& t = texts[by_length[p]];
-      if (p != position && t != self && distinct.insert(t).second) window.push_back(by_length[p]);
-    }
-    if (window.size() < 3 && hi - lo < by_length.size()) continue;
-    if (window.size() < 3) return {};
-    std::vector<size_t> picked;
-    for (int k = 0; k < 3; ++k) {
-      const size_t at = k + rng->Below(window.size() - k);
-      std::swap(window[k], window[at]);
-      picked.push_back(window[k]);
-    }
-    return picked;
-  }
-  return {};
-}
-
-std::vector<size_t> ByLength(const std::vector<std::string>& texts) {
-  std::vector<size_t> order(texts.size());
-  std::vector<int64_t> length(texts.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    order[i] = i;
-    length[i] = CodePoints(texts[i]);
-  }
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return length[a] != length[b] ? length[a] < length[b] : texts[a] < texts[b];
-  });
-  return order;
-}
-
-std::vector<std::string> Words(const std::string& text) {
-  std::vector<std::string> words;
-  size_t i = 0;
-  while (i < text.size()) {
-    const size_t end = text.find(' ', i);
-    words.push_back(text.substr(i, end == std::string::npos ? std::string::npos : end - i));
-    if (end == std::string::npos) break;
-    i = end + 1;
-  }
-  return words;
-}
-
 void Preparer::Suites() {
-  const v1::CorpusSuites& options = spec_.suites();
-  const uint64_t seed = options.seed();
-  auto record = [&](const std::string& name, const std::string& suite, const std::string& version,
-                    const Language& l, const std::string& format, const std::string& text,
-                    int64_t examples) {
-    const std::string path = absl::StrCat("suites/", name, ".jsonl");
-    suites_.push_back({{"name", name},
-                       {"suite", suite},
-                       {"version", version},
-                       {"language", l.spec->code()},
-                       {"file", path},
-                       {"sha256", io::Sha256Hex(text)},
-                       {"examples", examples},
-                       {"format", format}});
-    AddFile(path, text);
-  };
-  // Translation choice: the English sentence as the passage, four candidates in the language.
+  std::vector<SuiteLanguage> languages;
   for (const Language& l : languages_) {
-    if (l.base) continue;
-    std::vector<const Pair*> pool;
-    for (const Pair& p : l.reserved) {
-      if (CodePoints(p.en) <= options.max_chars() && CodePoints(p.tgt) <= options.max_chars())
-        pool.push_back(&p);
-    }
-    if (pool.size() < 4) continue;
-    std::vector<std::string> texts;
-    for (const Pair* p : pool) texts.push_back(p->tgt);
-    const std::vector<size_t> by_length = ByLength(texts);
-    std::vector<size_t> position(pool.size());
-    for (size_t p = 0; p < by_length.size(); ++p) position[by_length[p]] = p;
-    std::vector<size_t> chosen(pool.size());
-    std::vector<uint64_t> rank(pool.size());
-    for (size_t i = 0; i < chosen.size(); ++i) {
-      chosen[i] = i;
-      rank[i] = CorpusHash(seed, "translation_choice", pool[i]->en);
-    }
-    std::sort(chosen.begin(), chosen.end(), [&](size_t a, size_t b) {
-      return rank[a] != rank[b] ? rank[a] < rank[b] : pool[a]->en < pool[b]->en;
-    });
-    std::string text;
-    int64_t examples = 0;
-    const std::string question =
-        absl::StrCat("Which sentence is the translation of the passage into ", l.name, "?");
-    for (size_t i : chosen) {
-      if (examples == options.examples()) break;
-      SplitMix rng(
-          CorpusHash(seed, absl::StrCat("translation_choice/", l.spec->code()), pool[i]->en));
-      std::vector<size_t> distractors = Distractors(texts, by_length, position[i], &rng);
-      if (distractors.size() < 3) continue;
-      const int64_t gold = static_cast<int64_t>(rng.Below(4));
-      std::vector<std::string> answers;
-      for (size_t d : distractors) answers.push_back(texts[d]);
-      answers.insert(answers.begin() + gold, pool[i]->tgt);
-      Json row = {
-          {"id", absl::StrCat(l.spec->code(), "-",
-                              absl::Hex(CorpusHash(0, "id", pool[i]->en), absl::kZeroPad16))},
-          {"language", l.spec->code()},
-          {"flores_passage", pool[i]->en},
-          {"question", question},
-          {"mc_answer1", answers[0]},
-          {"mc_answer2", answers[1]},
-          {"mc_answer3", answers[2]},
-          {"mc_answer4", answers[3]},
-          {"correct_answer_num", std::to_string(gold + 1)}};
-      absl::StrAppend(&text, Dump(row), "\n");
-      ++examples;
-    }
-    if (examples > 0) {
-      record(absl::StrCat("translation_choice_", l.spec->code()), "translation_choice",
-             kTranslationChoiceVersion, l, "belebele", text, examples);
-    }
+    languages.push_back({l.spec, l.name, l.base, &l.reserved, &l.heldout});
   }
-  // Continuation: the first half of a held-out sentence, its true end and three others.
-  for (const Language& l : languages_) {
-    struct Item {
-      std::string context, ending;
-    };
-    std::vector<Item> pool;
-    for (const std::string& d : l.heldout) {
-      if (CodePoints(d) > options.max_chars()) continue;
-      const std::vector<std::string> words = Words(d);
-      if (static_cast<int64_t>(words.size()) < options.min_words()) continue;
-      const size_t cut = words.size() / 2;
-      Item item;
-      for (size_t w = 0; w < words.size(); ++w) {
-        std::string& side = w < cut ? item.context : item.ending;
-        if (!side.empty()) side.push_back(' ');
-        side.append(words[w]);
-      }
-      pool.push_back(std::move(item));
-    }
-    if (pool.size() < 4) continue;
-    std::vector<std::string> endings;
-    for (const Item& item : pool) endings.push_back(item.ending);
-    const std::vector<size_t> by_length = ByLength(endings);
-    std::vector<size_t> position(pool.size());
-    for (size_t p = 0; p < by_length.size(); ++p) position[by_length[p]] = p;
-    const std::string salt = l.base ? "general" : "continuation";
-    std::vector<size_t> chosen(pool.size());
-    std::vector<std::string> keys(pool.size());
-    std::vector<uint64_t> rank(pool.size());
-    for (size_t i = 0; i < chosen.size(); ++i) {
-      chosen[i] = i;
-      keys[i] = pool[i].context + " " + pool[i].ending;
-      rank[i] = CorpusHash(seed, salt, keys[i]);
-    }
-    auto key = [&](size_t i) -> const std::string& { return keys[i]; };
-    std::sort(chosen.begin(), chosen.end(), [&](size_t a, size_t b) {
-      return rank[a] != rank[b] ? rank[a] < rank[b] : keys[a] < keys[b];
-    });
-    std::string text;
-    int64_t examples = 0;
-    for (size_t i : chosen) {
-      if (examples == options.examples()) break;
-      SplitMix rng(CorpusHash(seed, absl::StrCat(salt, "/", l.spec->code()), key(i)));
-      std::vector<size_t> distractors = Distractors(endings, by_length, position[i], &rng);
-      if (distractors.size() < 3) continue;
-      const int64_t gold = static_cast<int64_t>(rng.Below(4));
-      std::vector<std::string> solutions;
-      for (size_t d : distractors) solutions.push_back(endings[d]);
-      solutions.insert(solutions.begin() + gold, pool[i].ending);
-      Json row = {{"id", absl::StrCat(l.spec->code(), "-",
-                                      absl::Hex(CorpusHash(0, "id", key(i)), absl::kZeroPad16))},
-                  {"language", l.spec->code()},
-                  {"prompt", pool[i].context},
-                  {"solution0", solutions[0]},
-                  {"solution1", solutions[1]},
-                  {"solution2", solutions[2]},
-                  {"solution3", solutions[3]},
-                  {"label", gold}};
-      absl::StrAppend(&text, Dump(row), "\n");
-      ++examples;
-    }
-    if (examples == 0) continue;
-    if (l.base) {
-      record(absl::StrCat("general_", l.spec->code()), "general", kGeneralVersion, l, "global_piqa",
-             text, examples);
-    } else {
-      record(absl::StrCat("continuation_", l.spec->code()), "continuation", kContinuationVersion, l,
-             "global_piqa", text, examples);
-    }
-  }
-  Json index = {{"format", "stemma.suites/1"},
-                {"versions",
-                 {{"translation_choice", kTranslationChoiceVersion},
-                  {"continuation", kContinuationVersion},
-                  {"general", kGeneralVersion},
-                  {"pairs", kPairsVersion}}},
-                {"suites", suites_}};
-  AddFile("suites/suites.json", Dump(index, 2) + "\n");
+  CorpusSuites suites = BuildCorpusSuites(spec_.suites(), languages);
+  for (auto& [path, text] : suites.files) AddFile(path, std::move(text));
+  suites_ = std::move(suites.index);
 }
 
 int64_t LineCount(const std::string& text) {
@@ -855,7 +636,7 @@ absl::StatusOr<PrepareSummary> Preparer::Write() {
     if (!l.base && !l.reserved.empty()) {
       const std::string path = absl::StrCat("pairs/", base_->spec->code(), "-", code, ".jsonl");
       std::string text;
-      for (const Pair& p : l.reserved) {
+      for (const CorpusPair& p : l.reserved) {
         // src/tgt for translation; the same pair keyed by language code for analyze's alignment.
         Json row = {
             {"id", absl::StrCat(code, "-", absl::Hex(CorpusHash(0, "id", p.en), absl::kZeroPad16))},

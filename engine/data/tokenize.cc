@@ -141,46 +141,45 @@ absl::Status ReadJsonl(const std::string& path, std::istream& in, const std::str
 
 }  // namespace
 
-absl::StatusOr<TokenizeSummary> TokenizeFiles(const TokenizeOptions& options) {
-  if (options.inputs.empty()) return absl::InvalidArgumentError("--input: no files given");
+absl::StatusOr<TokenizeSummary> TokenizeFiles(const v1::TokenizeSpec& spec) {
+  if (spec.input().empty()) return absl::InvalidArgumentError("--input: no files given");
   ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
-                   tokenizer::Tokenizer::Load(options.tokenizer_dir));
-  ASSIGN_OR_RETURN(TokenizerInfo info, DescribeTokenizer(options.tokenizer_dir, *tok));
+                   tokenizer::Tokenizer::Load(spec.tokenizer()));
+  ASSIGN_OR_RETURN(TokenizerInfo info, DescribeTokenizer(spec.tokenizer(), *tok));
   // Fail on missing inputs before any work.
   std::vector<SourceFile> sources;
-  for (const std::string& path : options.inputs) {
+  for (const std::string& path : spec.input()) {
     SourceFile s;
     s.path = path;
     ASSIGN_OR_RETURN(s.sha256, Sha256File(path, &s.bytes));
     sources.push_back(std::move(s));
   }
   DatasetWriterOptions wopts;
-  wopts.out_dir = options.out_dir;
-  wopts.language = options.language;
+  wopts.out_dir = spec.out();
+  wopts.language = spec.language();
   wopts.tokenizer = info;
-  wopts.shard_tokens = options.shard_tokens > 0 ? options.shard_tokens : kDefaultShardTokens;
-  wopts.eos_appended = options.append_eos;
-  wopts.overwrite = options.overwrite;
+  wopts.shard_tokens = spec.shard_tokens();
+  wopts.eos_appended = spec.eos();
+  wopts.overwrite = spec.overwrite();
   ASSIGN_OR_RETURN(std::unique_ptr<DatasetWriter> writer, DatasetWriter::Create(wopts));
   TokenizeSummary summary;
-  DocumentSink sink(*tok, *writer, options.append_eos, summary);
-  for (const std::string& path : options.inputs) {
+  DocumentSink sink(*tok, *writer, spec.eos(), summary);
+  const bool jsonl = spec.format() == "jsonl";
+  for (const std::string& path : spec.input()) {
     std::ifstream in(path, std::ios::binary);
     if (!in) return absl::NotFoundError(absl::StrCat("--input ", path, ": cannot open"));
-    if (options.format == InputFormat::kJsonl) {
-      RETURN_IF_ERROR(ReadJsonl(path, in, options.field, sink));
+    if (jsonl) {
+      RETURN_IF_ERROR(ReadJsonl(path, in, spec.field(), sink));
     } else {
-      RETURN_IF_ERROR(ReadText(path, in, options.line_docs, sink));
+      RETURN_IF_ERROR(ReadText(path, in, spec.line_docs(), sink));
     }
   }
   if (writer->num_tokens() == 0) {
     std::string files;
-    for (const std::string& p : options.inputs)
-      absl::StrAppend(&files, files.empty() ? "" : ", ", p);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "empty dataset: no documents in ", files,
-        options.format == InputFormat::kJsonl ? absl::StrCat(" (field '", options.field, "')")
-                                              : std::string()));
+    for (const std::string& p : spec.input()) absl::StrAppend(&files, files.empty() ? "" : ", ", p);
+    return absl::InvalidArgumentError(
+        absl::StrCat("empty dataset: no documents in ", files,
+                     jsonl ? absl::StrCat(" (field '", spec.field(), "')") : std::string()));
   }
   summary.num_documents = writer->num_documents();
   summary.num_tokens = writer->num_tokens();
@@ -189,8 +188,8 @@ absl::StatusOr<TokenizeSummary> TokenizeFiles(const TokenizeOptions& options) {
   return summary;
 }
 
-std::string LineDocsHint(const TokenizeOptions& options, const TokenizeSummary& summary) {
-  if (options.format != InputFormat::kText || options.line_docs) return "";
+std::string LineDocsHint(const v1::TokenizeSpec& spec, const TokenizeSummary& summary) {
+  if (spec.format() != "text" || spec.line_docs()) return "";
   if (summary.largest_document_bytes < kLineDocsHintBytes ||
       summary.largest_document_lines < kLineDocsHintLines) {
     return "";

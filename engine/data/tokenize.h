@@ -17,23 +17,9 @@
 
 #include "absl/status/statusor.h"
 #include "engine/tokenizer/tokenizer.h"
+#include "stemma/v1/specs/data.pb.h"
 
 namespace stemma::engine::data {
-
-enum class InputFormat { kText, kJsonl };
-
-struct TokenizeOptions {
-  std::string tokenizer_dir;
-  std::vector<std::string> inputs;
-  InputFormat format = InputFormat::kText;
-  std::string field = "text";  // jsonl only
-  bool line_docs = false;      // text only
-  std::string language;
-  std::string out_dir;
-  int64_t shard_tokens = 0;  // 0: kDefaultShardTokens
-  bool append_eos = false;
-  bool overwrite = false;
-};
 
 struct TokenizeSummary {
   int64_t num_documents = 0;
@@ -51,9 +37,10 @@ inline constexpr int64_t kLineDocsHintBytes = 1 << 20;
 inline constexpr int64_t kLineDocsHintLines = 100;
 
 // The hint to print when `summary` looks like that ("" when it does not).
-std::string LineDocsHint(const TokenizeOptions& options, const TokenizeSummary& summary);
+std::string LineDocsHint(const v1::TokenizeSpec& spec, const TokenizeSummary& summary);
 
-// Loads the tokenizer from options.tokenizer_dir and writes the dataset atomically.
-absl::StatusOr<TokenizeSummary> TokenizeFiles(const TokenizeOptions& options);
+// Loads the tokenizer from spec.tokenizer and writes the dataset to spec.out atomically.
+// `spec` is checked and has its defaults filled (ParseEngineCommandLine).
+absl::StatusOr<TokenizeSummary> TokenizeFiles(const v1::TokenizeSpec& spec);
 
 }  // namespace stemma::engine::data

@@ -69,50 +69,38 @@ int RunTokenize(int argc, char** argv) {
     return engine_contract::kExitOk;
   }
   const auto& spec = static_cast<const v1::TokenizeSpec&>(*inv->spec);
-  data::TokenizeOptions options;
-  options.tokenizer_dir = spec.tokenizer();
-  options.inputs.assign(spec.input().begin(), spec.input().end());
-  options.format = spec.format() == "jsonl" ? data::InputFormat::kJsonl : data::InputFormat::kText;
-  options.field = spec.field();
-  options.line_docs = spec.line_docs();
-  options.language = spec.language();
-  options.out_dir = spec.out();
-  options.shard_tokens = spec.shard_tokens();
-  options.append_eos = spec.eos();
-  options.overwrite = spec.overwrite();
-
   // docs/engine/tokenize.md, "Events".
   Emit({{"event", std::string(engine_contract::kEventStart)},
         {"command", "tokenize"},
         {"spec", inv->spec_file.empty() ? "command line" : inv->spec_file},
-        {"inputs", options.inputs},
+        {"inputs", std::vector<std::string>(spec.input().begin(), spec.input().end())},
         {"format", spec.format()},
-        {"line_docs", options.line_docs},
-        {"language", options.language},
-        {"out", options.out_dir}});
-  if (std::error_code ec; !std::filesystem::create_directories(
-                              std::filesystem::path(options.out_dir).parent_path(), ec) &&
-                          ec) {
+        {"line_docs", spec.line_docs()},
+        {"language", spec.language()},
+        {"out", spec.out()}});
+  if (std::error_code ec;
+      !std::filesystem::create_directories(std::filesystem::path(spec.out()).parent_path(), ec) &&
+      ec) {
     return ReportEngineFailure(absl::FailedPreconditionError(
-        absl::StrCat("out: cannot create the directory of ", options.out_dir, ": ", ec.message())));
+        absl::StrCat("out: cannot create the directory of ", spec.out(), ": ", ec.message())));
   }
-  absl::StatusOr<data::TokenizeSummary> summary = data::TokenizeFiles(options);
+  absl::StatusOr<data::TokenizeSummary> summary = data::TokenizeFiles(spec);
   if (!summary.ok()) return ReportEngineFailure(summary.status());
-  const std::string hint = data::LineDocsHint(options, *summary);
+  const std::string hint = data::LineDocsHint(spec, *summary);
   if (!hint.empty()) std::fprintf(stderr, "stemma-engine tokenize: hint: %s\n", hint.c_str());
-  absl::StatusOr<Event> output = OutputEvent("dataset", options.out_dir, "tokenize");
+  absl::StatusOr<Event> output = OutputEvent("dataset", spec.out(), "tokenize");
   if (!output.ok()) {
     output = Event{{"event", "output"},
                    {"name", "dataset"},
-                   {"path", options.out_dir},
+                   {"path", spec.out()},
                    {"type", "dataset"},
                    {"operation", "tokenize"}};
   }
   Emit(*output);
   nlohmann::ordered_json done = {{"event", std::string(engine_contract::kEventDone)},
                                  {"command", "tokenize"},
-                                 {"out", options.out_dir},
-                                 {"language", options.language},
+                                 {"out", spec.out()},
+                                 {"language", spec.language()},
                                  {"documents", summary->num_documents},
                                  {"tokens", summary->num_tokens},
                                  {"shards", summary->num_shards},

@@ -21,15 +21,16 @@
 #include "absl/strings/str_cat.h"
 #include "common/engine_cli.h"
 #include "common/engine_spec.h"
+#include "common/eval_task.h"
 #include "common/status.h"
 #include "engine/data/dataset.h"
 #include "engine/eval/choice.h"
 #include "engine/eval/chrf.h"
 #include "engine/eval/commands.h"
 #include "engine/eval/eval_model.h"
-#include "engine/eval/eval_spec.h"
 #include "engine/eval/eval_text.h"
 #include "engine/eval/perplexity.h"
+#include "engine/eval/resolve.h"
 #include "engine/eval/translation.h"
 #include "engine/events.h"
 #include "engine/io/durable.h"
@@ -43,9 +44,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using eval::EvalModel;
-using eval::EvalSpec;
-using eval::TaskSpec;
-using eval::TaskType;
 using Json = nlohmann::ordered_json;  // keeps "event" first on every line
 
 // Invalid UTF-8 (which no input should carry) is replaced rather than thrown on.
@@ -111,24 +109,24 @@ class Progress {
   int64_t total_, done_ = 0;
 };
 
-// One task: its data read and checked by Prepare (before the model loads), then Run.
+// One task (its spec with every default filled): its data read and checked by Prepare
+// (before the model loads), then Run.
 class Task {
  public:
-  explicit Task(TaskSpec spec) : spec_(std::move(spec)) {}
+  explicit Task(v1::EvalTask spec) : spec_(std::move(spec)) {}
   virtual ~Task() = default;
   virtual absl::Status Prepare(const tokenizer::Tokenizer& tokenizer) = 0;
-  virtual absl::Status Run(EvalModel& model, const EvalSpec& eval_spec, Json* result) = 0;
-  const TaskSpec& spec() const { return spec_; }
+  virtual absl::Status Run(EvalModel& model, const v1::EvalSpec& eval_spec, Json* result) = 0;
+  const v1::EvalTask& spec() const { return spec_; }
 
   void Metric(const std::string& metric, double value, Json* result) const {
-    const std::string name = absl::StrCat(metric, "/", spec_.name);
-    Json event = {{"event", "metric"},
-                  {"name", name},
-                  {"value", value},
-                  {"labels",
-                   {{"task", spec_.name},
-                    {"type", eval::TaskTypeName(spec_.type)},
-                    {"language", spec_.language}}}};
+    const std::string name = absl::StrCat(metric, "/", spec_.name());
+    Json event = {
+        {"event", "metric"},
+        {"name", name},
+        {"value", value},
+        {"labels",
+         {{"task", spec_.name()}, {"type", EvalTaskType(spec_)}, {"language", spec_.language()}}}};
     if (!suite_.is_null()) {
       event["suite"] = suite_["name"];
       event["suite_version"] = suite_["version"];
@@ -142,7 +140,7 @@ class Task {
   const Json& suite() const { return suite_; }
 
  protected:
-  TaskSpec spec_;
+  v1::EvalTask spec_;
   const tokenizer::Tokenizer* tokenizer_ = nullptr;
   Json suite_;
 };
@@ -195,42 +193,45 @@ Json SuiteOf(const std::string& data) {
 
 class PerplexityTask : public Task {
  public:
-  using Task::Task;
+  PerplexityTask(v1::EvalTask spec, std::string seq_len_source)
+      : Task(std::move(spec)), seq_len_source_(std::move(seq_len_source)) {}
   absl::Status Prepare(const tokenizer::Tokenizer& tokenizer) override {
     tokenizer_ = &tokenizer;
-    ASSIGN_OR_RETURN(dataset_, data::Dataset::Open(spec_.data));
+    ASSIGN_OR_RETURN(dataset_, data::Dataset::Open(spec_.data()));
     const auto& info = dataset_->tokenizer();
     if (info.kind != tokenizer.kind() || info.vocab_size != tokenizer.vocab_size()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(spec_.data, ": made with a ", info.kind, " tokenizer of ", info.vocab_size,
+          absl::StrCat(spec_.data(), ": made with a ", info.kind, " tokenizer of ", info.vocab_size,
                        " ids, but the eval tokenizer is ", std::string(tokenizer.kind()), " with ",
                        tokenizer.vocab_size(), " (bits per byte decodes the tokens with it)"));
     }
+    const v1::PerplexityTask& p = spec_.perplexity();
     eval::PerplexityStreamOptions options;
-    options.heldout = spec_.split == "heldout";
-    options.heldout_fraction = spec_.heldout_fraction;
-    options.split_seed = spec_.split_seed;
-    options.heldout_last = spec_.heldout_split == "last";
-    options.limit = spec_.limit;
+    options.heldout = p.split() == "heldout";
+    options.heldout_fraction = p.heldout_fraction();
+    options.split_seed = p.split_seed();
+    options.heldout_last = p.heldout_split() == "last";
+    options.limit = spec_.limit();
     ASSIGN_OR_RETURN(stream_, eval::BuildPerplexityStream(*dataset_, options, info.vocab_size));
     return absl::OkStatus();
   }
 
-  absl::Status Run(EvalModel& model, const EvalSpec& eval_spec, Json* result) override {
-    const int64_t seq_len = spec_.seq_len;  // ResolveSequenceLengths checked it
+  absl::Status Run(EvalModel& model, const v1::EvalSpec& eval_spec, Json* result) override {
+    const v1::PerplexityTask& p = spec_.perplexity();
+    const int64_t seq_len = p.seq_len();  // ResolveSequenceLengths set and checked it
     if (seq_len > model.max_positions()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("task ", spec_.name, ": seq_len ", seq_len,
+          absl::StrCat("task ", spec_.name(), ": seq_len ", seq_len,
                        " exceeds the model's max_position_embeddings ", model.max_positions()));
     }
     if (dataset_->tokenizer().vocab_size > model.vocab_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(spec_.data, ": tokenizer has ",
+      return absl::InvalidArgumentError(absl::StrCat(spec_.data(), ": tokenizer has ",
                                                      dataset_->tokenizer().vocab_size,
                                                      " ids, the model ", model.vocab_size()));
     }
     const auto windows = eval::PerplexityWindows(stream_, seq_len);
-    const int64_t batch = eval_spec.batch_size;
-    Progress progress(spec_.name, BatchCount(windows, batch));
+    const int64_t batch = eval_spec.batch_size();
+    Progress progress(spec_.name(), BatchCount(windows, batch));
     eval::PerplexityTotals totals;
     const auto start = std::chrono::steady_clock::now();
     for (size_t i = 0; i < windows.size();) {
@@ -252,12 +253,12 @@ class PerplexityTask : public Task {
     totals.bytes = eval::DocumentBytes(*dataset_, stream_.documents, *tokenizer_);
     totals_ = totals;
     (*result)["seq_len"] = seq_len;
-    (*result)["seq_len_source"] = spec_.seq_len_source;
-    (*result)["split"] = spec_.split;
-    if (spec_.split == "heldout") {
-      (*result)["heldout_split"] = spec_.heldout_split;
-      (*result)["heldout_fraction"] = spec_.heldout_fraction;
-      if (spec_.heldout_split == "hash") (*result)["split_seed"] = spec_.split_seed;
+    (*result)["seq_len_source"] = seq_len_source_;
+    (*result)["split"] = p.split();
+    if (p.split() == "heldout") {
+      (*result)["heldout_split"] = p.heldout_split();
+      (*result)["heldout_fraction"] = p.heldout_fraction();
+      if (p.heldout_split() == "hash") (*result)["split_seed"] = p.split_seed();
     }
     (*result)["documents"] = stream_.documents.size();
     (*result)["windows"] = windows.size();
@@ -288,26 +289,32 @@ class PerplexityTask : public Task {
   }
 
  private:
+  std::string seq_len_source_;
   std::unique_ptr<data::Dataset> dataset_;
   eval::PerplexityStream stream_;
   eval::PerplexityTotals totals_;
 };
 
-// The few-shot pool: `fewshot_data` when given, else the evaluated docs themselves (the
-// evaluated doc is then never its own example).
-template <typename Doc>
-absl::Status CheckPool(const TaskSpec& spec, const std::vector<Doc>& pool, bool same) {
+// The few-shot pool of a choice or translation task (`Options`: its kind's message):
+// `fewshot_data` when given, else the evaluated docs themselves (the evaluated doc is then
+// never its own example).
+template <typename Options, typename Doc>
+absl::Status CheckPool(const v1::EvalTask& spec, const Options& options,
+                       const std::vector<Doc>& pool) {
+  const bool same = options.fewshot_data().empty();
   const int64_t available = static_cast<int64_t>(pool.size()) - (same ? 1 : 0);
-  if (spec.k > available) {
+  if (options.k() > available) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "task ", spec.name, ": k is ", spec.k, " but the few-shot pool (",
-        same ? spec.data : spec.fewshot_data, ") has only ", available, " other examples"));
+        "task ", spec.name(), ": k is ", options.k(), " but the few-shot pool (",
+        same ? spec.data() : options.fewshot_data(), ") has only ", available, " other examples"));
   }
   return absl::OkStatus();
 }
 
-eval::FewShotSampler Sampler(const TaskSpec& spec) {
-  return spec.sampler == "first_n" ? eval::FewShotSampler::kFirstN : eval::FewShotSampler::kSeeded;
+template <typename Options>
+eval::FewShotSampler Sampler(const Options& options) {
+  return options.sampler() == "first_n" ? eval::FewShotSampler::kFirstN
+                                        : eval::FewShotSampler::kSeeded;
 }
 
 class ChoiceTask : public Task {
@@ -315,26 +322,29 @@ class ChoiceTask : public Task {
   using Task::Task;
   absl::Status Prepare(const tokenizer::Tokenizer& tokenizer) override {
     tokenizer_ = &tokenizer;
-    ASSIGN_OR_RETURN(auto format, eval::ChoiceFormatFromName(spec_.format));
-    ASSIGN_OR_RETURN(docs_, eval::ReadChoiceDocs(spec_.data, format));
-    if (!spec_.fewshot_data.empty()) {
-      ASSIGN_OR_RETURN(pool_, eval::ReadChoiceDocs(spec_.fewshot_data, format));
+    const v1::ChoiceTask& c = spec_.choice();
+    ASSIGN_OR_RETURN(auto format, eval::ChoiceFormatFromName(c.format()));
+    ASSIGN_OR_RETURN(docs_, eval::ReadChoiceDocs(spec_.data(), format));
+    if (!c.fewshot_data().empty()) {
+      ASSIGN_OR_RETURN(pool_, eval::ReadChoiceDocs(c.fewshot_data(), format));
     }
-    return CheckPool(spec_, pool(), spec_.fewshot_data.empty());
+    return CheckPool(spec_, c, pool());
   }
 
-  absl::Status Run(EvalModel& model, const EvalSpec&, Json* result) override {
-    const bool same = spec_.fewshot_data.empty();
-    const int64_t n = spec_.limit > 0 ? std::min<int64_t>(spec_.limit, docs_.size()) : docs_.size();
-    const bool add_bos = spec_.add_bos.value_or(tokenizer_->bos_id().has_value());
+  absl::Status Run(EvalModel& model, const v1::EvalSpec&, Json* result) override {
+    const v1::ChoiceTask& c = spec_.choice();
+    const bool same = c.fewshot_data().empty();
+    const int64_t n =
+        spec_.limit() > 0 ? std::min<int64_t>(spec_.limit(), docs_.size()) : docs_.size();
+    const bool add_bos = c.has_add_bos() ? c.add_bos() : tokenizer_->bos_id().has_value();
     const std::optional<int32_t> bos = add_bos ? tokenizer_->bos_id() : std::nullopt;
-    Progress progress(spec_.name, n);
+    Progress progress(spec_.name(), n);
     eval::ChoiceOutcome sum;
     Json details = Json::array();
     for (int64_t d = 0; d < n; ++d) {
       std::vector<const eval::ChoiceDoc*> shots;
-      for (int64_t i : eval::FewShotIndices(pool().size(), spec_.k, d, same ? d : -1,
-                                            Sampler(spec_), spec_.seed)) {
+      for (int64_t i :
+           eval::FewShotIndices(pool().size(), c.k(), d, same ? d : -1, Sampler(c), c.seed())) {
         shots.push_back(&pool()[i]);
       }
       const auto& doc = docs_[d];
@@ -347,7 +357,7 @@ class ChoiceTask : public Task {
         continuations.push_back(std::move(pair.continuation));
       }
       ASSIGN_OR_RETURN(
-          auto lls, model.ContinuationLogLikelihoods(context_ids, continuations, spec_.max_length));
+          auto lls, model.ContinuationLogLikelihoods(context_ids, continuations, c.max_length()));
       const auto outcome = eval::ScoreChoices(lls, doc.choices, doc.gold);
       sum.acc += outcome.acc;
       sum.acc_norm += outcome.acc_norm;
@@ -355,10 +365,10 @@ class ChoiceTask : public Task {
       details.push_back({{"gold", doc.gold}, {"log_likelihoods", lls}});
       progress.Advance();
     }
-    (*result)["format"] = spec_.format;
-    (*result)["k"] = spec_.k;
-    (*result)["sampler"] = spec_.sampler;
-    (*result)["seed"] = spec_.seed;
+    (*result)["format"] = c.format();
+    (*result)["k"] = c.k();
+    (*result)["sampler"] = c.sampler();
+    (*result)["seed"] = c.seed();
     (*result)["add_bos"] = add_bos;
     (*result)["examples"] = n;
     (*result)["docs"] = std::move(details);
@@ -370,7 +380,7 @@ class ChoiceTask : public Task {
 
  private:
   const std::vector<eval::ChoiceDoc>& pool() const {
-    return spec_.fewshot_data.empty() ? docs_ : pool_;
+    return spec_.choice().fewshot_data().empty() ? docs_ : pool_;
   }
   std::vector<eval::ChoiceDoc> docs_, pool_;
 };
@@ -380,40 +390,42 @@ class TranslationTask : public Task {
   using Task::Task;
   absl::Status Prepare(const tokenizer::Tokenizer& tokenizer) override {
     tokenizer_ = &tokenizer;
-    ASSIGN_OR_RETURN(
-        pairs_, eval::ReadTranslationPairs(spec_.data, spec_.source_field, spec_.target_field));
-    if (!spec_.fewshot_data.empty()) {
-      ASSIGN_OR_RETURN(pool_, eval::ReadTranslationPairs(spec_.fewshot_data, spec_.source_field,
-                                                         spec_.target_field));
+    const v1::TranslationTask& t = spec_.translation();
+    ASSIGN_OR_RETURN(pairs_,
+                     eval::ReadTranslationPairs(spec_.data(), t.source_field(), t.target_field()));
+    if (!t.fewshot_data().empty()) {
+      ASSIGN_OR_RETURN(
+          pool_, eval::ReadTranslationPairs(t.fewshot_data(), t.source_field(), t.target_field()));
     }
-    return CheckPool(spec_, pool(), spec_.fewshot_data.empty());
+    return CheckPool(spec_, t, pool());
   }
 
-  absl::Status Run(EvalModel& model, const EvalSpec&, Json* result) override {
-    const bool same = spec_.fewshot_data.empty();
+  absl::Status Run(EvalModel& model, const v1::EvalSpec&, Json* result) override {
+    const v1::TranslationTask& t = spec_.translation();
+    const bool same = t.fewshot_data().empty();
     const int64_t n =
-        spec_.limit > 0 ? std::min<int64_t>(spec_.limit, pairs_.size()) : pairs_.size();
-    const int64_t max_prompt = model.max_positions() - spec_.max_new_tokens;
+        spec_.limit() > 0 ? std::min<int64_t>(spec_.limit(), pairs_.size()) : pairs_.size();
+    const int64_t max_prompt = model.max_positions() - t.max_new_tokens();
     if (max_prompt < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "task ", spec_.name, ": max_new_tokens ", spec_.max_new_tokens,
+          "task ", spec_.name(), ": max_new_tokens ", t.max_new_tokens(),
           " leaves no room for a prompt in max_position_embeddings ", model.max_positions()));
     }
     const auto eos = tokenizer_->eos_id();
-    Progress progress(spec_.name, n);
+    Progress progress(spec_.name(), n);
     std::vector<std::string> hypotheses, references;
     Json details = Json::array();
     for (int64_t d = 0; d < n; ++d) {
       std::vector<const eval::TranslationPair*> shots;
-      for (int64_t i : eval::FewShotIndices(pool().size(), spec_.k, d, same ? d : -1,
-                                            Sampler(spec_), spec_.seed)) {
+      for (int64_t i :
+           eval::FewShotIndices(pool().size(), t.k(), d, same ? d : -1, Sampler(t), t.seed())) {
         shots.push_back(&pool()[i]);
       }
       const auto& pair = pairs_[d];
       std::vector<int32_t> prompt;
       if (tokenizer_->bos_id()) prompt.push_back(*tokenizer_->bos_id());
       const auto body = tokenizer_->Encode(
-          eval::TranslationPrompt(shots, pair, spec_.source_name, spec_.target_name));
+          eval::TranslationPrompt(shots, pair, t.source_name(), t.target_name()));
       prompt.insert(prompt.end(), body.begin(), body.end());
       // Long prompts lose their oldest tokens (the first shots), as lm-eval truncates left.
       if (static_cast<int64_t>(prompt.size()) > max_prompt) {
@@ -423,18 +435,18 @@ class TranslationTask : public Task {
         if (eos && generated.back() == *eos) return true;
         return eval::TranslationComplete(Text(generated));
       };
-      ASSIGN_OR_RETURN(auto generated, model.Generate(prompt, spec_.max_new_tokens, stop));
+      ASSIGN_OR_RETURN(auto generated, model.Generate(prompt, t.max_new_tokens(), stop));
       std::string hypothesis = eval::TranslationHypothesis(Text(generated));
       details.push_back({{"hypothesis", hypothesis}, {"reference", pair.target}});
       hypotheses.push_back(std::move(hypothesis));
       references.push_back(pair.target);
       progress.Advance();
     }
-    (*result)["source_language"] = spec_.source_language;
-    (*result)["k"] = spec_.k;
-    (*result)["sampler"] = spec_.sampler;
-    (*result)["seed"] = spec_.seed;
-    (*result)["max_new_tokens"] = spec_.max_new_tokens;
+    (*result)["source_language"] = t.source_language();
+    (*result)["k"] = t.k();
+    (*result)["sampler"] = t.sampler();
+    (*result)["seed"] = t.seed();
+    (*result)["max_new_tokens"] = t.max_new_tokens();
     (*result)["examples"] = n;
     (*result)["segments"] = std::move(details);
     Metric("chrf", eval::CorpusChrf(hypotheses, references, eval::ChrfOptions()), result);
@@ -452,21 +464,34 @@ class TranslationTask : public Task {
     return tokenizer_->Decode(kept);
   }
   const std::vector<eval::TranslationPair>& pool() const {
-    return spec_.fewshot_data.empty() ? pairs_ : pool_;
+    return spec_.translation().fewshot_data().empty() ? pairs_ : pool_;
   }
   std::vector<eval::TranslationPair> pairs_, pool_;
 };
 
-std::unique_ptr<Task> MakeTask(const TaskSpec& spec) {
-  switch (spec.type) {
-    case TaskType::kPerplexity:
-      return std::make_unique<PerplexityTask>(spec);
-    case TaskType::kChoice:
-      return std::make_unique<ChoiceTask>(spec);
-    case TaskType::kTranslation:
-      return std::make_unique<TranslationTask>(spec);
+std::unique_ptr<Task> MakeTask(const v1::EvalTask& spec, const std::string& seq_len_source) {
+  if (spec.has_choice()) return std::make_unique<ChoiceTask>(spec);
+  if (spec.has_translation()) return std::make_unique<TranslationTask>(spec);
+  return std::make_unique<PerplexityTask>(spec, seq_len_source);
+}
+
+// The spec as the results file shows it: each task flat, `type` beside its fields, as
+// users write it (the proto's JSON nests them under the type's name).
+Json SpecContent(const v1::EvalSpec& spec) {
+  Json content = Json::parse(SpecToJson(spec));
+  if (!content.contains("tasks")) return content;
+  for (int i = 0; i < spec.tasks_size(); ++i) {
+    Json& task = content["tasks"][i];
+    const std::string type = EvalTaskType(spec.tasks(i));
+    if (type.empty() || !task.contains(type)) continue;
+    Json flat = {{"type", type}};
+    for (auto& [key, value] : task.items()) {
+      if (key != type) flat[key] = value;
+    }
+    for (auto& [key, value] : task[type].items()) flat[key] = value;
+    task = std::move(flat);
   }
-  return nullptr;
+  return content;
 }
 
 // Writes `text` to `path` atomically (engine/io/durable.h: temporary file, fsync, rename,
@@ -482,81 +507,84 @@ constexpr char kUsage[] = "stemma-engine eval --spec FILE [--<field> VALUE ...]"
 
 absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string& spec_path) {
   const auto& proto = static_cast<const v1::EvalSpec&>(proto_spec);
-  EvalSpec spec = eval::EvalSpecFromProto(proto, spec_path);
+  v1::EvalSpec spec = proto;
+  eval::FillRunDefaults(spec_path, &spec);
   // What only the engine can check, before any work: the model directory and the
   // sequence lengths it implies.
-  ASSIGN_OR_RETURN(eval::ModelFacts facts, eval::ReadModelFacts(spec.model));
-  RETURN_IF_ERROR(eval::ResolveSequenceLengths(facts, &spec));
+  ASSIGN_OR_RETURN(eval::ModelFacts facts, eval::ReadModelFacts(spec.model()));
+  std::vector<std::string> seq_len_sources;
+  RETURN_IF_ERROR(eval::ResolveSequenceLengths(facts, &spec, &seq_len_sources));
   Json task_plan = Json::array();
   std::vector<Json> suites;  // per task: its corpus suite, or null
-  for (const TaskSpec& t : spec.tasks) {
-    Json entry = {{"name", t.name}, {"type", eval::TaskTypeName(t.type)}, {"language", t.language}};
-    if (t.type == TaskType::kPerplexity) {
-      entry["seq_len"] = t.seq_len;
-      entry["seq_len_source"] = t.seq_len_source;
+  for (int i = 0; i < spec.tasks_size(); ++i) {
+    const v1::EvalTask& t = spec.tasks(i);
+    Json entry = {{"name", t.name()}, {"type", EvalTaskType(t)}, {"language", t.language()}};
+    if (t.has_perplexity()) {
+      entry["seq_len"] = t.perplexity().seq_len();
+      entry["seq_len_source"] = seq_len_sources[i];
+      suites.push_back(nullptr);
     } else {
-      suites.push_back(SuiteOf(t.data));
+      suites.push_back(SuiteOf(t.data()));
       if (!suites.back().is_null()) {
         entry["suite"] = suites.back()["name"];
         entry["suite_version"] = suites.back()["version"];
         entry["corpus_content_hash"] = suites.back()["corpus_content_hash"];
       }
     }
-    if (t.type == TaskType::kPerplexity) suites.push_back(nullptr);
     task_plan.push_back(std::move(entry));
   }
   Emit({{"event", "start"},
         {"command", "eval"},
         {"spec", spec_path},
-        {"model", spec.model},
-        {"dtype", spec.dtype},
-        {"threads", spec.threads},
-        {"threads_source", proto.threads() > 0 ? "spec"
-                           : spec.threads > 0  ? "job cpus (STEMMA_CPUS)"
-                                               : "torch default"},
+        {"model", spec.model()},
+        {"dtype", spec.dtype()},
+        {"threads", spec.threads()},
+        {"threads_source", proto.threads() > 0  ? "spec"
+                           : spec.threads() > 0 ? "job cpus (STEMMA_CPUS)"
+                                                : "torch default"},
         {"tasks", task_plan}});
 
-  ASSIGN_OR_RETURN(Json checkpoint, CheckpointIdentity(spec.model));
-  ASSIGN_OR_RETURN(auto tokenizer, tokenizer::Tokenizer::Load(spec.tokenizer));
+  ASSIGN_OR_RETURN(Json checkpoint, CheckpointIdentity(spec.model()));
+  ASSIGN_OR_RETURN(auto tokenizer, tokenizer::Tokenizer::Load(spec.tokenizer()));
   std::vector<std::unique_ptr<Task>> tasks;
-  for (size_t i = 0; i < spec.tasks.size(); ++i) {
-    tasks.push_back(MakeTask(spec.tasks[i]));
+  for (int i = 0; i < spec.tasks_size(); ++i) {
+    tasks.push_back(MakeTask(spec.tasks(i), seq_len_sources[i]));
     tasks.back()->set_suite(suites[i]);
     RETURN_IF_ERROR(tasks.back()->Prepare(*tokenizer));
   }
 
   eval::EvalModelOptions model_options;
-  model_options.dtype = spec.dtype;
-  model_options.threads = static_cast<int>(spec.threads);
-  ASSIGN_OR_RETURN(auto model, EvalModel::Load(spec.model, model_options));
+  model_options.dtype = spec.dtype();
+  model_options.threads = static_cast<int>(spec.threads());
+  ASSIGN_OR_RETURN(auto model, EvalModel::Load(spec.model(), model_options));
   if (tokenizer->vocab_size() > model->vocab_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(spec.tokenizer, ": the tokenizer has ",
+    return absl::InvalidArgumentError(absl::StrCat(spec.tokenizer(), ": the tokenizer has ",
                                                    tokenizer->vocab_size(), " ids but the model (",
-                                                   spec.model, ") only ", model->vocab_size()));
+                                                   spec.model(), ") only ", model->vocab_size()));
   }
 
   Json results = {{"format", "stemma-eval-v1"},
                   {"checkpoint", checkpoint},
-                  {"tokenizer", {{"path", spec.tokenizer}, {"kind", tokenizer->kind()}}},
+                  {"tokenizer", {{"path", spec.tokenizer()}, {"kind", tokenizer->kind()}}},
                   {"spec",
                    {{"path", spec_path.empty() ? "" : fs::absolute(spec_path).string()},
-                    {"content", Json::parse(SpecToJson(proto))}}},
-                  {"dtype", spec.dtype},
+                    {"content", SpecContent(proto)}}},
+                  {"dtype", spec.dtype()},
                   {"tasks", Json::array()},
                   {"metrics", Json::object()}};
   eval::PerplexityTotals all;
   int perplexity_tasks = 0;
   for (auto& task : tasks) {
-    const TaskSpec& t = task->spec();
-    Json result = {{"name", t.name},
-                   {"type", eval::TaskTypeName(t.type)},
-                   {"language", t.language},
-                   {"data", t.data},
+    const v1::EvalTask& t = task->spec();
+    Json result = {{"name", t.name()},
+                   {"type", EvalTaskType(t)},
+                   {"language", t.language()},
+                   {"data", t.data()},
                    {"metrics", Json::object()}};
     if (!task->suite().is_null()) result["suite"] = task->suite();
     RETURN_IF_ERROR(task->Run(*model, spec, &result));
     for (const auto& [metric, value] : result["metrics"].items()) {
-      results["metrics"][absl::StrCat(metric, "/", t.name)] = value;
+      results["metrics"][absl::StrCat(metric, "/", t.name())] = value;
     }
     if (auto* p = dynamic_cast<PerplexityTask*>(task.get())) {
       all.nll += p->totals().nll;
@@ -574,12 +602,12 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
       results["metrics"][metric] = value;
     }
   }
-  RETURN_IF_ERROR(WriteAtomically(spec.out, Dump(results, 2) + "\n"));
-  ASSIGN_OR_RETURN(Event output, OutputEvent("results", spec.out, "eval", {spec.model}));
+  RETURN_IF_ERROR(WriteAtomically(spec.out(), Dump(results, 2) + "\n"));
+  ASSIGN_OR_RETURN(Event output, OutputEvent("results", spec.out(), "eval", {spec.model()}));
   Emit(output);
   Emit({{"event", "done"},
         {"command", "eval"},
-        {"results", spec.out},
+        {"results", spec.out()},
         {"checkpoint_sha256", checkpoint["sha256"]},
         {"metrics", results["metrics"]}});
   return absl::OkStatus();

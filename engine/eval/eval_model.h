@@ -20,8 +20,8 @@
 namespace stemma::engine::eval {
 
 struct EvalModelOptions {
-  std::string dtype = "float32";  // "float32" or "bfloat16"
-  int threads = 0;                // torch intra-op threads; 0 keeps torch's default
+  std::string dtype;  // the spec's: "float32" or "bfloat16"
+  int threads = 0;    // torch intra-op threads; 0 keeps torch's default
 };
 
 // Negative log-likelihood of one window's predicted tokens (natural log).

@@ -13,9 +13,9 @@
 #include "common/engine_cli.h"
 #include "common/status.h"
 #include "engine/eval/choice.h"
-#include "engine/eval/eval_spec.h"
 #include "engine/eval/eval_text.h"
 #include "engine/eval/perplexity.h"
+#include "engine/eval/resolve.h"
 #include "engine/eval/translation.h"
 
 namespace stemma::engine::eval {
@@ -183,12 +183,14 @@ TEST(Translation, PromptAndStopRule) {
 }
 
 // The spec as `stemma-engine eval --spec FILE` reads it: ParseEngineCommandLine (the typed
-// EvalSpec, rules and paths), then EvalSpecFromProto.
-absl::StatusOr<EvalSpec> ReadSpec(const std::string& path) {
+// EvalSpec, its rules, defaults and paths), then FillRunDefaults.
+absl::StatusOr<v1::EvalSpec> ReadSpec(const std::string& path) {
   std::string file = path;
   std::vector<char*> argv = {const_cast<char*>("eval"), const_cast<char*>("--spec"), file.data()};
   ASSIGN_OR_RETURN(EngineInvocation inv, ParseEngineCommandLine("eval", 3, argv.data(), {}));
-  return EvalSpecFromProto(static_cast<const v1::EvalSpec&>(*inv.spec), path);
+  v1::EvalSpec spec = static_cast<const v1::EvalSpec&>(*inv.spec);
+  FillRunDefaults(path, &spec);
+  return spec;
 }
 
 TEST(EvalSpecTest, DefaultsAndRelativePaths) {
@@ -202,23 +204,25 @@ tasks:
   const std::string dir = fs::path(path).parent_path().string();
   auto spec = ReadSpec(path);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->model, dir + "/m");
-  EXPECT_EQ(spec->tokenizer, dir + "/m");
-  EXPECT_EQ(spec->out, dir + "/run.results.json");
-  EXPECT_EQ(spec->dtype, "float32");
-  EXPECT_EQ(spec->batch_size, 8);
-  EXPECT_EQ(spec->tasks[0].name, "uk");
-  EXPECT_EQ(spec->tasks[0].data, dir + "/d");
-  EXPECT_EQ(spec->tasks[0].split, "heldout");
-  EXPECT_EQ(spec->tasks[0].seq_len, 0);  // resolved from the model (ResolveSequenceLengths)
-  EXPECT_EQ(spec->tasks[1].name, "belebele_uk");
-  EXPECT_EQ(spec->tasks[1].sampler, "first_n");
-  EXPECT_EQ(spec->tasks[1].seed, 1234u);
-  EXPECT_EQ(spec->tasks[2].sampler, "seeded");
-  EXPECT_EQ(spec->tasks[3].name, "en-uk");
-  EXPECT_EQ(spec->tasks[3].target_name, "uk");
-  EXPECT_EQ(spec->tasks[3].source_field, "src");
-  EXPECT_EQ(spec->tasks[3].max_new_tokens, 256);
+  EXPECT_EQ(spec->model(), dir + "/m");
+  EXPECT_EQ(spec->tokenizer(), dir + "/m");
+  EXPECT_EQ(spec->out(), dir + "/run.results.json");
+  EXPECT_EQ(spec->dtype(), "float32");
+  EXPECT_EQ(spec->batch_size(), 8);
+  EXPECT_EQ(spec->tasks(0).name(), "uk");
+  EXPECT_EQ(spec->tasks(0).data(), dir + "/d");
+  EXPECT_EQ(spec->tasks(0).perplexity().split(), "heldout");
+  EXPECT_EQ(spec->tasks(0).perplexity().heldout_split(), "hash");
+  EXPECT_FALSE(
+      spec->tasks(0).perplexity().has_seq_len());  // from the model (ResolveSequenceLengths)
+  EXPECT_EQ(spec->tasks(1).name(), "belebele_uk");
+  EXPECT_EQ(spec->tasks(1).choice().sampler(), "first_n");
+  EXPECT_EQ(spec->tasks(1).choice().seed(), 1234u);
+  EXPECT_EQ(spec->tasks(2).choice().sampler(), "seeded");
+  EXPECT_EQ(spec->tasks(3).name(), "en-uk");
+  EXPECT_EQ(spec->tasks(3).translation().target_name(), "uk");
+  EXPECT_EQ(spec->tasks(3).translation().source_field(), "src");
+  EXPECT_EQ(spec->tasks(3).translation().max_new_tokens(), 256);
 }
 
 TEST(EvalSpecTest, ErrorsNameTheFileLineAndField) {
@@ -261,10 +265,10 @@ TEST(EvalSpecTest, ThreadsDefaultToTheJobsCpus) {
   auto spec = ReadSpec(path);
   ::unsetenv("STEMMA_CPUS");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->threads, 3);
+  EXPECT_EQ(spec->threads(), 3);
   auto by_hand = ReadSpec(path);
   ASSERT_TRUE(by_hand.ok());
-  EXPECT_EQ(by_hand->threads, 0);  // torch's default
+  EXPECT_EQ(by_hand->threads(), 0);  // torch's default
 }
 
 // A checkpoint directory with config.json and, optionally, a stemma.json manifest.
@@ -292,16 +296,21 @@ std::string MergeManifest(const std::vector<std::string>& parents) {
          R"(], "producer": {"command": "merge"}})";
 }
 
-EvalSpec OnePerplexityTask(int64_t seq_len) {
-  EvalSpec spec;
-  TaskSpec task;
-  task.name = "uk";
-  if (seq_len > 0) {
-    task.seq_len = seq_len;
-    task.seq_len_source = "spec";
-  }
-  spec.tasks.push_back(task);
+v1::EvalSpec OnePerplexityTask(int64_t seq_len) {
+  v1::EvalSpec spec;
+  v1::EvalTask* task = spec.add_tasks();
+  task->set_name("uk");
+  v1::PerplexityTask* p = task->mutable_perplexity();
+  if (seq_len > 0) p->set_seq_len(seq_len);
   return spec;
+}
+
+// Where the first task's seq_len came from, after ResolveSequenceLengths.
+std::string SourceOfFirst(const ModelFacts& facts, v1::EvalSpec* spec) {
+  std::vector<std::string> sources;
+  const absl::Status status = ResolveSequenceLengths(facts, spec, &sources);
+  EXPECT_TRUE(status.ok()) << status;
+  return sources.empty() ? "" : sources[0];
 }
 
 TEST(EvalSequenceLength, DefaultsToTheTrainingRunsSeqLen) {
@@ -311,10 +320,9 @@ TEST(EvalSequenceLength, DefaultsToTheTrainingRunsSeqLen) {
         Checkpoint("trained" + std::to_string(v.size()), 4096, TrainManifest(v));
     auto facts = ReadModelFacts(ckpt);
     ASSERT_TRUE(facts.ok()) << facts.status();
-    EvalSpec spec = OnePerplexityTask(0);
-    ASSERT_TRUE(ResolveSequenceLengths(*facts, &spec).ok());
-    EXPECT_EQ(spec.tasks[0].seq_len, 256);
-    EXPECT_EQ(spec.tasks[0].seq_len_source, "training run (" + ckpt + ")");
+    v1::EvalSpec spec = OnePerplexityTask(0);
+    EXPECT_EQ(SourceOfFirst(*facts, &spec), "training run (" + ckpt + ")");
+    EXPECT_EQ(spec.tasks(0).perplexity().seq_len(), 256);
   }
 }
 
@@ -329,25 +337,24 @@ TEST(EvalSequenceLength, FollowsAMergesParentsWhenTheyAgree) {
   auto mixed = ReadModelFacts(Checkpoint("soup_ac", 4096, MergeManifest({a, c})));
   ASSERT_TRUE(mixed.ok());
   EXPECT_FALSE(mixed->training_seq_len.has_value());
-  EvalSpec spec = OnePerplexityTask(0);
-  ASSERT_TRUE(ResolveSequenceLengths(*mixed, &spec).ok());
-  EXPECT_EQ(spec.tasks[0].seq_len, 2048);
-  EXPECT_NE(spec.tasks[0].seq_len_source.find("model maximum"), std::string::npos);
+  v1::EvalSpec spec = OnePerplexityTask(0);
+  EXPECT_NE(SourceOfFirst(*mixed, &spec).find("model maximum"), std::string::npos);
+  EXPECT_EQ(spec.tasks(0).perplexity().seq_len(), 2048);
 }
 
 TEST(EvalSequenceLength, WithoutATrainingRunTheModelMaximumCappedAt2048) {
   auto small = ReadModelFacts(Checkpoint("hub_small", 512, ""));
   ASSERT_TRUE(small.ok());
-  EvalSpec spec = OnePerplexityTask(0);
-  ASSERT_TRUE(ResolveSequenceLengths(*small, &spec).ok());
-  EXPECT_EQ(spec.tasks[0].seq_len, 512);
+  v1::EvalSpec spec = OnePerplexityTask(0);
+  SourceOfFirst(*small, &spec);
+  EXPECT_EQ(spec.tasks(0).perplexity().seq_len(), 512);
   // The spec's own value wins, and one past the model's maximum is refused.
-  EvalSpec own = OnePerplexityTask(128);
-  ASSERT_TRUE(ResolveSequenceLengths(*small, &own).ok());
-  EXPECT_EQ(own.tasks[0].seq_len, 128);
-  EXPECT_EQ(own.tasks[0].seq_len_source, "spec");
-  EvalSpec too_long = OnePerplexityTask(513);
-  const absl::Status status = ResolveSequenceLengths(*small, &too_long);
+  v1::EvalSpec own = OnePerplexityTask(128);
+  EXPECT_EQ(SourceOfFirst(*small, &own), "spec");
+  EXPECT_EQ(own.tasks(0).perplexity().seq_len(), 128);
+  v1::EvalSpec too_long = OnePerplexityTask(513);
+  std::vector<std::string> sources;
+  const absl::Status status = ResolveSequenceLengths(*small, &too_long, &sources);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("seq_len 513 exceeds the model's max_position_embeddings 512"),
             std::string::npos)
@@ -365,9 +372,9 @@ TEST(EvalSpecTest, ShippedExampleSpecParses) {
   const std::string path = std::string(STEMMA_SOURCE_DIR) + "/configs/eval/family-expert.yaml";
   auto spec = ReadSpec(path);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  EXPECT_EQ(spec->tasks.size(), 5u);
-  EXPECT_EQ(spec->tasks[4].name, "en-uk");
-  EXPECT_EQ(spec->tasks[4].k, 1);
+  EXPECT_EQ(spec->tasks_size(), 5);
+  EXPECT_EQ(spec->tasks(4).name(), "en-uk");
+  EXPECT_EQ(spec->tasks(4).translation().k(), 1);
 }
 
 }  // namespace

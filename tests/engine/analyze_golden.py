@@ -1,4 +1,4 @@
-"""Reference computations for engine/eval/analyze_test.cc, written from the definitions in
+"""Reference computations for engine/analyze/analyze_test.cc, written from the definitions in
 algorithms.md: LAPE identification as RUCAIBox/Language-Specific-Neurons identify.py does it
 with torch (in float64 here), and activation-gap expert selection as
 moe-routing-adaptation's build_selected_experts_json describes it.

@@ -1,4 +1,4 @@
-"""transformers side of the analyze parity test and benchmark (engine/eval/analyze_test.cc,
+"""transformers side of the analyze parity test and benchmark (engine/analyze/analyze_test.cc,
 docs/eval.md): the same LAPE counting and MoE routing counting as `stemma-engine analyze`,
 done with forward hooks on a transformers model, on the same windows of the same tokens.
 

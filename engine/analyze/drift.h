@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 
-namespace stemma::engine::eval {
+namespace stemma::engine::analyze {
 
 // drift.json (docs/eval.md). Errors: the checkpoint reader's (naming the directory or file),
 // InvalidArgument naming a tensor whose shape differs, and InvalidArgument when the two
@@ -32,4 +32,4 @@ absl::StatusOr<nlohmann::json> WeightDrift(const std::string& base_dir,
                                            const std::string& trained_dir,
                                            const std::vector<std::vector<int64_t>>* mask = nullptr);
 
-}  // namespace stemma::engine::eval
+}  // namespace stemma::engine::analyze

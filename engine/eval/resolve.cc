@@ -1,4 +1,4 @@
-#include "engine/eval/eval_spec.h"
+#include "engine/eval/resolve.h"
 
 #include <filesystem>
 #include <fstream>
@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine_cli.h"
+#include "common/eval_task.h"
 #include "common/status.h"
 #include "engine/io/manifest.h"
 
@@ -86,79 +87,16 @@ Found TrainingSeqLen(const fs::path& dir, int depth) {
 
 }  // namespace
 
-const char* TaskTypeName(TaskType type) {
-  switch (type) {
-    case TaskType::kPerplexity:
-      return "perplexity";
-    case TaskType::kChoice:
-      return "choice";
-    case TaskType::kTranslation:
-      return "translation";
-  }
-  return "?";
-}
-
-EvalSpec EvalSpecFromProto(const v1::EvalSpec& proto, const std::string& spec_path) {
-  EvalSpec spec;
-  spec.spec_path = spec_path;
-  spec.model = proto.model();
-  spec.tokenizer = proto.tokenizer().empty() ? proto.model() : proto.tokenizer();
-  spec.out = proto.out();
-  if (spec.out.empty()) {
+void FillRunDefaults(const std::string& spec_path, v1::EvalSpec* spec) {
+  if (spec->tokenizer().empty()) spec->set_tokenizer(spec->model());
+  if (spec->out().empty()) {
     // Beside the spec: eval.yaml -> eval.results.json.
     const fs::path p =
         spec_path.empty() ? fs::current_path() / "eval" : fs::absolute(fs::path(spec_path));
-    spec.out = (p.parent_path() / (p.stem().string() + ".results.json")).string();
+    spec->set_out((p.parent_path() / (p.stem().string() + ".results.json")).string());
   }
-  spec.dtype = proto.dtype();
-  spec.batch_size = proto.batch_size();
-  spec.threads = EffectiveThreads(proto.threads());
-  for (const v1::EvalTask& t : proto.tasks()) {
-    TaskSpec task;
-    task.type = t.type() == "perplexity" ? TaskType::kPerplexity
-                : t.type() == "choice"   ? TaskType::kChoice
-                                         : TaskType::kTranslation;
-    task.language = t.language();
-    task.data = t.data();
-    task.limit = t.limit();
-    task.k = t.k();
-    if (t.has_seed()) task.seed = t.seed();
-    task.sampler = t.sampler();
-    task.fewshot_data = t.fewshot_data();
-    if (!t.split().empty()) task.split = t.split();
-    task.heldout_fraction = t.heldout_fraction();
-    task.split_seed = t.split_seed();
-    if (t.has_heldout_split()) task.heldout_split = t.heldout_split();
-    if (t.has_seq_len()) {
-      task.seq_len = t.seq_len();
-      task.seq_len_source = "spec";
-    }
-    task.format = t.format();
-    if (t.has_add_bos()) task.add_bos = t.add_bos();
-    task.max_length = t.max_length();
-    task.source_language = t.source_language();
-    if (!t.source_field().empty()) task.source_field = t.source_field();
-    if (!t.target_field().empty()) task.target_field = t.target_field();
-    task.source_name = t.source_name().empty() ? t.source_language() : t.source_name();
-    task.target_name = t.target_name().empty() ? t.language() : t.target_name();
-    if (t.has_max_new_tokens()) task.max_new_tokens = t.max_new_tokens();
-    switch (task.type) {
-      case TaskType::kPerplexity:
-        task.name = task.language;
-        break;
-      case TaskType::kChoice:
-        if (task.sampler.empty()) task.sampler = task.format == "belebele" ? "first_n" : "seeded";
-        task.name = absl::StrCat(task.format, "_", task.language);
-        break;
-      case TaskType::kTranslation:
-        if (task.sampler.empty()) task.sampler = "seeded";
-        task.name = absl::StrCat(task.source_language, "-", task.language);
-        break;
-    }
-    if (!t.name().empty()) task.name = t.name();
-    spec.tasks.push_back(std::move(task));
-  }
-  return spec;
+  spec->set_threads(EffectiveThreads(spec->threads()));
+  for (v1::EvalTask& task : *spec->mutable_tasks()) FillEvalTaskDefaults(&task);
 }
 
 absl::StatusOr<ModelFacts> ReadModelFacts(const std::string& model_dir) {
@@ -184,22 +122,27 @@ absl::StatusOr<ModelFacts> ReadModelFacts(const std::string& model_dir) {
   return facts;
 }
 
-absl::Status ResolveSequenceLengths(const ModelFacts& facts, EvalSpec* spec) {
-  for (TaskSpec& task : spec->tasks) {
-    if (task.type != TaskType::kPerplexity) continue;
-    if (task.seq_len == 0) {
-      if (facts.training_seq_len && *facts.training_seq_len >= 2 &&
-          *facts.training_seq_len <= facts.max_positions) {
-        task.seq_len = *facts.training_seq_len;
-        task.seq_len_source = absl::StrCat("training run (", facts.training_run, ")");
-      } else {
-        task.seq_len = std::min(facts.max_positions, kDefaultMaxSeqLen);
-        task.seq_len_source = "model maximum (min(max_position_embeddings, 2048))";
-      }
+absl::Status ResolveSequenceLengths(const ModelFacts& facts, v1::EvalSpec* spec,
+                                    std::vector<std::string>* sources) {
+  sources->assign(spec->tasks_size(), "");
+  for (int i = 0; i < spec->tasks_size(); ++i) {
+    v1::EvalTask& task = *spec->mutable_tasks(i);
+    if (!task.has_perplexity()) continue;
+    v1::PerplexityTask& p = *task.mutable_perplexity();
+    std::string& source = (*sources)[i];
+    if (p.has_seq_len()) {
+      source = "spec";
+    } else if (facts.training_seq_len && *facts.training_seq_len >= 2 &&
+               *facts.training_seq_len <= facts.max_positions) {
+      p.set_seq_len(*facts.training_seq_len);
+      source = absl::StrCat("training run (", facts.training_run, ")");
+    } else {
+      p.set_seq_len(std::min(facts.max_positions, kDefaultMaxSeqLen));
+      source = "model maximum (min(max_position_embeddings, 2048))";
     }
-    if (task.seq_len > facts.max_positions) {
+    if (p.seq_len() > facts.max_positions) {
       return absl::InvalidArgumentError(
-          absl::StrCat("task ", task.name, ": seq_len ", task.seq_len,
+          absl::StrCat("task ", task.name(), ": seq_len ", p.seq_len(),
                        " exceeds the model's max_position_embeddings ", facts.max_positions));
     }
   }

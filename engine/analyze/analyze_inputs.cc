@@ -1,4 +1,4 @@
-#include "engine/eval/analyze_inputs.h"
+#include "engine/analyze/analyze_inputs.h"
 
 #include <unistd.h>
 
@@ -15,7 +15,7 @@
 #include "engine/io/durable.h"
 #include "engine/io/fs.h"
 
-namespace stemma::engine::eval {
+namespace stemma::engine::analyze {
 namespace {
 
 using nlohmann::json;
@@ -243,4 +243,4 @@ void EmitEvent(const std::string& event, const json& fields) {
   EventWriter().Emit(event, Event(fields));
 }
 
-}  // namespace stemma::engine::eval
+}  // namespace stemma::engine::analyze

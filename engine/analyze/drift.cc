@@ -1,4 +1,4 @@
-#include "engine/eval/drift.h"
+#include "engine/analyze/drift.h"
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
@@ -13,7 +13,7 @@
 #include "common/status.h"
 #include "engine/io/checkpoint.h"
 
-namespace stemma::engine::eval {
+namespace stemma::engine::analyze {
 namespace {
 
 using nlohmann::json;
@@ -228,4 +228,4 @@ absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string&
   return result;
 }
 
-}  // namespace stemma::engine::eval
+}  // namespace stemma::engine::analyze

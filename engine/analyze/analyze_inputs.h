@@ -13,7 +13,7 @@
 #include "nlohmann/json.hpp"
 #include "stemma/v1/specs/eval.pb.h"
 
-namespace stemma::engine::eval {
+namespace stemma::engine::analyze {
 
 // Where one language's text comes from (spec `languages[i]`, stemma.v1.LanguageSource):
 // exactly one of a token dataset directory (`stemma-engine tokenize` output), a UTF-8 text
@@ -69,4 +69,4 @@ absl::Status WriteJsonAtomically(const std::string& path, const nlohmann::json& 
 // {"event": `event`, then the fields of `fields` (an object)}.
 void EmitEvent(const std::string& event, const nlohmann::json& fields = nlohmann::json::object());
 
-}  // namespace stemma::engine::eval
+}  // namespace stemma::engine::analyze

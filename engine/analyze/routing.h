@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
 
-namespace stemma::engine::eval {
+namespace stemma::engine::analyze {
 
 // Routing counts of one language: counts[m][e] = how many (token, chosen expert) pairs of the
 // m-th MoE layer went to expert e (each token adds top_k to a layer's total).
@@ -82,4 +82,4 @@ absl::StatusOr<nlohmann::json> RoutingStatsJson(const RoutingInput& input);
 absl::StatusOr<nlohmann::json> ExpertSelectionJson(const RoutingInput& input,
                                                    const SelectionParams& params);
 
-}  // namespace stemma::engine::eval
+}  // namespace stemma::engine::analyze

@@ -1,4 +1,4 @@
-#include "engine/eval/analyze_model.h"
+#include "engine/analyze/analyze_model.h"
 
 #include <c10/util/Exception.h>
 #include <torch/torch.h>
@@ -12,7 +12,7 @@
 #include "engine/model/config.h"
 #include "engine/model/guard.h"
 
-namespace stemma::engine::eval {
+namespace stemma::engine::analyze {
 namespace {
 
 using model::TorchGuard;
@@ -62,16 +62,16 @@ struct ModelAnalyzer::State {
 ModelAnalyzer::ModelAnalyzer(std::unique_ptr<State> state) : state_(std::move(state)) {}
 ModelAnalyzer::~ModelAnalyzer() = default;
 
-absl::StatusOr<std::unique_ptr<ModelAnalyzer>> ModelAnalyzer::Load(
-    const std::string& dir, const ModelAnalyzerOptions& options) {
+absl::StatusOr<std::unique_ptr<ModelAnalyzer>> ModelAnalyzer::Load(const std::string& dir,
+                                                                   const v1::AnalyzeSpec& spec) {
   auto state = std::make_unique<State>();
-  ASSIGN_OR_RETURN(torch::ScalarType dtype, ParseDtype(options.dtype));
-  if (options.threads > 0) at::set_num_threads(static_cast<int>(options.threads));
+  ASSIGN_OR_RETURN(torch::ScalarType dtype, ParseDtype(spec.dtype()));
+  if (spec.threads() > 0) at::set_num_threads(static_cast<int>(spec.threads()));
   try {
-    state->device = torch::Device(options.device);
+    state->device = torch::Device(spec.device());
   } catch (const std::exception&) {
     return absl::InvalidArgumentError(
-        absl::StrCat("device: '", options.device, "' is not a device (cpu, cuda, cuda:N)"));
+        absl::StrCat("device: '", spec.device(), "' is not a device (cpu, cuda, cuda:N)"));
   }
   model::LoadOptions load;
   load.dtype = dtype;
@@ -235,4 +235,4 @@ absl::StatusOr<AlignmentResult> ModelAnalyzer::Align(
   return result;
 }
 
-}  // namespace stemma::engine::eval
+}  // namespace stemma::engine::analyze

@@ -1,4 +1,4 @@
-#include "engine/eval/lape.h"
+#include "engine/analyze/lape.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace stemma::engine::eval {
+namespace stemma::engine::analyze {
 namespace {
 
 absl::Status CheckRate(double value, const char* field) {
@@ -34,14 +34,14 @@ double KthValueByRatio(std::vector<double>& values, double ratio) {
 absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& languages,
                                                const std::vector<LapeCounts>& counts,
                                                int64_t num_layers, int64_t intermediate_size,
-                                               const LapeParams& params) {
+                                               const v1::LapeOptions& params) {
   if (languages.size() < 2 || counts.size() != languages.size()) {
     return absl::InvalidArgumentError(
         "lape: needs at least two languages (the entropy is taken across languages)");
   }
   for (const auto& [value, field] :
-       {std::pair{params.top_rate, "top_rate"}, std::pair{params.filter_rate, "filter_rate"},
-        std::pair{params.activation_bar_ratio, "activation_bar_ratio"}}) {
+       {std::pair{params.top_rate(), "top_rate"}, std::pair{params.filter_rate(), "filter_rate"},
+        std::pair{params.activation_bar_ratio(), "activation_bar_ratio"}}) {
     if (absl::Status s = CheckRate(value, field); !s.ok()) return s;
   }
   const int64_t neurons = num_layers * intermediate_size;
@@ -72,10 +72,10 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
   result.languages = languages;
   {
     std::vector<double> scratch = prob;
-    result.filter_threshold = KthValueByRatio(scratch, params.filter_rate);
-    result.activation_bar = params.activation_bar_ratio == params.filter_rate
+    result.filter_threshold = KthValueByRatio(scratch, params.filter_rate());
+    result.activation_bar = params.activation_bar_ratio() == params.filter_rate()
                                 ? result.filter_threshold
-                                : KthValueByRatio(scratch, params.activation_bar_ratio);
+                                : KthValueByRatio(scratch, params.activation_bar_ratio());
   }
 
   constexpr double kInf = std::numeric_limits<double>::infinity();
@@ -97,7 +97,7 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
 
   // The smallest entropies; a stable order makes ties deterministic (by layer, then neuron).
   result.num_selected =
-      std::min<int64_t>(neurons, RoundHalfEven(static_cast<double>(neurons) * params.top_rate));
+      std::min<int64_t>(neurons, RoundHalfEven(static_cast<double>(neurons) * params.top_rate()));
   std::vector<int64_t> order(neurons);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
@@ -113,7 +113,7 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
       int64_t above = 0;
       for (int64_t k = 0; k < num_langs; ++k)
         above += prob[n * num_langs + k] > result.activation_bar;
-      if (params.exclusive && above > 1) {
+      if (params.exclusive() && above > 1) {
         ++result.num_shared;
         continue;
       }
@@ -133,7 +133,7 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
   return result;
 }
 
-nlohmann::json NeuronMaskJson(const LapeResult& result, const LapeParams& params,
+nlohmann::json NeuronMaskJson(const LapeResult& result, const v1::LapeOptions& params,
                               const std::vector<LapeCounts>& counts, bool keep_profile) {
   nlohmann::json languages = nlohmann::json::object();
   nlohmann::json per_layer = nlohmann::json::object();
@@ -154,11 +154,11 @@ nlohmann::json NeuronMaskJson(const LapeResult& result, const LapeParams& params
       {"languages", languages},
       {"params",
        {{"method", "lape"},
-        {"top_rate", params.top_rate},
-        {"filter_rate", params.filter_rate},
-        {"activation_bar_ratio", params.activation_bar_ratio},
-        {"activation_threshold", params.activation_threshold},
-        {"exclusive", params.exclusive},
+        {"top_rate", params.top_rate()},
+        {"filter_rate", params.filter_rate()},
+        {"activation_bar_ratio", params.activation_bar_ratio()},
+        {"activation_threshold", params.activation_threshold()},
+        {"exclusive", params.exclusive()},
         {"num_shared", result.num_shared},
         {"filter_threshold", result.filter_threshold},
         {"activation_bar", result.activation_bar},
@@ -359,4 +359,4 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> MaskUnion(
   return out;
 }
 
-}  // namespace stemma::engine::eval
+}  // namespace stemma::engine::analyze

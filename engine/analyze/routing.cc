@@ -1,4 +1,4 @@
-#include "engine/eval/routing.h"
+#include "engine/analyze/routing.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
-namespace stemma::engine::eval {
+namespace stemma::engine::analyze {
 namespace {
 
 using nlohmann::json;
@@ -191,24 +192,38 @@ std::vector<int64_t> DefaultSharedK(int64_t num_experts) {
   return out;
 }
 
-absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input, const SelectionParams& params) {
-  if (absl::Status s = CheckInput(input); !s.ok()) return s;
+namespace {
+
+// What the selection compares, resolved from the parameters and checked against the input.
+struct SelectionPlan {
+  std::vector<int64_t> layers;
+  double alpha = 0;
+  std::vector<int64_t> shared_k;
+  std::vector<std::string> high;  // the anchors
+  std::vector<int64_t> high_index, target_index;
+  // Who is ranked against whom: anchors among the anchors (a single anchor against the
+  // targets); each target against the anchors.
+  std::vector<int64_t> anchor_pool;
+};
+
+absl::StatusOr<SelectionPlan> PlanSelection(const RoutingInput& input,
+                                            const SelectionParams& params) {
   const int64_t E = input.num_experts;
-  std::vector<int64_t> layers = params.layers;
-  if (layers.empty()) {  // the last two MoE layers, as (14, 15) for OLMoE's 16
+  SelectionPlan plan;
+  plan.layers = params.layers;
+  if (plan.layers.empty()) {  // the last two MoE layers, as (14, 15) for OLMoE's 16
     const size_t n = input.moe_layers.size();
-    layers.assign(input.moe_layers.begin() + (n > 2 ? n - 2 : 0), input.moe_layers.end());
+    plan.layers.assign(input.moe_layers.begin() + (n > 2 ? n - 2 : 0), input.moe_layers.end());
   }
-  for (int64_t layer : layers) {
+  for (int64_t layer : plan.layers) {
     if (MoeIndex(input, layer) < 0) {
       return absl::InvalidArgumentError(absl::StrCat("routing.select.layers: layer ", layer,
                                                      " is not an MoE layer of the model"));
     }
   }
-  const double alpha = params.alpha.value_or(DefaultAlpha(E));
-  const std::vector<int64_t> shared_k =
-      params.shared_k.empty() ? DefaultSharedK(E) : params.shared_k;
-  for (int64_t k : shared_k) {
+  plan.alpha = params.alpha.value_or(DefaultAlpha(E));
+  plan.shared_k = params.shared_k.empty() ? DefaultSharedK(E) : params.shared_k;
+  for (int64_t k : plan.shared_k) {
     if (k >= E) {
       return absl::InvalidArgumentError(absl::StrCat(
           "routing.select.shared_k: ", k, " shared experts of the model's ", E,
@@ -219,20 +234,19 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input, const Select
   auto is_target = [&](const std::string& lang) {
     return std::find(params.targets.begin(), params.targets.end(), lang) != params.targets.end();
   };
-  std::vector<std::string> high = params.high_resource;
-  if (high.empty()) {
+  plan.high = params.high_resource;
+  if (plan.high.empty()) {
     for (const auto& lang : input.languages) {
-      if (!params.parents.count(lang) && !is_target(lang)) high.push_back(lang);
+      if (!params.parents.count(lang) && !is_target(lang)) plan.high.push_back(lang);
     }
   }
-  std::vector<int64_t> high_index, target_index;
-  for (const auto& lang : high) {
+  for (const auto& lang : plan.high) {
     const int64_t k = LanguageIndex(input, lang);
     if (k < 0) {
       return absl::InvalidArgumentError(absl::StrCat("routing.select.high_resource: language '",
                                                      lang, "' is not among the languages"));
     }
-    high_index.push_back(k);
+    plan.high_index.push_back(k);
   }
   for (const auto& lang : params.targets) {
     const int64_t k = LanguageIndex(input, lang);
@@ -240,148 +254,177 @@ absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input, const Select
       return absl::InvalidArgumentError(
           absl::StrCat("routing.select.targets: language '", lang, "' is not among the languages"));
     }
-    target_index.push_back(k);
+    plan.target_index.push_back(k);
   }
-  if (high_index.empty() || high_index.size() + target_index.size() < 2) {
+  if (plan.high_index.empty() || plan.high_index.size() + plan.target_index.size() < 2) {
     return absl::InvalidArgumentError(
         "routing.select: activation-gap selection compares at least two languages (two anchors, "
         "or one anchor and a target)");
   }
   for (const auto& [low, parent] : params.parents) {
-    if (std::find(high.begin(), high.end(), parent) == high.end()) {
+    if (std::find(plan.high.begin(), plan.high.end(), parent) == plan.high.end()) {
       return absl::InvalidArgumentError(absl::StrCat("routing.select.parents.", low, ": '", parent,
                                                      "' is not a high-resource language"));
     }
   }
-  // Who is ranked against whom: anchors among the anchors (a single anchor against the
-  // targets); each target against the anchors.
-  const std::vector<int64_t> anchor_pool = high_index.size() >= 2 ? high_index : [&] {
-    std::vector<int64_t> pool = high_index;
-    pool.insert(pool.end(), target_index.begin(), target_index.end());
-    return pool;
-  }();
+  plan.anchor_pool = plan.high_index;
+  if (plan.high_index.size() < 2) {
+    plan.anchor_pool.insert(plan.anchor_pool.end(), plan.target_index.begin(),
+                            plan.target_index.end());
+  }
+  return plan;
+}
 
-  std::map<std::string, json> seft;
-  std::map<int64_t, json> shared;
-  for (const auto& lang : high) seft[lang] = json::object();
-  for (const auto& lang : params.targets) seft[lang] = json::object();
-  for (int64_t k : shared_k) shared[k] = json::object();
+// The selection of one MoE layer: each language's SEFT experts (appended to seft[lang][key]),
+// the gaps, and the shared pools (shared[k][key]).
+struct LayerSelection {
   json gaps = json::object(), target_gaps = json::object();
-  for (int64_t layer : layers) {
-    const int64_t m = MoeIndex(input, layer);
-    const std::string key = std::to_string(layer);
-    std::vector<std::vector<double>> usage(input.languages.size());
-    for (size_t k = 0; k < input.languages.size(); ++k)
-      usage[k] = UsageDistribution(input.counts[k].counts[m]);
-    for (auto& [lang, lists] : seft) lists[key] = json::array();
-    // The top language of expert e among `pool` and its gap to the runner-up; nullopt when
-    // no language of the pool used e.
-    auto rank = [&](const std::vector<int64_t>& pool,
-                    int64_t e) -> std::optional<std::pair<int64_t, double>> {
-      bool seen = false;
-      for (int64_t k : pool) seen |= input.counts[k].counts[m][e] > 0;
-      if (!seen) return std::nullopt;
-      std::vector<int64_t> order = pool;
-      std::stable_sort(order.begin(), order.end(),
-                       [&](int64_t a, int64_t b) { return usage[a][e] > usage[b][e]; });
-      return std::make_pair(order[0], usage[order[0]][e] - usage[order[1]][e]);
-    };
-    json layer_gaps = json::object(), layer_target_gaps = json::object();
-    std::vector<double> mean(E, 0.0);
-    for (int64_t e = 0; e < E; ++e) {
-      for (int64_t k : high_index) mean[e] += usage[k][e] / static_cast<double>(high_index.size());
-      if (auto top = rank(anchor_pool, e)) {
-        const std::string& lang = input.languages[top->first];
-        layer_gaps[std::to_string(e)] = {{"gap", top->second}, {"language", lang}};
-        // With one anchor the pool holds the targets too; only an anchor's win counts here.
-        if (top->second >= alpha && std::find(high.begin(), high.end(), lang) != high.end()) {
-          seft[lang][key].push_back(e);
-        }
-      }
-      for (int64_t t : target_index) {
-        std::vector<int64_t> pool = high_index;
-        pool.push_back(t);
-        auto top = rank(pool, e);
-        if (!top || top->first != t) continue;
-        layer_target_gaps[input.languages[t]][std::to_string(e)] = top->second;
-        if (top->second >= alpha) seft[input.languages[t]][key].push_back(e);
+};
+
+LayerSelection SelectInLayer(const RoutingInput& input, const SelectionPlan& plan, int64_t layer,
+                             std::map<std::string, json>* seft, std::map<int64_t, json>* shared) {
+  const int64_t E = input.num_experts;
+  const int64_t m = MoeIndex(input, layer);
+  const std::string key = std::to_string(layer);
+  std::vector<std::vector<double>> usage(input.languages.size());
+  for (size_t k = 0; k < input.languages.size(); ++k)
+    usage[k] = UsageDistribution(input.counts[k].counts[m]);
+  for (auto& [lang, lists] : *seft) lists[key] = json::array();
+  // The top language of expert e among `pool` and its gap to the runner-up; nullopt when
+  // no language of the pool used e.
+  auto rank = [&](const std::vector<int64_t>& pool,
+                  int64_t e) -> std::optional<std::pair<int64_t, double>> {
+    bool seen = false;
+    for (int64_t k : pool) seen |= input.counts[k].counts[m][e] > 0;
+    if (!seen) return std::nullopt;
+    std::vector<int64_t> order = pool;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return usage[a][e] > usage[b][e]; });
+    return std::make_pair(order[0], usage[order[0]][e] - usage[order[1]][e]);
+  };
+  LayerSelection out;
+  std::vector<double> mean(E, 0.0);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t k : plan.high_index) {
+      mean[e] += usage[k][e] / static_cast<double>(plan.high_index.size());
+    }
+    if (auto top = rank(plan.anchor_pool, e)) {
+      const std::string& lang = input.languages[top->first];
+      out.gaps[std::to_string(e)] = {{"gap", top->second}, {"language", lang}};
+      // With one anchor the pool holds the targets too; only an anchor's win counts here.
+      if (top->second >= plan.alpha &&
+          std::find(plan.high.begin(), plan.high.end(), lang) != plan.high.end()) {
+        (*seft)[lang][key].push_back(e);
       }
     }
-    gaps[key] = layer_gaps;
-    if (!target_index.empty()) target_gaps[key] = layer_target_gaps;
-    std::vector<int64_t> by_mean(E);
-    std::iota(by_mean.begin(), by_mean.end(), 0);
-    std::stable_sort(by_mean.begin(), by_mean.end(),
-                     [&](int64_t a, int64_t b) { return mean[a] > mean[b]; });
-    for (int64_t k : shared_k) {
-      shared[k][key] =
-          std::vector<int64_t>(by_mean.begin(), by_mean.begin() + std::min<int64_t>(k, E));
+    for (int64_t t : plan.target_index) {
+      std::vector<int64_t> pool = plan.high_index;
+      pool.push_back(t);
+      auto top = rank(pool, e);
+      if (!top || top->first != t) continue;
+      out.target_gaps[input.languages[t]][std::to_string(e)] = top->second;
+      if (top->second >= plan.alpha) (*seft)[input.languages[t]][key].push_back(e);
     }
   }
+  std::vector<int64_t> by_mean(E);
+  std::iota(by_mean.begin(), by_mean.end(), 0);
+  std::stable_sort(by_mean.begin(), by_mean.end(),
+                   [&](int64_t a, int64_t b) { return mean[a] > mean[b]; });
+  for (int64_t k : plan.shared_k) {
+    (*shared)[k][key] =
+        std::vector<int64_t>(by_mean.begin(), by_mean.begin() + std::min<int64_t>(k, E));
+  }
+  return out;
+}
 
-  json out = json::object();
+// One source language's sets: its SEFT lists, SEFT + each shared pool, the random baseline
+// of each, and every expert of the selected layers.
+json SelectionEntry(const std::string& source, const json& seft,
+                    const std::map<int64_t, json>& shared, const std::vector<int64_t>& layers,
+                    int64_t E, uint64_t random_seed) {
+  json e = {{"seft", seft}};
+  for (const auto& [k, per_layer] : shared) {
+    json ssft = json::object();
+    for (const auto& [key, list] : seft.items()) {
+      json merged = list;  // SEFT then shared, duplicates kept (readers de-duplicate)
+      for (const auto& id : per_layer[key]) merged.push_back(id);
+      ssft[key] = merged;
+    }
+    e[absl::StrCat("ssft_k", k)] = ssft;
+    // The paper's random baseline: per layer as many distinct experts as SSFT picks, drawn
+    // uniformly (seeded by random_seed, the language and k, so reruns agree).
+    uint64_t name_hash = 1469598103934665603ull;  // FNV-1a: the same on every build
+    for (unsigned char c : source) name_hash = (name_hash ^ c) * 1099511628211ull;
+    std::seed_seq seq{static_cast<uint32_t>(random_seed), static_cast<uint32_t>(random_seed >> 32),
+                      static_cast<uint32_t>(k), static_cast<uint32_t>(name_hash),
+                      static_cast<uint32_t>(name_hash >> 32)};
+    std::mt19937_64 rng(seq);
+    json random = json::object();
+    for (const auto& [key, list] : ssft.items()) {
+      std::set<int64_t> distinct;
+      for (const auto& id : list) distinct.insert(id.get<int64_t>());
+      std::vector<int64_t> ids(E);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      ids.resize(std::min<size_t>(distinct.size(), ids.size()));
+      std::sort(ids.begin(), ids.end());
+      random[key] = ids;
+    }
+    e[absl::StrCat("random_ssft_k", k)] = random;
+  }
+  // All experts of the selected layers (the all-expert fine-tuning baseline).
+  json all = json::object();
+  for (int64_t layer : layers) {
+    std::vector<int64_t> ids(E);
+    std::iota(ids.begin(), ids.end(), 0);
+    all[std::to_string(layer)] = ids;
+  }
+  e["all"] = all;
+  return e;
+}
+
+}  // namespace
+
+absl::StatusOr<json> ExpertSelectionJson(const RoutingInput& input, const SelectionParams& params) {
+  if (absl::Status s = CheckInput(input); !s.ok()) return s;
+  ASSIGN_OR_RETURN(const SelectionPlan plan, PlanSelection(input, params));
+  const int64_t E = input.num_experts;
+  std::map<std::string, json> seft;
+  std::map<int64_t, json> shared;
+  for (const auto& lang : plan.high) seft[lang] = json::object();
+  for (const auto& lang : params.targets) seft[lang] = json::object();
+  for (int64_t k : plan.shared_k) shared[k] = json::object();
+  json gaps = json::object(), target_gaps = json::object();
+  for (int64_t layer : plan.layers) {
+    LayerSelection selected = SelectInLayer(input, plan, layer, &seft, &shared);
+    gaps[std::to_string(layer)] = std::move(selected.gaps);
+    if (!plan.target_index.empty()) target_gaps[std::to_string(layer)] = selected.target_gaps;
+  }
   json shared_json = json::object();
   for (const auto& [k, per_layer] : shared) shared_json[absl::StrCat("k", k)] = per_layer;
   auto entry = [&](const std::string& source) {
-    json e = {{"seft", seft[source]}};
-    for (const auto& [k, per_layer] : shared) {
-      json ssft = json::object();
-      for (const auto& [key, list] : seft[source].items()) {
-        json merged = list;  // SEFT then shared, duplicates kept (readers de-duplicate)
-        for (const auto& id : per_layer[key]) merged.push_back(id);
-        ssft[key] = merged;
-      }
-      e[absl::StrCat("ssft_k", k)] = ssft;
-      // The paper's random baseline: per layer as many distinct experts as SSFT picks, drawn
-      // uniformly (seeded by random_seed, the language and k, so reruns agree).
-      uint64_t name_hash = 1469598103934665603ull;  // FNV-1a: the same on every build
-      for (unsigned char c : source) name_hash = (name_hash ^ c) * 1099511628211ull;
-      std::seed_seq seq{static_cast<uint32_t>(params.random_seed),
-                        static_cast<uint32_t>(params.random_seed >> 32), static_cast<uint32_t>(k),
-                        static_cast<uint32_t>(name_hash), static_cast<uint32_t>(name_hash >> 32)};
-      std::mt19937_64 rng(seq);
-      json random = json::object();
-      for (const auto& [key, list] : ssft.items()) {
-        std::set<int64_t> distinct;
-        for (const auto& id : list) distinct.insert(id.get<int64_t>());
-        std::vector<int64_t> ids(E);
-        std::iota(ids.begin(), ids.end(), 0);
-        std::shuffle(ids.begin(), ids.end(), rng);
-        ids.resize(std::min<size_t>(distinct.size(), ids.size()));
-        std::sort(ids.begin(), ids.end());
-        random[key] = ids;
-      }
-      e[absl::StrCat("random_ssft_k", k)] = random;
-    }
-    // All experts of the selected layers (the all-expert fine-tuning baseline).
-    json all = json::object();
-    for (int64_t layer : layers) {
-      std::vector<int64_t> ids(E);
-      std::iota(ids.begin(), ids.end(), 0);
-      all[std::to_string(layer)] = ids;
-    }
-    e["all"] = all;
-    return e;
+    return SelectionEntry(source, seft[source], shared, plan.layers, E, params.random_seed);
   };
-  for (const auto& lang : high) out[lang] = entry(lang);
+  json out = json::object();
+  for (const auto& lang : plan.high) out[lang] = entry(lang);
   for (const auto& lang : params.targets) out[lang] = entry(lang);
   for (const auto& [low, parent] : params.parents) out[low] = entry(parent);
   out["shared_experts"] = shared_json;
   out["_meta"] = {{"format", "stemma.expert_selection/1"},
                   {"method", "activation_gap"},
-                  {"layers", layers},
-                  {"alpha", alpha},
+                  {"layers", plan.layers},
+                  {"alpha", plan.alpha},
                   {"alpha_default", !params.alpha.has_value()},
-                  {"shared_k", shared_k},
+                  {"shared_k", plan.shared_k},
                   {"shared_k_default", params.shared_k.empty()},
-                  {"high_resource", high},
+                  {"high_resource", plan.high},
                   {"parents", params.parents},
                   {"targets", params.targets},
                   {"num_experts", E},
                   {"top_k", input.top_k},
                   {"gaps", gaps}};
-  if (!target_index.empty()) out["_meta"]["target_gaps"] = target_gaps;
+  if (!plan.target_index.empty()) out["_meta"]["target_gaps"] = target_gaps;
   return out;
 }
 
-}  // namespace stemma::engine::eval
+}  // namespace stemma::engine::analyze

@@ -13,20 +13,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/eval/lape.h"
-#include "engine/eval/routing.h"
+#include "engine/analyze/lape.h"
+#include "engine/analyze/routing.h"
+#include "stemma/v1/specs/eval.pb.h"
 
-namespace stemma::engine::eval {
-
-struct ModelAnalyzerOptions {
-  std::string device = "cpu";     // "cpu", "cuda", "cuda:1"
-  std::string dtype = "float32";  // float32, bfloat16, float16
-  int64_t threads = 0;            // torch intra-op threads; 0 keeps torch's default
-};
+namespace stemma::engine::analyze {
 
 struct ProfileOptions {
-  int64_t seq_len = 512;   // window length; the tail shorter than a window is dropped
-  int64_t batch_size = 1;  // windows per forward
+  int64_t seq_len = 0;     // window length (the spec's); the tail shorter than a window is dropped
+  int64_t batch_size = 0;  // windows per forward (the spec's)
   bool lape = false;       // count act(gate) > activation_threshold per FFN neuron
   double activation_threshold = 0.0;
   bool routing = false;  // count the top-k experts per MoE layer
@@ -47,8 +42,9 @@ class ModelAnalyzer {
  public:
   // Loads the checkpoint at `dir`. Errors are LoadModel's (naming the file or tensor) and
   // InvalidArgument for a bad device or dtype.
+  // The spec gives the device, the dtype and the threads (0 keeps torch's default).
   static absl::StatusOr<std::unique_ptr<ModelAnalyzer>> Load(const std::string& dir,
-                                                             const ModelAnalyzerOptions& options);
+                                                             const v1::AnalyzeSpec& spec);
   ~ModelAnalyzer();
 
   int64_t num_layers() const;
@@ -81,4 +77,4 @@ class ModelAnalyzer {
   std::unique_ptr<State> state_;
 };
 
-}  // namespace stemma::engine::eval
+}  // namespace stemma::engine::analyze

@@ -22,17 +22,13 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "stemma/v1/specs/eval.pb.h"
 
-namespace stemma::engine::eval {
+namespace stemma::engine::analyze {
 
-struct LapeParams {
-  double top_rate = 0.01;              // share of all L·I neurons selected
-  double filter_rate = 0.95;           // percentile of P that a neuron must exceed somewhere
-  double activation_bar_ratio = 0.95;  // percentile of P for assigning languages
-  // A neuron is active on a token when act(gate) > activation_threshold (0 in the paper).
-  double activation_threshold = 0.0;
-  bool exclusive = false;  // language-exclusive neurons only
-};
+// The selection's parameters are the spec's `lape` section (stemma.v1.LapeOptions, its
+// defaults filled): top_rate, filter_rate, activation_bar_ratio, activation_threshold and
+// exclusive are read here.
 
 // Counts of one language: how many tokens were seen and, per neuron, on how many of them it
 // was active. over_zero is [L * I], layer-major.
@@ -62,7 +58,7 @@ struct LapeResult {
 absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& languages,
                                                const std::vector<LapeCounts>& counts,
                                                int64_t num_layers, int64_t intermediate_size,
-                                               const LapeParams& params);
+                                               const v1::LapeOptions& params);
 
 // The neuron-mask file (format "stemma.neuron_mask/1", docs/eval.md), read by train's
 // neuron-mask strategy: {"format", "num_layers", "intermediate_size", "languages":
@@ -70,7 +66,7 @@ absl::StatusOr<LapeResult> IdentifyLapeNeurons(const std::vector<std::string>& l
 // `keep_profile` "profile": {"tokens": {lang: n}, "probability": {lang: [[P per neuron]
 // per layer]}, "entropy": [[H per neuron] per layer]} (H before the filter), enough to
 // inspect the selection and to re-select exactly (LapeCountsFromMask).
-nlohmann::json NeuronMaskJson(const LapeResult& result, const LapeParams& params,
+nlohmann::json NeuronMaskJson(const LapeResult& result, const v1::LapeOptions& params,
                               const std::vector<LapeCounts>& counts, bool keep_profile);
 
 // The counts behind a saved neuron-mask file's profile: over_zero = round(P·tokens), which
@@ -106,4 +102,4 @@ absl::StatusOr<std::vector<std::vector<int64_t>>> MaskUnion(
 // round), clamped to [1, size]; torch.kthvalue semantics. `values` is reordered.
 double KthValueByRatio(std::vector<double>& values, double ratio);
 
-}  // namespace stemma::engine::eval
+}  // namespace stemma::engine::analyze
