@@ -151,37 +151,6 @@ absl::Status CheckSelect(const v1::SelectOptions& s, const std::vector<std::stri
 
 }  // namespace
 
-std::string EvalTaskType(const v1::EvalTask& task) {
-  if (task.kind_case() == v1::EvalTask::KIND_NOT_SET) return "";
-  return v1::EvalTask::descriptor()->FindFieldByNumber(task.kind_case())->name();
-}
-
-std::string EvalTaskName(const v1::EvalTask& t) {
-  if (!t.name().empty()) return t.name();
-  if (t.has_choice()) return absl::StrCat(t.choice().format(), "_", t.language());
-  if (t.has_translation())
-    return absl::StrCat(t.translation().source_language(), "-", t.language());
-  return t.language();
-}
-
-void FillEvalTaskDefaults(v1::EvalTask* t) {
-  t->set_name(EvalTaskName(*t));
-  if (t->has_perplexity()) {
-    // Not a rule default: split_seed and heldout_split are refused with split: all and a
-    // filled default could not be told from a written one.
-    v1::PerplexityTask* p = t->mutable_perplexity();
-    if (p->split() == "heldout" && !p->has_heldout_split()) p->set_heldout_split("hash");
-  }
-  if (t->has_choice() && t->choice().sampler().empty()) {
-    t->mutable_choice()->set_sampler(t->choice().format() == "belebele" ? "first_n" : "seeded");
-  }
-  if (t->has_translation()) {
-    v1::TranslationTask* tr = t->mutable_translation();
-    if (tr->source_name().empty()) tr->set_source_name(tr->source_language());
-    if (tr->target_name().empty()) tr->set_target_name(t->language());
-  }
-}
-
 absl::Status Check(const v1::EvalSpec& spec, const SpecChecker& checker) {
   if (spec.tasks_size() == 0) return checker.Error("tasks", "needs at least one task");
   std::set<std::string> names;
@@ -301,3 +270,38 @@ absl::Status Check(const v1::AnalyzeSpec& spec, const SpecChecker& checker) {
 }
 
 }  // namespace stemma::spec_checks
+
+namespace stemma {
+
+std::string EvalTaskType(const v1::EvalTask& task) {
+  if (task.kind_case() == v1::EvalTask::KIND_NOT_SET) return "";
+  return v1::EvalTask::descriptor()->FindFieldByNumber(task.kind_case())->name();
+}
+
+std::string EvalTaskName(const v1::EvalTask& t) {
+  if (!t.name().empty()) return t.name();
+  if (t.has_choice()) return absl::StrCat(t.choice().format(), "_", t.language());
+  if (t.has_translation())
+    return absl::StrCat(t.translation().source_language(), "-", t.language());
+  return t.language();
+}
+
+void FillEvalTaskDefaults(v1::EvalTask* t) {
+  t->set_name(EvalTaskName(*t));
+  if (t->has_perplexity()) {
+    // Not a rule default: split_seed and heldout_split are refused with split: all and a
+    // filled default could not be told from a written one.
+    v1::PerplexityTask* p = t->mutable_perplexity();
+    if (p->split() == "heldout" && !p->has_heldout_split()) p->set_heldout_split("hash");
+  }
+  if (t->has_choice() && t->choice().sampler().empty()) {
+    t->mutable_choice()->set_sampler(t->choice().format() == "belebele" ? "first_n" : "seeded");
+  }
+  if (t->has_translation()) {
+    v1::TranslationTask* tr = t->mutable_translation();
+    if (tr->source_name().empty()) tr->set_source_name(tr->source_language());
+    if (tr->target_name().empty()) tr->set_target_name(t->language());
+  }
+}
+
+}  // namespace stemma

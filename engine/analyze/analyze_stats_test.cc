@@ -165,7 +165,7 @@ TEST(Lape, RefusesBadCounts) {
   std::vector<LapeCounts> counts(2);
   counts[0] = {10, std::vector<int64_t>(4, 1)};
   counts[1] = {0, std::vector<int64_t>(4, 0)};
-  auto result = IdentifyLapeNeurons({"sw", "yo"}, counts, 2, 2, {});
+  auto result = IdentifyLapeNeurons({"sw", "yo"}, counts, 2, 2, DefaultLape());
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().message().find("'yo' has no tokens"), std::string::npos);
   counts[1].tokens = 10;
