@@ -9,8 +9,8 @@
 #include <exception>
 #include <string_view>
 
-#include "engine/commands.h"
 #include "engine/analyze/commands.h"
+#include "engine/commands.h"
 #include "engine/data/commands.h"
 #include "engine/eval/commands.h"
 #include "engine/io/commands.h"
