@@ -20,7 +20,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/engine_cli.h"
 #include "common/engine_contract.h"
 #include "common/engine_spec.h"
 #include "common/status.h"
@@ -270,16 +269,13 @@ absl::Status Logits(int argc, char** argv) {
 }  // namespace
 
 int RunInit(int argc, char** argv) {
-  absl::StatusOr<EngineInvocation> inv = ParseEngineCommandLine("init", argc, argv, {});
-  if (!inv.ok()) return ReportEngineFailure(inv.status());
-  if (inv->help) {
-    std::fputs(EngineHelp("init", kInitUsage).c_str(), stdout);
+  SpecCommand init;
+  init.usage = kInitUsage;
+  init.run = [](const SpecCall& call) -> absl::StatusOr<int> {
+    RETURN_IF_ERROR(Guarded([&] { return Init(call.Get<v1::InitSpec>(), call.source); }));
     return engine_contract::kExitOk;
-  }
-  const std::string where = inv->spec_file.empty() ? "command line" : inv->spec_file;
-  absl::Status status =
-      Guarded([&] { return Init(static_cast<const v1::InitSpec&>(*inv->spec), where); });
-  return status.ok() ? engine_contract::kExitOk : ReportEngineFailure(status);
+  };
+  return RunSpecCommand(init, argc, argv);
 }
 
 int RunLogits(int argc, char** argv) {

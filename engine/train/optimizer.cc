@@ -30,7 +30,7 @@ torch::Tensor BuildMask(const ParamPlan& plan, const torch::Tensor& param) {
 }  // namespace
 
 FlatAdamW::FlatAdamW(const std::vector<ParamPlan>& plans, const std::vector<torch::Tensor>& params,
-                     const OptimizerSpec& options)
+                     const v1::TrainOptimizer& options)
     : options_(options) {
   torch::NoGradGuard no_grad;
   std::vector<size_t> order;
@@ -54,7 +54,7 @@ FlatAdamW::FlatAdamW(const std::vector<ParamPlan>& plans, const std::vector<torc
     s.param = params[i];
     s.offset = total;
     s.numel = params[i].numel();
-    s.decay = plans[i].weight_decay && options.weight_decay > 0;
+    s.decay = plans[i].weight_decay && options.weight_decay() > 0;
     s.lambda = plans[i].l2sp_lambda;
     if (plans[i].mask != ParamPlan::Mask::kNone) s.mask = BuildMask(plans[i], params[i]);
     total += s.numel;
@@ -194,8 +194,8 @@ void FlatAdamW::AdamRange(const Range& range, const std::vector<torch::Tensor>& 
     v.push_back(exp_avg_sq_.narrow(0, s.offset, s.numel).view(s.param.sizes()));
     steps.push_back(step);
   }
-  at::_fused_adamw_(p, g, m, v, {}, steps, lr, options_.beta1, options_.beta2,
-                    range.decay ? options_.weight_decay : 0.0, options_.eps, /*amsgrad=*/false,
+  at::_fused_adamw_(p, g, m, v, {}, steps, lr, options_.betas(0), options_.betas(1),
+                    range.decay ? options_.weight_decay() : 0.0, options_.eps(), /*amsgrad=*/false,
                     /*maximize=*/false, grad_scale);
 }
 
@@ -204,17 +204,17 @@ void FlatAdamW::AdamMasked(const Segment& s, const torch::Tensor& grad, double l
   auto m = exp_avg_.narrow(0, s.offset, s.numel), v = exp_avg_sq_.narrow(0, s.offset, s.numel);
   auto tmp = scratch_.narrow(0, s.offset, s.numel);
   auto mask = s.mask.view(-1);
-  const double beta1 = options_.beta1, beta2 = options_.beta2;
+  const double beta1 = options_.betas(0), beta2 = options_.betas(1);
   const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step_));
   const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step_));
   const double step_size = lr / bias_correction1;
-  const double decay_factor = s.decay ? lr * options_.weight_decay : 0.0;
+  const double decay_factor = s.decay ? lr * options_.weight_decay() : 0.0;
   // The reference formulation of torch.optim.AdamW, single tensor: moments, denom =
   // sqrt(v)/sqrt(bc2) + eps.
   m.lerp_(g, 1.0 - beta1);
   v.mul_(beta2).addcmul_(g, g, 1.0 - beta2);
   at::sqrt_out(tmp, v);
-  tmp.div_(std::sqrt(bias_correction2)).add_(options_.eps);
+  tmp.div_(std::sqrt(bias_correction2)).add_(options_.eps());
   // Build the whole update, decay included, and zero it outside the mask, so those elements
   // are left exactly as they were (their moments are 0 because the gradient was).
   at::div_out(tmp, m, tmp);

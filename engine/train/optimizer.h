@@ -27,7 +27,7 @@
 
 #include "absl/status/status.h"
 #include "engine/train/plan.h"
-#include "engine/train/spec.h"
+#include "stemma/v1/specs/train.pb.h"
 
 namespace stemma::engine::train {
 
@@ -36,9 +36,9 @@ class FlatAdamW {
   // `params[i]` is the module parameter planned by `plans[i]`; only trainable ones are taken
   // (frozen ones get requires_grad = false and stay as they are). Trainable parameters must
   // be float32 on one device. Keeps a copy of the initial values as the L2-SP anchor when
-  // any λ > 0.
+  // any λ > 0. `options` has its defaults filled (two betas); its lr is Step's to give.
   FlatAdamW(const std::vector<ParamPlan>& plans, const std::vector<torch::Tensor>& params,
-            const OptimizerSpec& options);
+            const v1::TrainOptimizer& options);
 
   // Clears every gradient (.grad undefined) before a backward pass. Autograd then hands its
   // own gradient tensor over to each parameter instead of adding it to a zeroed buffer: that
@@ -101,7 +101,7 @@ class FlatAdamW {
   // included, is zeroed outside the mask.
   void AdamMasked(const Segment& s, const torch::Tensor& grad, double lr);
 
-  OptimizerSpec options_;
+  v1::TrainOptimizer options_;
   std::vector<Segment> segments_;
   std::vector<Range> ranges_;
   torch::Tensor values_, exp_avg_, exp_avg_sq_, scratch_;  // [n] fp32 each

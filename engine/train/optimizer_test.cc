@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include "common/engine_spec.h"
 #include "gtest/gtest.h"
 
 namespace stemma::engine::train {
@@ -18,6 +19,13 @@ ParamPlan Plan(const std::string& name, const torch::Tensor& t, bool decay, doub
   return p;
 }
 
+// The schema's AdamW settings (train.proto's defaults).
+v1::TrainOptimizer Defaults() {
+  v1::TrainOptimizer o;
+  FillSpecDefaults(&o);
+  return o;
+}
+
 // The same parameters trained by FlatAdamW and by torch::optim::AdamW with equal gradients
 // stay equal (to float rounding: LibTorch's C++ AdamW uses mul+add where Python uses lerp).
 TEST(FlatAdamWTest, MatchesTorchAdamW) {
@@ -28,20 +36,22 @@ TEST(FlatAdamWTest, MatchesTorchAdamW) {
   for (auto& t : ours) theirs.push_back(t.clone().set_requires_grad(true));
   std::vector<ParamPlan> plans = {Plan("a", ours[0], true), Plan("b", ours[1], false),
                                   Plan("c", ours[2], true)};
-  OptimizerSpec spec;
-  spec.lr = 1e-2;
-  spec.weight_decay = 0.1;
+  v1::TrainOptimizer spec = Defaults();
+  spec.set_lr(1e-2);
+  spec.set_weight_decay(0.1);
   FlatAdamW flat(plans, ours, spec);
+  const double beta1 = spec.betas(0), beta2 = spec.betas(1), eps = spec.eps();
   // LibTorch's AdamW decays every parameter of a group, so "b" goes in a group without decay.
   torch::optim::AdamW reference(
       {torch::optim::OptimizerParamGroup(
            {theirs[0], theirs[2]},
            std::make_unique<torch::optim::AdamWOptions>(
-               torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1))),
-       torch::optim::OptimizerParamGroup(
-           {theirs[1]},
-           std::make_unique<torch::optim::AdamWOptions>(
-               torch::optim::AdamWOptions(1e-2).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)))});
+               torch::optim::AdamWOptions(1e-2).betas({beta1, beta2}).eps(eps).weight_decay(0.1))),
+       torch::optim::OptimizerParamGroup({theirs[1]}, std::make_unique<torch::optim::AdamWOptions>(
+                                                          torch::optim::AdamWOptions(1e-2)
+                                                              .betas({beta1, beta2})
+                                                              .eps(eps)
+                                                              .weight_decay(0.0)))});
   for (int step = 0; step < 6; ++step) {
     flat.ZeroGrad();
     reference.zero_grad();
@@ -63,9 +73,9 @@ TEST(FlatAdamWTest, MatchesTorchAdamW) {
 TEST(FlatAdamWTest, ClippingScalesTheGradientToMaxNorm) {
   auto w = torch::zeros({10});
   std::vector<ParamPlan> plans = {Plan("w", w, false)};
-  OptimizerSpec spec;
-  spec.beta1 =
-      0.0;  // the update is then lr * g / (|g| + eps): shows the clipped gradient's sign only,
+  v1::TrainOptimizer spec = Defaults();
+  // β1 0: the update is then lr * g / (|g| + eps): shows the clipped gradient's sign only,
+  spec.set_betas(0, 0.0);
   FlatAdamW flat(plans, {w}, spec);
   flat.ZeroGrad();
   w.mutable_grad() = torch::full({10}, 3.0);  // norm sqrt(90)
@@ -74,7 +84,7 @@ TEST(FlatAdamWTest, ClippingScalesTheGradientToMaxNorm) {
   // ... so read the clipped gradient from the second moment: v = (1 - beta2) g².
   auto state = flat.StateTensors();
   const double v = state[1].second[0].item<double>();
-  const double clipped = std::sqrt(v / (1 - spec.beta2));
+  const double clipped = std::sqrt(v / (1 - spec.betas(1)));
   EXPECT_NEAR(clipped * std::sqrt(10.0), 1.0, 1e-4);
 }
 
@@ -87,8 +97,8 @@ TEST(FlatAdamWTest, MaskedUpdateLeavesMaskedOutElementsBitIdentical) {
   pw.indices = {1, 4};
   pd.mask = ParamPlan::Mask::kColumns;
   pd.indices = {1, 4};
-  OptimizerSpec spec;
-  spec.weight_decay = 0.5;  // decoupled decay would move every element without the mask
+  v1::TrainOptimizer spec = Defaults();
+  spec.set_weight_decay(0.5);  // decoupled decay would move every element without the mask
   FlatAdamW flat({pw, pd}, {w, d}, spec);
   for (int step = 0; step < 3; ++step) {
     flat.ZeroGrad();
@@ -109,7 +119,7 @@ TEST(FlatAdamWTest, MaskedUpdateLeavesMaskedOutElementsBitIdentical) {
 
 TEST(FlatAdamWTest, L2spPullsTowardTheInitialValues) {
   auto w = torch::ones({4});
-  FlatAdamW flat({Plan("w", w, false, /*lambda=*/0.5)}, {w}, OptimizerSpec{});
+  FlatAdamW flat({Plan("w", w, false, /*lambda=*/0.5)}, {w}, Defaults());
   flat.ZeroGrad();
   flat.Step(0.1, 0.0);  // zero task gradient at the anchor: nothing moves, penalty 0
   EXPECT_TRUE(torch::equal(w, torch::ones({4})));
@@ -126,8 +136,8 @@ TEST(FlatAdamWTest, L2spPullsTowardTheInitialValues) {
 
 TEST(FlatAdamWTest, ParameterWithoutGradientIsSteppedAsWithZeroGradient) {
   auto w = torch::ones({4}), u = torch::ones({3});
-  OptimizerSpec spec;
-  spec.weight_decay = 0.5;
+  v1::TrainOptimizer spec = Defaults();
+  spec.set_weight_decay(0.5);
   FlatAdamW flat({Plan("w", w, true), Plan("u", u, true)}, {w, u}, spec);
   flat.ZeroGrad();
   EXPECT_FALSE(w.grad().defined());  // cleared, for autograd to hand its tensor over
@@ -145,7 +155,7 @@ TEST(FlatAdamWTest, FlatGradsGathersTheGradientsInSegmentOrder) {
   auto a = torch::zeros({2, 2}), b = torch::zeros({3}), c = torch::zeros({2});
   // "b" has no decay: segments go decayed first, so the flat order is a, c, b.
   FlatAdamW flat({Plan("a", a, true), Plan("b", b, false), Plan("c", c, true)}, {a, b, c},
-                 OptimizerSpec{});
+                 Defaults());
   flat.ZeroGrad();
   a.mutable_grad() = torch::arange(4, torch::kFloat32).view({2, 2});
   b.mutable_grad() = torch::full({3}, 7.0);  // c gets none: zeros

@@ -57,8 +57,9 @@ struct ResolvedRanges {
   }
 };
 
-absl::StatusOr<ResolvedRanges> Resolve(const std::vector<LayerRange>& ranges, int64_t num_layers,
-                                       const std::string& where) {
+absl::StatusOr<ResolvedRanges> Resolve(const google::protobuf::RepeatedPtrField<std::string>& texts,
+                                       int64_t num_layers, const std::string& where) {
+  ASSIGN_OR_RETURN(std::vector<LayerRange> ranges, ParseLayerRanges(texts, where));
   ResolvedRanges out;
   for (size_t i = 0; i < ranges.size(); ++i) {
     ASSIGN_OR_RETURN(LayerRange r,
@@ -202,42 +203,43 @@ absl::StatusOr<std::map<int64_t, std::vector<int64_t>>> LoadExpertSubset(
   return out;
 }
 
-absl::StatusOr<TrainPlan> BuildPlan(const StrategySpec& strategy, const ModelShape& model,
+absl::StatusOr<TrainPlan> BuildPlan(const v1::TrainStrategy& strategy, const ModelShape& model,
                                     const std::vector<ParamInfo>& params,
                                     const std::string& spec_source) {
   const std::string where = absl::StrCat(spec_source, ": strategy");
   const int64_t L = model.num_layers;
   ASSIGN_OR_RETURN(ResolvedRanges frozen_layers,
-                   Resolve(strategy.freeze.layers, L, where + ".freeze.layers"));
+                   Resolve(strategy.freeze().layers(), L, where + ".freeze.layers"));
   std::vector<ResolvedRanges> l2sp_ranges;
-  for (size_t i = 0; i < strategy.l2sp.size(); ++i) {
-    ASSIGN_OR_RETURN(ResolvedRanges r, Resolve(strategy.l2sp[i].layers, L,
+  for (int i = 0; i < strategy.l2sp_size(); ++i) {
+    ASSIGN_OR_RETURN(ResolvedRanges r, Resolve(strategy.l2sp(i).layers(), L,
                                                absl::StrCat(where, ".l2sp[", i, "].layers")));
     l2sp_ranges.push_back(std::move(r));
   }
 
   std::vector<std::vector<int64_t>> neurons;
-  if (strategy.neuron_mask) {
+  if (strategy.has_neuron_mask()) {
     if (model.num_experts > 0) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, ".neuron_mask: needs a dense model (this one has ", model.num_experts,
                        " experts)"));
     }
-    ASSIGN_OR_RETURN(neurons, LoadNeuronMask(strategy.neuron_mask->file,
-                                             strategy.neuron_mask->languages, model));
+    const v1::TrainNeuronMask& mask = strategy.neuron_mask();
+    const std::vector<std::string> languages(mask.languages().begin(), mask.languages().end());
+    ASSIGN_OR_RETURN(neurons, LoadNeuronMask(mask.file(), languages, model));
   }
   TrainPlan plan;
-  if (strategy.expert_subset) {
+  if (strategy.has_expert_subset()) {
     if (model.num_experts == 0) {
       return absl::InvalidArgumentError(absl::StrCat(where, ".expert_subset: needs an MoE model"));
     }
-    const ExpertSubsetSpec& e = *strategy.expert_subset;
-    ASSIGN_OR_RETURN(plan.router_experts, LoadExpertSubset(e.file, e.language, e.set, model));
+    const v1::TrainExpertSubset& e = strategy.expert_subset();
+    ASSIGN_OR_RETURN(plan.router_experts, LoadExpertSubset(e.file(), e.language(), e.set(), model));
   }
-  if (strategy.freeze.shared && model.num_experts == 0) {
+  if (strategy.freeze().shared() && model.num_experts == 0) {
     return absl::InvalidArgumentError(absl::StrCat(where, ".freeze.shared: needs an MoE model"));
   }
-  for (int64_t id : strategy.frozen_experts) {
+  for (int64_t id : strategy.frozen_experts()) {
     if (model.num_experts == 0) {
       return absl::InvalidArgumentError(absl::StrCat(where, ".frozen_experts: needs an MoE model"));
     }
@@ -254,7 +256,7 @@ absl::StatusOr<TrainPlan> BuildPlan(const StrategySpec& strategy, const ModelSha
     pp.shape = p.shape;
     const NameParts parts = SplitName(p.name);
     pp.trainable = true;
-    if (strategy.neuron_mask) {
+    if (strategy.has_neuron_mask()) {
       pp.trainable = false;
       if (parts.layer >= 0 && !parts.projection.empty() && !neurons[parts.layer].empty()) {
         if (parts.projection == "down_proj") {
@@ -269,35 +271,37 @@ absl::StatusOr<TrainPlan> BuildPlan(const StrategySpec& strategy, const ModelSha
         if (pp.trainable) pp.indices = neurons[parts.layer];
       }
     }
-    if (strategy.expert_subset) {
+    if (strategy.has_expert_subset()) {
       auto it = plan.router_experts.find(parts.layer);
       const bool listed_layer = it != plan.router_experts.end();
       pp.trainable = listed_layer &&
-                     ((parts.router && strategy.expert_subset->train_routers) ||
+                     ((parts.router && strategy.expert_subset().train_routers()) ||
                       (parts.expert >= 0 &&
                        std::binary_search(it->second.begin(), it->second.end(), parts.expert)));
     }
     if (parts.layer >= 0 && frozen_layers.Contains(parts.layer)) pp.trainable = false;
-    if (p.name == "model.embed_tokens.weight" && strategy.freeze.embeddings) pp.trainable = false;
-    if (p.name == "lm_head.weight" && strategy.freeze.head) pp.trainable = false;
-    if (p.name == "model.norm.weight" && strategy.freeze.final_norm) pp.trainable = false;
-    if (strategy.freeze.shared && parts.expert < 0 && !parts.router) pp.trainable = false;
-    if (strategy.freeze.attention && absl::StrContains(p.name, ".self_attn.")) pp.trainable = false;
-    if (strategy.freeze.norms && absl::StrContains(p.name, "norm.weight")) pp.trainable = false;
+    if (p.name == "model.embed_tokens.weight" && strategy.freeze().embeddings())
+      pp.trainable = false;
+    if (p.name == "lm_head.weight" && strategy.freeze().head()) pp.trainable = false;
+    if (p.name == "model.norm.weight" && strategy.freeze().final_norm()) pp.trainable = false;
+    if (strategy.freeze().shared() && parts.expert < 0 && !parts.router) pp.trainable = false;
+    if (strategy.freeze().attention() && absl::StrContains(p.name, ".self_attn."))
+      pp.trainable = false;
+    if (strategy.freeze().norms() && absl::StrContains(p.name, "norm.weight")) pp.trainable = false;
     if (parts.expert >= 0 &&
-        std::find(strategy.frozen_experts.begin(), strategy.frozen_experts.end(), parts.expert) !=
-            strategy.frozen_experts.end()) {
+        std::find(strategy.frozen_experts().begin(), strategy.frozen_experts().end(),
+                  parts.expert) != strategy.frozen_experts().end()) {
       pp.trainable = false;
     }
     if (pp.trainable) {
-      for (size_t i = 0; i < strategy.l2sp.size(); ++i) {
-        const bool default_rule = strategy.l2sp[i].layers.empty();
+      for (int i = 0; i < strategy.l2sp_size(); ++i) {
+        const bool default_rule = strategy.l2sp(i).layers().empty();
         if (!default_rule && parts.layer >= 0 && l2sp_ranges[i].Contains(parts.layer)) {
-          pp.l2sp_lambda = strategy.l2sp[i].lambda;
+          pp.l2sp_lambda = strategy.l2sp(i).lambda();
           break;
         }
         if (default_rule)
-          pp.l2sp_lambda = strategy.l2sp[i].lambda;  // unless a later range rule names it
+          pp.l2sp_lambda = strategy.l2sp(i).lambda();  // unless a later range rule names it
       }
       pp.weight_decay = pp.shape.size() >= 2 && pp.l2sp_lambda == 0.0;
     } else {

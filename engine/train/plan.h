@@ -83,7 +83,7 @@ absl::StatusOr<std::map<int64_t, std::vector<int64_t>>> LoadExpertSubset(
 // Builds the plan. InvalidArgument naming the spec field for a layer range outside the
 // model, a strategy the architecture cannot take (neuron_mask on an MoE, expert_subset or
 // frozen_experts on a dense model, an expert id out of range), or nothing left to train.
-absl::StatusOr<TrainPlan> BuildPlan(const StrategySpec& strategy, const ModelShape& model,
+absl::StatusOr<TrainPlan> BuildPlan(const v1::TrainStrategy& strategy, const ModelShape& model,
                                     const std::vector<ParamInfo>& params,
                                     const std::string& spec_source = "spec");
 

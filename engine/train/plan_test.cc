@@ -7,8 +7,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/engine_spec.h"
 #include "engine/train/spec.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace stemma::engine::train {
 namespace {
@@ -39,11 +41,13 @@ TEST(LayerRangeTest, HalfOpenLikePythonSlicesAndMiddle) {
 }
 
 TEST(ScheduleTest, WarmupThenCosineToTheFloor) {
-  OptimizerSpec o;
-  o.lr = 1.0;
-  ScheduleSpec s;
-  s.warmup_steps = 4;
-  s.min_lr_ratio = 0.1;
+  v1::TrainOptimizer o;
+  v1::TrainSchedule s;  // the schema's: cosine
+  FillSpecDefaults(&o);
+  FillSpecDefaults(&s);
+  o.set_lr(1.0);
+  s.set_warmup_steps(4);
+  s.set_min_lr_ratio(0.1);
   EXPECT_DOUBLE_EQ(LearningRate(o, s, 1, 14), 0.25);
   EXPECT_DOUBLE_EQ(LearningRate(o, s, 4, 14), 1.0);
   EXPECT_DOUBLE_EQ(LearningRate(o, s, 5, 14), 1.0);     // decay starts at the peak
@@ -51,7 +55,7 @@ TEST(ScheduleTest, WarmupThenCosineToTheFloor) {
   const double mid = LearningRate(o, s, 9, 14);         // halfway through 5..14 (progress 4/9)
   EXPECT_GT(mid, 0.55);
   EXPECT_LT(mid, 0.7);
-  s.kind = ScheduleSpec::Kind::kConstant;
+  s.set_type("constant");
   EXPECT_DOUBLE_EQ(LearningRate(o, s, 14, 14), 1.0);
 }
 
@@ -78,7 +82,7 @@ const ParamPlan& Find(const TrainPlan& plan, const std::string& name) {
   return plan.params.front();
 }
 
-StrategySpec Strategy(const json& j) {
+v1::TrainStrategy Strategy(const json& j) {
   json doc = {{"model", "/m"},
               {"out", "/o"},
               {"steps", 1},
@@ -86,7 +90,7 @@ StrategySpec Strategy(const json& j) {
               {"strategy", j}};
   auto spec = ParseTrainSpecText(doc.dump(), "spec.yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
-  return spec.ok() ? spec->strategy : StrategySpec{};
+  return spec.ok() ? spec->strategy() : v1::TrainStrategy{};
 }
 
 TEST(PlanTest, FreezeRangesAndL2spLambdas) {
@@ -111,7 +115,7 @@ TEST(PlanTest, FreezeRangesAndL2spLambdas) {
 }
 
 TEST(PlanTest, WeightDecayOnMatricesOnly) {
-  auto plan = BuildPlan(StrategySpec{}, ModelShape{1, 8, 0, false}, DenseParams(1, 4, 8));
+  auto plan = BuildPlan(v1::TrainStrategy{}, ModelShape{1, 8, 0, false}, DenseParams(1, 4, 8));
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(Find(*plan, "model.layers.0.mlp.up_proj.weight").weight_decay);
   EXPECT_FALSE(Find(*plan, "model.layers.0.input_layernorm.weight").weight_decay);
@@ -125,7 +129,7 @@ TEST(PlanTest, NeuronMaskSelectsRowsAndColumnsOfUnionOfLanguages) {
                               {"languages",
                                {{"sw", {{1, 3}, json::array()}}, {"yo", {{3, 5}, {0}}}}}}
                              .dump();
-  StrategySpec s = Strategy({{"neuron_mask", {{"file", path}}}});
+  v1::TrainStrategy s = Strategy({{"neuron_mask", {{"file", path}}}});
   auto plan = BuildPlan(s, ModelShape{2, 8, 0, false}, DenseParams(2, 4, 8));
   ASSERT_TRUE(plan.ok()) << plan.status();
   const auto& gate = Find(*plan, "model.layers.0.mlp.gate_proj.weight");
@@ -136,7 +140,8 @@ TEST(PlanTest, NeuronMaskSelectsRowsAndColumnsOfUnionOfLanguages) {
   EXPECT_FALSE(Find(*plan, "model.embed_tokens.weight").trainable);
   EXPECT_EQ(plan->trainable_params, (3 + 1) * 3 * 4);
   // One language only, and errors naming the file's field.
-  s.neuron_mask->languages = {"sw"};
+  s.mutable_neuron_mask()->clear_languages();
+  s.mutable_neuron_mask()->add_languages("sw");
   EXPECT_EQ(BuildPlan(s, ModelShape{2, 8, 0, false}, DenseParams(2, 4, 8))->trainable_params,
             2 * 3 * 4);
   auto wrong = BuildPlan(s, ModelShape{3, 8, 0, false}, DenseParams(3, 4, 8));

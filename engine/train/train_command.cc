@@ -7,9 +7,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/engine_cli.h"
 #include "common/engine_contract.h"
 #include "common/status.h"
+#include "engine/commands.h"
 #include "engine/train/commands.h"
 #include "engine/train/spec.h"
 #include "engine/train/trainer.h"
@@ -30,34 +30,22 @@ void KeepLargeBlocksInTheHeap() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
-}  // namespace
-
-int RunTrain(int argc, char** argv) {
-  absl::StatusOr<EngineInvocation> inv =
-      ParseEngineCommandLine("train", argc, argv, {"stop-after-step"});
-  if (!inv.ok()) return ReportEngineFailure(inv.status());
-  if (inv->help) {
-    std::fputs(EngineHelp("train", kUsage).c_str(), stdout);
-    return engine_contract::kExitOk;
-  }
+absl::StatusOr<int> Run(const SpecCall& call) {
   int64_t stop_after_step = 0;
-  if (auto it = inv->flags.find("stop-after-step"); it != inv->flags.end()) {
+  if (auto it = call.flags.find("stop-after-step"); it != call.flags.end()) {
     if (!absl::SimpleAtoi(it->second, &stop_after_step) || stop_after_step < 1) {
-      return ReportEngineFailure(
-          absl::InvalidArgumentError("--stop-after-step wants a positive step number"));
+      return absl::InvalidArgumentError("--stop-after-step wants a positive step number");
     }
   }
-  const std::string source = inv->spec_file.empty() ? "command line" : inv->spec_file;
-  absl::StatusOr<train::TrainSpec> spec =
-      train::TrainSpecFromProto(static_cast<const v1::TrainSpec&>(*inv->spec), source);
-  if (!spec.ok()) return ReportEngineFailure(spec.status());
+  v1::TrainSpec& spec = call.Get<v1::TrainSpec>();
+  train::FillTrainDefaults(&spec);
   KeepLargeBlocksInTheHeap();
   train::RunOptions options;
+  options.source = call.source;
   options.stop_after_step = stop_after_step;
-  absl::StatusOr<train::RunResult> result =
-      train::Train(*spec, options, EventWriter(/*enabled=*/true));
-  if (!result.ok()) return ReportEngineFailure(result.status());
-  if (*result == train::RunResult::kStopped) {
+  ASSIGN_OR_RETURN(train::RunResult result,
+                   train::Train(spec, options, EventWriter(/*enabled=*/true)));
+  if (result == train::RunResult::kStopped) {
     std::fprintf(stderr,
                  "%sstopped after step %lld as asked (--stop-after-step); run again to resume from "
                  "the checkpoint\n",
@@ -66,6 +54,12 @@ int RunTrain(int argc, char** argv) {
     return engine_contract::kExitStopped;
   }
   return engine_contract::kExitOk;
+}
+
+}  // namespace
+
+int RunTrain(int argc, char** argv) {
+  return RunSpecCommand({kUsage, {"stop-after-step"}, Run}, argc, argv);
 }
 
 }  // namespace stemma::engine

@@ -21,14 +21,16 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "engine/events.h"
-#include "engine/train/spec.h"
+#include "stemma/v1/specs/train.pb.h"
 
 namespace stemma::engine::train {
 
 struct RunOptions {
+  std::string source = "spec";  // the spec file (or "command line"), for errors
   // Stop (as if preempted) right after the checkpoint of this step; 0: run to the end.
   int64_t stop_after_step = 0;
 };
@@ -38,7 +40,8 @@ enum class RunResult { kFinished, kStopped };
 // Runs (or resumes) the training `spec` describes. Errors name the cause: a spec field, a
 // file or tensor, a NaN loss (with the step). Nothing partial is ever published: checkpoints
 // and the output go through io::CheckpointWriter's staging directory and atomic rename.
-absl::StatusOr<RunResult> Train(const TrainSpec& spec, const RunOptions& options,
+// `spec` has its defaults filled (FillTrainDefaults, spec.h) and its rules checked.
+absl::StatusOr<RunResult> Train(const v1::TrainSpec& spec, const RunOptions& options,
                                 const EventWriter& events);
 
 }  // namespace stemma::engine::train
