@@ -114,6 +114,8 @@ TEST_F(CoordinatorTest, WorkerThatRestartedLosesItsRunningAttempts) {
   started.set_attempt_id(a.attempt_id());
   started.mutable_started()->set_pid(1);
   coord_->Event(w.id, w.session, started);
+  // A restarted daemon has no session secret: it is let in once the old session's lease ran out.
+  clock_.Advance(1500);
   Worker fresh = Connect("w0");  // registers again with nothing running
   EXPECT_EQ(fresh.registered.keep_size(), 0);
   v1::Job job = Get(id);
