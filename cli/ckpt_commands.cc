@@ -85,6 +85,7 @@ absl::StatusOr<int> RunShow(const GlobalOptions& g, const std::string& id) {
                     a.verification_detail().empty() ? "" : ": " + a.verification_detail()));
   Line("pinned", a.pinned() ? "yes" : "no");
   Line("operation", a.operation().empty() ? "-" : a.operation());
+  Line("owner", a.owner().empty() ? "-" : a.owner());
   Line("experiment", a.experiment().empty() ? "-" : a.experiment());
   Line("stage", a.stage().empty() ? "-" : a.stage());
   Line("created", FormatTimestamp(a.created_ms()));

@@ -260,6 +260,7 @@ nlohmann::json JobToJson(const v1::Job& job) {
   j["priority"] = spec.priority();
   j["labels"] = std::map<std::string, std::string>(spec.labels().begin(), spec.labels().end());
   j["experiment"] = spec.experiment();
+  j["owner"] = job.owner();  // who submitted it ("" without authentication)
   j["depends_on"] = std::vector<std::string>(spec.depends_on().begin(), spec.depends_on().end());
   j["reason"] = job.reason();
   j["early_stop"] = job.early_stop();            // a trial stopped at a rung, or skipped for one
@@ -553,6 +554,7 @@ std::string RenderJobDetails(const v1::Job& job, int64_t now_ms) {
       {"attempts", AttemptsCell(job)},
       {"priority", absl::StrCat(spec.priority())},
       {"experiment", OrDash(spec.experiment())},
+      {"owner", OrDash(job.owner())},
       {"labels", MapCell(spec.labels())},
       {"depends_on", OrDash(absl::StrJoin(spec.depends_on(), ","))},
       {"dependents", OrDash(absl::StrJoin(job.dependents(), ","))},

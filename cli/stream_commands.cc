@@ -41,6 +41,7 @@ absl::StatusOr<std::vector<std::string>> ResolveJobIds(CoordinatorClient& client
   if (ids.size() > kFew) {
     v1::ListJobsRequest request;
     request.set_page_size(1000);
+    request.set_mine(true);  // a name is the caller's job: another user's newer one is not it
     for (bool first = true;; first = false) {
       ASSIGN_OR_RETURN(v1::ListJobsResponse page, client.ListJobs(request));
       if (first && page.total() > static_cast<int64_t>(8 * ids.size() + 1000)) {

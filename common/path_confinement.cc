@@ -198,6 +198,27 @@ absl::StatusOr<std::string> ConfinePath(std::string_view field_name, const std::
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", shown, " is outside ", where));
 }
 
+absl::StatusOr<std::string> ResolveAsOpened(const std::string& path) { return Resolve(path); }
+
+absl::StatusOr<std::string> RelativeBelowRoot(std::string_view field_name, const std::string& path,
+                                              const std::string& root) {
+  const std::string field(field_name);
+  if (path.empty() || path[0] != '/' || root.empty() || root[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": '", path, "' is not an absolute path below the storage root ", root));
+  }
+  absl::StatusOr<std::string> real = Resolve(path);
+  if (!real.ok())
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", real.status().message()));
+  const std::string storage = ResolvedRoot(root);
+  if (!Inside(*real, storage, false)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", path, *real == path ? "" : absl::StrCat(" (resolves to ", *real, ")"),
+        " is outside the storage root ", root));
+  }
+  return storage == "/" ? real->substr(1) : real->substr(storage.size() + 1);
+}
+
 namespace {
 
 std::string FieldName(std::string_view prefix, const std::string& field) {

@@ -61,6 +61,14 @@ absl::Status CheckSpecConfinement(const google::protobuf::Message& spec, std::st
 // that are not engine jobs (noop, exec) have no spec paths: OK.
 absl::Status CheckJobConfinement(const v1::JobSpec& job, const PathRoots& roots);
 
+// The absolute path `path` names as open() would see it (the rules above: existing components
+// resolved, symlinks followed, the rest lexical). Errors name the component.
+absl::StatusOr<std::string> ResolveAsOpened(const std::string& path);
+// `path` relative to `root` when it resolves (ResolveAsOpened, as `root` does) strictly below
+// it; InvalidArgument "<field>: <path> ... is outside the storage root <root>" otherwise.
+absl::StatusOr<std::string> RelativeBelowRoot(std::string_view field, const std::string& path,
+                                              const std::string& root);
+
 // The file-system-free rules for one path value (see above).
 absl::Status CheckPathSyntax(std::string_view field, const std::string& value, PathAccess access);
 // CheckPathSyntax for every path field of an engine spec.

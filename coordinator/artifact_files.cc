@@ -124,6 +124,59 @@ DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expect
   return d;
 }
 
+namespace {
+
+v1::FileStamp Stamp(const std::string& rel, const struct stat& st) {
+  v1::FileStamp s;
+  s.set_path(rel);
+  s.set_bytes(st.st_size);
+  s.set_mtime_ns(static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec);
+  s.set_ctime_ns(static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec);
+  s.set_inode(st.st_ino);
+  return s;
+}
+
+}  // namespace
+
+std::vector<v1::FileStamp> StampFiles(const std::string& given) {
+  constexpr size_t kMaxFiles = 100000;
+  std::string path = given;
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  std::vector<v1::FileStamp> out;
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return out;
+  if (!S_ISDIR(st.st_mode)) {
+    out.push_back(Stamp("", st));
+    return out;
+  }
+  std::error_code ec;
+  std::filesystem::recursive_directory_iterator it(path, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string file = it->path().string();
+    if (::lstat(file.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) continue;
+    if (out.size() >= kMaxFiles) return {};
+    out.push_back(Stamp(file.substr(path.size() + 1), st));
+  }
+  if (ec) return {};
+  std::sort(out.begin(), out.end(),
+            [](const v1::FileStamp& a, const v1::FileStamp& b) { return a.path() < b.path(); });
+  return out;
+}
+
+bool SameStamps(const google::protobuf::RepeatedPtrField<v1::FileStamp>& then,
+                const std::vector<v1::FileStamp>& now) {
+  if (then.size() != static_cast<int>(now.size())) return false;
+  for (size_t i = 0; i < now.size(); ++i) {
+    const v1::FileStamp& a = then[static_cast<int>(i)];
+    const v1::FileStamp& b = now[i];
+    if (a.path() != b.path() || a.bytes() != b.bytes() || a.mtime_ns() != b.mtime_ns() ||
+        a.ctime_ns() != b.ctime_ns() || a.inode() != b.inode()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 absl::Status RemoveArtifactFiles(const std::string& path) {
   std::error_code ec;
   std::filesystem::remove_all(path, ec);

@@ -21,6 +21,8 @@ std::string ManifestFile(const std::string& path);
 struct ManifestCheck {
   v1::Verification result = v1::UNCHECKED;
   std::string detail;  // what differed or could not be read
+  // The files as they were when the part reported them (StampFiles), kept with the artifact.
+  std::vector<v1::FileStamp> files;
 };
 // Compares the manifest's sha256 with `expected`: VERIFIED, MISMATCH or UNREADABLE.
 ManifestCheck CheckManifest(const std::string& path, const std::string& expected);
@@ -33,6 +35,14 @@ struct DeepCheck {
 // The manifest check, then (for directories) every file the manifest lists: present, of
 // its recorded size, with its recorded sha256; for a corpus also its content_hash.
 DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expected);
+
+// Every regular file below `path` (or `path` itself when it is a file) as lstat(2) sees it,
+// sorted by relative path; symlinks are listed, not followed. Empty when the path cannot be
+// read or holds more than 100,000 files.
+std::vector<v1::FileStamp> StampFiles(const std::string& path);
+// True when `now` lists the same files with the same size, mtime, ctime and inode.
+bool SameStamps(const google::protobuf::RepeatedPtrField<v1::FileStamp>& then,
+                const std::vector<v1::FileStamp>& now);
 
 // Removes an artifact's directory or file. OK when it is already gone.
 absl::Status RemoveArtifactFiles(const std::string& path);

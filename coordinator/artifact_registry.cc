@@ -2,15 +2,20 @@
 
 #include <algorithm>
 #include <deque>
+#include <filesystem>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/engine_spec.h"
+#include "common/job_spec.h"
 #include "common/logging.h"
+#include "common/path_confinement.h"
 #include "common/status.h"
 #include "coordinator/gc_policy.h"
 #include "coordinator/spec_refs.h"
+#include "stemma/v1/spec_options.pb.h"
 
 namespace stemma::coordinator {
 namespace {
@@ -27,6 +32,20 @@ std::string NormalPath(std::string p) {
 
 void AppendUnique(std::vector<std::string>* v, const std::string& id) {
   if (std::find(v->begin(), v->end(), id) == v->end()) v->push_back(id);
+}
+
+// GC removes files only inside the workers' storage roots (symlinks resolved). Without any
+// reported root (workers from before they reported one) the check cannot be made.
+absl::Status InsideARoot(const std::string& path, const std::vector<std::string>& roots) {
+  if (roots.empty()) return absl::OkStatus();
+  absl::Status last;
+  for (const std::string& root : roots) {
+    absl::StatusOr<std::string> relative = RelativeBelowRoot("path", path, root);
+    if (relative.ok()) return absl::OkStatus();
+    last = relative.status();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("not removed: ", path, " is outside every storage root (", last.message(), ")"));
 }
 
 }  // namespace
@@ -84,6 +103,37 @@ std::string ArtifactRegistry::ResolveParent(const std::string& path, Changes* ch
   return Put(std::move(a), changes)->id();
 }
 
+std::string ArtifactRegistry::ConfineOutputs(const v1::AttemptEvent::Finished& finished,
+                                             const std::string& root, const std::string& owner,
+                                             const Tenancy& tenancy) {
+  std::vector<std::pair<std::string, std::string>> paths;  // (field, path)
+  for (const v1::OutputArtifact& a : finished.artifacts()) {
+    paths.emplace_back(absl::StrCat("output ", a.name()), a.path());
+  }
+  for (const auto& [name, path] : finished.outputs()) {
+    paths.emplace_back(absl::StrCat("output ", name), path);
+  }
+  for (const auto& [field, path] : paths) {
+    if (path.empty()) continue;
+    if (root.empty()) {
+      const std::string normal = std::filesystem::path(path).lexically_normal().string();
+      if (path[0] != '/' || NormalPath(normal) != NormalPath(path)) {
+        return absl::StrCat("refused ", field, ": ", path, " is not an absolute, normal path");
+      }
+      if (!owner.empty()) {
+        return absl::StrCat("refused ", field, ": ", path,
+                            ": the worker reported no storage root to confine it to");
+      }
+      continue;
+    }
+    absl::StatusOr<std::string> relative = RelativeBelowRoot(field, path, root);
+    absl::Status st =
+        relative.ok() ? tenancy.CheckWritable(field, *relative, owner) : relative.status();
+    if (!st.ok()) return absl::StrCat("refused ", st.message());
+  }
+  return "";
+}
+
 void ArtifactRegistry::Stage(
     const std::string& attempt_id,
     const google::protobuf::RepeatedPtrField<v1::OutputArtifact>& artifacts,
@@ -139,6 +189,7 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
     a.set_manifest_sha256(out.manifest_sha256());
     a.set_bytes(out.bytes());
     a.set_job_id(job.id());
+    a.set_owner(job.owner());
     a.set_attempt(job.current().number());
     a.set_experiment(job.spec().experiment());
     a.set_stage(stage);
@@ -147,6 +198,7 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
     for (const auto& [name, value] : last) (*a.mutable_metrics())[name] = value;
     a.set_state(v1::ARTIFACT_PRESENT);
     a.set_created_ms(now);
+    for (v1::FileStamp& f : s.check.files) *a.add_files() = std::move(f);
     a.set_verification(s.check.result);
     a.set_verification_detail(s.check.detail);
     if (s.check.result == v1::MISMATCH) {
@@ -205,26 +257,77 @@ std::vector<const v1::Artifact*> ArtifactRegistry::FindByJob(const std::string& 
   return out;
 }
 
+std::string ArtifactRegistry::CacheRefusal(const v1::Job& source, const v1::Job& job) const {
+  if (!job.owner().empty() && !core_->options.tenancy.Shares(job.owner(), source.owner())) {
+    return absl::StrCat(source.id(), " is ", source.owner(), "'s");
+  }
+  const std::vector<std::string> roots = StorageRoots();
+  if (const google::protobuf::Message* spec = EngineSpecOf(job.spec()); spec && !roots.empty()) {
+    for (const SpecPath& p : SpecPaths(*spec)) {
+      if (p.role != v1::ROLE_OUTPUT_PATH || p.value.empty() || p.value[0] != '/') continue;
+      if (absl::Status st = InsideARoot(p.value, roots); !st.ok()) {
+        return absl::StrCat("its ", p.field, " ", p.value, " is outside every storage root");
+      }
+    }
+  }
+  for (const v1::Artifact* a : FindByJob(source.id())) {
+    if (a->state() != v1::ARTIFACT_PRESENT) {
+      return absl::StrCat(a->id(), " is gone (", a->deleted_by(), ")");
+    }
+    if (SameStamps(a->files(), StampFiles(a->path())) && a->files_size() > 0) continue;
+    DeepCheck check = VerifyArtifactFiles(a->path(), a->manifest_sha256());
+    if (!check.problems.empty()) {
+      return absl::StrCat(a->id(), " changed since it was registered: ", check.problems.front());
+    }
+  }
+  return "";
+}
+
+std::vector<std::string> ArtifactRegistry::StorageRoots() const {
+  std::vector<std::string> roots;
+  for (const auto& [id, w] : core_->workers.all()) {
+    const std::string& root = w.info.storage_root();
+    if (!root.empty() && root[0] == '/' &&
+        std::find(roots.begin(), roots.end(), root) == roots.end()) {
+      roots.push_back(root);
+    }
+  }
+  return roots;
+}
+
 std::vector<std::string> ArtifactRegistry::ReferencedBy(const v1::JobSpec& spec) const {
+  return ReferencedBy(spec, StorageRoots());
+}
+
+std::vector<std::string> ArtifactRegistry::ReferencedBy(
+    const v1::JobSpec& spec, const std::vector<std::string>& roots) const {
   std::vector<std::string> strings;
   CollectStrings(spec, &strings);
   std::vector<std::string> ids;
+  auto lookup = [&](std::string p) {
+    // The path itself, or any directory above it (a file inside a checkpoint).
+    p = NormalPath(std::filesystem::path(p).lexically_normal().string());
+    while (!p.empty()) {
+      if (auto it = by_path_.find(p); it != by_path_.end()) {
+        AppendUnique(&ids, it->second);
+        return;
+      }
+      auto slash = p.rfind('/');
+      if (slash == std::string::npos || slash == 0) return;
+      p.resize(slash);
+    }
+  };
   for (const std::string& s : strings) {
     if (absl::StartsWith(s, "ckpt:")) {
       if (by_id_.contains(s.substr(5))) AppendUnique(&ids, s.substr(5));
       continue;
     }
-    if (s.empty() || s[0] != '/' || by_path_.empty()) continue;
-    // The path itself, or any directory above it (a file inside a checkpoint).
-    std::string p = NormalPath(s);
-    while (!p.empty()) {
-      if (auto it = by_path_.find(p); it != by_path_.end()) {
-        AppendUnique(&ids, it->second);
-        break;
-      }
-      auto slash = p.rfind('/');
-      if (slash == std::string::npos || slash == 0) break;
-      p.resize(slash);
+    if (s.empty() || by_path_.empty() || s.size() > 4096) continue;
+    if (s[0] == '/') {
+      lookup(s);
+    } else {
+      // A relative path is below the storage root of whichever worker runs the job.
+      for (const std::string& root : roots) lookup(absl::StrCat(root, "/", s));
     }
   }
   return ids;
@@ -270,9 +373,10 @@ absl::StatusOr<v1::ArtifactDetails> ArtifactRegistry::Get(const std::string& id)
     for (const std::string& c : it->second) *d.add_children() = by_id_.at(c);
   }
   std::vector<std::pair<uint64_t, std::string>> consumers;
+  const std::vector<std::string> roots = StorageRoots();
   core_->jobs.ForEach([&](const v1::Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under mu
     if (job.id() == a->job_id()) return;
-    auto refs = ReferencedBy(job.spec());
+    auto refs = ReferencedBy(job.spec(), roots);
     if (std::find(refs.begin(), refs.end(), a->id()) != refs.end()) {
       consumers.emplace_back(job.seq(), job.id());
     }
@@ -381,9 +485,17 @@ absl::StatusOr<v1::GcResponse> ArtifactRegistry::CollectGarbage(const v1::GcRequ
   v1::GcResponse resp;
   resp.set_applied(request.apply());
   std::vector<std::pair<v1::Artifact, std::string>> doomed;  // copies: files go unlocked
+  std::vector<std::string> roots;
   {
     absl::MutexLock lock(&core_->mu);
+    roots = StorageRoots();
     GcFacts facts;
+    if (!request.policy().requester().empty()) {
+      facts.manageable = [tenancy = &core_->options.tenancy,
+                          who = request.policy().requester()](const v1::Artifact& a) {
+        return !a.owner().empty() && tenancy->Shares(who, a.owner());
+      };
+    }
     for (const std::string& id : order_) {
       const v1::Artifact& a = by_id_.at(id);
       facts.artifacts.push_back(&a);
@@ -394,7 +506,9 @@ absl::StatusOr<v1::GcResponse> ArtifactRegistry::CollectGarbage(const v1::GcRequ
     }
     core_->jobs.ForEach([&](const v1::Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under mu
       if (Terminal(job.state())) return;
-      for (const std::string& id : ReferencedBy(job.spec())) facts.read_by_live_jobs.insert(id);
+      for (const std::string& id : ReferencedBy(job.spec(), roots)) {
+        facts.read_by_live_jobs.insert(id);
+      }
     });
     for (const GcPlanEntry& e : PlanGc(facts, request.policy())) {
       v1::GcDecision* d = resp.add_decisions();
@@ -410,7 +524,8 @@ absl::StatusOr<v1::GcResponse> ArtifactRegistry::CollectGarbage(const v1::GcRequ
   if (!request.apply() || doomed.empty()) return resp;
   absl::flat_hash_map<std::string, std::string> errors;
   for (const auto& [a, reason] : doomed) {
-    absl::Status st = RemoveArtifactFiles(a.path());
+    absl::Status st = InsideARoot(a.path(), roots);
+    if (st.ok()) st = RemoveArtifactFiles(a.path());
     if (!st.ok()) errors[a.id()] = std::string(st.message());
   }
   uint64_t ticket;

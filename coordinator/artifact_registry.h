@@ -21,6 +21,8 @@
 #include "coordinator/artifact_files.h"
 #include "coordinator/core.h"
 #include "coordinator/metric_series.h"
+#include "coordinator/tenancy.h"
+#include "stemma/v1/worker_service.pb.h"
 
 namespace stemma::coordinator {
 
@@ -32,6 +34,16 @@ class ArtifactRegistry {
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_->mu) { core_->mu.AssertHeld(); }
 
   void Load(const StoreSnapshot& snapshot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+
+  // Confinement of what a part that exited 0 reported (docs/tenancy.md): every artifact and
+  // output path must resolve strictly below the storage root of the worker that reported it
+  // (`root`) and, for an owned job, below one of the owner's prefixes. "" when it does, else
+  // why (the attempt then fails and nothing is registered). A worker that reports no root
+  // (one from before it did) gets only the lexical check, and its owned outputs are
+  // refused. Reads the file system (symlinks are resolved): call without the core mutex.
+  static std::string ConfineOutputs(const v1::AttemptEvent::Finished& finished,
+                                    const std::string& root, const std::string& owner,
+                                    const Tenancy& tenancy);
 
   // What a part of `attempt_id` that exited 0 reported, with the manifest check of each
   // artifact (empty: not checked). Held until the job succeeds or the attempt ends.
@@ -54,10 +66,21 @@ class ArtifactRegistry {
   std::vector<const v1::Artifact*> FindByJob(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   // Ids of the artifacts a spec refers to: `ckpt:ID`, a present artifact's path, or a
-  // path inside one.
+  // path inside one, however spelled: absolute paths normalised lexically, a relative one
+  // (below a worker's storage root) under every root the workers reported.
   std::vector<std::string> ReferencedBy(const v1::JobSpec& spec) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // The storage roots the registered workers reported.
+  std::vector<std::string> StorageRoots() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   size_t size() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu) { return by_id_.size(); }
+  // Why `job` must not be served from the outputs of the succeeded `source` (memoization), or
+  // "" when it may: the two owners share (tenancy.h), every artifact `source` registered is
+  // still PRESENT (not deleted, not replaced by another at its path), and its files are as
+  // they were at registration (size, mtime, ctime, inode) or, where any changed, still hash to
+  // its manifest (a full check). Also refused: a job whose own absolute output lies outside
+  // every storage root (it would never have been allowed to run). Reads the file system.
+  std::string CacheRefusal(const v1::Job& source, const v1::Job& job) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
 
   // User operations. NOT_FOUND for an unknown id; INVALID_ARGUMENT naming the field.
   absl::StatusOr<v1::ListArtifactsResponse> List(const v1::ListArtifactsRequest& request);
@@ -80,6 +103,9 @@ class ArtifactRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   // `inserted`: the record is new (else only its state or hash may have changed).
   void Index(const v1::Artifact& artifact, bool inserted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  std::vector<std::string> ReferencedBy(const v1::JobSpec& spec,
+                                        const std::vector<std::string>& roots) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   // The id of the present artifact at `path`, registering an external one if none.
   std::string ResolveParent(const std::string& path, Changes* changes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);

@@ -25,6 +25,11 @@ Coordinator::Coordinator(CoordinatorOptions options, Store* store, const Clock* 
                               registry_.OnTransition(job, from, to);
                               series_.OnTransition(job, from, to);
                             };
+  // Memoization serves content the requester may read, never names (tenancy.md).
+  core_.jobs.SetCacheGuard([this](const v1::Job& source, const v1::Job& job)
+                               ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under core_.mu
+                                 return registry_.CacheRefusal(source, job);
+                               });
 }
 
 Coordinator::~Coordinator() { Stop(); }

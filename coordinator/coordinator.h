@@ -38,7 +38,10 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   absl::StatusOr<v1::SubmitResponse> Submit(const v1::SubmitRequest& request) override {
     return users_.Submit(request);
   }
-  absl::StatusOr<v1::Job> GetJob(const std::string& id) override { return users_.GetJob(id); }
+  absl::StatusOr<v1::Job> GetJob(const std::string& id,
+                                 const std::string& prefer_owner = "") override {
+    return users_.GetJob(id, prefer_owner);
+  }
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) override {
     return users_.ListJobs(request);
   }
@@ -81,7 +84,7 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   }
   absl::StatusOr<v1::SubmitExperimentResponse> SubmitExperiment(
       const v1::SubmitExperimentRequest& request, const std::string& owner) override {
-    return experiments_.Submit(request, owner);
+    return experiments_.Submit(request, owner, core_.options.tenancy.Namespace(owner));
   }
   absl::StatusOr<v1::ListExperimentsResponse> ListExperiments() override {
     return experiments_.List();
@@ -90,6 +93,7 @@ class Coordinator final : public UserHandler, public WorkerHandler {
       const v1::GetExperimentRequest& request) override {
     return experiments_.Get(request);
   }
+  const Tenancy& tenancy() const override { return core_.options.tenancy; }
 
   // WorkerHandler
   absl::StatusOr<v1::Registered> Register(const v1::Register& request,

@@ -27,6 +27,7 @@
 #include "coordinator/quotas.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/service_interfaces.h"
+#include "coordinator/tenancy.h"
 #include "coordinator/worker_table.h"
 
 namespace stemma::coordinator {
@@ -43,6 +44,8 @@ struct CoordinatorOptions {
   // Quotas and fair share (coordinator/quotas.h): a YAML file, re-read when it changes; ""
   // for no limits (fair share on, default half-life).
   std::string quotas_file;
+  // Projects and the ownership rules (coordinator/tenancy.h, `--projects FILE`).
+  Tenancy tenancy;
 };
 
 class CoordinatorCore {

@@ -4,6 +4,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -103,10 +104,13 @@ int Revision(const v1::Job& job) {
   return r;
 }
 
-absl::StatusOr<std::vector<v1::Job>> JobsOf(UserHandler* users, const std::string& experiment) {
+// The jobs of `experiment` in namespace `space` (every namespace for "").
+absl::StatusOr<std::vector<v1::Job>> JobsOf(UserHandler* users, const std::string& experiment,
+                                            const std::string& space) {
   std::vector<v1::Job> out;
   v1::ListJobsRequest req;
   req.set_experiment(experiment);
+  if (!space.empty()) (*req.mutable_labels())[kNamespaceLabel] = space;
   req.set_page_size(1000);
   while (true) {
     ASSIGN_OR_RETURN(v1::ListJobsResponse page, users->ListJobs(req));
@@ -163,6 +167,25 @@ std::vector<std::string> ChangedFields(const v1::JobSpec& before, const v1::JobS
   return out;
 }
 
+// An unset `out` that the expansion placed under experiments/<name>/ goes below the owner's
+// prefix of the storage root (coordinator/tenancy.h), so that two owners' experiments of one
+// name never share a directory.
+void PrefixDefaultOutput(v1::JobSpec* job, const std::string& experiment,
+                         const std::string& owner) {
+  pb::Message* engine = MutableEngineSpecOf(job);
+  if (engine == nullptr) return;
+  const pb::FieldDescriptor* out = engine->GetDescriptor()->FindFieldByName("out");
+  if (out == nullptr || out->cpp_type() != pb::FieldDescriptor::CPPTYPE_STRING ||
+      out->is_repeated()) {
+    return;
+  }
+  const std::string value = engine->GetReflection()->GetString(*engine, out);
+  if (absl::StartsWith(value, absl::StrCat("experiments/", experiment, "/")) &&
+      absl::EndsWith(value, "/${{ self.id }}")) {
+    engine->GetReflection()->SetString(engine, out, absl::StrCat(owner, "/", value));
+  }
+}
+
 v1::Experiment Summary(const experiments::ExperimentPlan& plan) {
   v1::Experiment e;
   e.set_name(plan.name);
@@ -181,9 +204,10 @@ struct Latest {
   std::map<std::string, const v1::Job*> cells;  // job name → its job in `revision`
 };
 
-absl::StatusOr<Latest> LatestOf(UserHandler* users, const std::string& experiment) {
+absl::StatusOr<Latest> LatestOf(UserHandler* users, const std::string& experiment,
+                                const std::string& space) {
   Latest l;
-  ASSIGN_OR_RETURN(l.jobs, JobsOf(users, experiment));
+  ASSIGN_OR_RETURN(l.jobs, JobsOf(users, experiment, space));
   for (const v1::Job& j : l.jobs) l.revision = std::max(l.revision, Revision(j));
   for (const v1::Job& j : l.jobs) {
     if (Revision(j) == l.revision) l.cells[j.spec().name()] = &j;
@@ -281,19 +305,21 @@ experiments::ExpansionEnv CoordinatorExpansionEnv() {
 }
 
 absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
-    const v1::SubmitExperimentRequest& request, const std::string& owner) {
+    const v1::SubmitExperimentRequest& request, const std::string& owner,
+    const std::string& space) {
   if (request.text().size() > (8u << 20)) {
     return absl::InvalidArgumentError(absl::StrCat(request.file(), ": larger than 8 MiB"));
   }
   const std::string file = request.file().empty() ? "experiment" : request.file();
   ASSIGN_OR_RETURN(experiments::ExperimentPlan plan,
                    experiments::ExpandExperiment(request.text(), file, CoordinatorExpansionEnv()));
-  ASSIGN_OR_RETURN(Latest latest, LatestOf(users_, plan.name));
+  ASSIGN_OR_RETURN(Latest latest, LatestOf(users_, plan.name, space));
   const int last = latest.revision;
 
   v1::SubmitExperimentResponse resp;
   *resp.mutable_experiment() = Summary(plan);
   resp.mutable_experiment()->set_revision(last + 1);
+  resp.mutable_experiment()->set_owner(space);
   std::map<std::string, bool> reruns;  // job name → expected to run
   std::set<std::string> names;
   // Every unfinished job of an earlier revision that no new job waits for is superseded and
@@ -325,6 +351,8 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
     labels[kSpecHashLabel] = hash;
     if (std::string fh = FieldHashes(cell.spec); !fh.empty()) labels[kFieldsLabel] = fh;
     if (!owner.empty()) labels["stemma.owner"] = owner;
+    if (!space.empty()) labels[kNamespaceLabel] = space;
+    if (!owner.empty()) PrefixDefaultOutput(&job, plan.name, owner);
     if (request.force()) labels["stemma.cache"] = "false";
     *submit.add_jobs() = std::move(job);
   }
@@ -335,7 +363,8 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
   if (request.dry_run()) return resp;
 
   if (!request.idempotency_key().empty()) {
-    submit.set_idempotency_key(absl::StrCat("exp:", plan.name, ":", request.idempotency_key()));
+    submit.set_idempotency_key(absl::StrCat("exp:", space.empty() ? "" : space + "/", plan.name,
+                                            ":", request.idempotency_key()));
   }
   ASSIGN_OR_RETURN(v1::SubmitResponse submitted, users_->Submit(submit));
   resp.set_existing(submitted.existing());
@@ -357,23 +386,26 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
 }
 
 absl::StatusOr<v1::ListExperimentsResponse> ExperimentRevisions::List() {
-  std::map<std::string, v1::Experiment> by_name;
-  std::map<std::string, std::vector<v1::Job>> jobs;
+  // By namespace and name: the same name in two namespaces is two experiments.
+  std::map<std::pair<std::string, std::string>, std::vector<v1::Job>> jobs;
   v1::ListJobsRequest req;
   req.set_page_size(1000);
   while (true) {
     ASSIGN_OR_RETURN(v1::ListJobsResponse page, users_->ListJobs(req));
     for (auto& j : *page.mutable_jobs()) {
       if (j.spec().experiment().empty()) continue;
-      jobs[j.spec().experiment()].push_back(std::move(j));
+      auto space = j.spec().labels().find(kNamespaceLabel);
+      jobs[{space == j.spec().labels().end() ? "" : space->second, j.spec().experiment()}]
+          .push_back(std::move(j));
     }
     if (page.next_page_token().empty()) break;
     req.set_page_token(page.next_page_token());
   }
   v1::ListExperimentsResponse resp;
-  for (auto& [name, list] : jobs) {
+  for (auto& [key, list] : jobs) {
     v1::Experiment e;
-    e.set_name(name);
+    e.set_owner(key.first);
+    e.set_name(key.second);
     int last = 0;
     for (const v1::Job& j : list) last = std::max(last, Revision(j));
     e.set_revision(last);
@@ -392,7 +424,7 @@ absl::StatusOr<v1::ListExperimentsResponse> ExperimentRevisions::List() {
 
 absl::StatusOr<v1::GetExperimentResponse> ExperimentRevisions::Get(
     const v1::GetExperimentRequest& request) {
-  ASSIGN_OR_RETURN(std::vector<v1::Job> list, JobsOf(users_, request.name()));
+  ASSIGN_OR_RETURN(std::vector<v1::Job> list, JobsOf(users_, request.name(), request.owner()));
   if (list.empty()) return absl::NotFoundError(absl::StrCat("no experiment ", request.name()));
   int revision = request.revision();
   if (revision <= 0) {
@@ -402,6 +434,7 @@ absl::StatusOr<v1::GetExperimentResponse> ExperimentRevisions::Get(
   v1::Experiment* e = resp.mutable_experiment();
   e->set_name(request.name());
   e->set_revision(revision);
+  e->set_owner(request.owner());
   for (const v1::Job& j : list) {
     if (Revision(j) != revision) continue;
     e->set_jobs(e->jobs() + 1);

@@ -26,11 +26,15 @@ class ExperimentRevisions {
   explicit ExperimentRevisions(UserHandler* users) : users_(users) {}
 
   // InvalidArgument "<file>: line L: <field>: ..." for a bad file (nothing submitted).
-  // `owner` (the caller's subject, or "") is recorded on every job.
+  // `owner` (the caller's subject, or "") is recorded on every job; `space` is the namespace
+  // the experiment's name lives in (coordinator/tenancy.h; "" without authentication): only
+  // earlier revisions of the same namespace are compared and superseded, and default
+  // outputs go below `<owner>/` of the storage root.
   absl::StatusOr<v1::SubmitExperimentResponse> Submit(const v1::SubmitExperimentRequest& request,
-                                                      const std::string& owner);
+                                                      const std::string& owner,
+                                                      const std::string& space = "");
   absl::StatusOr<v1::ListExperimentsResponse> List();
-  // NotFound when no job belongs to `name`.
+  // NotFound when no job belongs to `name` (in request.owner()'s namespace when set).
   absl::StatusOr<v1::GetExperimentResponse> Get(const v1::GetExperimentRequest& request);
 
  private:
@@ -44,6 +48,7 @@ experiments::ExpansionEnv CoordinatorExpansionEnv();
 // Labels every experiment job carries.
 inline constexpr const char* kRevisionLabel = "stemma.revision";
 inline constexpr const char* kSpecHashLabel = "stemma.spec";
-inline constexpr const char* kFieldsLabel = "stemma.fields";  // field:hash of each spec field
+inline constexpr const char* kFieldsLabel = "stemma.fields";        // field:hash of each spec field
+inline constexpr const char* kNamespaceLabel = "stemma.namespace";  // the experiment's namespace
 
 }  // namespace stemma::coordinator

@@ -66,9 +66,10 @@ std::vector<GcPlanEntry> PlanGc(const GcFacts& facts, const v1::GcPolicy& policy
       continue;
     }
     if (!policy.experiment().empty() && a->experiment() != policy.experiment()) continue;
+    if (facts.manageable && !facts.manageable(*a)) continue;
     plan.push_back({a, false, ""});
     if (!(policy.drop_intermediate() && IsIntermediateCheckpoint(*a))) {
-      ranked[a->experiment()].push_back(a);
+      ranked[absl::StrCat(a->owner(), "\n", a->experiment())].push_back(a);
     }
   }
   const bool rules = policy.keep_best() > 0 || policy.keep_latest() > 0;

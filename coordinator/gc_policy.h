@@ -9,8 +9,10 @@
 //   keep_best N        the best N by `metric` (lower is better unless maximize) stay;
 //   keep_latest N      the latest N stay;
 // with keep_best or keep_latest set, what neither keeps goes. Without any rule nothing goes.
+// An experiment here is one owner's: two owners' experiments of one name are ranked apart.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,9 @@ struct GcFacts {
   absl::flat_hash_set<std::string> read_by_live_jobs;
   // States of the producing jobs; a job missing here counts as not ended.
   absl::flat_hash_map<std::string, v1::JobState> job_states;
+  // What the caller may delete (docs/tenancy.md); unset: everything. Artifacts it refuses are
+  // neither planned nor ranked, but still protect what they name.
+  std::function<bool(const v1::Artifact&)> manageable;
 };
 
 struct GcPlanEntry {

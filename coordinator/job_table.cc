@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/auth.h"
 #include "common/job_spec.h"
 #include "common/status.h"
 #include "coordinator/experiments/early_stop.h"
@@ -154,6 +155,10 @@ absl::StatusOr<JobTable::SubmitResult> JobTable::Submit(const v1::SubmitRequest&
     e.job.set_id(ids[i]);
     e.job.set_seq(next_seq_++);
     *e.job.mutable_spec() = std::move(specs[i]);
+    if (auto owner = e.job.spec().labels().find(kOwnerLabel);
+        owner != e.job.spec().labels().end()) {
+      e.job.set_owner(owner->second);  // the caller's subject (docs/tenancy.md)
+    }
     e.job.set_attempt_budget(e.job.spec().max_attempts());
     e.job.set_created_ms(now);
     e.job.set_updated_ms(now);
@@ -198,11 +203,14 @@ const v1::Job* JobTable::Find(const std::string& id) const {
   return it == jobs_.end() ? nullptr : &it->second.job;
 }
 
-const v1::Job* JobTable::FindByName(const std::string& name) const {
+const v1::Job* JobTable::FindByName(const std::string& name, const std::string& owner) const {
   if (name.empty()) return nullptr;
   for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
     auto e = jobs_.find(*it);
-    if (e != jobs_.end() && e->second.job.spec().name() == name) return &e->second.job;
+    if (e != jobs_.end() && e->second.job.spec().name() == name &&
+        (owner.empty() || e->second.job.owner() == owner)) {
+      return &e->second.job;
+    }
   }
   return nullptr;
 }

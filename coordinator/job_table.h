@@ -35,6 +35,9 @@ class JobTable {
   JobTable& operator=(const JobTable&) = delete;
 
   void SetObserver(TransitionObserver observer) { observer_ = std::move(observer); }
+  // Asked before a job is served from another's outputs (Memoizer::Guard): the checkpoint
+  // registry's ownership and content checks.
+  void SetCacheGuard(Memoizer::Guard guard) { memo_.SetGuard(std::move(guard)); }
 
   // Rebuilds the table from stored records (start-up).
   void Load(const StoreSnapshot& snapshot);
@@ -53,7 +56,8 @@ class JobTable {
   // Whether a submit used this idempotency key before.
   bool HasIdempotencyKey(const std::string& key) const { return idempotency_.contains(key); }
   // The most recently submitted job named `name`, or null. A scan: for user lookups only.
-  const v1::Job* FindByName(const std::string& name) const;
+  // The most recent job named `name` (of `owner` only, when not "").
+  const v1::Job* FindByName(const std::string& name, const std::string& owner = "") const;
   // The job an attempt id ("j-12.3") belongs to, if that attempt is its current one.
   v1::Job* FindCurrentAttempt(const std::string& attempt_id);
 

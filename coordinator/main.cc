@@ -42,6 +42,7 @@ struct Config {
   std::string health_listen;  // grpc.health.v1, plaintext, on its own port
   std::string quotas;         // quotas and fair share (coordinator/quotas.h)
   std::string metrics_auth;   // USER:PASSWORD file: /metrics needs HTTP basic auth
+  std::string projects;       // subject -> projects (coordinator/tenancy.h)
 };
 
 int MakeDirs(const std::string& path) {
@@ -99,6 +100,9 @@ int main(int argc, char** argv) {
                  "(docs/operator-guide.md)");
   app.add_option("--health-listen", cfg.health_listen,
                  "HOST:PORT for grpc.health.v1 (plaintext, nothing else on it)");
+  app.add_option("--projects", cfg.projects,
+                 "File of projects and their members (PROJECT SUBJECT... per line): members "
+                 "share experiments, storage prefixes and artifacts (docs/tenancy.md)");
   app.add_option("--log-level", cfg.log_level)
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
   try {
@@ -185,6 +189,15 @@ int main(int argc, char** argv) {
   options.heartbeat_ms = cfg.heartbeat_ms;
   options.verify_artifacts = cfg.verify_artifacts;
   options.quotas_file = cfg.quotas;
+  if (!cfg.projects.empty()) {
+    auto tenancy = stemma::coordinator::Tenancy::Load(cfg.projects);
+    if (!tenancy.ok()) {
+      std::fprintf(stderr, "stemma-coordinator: --projects: %s\n",
+                   std::string(tenancy.status().message()).c_str());
+      return 2;
+    }
+    options.tenancy = std::move(*tenancy);
+  }
   stemma::coordinator::Coordinator coordinator(options, store->get(), stemma::RealClock::Get(),
                                                &metrics);
   if (absl::Status st = coordinator.Start(); !st.ok()) {

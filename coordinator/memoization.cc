@@ -183,6 +183,7 @@ const v1::Job* Memoizer::FindHit(v1::Job* job, const std::string& engine_build) 
       return nullptr;
     }
   }
+  if (guard_ && !guard_(*source, *job).empty()) return nullptr;
   return source;
 }
 

@@ -45,6 +45,13 @@ class Memoizer {
   using FindJob = std::function<const v1::Job*(const std::string& id)>;
   explicit Memoizer(FindJob find) : find_(std::move(find)) {}
 
+  // Asked last before `job` is served from `source`'s outputs: "" to serve, else why not (the
+  // job then runs; the entry stays, it may serve others). The coordinator's is the checkpoint
+  // registry's (ArtifactRegistry::CacheRefusal): the owners share, the artifacts are still
+  // registered and their files unchanged or still hashing to their manifest.
+  using Guard = std::function<std::string(const v1::Job& source, const v1::Job& job)>;
+  void SetGuard(Guard guard) { guard_ = std::move(guard); }
+
   // Start-up: a SUCCEEDED job that ran (not one served from the cache) is the entry for its
   // key; a queued or running one is the job that runs under its key.
   void Load(const v1::Job& job);
@@ -69,6 +76,7 @@ class Memoizer {
 
  private:
   FindJob find_;
+  Guard guard_;
   // Cache key → the SUCCEEDED job that ran with it (not one served from cache).
   absl::flat_hash_map<std::string, std::string> memo_;
   // Cache key → the queued or running job that runs under it.

@@ -23,7 +23,9 @@ std::string SpecOwner(const v1::JobSpec& spec) {
   return it == spec.labels().end() ? std::string() : it->second;
 }
 
-std::string JobOwner(const v1::Job& job) { return SpecOwner(job.spec()); }
+std::string JobOwner(const v1::Job& job) {
+  return job.owner().empty() ? SpecOwner(job.spec()) : job.owner();  // Job.owner: tenancy.h
+}
 
 namespace {
 

@@ -10,6 +10,7 @@
 #include "absl/types/span.h"
 #include "coordinator/event_hub.h"
 #include "coordinator/log_store.h"
+#include "coordinator/tenancy.h"
 #include "stemma/v1/user_service.pb.h"
 #include "stemma/v1/worker_service.pb.h"
 
@@ -22,7 +23,10 @@ class UserHandler {
   // INVALID_ARGUMENT for bad specs, FAILED_PRECONDITION for exec jobs when no worker
   // allows exec.
   virtual absl::StatusOr<v1::SubmitResponse> Submit(const v1::SubmitRequest& request) = 0;
-  virtual absl::StatusOr<v1::Job> GetJob(const std::string& id) = 0;  // NOT_FOUND
+  // An id, or a name: the most recent job of that name, `prefer_owner`'s own when it has one
+  // (so another user's newer job of the same name does not stand in for it). NOT_FOUND.
+  virtual absl::StatusOr<v1::Job> GetJob(const std::string& id,
+                                         const std::string& prefer_owner = "") = 0;
   virtual absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) = 0;
   virtual absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason) = 0;
   virtual absl::StatusOr<v1::Job> Retry(const std::string& id) = 0;
@@ -55,6 +59,9 @@ class UserHandler {
   virtual absl::StatusOr<v1::ListExperimentsResponse> ListExperiments() = 0;
   virtual absl::StatusOr<v1::GetExperimentResponse> GetExperiment(
       const v1::GetExperimentRequest& request) = 0;
+
+  // The projects and ownership rules the adapters check callers against.
+  virtual const Tenancy& tenancy() const = 0;
 };
 
 // The coordinator's end of one worker session stream. Thread-safe.

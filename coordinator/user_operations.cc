@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/status.h"
 #include "coordinator/attempts.h"
 
@@ -24,6 +25,19 @@ absl::StatusOr<v1::SubmitResponse> UserOperations::Submit(const v1::SubmitReques
   CoordinatorCore& c = *core_;
   // A full disk refuses at once, before anything changes (coordinator/store/store.h).
   RETURN_IF_ERROR(c.store->CheckWritable());
+  // An owned job writes only below its owner's prefixes of the storage root (tenancy.h).
+  for (int i = 0; i < request.jobs_size(); ++i) {
+    const v1::JobSpec& spec = request.jobs(i);
+    auto owner = spec.labels().find(kOwnerLabel);
+    if (owner == spec.labels().end()) continue;
+    absl::Status st = c.options.tenancy.CheckJobOutputs(spec, owner->second);
+    if (!st.ok()) {
+      return absl::Status(
+          st.code(), absl::StrCat(spec.name().empty() ? absl::StrCat("jobs[", i, "]")
+                                                      : absl::StrCat("job '", spec.name(), "'"),
+                                  ": ", st.message()));
+    }
+  }
   uint64_t ticket;
   v1::SubmitResponse resp;
   {
@@ -67,10 +81,13 @@ absl::StatusOr<v1::SubmitResponse> UserOperations::Submit(const v1::SubmitReques
   return resp;
 }
 
-absl::StatusOr<v1::Job> UserOperations::GetJob(const std::string& id) {
+absl::StatusOr<v1::Job> UserOperations::GetJob(const std::string& id,
+                                               const std::string& prefer_owner) {
   absl::MutexLock lock(&core_->mu);
   const v1::Job* job = core_->jobs.Find(id);
-  // A name stands for the most recent job of that name (`stemma get soup`).
+  // A name stands for the most recent job of that name (`stemma get soup`), the caller's own
+  // first.
+  if (job == nullptr && !prefer_owner.empty()) job = core_->jobs.FindByName(id, prefer_owner);
   if (job == nullptr) job = core_->jobs.FindByName(id);
   if (job == nullptr)
     return absl::NotFoundError(absl::StrCat("no job ", id, " (neither an id nor a job name)"));

@@ -16,7 +16,7 @@ class UserOperations {
 
   // See UserHandler.
   absl::StatusOr<v1::SubmitResponse> Submit(const v1::SubmitRequest& request);
-  absl::StatusOr<v1::Job> GetJob(const std::string& id);
+  absl::StatusOr<v1::Job> GetJob(const std::string& id, const std::string& prefer_owner = "");
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
   absl::StatusOr<v1::Job> Retry(const std::string& id);

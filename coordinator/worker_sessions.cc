@@ -167,6 +167,7 @@ void WorkerSessions::Events(const std::string& worker_id, uint64_t session,
     }
   }
   if (!state_events) return;
+  const std::vector<std::string> refused = ConfineFinished(worker_id, events, &checks);
   absl::MutexLock lock(&c.mu);
   WorkerEntry* w = c.workers.Find(worker_id);
   if (w == nullptr || w->session != session) return;
@@ -178,7 +179,7 @@ void WorkerSessions::Events(const std::string& worker_id, uint64_t session,
     if (events[i]->has_log()) continue;
     freed |= ApplyEvent(worker_id, *w, *events[i],
                         i < checks.size() ? std::move(checks[i]) : std::vector<ManifestCheck>(),
-                        &changes);
+                        refused[i], &changes);
   }
   // The freed resources are placed at once, in the same transaction: one thread hop and
   // one commit less between a job ending and the next one starting.
@@ -204,9 +205,47 @@ std::vector<bool> WorkerSessions::OwnedLogs(const std::string& worker_id,
   return owned;
 }
 
+std::vector<std::string> WorkerSessions::ConfineFinished(
+    const std::string& worker_id, absl::Span<const v1::AttemptEvent* const> events,
+    std::vector<std::vector<ManifestCheck>>* checks) {
+  std::vector<std::string> refused(events.size());
+  std::vector<size_t> finished;
+  for (size_t i = 0; i < events.size(); ++i) {
+    const v1::AttemptEvent& e = *events[i];
+    if (e.has_finished() && e.finished().exit_code() == 0 &&
+        (!e.finished().artifacts().empty() || !e.finished().outputs().empty())) {
+      finished.push_back(i);
+    }
+  }
+  if (finished.empty()) return refused;
+  CoordinatorCore& c = *core_;
+  std::string root;
+  std::vector<std::string> owners(events.size());
+  {
+    absl::MutexLock lock(&c.mu);
+    if (const WorkerEntry* w = c.workers.Find(worker_id)) root = w->info.storage_root();
+    for (size_t i : finished) {
+      if (const v1::Job* job = c.jobs.FindCurrentAttempt(events[i]->attempt_id())) {
+        owners[i] = job->owner();
+      }
+    }
+  }
+  checks->resize(events.size());
+  for (size_t i : finished) {
+    const v1::AttemptEvent::Finished& f = events[i]->finished();
+    refused[i] = ArtifactRegistry::ConfineOutputs(f, root, owners[i], c.options.tenancy);
+    if (!refused[i].empty()) continue;
+    // What the files are now: a cache hit on them is served only while they stay so.
+    std::vector<ManifestCheck>& mine = (*checks)[i];
+    mine.resize(f.artifacts_size());
+    for (int k = 0; k < f.artifacts_size(); ++k) mine[k].files = StampFiles(f.artifacts(k).path());
+  }
+  return refused;
+}
+
 bool WorkerSessions::ApplyEvent(const std::string& worker_id, WorkerEntry& w,
                                 const v1::AttemptEvent& event, std::vector<ManifestCheck> checks,
-                                Changes* changes) {
+                                const std::string& refused, Changes* changes) {
   CoordinatorCore& c = *core_;
   c.mu.AssertHeld();
   v1::Job* job = c.jobs.FindCurrentAttempt(event.attempt_id());
@@ -288,6 +327,13 @@ bool WorkerSessions::ApplyEvent(const std::string& worker_id, WorkerEntry& w,
       job->mutable_current()->mutable_parts(event.rank())->set_finished(true);
       job->mutable_current()->mutable_parts(event.rank())->set_exit_code(f.exit_code());
       changes->batch.of<JobsTable>().push_back(*job);
+    } else if (f.exit_code() == 0 && !refused.empty()) {
+      // An output outside the storage root or the owner's prefixes: nothing is registered,
+      // and a retry would report it again.
+      spdlog::warn("worker={} attempt={} {}", worker_id, event.attempt_id(), refused);
+      job->mutable_current()->mutable_parts(event.rank())->set_finished(true);
+      job->mutable_current()->mutable_parts(event.rank())->set_exit_code(f.exit_code());
+      EndAttempt(c, job, refused, f.exit_code(), /*retryable=*/false, worker_id, changes);
     } else if (f.exit_code() == 0) {
       c.metrics->AttemptEnded("succeeded");
       registry_->AssertHeld();

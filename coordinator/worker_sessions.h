@@ -38,11 +38,18 @@ class WorkerSessions {
 
  private:
   // One started, progress, metric or finished event (logs are handled outside the lock).
-  // `checks`: the manifest checks of a finished event's artifacts (empty: unchecked).
-  // True when it freed resources, so a placement pass is due.
+  // `checks`: the manifest checks of a finished event's artifacts (empty: unchecked);
+  // `refused`: why its outputs are refused (ArtifactRegistry::ConfineOutputs; "" = they are
+  // not). True when it freed resources, so a placement pass is due.
   bool ApplyEvent(const std::string& worker_id, WorkerEntry& w, const v1::AttemptEvent& event,
-                  std::vector<ManifestCheck> checks, Changes* changes)
+                  std::vector<ManifestCheck> checks, const std::string& refused, Changes* changes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // Per event, why the outputs of a finished event that exited 0 are refused ("" = not, or
+  // not such an event); the files of each of its artifacts go into (*checks)[event][i].files
+  // (resized as needed). Takes the core mutex briefly; reads the files without it.
+  std::vector<std::string> ConfineFinished(const std::string& worker_id,
+                                           absl::Span<const v1::AttemptEvent* const> events,
+                                           std::vector<std::vector<ManifestCheck>>* checks);
 
   // Which log events of a batch `worker_id` may write: those of an attempt part placed on
   // it (a worker never writes another worker's attempt log).

@@ -282,6 +282,7 @@ v1::WorkerMessage Session::MakeRegister() {
   for (const auto& [k, v] : config_.labels) (*info->mutable_labels())[k] = v;
   info->set_allow_exec(config_.allow_exec);
   info->set_engine_build_id(config_.engine_build_id);
+  info->set_storage_root(config_.storage_root);  // the coordinator confines reported outputs
   reg->set_incarnation(incarnation_);
   reg->set_accepts_batches(true);
   {

@@ -11,6 +11,7 @@
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "coordinator/experiment_revisions.h"
 
 namespace stemma::coordinator {
 namespace {
@@ -57,14 +58,16 @@ class RpcTimer {
 };
 
 std::string Owner(const v1::Job& job) {
+  if (!job.owner().empty()) return job.owner();
   auto it = job.spec().labels().find(kOwnerLabel);
   return it == job.spec().labels().end() ? "" : it->second;
 }
 
-// Secrets in a job's environment are for its owner only (and the worker that runs it).
+// Secrets in a job's environment are for its owner and admins only (and the worker that
+// runs it), on every path that returns a job (GetArtifact's producer included).
 void Redact(const Caller& caller, v1::Job* job) {
   if (!caller.authenticated || !job->spec().has_exec()) return;
-  if (Owner(*job) == caller.subject) return;
+  if (Owner(*job) == caller.subject || caller.is(Role::kAdmin)) return;
   for (auto& [k, v] : *job->mutable_spec()->mutable_exec()->mutable_env()) v = kRedacted;
 }
 
@@ -89,6 +92,8 @@ class UserServiceImpl final : public v1::UserService::Service {
       for (auto& job : *owned.mutable_jobs()) {
         auto* labels = job.mutable_labels();
         labels->erase(kOwnerLabel);
+        // Experiments set their namespace themselves; a plain job cannot join another's.
+        labels->erase(kNamespaceLabel);
         if (static_cast<int>(labels->size()) >= kMaxLabels) {
           return absl::InvalidArgumentError(absl::StrCat(
               "labels: more than ", kMaxLabels - 1, " (the coordinator adds ", kOwnerLabel, ")"));
@@ -113,7 +118,7 @@ class UserServiceImpl final : public v1::UserService::Service {
   grpc::Status GetJob(grpc::ServerContext* ctx, const v1::GetJobRequest* req,
                       v1::JobResponse* resp) override {
     return Call(ctx, "GetJob", [&](const Caller& caller) -> absl::Status {
-      auto r = h_->GetJob(req->id());
+      auto r = h_->GetJob(req->id(), caller.authenticated ? caller.subject : "");
       if (!r.ok()) return r.status();
       *resp->mutable_job() = std::move(*r);
       Redact(caller, resp->mutable_job());
@@ -124,7 +129,9 @@ class UserServiceImpl final : public v1::UserService::Service {
   grpc::Status ListJobs(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                         v1::ListJobsResponse* resp) override {
     return Call(ctx, "ListJobs", [&](const Caller& caller) -> absl::Status {
-      auto r = h_->ListJobs(*req);
+      v1::ListJobsRequest in = *req;
+      if (in.mine() && caller.authenticated) (*in.mutable_labels())[kOwnerLabel] = caller.subject;
+      auto r = h_->ListJobs(in);
       if (!r.ok()) return r.status();
       *resp = std::move(*r);
       for (auto& job : *resp->mutable_jobs()) Redact(caller, &job);
@@ -200,7 +207,13 @@ class UserServiceImpl final : public v1::UserService::Service {
   }
   grpc::Status GetArtifact(grpc::ServerContext* ctx, const v1::GetArtifactRequest* req,
                            v1::ArtifactDetails* resp) override {
-    return Forward(ctx, "GetArtifact", resp, [&] { return h_->GetArtifact(req->id()); });
+    return Call(ctx, "GetArtifact", [&](const Caller& caller) -> absl::Status {
+      auto r = h_->GetArtifact(req->id());
+      if (!r.ok()) return r.status();
+      *resp = std::move(*r);
+      if (resp->has_producer()) Redact(caller, resp->mutable_producer());
+      return absl::OkStatus();
+    });
   }
   grpc::Status Lineage(grpc::ServerContext* ctx, const v1::LineageRequest* req,
                        v1::LineageResponse* resp) override {
@@ -210,14 +223,37 @@ class UserServiceImpl final : public v1::UserService::Service {
                               v1::VerifyArtifactResponse* resp) override {
     return Forward(ctx, "VerifyArtifact", resp, [&] { return h_->VerifyArtifact(req->id()); });
   }
+  // Pins are the owner's (and the owner's projects' and admins'): anyone else's unpin would
+  // hand a checkpoint to gc.
   grpc::Status PinArtifact(grpc::ServerContext* ctx, const v1::PinArtifactRequest* req,
                            v1::Artifact* resp) override {
-    return Forward(ctx, "PinArtifact", resp,
-                   [&] { return h_->PinArtifact(req->id(), req->unpin()); });
+    return Call(ctx, "PinArtifact", [&](const Caller& caller) -> absl::Status {
+      if (caller.authenticated && !caller.is(Role::kAdmin)) {
+        auto a = h_->GetArtifact(req->id());
+        if (a.ok() && !h_->tenancy().Shares(caller.subject, a->artifact().owner())) {
+          return auth_->Deny(*ctx, absl::StrCat(kUserPrefix, "PinArtifact"), caller, "not_owner",
+                             absl::StrCat("artifact ", a->artifact().id(), " belongs to ",
+                                          a->artifact().owner(), ", not to ", caller.subject));
+        }
+      }
+      auto r = h_->PinArtifact(req->id(), req->unpin());
+      if (!r.ok()) return r.status();
+      *resp = std::move(*r);
+      return absl::OkStatus();
+    });
   }
+  // A user's gc sees only what the user may manage; an admin's sees everything.
   grpc::Status CollectGarbage(grpc::ServerContext* ctx, const v1::GcRequest* req,
                               v1::GcResponse* resp) override {
-    return Forward(ctx, "CollectGarbage", resp, [&] { return h_->CollectGarbage(*req); });
+    return Call(ctx, "CollectGarbage", [&](const Caller& caller) -> absl::Status {
+      v1::GcRequest scoped = *req;
+      scoped.mutable_policy()->set_requester(
+          caller.authenticated && !caller.is(Role::kAdmin) ? caller.subject : "");
+      auto r = h_->CollectGarbage(scoped);
+      if (!r.ok()) return r.status();
+      *resp = std::move(*r);
+      return absl::OkStatus();
+    });
   }
   grpc::Status SubmitExperiment(grpc::ServerContext* ctx, const v1::SubmitExperimentRequest* req,
                                 v1::SubmitExperimentResponse* resp) override {
@@ -232,9 +268,20 @@ class UserServiceImpl final : public v1::UserService::Service {
                                v1::ListExperimentsResponse* resp) override {
     return Forward(ctx, "ListExperiments", resp, [&] { return h_->ListExperiments(); });
   }
+  // A name is looked up in the caller's namespace unless the request names another (reading
+  // across namespaces is allowed; docs/tenancy.md).
   grpc::Status GetExperiment(grpc::ServerContext* ctx, const v1::GetExperimentRequest* req,
                              v1::GetExperimentResponse* resp) override {
-    return Forward(ctx, "GetExperiment", resp, [&] { return h_->GetExperiment(*req); });
+    return Call(ctx, "GetExperiment", [&](const Caller& caller) -> absl::Status {
+      v1::GetExperimentRequest in = *req;
+      if (caller.authenticated && in.owner().empty()) {
+        in.set_owner(h_->tenancy().Namespace(caller.subject));
+      }
+      auto r = h_->GetExperiment(in);
+      if (!r.ok()) return r.status();
+      *resp = std::move(*r);
+      return absl::OkStatus();
+    });
   }
   // One handler call whose StatusOr answer is the response.
   template <typename Response, typename F>

@@ -27,7 +27,8 @@ namespace {
 
 // Statements run after the tables of a version are created, to take the database from
 // version i to i + 1 (index i). Tables themselves come from their descriptors (kSince).
-const char* const kMigrationExtras[] = {"", "", ""};
+const char* const kMigrationExtras[] = {"", "", "",
+                                        "CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs(owner)"};
 static_assert(sizeof(kMigrationExtras) / sizeof(kMigrationExtras[0]) == kSchemaVersion);
 
 // "INSERT INTO t(a, b, c) VALUES(?1, ?2, ?3) ON CONFLICT(a) DO UPDATE SET b=excluded.b, ..."
@@ -377,6 +378,9 @@ class SqliteStore final : public Store {
         using T = decltype(table);
         if (st.ok() && T::kSince == v + 1) st = Exec(T::kSchema);
       });
+      for (const AddedColumn& c : kAddedColumns) {
+        if (st.ok() && c.since == v + 1) st = AddColumn(c);
+      }
       if (st.ok() && *kMigrationExtras[v] != '\0') st = Exec(kMigrationExtras[v]);
     }
     if (st.ok()) st = Exec("DELETE FROM schema_version");
@@ -384,6 +388,20 @@ class SqliteStore final : public Store {
     if (st.ok()) st = Exec("COMMIT");
     if (!st.ok()) sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
     return st;
+  }
+
+  // ALTER TABLE ADD COLUMN, unless the table has the column already (a table created at
+  // this version by its descriptor's schema, or one migrated by hand).
+  absl::Status AddColumn(const AddedColumn& c) {
+    Statement info;
+    RETURN_IF_ERROR(Prepare(absl::StrCat("PRAGMA table_info(", c.table, ")").c_str(), &info));
+    int rc;
+    while ((rc = sqlite3_step(info.get())) == SQLITE_ROW) {
+      if (ColumnText(info.get(), 1) == c.column) return absl::OkStatus();
+    }
+    if (rc != SQLITE_DONE) return Error(absl::StrCat("table_info ", c.table), rc);
+    return Exec(
+        absl::StrCat("ALTER TABLE ", c.table, " ADD COLUMN ", c.column, " ", c.declaration));
   }
 
   absl::Status Exec(const std::string& sql) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
@@ -229,6 +230,28 @@ TEST_P(StoreTest, ArtifactsAreUpsertedAndLoadedInRegistrationOrder) {
   EXPECT_EQ(arts[1].parents(0), "a-1");
 }
 
+// Who owns a job and an artifact is durable (docs/tenancy.md).
+TEST_P(StoreTest, OwnersSurviveReopen) {
+  StoreBatch b;
+  v1::Job j = MakeJob("j-1", 1, v1::QUEUED);
+  j.set_owner("bob");
+  b.of<JobsTable>().push_back(j);
+  v1::Artifact a;
+  a.set_id("a-1");
+  a.set_seq(1);
+  a.set_path("/srv/bob/base");
+  a.set_owner("bob");
+  b.of<ArtifactsTable>().push_back(a);
+  ASSERT_TRUE(store_->Commit(b).ok());
+  Reopen();
+  auto snap = store_->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_EQ(snap->of<JobsTable>().size(), 1u);
+  EXPECT_EQ(snap->of<JobsTable>()[0].owner(), "bob");
+  ASSERT_EQ(snap->of<ArtifactsTable>().size(), 1u);
+  EXPECT_EQ(snap->of<ArtifactsTable>()[0].owner(), "bob");
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StoreTest,
                          ::testing::Values(Backend{"memory", false}, Backend{"sqlite", true}),
                          [](const auto& info) { return info.param.name; });
@@ -287,6 +310,54 @@ TEST(SqliteStore, VersionOneDatabaseIsMigrated) {
   b.of<MetricPointsTable>().push_back(SeriesRun("j-1", "loss", {{1, 2.0}}));
   EXPECT_TRUE((*s)->Commit(b).ok());
   s->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A version 3 database (no owner columns; the owner only in the job's stemma.owner label)
+// gains the columns, and its jobs load with their owner.
+TEST(SqliteStore, VersionThreeDatabaseGainsOwners) {
+  if (std::system("command -v sqlite3 >/dev/null") != 0) GTEST_SKIP() << "needs the sqlite3 shell";
+  auto dir =
+      std::filesystem::temp_directory_path() / ("stemma-migrate3-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "stemma.db").string();
+  {
+    auto s = OpenSqliteStore(path);
+    ASSERT_TRUE(s.ok()) << s.status();
+    StoreBatch b;
+    v1::Job j;
+    j.set_id("j-1");
+    j.set_seq(1);
+    (*j.mutable_spec()->mutable_labels())["stemma.owner"] = "carol";
+    b.of<JobsTable>().push_back(j);
+    ASSERT_TRUE((*s)->Commit(b).ok());
+  }
+  std::string sql = "sqlite3 " + path +
+                    " 'DROP INDEX jobs_by_owner; ALTER TABLE jobs DROP COLUMN owner; ALTER TABLE "
+                    "artifacts DROP COLUMN owner; UPDATE schema_version SET version=3'";
+  ASSERT_EQ(std::system(sql.c_str()), 0);
+  auto s = OpenSqliteStore(path);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto snap = (*s)->Load();
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_EQ(snap->of<JobsTable>().size(), 1u);
+  EXPECT_EQ(snap->of<JobsTable>()[0].owner(), "carol");
+  StoreBatch b;
+  v1::Job j = snap->of<JobsTable>()[0];
+  b.of<JobsTable>().push_back(j);
+  ASSERT_TRUE((*s)->Commit(b).ok());
+  s->reset();
+  FILE* p = ::popen(("sqlite3 " + path +
+                     " 'SELECT owner FROM jobs; SELECT version FROM "
+                     "schema_version'")
+                        .c_str(),
+                    "r");
+  ASSERT_NE(p, nullptr);
+  char buf[256] = {0};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, p);
+  ::pclose(p);
+  EXPECT_EQ(std::string(buf, n), "carol\n" + std::to_string(kSchemaVersion) + "\n");
   std::filesystem::remove_all(dir);
 }
 

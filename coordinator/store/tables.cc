@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/auth.h"
+#include "common/status.h"
 
 namespace stemma::coordinator {
 namespace {
@@ -36,10 +38,17 @@ void JobsTable::Write(const Record& r, RowWriter* w) {
   w->TextRef(v1::JobState_Name(r.state()));  // a static string
   w->TextRef(r.spec().experiment());
   w->Blob(Serialize(r));
+  w->TextRef(r.owner());
 }
 
 absl::StatusOr<v1::Job> JobsTable::Read(const RowReader& r) {
-  return ParseRecord<v1::Job>(r.Blob(4), "job", r.Text(1));
+  ASSIGN_OR_RETURN(v1::Job job, ParseRecord<v1::Job>(r.Blob(4), "job", r.Text(1)));
+  // Written before version 4: the owner was only the label the coordinator set.
+  if (job.owner().empty()) {
+    auto it = job.spec().labels().find(kOwnerLabel);
+    if (it != job.spec().labels().end()) job.set_owner(it->second);
+  }
+  return job;
 }
 
 void WorkersTable::Write(const Record& r, RowWriter* w) {
@@ -140,6 +149,7 @@ void ArtifactsTable::Write(const Record& r, RowWriter* w) {
   w->Text(r.experiment());
   w->Text(v1::ArtifactState_Name(r.state()));
   w->Blob(Serialize(r));
+  w->TextRef(r.owner());
 }
 
 absl::StatusOr<v1::Artifact> ArtifactsTable::Read(const RowReader& r) {

@@ -86,12 +86,11 @@ CREATE TABLE jobs (
   state TEXT NOT NULL,
   experiment TEXT NOT NULL DEFAULT '',
   record BLOB NOT NULL           -- stemma.v1.Job
-);)sql";
-  static constexpr Column kColumns[] = {{"seq", ColumnType::kInt},
-                                        {"id", ColumnType::kText},
-                                        {"state", ColumnType::kText},
-                                        {"experiment", ColumnType::kText},
-                                        {"record", ColumnType::kBlob}};
+);)sql";  // + owner (kAddedColumns)
+  static constexpr Column kColumns[] = {
+      {"seq", ColumnType::kInt},     {"id", ColumnType::kText},
+      {"state", ColumnType::kText},  {"experiment", ColumnType::kText},
+      {"record", ColumnType::kBlob}, {"owner", ColumnType::kText}};
   static constexpr const char* kConflict = "seq";
   static constexpr const char* kOrderBy = "seq";
   static Key KeyOf(const Record& r) { return r.id(); }
@@ -217,12 +216,13 @@ CREATE TABLE artifacts (
 );
 CREATE INDEX artifacts_by_manifest ON artifacts(manifest_sha256);
 CREATE INDEX artifacts_by_job ON artifacts(job);
-CREATE INDEX artifacts_by_path ON artifacts(path);)sql";
+CREATE INDEX artifacts_by_path ON artifacts(path);)sql";  // + owner (kAddedColumns)
   static constexpr Column kColumns[] = {
       {"seq", ColumnType::kInt},    {"id", ColumnType::kText},
       {"path", ColumnType::kText},  {"manifest_sha256", ColumnType::kText},
       {"job", ColumnType::kText},   {"experiment", ColumnType::kText},
-      {"state", ColumnType::kText}, {"record", ColumnType::kBlob}};
+      {"state", ColumnType::kText}, {"record", ColumnType::kBlob},
+      {"owner", ColumnType::kText}};
   static constexpr const char* kConflict = "seq";
   static constexpr const char* kOrderBy = "seq";
   static Key KeyOf(const Record& r) { return r.id(); }
@@ -282,6 +282,22 @@ CREATE TABLE early_stop_rungs (
 template <typename... T>
 struct TableList {};
 
+// A column added to a table after the version that created it. The SQLite migration adds
+// it (ALTER TABLE ADD COLUMN, unless the table already has it) when it takes a database to
+// version `since`; a descriptor lists it in kColumns like any other.
+struct AddedColumn {
+  const char* table;
+  const char* column;
+  const char* declaration;
+  int since;
+};
+// Version 4: who owns each job and artifact (docs/tenancy.md). Rows written before it say
+// '' in the column; their records are filled from the job's stemma.owner label on load.
+inline constexpr AddedColumn kAddedColumns[] = {
+    {"jobs", "owner", "TEXT NOT NULL DEFAULT ''", 4},
+    {"artifacts", "owner", "TEXT NOT NULL DEFAULT ''", 4},
+};
+
 // Every durable table. Adding one: its descriptor above, and its name here.
 using DurableTables = TableList<JobsTable, WorkersTable, IdempotencyKeysTable, MetricPointsTable,
                                 ArtifactsTable, EarlyStopRungsTable>;
@@ -299,11 +315,12 @@ template <typename... T>
 constexpr int MaxSince(TableList<T...>) {
   int v = 0;
   ((v = T::kSince > v ? T::kSince : v), ...);
+  for (const AddedColumn& c : kAddedColumns) v = c.since > v ? c.since : v;
   return v;
 }
 }  // namespace internal
 
-// The schema version the tables add up to.
+// The schema version the tables and added columns add up to.
 inline constexpr int kSchemaVersion = internal::MaxSince(DurableTables{});
 
 // Rows for every table of a list, by table: `rows.of<JobsTable>()`.

@@ -184,7 +184,11 @@ TEST_F(SecureCluster, UsersActOnTheirOwnJobsAndSecretsStayWithTheOwner) {
   auto as_alice = nlohmann::json::parse(c_.CliAs(alice, {"get", id, "-o", "json"}).out);
   EXPECT_EQ(as_alice["spec"]["labels"]["stemma.owner"], "alice");  // not what the file said
   EXPECT_EQ(as_alice["spec"]["exec"]["env"]["HF_TOKEN"], "hf_supersecret");
-  for (const std::string& other : {bob, viewer, c_.admin_token()}) {
+  // Admins see secrets too (issue 25: "for all but the owner and admins").
+  EXPECT_EQ(nlohmann::json::parse(c_.CliAs(c_.admin_token(), {"get", id, "-o", "json"})
+                                      .out)["spec"]["exec"]["env"]["HF_TOKEN"],
+            "hf_supersecret");
+  for (const std::string& other : {bob, viewer}) {
     CliResult get = c_.CliAs(other, {"get", id, "-o", "json"});
     ASSERT_EQ(get.exit_code, 0) << get.err;
     EXPECT_EQ(get.out.find("hf_supersecret"), std::string::npos) << get.out;
