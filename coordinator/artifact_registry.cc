@@ -304,7 +304,7 @@ std::vector<std::string> ArtifactRegistry::ReferencedBy(
   std::vector<std::string> strings;
   CollectStrings(spec, &strings);
   std::vector<std::string> ids;
-  auto lookup = [&](std::string p) {
+  auto lookup = [&](std::string p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu) {
     // The path itself, or any directory above it (a file inside a checkpoint).
     p = NormalPath(std::filesystem::path(p).lexically_normal().string());
     while (!p.empty()) {

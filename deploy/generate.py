@@ -212,6 +212,11 @@ CLUSTER = Dashboard(
             Panel("Auth failures by reason", [
                 (f"sum by (job, reason) ({rate('stemma_auth_failures_total')})", "{{job}} {{reason}}"),
             ], unit="ops", needs=AUTH, description="Calls refused for a missing or bad token or a role without the right."),
+            Panel("Token-file lines refused", [
+                (f"max by (job, instance) (stemma_auth_token_file_malformed_lines{sel()})", "{{job}} {{instance}}"),
+            ], unit="short", kind="stat", width=4,
+                description="Malformed lines in the token file at its last (re)load: their tokens are refused, "
+                            "the other lines apply. -1: the file could not be read (the previous tokens stay)."),
             Panel("Certificate expiry", [
                 (f"min by (job, instance, certificate) (stemma_tls_certificate_expiry_timestamp_seconds{sel()}) - time()",
                  "{{job}} {{instance}} {{certificate}}"),

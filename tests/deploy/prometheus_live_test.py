@@ -352,11 +352,11 @@ def run(bin_dir: pathlib.Path, engine: pathlib.Path | None, out: pathlib.Path, t
     r = lib.run(cli + ["submit", "-f", str(tmp / "train.yaml")])
     f.check(r.returncode == 0, f"stemma submit train.yaml: {r.stdout}{r.stderr}")
     total = 1
-    # A job that publishes a checkpoint as the engine does (an output event): the registry
-    # registers it when the job succeeds.
+    # A job that publishes a checkpoint as the engine does (an output event) below its owner's
+    # prefix of the storage root (docs/tenancy.md): the registry registers it when the job succeeds.
     (tmp / "ckpt.sh").write_text(
-        f"mkdir -p {store}/ckpt/one && echo '{{}}' > {store}/ckpt/one/stemma.json &&"
-        f" echo '{{\"event\":\"output\",\"name\":\"model\",\"path\":\"{store}/ckpt/one\","
+        f"mkdir -p {store}/operator/ckpt/one && echo '{{}}' > {store}/operator/ckpt/one/stemma.json &&"
+        f" echo '{{\"event\":\"output\",\"name\":\"model\",\"path\":\"{store}/operator/ckpt/one\","
         "\"type\":\"checkpoint\",\"operation\":\"cpt\"}'\n")
     (tmp / "ckpt.yaml").write_text(f"name: publishes\nexperiment: live\nexec: {{argv: [/bin/sh, {tmp / 'ckpt.sh'}]}}\n")
     r = lib.run(cli + ["submit", "-f", str(tmp / "ckpt.yaml")])
