@@ -19,21 +19,12 @@
 #include "stemma/v1/user_service.grpc.pb.h"
 #include "stemma/v1/worker_service.grpc.pb.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/secure_channel.h"
 
 namespace stemma::testing {
 namespace {
 
 using grpc::StatusCode;
-
-std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address, const std::string& ca) {
-  ClientSecurity s;
-  s.ca_file = ca;
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto creds = MakeChannelCredentials(s, &args);
-  EXPECT_TRUE(creds.ok()) << creds.status();
-  return grpc::CreateCustomChannel(address, *creds, args);
-}
 
 // One call of `method` with an empty request message, as any client could make it.
 grpc::Status RawCall(grpc::Channel* channel, const std::string& method, const std::string& token,

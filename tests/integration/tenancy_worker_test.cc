@@ -14,21 +14,12 @@
 #include "common/rpc.h"
 #include "stemma/v1/worker_service.grpc.pb.h"
 #include "tests/integration/cluster.h"
+#include "tests/integration/secure_channel.h"
 
 namespace stemma::testing {
 namespace {
 
 using grpc::StatusCode;
-
-std::shared_ptr<grpc::Channel> OpenChannel(const std::string& address, const std::string& ca) {
-  ClientSecurity s;
-  s.ca_file = ca;
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  auto creds = MakeChannelCredentials(s, &args);
-  EXPECT_TRUE(creds.ok()) << creds.status();
-  return grpc::CreateCustomChannel(address, *creds, args);
-}
 
 std::string Trimmed(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
