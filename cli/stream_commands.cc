@@ -157,6 +157,7 @@ struct LogsOptions {
   std::string id;
   bool follow = false;
   int attempt = 0;
+  int rank = -1;  // -1: not given (rank 0's, the job's log)
 };
 
 // Job output as it is: into a file or pipe byte for byte; on a terminal through the guard
@@ -176,6 +177,7 @@ void WriteLog(const std::string& data) {
 // attempt's log from its start.
 absl::StatusOr<int> RunLogs(const GlobalOptions& g, const LogsOptions& o) {
   if (o.attempt < 0) return UsageError("--attempt must be 0 (all) or an attempt number");
+  if (o.rank < -1) return UsageError("--rank must be a rank of the job (0, 1, ...)");
   v1::LogsRequest request;
   {
     CoordinatorClient client(g.coordinator, g.timeout());
@@ -184,6 +186,7 @@ absl::StatusOr<int> RunLogs(const GlobalOptions& g, const LogsOptions& o) {
   }
   request.set_follow(o.follow);
   request.set_attempt(o.attempt);
+  if (o.rank >= 0) request.set_rank(o.rank);
   std::map<std::string, size_t> printed;  // attempt id -> bytes printed
   absl::Time last_progress = absl::Now();
   absl::Duration backoff = absl::Milliseconds(200);
@@ -252,6 +255,9 @@ void AddStreamCommands(CLI::App* app, const GlobalOptions* globals, Action* acti
     sub->add_option("id", o->id, "job id")->required();
     sub->add_flag("-f,--follow", o->follow, "keep streaming until the job ends");
     sub->add_option("--attempt", o->attempt, "only this attempt number (default: all)");
+    sub->add_option("--rank", o->rank,
+                    "the log of this engine process (its RANK) of a job with several "
+                    "(default: 0, the job's log)");
     sub->callback([=] { *action = [=] { return RunLogs(*globals, *o); }; });
   }
 }

@@ -155,6 +155,19 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (!std::isfinite(r.cpus()) || r.cpus() < 0 || r.cpus() > kMaxCpusPerPart) {
     return bad("resources.cpus: ", r.cpus(), " is outside 0..", kMaxCpusPerPart);
   }
+  if (r.ranks_per_part() < 0 || r.ranks_per_part() > kMaxGpusPerPart) {
+    return bad("resources.ranks_per_part: ", r.ranks_per_part(), " is outside 0..", kMaxGpusPerPart,
+               " (0: one per GPU, or 1 without GPUs)");
+  }
+  if (r.gpus() > 0 && r.ranks_per_part() > 0 && r.ranks_per_part() != r.gpus()) {
+    return bad("resources.ranks_per_part: ", r.ranks_per_part(), " must equal resources.gpus (",
+               r.gpus(),
+               ": one process per GPU) or be 0; several ranks per part share cores only "
+               "without GPUs");
+  }
+  if (r.ranks_per_part() > 1 && spec.has_noop()) {
+    return bad("resources.ranks_per_part: a noop job runs one process");
+  }
   if (r.memory_mb() < 0 || r.memory_mb() > kMaxMemoryMbPerPart) {
     return bad("resources.memory_mb: ", r.memory_mb(), " is outside 0..", kMaxMemoryMbPerPart);
   }

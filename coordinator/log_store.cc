@@ -30,7 +30,9 @@ struct RecordHeader {
   int64_t offset;   // where they start in the attempt's log
   int32_t attempt;
   uint16_t job_bytes;  // length of the job id after the header
-  uint16_t reserved;   // 0
+  // The engine process (global RANK) whose log this is; 0 for a part of one process and in
+  // every record of coordinators before per-rank logs (the field was reserved, always 0).
+  uint16_t rank;
 };
 static_assert(sizeof(RecordHeader) == 24, "the record header is 24 bytes on disk");
 constexpr char kMagic[4] = {'S', 'L', 'G', '1'};
@@ -72,8 +74,10 @@ bool WriteAll(int fd, iovec* iov, int count) {
 
 LogStore::~LogStore() = default;
 
-std::string LogStore::Key(const std::string& job_id, int attempt) {
-  return absl::StrCat(job_id, ".", attempt);
+std::string LogStore::Key(const std::string& job_id, int attempt, int rank) {
+  // Rank 0's key is the one logs had before there were ranks.
+  return rank == 0 ? absl::StrCat(job_id, ".", attempt)
+                   : absl::StrCat(job_id, ".", attempt, "#", rank);
 }
 
 absl::Status LogStore::Load() {
@@ -128,7 +132,7 @@ absl::Status LogStore::IndexSegment(uint32_t number, bool last) {
         static_cast<ssize_t>(job.size())) {
       break;
     }
-    AttemptLog& log = *Find(job, h.attempt, /*create=*/true);
+    AttemptLog& log = *Find(job, h.attempt, h.rank, /*create=*/true);
     const int64_t at = pos + static_cast<int64_t>(sizeof h) + h.job_bytes;
     int64_t offset = h.offset;
     int64_t length = h.length;
@@ -155,14 +159,16 @@ absl::Status LogStore::IndexSegment(uint32_t number, bool last) {
   return absl::OkStatus();
 }
 
-LogStore::AttemptLog* LogStore::Find(const std::string& job_id, int attempt, bool create) const {
-  const std::string key = Key(job_id, attempt);
+LogStore::AttemptLog* LogStore::Find(const std::string& job_id, int attempt, int rank,
+                                     bool create) const {
+  const std::string key = Key(job_id, attempt, rank);
   if (auto it = index_.find(key); it != index_.end()) return &it->second;
   // A log an older coordinator kept as a file of its own (looked for only where there are
-  // such directories: a stat per new attempt otherwise).
-  const std::string legacy = legacy_ ? absl::StrCat(dir_, "/", job_id, "/", attempt, ".log") : "";
+  // such directories: a stat per new attempt otherwise). Those predate ranks: rank 0's.
+  const bool look = legacy_ && rank == 0;
+  const std::string legacy = look ? absl::StrCat(dir_, "/", job_id, "/", attempt, ".log") : "";
   struct stat st;
-  const bool has_legacy = legacy_ && ::stat(legacy.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  const bool has_legacy = look && ::stat(legacy.c_str(), &st) == 0 && S_ISREG(st.st_mode);
   if (!has_legacy && !create) return nullptr;
   AttemptLog& log = index_[key];
   if (has_legacy && st.st_size > 0) {
@@ -191,20 +197,24 @@ absl::Status LogStore::OpenSegment() {
 void LogStore::CloseSegment() { fd_.reset(); }
 
 absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t offset,
-                              const std::string& data) {
+                              const std::string& data, int rank) {
   if (job_id.empty() || job_id.size() > kMaxJobIdBytes || job_id.find('/') != std::string::npos ||
       job_id.find("..") != std::string::npos) {
     return absl::InvalidArgumentError("log: bad job id");
   }
+  if (rank < 0 || rank > kMaxRank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log: rank ", rank, " is outside 0..", kMaxRank));
+  }
   absl::MutexLock lock(&mu_);
-  AttemptLog& log = *Find(job_id, attempt, /*create=*/true);
+  AttemptLog& log = *Find(job_id, attempt, rank, /*create=*/true);
   if (log.truncated) return absl::OkStatus();  // cut by a full disk: the rest is dropped
   if (offset > log.size) {
     if (EndsWithMarker(log)) {  // cut before a restart
       log.truncated = true;
       return absl::OkStatus();
     }
-    return absl::OutOfRangeError(absl::StrCat("log of ", Key(job_id, attempt), ": chunk at ",
+    return absl::OutOfRangeError(absl::StrCat("log of ", Key(job_id, attempt, rank), ": chunk at ",
                                               offset, " after end ", log.size));
   }
   const int64_t skip = log.size - offset;
@@ -218,6 +228,7 @@ absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t of
   h.offset = log.size;
   h.attempt = attempt;
   h.job_bytes = static_cast<uint16_t>(job_id.size());
+  h.rank = static_cast<uint16_t>(rank);
   iovec iov[3] = {{&h, sizeof h},
                   {const_cast<char*>(job_id.data()), job_id.size()},
                   {const_cast<char*>(data.data() + skip), n}};
@@ -236,7 +247,7 @@ absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t of
     ++generation_;
     if (err == ENOSPC || err == EDQUOT) {
       MarkTruncated(log);
-      return absl::ResourceExhaustedError(absl::StrCat(path, ": ", Key(job_id, attempt),
+      return absl::ResourceExhaustedError(absl::StrCat(path, ": ", Key(job_id, attempt, rank),
                                                        ": log truncated at ", log.size,
                                                        " bytes: the coordinator's disk is full"));
     }
@@ -326,18 +337,18 @@ void LogStore::MarkTruncated(AttemptLog& log) {
   }
 }
 
-int64_t LogStore::Size(const std::string& job_id, int attempt) const {
+int64_t LogStore::Size(const std::string& job_id, int attempt, int rank) const {
   absl::MutexLock lock(&mu_);
-  const AttemptLog* log = Find(job_id, attempt, /*create=*/false);
+  const AttemptLog* log = Find(job_id, attempt, rank, /*create=*/false);
   return log == nullptr ? 0 : log->size;
 }
 
 absl::StatusOr<std::string> LogStore::Read(const std::string& job_id, int attempt, int64_t offset,
-                                           int64_t max) const {
+                                           int64_t max, int rank) const {
   std::vector<Piece> pieces;
   {
     absl::MutexLock lock(&mu_);
-    const AttemptLog* log = Find(job_id, attempt, /*create=*/false);
+    const AttemptLog* log = Find(job_id, attempt, rank, /*create=*/false);
     if (log == nullptr) return std::string();
     pieces = PiecesOf(*log, offset, max);
   }

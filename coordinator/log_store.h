@@ -7,7 +7,10 @@
 // rebuilds the index of every attempt's records from the headers. A chunk carries its offset
 // in the attempt's log, so a chunk sent twice (after a reconnect) is written once. Logs that
 // older coordinators kept as DATA/logs/<job>/<attempt>.log are still read (and continued in
-// the segments). Thread-safe.
+// the segments). A job whose parts run several engine processes has one log per process,
+// by its global RANK (`rank` below; 0 by default: the job's log, the only one of a job of one
+// process); records of coordinators before ranks carry 0 there and read as rank 0's.
+// Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +35,7 @@ class LogStore {
   // The last line of a log that the coordinator's disk could not hold.
   static constexpr std::string_view kTruncatedMarker = "\n[stemma: log truncated: disk full]\n";
   static constexpr int64_t kSegmentBytes = 64 << 20;
+  static constexpr int kMaxRank = 65535;  // the record header's 16 bits
 
   // Creates the directory if needed and indexes the segments there. A record cut short by a
   // crash at the end of a segment is dropped (its worker sends it again: offsets). Call once,
@@ -43,14 +47,15 @@ class LogStore {
   // full disk, the log's last bytes become kTruncatedMarker (RESOURCE_EXHAUSTED, naming the
   // segment), and later chunks of that attempt are dropped. The segment being written is
   // closed then, so that removing segments gives the space back.
+  // INVALID_ARGUMENT for a bad job id or a rank outside 0..kMaxRank.
   absl::Status Append(const std::string& job_id, int attempt, int64_t offset,
-                      const std::string& data);
-  // Bytes stored so far for the attempt.
-  int64_t Size(const std::string& job_id, int attempt) const;
+                      const std::string& data, int rank = 0);
+  // Bytes stored so far for the attempt (and rank).
+  int64_t Size(const std::string& job_id, int attempt, int rank = 0) const;
   // Up to `max` bytes from `offset`; empty at the end. NOT_FOUND when a segment holding
   // them was removed.
   absl::StatusOr<std::string> Read(const std::string& job_id, int attempt, int64_t offset,
-                                   int64_t max) const;
+                                   int64_t max, int rank = 0) const;
   // Blocks until an append happens after `generation` or `timeout_ms` passes; returns
   // the current generation.
   uint64_t WaitForAppend(uint64_t generation, int64_t timeout_ms) const;
@@ -77,10 +82,10 @@ class LogStore {
     int64_t length;
   };
 
-  static std::string Key(const std::string& job_id, int attempt);
+  static std::string Key(const std::string& job_id, int attempt, int rank);
   // The attempt's entry, a legacy per-attempt file indexed on first sight; null when there
   // is none and `create` is false.
-  AttemptLog* Find(const std::string& job_id, int attempt, bool create) const
+  AttemptLog* Find(const std::string& job_id, int attempt, int rank, bool create) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<Piece> PiecesOf(const AttemptLog& log, int64_t offset, int64_t max) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -149,6 +149,34 @@ TEST_F(LogStoreTest, LogsOfAnOlderCoordinatorAreReadWhereTheyAreAndContinued) {
   EXPECT_EQ(All(logs, "j-old", 1), "written by an older coordinator\nand continued\n");
 }
 
+// A part of several engine processes: one log per global rank, apart from each other and
+// from rank 0's (the job's log, keyed and stored as logs were before ranks: a record of rank 0
+// is byte for byte what older coordinators wrote), across a restart.
+TEST_F(LogStoreTest, EachRankHasItsOwnLogAcrossARestart) {
+  {
+    LogStore logs(dir_.string());
+    ASSERT_TRUE(logs.Load().ok());
+    ASSERT_TRUE(logs.Append("j-1", 1, 0, "rank zero\n").ok());
+    ASSERT_TRUE(logs.Append("j-1", 1, 0, "rank two\n", 2).ok());
+    ASSERT_TRUE(logs.Append("j-1", 1, 0, "rank one\n", 1).ok());
+    ASSERT_TRUE(logs.Append("j-1", 1, 9, "again\n", 2).ok());
+    ASSERT_TRUE(logs.Append("j-1", 1, 0, "rank two\n", 2).ok());  // resent: written once
+    EXPECT_EQ(logs.Append("j-1", 1, 0, "x", -1).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(logs.Append("j-1", 1, 0, "x", LogStore::kMaxRank + 1).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  LogStore logs(dir_.string());
+  ASSERT_TRUE(logs.Load().ok());
+  EXPECT_EQ(All(logs, "j-1", 1), "rank zero\n");
+  EXPECT_EQ(*logs.Read("j-1", 1, 0, 100, 1), "rank one\n");
+  EXPECT_EQ(*logs.Read("j-1", 1, 0, 100, 2), "rank two\nagain\n");
+  EXPECT_EQ(*logs.Read("j-1", 1, 0, 100, 3), "");
+  EXPECT_EQ(logs.Size("j-1", 1, 2), 15);
+  EXPECT_EQ(logs.Size("j-1", 1, 0), logs.Size("j-1", 1));
+  ASSERT_TRUE(logs.Append("j-1", 1, 15, "after restart\n", 2).ok());
+  EXPECT_EQ(*logs.Read("j-1", 1, 9, 100, 2), "again\nafter restart\n");
+}
+
 TEST_F(LogStoreTest, SegmentsRollOverPastTheirSize) {
   LogStore logs(dir_.string());
   ASSERT_TRUE(logs.Load().ok());

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job_ranks.h"
 
 namespace stemma::coordinator {
 
@@ -31,7 +32,10 @@ int Placer::Place(Changes* changes) {
       parts.push_back(std::move(part));
     }
     std::string rendezvous;
-    if (p.workers.size() > 1) {
+    // A gang, or one part of several processes (common/job_ranks.h): rank 0 listens on the
+    // first part's worker. Resources stay per part: the part's ranks share its GPUs (one
+    // each), cores and memory.
+    if (p.workers.size() > 1 || RanksPerPart(queued->spec()) > 1) {
       const WorkerEntry* w0 = c.workers.Find(p.workers[0]);
       // A port derived from the job keeps concurrent gangs on one host apart.
       uint64_t seq = queued->seq();

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
+#include "common/job_ranks.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/attempts.h"
@@ -90,7 +91,14 @@ absl::StatusOr<v1::Registered> WorkerSessions::Register(const v1::Register& requ
       v1::RunningAttempt* keep = reply.add_keep();
       keep->set_attempt_id(r.attempt_id());
       keep->set_rank(r.rank());
-      keep->set_log_offset(c.logs.Size(job->id(), job->current().number()));
+      // Each process of the part has its own log, by global rank (common/job_ranks.h).
+      const int ranks = RanksPerPart(job->spec());
+      const int first = r.rank() * ranks;
+      keep->set_log_offset(c.logs.Size(job->id(), job->current().number(), first));
+      for (int local = 1; local < ranks; ++local) {
+        (*keep->mutable_local_log_offsets())[local] =
+            c.logs.Size(job->id(), job->current().number(), first + local);
+      }
     }
     std::vector<std::string> missing;
     for (const auto& [key, a] : w.allocations) {
@@ -141,7 +149,7 @@ void WorkerSessions::Events(const std::string& worker_id, uint64_t session,
   // chunk harmless), and reported outputs are hashed, before the lock: file work needs none.
   bool state_events = false;
   std::vector<std::vector<ManifestCheck>> checks;
-  const std::vector<bool> owned = OwnedLogs(worker_id, events);
+  const std::vector<int> owned = OwnedLogs(worker_id, events);
   for (size_t i = 0; i < events.size(); ++i) {
     const v1::AttemptEvent* event = events[i];
     if (!event->has_log()) {
@@ -157,12 +165,15 @@ void WorkerSessions::Events(const std::string& worker_id, uint64_t session,
     }
     std::string job_id;
     int number;
-    if (!owned[i]) {
+    const int ranks = owned[i];
+    const int local = event->log().local_rank();
+    if (ranks == 0 || local < 0 || local >= ranks) {
       c.metrics->StaleReport();
       spdlog::info("worker={} attempt={} log refused: not its attempt", worker_id,
                    event->attempt_id());
     } else if (ParseAttemptId(event->attempt_id(), &job_id, &number)) {
-      absl::Status st = c.logs.Append(job_id, number, event->log().offset(), event->log().data());
+      absl::Status st = c.logs.Append(job_id, number, event->log().offset(), event->log().data(),
+                                      event->rank() * ranks + local);
       if (!st.ok()) spdlog::warn("worker={} log: {}", worker_id, st.ToString());
     }
   }
@@ -187,9 +198,9 @@ void WorkerSessions::Events(const std::string& worker_id, uint64_t session,
   c.Finish(std::move(changes));
 }
 
-std::vector<bool> WorkerSessions::OwnedLogs(const std::string& worker_id,
-                                            absl::Span<const v1::AttemptEvent* const> events) {
-  std::vector<bool> owned(events.size(), false);
+std::vector<int> WorkerSessions::OwnedLogs(const std::string& worker_id,
+                                           absl::Span<const v1::AttemptEvent* const> events) {
+  std::vector<int> owned(events.size(), 0);
   bool any = false;
   for (const v1::AttemptEvent* e : events) any |= e->has_log();
   if (!any) return owned;
@@ -199,8 +210,10 @@ std::vector<bool> WorkerSessions::OwnedLogs(const std::string& worker_id,
     const v1::AttemptEvent& e = *events[i];
     if (!e.has_log()) continue;
     const v1::Job* job = c.jobs.FindCurrentAttempt(e.attempt_id());
-    owned[i] = job != nullptr && e.rank() >= 0 && e.rank() < job->current().parts_size() &&
-               job->current().parts(e.rank()).worker_id() == worker_id;
+    if (job != nullptr && e.rank() >= 0 && e.rank() < job->current().parts_size() &&
+        job->current().parts(e.rank()).worker_id() == worker_id) {
+      owned[i] = RanksPerPart(job->spec());
+    }
   }
   return owned;
 }

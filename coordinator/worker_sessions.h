@@ -52,9 +52,10 @@ class WorkerSessions {
                                            std::vector<std::vector<ManifestCheck>>* checks);
 
   // Which log events of a batch `worker_id` may write: those of an attempt part placed on
-  // it (a worker never writes another worker's attempt log).
-  std::vector<bool> OwnedLogs(const std::string& worker_id,
-                              absl::Span<const v1::AttemptEvent* const> events);
+  // it (a worker never writes another worker's attempt log). Per event, the engine processes
+  // per part of its job (common/job_ranks.h), which place its log; 0: not its to write.
+  std::vector<int> OwnedLogs(const std::string& worker_id,
+                             absl::Span<const v1::AttemptEvent* const> events);
 
   CoordinatorCore* const core_;
   Placer* const placer_;

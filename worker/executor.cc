@@ -35,6 +35,7 @@ extern "C" {
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/engine_contract.h"
+#include "common/job_ranks.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/path_confinement.h"
@@ -266,8 +267,14 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
     }
   }
   if (refusal.empty() && failure.empty()) {
+    AddRanks(assignment, context, *attempt, &refusal, &failure);
+  }
+  if (refusal.empty() && failure.empty()) {
     plan->Seal();
     attempt->plan = std::move(plan);
+  } else {
+    attempt->more.clear();
+    attempt->more_plans.clear();
   }
 
   bool notify = false;
@@ -300,6 +307,30 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
     spawn_cv_.Signal();
   }
   return absl::OkStatus();
+}
+
+void Executor::AddRanks(const v1::Assignment& assignment, const SpawnContext& context,
+                        Attempt& attempt, std::string* refusal, std::string* failure) {
+  const int ranks = RanksPerPart(assignment.spec());
+  for (int local = 1; local < ranks; ++local) {
+    std::unique_ptr<SpawnPlan> plan = PlanSpawn(assignment, config_, context, local);
+    if (!plan->refusal.empty()) {
+      *refusal = plan->refusal;
+      return;
+    }
+    auto process = std::make_unique<RankProcess>();
+    process->local_rank = local;
+    process->log_path = plan->log_path;
+    process->log_fd =
+        open(plan->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+    if (process->log_fd < 0) {
+      *failure = absl::StrCat("worker error: cannot open ", plan->log_path, ": ", strerror(errno));
+      return;
+    }
+    plan->Seal();
+    attempt.more.push_back(std::move(process));
+    attempt.more_plans.push_back(std::move(plan));
+  }
 }
 
 void Executor::Cancel(const std::string& attempt_id, const std::string& reason) {
@@ -445,12 +476,14 @@ size_t Executor::MetricsSince(const std::string& attempt_id, size_t from, size_t
   return it->second->out.metrics.Batch(from, max, batch);
 }
 
-bool Executor::LogSince(const std::string& attempt_id, int64_t offset, size_t max,
-                        std::string* out) const {
+bool Executor::LogSince(const std::string& attempt_id, int64_t offset, size_t max, std::string* out,
+                        int local_rank) const {
   absl::MutexLock lock(&mu_);
   auto it = attempts_.find(attempt_id);
   if (it == attempts_.end()) return false;
-  const Attempt& a = *it->second;
+  const RankProcess* p = it->second->Local(local_rank);
+  if (p == nullptr) return false;
+  const RankProcess& a = *p;
   const int64_t start = a.log_bytes - static_cast<int64_t>(a.log_tail.size());
   if (offset < start || offset >= a.log_bytes) return false;
   const size_t from = static_cast<size_t>(offset - start);
@@ -478,6 +511,9 @@ AttemptSnapshot Executor::SnapshotOf(const Attempt& a) const {
   s.progress_version = a.out.progress_version;
   s.progress = a.out.progress();
   s.metric_count = a.out.metrics.size();
+  for (const auto& p : a.more) {
+    s.more_logs.push_back({p->local_rank, p->log_path, p->log_bytes});
+  }
   return s;
 }
 

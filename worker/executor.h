@@ -52,9 +52,18 @@ struct AttemptSnapshot {
   uint64_t progress_version = 0;      // grows with each STEMMA_PROGRESS line
   v1::Progress progress;
   size_t metric_count = 0;  // metric points read so far (MetricsSince)
+  // A part of several ranks: the logs of local ranks 1.. (rank 0's is log_path above).
+  struct RankLog {
+    int32_t local_rank = 0;
+    std::string log_path;
+    int64_t log_bytes = 0;
+  };
+  std::vector<RankLog> more_logs;
 };
 
-struct SpawnPlan;  // worker/spawn_plan.h
+struct SpawnPlan;     // worker/spawn_plan.h
+struct SpawnContext;  // worker/spawn_plan.h
+struct RankProcess;   // worker/executor_internal.h
 
 class Executor {
  public:
@@ -85,12 +94,19 @@ class Executor {
   // longer there (or not yet written), and then the log file has them. Reading the file
   // instead costs an open and a close, and on ext4 the close of a log whose file was reused
   // (truncated, rewritten) starts its writeback at once (auto_da_alloc): a disk write per job.
-  bool LogSince(const std::string& attempt_id, int64_t offset, size_t max, std::string* out) const;
+  // `local_rank`: which process of a part of several ranks (0: the first, the attempt's log).
+  bool LogSince(const std::string& attempt_id, int64_t offset, size_t max, std::string* out,
+                int local_rank = 0) const;
 
   // Starts an attempt: creates DATA/attempts/<id>/ and its log, and queues the child for a
-  // spawner thread to fork. Refusals (exec without --allow-exec, no engine, bad spec) are not
-  // errors: the attempt is recorded as finished with a non-retryable "refused: ..." reason;
-  // worker-side failures (disk, fork) finish it as retryable "worker error: ...".
+  // spawner thread to fork. A part of several ranks (common/job_ranks.h) starts one process
+  // per rank, each in its own process group with its own log (log, log.1, ...); rank 0's
+  // output is the attempt's events. The attempt ends when every rank has exited; the first
+  // rank to fail (exit != 0, a signal) ends the others (SIGTERM, SIGKILL after kill_grace_ms)
+  // and gives the attempt its exit code and reason ("rank 2: exit 1"). Cancel, Discard,
+  // timeouts and Shutdown reach every rank. Refusals (exec without --allow-exec, no engine, bad
+  // spec) are not errors: the attempt is recorded as finished with a non-retryable "refused: ..."
+  // reason; worker-side failures (disk, fork) finish it as retryable "worker error: ...".
   // ALREADY_EXISTS if the attempt is known; FAILED_PRECONDITION after Shutdown.
   absl::Status Launch(const v1::Assignment& assignment);
 
@@ -138,16 +154,22 @@ class Executor {
   struct Attempt;
 
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Launch's part for local ranks 1.. of a part of several ranks: their plans and logs, or
+  // why the attempt cannot start (`refusal`: never here; `failure`: this worker's fault).
+  void AddRanks(const v1::Assignment& assignment, const SpawnContext& context, Attempt& attempt,
+                std::string* refusal, std::string* failure);
   void WakeLoop();
   // A spawner thread: forks what Launch queued in to_spawn_, until Shutdown's end.
   void SpawnLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Forks the attempt's child from `plan` (taken out of the attempt under mu_, which is
   // not held here), then records it under mu_.
-  void Spawn(Attempt& attempt, std::unique_ptr<SpawnPlan> plan) ABSL_LOCKS_EXCLUDED(mu_);
+  void Spawn(Attempt& attempt, std::vector<std::unique_ptr<SpawnPlan>> plans)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // One wake-up's read of an attempt's pipe, done without the lock (ReadOutput: only the
   // loop thread reads a pipe and writes its log) and then applied under it.
   struct OutputRead {
     Attempt* attempt;
+    RankProcess* process;  // the attempt itself or one of its further ranks
     int out_fd;
     int log_fd;
     std::string data;     // what was read
@@ -160,9 +182,15 @@ class Executor {
   // The read's bytes into the attempt's log count, tail and parser; closes the pipe at EOF.
   void ApplyOutputLocked(const OutputRead& r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads the pipe to its end for now (the attempt is being reaped).
-  void DrainOutputLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CloseOutputLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ReapLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DrainOutputLocked(Attempt& attempt, RankProcess& process) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseOutputLocked(RankProcess& process) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReapLocked(Attempt& attempt, RankProcess& process) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A part of several ranks: one has been reaped with `code` / `reason`; the first failure
+  // stops the others, and the attempt finishes once all are reaped.
+  void RankEndedLocked(Attempt& attempt, RankProcess& process, int code, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `sig` to the process group of every rank not yet reaped.
+  static void SignalAll(Attempt& attempt, int sig);
   void TerminateLocked(Attempt& attempt, const std::string& reason, const std::string& result,
                        bool retryable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishLocked(Attempt& attempt, int exit_code, const std::string& reason,

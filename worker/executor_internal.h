@@ -19,23 +19,19 @@
 
 namespace stemma::worker {
 
-struct Executor::Attempt {
-  Attempt() = default;
-  Attempt(const Attempt&) = delete;
-  Attempt& operator=(const Attempt&) = delete;
+// One process of an attempt: its pid, output pipe and log. An attempt is its first process
+// (local rank 0, whose output is parsed for events); a part of several ranks keeps the others
+// in Attempt::more, and their output only goes to their logs.
+struct RankProcess {
+  RankProcess() = default;
+  RankProcess(const RankProcess&) = delete;
+  RankProcess& operator=(const RankProcess&) = delete;
   // The log stays open after the attempt finishes: a recycled directory passes it on.
-  ~Attempt() {
+  ~RankProcess() {
     if (log_fd >= 0) close(log_fd);
   }
 
-  std::string id;
-  std::string job_id;
-  int32_t rank = 0;
-  std::vector<int32_t> gpu_ids;
-  int64_t timeout_ms = 0;
-  std::unique_ptr<SpawnPlan> plan;  // until a spawner takes it
-  bool spawning = false;            // a spawner is forking it (pid still 0); it will not be erased
-
+  int local_rank = 0;
   pid_t pid = 0;
   int pidfd = -1;
   int out_fd = -1;  // read end of the child's stdout+stderr pipe
@@ -48,6 +44,47 @@ struct Executor::Attempt {
   // The log's last bytes, [log_bytes - log_tail.size(), log_bytes), for the session to ship
   // without opening the file (LogSince).
   std::string log_tail;
+  bool reaped = false;  // exited and waited for
+};
+
+struct Executor::Attempt : RankProcess {
+  std::string id;
+  std::string job_id;
+  int32_t rank = 0;
+  std::vector<int32_t> gpu_ids;
+  int64_t timeout_ms = 0;
+  std::unique_ptr<SpawnPlan> plan;  // until a spawner takes it
+  bool spawning = false;            // a spawner is forking it (pid still 0); it will not be erased
+  // Local ranks 1.. of a part of several ranks: their plans until a spawner takes them, then
+  // their processes (forked together with the first).
+  std::vector<std::unique_ptr<SpawnPlan>> more_plans;
+  std::vector<std::unique_ptr<RankProcess>> more;
+  // The first rank that failed while the others ran ("rank 2: exit 1"), its exit code and
+  // whether a retry may help; the attempt ends with it once every rank is reaped.
+  std::string rank_failure;
+  int rank_failure_code = 0;
+  bool rank_failure_retryable = true;
+
+  // The process with local rank `local` (0: this one); null if there is none.
+  RankProcess* Local(int local) {
+    if (local == 0) return this;
+    return local - 1 < static_cast<int>(more.size()) ? more[local - 1].get() : nullptr;
+  }
+  const RankProcess* Local(int local) const { return const_cast<Attempt*>(this)->Local(local); }
+  // The process an epoll token (out_token, pid_token) belongs to; null if none.
+  RankProcess* ProcessOfToken(uint64_t token) {
+    if (out_token == token || pid_token == token) return this;
+    for (auto& p : more) {
+      if (p->out_token == token || p->pid_token == token) return p.get();
+    }
+    return nullptr;
+  }
+  // Every process: this one, then the others.
+  template <typename F>
+  void ForEachProcess(F&& f) {
+    f(static_cast<RankProcess&>(*this));
+    for (auto& p : more) f(*p);
+  }
 
   int64_t deadline_ms = 0;         // monotonic; 0: no timeout
   int64_t start_notify_ms = 0;     // monotonic; 0: the start needs no (more) signal

@@ -52,6 +52,94 @@ using executor_internal::kStartNotifyDelayMs;
 using executor_internal::kWakeToken;
 using executor_internal::NoteLogged;
 
+namespace {
+
+// The text after the last "stemma-engine: error: " line in a log's tail; empty if none.
+std::string LastEngineError(const std::string& tail) {
+  const std::string_view prefix = engine_contract::kErrorPrefix;
+  size_t at = tail.size();
+  while (at > 0) {
+    at = tail.rfind(prefix.data(), at - 1, prefix.size());
+    if (at == std::string::npos) return "";
+    if (at == 0 || tail[at - 1] == '\n') {
+      const size_t from = at + prefix.size();
+      const size_t end = tail.find('\n', from);
+      return tail.substr(from, end == std::string::npos ? std::string::npos : end - from);
+    }
+  }
+  return "";
+}
+
+// A child forked from a sealed plan: its pid, pidfd and the read end of its output pipe.
+struct Forked {
+  pid_t pid = -1;
+  int pidfd = -1;
+  int out_fd = -1;
+};
+
+// Forks `plan`'s child; "" or why not ("worker error: ...").
+std::string ForkChild(const SpawnPlan& plan, Forked* forked) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return absl::StrCat("worker error: pipe: ", strerror(errno));
+  static const pid_t parent = getpid();  // a process's pid never changes
+  // exec jobs start with vfork: the child borrows the worker's memory until execve, so
+  // no page tables are copied and torn down for every attempt (fork + exit of the copy
+  // cost about half of the worker's CPU per job). noop children outlive that moment, so
+  // they need a real fork.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  // The child's plan, completed on this stack before the fork: the child only reads it.
+  ChildPlan child = plan.child();
+  child.out_fd = fds[1];
+  child.parent = parent;
+  const pid_t pid = plan.noop ? fork() : vfork();
+  if (pid == 0) RunChild(child);
+  const int fork_errno = errno;
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    return absl::StrCat("worker error: fork: ", strerror(fork_errno));
+  }
+  // Also done in the child; whichever runs first wins the race. After vfork the child
+  // has run it already (and exec'd, so the call here would fail with EACCES).
+  if (plan.noop) setpgid(pid, pid);
+  fcntl(fds[0], F_SETFL, O_RDONLY | O_NONBLOCK);  // already O_CLOEXEC (pipe2)
+  const int pidfd = pidfd_open(pid, 0);
+  if (pidfd < 0) {
+    const int err = errno;
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+    int status;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    close(fds[0]);
+    return absl::StrCat("worker error: pidfd_open: ", strerror(err));
+  }
+  *forked = Forked{pid, pidfd, fds[0]};
+  return "";
+}
+
+// Undoes a ForkChild whose attempt cannot start after all (a later rank failed to fork).
+void KillForked(const Forked& f) {
+  kill(-f.pid, SIGKILL);
+  kill(f.pid, SIGKILL);
+  int status;
+  while (waitpid(f.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  close(f.pidfd);
+  close(f.out_fd);
+}
+
+}  // namespace
+
+void Executor::SignalAll(Attempt& a, int sig) {
+  a.ForEachProcess([&](RankProcess& p) {
+    if (p.pid > 0 && !p.reaped) kill(-p.pid, sig);
+  });
+}
+
 void Executor::SpawnLoop() {
   mu_.Lock();
   for (;;) {
@@ -63,9 +151,12 @@ void Executor::SpawnLoop() {
     if (it == attempts_.end() || it->second->finished || !it->second->plan) continue;
     Attempt& a = *it->second;
     a.spawning = true;
-    std::unique_ptr<SpawnPlan> plan = std::move(a.plan);
+    std::vector<std::unique_ptr<SpawnPlan>> plans;
+    plans.push_back(std::move(a.plan));
+    for (auto& more : a.more_plans) plans.push_back(std::move(more));
+    a.more_plans.clear();
     mu_.Unlock();  // forking takes a while (a vfork parent waits for the child's execve)
-    Spawn(a, std::move(plan));
+    Spawn(a, std::move(plans));
     mu_.Lock();
   }
   mu_.Unlock();
@@ -114,9 +205,11 @@ void Executor::Loop() {
         auto it = attempts_.find(owner->second);
         if (it == attempts_.end()) continue;
         Attempt& a = *it->second;
-        if (token == a.out_token && a.out_fd >= 0) {
-          reads.push_back(OutputRead{&a, a.out_fd, a.log_fd});
-        } else if (token == a.pid_token) {
+        RankProcess* p = a.ProcessOfToken(token);
+        if (p == nullptr) continue;
+        if (token == p->out_token && p->out_fd >= 0) {
+          reads.push_back(OutputRead{&a, p, p->out_fd, p->log_fd});
+        } else if (token == p->pid_token) {
           exits.push_back(token);
         }
       }
@@ -129,8 +222,10 @@ void Executor::Loop() {
         auto owner = tokens_.find(token);
         if (owner == tokens_.end()) continue;
         auto it = attempts_.find(owner->second);
-        if (it == attempts_.end() || it->second->pid_token != token) continue;
-        ReapLocked(*it->second);
+        if (it == attempts_.end()) continue;
+        RankProcess* p = it->second->ProcessOfToken(token);
+        if (p == nullptr || p->pid_token != token) continue;
+        ReapLocked(*it->second, *p);
         notify |= it->second->finished;
       }
       notify |= FireTimersLocked(clock_->MonoMs());
@@ -148,7 +243,7 @@ void Executor::Loop() {
   }
 }
 
-void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
+void Executor::Spawn(Attempt& a, std::vector<std::unique_ptr<SpawnPlan>> plans) {
   // `a` stays put while a.spawning: attempts are erased only once finished, and only this
   // thread finishes a spawning attempt.
   auto fail = [&](const std::string& why) {
@@ -166,69 +261,42 @@ void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
     WakeLoop();
     Notify();
   };
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    fail(absl::StrCat("worker error: pipe: ", strerror(errno)));
-    return;
-  }
-  static const pid_t parent = getpid();  // a process's pid never changes
-  // exec jobs start with vfork: the child borrows the worker's memory until execve, so
-  // no page tables are copied and torn down for every attempt (fork + exit of the copy
-  // cost about half of the worker's CPU per job). noop children outlive that moment, so
-  // they need a real fork.
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  // The child's plan, completed on this stack before the fork: the child only reads it.
-  ChildPlan child = plan->child();
-  child.out_fd = fds[1];
-  child.parent = parent;
-  const pid_t pid = plan->noop ? fork() : vfork();
-  if (pid == 0) RunChild(child);
-  const int fork_errno = errno;
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  close(fds[1]);
-  if (pid < 0) {
-    close(fds[0]);
-    fail(absl::StrCat("worker error: fork: ", strerror(fork_errno)));
-    return;
-  }
-  // Also done in the child; whichever runs first wins the race. After vfork the child
-  // has run it already (and exec'd, so the call here would fail with EACCES).
-  if (plan->noop) setpgid(pid, pid);
-  fcntl(fds[0], F_SETFL, O_RDONLY | O_NONBLOCK);  // already O_CLOEXEC (pipe2)
-  const int pidfd = pidfd_open(pid, 0);
-  if (pidfd < 0) {
-    const int err = errno;
-    kill(-pid, SIGKILL);
-    kill(pid, SIGKILL);
-    int status;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  // Every rank of the part, or none.
+  std::vector<Forked> forked;
+  for (const auto& plan : plans) {
+    Forked f;
+    const std::string error = ForkChild(*plan, &f);
+    if (!error.empty()) {
+      for (const Forked& done : forked) KillForked(done);
+      fail(error);
+      return;
     }
-    close(fds[0]);
-    fail(absl::StrCat("worker error: pidfd_open: ", strerror(err)));
-    return;
+    forked.push_back(f);
   }
-  spdlog::info("attempt started: job={} attempt={} rank={} pid={} kind={}", a.job_id, a.id, a.rank,
-               pid, plan->noop ? "noop" : plan->path);
+  spdlog::info("attempt started: job={} attempt={} rank={} pid={} kind={} processes={}", a.job_id,
+               a.id, a.rank, forked[0].pid, plans[0]->noop ? "noop" : plans[0]->path,
+               forked.size());
 
   bool wake;
   {
     absl::MutexLock lock(&mu_);
     a.spawning = false;
-    a.pid = pid;
-    a.out_fd = fds[0];
-    a.pidfd = pidfd;
-    a.out_token = next_token_++;
-    a.pid_token = next_token_++;
-    tokens_[a.out_token] = a.id;
-    tokens_[a.pid_token] = a.id;
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.u64 = a.out_token;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.out_fd, &ev);
-    ev.data.u64 = a.pid_token;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, a.pidfd, &ev);
+    for (size_t i = 0; i < forked.size(); ++i) {
+      RankProcess& p = *a.Local(static_cast<int>(i));
+      p.pid = forked[i].pid;
+      p.out_fd = forked[i].out_fd;
+      p.pidfd = forked[i].pidfd;
+      p.out_token = next_token_++;
+      p.pid_token = next_token_++;
+      tokens_[p.out_token] = a.id;
+      tokens_[p.pid_token] = a.id;
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = p.out_token;
+      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, p.out_fd, &ev);
+      ev.data.u64 = p.pid_token;
+      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, p.pidfd, &ev);
+    }
     const int64_t now = clock_->MonoMs();
     if (a.timeout_ms > 0) a.deadline_ms = now + a.timeout_ms;
     // A start is signalled kStartNotifyDelayMs later, or with the finish if that comes
@@ -238,7 +306,7 @@ void Executor::Spawn(Attempt& a, std::unique_ptr<SpawnPlan> plan) {
     int64_t due = a.start_notify_ms;
     if (a.deadline_ms > 0) due = std::min(due, a.deadline_ms);
     if (a.terminating) {  // cancelled while it was being forked
-      kill(-pid, SIGTERM);
+      SignalAll(a, SIGTERM);
       a.kill_at_ms = now + std::max<int64_t>(0, config_.kill_grace_ms);
       due = std::min(due, a.kill_at_ms);
     }
@@ -283,58 +351,61 @@ void Executor::ReadOutput(OutputRead& r) {
 
 void Executor::ApplyOutputLocked(const OutputRead& r) {
   Attempt& a = *r.attempt;
+  RankProcess& p = *r.process;
   const uint64_t before = a.out.progress_version;
-  NoteLogged(a.log_tail, a.log_bytes, r.data.data(), static_cast<size_t>(r.logged));
-  if (r.write_errno != 0 && !a.log_write_failed) {
-    spdlog::error("attempt={} log write to {} failed: {}", a.id, a.log_path,
+  NoteLogged(p.log_tail, p.log_bytes, r.data.data(), static_cast<size_t>(r.logged));
+  if (r.write_errno != 0 && !p.log_write_failed) {
+    spdlog::error("attempt={} log write to {} failed: {}", a.id, p.log_path,
                   strerror(r.write_errno));
-    a.log_write_failed = true;
+    p.log_write_failed = true;
   }
-  if (!r.data.empty()) a.out.Feed(r.data.data(), r.data.size(), clock_->WallMs());
+  // The job's events come from its first rank; the others' output is only logged.
+  if (!r.data.empty() && &p == &a) a.out.Feed(r.data.data(), r.data.size(), clock_->WallMs());
   if (a.out.progress_version != before && a.progress_notify_ms == 0) {
     a.progress_notify_ms = clock_->MonoMs() + kProgressNotifyDelayMs;
   }
-  if (r.eof) CloseOutputLocked(a);
+  if (r.eof) CloseOutputLocked(p);
 }
 
-void Executor::DrainOutputLocked(Attempt& a) {
-  while (a.out_fd >= 0) {
-    OutputRead r{&a, a.out_fd, a.log_fd};
+void Executor::DrainOutputLocked(Attempt& a, RankProcess& p) {
+  while (p.out_fd >= 0) {
+    OutputRead r{&a, &p, p.out_fd, p.log_fd};
     ReadOutput(r);
     ApplyOutputLocked(r);
     if (r.would_block) return;
   }
 }
 
-void Executor::CloseOutputLocked(Attempt& a) {
-  if (a.out_fd < 0) return;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, a.out_fd, nullptr);
-  close(a.out_fd);
-  a.out_fd = -1;
-  tokens_.erase(a.out_token);
+void Executor::CloseOutputLocked(RankProcess& p) {
+  if (p.out_fd < 0) return;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p.out_fd, nullptr);
+  close(p.out_fd);
+  p.out_fd = -1;
+  tokens_.erase(p.out_token);
 }
 
-void Executor::ReapLocked(Attempt& a) {
+void Executor::ReapLocked(Attempt& a, RankProcess& p) {
   // The leader is a zombie now, so its process group id cannot be reused yet: clear out
   // whatever it left behind in the group before reaping it.
   siginfo_t info{};
-  if (waitid(P_PID, a.pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0) {
+  if (waitid(P_PID, p.pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == 0) {
     return;  // still alive (spurious wakeup)
   }
-  kill(-a.pid, SIGKILL);
+  kill(-p.pid, SIGKILL);
   int status = 0;
   pid_t r;
   do {
-    r = waitpid(a.pid, &status, WNOHANG);
+    r = waitpid(p.pid, &status, WNOHANG);
   } while (r < 0 && errno == EINTR);
   if (r == 0) return;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, a.pidfd, nullptr);
-  close(a.pidfd);
-  a.pidfd = -1;
-  tokens_.erase(a.pid_token);
-  DrainOutputLocked(a);
-  CloseOutputLocked(a);
-  lingering_[a.pid] = clock_->MonoMs() + kLingerGiveUpMs;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p.pidfd, nullptr);
+  close(p.pidfd);
+  p.pidfd = -1;
+  tokens_.erase(p.pid_token);
+  DrainOutputLocked(a, p);
+  CloseOutputLocked(p);
+  lingering_[p.pid] = clock_->MonoMs() + kLingerGiveUpMs;
+  p.reaped = true;
 
   int code = -1;
   std::string reason = "exit status unknown";
@@ -344,6 +415,10 @@ void Executor::ReapLocked(Attempt& a) {
   } else if (r > 0 && WIFSIGNALED(status)) {
     code = 128 + WTERMSIG(status);
     reason = absl::StrCat("killed by signal ", WTERMSIG(status));
+  }
+  if (!a.more.empty()) {
+    RankEndedLocked(a, p, code, reason);
+    return;
   }
   if (a.terminating) {
     FinishLocked(a, code, a.term_reason, a.term_result, a.term_retryable);
@@ -361,6 +436,40 @@ void Executor::ReapLocked(Attempt& a) {
   }
 }
 
+void Executor::RankEndedLocked(Attempt& a, RankProcess& p, int code, const std::string& reason) {
+  const int ranks = 1 + static_cast<int>(a.more.size());
+  const int global = a.rank * ranks + p.local_rank;
+  if (code != 0 && a.rank_failure.empty() && !a.terminating) {
+    const std::string error = &p == &a ? a.out.engine_error : LastEngineError(p.log_tail);
+    a.rank_failure_code = code;
+    if (a.engine && code == engine_contract::kExitBadInput) {
+      // As for one process: no retry, and the engine's own words.
+      a.rank_failure =
+          absl::StrCat("bad input: rank ", global, ": ", error.empty() ? reason : error);
+      a.rank_failure_retryable = false;
+    } else {
+      a.rank_failure = absl::StrCat("rank ", global, ": ", reason);
+      if (!error.empty()) absl::StrAppend(&a.rank_failure, ": ", error);
+    }
+    // One rank's failure ends the part: the others would wait for it in their collectives.
+    spdlog::info("attempt rank failed: job={} attempt={} {}; stopping the other ranks", a.job_id,
+                 a.id, a.rank_failure);
+    SignalAll(a, SIGTERM);
+    a.kill_at_ms = clock_->MonoMs() + std::max<int64_t>(0, config_.kill_grace_ms);
+  }
+  bool all_reaped = true;
+  a.ForEachProcess([&](RankProcess& q) { all_reaped &= q.reaped; });
+  if (!all_reaped) return;
+  a.kill_at_ms = 0;
+  if (!a.rank_failure.empty()) {
+    FinishLocked(a, a.rank_failure_code, a.rank_failure, "failed", a.rank_failure_retryable);
+  } else if (a.terminating) {
+    FinishLocked(a, code, a.term_reason, a.term_result, a.term_retryable);
+  } else {
+    FinishLocked(a, 0, "exit 0", "succeeded", false);
+  }
+}
+
 void Executor::TerminateLocked(Attempt& a, const std::string& reason, const std::string& result,
                                bool retryable) {
   if (a.finished) return;
@@ -369,13 +478,14 @@ void Executor::TerminateLocked(Attempt& a, const std::string& reason, const std:
     FinishLocked(a, -1, reason, result, retryable);
     return;
   }
-  if (a.terminating) return;  // the first reason wins (a timeout, then a cancel)
+  // The first reason wins (a timeout, then a cancel; a rank's failure, then anything).
+  if (a.terminating || !a.rank_failure.empty()) return;
   a.terminating = true;
   a.term_reason = reason;
   a.term_result = result;
   a.term_retryable = retryable;
   if (a.pid == 0) return;  // being forked: its spawner sends SIGTERM once it has a pid
-  kill(-a.pid, SIGTERM);
+  SignalAll(a, SIGTERM);
   a.kill_at_ms = clock_->MonoMs() + std::max<int64_t>(0, config_.kill_grace_ms);
   spdlog::info("attempt terminating: job={} attempt={} reason=\"{}\"", a.job_id, a.id, reason);
   WakeLoop();
@@ -435,7 +545,7 @@ bool Executor::FireTimersLocked(int64_t now) {
       TerminateLocked(*a, absl::StrCat("timeout after ", a->timeout_ms, " ms"), "timeout", true);
     }
     if (a->kill_at_ms > 0 && now >= a->kill_at_ms) {
-      kill(-a->pid, SIGKILL);
+      SignalAll(*a, SIGKILL);
       a->kill_at_ms = 0;
     }
   }

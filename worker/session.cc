@@ -294,6 +294,9 @@ v1::WorkerMessage Session::MakeRegister() {
     r->set_attempt_id(a.attempt_id);
     r->set_rank(a.rank);
     r->set_log_offset(a.log_bytes);
+    for (const AttemptSnapshot::RankLog& l : a.more_logs) {
+      (*r->mutable_local_log_offsets())[l.local_rank] = l.log_bytes;
+    }
   }
   return msg;
 }
@@ -319,6 +322,12 @@ void Session::OnRegistered(const v1::Registered& registered) {
     }
     Shipping s;
     s.sent = std::clamp<int64_t>(it->second->log_offset(), 0, a.log_bytes);
+    for (const AttemptSnapshot::RankLog& l : a.more_logs) {
+      const auto& offsets = it->second->local_log_offsets();
+      const auto at = offsets.find(l.local_rank);
+      s.more_sent[l.local_rank] =
+          std::clamp<int64_t>(at == offsets.end() ? 0 : at->second, 0, l.log_bytes);
+    }
     s.started_sent = true;  // the coordinator knows it runs
     ship[a.attempt_id] = s;
   }
@@ -504,24 +513,14 @@ bool Session::ShipEvents(Stream* stream) {
       shipped += n;
       out.push_back(std::move(mev));
     }
-    std::string chunk;
-    for (int i = 0; i < kChunksPerTick && s.sent < a.log_bytes; ++i) {
-      const size_t want = static_cast<size_t>(std::min<int64_t>(kLogChunk, a.log_bytes - s.sent));
-      if (!executor_->LogSince(a.attempt_id, s.sent, want, &chunk) &&
-          !ReadAt(a.log_path, s.sent, want, &chunk)) {
-        spdlog::error("session: attempt={} cannot read {} at {}; skipping {} log bytes",
-                      a.attempt_id, a.log_path, s.sent, a.log_bytes - s.sent);
-        s.sent = a.log_bytes;
-        break;
-      }
-      v1::AttemptEvent::LogData* log = ev.mutable_log();
-      log->set_offset(s.sent);
-      log->set_data(std::move(chunk));
-      out.push_back(ev);
-      s.sent += static_cast<int64_t>(log->data().size());
+    ShipLog(a, 0, a.log_path, a.log_bytes, &s.sent, &out);
+    bool logs_sent = s.sent >= a.log_bytes;
+    for (const AttemptSnapshot::RankLog& l : a.more_logs) {
+      int64_t& sent = s.more_sent[l.local_rank];
+      ShipLog(a, l.local_rank, l.log_path, l.log_bytes, &sent, &out);
+      logs_sent &= sent >= l.log_bytes;
     }
-    if (a.finished && !s.finished_sent && s.sent >= a.log_bytes &&
-        s.metrics_sent >= a.metric_count) {
+    if (a.finished && !s.finished_sent && logs_sent && s.metrics_sent >= a.metric_count) {
       // A fresh seq on every (re)send keeps event_seq increasing along the stream.
       s.finished_seq = ++next_event_seq_;
       ev.set_event_seq(s.finished_seq);
@@ -542,6 +541,30 @@ bool Session::ShipEvents(Stream* stream) {
     for (auto& f : finished) awaiting_ack_.push_back(std::move(f));
   }
   return WriteEvents(stream, &out);
+}
+
+void Session::ShipLog(const AttemptSnapshot& a, int32_t local_rank, const std::string& path,
+                      int64_t bytes, int64_t* sent, std::vector<v1::AttemptEvent>* out) {
+  std::string chunk;
+  for (int i = 0; i < kChunksPerTick && *sent < bytes; ++i) {
+    const size_t want = static_cast<size_t>(std::min<int64_t>(kLogChunk, bytes - *sent));
+    if (!executor_->LogSince(a.attempt_id, *sent, want, &chunk, local_rank) &&
+        !ReadAt(path, *sent, want, &chunk)) {
+      spdlog::error("session: attempt={} cannot read {} at {}; skipping {} log bytes", a.attempt_id,
+                    path, *sent, bytes - *sent);
+      *sent = bytes;
+      break;
+    }
+    v1::AttemptEvent ev;
+    ev.set_attempt_id(a.attempt_id);
+    ev.set_rank(a.rank);
+    v1::AttemptEvent::LogData* log = ev.mutable_log();
+    log->set_offset(*sent);
+    log->set_local_rank(local_rank);
+    log->set_data(std::move(chunk));
+    *sent += static_cast<int64_t>(log->data().size());
+    out->push_back(std::move(ev));
+  }
 }
 
 bool Session::WriteEvents(Stream* stream, std::vector<v1::AttemptEvent>* events) {

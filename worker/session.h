@@ -77,7 +77,8 @@ class Session {
   // Per attempt, what has gone out on the current stream. Owned by the pump thread, except
   // that OnRegistered rebuilds it before the pump starts shipping.
   struct Shipping {
-    int64_t sent = 0;  // log bytes sent
+    int64_t sent = 0;                      // log bytes sent
+    std::map<int32_t, int64_t> more_sent;  // further ranks of the part: local rank -> bytes sent
     bool started_sent = false;
     uint64_t progress_sent = 0;  // progress_version sent
     size_t metrics_sent = 0;     // metric points sent (Executor::MetricsSince)
@@ -95,6 +96,9 @@ class Session {
   void Pump(Stream* stream, grpc::ClientContext* ctx);
   // Sends what each attempt has pending; false if the stream broke.
   bool ShipEvents(Stream* stream);
+  // Up to kChunksPerTick chunks of one rank's log from *sent (advanced) as LogData events.
+  void ShipLog(const AttemptSnapshot& a, int32_t local_rank, const std::string& path, int64_t bytes,
+               int64_t* sent, std::vector<v1::AttemptEvent>* out);
   // Writes `events` in order, packed into EventBatch messages when the coordinator takes
   // them; false if the stream broke.
   bool WriteEvents(Stream* stream, std::vector<v1::AttemptEvent>* events);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "common/engine_contract.h"
 #include "common/engine_spec.h"
+#include "common/job_ranks.h"
 #include "common/job_spec.h"
 
 namespace stemma::worker {
@@ -75,8 +76,12 @@ void SpawnPlan::Seal() {
   c.exec_error_len = exec_error.size();
 }
 
+std::string RankLogPath(const std::string& workdir, int local_rank) {
+  return local_rank == 0 ? workdir + "/log" : absl::StrCat(workdir, "/log.", local_rank);
+}
+
 std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const WorkerConfig& config,
-                                     const SpawnContext& context) {
+                                     const SpawnContext& context, int local_rank) {
   auto plan = std::make_unique<SpawnPlan>();
   const std::string& id = assignment.attempt_id();
   const v1::JobSpec& spec = assignment.spec();
@@ -85,11 +90,17 @@ std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const Wor
     return plan;
   }
   plan->workdir = absl::StrCat(context.attempts_dir, "/", id);
-  plan->log_path = plan->workdir + "/log";
+  plan->log_path = RankLogPath(plan->workdir, local_rank);
   plan->chdir_error = absl::StrCat("stemma-worker: cannot enter ", plan->workdir, "\n");
 
   const std::string kind = JobKind(spec);
   const bool engine = IsEngineJob(spec);
+  const int ranks_per_part = RanksPerPart(spec);
+  if (local_rank < 0 || local_rank >= ranks_per_part) {
+    plan->refusal = absl::StrCat("refused: local rank ", local_rank, " of a part of ",
+                                 ranks_per_part, " ranks");
+    return plan;
+  }
   if (kind == "noop") {
     plan->noop = true;
     plan->noop_ms = std::max<int64_t>(0, spec.noop().duration_ms());
@@ -113,8 +124,9 @@ std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const Wor
     }
     // The typed spec as JSON, which `stemma-engine <command> --spec` reads with the same
     // schema the coordinator checked it against.
+    // One copy for all the part's ranks: the first rank's plan writes it.
     const std::string spec_path = plan->workdir + "/spec.json";
-    plan->files.push_back({spec_path, SpecToJson(*EngineSpecOf(spec)) + "\n"});
+    if (local_rank == 0) plan->files.push_back({spec_path, SpecToJson(*EngineSpecOf(spec)) + "\n"});
     plan->argv = {context.engine, kind, "--spec", spec_path};
   } else {
     plan->refusal = "refused: the job spec has no kind this worker runs";
@@ -136,8 +148,10 @@ std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const Wor
     // engine jobs wait passively and use the cores they asked for. A value in the worker's
     // own environment wins.
     if (!worker_env.count("OMP_WAIT_POLICY")) env.emplace("OMP_WAIT_POLICY", "PASSIVE");
+    // `cpus` are the part's: its ranks share them.
     const double cpus = spec.resources().cpus() > 0 ? spec.resources().cpus() : 1;
-    const int64_t cores = std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cpus)));
+    const int64_t cores =
+        std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cpus)) / ranks_per_part);
     if (!worker_env.count("OMP_NUM_THREADS")) env.emplace("OMP_NUM_THREADS", absl::StrCat(cores));
     // A spec's `threads: 0` means the job's cores (common/engine_contract.h).
     env[Var(engine_contract::kEnvCpus)] = absl::StrCat(cores);
@@ -145,16 +159,26 @@ std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const Wor
       env[Var(engine_contract::kEnvStorageRoot)] = config.storage_root;
     }
   }
-  const int world = std::max(1, assignment.world_size());
+  // torchrun's variables: the part is a node of ranks_per_part processes, each with its
+  // global RANK; every rank sees all the part's GPUs and binds LOCAL_RANK's.
+  const int world = std::max(1, assignment.world_size()) * ranks_per_part;
+  const int rank = assignment.rank() * ranks_per_part + local_rank;
   env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(assignment.gpu_ids(), ",");
   env[Var(engine_contract::kEnvJobId)] = assignment.job_id();
   env[Var(engine_contract::kEnvAttemptId)] = id;
-  env["STEMMA_RANK"] = env[Var(engine_contract::kEnvRank)] = absl::StrCat(assignment.rank());
+  env["STEMMA_RANK"] = env[Var(engine_contract::kEnvRank)] = absl::StrCat(rank);
   env["STEMMA_WORLD_SIZE"] = env[Var(engine_contract::kEnvWorldSize)] = absl::StrCat(world);
-  env["LOCAL_RANK"] = "0";
+  env["LOCAL_RANK"] = absl::StrCat(local_rank);
+  env["LOCAL_WORLD_SIZE"] = absl::StrCat(ranks_per_part);
+  env["GROUP_RANK"] = absl::StrCat(assignment.rank());
   env[Var(engine_contract::kEnvWorkdir)] = plan->workdir;
-  if (!assignment.rendezvous().empty()) {
-    const std::string& rv = assignment.rendezvous();
+  std::string rv = assignment.rendezvous();
+  if (rv.empty() && ranks_per_part > 1) {
+    // One part of several ranks and no rendezvous from the coordinator (an older one):
+    // rank 0 listens on this host, at a port derived from the attempt.
+    rv = absl::StrCat("127.0.0.1:", 29500 + std::hash<std::string>()(id) % 20000);
+  }
+  if (!rv.empty()) {
     const size_t colon = rv.rfind(':');
     std::string host = colon == std::string::npos ? rv : rv.substr(0, colon);
     if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {

@@ -106,8 +106,21 @@ struct SpawnPlan {
 //
 // The worker's own credential ($STEMMA_TOKEN) is never passed on, whatever the worker's
 // environment holds.
+//
+// A part of several ranks (common/job_ranks.h: RanksPerPart) gets one plan per process,
+// `local_rank` 0 .. ranks-1, as torchrun starts them: RANK = part rank x ranks + local rank,
+// WORLD_SIZE = parts x ranks, LOCAL_RANK, LOCAL_WORLD_SIZE = ranks, GROUP_RANK = the part's
+// rank, MASTER_ADDR/MASTER_PORT from the rendezvous (or 127.0.0.1 and a port derived from
+// the attempt id when the coordinator sent none), every rank the part's CUDA_VISIBLE_DEVICES,
+// and each OMP_NUM_THREADS/STEMMA_CPUS = the part's cores / ranks. They share the attempt
+// directory and its spec.json (written by rank 0's plan); each has its own log
+// (RankLogPath).
 std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const WorkerConfig& config,
-                                     const SpawnContext& context);
+                                     const SpawnContext& context, int local_rank = 0);
+
+// The log of local rank `local_rank` in attempt directory `workdir`: "log" for rank 0 (the
+// attempt's log), "log.<n>" for the others.
+std::string RankLogPath(const std::string& workdir, int local_rank);
 
 // The first `dir/name` along `path_env` (':'-separated, empty entries meaning ".") for which
 // `is_executable` holds; empty if none.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/engine_contract.h"
+#include "common/job_spec.h"
 
 namespace stemma::worker {
 namespace {
@@ -277,6 +278,77 @@ TEST_F(SpawnPlanTest, RendezvousBecomesMasterAddrAndPort) {
     EXPECT_EQ(p->Env("MASTER_PORT"), c.port);
     EXPECT_EQ(p->Env("STEMMA_RENDEZVOUS"), c.rendezvous);
   }
+}
+
+// torchrun's variables for each process of a part of several ranks: which jobs run several,
+// and RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, devices, threads, logs.
+TEST_F(SpawnPlanTest, PartsOfSeveralRanksGetTorchrunsVariables) {
+  struct Case {
+    const char* name;
+    v1::Assignment assignment;
+    int ranks;  // processes per part
+  };
+  auto with = [](v1::Assignment a, int gpus, int ranks_per_part, double cpus, int part, int parts) {
+    a.mutable_spec()->mutable_resources()->set_gpus(gpus);
+    a.mutable_spec()->mutable_resources()->set_ranks_per_part(ranks_per_part);
+    a.mutable_spec()->mutable_resources()->set_cpus(cpus);
+    for (int g = 0; g < gpus; ++g) a.add_gpu_ids(4 + g);
+    a.set_rank(part);
+    a.set_world_size(parts);
+    if (parts > 1) a.set_rendezvous("10.0.0.5:29600");
+    return a;
+  };
+  const std::vector<Case> cases = {
+      {"engine, 4 GPUs, one part", with(Train(), 4, 0, 4, 0, 1), 4},
+      {"engine, 2 GPUs, part 1 of 3", with(Train(), 2, 2, 2, 1, 3), 2},
+      {"engine on CPU, 2 ranks per part", with(Train(), 0, 2, 2, 0, 1), 2},
+      {"engine on CPU, default", with(Train(), 0, 0, 2, 0, 1), 1},
+      {"exec with GPUs runs one process unless asked", with(Exec({"/bin/env"}), 4, 0, 1, 0, 1), 1},
+      {"exec asking for 4", with(Exec({"/bin/env"}), 4, 4, 1, 0, 1), 4},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int part = c.assignment.rank();
+    const int parts = c.assignment.world_size();
+    // One past the last local rank is refused: the executor asks only for 0..ranks-1.
+    EXPECT_NE(PlanSpawn(c.assignment, config_, context_, c.ranks)->refusal, "");
+    for (int local = 0; local < c.ranks; ++local) {
+      SCOPED_TRACE(local);
+      std::unique_ptr<SpawnPlan> p = PlanSpawn(c.assignment, config_, context_, local);
+      ASSERT_EQ(p->refusal, "");
+      EXPECT_EQ(p->Env("RANK"), std::to_string(part * c.ranks + local));
+      EXPECT_EQ(p->Env("STEMMA_RANK"), p->Env("RANK"));
+      EXPECT_EQ(p->Env("WORLD_SIZE"), std::to_string(parts * c.ranks));
+      EXPECT_EQ(p->Env("LOCAL_RANK"), std::to_string(local));
+      EXPECT_EQ(p->Env("LOCAL_WORLD_SIZE"), std::to_string(c.ranks));
+      EXPECT_EQ(p->Env("GROUP_RANK"), std::to_string(part));
+      const int gpus = c.assignment.spec().resources().gpus();
+      std::string devices;
+      for (int g = 0; g < gpus; ++g) devices += (g > 0 ? "," : "") + std::to_string(4 + g);
+      EXPECT_EQ(p->Env("CUDA_VISIBLE_DEVICES"), devices);  // all of the part's, every rank
+      const std::string workdir = "/data/attempts/" + c.assignment.attempt_id();
+      EXPECT_EQ(p->log_path,
+                local == 0 ? workdir + "/log" : workdir + "/log." + std::to_string(local));
+      EXPECT_EQ(p->workdir, workdir);  // shared, with its spec.json
+      if (c.ranks > 1 || parts > 1) {
+        EXPECT_NE(p->Env("MASTER_ADDR"), "");
+        EXPECT_NE(p->Env("MASTER_PORT"), "");
+      }
+      if (parts > 1) EXPECT_EQ(p->Env("MASTER_ADDR"), "10.0.0.5");
+      if (IsEngineJob(c.assignment.spec())) {
+        // The part's cores are shared between its ranks; rank 0 writes the one spec.json.
+        const int cores = static_cast<int>(c.assignment.spec().resources().cpus()) / c.ranks;
+        EXPECT_EQ(p->Env("STEMMA_CPUS"), std::to_string(std::max(1, cores)));
+        EXPECT_EQ(p->files.size(), local == 0 ? 1u : 0u);
+        EXPECT_EQ(p->argv.back(), workdir + "/spec.json");
+      }
+    }
+  }
+  // Without a rendezvous from the coordinator, the ranks of one part agree on this host.
+  v1::Assignment single = with(Train(), 2, 0, 2, 0, 1);
+  EXPECT_EQ(Plan(single)->Env("MASTER_ADDR"), "127.0.0.1");
+  EXPECT_EQ(PlanSpawn(single, config_, context_, 1)->Env("MASTER_PORT"),
+            Plan(single)->Env("MASTER_PORT"));
 }
 
 TEST_F(SpawnPlanTest, SealedChildPlanPointsIntoThePlan) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
+#include "common/job_ranks.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/rpc.h"
@@ -337,17 +338,28 @@ class UserServiceImpl final : public v1::UserService::Service {
                           "attempt: job " + req->job_id() + " has " +
                               std::to_string(job->attempts()) + " attempts");
     }
+    // One log per engine process (common/job_ranks.h); rank 0's is the job's.
+    const int ranks = std::max(1, job->spec().nodes()) * RanksPerPart(job->spec());
+    const int rank = req->has_rank() ? req->rank() : 0;
+    if (rank < 0 || rank >= ranks) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat(
+              "rank: job ", req->job_id(), " has ",
+              ranks == 1 ? "one rank (0)" : absl::StrCat(ranks, " ranks (0..", ranks - 1, ")")));
+    }
     const LogStore& logs = h_->logs();
     int attempt = req->attempt() > 0 ? req->attempt() : 1;
     int64_t offset = 0;
     constexpr int64_t kChunk = 64 * 1024;
     for (;;) {
       uint64_t gen = logs.generation();
-      auto data = logs.Read(req->job_id(), attempt, offset, kChunk);
+      auto data = logs.Read(req->job_id(), attempt, offset, kChunk, rank);
       if (!data.ok()) return ToGrpcStatus(data.status());
       if (!data->empty()) {
         v1::LogChunk chunk;
         chunk.set_attempt_id(req->job_id() + "." + std::to_string(attempt));
+        chunk.set_rank(rank);
         offset += data->size();
         chunk.set_data(std::move(*data));
         if (!writer->Write(chunk)) return grpc::Status::OK;
@@ -366,7 +378,7 @@ class UserServiceImpl final : public v1::UserService::Service {
       if (!req->follow() || ended || ctx->IsCancelled()) {
         if (ended && req->follow()) {
           // A last chunk may still be in flight from the worker; read once more.
-          auto tail = logs.Read(req->job_id(), attempt, offset, kChunk);
+          auto tail = logs.Read(req->job_id(), attempt, offset, kChunk, rank);
           if (tail.ok() && !tail->empty()) continue;
         }
         return grpc::Status::OK;
