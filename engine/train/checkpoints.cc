@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -19,6 +20,7 @@
 #include "common/engine_spec.h"
 #include "common/status.h"
 #include "engine/io/checkpoint.h"
+#include "engine/io/durable.h"
 #include "engine/io/fs.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/sha256.h"
@@ -37,6 +39,8 @@ constexpr char kStateFile[] = "trainer_state.json";
 constexpr char kOptimizerFile[] = "optimizer.safetensors";
 constexpr char kStateFormat[] = "stemma.train_state/1";
 constexpr char kRngTensor[] = "rng.cpu";
+// How long ranks wait for the slowest to write its shard (longer than a collective may take).
+constexpr std::chrono::hours kShardWriteWait{2};
 
 // Complete checkpoints in `dir` (published by rename, so any step-NNNNNNNN directory with
 // a trainer_state.json is whole), oldest first.
@@ -59,6 +63,9 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
 }
 
 }  // namespace
+
+absl::Status RestoreWhole(Run& run, const std::string& dir, const nlohmann::json& state,
+                          int64_t optimizer_step);
 
 std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
 
@@ -174,6 +181,31 @@ absl::StatusOr<int64_t> Resume(Run& run) {
                        ", the spec says ", want, " (the data order would change)")));
     }
   }
+  const int64_t step = state.value("step", int64_t{0});
+  const int64_t optimizer_step = state.value("optimizer_step", step);
+  if (state.contains("shard")) {
+    RETURN_IF_ERROR(RestoreShards(run, dir, state["shard"], optimizer_step));
+  } else if (run.sharded) {
+    return where(absl::FailedPreconditionError(
+        "it was written with parallel.shard: none; resume it with parallel.shard: none"));
+  } else {
+    RETURN_IF_ERROR(RestoreWhole(run, dir, state, optimizer_step));
+  }
+  auto loader_state = data::LoaderState::FromJson(state["loader"]);
+  if (!loader_state.ok()) return where(loader_state.status());
+  absl::Status loader_ok = run.loader->Restore(*loader_state);
+  if (!loader_ok.ok()) return where(loader_ok);
+  run.tokens = state.value("tokens", int64_t{0});
+  return step;
+}
+
+// shard none: the model weights, then the optimizer moments and the RNG.
+absl::Status RestoreWhole(Run& run, const std::string& dir, const nlohmann::json& state,
+                          int64_t optimizer_step) {
+  auto where = [&](const absl::Status& s) {
+    return absl::Status(s.code(),
+                        absl::StrCat("resuming from checkpoint ", dir, ": ", s.message()));
+  };
   // The model weights (verified against the manifest by the reader).
   auto reader = io::CheckpointReader::Open(dir);
   if (!reader.ok()) return where(reader.status());
@@ -183,7 +215,7 @@ absl::StatusOr<int64_t> Resume(Run& run) {
   // The optimizer moments and RNG, checked against the hash the state file recorded.
   const std::string opt_path = dir + "/" + kOptimizerFile;
   ASSIGN_OR_RETURN(std::string sha, io::Sha256File(opt_path));
-  if (sha != state["optimizer_file"].value("sha256", "")) {
+  if (!state.contains("optimizer_file") || sha != state["optimizer_file"].value("sha256", "")) {
     return where(absl::DataLossError(
         absl::StrCat(kOptimizerFile, " does not match its sha256 in ", kStateFile, " (damaged)")));
   }
@@ -204,19 +236,144 @@ absl::StatusOr<int64_t> Resume(Run& run) {
       tensors.emplace_back(info.name, t);
     }
   }
-  const int64_t step = state.value("step", int64_t{0});
-  absl::Status restored = run.optimizer->RestoreState(tensors, state.value("optimizer_step", step));
+  absl::Status restored = run.optimizer->RestoreState(tensors, optimizer_step);
   if (!restored.ok()) return where(restored);
   if (rng.defined()) {
     at::Generator generator = at::detail::getDefaultCPUGenerator();
     generator.set_state(rng);
   }
-  auto loader_state = data::LoaderState::FromJson(state["loader"]);
-  if (!loader_state.ok()) return where(loader_state.status());
-  absl::Status loader_ok = run.loader->Restore(*loader_state);
-  if (!loader_ok.ok()) return where(loader_ok);
-  run.tokens = state.value("tokens", int64_t{0});
-  return step;
+  return absl::OkStatus();
+}
+
+namespace {
+
+// "shard-00001-of-00004.safetensors": rank 1's slice of a checkpoint written by 4 ranks.
+std::string ShardFileName(int rank, int world) {
+  return absl::StrFormat("shard-%05d-of-%05d.safetensors", rank, world);
+}
+
+// A checkpoint tensor as the bytes WriteSafetensors takes (on the CPU, contiguous).
+io::TensorToWrite ToWrite(const std::string& name, torch::Tensor& tensor) {
+  tensor = tensor.to(torch::kCPU).contiguous();
+  const bool u8 = tensor.scalar_type() == torch::kUInt8;
+  return io::TensorToWrite{name, u8 ? io::Dtype::kU8 : io::Dtype::kF32, tensor.sizes().vec(),
+                           tensor.data_ptr(),
+                           static_cast<uint64_t>(tensor.numel() * tensor.element_size())};
+}
+
+}  // namespace
+
+// Every rank writes `<path>.tmp-shards/shard-r-of-W.safetensors` (its slice of the weights
+// and moments, its RNG) and the file's sha256 beside it; after a barrier (every shard
+// written) rank 0 adds trainer_state.json with the shards' extents and hashes and publishes
+// the directory by rename. A crash leaves only the .tmp-shards directory, which the next
+// attempt removes (RemoveStaleStaging).
+absl::Status WriteShardedCheckpoint(Run& run, int64_t step, const std::string& path) {
+  const v1::TrainSpec& spec = *run.spec;
+  const ShardedAdamW& optimizer = *run.sharded;
+  const int rank = run.ranks->rank(), world = run.ranks->world_size();
+  const std::string staging = path + ".tmp-shards";
+  std::error_code ec;
+  fs::create_directories(staging, ec);
+  if (ec) return absl::InternalError(absl::StrCat("checkpoint.dir ", staging, ": ", ec.message()));
+  std::vector<std::pair<std::string, torch::Tensor>> tensors = optimizer.SliceTensors();
+  tensors.emplace_back(kRngTensor, at::detail::getDefaultCPUGenerator().get_state());
+  std::vector<io::TensorToWrite> writes;
+  for (auto& [name, tensor] : tensors) writes.push_back(ToWrite(name, tensor));
+  const std::string file = ShardFileName(rank, world);
+  ASSIGN_OR_RETURN(io::WriteResult written, io::WriteSafetensors(staging + "/" + file, writes));
+  RETURN_IF_ERROR(io::WriteFileAtomic(staging + "/" + file + ".sha256", written.sha256));
+  run.ranks->Barrier(kShardWriteWait);
+  if (rank != 0) return absl::OkStatus();
+
+  json files = json::array();
+  const int64_t n = optimizer.num_elements(), chunk = (n + world - 1) / world;
+  for (int r = 0; r < world; ++r) {
+    const std::string name = ShardFileName(r, world), sidecar = staging + "/" + name + ".sha256";
+    ASSIGN_OR_RETURN(std::string sha, io::ReadFile(sidecar));
+    fs::remove(sidecar, ec);
+    files.push_back({{"name", name},
+                     {"rank", r},
+                     {"begin", std::min(r * chunk, n)},
+                     {"end", std::min((r + 1) * chunk, n)},
+                     {"sha256", sha}});
+  }
+  json trainer_state = {
+      {"format", kStateFormat},
+      {"step", step},
+      {"total_steps", run.total_steps},
+      {"tokens", run.tokens},
+      {"batch_size", spec.batch_size()},
+      {"grad_accum", spec.grad_accum()},
+      {"optimizer_step", optimizer.step_count()},
+      {"shard",
+       {{"level", spec.parallel().shard()},
+        {"world_size", world},
+        {"elements", n},
+        {"files", files}}},
+      {"loader", run.loader->state().ToJson()},
+      {"spec_sha256", run.spec_sha256},
+      {"trainable_params", run.plan.trainable_params},
+  };
+  RETURN_IF_ERROR(io::WriteFileAtomic(staging + "/" + kStateFile, trainer_state.dump(2) + "\n"));
+  // A stale `path` from an attempt that died after this step is replaced.
+  if (fs::exists(path, ec)) RETURN_IF_ERROR(io::RemoveTree(path));
+  return io::PublishDir(staging, path, /*overwrite=*/false);
+}
+
+absl::Status RestoreShards(Run& run, const std::string& dir, const json& shard,
+                           int64_t optimizer_step) {
+  auto where = [&](const absl::Status& s) {
+    return absl::Status(s.code(),
+                        absl::StrCat("resuming from checkpoint ", dir, ": ", s.message()));
+  };
+  if (!run.sharded) {
+    return where(absl::FailedPreconditionError(
+        absl::StrCat("it was written with parallel.shard: ", shard.value("level", "?"),
+                     "; set parallel.shard to optimizer or gradients to resume it")));
+  }
+  ShardedAdamW& optimizer = *run.sharded;
+  if (shard.value("elements", int64_t{-1}) != optimizer.num_elements()) {
+    return where(absl::FailedPreconditionError(
+        absl::StrCat("it trains ", shard.value("elements", int64_t{-1}), " elements, this run ",
+                     optimizer.num_elements(), " (was it written with another strategy?)")));
+  }
+  const int old_world = shard.value("world_size", 0), rank = run.ranks->rank();
+  // The RNG: this rank's own at the same world size, else rank 0's.
+  const int rng_rank = old_world == run.ranks->world_size() ? rank : 0;
+  torch::Tensor rng;
+  for (const json& entry : shard.value("files", json::array())) {
+    const int64_t begin = entry.value("begin", int64_t{0}), end = entry.value("end", int64_t{0});
+    const bool overlaps = begin < optimizer.slice_end() && end > optimizer.slice_begin();
+    if (!overlaps && entry.value("rank", -1) != rng_rank) continue;
+    const std::string name = entry.value("name", ""), file = dir + "/" + name;
+    ASSIGN_OR_RETURN(std::string sha, io::Sha256File(file));
+    if (sha != entry.value("sha256", "")) {
+      return where(absl::DataLossError(
+          absl::StrCat(name, " does not match its sha256 in ", kStateFile, " (damaged)")));
+    }
+    auto opened = io::SafetensorsFile::Open(file);
+    if (!opened.ok()) return where(opened.status());
+    for (const io::TensorInfo& info : (*opened)->tensors()) {
+      const bool u8 = info.dtype == io::Dtype::kU8;
+      auto t = torch::from_blob((*opened)->Data(info), info.shape,
+                                torch::dtype(u8 ? torch::kUInt8 : torch::kFloat32));
+      if (info.name == kRngTensor) {
+        if (entry.value("rank", -1) == rng_rank) rng = t.clone();
+      } else if (info.dtype != io::Dtype::kF32 || t.numel() != end - begin) {
+        return where(absl::DataLossError(
+            absl::StrCat(name, ": tensor '", info.name, "' has the wrong dtype or size")));
+      } else if (overlaps) {
+        optimizer.RestoreRange(info.name, begin, t.to(run.device));
+      }
+    }
+  }
+  optimizer.FinishRestore(optimizer_step);
+  if (rng.defined()) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(rng);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace stemma::engine::train

@@ -20,12 +20,14 @@
 #include <ATen/ops/empty.h>
 #include <arpa/inet.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -66,6 +68,7 @@ constexpr int64_t kBroadcastChunkBytes = int64_t{4} << 20;  // pipelining unit o
 struct EnvConfig {
   int rank = 0;
   int world_size = 1;
+  int local_rank = 0;
   std::string master_addr;
   uint16_t master_port = 0;
   std::chrono::milliseconds timeout{600'000};
@@ -92,6 +95,8 @@ absl::StatusOr<EnvConfig> ReadEnv() {
   config.world_size = static_cast<int>(world_size.value_or(1));
   ASSIGN_OR_RETURN(auto rank, IntFromEnv("RANK", 0, 1 << 16));
   config.rank = static_cast<int>(rank.value_or(0));
+  ASSIGN_OR_RETURN(auto local_rank, IntFromEnv("LOCAL_RANK", 0, 1 << 16));
+  config.local_rank = static_cast<int>(local_rank.value_or(0));
   if (config.rank >= config.world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("environment variable RANK=", config.rank,
@@ -247,7 +252,15 @@ struct Header {
   uint64_t op;     // kind of collective, see Op
   uint64_t bytes;  // payload size
 };
-enum Op : uint64_t { kAllReduceF32 = 1, kAllReduceF64 = 2, kBroadcast = 3 };
+enum Op : uint64_t {
+  kAllReduceF32 = 1,
+  kAllReduceF64 = 2,
+  kBroadcast = 3,
+  kReduceScatterF32 = 4,
+  kReduceScatterF64 = 5,
+  kAllGather = 6,
+  kBarrier = 7,
+};
 
 [[noreturn]] void Fail(int rank, const absl::Status& status) {
   throw std::runtime_error(absl::StrCat("data parallel rank ", rank, ": ", status.message()));
@@ -264,6 +277,14 @@ class DataParallel::Ring {
   absl::Status AllReduceSum(T* data, int64_t count);
   // Rank 0's `bytes` bytes at `data` to every rank.
   absl::Status Broadcast(char* data, int64_t bytes);
+  // `data` holds W chunks of `chunk` elements; afterwards chunk `rank` holds the sum of that
+  // chunk over ranks (the other chunks are clobbered).
+  template <typename T>
+  absl::Status ReduceScatterSum(T* data, int64_t chunk);
+  // `data` holds W chunks of `chunk_bytes`; chunk r of rank r goes to every rank.
+  absl::Status AllGather(char* data, int64_t chunk_bytes);
+  // Returns once every rank has called it, waiting up to `timeout` for the slowest.
+  absl::Status Barrier(std::chrono::milliseconds timeout);
 
   int64_t bucket_bytes() const { return config_.bucket_bytes; }
   const EnvConfig& config() const { return config_; }
@@ -275,9 +296,10 @@ class DataParallel::Ring {
   int prev() const { return (config_.rank + config_.world_size - 1) % config_.world_size; }
   absl::Status Join(c10d::Store& store);
   absl::Status CheckHeaders(Header mine);
-  absl::Status Step(const void* send, size_t send_bytes, void* recv, size_t recv_bytes) {
+  absl::Status Step(const void* send, size_t send_bytes, void* recv, size_t recv_bytes,
+                    std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
     return Exchange(to_next_.get(), static_cast<const char*>(send), send_bytes, from_prev_.get(),
-                    static_cast<char*>(recv), recv_bytes, config_.timeout);
+                    static_cast<char*>(recv), recv_bytes, timeout.value_or(config_.timeout));
   }
 
   EnvConfig config_;
@@ -435,6 +457,55 @@ absl::Status DataParallel::Ring::Broadcast(char* data, int64_t bytes) {
   return absl::OkStatus();
 }
 
+// Reduce-scatter in pieces of at most kBroadcastChunkBytes per chunk, so the receive buffer
+// stays small: for each piece window, W-1 ring steps in which rank r sends chunk (r-s-1) and
+// adds the received chunk (r-s-2) to its own; after the last step it holds chunk r's sum.
+template <typename T>
+absl::Status DataParallel::Ring::ReduceScatterSum(T* data, int64_t chunk) {
+  const int world = config_.world_size, rank = config_.rank;
+  RETURN_IF_ERROR(CheckHeaders({sizeof(T) == 4 ? kReduceScatterF32 : kReduceScatterF64,
+                                static_cast<uint64_t>(chunk * world) * sizeof(T)}));
+  const int64_t piece = std::max<int64_t>(1, kBroadcastChunkBytes / sizeof(T));
+  scratch_.resize(static_cast<size_t>(std::min(piece, chunk) + 1) * sizeof(T));
+  T* incoming = reinterpret_cast<T*>(scratch_.data());
+  auto at = [&](int c) { return data + chunk * ((c % world + world) % world); };
+  for (int64_t offset = 0; offset < chunk; offset += piece) {
+    const int64_t n = std::min(piece, chunk - offset);
+    for (int s = 0; s < world - 1; ++s) {
+      RETURN_IF_ERROR(Step(at(rank - s - 1) + offset, n * sizeof(T), incoming, n * sizeof(T)));
+      T* target = at(rank - s - 2) + offset;
+      for (int64_t i = 0; i < n; ++i) target[i] += incoming[i];
+    }
+  }
+  return absl::OkStatus();
+}
+
+// W-1 ring steps: rank r forwards chunk (r-s) and receives chunk (r-s-1).
+absl::Status DataParallel::Ring::AllGather(char* data, int64_t chunk_bytes) {
+  const int world = config_.world_size, rank = config_.rank;
+  RETURN_IF_ERROR(CheckHeaders({kAllGather, static_cast<uint64_t>(chunk_bytes * world)}));
+  auto at = [&](int c) { return data + chunk_bytes * ((c % world + world) % world); };
+  for (int s = 0; s < world - 1; ++s) {
+    RETURN_IF_ERROR(Step(at(rank - s), chunk_bytes, at(rank - s - 1), chunk_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// W-1 ring steps: after step s a rank knows that the s ranks before it have entered, so after
+// the last one that all have.
+absl::Status DataParallel::Ring::Barrier(std::chrono::milliseconds timeout) {
+  for (int step = 0; step < config_.world_size - 1; ++step) {
+    Header mine{kBarrier, 0}, theirs{};
+    RETURN_IF_ERROR(Step(&mine, sizeof mine, &theirs, sizeof theirs, timeout));
+    if (theirs.op != kBarrier) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ranks disagree on the collective: rank ", prev(), " sent op ", theirs.op,
+                       " while this rank waits in a barrier (a rank skipped a step)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // c10d::ProcessGroupNCCL for CUDA buckets, created on first use (so CPU-only runs never
 // touch CUDA). Without NCCL in the build it is never created.
 class DataParallel::Nccl {
@@ -459,6 +530,16 @@ class DataParallel::Nccl {
     options.rootRank = 0;
     group_->broadcast(tensors, options)->wait();
   }
+  // `out` [k] gets the sum over ranks of chunk `rank` of `flat` [W·k].
+  void ReduceScatterSum(at::Tensor& flat, at::Tensor& out) {
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    group_->_reduce_scatter_base(out, flat, options)->wait();
+  }
+  // Every rank's `chunk` [k] into `flat` [W·k].
+  void AllGather(at::Tensor& chunk, at::Tensor& flat) {
+    group_->_allgather_base(flat, chunk)->wait();
+  }
 
  private:
   c10::intrusive_ptr<c10d::Backend> group_;
@@ -466,6 +547,8 @@ class DataParallel::Nccl {
   explicit Nccl(const Ring&) {}
   void AllReduceSum(at::Tensor&) {}
   void Broadcast(at::Tensor&) {}
+  void ReduceScatterSum(at::Tensor&, at::Tensor&) {}
+  void AllGather(at::Tensor&, at::Tensor&) {}
 #endif
 };
 
@@ -480,8 +563,27 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::FromEnv() {
   if (config.world_size > 1) {
     ASSIGN_OR_RETURN(ring, Ring::Connect(config));
   }
-  return std::unique_ptr<DataParallel>(
+  auto group = std::unique_ptr<DataParallel>(
       new DataParallel(config.rank, config.world_size, std::move(ring)));
+  group->local_rank_ = config.local_rank;
+  return group;
+}
+
+absl::StatusOr<c10::Device> BindDevice(const c10::Device& requested, int local_rank) {
+  if (!requested.is_cuda()) return requested;
+  const int visible = static_cast<int>(torch::cuda::device_count());
+  const int index = requested.has_index() ? requested.index() : local_rank;
+  if (index >= visible) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(requested.has_index()
+                         ? absl::StrCat("device ", requested.str())
+                         : absl::StrCat("LOCAL_RANK=", local_rank, " (device cuda:", index, ")"),
+                     ": only ", visible, " CUDA device(s) are visible (CUDA_VISIBLE_DEVICES)"));
+  }
+  const c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+  // The current device: NCCL's communicator and allocations without an explicit device use it.
+  c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->setDevice(device);
+  return device;
 }
 
 namespace {
@@ -614,6 +716,69 @@ void DataParallel::AllReduceMeanGradients(const std::vector<torch::Tensor>& grad
       Pack(grads, bucket, flat, /*gather=*/false);
     }
   }
+}
+
+void DataParallel::CheckFlat(const at::Tensor& flat, const char* what) const {
+  if (!flat.defined() || flat.dim() != 1 || !flat.is_contiguous() ||
+      flat.numel() % world_size_ != 0) {
+    Fail(rank_, absl::InvalidArgumentError(absl::StrCat(
+                    what, ": needs a contiguous 1-D tensor whose size is a multiple of the ",
+                    world_size_, " ranks",
+                    flat.defined() ? absl::StrCat(" (got ", flat.numel(), ")")
+                                   : std::string(" (got none)"))));
+  }
+}
+
+at::Tensor DataParallel::ReduceScatter(const at::Tensor& flat, bool mean) {
+  CheckFlat(flat, "ReduceScatter");
+  const int64_t chunk = flat.numel() / world_size_;
+  at::Tensor mine = flat.narrow(0, rank_ * chunk, chunk);
+  if (ring_ == nullptr) return mine;
+  const at::ScalarType dtype = flat.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kDouble) {
+    Fail(rank_, absl::InvalidArgumentError("ReduceScatter: needs float32 or float64"));
+  }
+  c10::NoGradGuard no_grad;
+  if (flat.is_cuda() && ring_->config().use_nccl && UseNccl(flat.device())) {
+    at::Tensor out = at::empty({chunk}, flat.options());
+    at::Tensor input = flat;
+    nccl_->ReduceScatterSum(input, out);
+    mine.copy_(out);
+  } else {
+    // Host staging for CUDA tensors without NCCL; CPU tensors are reduced where they lie.
+    at::Tensor host = flat.is_cpu() ? flat : flat.to(at::kCPU);
+    absl::Status status = dtype == at::kDouble
+                              ? ring_->ReduceScatterSum(host.data_ptr<double>(), chunk)
+                              : ring_->ReduceScatterSum(host.data_ptr<float>(), chunk);
+    if (!status.ok()) Fail(rank_, status);
+    if (!flat.is_cpu()) mine.copy_(host.narrow(0, rank_ * chunk, chunk));
+  }
+  if (mean) mine.div_(world_size_);
+  return mine;
+}
+
+void DataParallel::AllGather(const at::Tensor& flat) {
+  CheckFlat(flat, "AllGather");
+  if (ring_ == nullptr) return;
+  c10::NoGradGuard no_grad;
+  const int64_t chunk = flat.numel() / world_size_;
+  if (flat.is_cuda() && ring_->config().use_nccl && UseNccl(flat.device())) {
+    at::Tensor mine = flat.narrow(0, rank_ * chunk, chunk).clone();
+    at::Tensor output = flat;
+    nccl_->AllGather(mine, output);
+    return;
+  }
+  at::Tensor host = flat.is_cpu() ? flat : flat.to(at::kCPU);
+  absl::Status status =
+      ring_->AllGather(static_cast<char*>(host.data_ptr()), chunk * host.element_size());
+  if (!status.ok()) Fail(rank_, status);
+  if (!flat.is_cpu()) flat.copy_(host);
+}
+
+void DataParallel::Barrier(std::chrono::milliseconds timeout) {
+  if (ring_ == nullptr) return;
+  absl::Status status = ring_->Barrier(timeout);
+  if (!status.ok()) Fail(rank_, status);
 }
 
 double DataParallel::AllReduceSum(double value) {

@@ -32,7 +32,9 @@
 
 #include <torch/types.h>
 
+#include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -65,17 +67,44 @@ class DataParallel {
   // Sum of `value` over ranks (losses, token counts); identical on every rank.
   double AllReduceSum(double value);
 
+  // Sharded data parallel (ZeRO). `flat` is a contiguous 1-D tensor of W·k elements, the same
+  // size on every rank; chunk r is flat[r·k, (r+1)·k).
+  //
+  // ReduceScatter: float32 or float64. Afterwards this rank's chunk holds the sum over ranks
+  // of that chunk (the mean when `mean`), and the call returns that chunk (a view of `flat`);
+  // the other chunks are left clobbered. Ring (CPU; CUDA tensors staged through the host) or
+  // NCCL's _reduce_scatter_base for CUDA tensors.
+  at::Tensor ReduceScatter(const at::Tensor& flat, bool mean);
+  // AllGather: any dtype. Every rank's chunk r of `flat`, from rank r, in place (each rank
+  // keeps its own chunk as it is). Ring, or NCCL's _allgather_base for CUDA tensors.
+  void AllGather(const at::Tensor& flat);
+  // Waits until every rank has called it, for up to `timeout` (not STEMMA_DDP_TIMEOUT_S):
+  // e.g. while one rank writes a checkpoint that may take longer than a collective may.
+  void Barrier(std::chrono::milliseconds timeout);
+
+  // LOCAL_RANK (default 0): the index of this rank among those of its machine.
+  int local_rank() const { return local_rank_; }
+
  private:
   class Ring;  // sockets to the neighbours; null when world_size is 1
   class Nccl;  // ProcessGroupNCCL for CUDA tensors; created on first use
   DataParallel(int rank, int world_size, std::unique_ptr<Ring> ring);
-  bool UseNccl(const c10::Device& bucket_device);  // creates nccl_ when it says yes
+  bool UseNccl(const c10::Device& bucket_device);                  // creates nccl_ when it says yes
+  void CheckFlat(const at::Tensor& flat, const char* what) const;  // throws when unfit
 
   int rank_;
   int world_size_;
+  int local_rank_ = 0;
   std::unique_ptr<Ring> ring_;
   std::unique_ptr<Nccl> nccl_;
   std::vector<torch::Tensor> reduce_buckets_;  // reused across steps: [bucket numel] each
 };
+
+// The device a rank computes on. `cuda` without an index: cuda:`local_rank` of the visible
+// devices (the torchrun convention, one process per GPU); an explicit index as given. A CUDA
+// device is made the current one (set_device), so NCCL and allocations without a device use
+// it. CPU: returned as it is. FailedPrecondition naming LOCAL_RANK (or the device) when that
+// device is not visible.
+absl::StatusOr<c10::Device> BindDevice(const c10::Device& requested, int local_rank);
 
 }  // namespace stemma::engine::train

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -151,6 +152,50 @@ std::unique_ptr<DataParallel> Join() {
   return joined.ok() ? std::move(*joined) : nullptr;
 }
 
+// Reduce-scatter and all-gather (ZeRO): integer-valued data, so sums and means are exact.
+void CheckShardedCollectives(DataParallel& dp) {
+  const int rank = dp.rank(), world = dp.world_size();
+  // float32 with chunks larger than the ring's 4 MiB piece, and a float64 one.
+  for (const auto& [chunk, dtype] : std::vector<std::pair<int64_t, torch::Dtype>>{
+           {(int64_t{5} << 20) / 4 + 3, torch::kFloat32}, {7, torch::kFloat64}}) {
+    auto base = torch::arange(world * chunk, torch::kFloat64).remainder(1013);
+    torch::Tensor flat = (base * (rank + 1)).to(dtype);
+    torch::Tensor mine = dp.ReduceScatter(flat, /*mean=*/false);
+    const double factor = world * (world + 1) / 2.0;  // Σ (r + 1)
+    torch::Tensor want = (base.narrow(0, rank * chunk, chunk) * factor).to(dtype);
+    EXPECT_EQ(mine.numel(), chunk);
+    EXPECT_EQ(mine.data_ptr(), flat.narrow(0, rank * chunk, chunk).data_ptr()) << "a view";
+    EXPECT_TRUE(torch::equal(mine, want)) << "reduce-scatter sum, chunk " << chunk;
+    flat = (base * 2.0 * (rank + 1)).to(dtype);
+    mine = dp.ReduceScatter(flat, /*mean=*/true);
+    EXPECT_TRUE(torch::equal(mine, (base.narrow(0, rank * chunk, chunk) * (world + 1)).to(dtype)))
+        << "reduce-scatter mean, chunk " << chunk;
+  }
+  // All-gather in place: chunk r is rank r's, whatever the others held there; bf16 and int64.
+  for (torch::Dtype dtype : {torch::kBFloat16, torch::kInt64, torch::kFloat32}) {
+    const int64_t chunk = dtype == torch::kFloat32 ? 300'001 : 5;
+    torch::Tensor flat = torch::full({world * chunk}, -1.0, torch::kFloat64).to(dtype);
+    flat.narrow(0, rank * chunk, chunk).fill_(rank + 2);
+    dp.AllGather(flat);
+    for (int r = 0; r < world; ++r) {
+      EXPECT_TRUE(torch::equal(flat.narrow(0, r * chunk, chunk),
+                               torch::full({chunk}, r + 2.0, torch::kFloat64).to(dtype)))
+          << "all-gather chunk " << r << " dtype " << dtype;
+    }
+  }
+  // A size that does not divide among the ranks is refused, naming the call.
+  if (world > 1) {
+    try {
+      dp.AllGather(torch::zeros({world * 3 + 1}));
+      ADD_FAILURE() << "an uneven all-gather was accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("AllGather"), std::string::npos) << e.what();
+    }
+  }
+  dp.Barrier(std::chrono::seconds(30));
+  EXPECT_EQ(dp.AllReduceSum(1.0), world) << "the ring still works after the barrier";
+}
+
 TEST(DistributedRank, Collectives) {
   if (!InRankMode()) GTEST_SKIP() << "runs as a rank of DataParallelTest";
   auto dp = Join();
@@ -212,6 +257,7 @@ TEST(DistributedRank, Collectives) {
   EXPECT_TRUE(torch::equal(counts, torch::full({4}, 11, torch::kInt64)));
   EXPECT_EQ(weight.grad_fn(), nullptr);  // the copy recorded no autograd history
 
+  CheckShardedCollectives(*dp);
   std::printf("rank %d of %d checked its collectives\n", rank, world);
 }
 
@@ -233,6 +279,15 @@ TEST(DistributedRank, CudaCollectives) {
   torch::Tensor weight = torch::full({33, 65}, 1.0f + rank, device).requires_grad_();
   dp->BroadcastParameters({weight});
   EXPECT_TRUE(torch::equal(weight.cpu(), torch::full({33, 65}, 1.0f)));
+  torch::Tensor sharded = torch::full({world * 1001}, 3.0f * (rank + 1), device);
+  torch::Tensor mine = dp->ReduceScatter(sharded, /*mean=*/false);
+  EXPECT_TRUE(torch::equal(mine.cpu(), torch::full({1001}, 3.0f * world * (world + 1) / 2)));
+  sharded.narrow(0, rank * 1001, 1001).fill_(rank);
+  dp->AllGather(sharded);
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(
+        torch::equal(sharded.narrow(0, r * 1001, 1001).cpu(), torch::full({1001}, 1.0f * r)));
+  }
   std::printf("rank %d of %d checked its CUDA collectives\n", rank, world);
 }
 

@@ -23,6 +23,7 @@
 #include "engine/train/distributed.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/plan.h"
+#include "engine/train/sharded_optimizer.h"
 #include "nlohmann/json.hpp"
 #include "stemma/v1/specs/train.pb.h"
 
@@ -37,7 +38,10 @@ struct Run {
   int64_t tokens_per_step = 0;          // TokensPerStep(spec)
   model::CausalLM lm{nullptr};
   TrainPlan plan;
+  // parallel.shard: none → `optimizer` (every rank the whole state); optimizer | gradients →
+  // `sharded` (ZeRO-1/2, sharded_optimizer.h). Exactly one is set.
   std::unique_ptr<FlatAdamW> optimizer;
+  std::unique_ptr<ShardedAdamW> sharded;
   std::unique_ptr<data::Loader> loader;
   // The data-parallel group (RANK/WORLD_SIZE); a single process makes every collective a
   // no-op.
@@ -89,10 +93,19 @@ std::string StepDirName(int64_t step);
 // Writes the checkpoint of `step` (weights, optimizer moments, RNG, loader position) to
 // `path`, published atomically. Rank 0 only.
 absl::Status WriteCheckpoint(Run& run, int64_t step, const std::string& path);
+// The same under parallel.shard (optimizer | gradients): every rank writes its slice of the
+// weights, moments and its RNG state, rank 0 the metadata and publishes the directory.
+// Collective (every rank calls it).
+absl::Status WriteShardedCheckpoint(Run& run, int64_t step, const std::string& path);
 // Removes staging directories of checkpoints whose writer died (a killed attempt).
 void RemoveStaleStaging(const std::string& dir);
 // Keeps the newest `keep` complete checkpoints of `dir` (0: all).
 void PruneCheckpoints(const std::string& dir, int64_t keep);
+// Under parallel.shard: restores the weights, moments and RNG from the shard files of the
+// checkpoint `dir` (`shard` is trainer_state.json's "shard" object), whatever world size
+// wrote them: each rank reads the files that overlap its slice. Collective.
+absl::Status RestoreShards(Run& run, const std::string& dir, const nlohmann::json& shard,
+                           int64_t optimizer_step);
 // Loads the newest checkpoint of the run's checkpoint directory into `run`; returns its step
 // (0 when there is none). Errors name the checkpoint: a damaged file, a batch geometry that
 // differs from the spec's.

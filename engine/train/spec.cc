@@ -19,6 +19,7 @@ void FillTrainDefaults(v1::TrainSpec* spec) {
   spec->mutable_strategy()->mutable_aux_loss();
   spec->mutable_checkpoint();
   spec->mutable_eval();
+  spec->mutable_parallel();
   FillSpecDefaults(spec);
 }
 

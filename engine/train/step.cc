@@ -85,7 +85,11 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
   const double router_z = spec.strategy().aux_loss().router_z();
   StepResult result;
   double ce_sum = 0.0, lb_sum = 0.0, z_sum = 0.0;
-  run.optimizer->ZeroGrad();
+  if (run.sharded) {
+    run.sharded->ZeroGrad();
+  } else {
+    run.optimizer->ZeroGrad();
+  }
   for (int64_t micro = 0; micro < grad_accum; ++micro) {
     std::vector<int32_t> batch = run.loader->NextBatch(batch_size);  // [B, seq + 1]
     auto tokens = torch::from_blob(batch.data(), {batch_size, seq + 1}, torch::kInt32)
@@ -116,8 +120,9 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
     }
     loss.backward();
     ce_sum += ce.item<double>();
+    if (run.sharded) run.sharded->AfterBackward(micro + 1 == grad_accum);
   }
-  if (world > 1) run.ranks->AllReduceMeanGradients({run.optimizer->FlatGrads()});
+  if (world > 1 && !run.sharded) run.ranks->AllReduceMeanGradients({run.optimizer->FlatGrads()});
   result.loss = run.ranks->AllReduceSum(ce_sum) / global_tokens;
   if (moe) {
     const double micro_batches = static_cast<double>(grad_accum * world);
@@ -131,7 +136,8 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
                                             "no checkpoint written for this step"));
   }
   result.lr = LearningRate(spec.optimizer(), spec.schedule(), step, run.total_steps);
-  result.stats = run.optimizer->Step(result.lr, spec.clip_grad_norm());
+  result.stats = run.sharded ? run.sharded->Step(result.lr, spec.clip_grad_norm())
+                             : run.optimizer->Step(result.lr, spec.clip_grad_norm());
   if (!std::isfinite(result.stats.grad_norm)) {
     return absl::InternalError(absl::StrCat("training diverged at step ", step,
                                             ": gradient norm is ", result.stats.grad_norm,

@@ -224,14 +224,29 @@ absl::StatusOr<int64_t> SetUp(Run& run) {
                      " was asked for, but LibTorch sees no CUDA GPU "
                      "(a CPU-only LibTorch, no driver, or CUDA_VISIBLE_DEVICES empty)"));
   }
+  ASSIGN_OR_RETURN(run.device, BindDevice(run.device, run.ranks->local_rank()));
   run.autocast_bf16 = spec.precision() == "bfloat16";
   model::LoadOptions load;
   load.device = run.device;
   ASSIGN_OR_RETURN(run.lm, model::LoadModel(spec.model(), load));
   std::vector<torch::Tensor> params;
   RETURN_IF_ERROR(BuildPlanFor(run, &params));
+  const std::string& shard = spec.parallel().shard();
+  if (shard == "full") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(run.source,
+                     ": parallel.shard: full is not available in this engine yet "
+                     "(use optimizer or gradients)"));
+  }
   RETURN_IF_ERROR(TorchGuard("setting up the optimizer", [&] {
-    run.optimizer = std::make_unique<FlatAdamW>(run.plan.params, params, spec.optimizer());
+    if (shard == "optimizer" || shard == "gradients") {
+      run.sharded = std::make_unique<ShardedAdamW>(
+          run.plan.params, params, spec.optimizer(), *run.ranks,
+          shard == "optimizer" ? ShardedAdamW::Level::kOptimizer : ShardedAdamW::Level::kGradients,
+          spec.parallel().bucket_mb() << 20);
+    } else {
+      run.optimizer = std::make_unique<FlatAdamW>(run.plan.params, params, spec.optimizer());
+    }
     return absl::OkStatus();
   }));
   RestrictRouters(run);
@@ -245,7 +260,8 @@ absl::StatusOr<int64_t> SetUp(Run& run) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint at step ", start_step, " is past the spec's ", run.total_steps, " steps"));
   }
-  run.ranks->BroadcastParameters(run.optimizer->parameters());
+  run.ranks->BroadcastParameters(run.sharded ? run.sharded->parameters()
+                                             : run.optimizer->parameters());
   run.lm->train();
   return start_step;
 }
@@ -279,6 +295,44 @@ void EmitStep(const Run& run, int64_t step, const StepResult& r, double seconds,
   events.Emit(e);
 }
 
+// How long the other ranks wait for rank 0 to finish writing a checkpoint. Longer than
+// STEMMA_DDP_TIMEOUT_S (a collective's limit): writing a large model takes minutes.
+constexpr std::chrono::hours kCheckpointWait{2};
+
+// The checkpoint of `step`. shard none: rank 0 writes it while the others wait in a barrier
+// with kCheckpointWait (not in the next step's collective, whose timeout is the ring's);
+// sharded: every rank writes its slice (WriteShardedCheckpoint).
+absl::Status Checkpoint(Run& run, int64_t step, const EventWriter& events) {
+  const v1::TrainSpec& spec = *run.spec;
+  const std::string path = CheckpointDir(spec) + "/" + StepDirName(step);
+  if (run.sharded) {
+    RETURN_IF_ERROR(TorchGuard("writing checkpoint " + path,
+                               [&] { return WriteShardedCheckpoint(run, step, path); }));
+  } else if (run.ranks->rank() == 0) {
+    RETURN_IF_ERROR(
+        TorchGuard("writing checkpoint " + path, [&] { return WriteCheckpoint(run, step, path); }));
+  }
+  if (!run.sharded) run.ranks->Barrier(kCheckpointWait);
+  if (run.ranks->rank() != 0) return absl::OkStatus();
+  PruneCheckpoints(CheckpointDir(spec), spec.checkpoint().keep());
+  events.Emit({{"event", "checkpoint"}, {"step", step}, {"path", path}});
+  return absl::OkStatus();
+}
+
+// Out of device (or host) memory in a step: the same attempt would run out again, so the
+// error is one the worker does not retry (FailedPrecondition), and says what would fit.
+absl::Status OutOfMemory(const Run& run, int64_t step, const c10::OutOfMemoryError& e) {
+  std::string what = e.what_without_backtrace();
+  what = what.substr(0, what.find('\n'));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "out of memory on ", run.device.str(), " at step ", step, " (batch_size ",
+      run.spec->batch_size(), " over ", run.ranks->world_size(), " rank(s), seq_len ",
+      run.spec->data().seq_len(), ", parallel.shard ", run.spec->parallel().shard(),
+      "): not retried, the same attempt would fail again; lower batch_size (raise grad_accum), "
+      "shard more (parallel.shard) or use more GPUs: ",
+      what));
+}
+
 // Steps start_step+1 .. total_steps, with evaluations and checkpoints as the spec asks.
 // kStopped when --stop-after-step ends the run early (as if preempted).
 absl::StatusOr<RunResult> RunSteps(Run& run, const RunOptions& options, Progress& progress,
@@ -292,7 +346,11 @@ absl::StatusOr<RunResult> RunSteps(Run& run, const RunOptions& options, Progress
     const auto begin = Clock::now();
     StepResult r;
     RETURN_IF_ERROR(TorchGuard(absl::StrCat("step ", step), [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(r, TrainStep(run, step));
+      try {
+        ASSIGN_OR_RETURN(r, TrainStep(run, step));
+      } catch (const c10::OutOfMemoryError& e) {
+        return OutOfMemory(run, step, e);
+      }
       return absl::OkStatus();
     }));
     const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
@@ -311,13 +369,7 @@ absl::StatusOr<RunResult> RunSteps(Run& run, const RunOptions& options, Progress
     }
     const bool checkpoint_due =
         checkpoint_every > 0 && step % checkpoint_every == 0 && step < total;
-    if (checkpoint_due && run.ranks->rank() == 0) {
-      const std::string path = CheckpointDir(spec) + "/" + StepDirName(step);
-      RETURN_IF_ERROR(TorchGuard("writing checkpoint " + path,
-                                 [&] { return WriteCheckpoint(run, step, path); }));
-      PruneCheckpoints(CheckpointDir(spec), spec.checkpoint().keep());
-      events.Emit({{"event", "checkpoint"}, {"step", step}, {"path", path}});
-    }
+    if (checkpoint_due) RETURN_IF_ERROR(Checkpoint(run, step, events));
     if (options.stop_after_step == step && step < total) return RunResult::kStopped;
     if (step < total && stop_request.Requested(*run.ranks)) {
       progress.stopped_at_step = step;  // early stopping: publish this step's model as `out`

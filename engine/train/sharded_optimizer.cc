@@ -1,0 +1,283 @@
+#include "engine/train/sharded_optimizer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+namespace stemma::engine::train {
+
+ShardedAdamW::ShardedAdamW(const std::vector<ParamPlan>& plans,
+                           const std::vector<torch::Tensor>& params,
+                           const v1::TrainOptimizer& options, DataParallel& ranks, Level level,
+                           int64_t bucket_bytes)
+    : options_(options),
+      ranks_(ranks),
+      level_(level),
+      world_(ranks.world_size()),
+      rank_(ranks.rank()),
+      bucket_bytes_(bucket_bytes) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (!plans[i].trainable) {
+      params[i].set_requires_grad(false);
+      continue;
+    }
+    TORCH_CHECK(params[i].scalar_type() == torch::kFloat32, "trainable parameter ", plans[i].name,
+                " must be float32");
+    Segment s;
+    s.name = plans[i].name;
+    s.param = params[i];
+    s.offset = numel_;
+    s.numel = params[i].numel();
+    s.decay = plans[i].weight_decay && options.weight_decay() > 0;
+    s.lambda = plans[i].l2sp_lambda;
+    s.plan = i;
+    numel_ += s.numel;
+    segments_.push_back(std::move(s));
+  }
+  chunk_ = (numel_ + world_ - 1) / world_;
+  const auto opts =
+      torch::TensorOptions()
+          .dtype(torch::kFloat32)
+          .device(segments_.empty() ? torch::Device(torch::kCPU) : segments_[0].param.device());
+  values_ = torch::zeros({world_ * chunk_}, opts);
+  for (Segment& s : segments_) {
+    auto value = values_.narrow(0, s.offset, s.numel).view(s.param.sizes());
+    value.copy_(s.param);
+    s.param.set_data(value);  // the module keeps its parameter object, now a view
+    s.param.set_requires_grad(true);
+  }
+  packed_.assign(segments_.size(), 0);
+  exp_avg_ = torch::zeros({chunk_}, opts);
+  exp_avg_sq_ = torch::zeros({chunk_}, opts);
+  if (level_ == Level::kOptimizer) {
+    flat_grads_ = torch::zeros({world_ * chunk_}, opts);
+    grad_ = flat_grads_.narrow(0, rank_ * chunk_, chunk_);
+  } else {
+    grad_ = torch::zeros({chunk_}, opts);
+  }
+  bool any_lambda = false;
+  const int64_t lo = rank_ * chunk_, hi = std::min(lo + chunk_, numel_);
+  for (size_t i = 0; i < segments_.size(); ++i) {
+    const Segment& s = segments_[i];
+    const int64_t begin = std::max(lo, s.offset), end = std::min(hi, s.offset + s.numel);
+    if (begin >= end) continue;
+    Piece p{i, begin, end, torch::Tensor()};
+    if (plans[s.plan].mask != ParamPlan::Mask::kNone) {
+      p.mask = BuildPieceMask(s, plans[s.plan], begin, end);
+    }
+    pieces_.push_back(std::move(p));
+    any_lambda = any_lambda || s.lambda > 0;
+  }
+  if (any_lambda) anchor_ = values_.narrow(0, lo, chunk_).clone();
+}
+
+// The segment's 0/1 mask (rows or columns of plan.indices) at flat elements [begin, end).
+torch::Tensor ShardedAdamW::BuildPieceMask(const Segment& s, const ParamPlan& plan, int64_t begin,
+                                           int64_t end) const {
+  const bool rows = plan.mask == ParamPlan::Mask::kRows;
+  const int64_t dim = rows ? 0 : 1;
+  const int64_t extent = s.param.size(dim);
+  int64_t inner = 1;  // elements per step along `dim`
+  for (int64_t d = dim + 1; d < s.param.dim(); ++d) inner *= s.param.size(d);
+  auto device = s.param.device();
+  auto chosen = torch::zeros({extent}, torch::dtype(torch::kBool).device(device));
+  chosen.index_fill_(0, torch::tensor(plan.indices, torch::dtype(torch::kLong).device(device)),
+                     true);
+  auto index =
+      torch::arange(begin - s.offset, end - s.offset, torch::dtype(torch::kLong).device(device))
+          .div_(inner, "floor")
+          .remainder_(extent);
+  return chosen.index_select(0, index);
+}
+
+std::vector<torch::Tensor> ShardedAdamW::parameters() const {
+  std::vector<torch::Tensor> out;
+  for (const Segment& s : segments_) out.push_back(s.param);
+  return out;
+}
+
+void ShardedAdamW::ZeroGrad() {
+  for (Segment& s : segments_) s.param.mutable_grad() = torch::Tensor();
+  grad_fresh_ = true;
+}
+
+void ShardedAdamW::PackGrads(int64_t begin, int64_t end, torch::Tensor out, bool free_packed) {
+  // The first segment that ends after `begin` (segments are in offset order).
+  auto it = std::upper_bound(segments_.begin(), segments_.end(), begin,
+                             [](int64_t at, const Segment& s) { return at < s.offset + s.numel; });
+  int64_t at = begin;
+  for (; it != segments_.end() && it->offset < end; ++it) {
+    Segment& s = *it;
+    const int64_t from = std::max(begin, s.offset), to = std::min(end, s.offset + s.numel);
+    auto slot = out.narrow(0, from - begin, to - from);
+    const torch::Tensor& g = s.param.grad();
+    if (g.defined()) {
+      slot.copy_(g.reshape(-1).narrow(0, from - s.offset, to - from));
+    } else {
+      slot.zero_();
+    }
+    at = to;
+    const size_t i = static_cast<size_t>(it - segments_.begin());
+    packed_[i] += to - from;
+    if (free_packed && packed_[i] == s.numel) {
+      s.param.mutable_grad() = torch::Tensor();
+      packed_[i] = 0;
+    }
+  }
+  if (at < end) out.narrow(0, at - begin, end - at).zero_();  // padding past the last segment
+}
+
+void ShardedAdamW::ReduceBuckets() {
+  // Each bucket holds `piece` elements of every rank's slice: [W, piece] row-major.
+  const int64_t piece =
+      std::max<int64_t>(1, std::min<int64_t>(chunk_, bucket_bytes_ / (4 * world_)));
+  if (!bucket_.defined() || bucket_.numel() < world_ * piece) {
+    bucket_ = torch::empty({world_ * piece}, values_.options());
+  }
+  for (int64_t first = 0; first < chunk_; first += piece) {
+    const int64_t n = std::min(piece, chunk_ - first);
+    auto flat = bucket_.narrow(0, 0, world_ * n);
+    for (int64_t r = 0; r < world_; ++r) {
+      const int64_t begin = r * chunk_ + first;
+      PackGrads(std::min(begin, numel_), std::min(begin + n, numel_), flat.narrow(0, r * n, n),
+                /*free_packed=*/true);
+      // Padding beyond numel_ in this piece: PackGrads zeroed what it was given; the rest is
+      // past the end of the buffer's real elements.
+      if (begin + n > numel_) {
+        const int64_t real = std::max<int64_t>(0, numel_ - begin);
+        flat.narrow(0, r * n + real, n - real).zero_();
+      }
+    }
+    auto mine = ranks_.ReduceScatter(flat, /*mean=*/true);
+    auto target = grad_.narrow(0, first, n);
+    if (grad_fresh_) {
+      target.copy_(mine);
+    } else {
+      target.add_(mine);
+    }
+  }
+  grad_fresh_ = false;
+}
+
+void ShardedAdamW::AfterBackward(bool last) {
+  torch::NoGradGuard no_grad;
+  if (level_ == Level::kGradients) {
+    ReduceBuckets();
+    return;
+  }
+  if (!last) return;  // ZeRO-1: autograd accumulates over the micro-batches
+  PackGrads(0, numel_, flat_grads_.narrow(0, 0, numel_), /*free_packed=*/true);
+  flat_grads_.narrow(0, numel_, flat_grads_.numel() - numel_).zero_();  // the padding
+  ranks_.ReduceScatter(flat_grads_, /*mean=*/true);  // grad_ is this rank's chunk of it
+  grad_fresh_ = false;
+}
+
+FlatAdamW::StepStats ShardedAdamW::Step(double lr, double max_norm) {
+  torch::NoGradGuard no_grad;
+  FlatAdamW::StepStats stats;
+  if (grad_fresh_) grad_.zero_();  // no micro-batch reached the parameters
+  double l2sp = 0.0;
+  for (const Piece& p : pieces_) {
+    const Segment& s = segments_[p.segment];
+    auto g = SliceOf(grad_, p);
+    if (s.lambda > 0) {
+      auto diff = SliceOf(values_.narrow(0, rank_ * chunk_, chunk_), p) - SliceOf(anchor_, p);
+      l2sp += s.lambda * at::dot(diff, diff).item<double>();
+      g.add_(diff, 2.0 * s.lambda);
+    }
+    if (p.mask.defined()) g.mul_(p.mask);
+  }
+  stats.l2sp = ranks_.AllReduceSum(l2sp);
+  const double sum_squares = ranks_.AllReduceSum(at::dot(grad_, grad_).item<double>());
+  stats.grad_norm = std::sqrt(sum_squares);
+  double clip = 1.0;
+  if (max_norm > 0 && stats.grad_norm > max_norm) clip = max_norm / (stats.grad_norm + 1e-6);
+  ++step_;
+  std::optional<torch::Tensor> grad_scale;
+  if (clip != 1.0) grad_scale = torch::full({}, 1.0 / clip, values_.options());
+  std::vector<size_t> decayed, plain;
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    if (pieces_[i].mask.defined()) continue;
+    (segments_[pieces_[i].segment].decay ? decayed : plain).push_back(i);
+  }
+  AdamPieces(decayed, true, lr, grad_scale);
+  AdamPieces(plain, false, lr, grad_scale);
+  for (const Piece& p : pieces_) {
+    if (!p.mask.defined()) continue;
+    if (clip != 1.0) SliceOf(grad_, p).mul_(clip);
+    AdamMasked(p, lr);
+  }
+  ranks_.AllGather(values_);
+  return stats;
+}
+
+void ShardedAdamW::AdamPieces(const std::vector<size_t>& pieces, bool decay, double lr,
+                              const std::optional<torch::Tensor>& grad_scale) {
+  if (pieces.empty()) return;
+  std::vector<torch::Tensor> p, g, m, v, steps;
+  auto step = torch::full({}, static_cast<double>(step_), values_.options());
+  auto mine = values_.narrow(0, rank_ * chunk_, chunk_);
+  for (size_t i : pieces) {
+    const Piece& piece = pieces_[i];
+    p.push_back(SliceOf(mine, piece));
+    g.push_back(SliceOf(grad_, piece));
+    m.push_back(SliceOf(exp_avg_, piece));
+    v.push_back(SliceOf(exp_avg_sq_, piece));
+    steps.push_back(step);
+  }
+  at::_fused_adamw_(p, g, m, v, {}, steps, lr, options_.betas(0), options_.betas(1),
+                    decay ? options_.weight_decay() : 0.0, options_.eps(), /*amsgrad=*/false,
+                    /*maximize=*/false, grad_scale);
+}
+
+// FlatAdamW::AdamMasked on a piece: the whole update, decay included, zeroed outside the mask.
+void ShardedAdamW::AdamMasked(const Piece& piece, double lr) {
+  const Segment& s = segments_[piece.segment];
+  auto p = SliceOf(values_.narrow(0, rank_ * chunk_, chunk_), piece);
+  auto g = SliceOf(grad_, piece), m = SliceOf(exp_avg_, piece), v = SliceOf(exp_avg_sq_, piece);
+  const double beta1 = options_.betas(0), beta2 = options_.betas(1);
+  const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step_));
+  const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(step_));
+  const double decay_factor = s.decay ? lr * options_.weight_decay() : 0.0;
+  m.lerp_(g, 1.0 - beta1);
+  v.mul_(beta2).addcmul_(g, g, 1.0 - beta2);
+  auto update = v.sqrt().div_(std::sqrt(bias_correction2)).add_(options_.eps());
+  at::div_out(update, m, update);
+  update.mul_(lr / bias_correction1);
+  if (decay_factor > 0) update.add_(p, decay_factor);
+  update.mul_(piece.mask);
+  p.sub_(update);
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> ShardedAdamW::SliceTensors() const {
+  const int64_t n = slice_end() - slice_begin();
+  return {{"values", values_.narrow(0, slice_begin(), n)},
+          {"exp_avg", exp_avg_.narrow(0, 0, n)},
+          {"exp_avg_sq", exp_avg_sq_.narrow(0, 0, n)}};
+}
+
+void ShardedAdamW::RestoreRange(const std::string& name, int64_t begin,
+                                const torch::Tensor& piece) {
+  torch::NoGradGuard no_grad;
+  const int64_t from = std::max(begin, slice_begin());
+  const int64_t to = std::min(begin + piece.numel(), slice_end());
+  if (from >= to) return;
+  auto source = piece.narrow(0, from - begin, to - from);
+  if (name == "values") {
+    values_.narrow(0, from, to - from).copy_(source);
+  } else {
+    auto& target = name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
+    target.narrow(0, from - rank_ * chunk_, to - from).copy_(source);
+  }
+}
+
+void ShardedAdamW::FinishRestore(int64_t step) {
+  torch::NoGradGuard no_grad;
+  ranks_.AllGather(values_);
+  step_ = step;
+}
+
+}  // namespace stemma::engine::train

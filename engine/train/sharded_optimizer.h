@@ -1,0 +1,129 @@
+// ShardedAdamW: FlatAdamW's update (optimizer.h) with the optimizer state sharded over the
+// data-parallel ranks, `parallel.shard: optimizer | gradients` (ZeRO stages 1 and 2 in
+// DeepSpeed's words; docs/train.md "Parallel training").
+//
+// - Layout. Trainable parameters become views of one flat fp32 buffer (the compute replica
+//   every rank holds), in plan order, padded to W·k elements; rank r owns the elements
+//   [r·k, (r+1)·k), "its slice". Only for its slice does a rank keep the Adam moments, the
+//   L2-SP anchor, the LAPE masks (one byte per owned masked element, not fp32) and the
+//   reduced gradient. The replica is fp32, so the slice's master weights are the replica's
+//   own elements: there is no second copy.
+// - Gradients. kOptimizer (ZeRO-1): after the last micro-batch the autograd gradients are
+//   gathered into a flat [W·k] buffer, which persists, and reduce-scattered in place.
+//   kGradients (ZeRO-2): after every micro-batch the gradients are reduce-scattered in
+//   buckets of `bucket_mb` straight from the autograd tensors into the slice (accumulated over
+//   micro-batches); each parameter's gradient is freed as soon as all of it is packed, and no
+//   flat gradient copy exists. A bucket is W equal pieces, piece r from rank r's slice, so
+//   one equal-chunk reduce-scatter delivers each rank its piece.
+// - Step. The L2-SP gradient 2λ(θ − θ_base), the masks, the global gradient norm (Σg² of each
+//   slice, all-reduced), clipping and LibTorch's fused AdamW run on the slice only; an
+//   in-place all-gather of the flat buffer then gives every rank the updated replica.
+//
+// The update is elementwise the same as FlatAdamW's, so a sharded run equals one process with
+// the same global batch up to the order of the gradient sums (sharded_train_test).
+// Every method that says "collective" must be called by all ranks in the same order.
+// Thread-safety: none; one training loop drives it.
+#pragma once
+
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/train/distributed.h"
+#include "engine/train/optimizer.h"
+#include "engine/train/plan.h"
+#include "stemma/v1/specs/train.pb.h"
+
+namespace stemma::engine::train {
+
+class ShardedAdamW {
+ public:
+  enum class Level { kOptimizer, kGradients };
+
+  // As FlatAdamW's constructor; `ranks` (kept by reference, must outlive this) gives W and
+  // the rank; `bucket_bytes` caps a kGradients bucket (all W pieces together).
+  ShardedAdamW(const std::vector<ParamPlan>& plans, const std::vector<torch::Tensor>& params,
+               const v1::TrainOptimizer& options, DataParallel& ranks, Level level,
+               int64_t bucket_bytes);
+
+  // Clears every parameter's .grad and, at the first micro-batch, the reduced gradient.
+  void ZeroGrad();
+  // After each micro-batch's backward. kGradients: reduce-scatters this micro-batch's
+  // gradients into the slice (collective). kOptimizer: after the last one (`last`), gathers
+  // and reduce-scatters the flat gradient (collective); otherwise nothing.
+  void AfterBackward(bool last);
+  // L2-SP, masks, the global norm and clipping, AdamW on the slice, then the all-gather of
+  // the weights (collective). Statistics are global (identical on every rank).
+  FlatAdamW::StepStats Step(double lr, double max_norm);
+
+  std::vector<torch::Tensor> parameters() const;
+  int64_t step_count() const { return step_; }
+  int64_t num_elements() const { return numel_; }
+  // Owned unpadded elements [begin, end) of the flat layout.
+  int64_t slice_begin() const { return std::min(rank_ * chunk_, numel_); }
+  int64_t slice_end() const { return std::min((rank_ + 1) * chunk_, numel_); }
+
+  // Checkpoint state of the slice: 1-D float32 tensors "values", "exp_avg", "exp_avg_sq"
+  // over [slice_begin(), slice_end()) (views).
+  std::vector<std::pair<std::string, torch::Tensor>> SliceTensors() const;
+  // Restores elements [begin, end) of the flat layout from a checkpoint piece written by any
+  // world size: the part that overlaps this rank's slice is copied into the moments (and,
+  // for "values", into the replica). The replica is complete once every piece was given and
+  // FinishRestore ran (collective: all-gathers the weights).
+  void RestoreRange(const std::string& name, int64_t begin, const torch::Tensor& piece);
+  void FinishRestore(int64_t step);
+
+ private:
+  struct Segment {
+    std::string name;
+    torch::Tensor param;
+    int64_t offset = 0, numel = 0;
+    bool decay = false;
+    double lambda = 0.0;
+    size_t plan = 0;  // index into the constructor's plans
+  };
+  // The part of a segment inside this rank's slice: flat elements [begin, end).
+  struct Piece {
+    size_t segment = 0;
+    int64_t begin = 0, end = 0;
+    torch::Tensor mask;  // bool [end - begin]; undefined when the segment is unmasked
+  };
+  torch::Tensor BuildPieceMask(const Segment& s, const ParamPlan& plan, int64_t begin,
+                               int64_t end) const;
+  // Copies the autograd gradients of flat elements [begin, end) into `out` (zeros where a
+  // parameter has none, and in the padding); frees a gradient once it was wholly packed.
+  void PackGrads(int64_t begin, int64_t end, torch::Tensor out, bool free_packed);
+  void ReduceBuckets();  // kGradients: one micro-batch's gradients into grad_
+  torch::Tensor SliceOf(const torch::Tensor& flat, const Piece& p) const {
+    return flat.narrow(0, p.begin - rank_ * chunk_, p.end - p.begin);
+  }
+  void AdamPieces(const std::vector<size_t>& pieces, bool decay, double lr,
+                  const std::optional<torch::Tensor>& grad_scale);
+  void AdamMasked(const Piece& p, double lr);
+
+  v1::TrainOptimizer options_;
+  DataParallel& ranks_;
+  Level level_;
+  int64_t world_ = 1, rank_ = 0;
+  int64_t numel_ = 0, chunk_ = 0;  // unpadded elements; k = ⌈numel / W⌉
+  int64_t bucket_bytes_ = 0;
+  std::vector<Segment> segments_;
+  std::vector<int64_t> packed_;  // per segment: elements packed this micro-batch
+  std::vector<Piece> pieces_;
+  torch::Tensor values_;                // [W·k] the replica; parameters are views of it
+  torch::Tensor exp_avg_, exp_avg_sq_;  // [k]
+  torch::Tensor grad_;                  // [k] reduced gradient (a view of flat_grads_ at ZeRO-1)
+  torch::Tensor flat_grads_;            // [W·k] kOptimizer only
+  torch::Tensor anchor_;                // [k] with L2-SP only
+  torch::Tensor bucket_;                // kGradients: the reduce-scatter buffer
+  bool grad_fresh_ = true;              // the next reduction overwrites grad_
+  int64_t step_ = 0;
+};
+
+}  // namespace stemma::engine::train
