@@ -3,22 +3,29 @@
 #pragma once
 
 #include <algorithm>
+#include <string>
 
 #include "common/job_spec.h"
 #include "stemma/v1/job.pb.h"
 
 namespace stemma {
 
-// `resources.ranks_per_part` when set; otherwise one rank per GPU for engine jobs (one for a
-// CPU engine job) and one process for exec and noop jobs (an exec job runs several only when
-// it asks for them; a noop job always runs one). Never below 1.
+// Whether engine command `kind` runs as several ranks that share the work (data parallel).
+// Only train does so far; a command joins here when its ranks split the work (a multi-GPU
+// eval, issue 26 item 4), since the ranks of any other command would each do all of it and
+// write the same outputs.
+inline bool RunsRanks(const std::string& kind) { return kind == "train"; }
+
+// `resources.ranks_per_part` when set; otherwise one rank per GPU for train jobs (one for a
+// CPU train). Other engine commands and noop jobs run one process; an exec job runs several
+// only when it sets ranks_per_part. Never below 1.
 inline int RanksPerPart(const v1::JobSpec& spec) {
   const v1::Resources& r = spec.resources();
   const std::string kind = JobKind(spec);
   if (kind == "noop") return 1;
-  if (r.ranks_per_part() > 0) return r.ranks_per_part();
-  if (kind == "exec") return 1;
-  return std::max(1, r.gpus());
+  if (kind == "exec") return std::max(1, r.ranks_per_part());
+  if (!RunsRanks(kind)) return 1;
+  return r.ranks_per_part() > 0 ? r.ranks_per_part() : std::max(1, r.gpus());
 }
 
 // The global rank (RANK) of local rank `local` of part `part`.

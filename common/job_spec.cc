@@ -12,6 +12,7 @@
 #include "common/engine_cli.h"
 #include "common/engine_spec.h"
 #include "common/files.h"
+#include "common/job_ranks.h"
 #include "common/path_confinement.h"
 #include "common/proto_yaml.h"
 #include "common/status.h"
@@ -168,6 +169,10 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (r.ranks_per_part() > 1 && spec.has_noop()) {
     return bad("resources.ranks_per_part: a noop job runs one process");
   }
+  if (r.ranks_per_part() > 1 && IsEngineJob(spec) && !RunsRanks(JobKind(spec))) {
+    return bad("resources.ranks_per_part: ", JobKind(spec),
+               " runs one process per part (of the engine commands, only train runs ranks)");
+  }
   if (r.memory_mb() < 0 || r.memory_mb() > kMaxMemoryMbPerPart) {
     return bad("resources.memory_mb: ", r.memory_mb(), " is outside 0..", kMaxMemoryMbPerPart);
   }
@@ -271,6 +276,13 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
         RETURN_IF_ERROR(CheckSpecPathSyntax(*EngineSpecOf(spec), context.path));
       }
       break;
+  }
+  // Data parallel: each of the job's ranks keeps batch_size / ranks rows of a micro-batch.
+  const int ranks = std::max(1, spec.nodes()) * RanksPerPart(spec);
+  const int64_t batch = spec.train().has_batch_size() ? spec.train().batch_size() : 1;
+  if (spec.has_train() && ranks > 1 && batch % ranks != 0) {
+    return bad("train.batch_size: ", batch, " is not divisible by the job's ", ranks,
+               " ranks (nodes x ranks per part: one per GPU, or resources.ranks_per_part)");
   }
   return absl::OkStatus();
 }

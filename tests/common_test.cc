@@ -114,17 +114,30 @@ TEST_P(ValidateTest, RefusesNamingTheField) {
 
 INSTANTIATE_TEST_SUITE_P(
     BadSpecs, ValidateTest,
-    ::testing::Values(BadCase{"noop: {}\nresources: {gpus: -1}", "resources.gpus"},
-                      BadCase{"noop: {}\nresources: {gpus: 100000}", "resources.gpus"},
-                      BadCase{"noop: {}\nresources: {cpus: -2}", "resources.cpus"},
-                      BadCase{"noop: {}\nresources: {memory_mb: 99999999999}",
-                              "resources.memory_mb"},
-                      BadCase{"noop: {}\nmax_attempts: 1000", "max_attempts"},
-                      BadCase{"noop: {}\nnodes: 5000", "nodes"},
-                      BadCase{"noop: {}\ntimeout_ms: -5", "timeout_ms"}, BadCase{"name: x", "kind"},
-                      BadCase{"exec: {argv: []}", "exec.argv"},
-                      BadCase{"exec: {argv: [ls], env: {'bad-name': x}}", "exec.env"},
-                      BadCase{"noop: {}\nlabels: {'a b': x}", "labels"}),
+    ::testing::Values(
+        BadCase{"noop: {}\nresources: {gpus: -1}", "resources.gpus"},
+        BadCase{"noop: {}\nresources: {gpus: 100000}", "resources.gpus"},
+        BadCase{"noop: {}\nresources: {cpus: -2}", "resources.cpus"},
+        BadCase{"noop: {}\nresources: {memory_mb: 99999999999}", "resources.memory_mb"},
+        BadCase{"noop: {}\nmax_attempts: 1000", "max_attempts"},
+        BadCase{"noop: {}\nnodes: 5000", "nodes"},
+        BadCase{"noop: {}\ntimeout_ms: -5", "timeout_ms"}, BadCase{"name: x", "kind"},
+        BadCase{"exec: {argv: []}", "exec.argv"},
+        BadCase{"exec: {argv: [ls], env: {'bad-name': x}}", "exec.env"},
+        BadCase{"noop: {}\nlabels: {'a b': x}", "labels"},
+        BadCase{"exec: {argv: [ls]}\nresources: {ranks_per_part: -1}", "resources.ranks_per_part"},
+        BadCase{"exec: {argv: [ls]}\nresources: {gpus: 4, ranks_per_part: 3}",
+                "resources.ranks_per_part: 3 must equal resources.gpus (4"},
+        BadCase{"noop: {}\nresources: {ranks_per_part: 2}", "resources.ranks_per_part"},
+        BadCase{
+            "init: {arch: llama, preset: tiny, out: o}\nresources: {gpus: 2, ranks_per_part: 2}",
+            "resources.ranks_per_part: init runs one process per part"},
+        BadCase{"train: {model: m, out: o, data: {datasets: [{path: d}], seq_len: "
+                "16}, steps: 2, batch_size: 3}\nresources: {ranks_per_part: 2}",
+                "train.batch_size: 3 is not divisible by the job's 2 ranks"},
+        BadCase{"train: {model: m, out: o, data: {datasets: [{path: d}], seq_len: "
+                "16}, steps: 2, batch_size: 4}\nnodes: 2\nresources: {gpus: 4}",
+                "train.batch_size: 4 is not divisible by the job's 8 ranks"}),
     [](const ::testing::TestParamInfo<BadCase>& info) {
       return "case" + std::to_string(info.index);
     });

@@ -49,6 +49,15 @@ class SpawnPlanTest : public ::testing::Test {
     return a;
   }
 
+  static v1::Assignment Init() {
+    v1::Assignment a;
+    a.set_job_id("j-4");
+    a.set_attempt_id("j-4.1");
+    a.set_world_size(1);
+    a.mutable_spec()->mutable_init()->set_out("base");
+    return a;
+  }
+
   std::unique_ptr<SpawnPlan> Plan(const v1::Assignment& a) {
     return PlanSpawn(a, config_, context_);
   }
@@ -305,6 +314,7 @@ TEST_F(SpawnPlanTest, PartsOfSeveralRanksGetTorchrunsVariables) {
       {"engine on CPU, default", with(Train(), 0, 0, 2, 0, 1), 1},
       {"exec with GPUs runs one process unless asked", with(Exec({"/bin/env"}), 4, 0, 1, 0, 1), 1},
       {"exec asking for 4", with(Exec({"/bin/env"}), 4, 4, 1, 0, 1), 4},
+      {"other engine commands run one process", with(Init(), 4, 0, 4, 0, 1), 1},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
