@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -52,10 +53,11 @@ class AllowAll final : public Authenticator {
 class TokenAuthenticator final : public Authenticator {
  public:
   TokenAuthenticator(std::shared_ptr<TokenStore> tokens, bool trust_client_certs,
-                     AuthFailureCounter on_failure)
+                     AuthFailureCounter on_failure, ExternalTokenVerifier external)
       : tokens_(std::move(tokens)),
         trust_client_certs_(trust_client_certs),
-        on_failure_(std::move(on_failure)) {}
+        on_failure_(std::move(on_failure)),
+        external_(std::move(external)) {}
 
   bool enforcing() const override { return true; }
 
@@ -78,8 +80,17 @@ class TokenAuthenticator final : public Authenticator {
         return Refuse(ctx, method, *caller, "bad_token",
                       absl::UnauthenticatedError("authorization: expected 'Bearer <token>'"));
       }
-      auto id = tokens_ != nullptr ? tokens_->Lookup(value.substr(kBearer.size()))
-                                   : absl::NotFoundError("no tokens");
+      const absl::string_view token = value.substr(kBearer.size());
+      absl::StatusOr<TokenIdentity> id = absl::NotFoundError("no tokens");
+      if (external_ != nullptr && !absl::StartsWith(token, "stm_")) {
+        id = external_(token);
+        if (id.status().code() == absl::StatusCode::kUnavailable) {
+          return Refuse(ctx, method, *caller, "token_review_unavailable",
+                        absl::UnavailableError(id.status().message()));
+        }
+      } else if (tokens_ != nullptr) {
+        id = tokens_->Lookup(token);
+      }
       if (!id.ok()) {
         return Refuse(ctx, method, *caller, "bad_token",
                       absl::UnauthenticatedError("invalid or revoked token"));
@@ -139,6 +150,7 @@ class TokenAuthenticator final : public Authenticator {
   std::shared_ptr<TokenStore> tokens_;
   const bool trust_client_certs_;
   AuthFailureCounter on_failure_;
+  ExternalTokenVerifier external_;
   mutable LogRateLimiter log_limit_{20};
 };
 
@@ -152,12 +164,14 @@ absl::Status CheckReadable(absl::string_view what, const std::string& path) {
 class RpcEndInterceptor final : public grpc::experimental::Interceptor {
  public:
   RpcEndInterceptor(absl::string_view method, const RpcEndObserver* observer)
-      : method_(method), observer_(observer) {}
+      : method_(method), observer_(observer), start_(std::chrono::steady_clock::now()) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
-      (*observer_)(method_, static_cast<absl::StatusCode>(methods->GetSendStatus().error_code()));
+      (*observer_)(
+          method_, static_cast<absl::StatusCode>(methods->GetSendStatus().error_code()),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
     }
     methods->Proceed();
   }
@@ -165,6 +179,7 @@ class RpcEndInterceptor final : public grpc::experimental::Interceptor {
  private:
   absl::string_view method_;  // points into the method name gRPC keeps for the server's life
   const RpcEndObserver* observer_;
+  const std::chrono::steady_clock::time_point start_;  // the interceptor is made as the call starts
 };
 
 class RpcEndInterceptorFactory final
@@ -306,9 +321,10 @@ std::unique_ptr<Authenticator> MakeAllowAllAuthenticator() { return std::make_un
 
 std::unique_ptr<Authenticator> MakeTokenAuthenticator(std::shared_ptr<TokenStore> tokens,
                                                       bool trust_client_certs,
-                                                      AuthFailureCounter on_failure) {
+                                                      AuthFailureCounter on_failure,
+                                                      ExternalTokenVerifier external) {
   return std::make_unique<TokenAuthenticator>(std::move(tokens), trust_client_certs,
-                                              std::move(on_failure));
+                                              std::move(on_failure), std::move(external));
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
@@ -373,6 +389,13 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 }
 
 void AddCallCredentials(const ClientSecurity& s, grpc::ClientContext* ctx) {
+  if (!s.token_file.empty()) {
+    absl::StatusOr<std::string> fresh = ReadSecretFile(s.token_file);
+    if (fresh.ok() && !fresh->empty()) {
+      ctx->AddMetadata("authorization", "Bearer " + *fresh);
+      return;
+    }
+  }
   if (!s.token.empty()) ctx->AddMetadata("authorization", "Bearer " + s.token);
 }
 

@@ -63,9 +63,16 @@ using AuthFailureCounter = std::function<void(absl::string_view reason)>;
 // token whose TLS client certificate verified is the worker named by the certificate's
 // common name. Then the method's row of MethodRoles() decides. Refusals are counted and
 // logged with method, peer and subject, never the token.
+//
+// `external` (optional) resolves bearer tokens that are not Stemma's own ("stm_..."): a
+// Kubernetes service-account token through the TokenReview API (common/k8s_token_review.h).
+// NOT_FOUND from it refuses the call as a bad token; UNAVAILABLE refuses it with
+// UNAVAILABLE (reason "token_review_unavailable"), so the caller retries.
+using ExternalTokenVerifier = std::function<absl::StatusOr<TokenIdentity>(absl::string_view token)>;
 std::unique_ptr<Authenticator> MakeTokenAuthenticator(std::shared_ptr<TokenStore> tokens,
                                                       bool trust_client_certs,
-                                                      AuthFailureCounter on_failure);
+                                                      AuthFailureCounter on_failure,
+                                                      ExternalTokenVerifier external = nullptr);
 
 // Server TLS from PEM files, re-read when they change (every `refresh_s` seconds: replace
 // them atomically, by rename). Without `cert_file` the server is plaintext.
@@ -87,6 +94,9 @@ struct ClientSecurity {
   std::string cert_file;
   std::string key_file;
   std::string token;
+  // Read again for each call when set (a Kubernetes projected token is rotated in place);
+  // `token` is used when it cannot be read or is empty.
+  std::string token_file;
   std::string server_name;  // expected name in the server certificate; default: the host
 
   bool tls() const { return !ca_file.empty(); }
@@ -97,9 +107,11 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 void AddCallCredentials(const ClientSecurity& security, grpc::ClientContext* ctx);
 
 // Called once as each call of a server ends, with the method's short name ("Submit",
-// "Session"; the full name for a method the server does not know) and the status its
-// handler returned. For an RPC counter by method and code (the caller keeps labels bounded).
-using RpcEndObserver = std::function<void(absl::string_view method, absl::StatusCode code)>;
+// "Session"; the full name for a method the server does not know), the status its
+// handler returned and the call's duration in seconds (from its start: a stream's whole
+// life). For RPC counters by method and code (the caller keeps labels bounded).
+using RpcEndObserver =
+    std::function<void(absl::string_view method, absl::StatusCode code, double seconds)>;
 // ServerBuilder::experimental().SetInterceptorCreators takes these.
 std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MakeRpcEndInterceptor(
     RpcEndObserver observer);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status.h"
+#include "coordinator/demand_gauges.h"
 
 namespace stemma::coordinator {
 
@@ -100,6 +101,14 @@ void Coordinator::SchedulerLoop() {
   }
 }
 
+void Coordinator::UpdateDemandGauges() {
+  const int64_t now = core_.clock->MonoMs();
+  if (demand_at_ms_ != 0 && now - demand_at_ms_ < 1000) return;
+  demand_at_ms_ = now;
+  const int64_t wall = core_.clock->WallMs();
+  core_.metrics->SetDemand(ComputeDemand(core_.jobs, core_.workers, wall), series_.Stalled(wall));
+}
+
 int Coordinator::RunSchedulerPass() {
   auto start = std::chrono::steady_clock::now();
   int placed;
@@ -111,6 +120,7 @@ int Coordinator::RunSchedulerPass() {
     leases_.Expire(&changes);
     placed = placer_.Place(&changes);
     placer_.UpdateGauges();
+    UpdateDemandGauges();
     if (!changes.batch.empty() || !changes.messages.empty()) core_.Finish(std::move(changes));
   }
   core_.metrics->SchedulerPass(

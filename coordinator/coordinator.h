@@ -119,6 +119,9 @@ class Coordinator final : public UserHandler, public WorkerHandler {
 
  private:
   void SchedulerLoop();
+  // The queue's demand, attempts near their timeout and stalled training runs, into the
+  // metrics: at most once a second (it walks the queue).
+  void UpdateDemandGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);
 
   CoordinatorCore core_;
   std::unique_ptr<QuotaFile> quota_file_;  // scheduler thread only (after Start)
@@ -131,6 +134,7 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   UserOperations users_;
   ExperimentRevisions experiments_{this};  // over the job operations above
   std::thread scheduler_;
+  int64_t demand_at_ms_ ABSL_GUARDED_BY(core_.mu) = 0;  // monotonic
 };
 
 }  // namespace stemma::coordinator

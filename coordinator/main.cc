@@ -16,6 +16,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
+#include "common/k8s_token_review.h"
+#include "common/log_format.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "coordinator/coordinator.h"
@@ -32,6 +34,7 @@ struct Config {
   int64_t lease_ms = 10000;
   int64_t heartbeat_ms = 2000;
   std::string log_level = "info";
+  std::string log_format = "text";
   bool verify_artifacts = false;  // read reported outputs and check their manifest sha256
   // Security: TLS from files (reloaded when they change), tokens from a digest file.
   std::string tls_cert;
@@ -43,6 +46,10 @@ struct Config {
   std::string quotas;         // quotas and fair share (coordinator/quotas.h)
   std::string metrics_auth;   // USER:PASSWORD file: /metrics needs HTTP basic auth
   std::string projects;       // subject -> projects (coordinator/tenancy.h)
+  // Identity from the Kubernetes cluster (common/k8s_token_review.h).
+  stemma::TokenReviewOptions k8s;
+  std::vector<std::string> k8s_roles;
+  int64_t k8s_ttl_s = 60;
 };
 
 int MakeDirs(const std::string& path) {
@@ -103,8 +110,27 @@ int main(int argc, char** argv) {
   app.add_option("--projects", cfg.projects,
                  "File of projects and their members (PROJECT SUBJECT... per line): members "
                  "share experiments, storage prefixes and artifacts (docs/tenancy.md)");
+  app.add_option("--k8s-token-review", cfg.k8s.api_server,
+                 "Kubernetes API server URL (https://kubernetes.default.svc): bearer tokens "
+                 "that are not Stemma tokens are verified there (TokenReview), e.g. workers' "
+                 "projected service-account tokens; enables authentication");
+  app.add_option("--k8s-role", cfg.k8s_roles,
+                 "NAMESPACE/SERVICEACCOUNT=ROLE, repeatable: the role of a service account's "
+                 "tokens (a worker's subject is its pod's name)");
+  app.add_option("--k8s-audience", cfg.k8s.audience, "audience the tokens must be issued for")
+      ->capture_default_str();
+  app.add_option("--k8s-ca", cfg.k8s.ca_file, "CA of the API server")->capture_default_str();
+  app.add_option("--k8s-token-file", cfg.k8s.token_file,
+                 "the coordinator's own service-account token, for the TokenReview calls")
+      ->capture_default_str();
+  app.add_option("--k8s-review-ttl-s", cfg.k8s_ttl_s, "how long an accepted token is cached")
+      ->check(CLI::Range(int64_t{1}, int64_t{3600}))
+      ->capture_default_str();
   app.add_option("--log-level", cfg.log_level)
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+  app.add_option("--log-format", cfg.log_format, "text | json (one JSON object per line)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -115,10 +141,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   stemma::InitLogging("coordinator", cfg.log_level);
+  stemma::SetLogFormat(cfg.log_format);
 
   // Open beyond loopback only with TLS and tokens, or when told so in as many words.
   const bool tls = !cfg.tls_cert.empty();
-  const bool tokens = !cfg.tokens.empty();
+  const bool k8s = !cfg.k8s.api_server.empty();
+  const bool tokens = !cfg.tokens.empty() || k8s;
   if (!stemma::IsLoopbackAddress(cfg.listen) && !(tls && tokens)) {
     if (!cfg.insecure) {
       std::fprintf(stderr,
@@ -206,8 +234,27 @@ int main(int argc, char** argv) {
   }
 
   std::unique_ptr<stemma::Authenticator> auth;
+  std::shared_ptr<stemma::TokenReviewer> reviewer;
+  if (k8s) {
+    for (const std::string& r : cfg.k8s_roles) {
+      if (absl::Status st = stemma::ParseK8sRole(r, &cfg.k8s.roles); !st.ok()) {
+        std::fprintf(stderr, "stemma-coordinator: %s\n", std::string(st.message()).c_str());
+        return 2;
+      }
+    }
+    cfg.k8s.ttl_ms = cfg.k8s_ttl_s * 1000;
+    auto made = stemma::TokenReviewer::Create(cfg.k8s);
+    if (!made.ok()) {
+      std::fprintf(stderr, "stemma-coordinator: %s\n",
+                   std::string(made.status().message()).c_str());
+      return 2;
+    }
+    reviewer = std::move(*made);
+  }
   if (tokens) {
-    auto store = stemma::TokenStore::Open(cfg.tokens);
+    absl::StatusOr<std::unique_ptr<stemma::TokenStore>> store =
+        cfg.tokens.empty() ? stemma::TokenStore::FromText("", "no --tokens")
+                           : stemma::TokenStore::Open(cfg.tokens);
     if (!store.ok()) {
       std::fprintf(stderr, "stemma-coordinator: --tokens: %s\n",
                    std::string(store.status().message()).c_str());
@@ -230,7 +277,10 @@ int main(int argc, char** argv) {
         std::shared_ptr<stemma::TokenStore>(std::move(*store)), !cfg.tls_client_ca.empty(),
         [&failures](absl::string_view reason) {
           failures.Add({{"reason", std::string(reason)}}).Increment();
-        });
+        },
+        reviewer == nullptr
+            ? stemma::ExternalTokenVerifier()
+            : [reviewer](absl::string_view token) { return reviewer->Review(token); });
   } else {
     if (!cfg.tls_client_ca.empty()) {
       // Certificates alone would admit workers while users stayed unauthenticated.
@@ -269,9 +319,9 @@ int main(int argc, char** argv) {
   {
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
         interceptors;
-    interceptors.push_back(
-        stemma::MakeRpcEndInterceptor([&metrics](absl::string_view method, absl::StatusCode code) {
-          metrics.RpcEnded(method, code);
+    interceptors.push_back(stemma::MakeRpcEndInterceptor(
+        [&metrics](absl::string_view method, absl::StatusCode code, double seconds) {
+          metrics.RpcEnded(method, code, seconds);
         }));
     builder.experimental().SetInterceptorCreators(std::move(interceptors));
   }

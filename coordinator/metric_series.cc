@@ -58,6 +58,29 @@ void MetricSeries::NoteLast(const v1::Job& job, const std::string& name, double 
   }
   (loss ? live.gauges.loss : live.gauges.tokens)->Set(value);
   live.gauges.step->Set(static_cast<double>(step));
+  if (step <= live.step) return;
+  // Points arrive in batches: the time per step is the time between arrivals over the
+  // steps between them, smoothed.
+  const int64_t now = core_->clock->WallMs();
+  if (live.step >= 0 && now > live.step_at_ms) {
+    const double per =
+        static_cast<double>(now - live.step_at_ms) / static_cast<double>(step - live.step);
+    live.step_ms = live.step_ms > 0 ? 0.8 * live.step_ms + 0.2 * per : per;
+    live.gauges.step_seconds->Set(live.step_ms / 1000.0);
+  }
+  live.step = step;
+  live.step_at_ms = now;
+  live.gauges.last_step->Set(static_cast<double>(now) / 1000.0);
+}
+
+int MetricSeries::Stalled(int64_t now_wall_ms) const {
+  int stalled = 0;
+  for (const auto& [id, live] : live_) {
+    if (!live.in_group || live.step_ms <= 0) continue;
+    const double limit = std::max(kStallFactor * live.step_ms, static_cast<double>(kStallFloorMs));
+    if (static_cast<double>(now_wall_ms - live.step_at_ms) > limit) ++stalled;
+  }
+  return stalled;
 }
 
 void MetricSeries::Record(const v1::Job& job, const v1::AttemptEvent::Metric& metric,

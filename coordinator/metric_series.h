@@ -48,6 +48,12 @@ class MetricSeries {
   absl::flat_hash_map<std::string, double> LastValues(const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   void Forget(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // Live training jobs whose last step is older than kStallFactor times their mean step
+  // time (and at least kStallFloorMs): stemma_train_stalled_jobs, StemmaTrainingStalled. A
+  // job counts once it has advanced twice (a mean step time is known).
+  static constexpr double kStallFactor = 10;
+  static constexpr int64_t kStallFloorMs = 300000;
+  int Stalled(int64_t now_wall_ms) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
 
   // INVALID_ARGUMENT without jobs or experiment, NOT_FOUND for an unknown job or an
   // experiment with no jobs. Sees every point reported before the call.
@@ -60,6 +66,9 @@ class MetricSeries {
     bool in_group = false;                      // counted in groups_ (it reported a gauge value)
     CoordinatorMetrics::TrainingSeries gauges;  // valid while in_group
     absl::flat_hash_map<std::string, double> last;
+    int64_t step = -1;       // the latest step a loss or tokens_per_s point carried
+    int64_t step_at_ms = 0;  // wall time that step arrived
+    double step_ms = 0;      // mean time per step (moving average); 0: not known yet
   };
   void LeaveGroup(Live& live) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   // The index in the change's runs of the run of (job, current attempt, name, labels) that

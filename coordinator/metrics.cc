@@ -1,11 +1,13 @@
 #include "coordinator/metrics.h"
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
+#include "coordinator/demand_gauges.h"
 #include "stemma/v1/user_service.pb.h"
 #include "stemma/v1/worker_service.pb.h"
 
@@ -38,6 +40,17 @@ namespace {
 prometheus::Histogram::BucketBoundaries LatencyBuckets() {
   return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
           0.25,   0.5,     1,      2.5,   5,      10,    30,   60,    300};
+}
+
+// gRPC's own code names (codes.Code.String() in Go), as go-grpc-prometheus labels them.
+std::string GrpcCodeName(absl::StatusCode code) {
+  static constexpr const char* kNames[] = {
+      "OK",       "Canceled",       "Unknown",          "InvalidArgument",   "DeadlineExceeded",
+      "NotFound", "AlreadyExists",  "PermissionDenied", "ResourceExhausted", "FailedPrecondition",
+      "Aborted",  "OutOfRange",     "Unimplemented",    "Internal",          "Unavailable",
+      "DataLoss", "Unauthenticated"};
+  const auto i = static_cast<size_t>(code);
+  return i < std::size(kNames) ? kNames[i] : "Unknown";
 }
 
 // Operations of the checkpoints the engine publishes (docs/engine-events.md).
@@ -147,23 +160,42 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
                        .Name("stemma_rpc_requests_total")
                        .Help("RPCs (and worker sessions) that ended, by method and status code")
                        .Register(*registry_);
-  auto add_method = [&](const std::string& method) {
+  auto& handled = BuildCounter()
+                      .Name("grpc_server_handled_total")
+                      .Help("RPCs completed on the server, regardless of success or failure")
+                      .Register(*registry_);
+  auto& handling = BuildHistogram()
+                       .Name("grpc_server_handling_seconds")
+                       .Help("Response latency of RPCs handled by the server (a stream: its life)")
+                       .Register(*registry_);
+  auto add_method = [&](const std::string& method, const std::string& service,
+                        const std::string& type) {
     CodeCounters& counters = rpc_requests_[method];
+    GrpcSeries& grpc = grpc_[method];
+    const std::map<std::string, std::string> labels = {
+        {"grpc_service", service}, {"grpc_method", method}, {"grpc_type", type}};
     for (int code = 0; code < static_cast<int>(counters.size()); ++code) {
-      counters[code] =
-          &requests.Add({{"method", method},
-                         {"code", absl::StatusCodeToString(static_cast<absl::StatusCode>(code))}});
+      const auto c = static_cast<absl::StatusCode>(code);
+      counters[code] = &requests.Add({{"method", method}, {"code", absl::StatusCodeToString(c)}});
+      auto with_code = labels;
+      with_code["grpc_code"] = GrpcCodeName(c);
+      grpc.handled[code] = &handled.Add(with_code);
     }
+    grpc.handling = &handling.Add(labels, LatencyBuckets());
   };
   for (const auto* service :
        {v1::SubmitRequest::descriptor()->file()->FindServiceByName("UserService"),
         v1::WorkerMessage::descriptor()->file()->FindServiceByName("WorkerService")}) {
     for (int i = 0; service != nullptr && i < service->method_count(); ++i) {
-      add_method(service->method(i)->name());
+      const auto* m = service->method(i);
+      add_method(m->name(), service->full_name(),
+                 m->client_streaming() ? (m->server_streaming() ? "bidi_stream" : "client_stream")
+                                       : (m->server_streaming() ? "server_stream" : "unary"));
     }
   }
-  add_method("other");
+  add_method("other", "other", "unary");
   rpc_other_ = &rpc_requests_.at("other");
+  grpc_other_ = &grpc_.at("other");
   auto& workers =
       BuildGauge().Name("stemma_coordinator_workers").Help("Workers by state").Register(*registry_);
   workers_alive_ = &workers.Add({{"state", "alive"}});
@@ -175,6 +207,53 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
                    .Register(*registry_);
   gpus_free_ = &gpus.Add({{"state", "free"}});
   gpus_allocated_ = &gpus.Add({{"state", "allocated"}});
+  auto& queued_gpus =
+      BuildGauge()
+          .Name("stemma_scheduler_queued_gpus")
+          .Help(
+              "GPUs that QUEUED jobs ask for (nodes x GPUs per node), by GPUs per node rounded "
+              "up to a power of two: what an autoscaler adds workers for")
+          .Register(*registry_);
+  for (const char* size : kGpuSizeLabels)
+    queued_gpus_.push_back(&queued_gpus.Add({{"per_node", size}}));
+  near_timeout_ = &BuildGauge()
+                       .Name("stemma_coordinator_attempts_near_timeout")
+                       .Help("Running attempts that have used more than 90% of their timeout")
+                       .Register(*registry_)
+                       .Add({});
+  timeout_ratio_max_ =
+      &BuildGauge()
+           .Name("stemma_coordinator_attempt_timeout_ratio_max")
+           .Help("The largest share of its timeout a running attempt has used (0: none has one)")
+           .Register(*registry_)
+           .Add({});
+  stalled_training_ =
+      &BuildGauge()
+           .Name("stemma_train_stalled_jobs")
+           .Help("Running training jobs with no step for 10x their mean step time (and 5 minutes)")
+           .Register(*registry_)
+           .Add({});
+  train_step_seconds_ =
+      &BuildGauge()
+           .Name("stemma_train_step_seconds")
+           .Help("Mean wall time per optimizer step of a running job, by experiment and stage")
+           .Register(*registry_);
+  train_last_step_ =
+      &BuildGauge()
+           .Name("stemma_train_last_step_timestamp_seconds")
+           .Help(
+               "When a running job of the stage last advanced a step (Unix time), by "
+               "experiment and stage")
+           .Register(*registry_);
+}
+
+void CoordinatorMetrics::SetDemand(const Demand& demand, int stalled_training_jobs) {
+  for (size_t i = 0; i < queued_gpus_.size(); ++i) {
+    queued_gpus_[i]->Set(static_cast<double>(demand.queued_gpus[i]));
+  }
+  near_timeout_->Set(demand.near_timeout);
+  timeout_ratio_max_->Set(demand.max_timeout_ratio);
+  stalled_training_->Set(stalled_training_jobs);
 }
 
 prometheus::Gauge& CoordinatorMetrics::JobsGauge(v1::JobState state, const std::string& kind) {
@@ -201,12 +280,16 @@ prometheus::Histogram& CoordinatorMetrics::Rpc(const std::string& method) {
   return rpc_->Add({{"method", method}}, LatencyBuckets());
 }
 
-void CoordinatorMetrics::RpcEnded(absl::string_view method, absl::StatusCode code) {
+void CoordinatorMetrics::RpcEnded(absl::string_view method, absl::StatusCode code, double seconds) {
   auto it = rpc_requests_.find(method);
   CodeCounters& counters = it != rpc_requests_.end() ? it->second : *rpc_other_;
-  const auto index = static_cast<size_t>(code);
-  counters[index < counters.size() ? index : static_cast<size_t>(absl::StatusCode::kUnknown)]
-      ->Increment();
+  auto g = grpc_.find(method);
+  GrpcSeries& grpc = g != grpc_.end() ? g->second : *grpc_other_;
+  size_t index = static_cast<size_t>(code);
+  if (index >= counters.size()) index = static_cast<size_t>(absl::StatusCode::kUnknown);
+  counters[index]->Increment();
+  grpc.handled[index]->Increment();
+  if (seconds >= 0) grpc.handling->Observe(seconds);
 }
 
 void CoordinatorMetrics::CheckpointRegistered(const std::string& operation) {
@@ -255,6 +338,8 @@ CoordinatorMetrics::TrainingSeries CoordinatorMetrics::Training(const std::strin
     it->second.tokens = &train_tokens_->Add(labels);
     it->second.step = &train_step_->Add(labels);
     it->second.progress = &train_progress_->Add(labels);
+    it->second.step_seconds = &train_step_seconds_->Add(labels);
+    it->second.last_step = &train_last_step_->Add(labels);
   }
   return it->second;
 }
@@ -267,6 +352,8 @@ void CoordinatorMetrics::RemoveTraining(const std::string& experiment, const std
   train_tokens_->Remove(it->second.tokens);
   train_step_->Remove(it->second.step);
   train_progress_->Remove(it->second.progress);
+  train_step_seconds_->Remove(it->second.step_seconds);
+  train_last_step_->Remove(it->second.last_step);
   training_.erase(it);
 }
 

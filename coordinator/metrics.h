@@ -14,6 +14,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -23,6 +24,8 @@
 #include "stemma/v1/job.pb.h"
 
 namespace stemma::coordinator {
+
+struct Demand;  // coordinator/demand_gauges.h
 
 // HTTP basic authentication for /metrics (`stemma-coordinator --metrics-auth FILE`): the per-
 // experiment series name experiments, stages, cells and metrics of every user, which nobody
@@ -47,7 +50,11 @@ class CoordinatorMetrics {
   // A call ended (stemma_rpc_requests_total{method,code}). Every method of the user and
   // worker services is created with every code at 0 (a series created at its first error
   // would not show that error in rate()); a method of no Stemma service counts as "other".
-  void RpcEnded(absl::string_view method, absl::StatusCode code);
+  // The same call under go-grpc-prometheus's names, so that stock gRPC dashboards work:
+  // grpc_server_handled_total{grpc_service,grpc_method,grpc_type,grpc_code} and, when
+  // `seconds` (the whole call, a stream's life included) is known,
+  // grpc_server_handling_seconds{grpc_service,grpc_method,grpc_type}.
+  void RpcEnded(absl::string_view method, absl::StatusCode code, double seconds = -1);
   void StoreCommit(double seconds, size_t records) {
     store_txn_->Observe(seconds);
     store_batch_->Observe(static_cast<double>(records));
@@ -66,6 +73,11 @@ class CoordinatorMetrics {
     gpus_allocated_->Set(allocated);
   }
   void AttemptEnded(const std::string& result);
+  // What the queue asks for and how close running attempts are to their timeout
+  // (coordinator/demand_gauges.h), and how many training jobs stopped advancing:
+  // stemma_scheduler_queued_gpus{per_node}, stemma_coordinator_attempts_near_timeout,
+  // stemma_coordinator_attempt_timeout_ratio_max, stemma_train_stalled_jobs.
+  void SetDemand(const Demand& demand, int stalled_training_jobs);
 
   // Live training series of running jobs, labelled by experiment and stage (bounded: one
   // series per stage of an experiment, whichever of its jobs reported last). The gauges
@@ -75,7 +87,9 @@ class CoordinatorMetrics {
     prometheus::Gauge* loss = nullptr;
     prometheus::Gauge* tokens = nullptr;  // tokens per second
     prometheus::Gauge* step = nullptr;
-    prometheus::Gauge* progress = nullptr;  // fraction of the run's steps done (0..1)
+    prometheus::Gauge* progress = nullptr;      // fraction of the run's steps done (0..1)
+    prometheus::Gauge* step_seconds = nullptr;  // mean wall time per step
+    prometheus::Gauge* last_step = nullptr;     // Unix time the latest step arrived
   };
   TrainingSeries Training(const std::string& experiment, const std::string& stage);
   // Removes the series of (experiment, stage): no job of it runs any more.
@@ -116,6 +130,12 @@ class CoordinatorMetrics {
   using CodeCounters = std::array<prometheus::Counter*, 17>;
   absl::flat_hash_map<std::string, CodeCounters> rpc_requests_;
   CodeCounters* rpc_other_ = nullptr;
+  struct GrpcSeries {
+    CodeCounters handled{};
+    prometheus::Histogram* handling = nullptr;
+  };
+  absl::flat_hash_map<std::string, GrpcSeries> grpc_;  // by method; built in the constructor
+  GrpcSeries* grpc_other_ = nullptr;
   absl::flat_hash_map<std::string, prometheus::Counter*> checkpoints_registered_;
   prometheus::Counter* checkpoints_other_ = nullptr;
   prometheus::Family<prometheus::Gauge>* train_loss_;
@@ -127,6 +147,12 @@ class CoordinatorMetrics {
   prometheus::Gauge* workers_lost_;
   prometheus::Gauge* gpus_free_;
   prometheus::Gauge* gpus_allocated_;
+  std::vector<prometheus::Gauge*> queued_gpus_;  // indexed like kGpuSizeLabels
+  prometheus::Gauge* near_timeout_;
+  prometheus::Gauge* timeout_ratio_max_;
+  prometheus::Gauge* stalled_training_;
+  prometheus::Family<prometheus::Gauge>* train_step_seconds_;
+  prometheus::Family<prometheus::Gauge>* train_last_step_;
 
   // The labelled series each call would otherwise look up by building a label map (a
   // job's transitions made a dozen such lookups).

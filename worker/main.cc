@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
+#include "common/log_format.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "worker/config.h"
@@ -80,6 +81,7 @@ struct Flags {
   bool hidden_token_file = false;  // by a mount namespace
   bool insecure = false;
   std::string health_listen;
+  std::string log_format = "text";
 };
 
 void AddFlags(CLI::App& app, WorkerConfig* config, Flags* f) {
@@ -120,6 +122,9 @@ void AddFlags(CLI::App& app, WorkerConfig* config, Flags* f) {
   app.add_option("--log-level", config->log_level, "trace|debug|info|warn|error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}))
       ->capture_default_str();
+  app.add_option("--log-format", f->log_format, "text | json (one JSON object per line)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   app.add_option("--storage-root", config->storage_root,
                  "relative paths in engine specs resolve here, and engine jobs write only "
                  "below it (default: the current directory)");
@@ -145,6 +150,8 @@ std::optional<int> CheckFlags(const std::string& env_token, WorkerConfig* config
     absl::StatusOr<std::string> token = ReadSecretFile(f->token_file);
     if (!token.ok()) return BadFlag("--token-file: " + std::string(token.status().message()));
     f->security.token = *token;
+    // Read again at each connection: a Kubernetes projected token is rotated in place.
+    f->security.token_file = f->token_file;
     // Now, while this is the only thread (job_confinement.h).
     if (absl::Status hidden = HideFileFromJobs(f->token_file); hidden.ok()) {
       f->hidden_token_file = true;
@@ -219,6 +226,7 @@ int Main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   InitLogging("worker", config.log_level);
+  SetLogFormat(f.log_format);
 
   std::error_code ec;
   std::filesystem::create_directories(config.data_dir, ec);
