@@ -3,6 +3,10 @@
 
     deploy/generate.py            write the outputs
     deploy/generate.py --check    exit 1 if a checked-in output differs from a fresh one
+    deploy/generate.py --runbook-base-url URL --rule-out FILE
+                                  write a PrometheusRule whose runbook_url points at
+                                  URL/runbooks/<alert>.md (where your copy of docs/ is served);
+                                  the kustomize overlays do the same from their runbooks.yaml
 
 Outputs (checked in, never edited by hand):
     deploy/grafana/dashboards/stemma-cluster.json
@@ -43,6 +47,19 @@ REGISTRY = "a job that published a checkpoint (an output event of type checkpoin
 FAILURES = "a failed attempt"
 RPC_ERRORS = "an RPC that ended with an error code"
 TLS = "a daemon that loads TLS certificates (--tls-cert, --ca)"
+DCGM = ("NVIDIA's DCGM exporter scraped by the same Prometheus, and worker series with a pod label "
+        "(Kubernetes: the ServiceMonitor adds it)")
+STALL = "a training job that has advanced at least twice (a mean step time is known)"
+# The base of runbook_url in deploy/prometheus/stemma-rules.yaml.
+RUNBOOK_BASE = "https://stemma.example.com/docs"
+
+
+def dcgm(metric: str) -> str:
+    """A DCGM exporter series of the GPUs that Stemma's worker pods hold: DCGM labels the
+    pod using each GPU (exported_pod once Prometheus keeps its own `pod`), joined with the
+    workers the dashboard's $job/$instance select."""
+    return (f'(label_replace({metric}, "pod", "$1", "exported_pod", "(.+)") '
+            f'and on (pod) stemma_worker_connected{sel()})')
 
 
 def eq(label: str, value: str) -> str:
@@ -147,6 +164,26 @@ CLUSTER = Dashboard(
             Panel("Scheduler pass", quantiles("stemma_scheduler_pass_seconds", qs=(0.5, 0.99)), unit="s",
                   description="Duration of one scheduling pass over the queue."),
         ]),
+        Row("Demand and timeouts", [
+            Panel("Queued GPUs by size", [
+                (f"sum by (per_node) (stemma_scheduler_queued_gpus{sel()})", "{{per_node}} per node"),
+            ], stack=True, description="GPUs that QUEUED jobs ask for, by GPUs per node (rounded up to a power "
+                                       "of two): what the worker pools' ScaledObjects scale on."),
+            Panel("GPU demand and capacity", [
+                (f"sum(stemma_scheduler_queued_gpus{sel()}) + sum(stemma_coordinator_gpus{sel(eq('state', 'allocated'))})",
+                 "asked (queued + allocated)"),
+                (f"sum(stemma_coordinator_gpus{sel()})", "offered by live workers"),
+            ], description="When the first line stays above the second, the pools are at their maxReplicaCount "
+                           "or new worker pods cannot be scheduled."),
+            Panel("Attempts near their timeout", [
+                (f"max(stemma_coordinator_attempts_near_timeout{sel()})", "past 90%"),
+            ], kind="stat", width=4, description="Running attempts that have used more than 90% of their timeout "
+                                                 "(StemmaAttemptNearTimeout)."),
+            Panel("Largest timeout share", [
+                (f"max(stemma_coordinator_attempt_timeout_ratio_max{sel()})", "max"),
+            ], unit="percentunit", kind="stat", width=4,
+                description="The largest share of its timeout a running attempt has used (0 when none has one)."),
+        ]),
         Row("Workers and GPUs", [
             Panel("Workers by state", [
                 (f"sum by (state) (stemma_coordinator_workers{sel()})", "{{state}}"),
@@ -175,6 +212,19 @@ CLUSTER = Dashboard(
                 (f"sum(stemma_worker_gpus_in_use{sel()})", "in use"),
                 (f"sum(stemma_worker_gpus{sel()})", "offered"),
             ], kind="stat", width=4),
+            Panel("GPU utilisation", [
+                (f"avg by (pod, gpu) ({dcgm('DCGM_FI_DEV_GPU_UTIL')})", "{{pod}} GPU {{gpu}}"),
+            ], unit="percent", needs=DCGM,
+                description="DCGM_FI_DEV_GPU_UTIL of each GPU a worker pod holds. A GPU of a running training job "
+                            "near 0 for long is the hung-collective signature (see StemmaTrainingStalled)."),
+            Panel("GPU memory used", [
+                (f"max by (pod, gpu) ({dcgm('DCGM_FI_DEV_FB_USED')})", "{{pod}} GPU {{gpu}}"),
+            ], unit="decmbytes", needs=DCGM, description="DCGM_FI_DEV_FB_USED (MiB) of each GPU a worker pod holds."),
+            Panel("GPU memory used share", [
+                (f"max by (pod, gpu) ({dcgm('DCGM_FI_DEV_FB_USED')} / ({dcgm('DCGM_FI_DEV_FB_USED')} + "
+                 f"{dcgm('DCGM_FI_DEV_FB_FREE')}))", "{{pod}} GPU {{gpu}}"),
+            ], unit="percentunit", needs=DCGM, description="Framebuffer used / (used + free): how close each GPU is to "
+                                                           "an out-of-memory error."),
         ]),
         Row("Store and RPC", [
             Panel("SQLite commit time", quantiles("stemma_store_transaction_seconds", qs=(0.5, 0.99)), unit="s",
@@ -223,6 +273,16 @@ CLUSTER = Dashboard(
             ], unit="s", needs=TLS,
                 description="Time left before each certificate a daemon loads expires (StemmaCertificateExpiring "
                             "fires under 14 days). A renewed file shows at the next scrape."),
+            Panel("gRPC handled by code (grpc-prometheus names)", [
+                (f"sum by (grpc_service, grpc_code) ({rate('grpc_server_handled_total')}) > 0",
+                 "{{grpc_service}} {{grpc_code}}"),
+            ], unit="reqps",
+                description="grpc_server_handled_total, as go-grpc-prometheus names it: stock gRPC dashboards read "
+                            "these series."),
+            Panel("gRPC handling p99 (grpc-prometheus names)", [
+                (f"histogram_quantile(0.99, sum by (grpc_method, le) ({rate('grpc_server_handling_seconds_bucket', nre('grpc_type', 'bidi_stream|server_stream'))}))",
+                 "{{grpc_method}}"),
+            ], unit="s", description="grpc_server_handling_seconds of unary calls (a stream's is its whole life)."),
             Panel("Worker attempts finished", [
                 (f"sum by (result) ({rate('stemma_worker_attempts_finished_total')})", "{{result}}"),
             ], unit="ops", stack=True),
@@ -251,6 +311,21 @@ EXPERIMENTS = Dashboard(
                 (f"stemma_train_progress_ratio{sel(experiment=True)}", "{{experiment}} {{stage}}"),
             ], unit="percentunit", needs=TRAINING, width=12,
                 description="Share of its steps each running train job has done (step / total_steps)."),
+            Panel("Seconds per step", [
+                (f"stemma_train_step_seconds{sel(experiment=True)}", "{{experiment}} {{stage}}"),
+            ], unit="s", needs=STALL, width=8,
+                description="Mean wall time per optimizer step (moving average) of the job of each stage that "
+                            "reported last."),
+            Panel("Time since the last step", [
+                (f"time() - stemma_train_last_step_timestamp_seconds{sel(experiment=True)}", "{{experiment}} {{stage}}"),
+            ], unit="s", needs=TRAINING, width=8,
+                description="Since a running job of the stage last advanced. Rising for a job whose step takes "
+                            "seconds: a hung collective, a stuck data loader, a dead rank."),
+            Panel("Stalled training jobs", [
+                (f"max(stemma_train_stalled_jobs{sel()})", "stalled"),
+            ], kind="stat", width=8,
+                description="Running training jobs with no step for 10x their mean step time and at least 5 "
+                            "minutes (StemmaTrainingStalled)."),
         ]),
         Row("Results", [
             Panel("Eval results", [
@@ -449,8 +524,15 @@ def _str_representer(dumper: yaml.SafeDumper, value: str):
 _BlockDumper.add_representer(str, _str_representer)
 
 
-def prometheus_rule(rules_text: str) -> str:
+def prometheus_rule(rules_text: str, runbook_base: str = RUNBOOK_BASE) -> str:
     rules = yaml.safe_load(rules_text)
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            url = rule.get("annotations", {}).get("runbook_url")
+            if url and runbook_base != RUNBOOK_BASE:
+                if not url.startswith(RUNBOOK_BASE + "/runbooks/"):
+                    raise SystemExit(f"{rule.get('alert')}: runbook_url {url} is not under {RUNBOOK_BASE}/runbooks/")
+                rule["annotations"]["runbook_url"] = runbook_base.rstrip("/") + url[len(RUNBOOK_BASE):]
     obj = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -480,7 +562,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
                         help="compare the checked-in outputs with fresh ones; write nothing")
+    parser.add_argument("--runbook-base-url", metavar="URL",
+                        help="write only a PrometheusRule (to --rule-out) whose runbook_url is "
+                             "URL/runbooks/<alert>.md")
+    parser.add_argument("--rule-out", metavar="FILE", help="where --runbook-base-url writes the rule")
     args = parser.parse_args()
+    if args.runbook_base_url:
+        if not args.rule_out or not args.runbook_base_url.startswith(("https://", "http://")):
+            parser.error("--runbook-base-url takes an http(s) URL and needs --rule-out FILE")
+        pathlib.Path(args.rule_out).write_text(prometheus_rule(RULES_SOURCE.read_text(), args.runbook_base_url))
+        print(f"wrote {args.rule_out}")
+        return 0
     stale = []
     for path, text in outputs().items():
         current = path.read_text() if path.exists() else None

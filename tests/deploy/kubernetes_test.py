@@ -8,10 +8,13 @@
 - policy: one coordinator replica in a StatefulSet, no PodDisruptionBudget on it, its
   database claim ReadWriteOncePod (ReadWriteOnce in dev), a shared ReadWriteMany checkpoint
   claim in clusters; KubeRay's securityContext on every container; probes on the health
-  port; every Service selects pods and its ports exist in them; GPU pools request
-  nvidia.com/gpu, tolerate the device plugin's taint and select GPU nodes; every image
-  pinned; every ConfigMap/Secret a pod uses is generated (hash suffix, so a change rolls it);
-  every flag in a container's args is one the binary accepts (--help);
+  port; every Service selects pods and its ports exist in them; every image pinned; every
+  ConfigMap/Secret a pod uses is generated (hash suffix, so a change rolls it); every flag in
+  a container's args is one the binary accepts (--help);
+- worker pools, scaling, identity, drain, network policies, backups, priorities and the
+  runbook URL: kubernetes_workers.py (pods of N GPUs in a StatefulSet per pool sized by a
+  KEDA ScaledObject on the coordinator's queue metric, projected tokens verified by
+  TokenReview, preStop drain, a disruption budget per pool, ...);
 - hadolint on the container files and yamllint on the YAML under deploy/.
 
     kubernetes_test.py --coordinator BIN --worker BIN [--cli BIN]
@@ -28,6 +31,8 @@ import pathlib
 import yaml
 
 import deploylib as lib
+import kubernetes_workers
+from k8slib import flags_of, is_crd, matches, name_of, pod_labels, pod_spec, workers_of
 
 # The overlays and what differs between them.
 OVERLAYS = {
@@ -36,37 +41,22 @@ OVERLAYS = {
                     "secure": True},
 }
 # Files the gpu-cluster overlay reads from secrets/ (the operator makes them).
-SECRET_FILES = {"worker-tokens.env": "gpu-node-1=test-token-1\ngpu-node-2=test-token-2\n",
-                "tokens": "test-digests\n", "tls.crt": "test-cert\n", "tls.key": "test-key\n",
+SECRET_FILES = {"drain-token": "stm_test-drain-token\n", "tokens": "test-digests\n", "tls.crt": "test-cert\n", "tls.key": "test-key\n",
                 "ca.crt": "test-ca\n"}
 # Which binary each image runs.
 IMAGE_BINARY = {"stemma/coordinator": "coordinator", "stemma/worker": "worker",
                 "stemma/worker-cuda": "worker"}
 
 
-def pod_spec(obj: dict) -> dict | None:
-    if obj["kind"] in ("StatefulSet", "DaemonSet", "Deployment", "Job", "ReplicaSet"):
-        return obj["spec"]["template"]["spec"]
-    if obj["kind"] == "Pod":
-        return obj["spec"]
-    return None
-
-
-def pod_labels(obj: dict) -> dict:
-    return obj["spec"]["template"]["metadata"].get("labels", {})
-
-
-def matches(selector: dict, labels: dict) -> bool:
-    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
-
-
-def name_of(obj: dict) -> str:
-    return f"{obj['kind']}/{obj['metadata']['name']}"
+def is_daemon(c: dict) -> bool:
+    """A container that runs stemma-coordinator or stemma-worker (not a helper with a command)."""
+    image = c["image"].split("@")[0].rsplit(":", 1)[0]
+    return not c.get("command") and any(image.endswith(suffix) for suffix in IMAGE_BINARY)
 
 
 def render(overlay: str, tmp: pathlib.Path, f: lib.Failures, edit=None) -> list[dict]:
     # A copy, so that the secrets the gpu-cluster overlay reads can be written beside it.
-    tree = tmp / f"kubernetes-{overlay}{'-edited' if edit else ''}"
+    tree = pathlib.Path(tempfile.mkdtemp(dir=tmp, prefix=f"{overlay}-")) / "kubernetes"
     shutil.copytree(lib.KUBERNETES, tree)
     if edit:
         edit(tree)
@@ -83,7 +73,7 @@ def render(overlay: str, tmp: pathlib.Path, f: lib.Failures, edit=None) -> list[
 
 def validate(overlay: str, tmp: pathlib.Path, objs: list[dict], f: lib.Failures) -> None:
     validator = lib.tool("kubernetes-validate")
-    core = [o for o in objs if o["apiVersion"] != "monitoring.coreos.com/v1"]
+    core = [o for o in objs if not is_crd(o)]
     path = tmp / f"{overlay}-core.yaml"
     path.write_text(yaml.safe_dump_all(core))
     r = lib.run([validator, "--strict", "--quiet", str(path)])
@@ -92,7 +82,7 @@ def validate(overlay: str, tmp: pathlib.Path, objs: list[dict], f: lib.Failures)
     # The validator must be able to fail: a field misspelt in the StatefulSet.
     bad = yaml.safe_load(yaml.safe_dump(core))
     for o in bad:
-        if o["kind"] == "StatefulSet":
+        if o["kind"] == "StatefulSet" and "replicas" in o["spec"]:
             o["spec"]["replica"] = o["spec"].pop("replicas")
     path.write_text(yaml.safe_dump_all(bad))
     r = lib.run([validator, "--strict", "--quiet", str(path)])
@@ -247,7 +237,7 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
                 k = e.get("valueFrom", {}).get("secretKeyRef")
                 if k:
                     f.check(("Secret", k["name"]) in generated, f"{where}: env {e['name']} from a Secret not generated")
-        for c in pod["containers"]:
+        for c in [c for c in pod["containers"] if is_daemon(c)]:
             where = f"{ov}: {name_of(o)} container {c['name']}"
             ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
             health = ports.get("health")
@@ -294,11 +284,12 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
     # TLS and tokens in clusters, --insecure only in dev; secret files reach the daemons
     # with mode 0600 through an init container and an in-memory volume.
     required = {"coordinator": ["--tls-cert", "--tls-key", "--tokens"], "worker": ["--ca", "--token-file"]}
-    for o in coordinators + by_kind.get("DaemonSet", []):
+    workers = workers_of(objs)
+    for o in coordinators + workers:
         pod = pod_spec(o)
         c = pod["containers"][0]
         role = "coordinator" if o in coordinators else "worker"
-        flags = {a.split("=", 1)[0]: a.split("=", 1)[1] if "=" in a else "" for a in c["args"]}
+        flags = flags_of(c)
         n = f"{ov}: {name_of(o)}"
         if not want["secure"]:
             f.check("--insecure" in flags and not any(k in flags for k in required[role]),
@@ -307,6 +298,8 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
         f.check("--insecure" not in flags, f"{n}: runs with --insecure")
         for k in required[role]:
             f.check(k in flags, f"{n}: no {k}")
+        if role == "worker":
+            continue  # a projected service-account token (kubernetes_workers.check_identity)
         secret_file = flags.get("--tokens" if role == "coordinator" else "--token-file", "")
         volumes = {v["name"]: v for v in pod.get("volumes", [])}
         mount = next((m for m in c["volumeMounts"] if secret_file.startswith(m["mountPath"] + "/")), None)
@@ -324,9 +317,9 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
                 f.check(src_mount is not None and "secret" in volumes.get(src_mount["name"], {}),
                         f"{n}: the init container does not copy from a Secret")
 
-    # Workers: one DaemonSet per GPU pool, with distinct pod selectors.
-    workers = by_kind.get("DaemonSet", [])
-    f.check(len(workers) == max(1, want["gpu_pools"]), f"{ov}: {len(workers)} worker DaemonSets")
+    # Workers: one StatefulSet per GPU pool, with distinct pod selectors.
+    f.check([o["kind"] for o in workers] == ["StatefulSet"] * max(1, want["gpu_pools"]),
+            f"{ov}: workers are {[name_of(o) for o in workers]}, expected one StatefulSet per pool")
     for a in workers:
         for b in workers:
             if a is not b:
@@ -361,10 +354,9 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
                     f"{n}: no toleration for the device plugin's nvidia.com/gpu taint")
             ns = pod.get("nodeSelector", {})
             f.check(ns.get("nvidia.com/gpu.present") == "true", f"{n}: does not select GPU nodes")
-            pool = ns.get("stemma.dev/gpu-pool")
-            f.check(pool is not None and pod_labels(o).get("stemma.dev/gpu-pool") == pool
-                    and o["spec"]["selector"]["matchLabels"].get("stemma.dev/gpu-pool") == pool,
-                    f"{n}: pool label missing from node selector, pod labels or selector")
+            pool = pod_labels(o).get("stemma.dev/gpu-pool")
+            f.check(pool is not None and o["spec"]["selector"]["matchLabels"].get("stemma.dev/gpu-pool") == pool,
+                    f"{n}: pool label missing from pod labels or selector")
             f.check("--gpus" not in " ".join(c["args"]), f"{n}: declares fake GPUs on a GPU node")
         else:
             f.check(gpus is None and not pod.get("tolerations"), f"{n}: GPU resources in an overlay without GPUs")
@@ -374,6 +366,7 @@ def policy(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failure
     for ns in by_kind.get("Namespace", []):
         f.check(ns["metadata"].get("labels", {}).get("pod-security.kubernetes.io/enforce") == "restricted",
                 f"{ov}: namespace {ns['metadata']['name']} does not enforce the restricted Pod Security Standard")
+    kubernetes_workers.policy(ov, objs, want, f)
 
 
 def planted_probe(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.Failures) -> None:
@@ -382,7 +375,7 @@ def planted_probe(overlay: str, objs: list[dict], helps: dict[str, str], f: lib.
     for plant, want in [("http", "livenessProbe is not a grpc probe on the health port"),
                         ("flag", "does not serve health (--health-listen)")]:
         planted = copy.deepcopy(objs)
-        worker = next(o for o in planted if o["kind"] == "DaemonSet")
+        worker = workers_of(planted)[0]
         c = pod_spec(worker)["containers"][0]
         if plant == "http":
             c["livenessProbe"] = {"httpGet": {"path": "/metrics", "port": "metrics"}}
@@ -448,6 +441,19 @@ def main() -> None:
             check_crds(overlay, tmp, objs, f)
             policy(overlay, objs, helps, f)
             planted_probe(overlay, objs, helps, f)
+            kubernetes_workers.check_scaling(f"overlays/{overlay}", tmp, objs, OVERLAYS[overlay], f)
+            kubernetes_workers.planted(f"overlays/{overlay}", objs, OVERLAYS[overlay], f)
+        # The cert-manager component in place of the certificate files.
+        def with_cert_manager(tree):
+            k = tree / "overlays" / "gpu-cluster" / "kustomization.yaml"
+            doc = yaml.safe_load(k.read_text())
+            doc["components"].append("../../components/cert-manager")
+            doc["secretGenerator"] = [g for g in doc["secretGenerator"] if g["name"] != "stemma-coordinator-tls"]
+            k.write_text(yaml.safe_dump(doc))
+        objs = render("gpu-cluster", tmp, f, with_cert_manager)
+        if objs:
+            validate("gpu-cluster-cert-manager", tmp, objs, f)
+            kubernetes_workers.check_cert_manager("overlays/gpu-cluster + cert-manager", objs, f)
         # The restore pod of the operator guide: valid, and as locked down as the rest.
         tools = sorted((lib.KUBERNETES / "tools").glob("*.yaml"))
         for path in tools:

@@ -79,9 +79,9 @@ def render(dashboard: dict, results: dict[int, list[tuple[dict, list[dict]]]], n
     fig.suptitle(f"{dashboard['title']} ({title_suffix})", fontsize=16, y=0.995)
     unit_scale = {"percentunit": 100}
 
-    def box(g):  # gridPos -> figure coordinates, with a margin
-        return [g["x"] / 24 + 0.012, 1 - (g["y"] + g["h"]) / height + 0.02,
-                g["w"] / 24 - 0.024, g["h"] / height - 0.045]
+    def box(g):  # gridPos -> figure coordinates, with a margin (in grid units: tall dashboards too)
+        return [g["x"] / 24 + 0.012, 1 - (g["y"] + g["h"] - 1.2) / height,
+                g["w"] / 24 - 0.024, (g["h"] - 2.7) / height]
 
     for r in rows:
         g = r["gridPos"]
