@@ -107,6 +107,12 @@ def check_identity(ov: str, objs: list[dict], want: dict, f: lib.Failures) -> No
                 f"{n}: a projected token not for audience stemma (an API token): {tokens}")
         if not want["secure"]:
             continue
+        # The kubelet makes a projected token 0640 under an fsGroup, 0600 for the pod's one
+        # user without (kubernetes#89193); the worker refuses a token its group may read.
+        psc = pod.get("securityContext", {})
+        f.check("fsGroup" not in psc and all("runAsUser" not in c.get("securityContext", {})
+                                             for c in pod["containers"] + pod.get("initContainers", [])),
+                f"{n}: an fsGroup, or containers running as different users, make the token group-readable")
         c = pod["containers"][0]
         path = flags_of(c).get("--token-file", "")
         m = mount_of(c, path)
