@@ -8,6 +8,8 @@
 #include <cmath>
 #include <utility>
 
+#include "engine/model/loss.h"
+
 namespace stemma::engine::model {
 
 // ---- DecoderModel ----
@@ -44,16 +46,31 @@ torch::Tensor DecoderModelImpl::forward(const torch::Tensor& input_ids, KVCache*
   auto [cos_local, sin_local] = rope_local_.Tables(positions, h.scalar_type());
 
   for (size_t i = 0; i < layers->size(); ++i) {
-    auto* layer = layers[i]->as<DecoderLayerImpl>();
-    LayerKV* kv = cache != nullptr ? &cache->layers[i] : nullptr;
-    if (layer->sliding()) {
-      h = layer->forward(h, cos_local, sin_local, kv, router_logits);
+    if (layers[i]->as<DecoderLayerImpl>()->sliding()) {
+      h = RunLayer(i, h, cos_local, sin_local, cache, router_logits);
     } else {
-      h = layer->forward(h, cos, sin, kv, router_logits);
+      h = RunLayer(i, h, cos, sin, cache, router_logits);
     }
     if (layer_output_hook) layer_output_hook(static_cast<int64_t>(i), h);
   }
   return norm(h);  // [B, T, H]
+}
+
+torch::Tensor DecoderModelImpl::RunLayer(size_t i, const torch::Tensor& h, const torch::Tensor& cos,
+                                         const torch::Tensor& sin, KVCache* cache,
+                                         std::vector<torch::Tensor>* router_logits) {
+  const int index = static_cast<int>(i);
+  const bool recorded = torch::GradMode::is_enabled() && cache == nullptr;
+  const bool every_nth = checkpoint_every_ > 0 && index % checkpoint_every_ == 0;
+  if (recorded && (hooks_ || every_nth)) {
+    return CheckpointedLayer(layers->ptr<DecoderLayerImpl>(i), index, h, cos, sin, hooks_,
+                             router_logits);
+  }
+  if (hooks_ && hooks_->gather) hooks_->gather(index);
+  LayerKV* kv = cache != nullptr ? &cache->layers[i] : nullptr;
+  auto out = layers[i]->as<DecoderLayerImpl>()->forward(h, cos, sin, kv, router_logits);
+  if (hooks_ && hooks_->release) hooks_->release(index);
+  return out;
 }
 
 // ---- CausalLM ----
@@ -72,18 +89,29 @@ torch::Tensor CausalLMImpl::output_weight() {
   return lm_head ? lm_head->weight : model->embed_tokens->weight;
 }
 
+torch::Tensor CausalLMImpl::Hidden(const torch::Tensor& input_ids, KVCache* cache,
+                                   ForwardOutput* out) {
+  auto h = model(input_ids, cache, config_.is_moe() ? &out->router_logits : nullptr);  // [B,T,H]
+  if (config_.is_moe()) {
+    out->load_balancing_loss = LoadBalancingLoss(out->router_logits, config_.num_experts_per_tok);
+    out->router_z_loss = RouterZLoss(out->router_logits);
+  }
+  return h;
+}
+
 ForwardOutput CausalLMImpl::forward(const torch::Tensor& input_ids, KVCache* cache) {
   ForwardOutput out;
-  auto h = model(input_ids, cache, config_.is_moe() ? &out.router_logits : nullptr);  // [B,T,H]
-  out.logits = torch::nn::functional::linear(h, output_weight());                     // [B,T,V]
-  if (config_.final_logit_softcapping) {
-    const double cap = *config_.final_logit_softcapping;
-    out.logits = torch::tanh(out.logits / cap) * cap;
-  }
-  if (config_.is_moe()) {
-    out.load_balancing_loss = LoadBalancingLoss(out.router_logits, config_.num_experts_per_tok);
-    out.router_z_loss = RouterZLoss(out.router_logits);
-  }
+  auto h = Hidden(input_ids, cache, &out);
+  out.logits = OutputLogits(h, output_weight(), config_.final_logit_softcapping);  // [B,T,V]
+  return out;
+}
+
+ForwardOutput CausalLMImpl::ForwardLoss(const torch::Tensor& input_ids,
+                                        const torch::Tensor& targets, int64_t loss_chunk_tokens) {
+  ForwardOutput out;
+  auto h = Hidden(input_ids, /*cache=*/nullptr, &out);
+  out.ce_sum = ChunkedCrossEntropy(h, output_weight(), targets, loss_chunk_tokens,
+                                   config_.final_logit_softcapping);
   return out;
 }
 

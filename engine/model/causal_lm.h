@@ -13,8 +13,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
+#include "engine/model/checkpointing.h"
 #include "engine/model/config.h"
 #include "engine/model/modules.h"
 
@@ -32,6 +34,7 @@ struct KVCache {
 
 struct ForwardOutput {
   torch::Tensor logits;  // [B, T, V], after final logit softcapping where configured
+  torch::Tensor ce_sum;  // ForwardLoss only (logits undefined then): summed CE, fp32 scalar
   // MoE only (undefined for dense models):
   std::vector<torch::Tensor> router_logits;  // one per layer, [B*T, E], before softmax
   torch::Tensor load_balancing_loss;         // scalar, LoadBalancingLoss(router_logits)
@@ -54,9 +57,24 @@ class DecoderModelImpl : public torch::nn::Module {
   // Unset by default.
   std::function<void(int64_t layer, const torch::Tensor& hidden)> layer_output_hook;
 
+  // Training memory (checkpointing.h): while grad mode is on and no KV cache is used, layers
+  // 0, n, 2n, ... (every = n) are recomputed in backward instead of keeping their
+  // activations. 0 (the default) turns it off.
+  void SetActivationCheckpointing(int64_t every) { checkpoint_every_ = every; }
+  // Sharded weights (ZeRO-3): `hooks` run around every layer as checkpointing.h describes;
+  // while set, training checkpoints every layer. Null unsets them.
+  void SetLayerHooks(std::shared_ptr<const LayerHooks> hooks) { hooks_ = std::move(hooks); }
+
  private:
+  // Runs layer i on h, checkpointed or plainly, between the hooks.
+  torch::Tensor RunLayer(size_t i, const torch::Tensor& h, const torch::Tensor& cos,
+                         const torch::Tensor& sin, KVCache* cache,
+                         std::vector<torch::Tensor>* router_logits);
+
   ModelConfig config_;
   Rope rope_, rope_local_;
+  int64_t checkpoint_every_ = 0;
+  std::shared_ptr<const LayerHooks> hooks_;
 };
 TORCH_MODULE(DecoderModel);
 
@@ -65,6 +83,12 @@ class CausalLMImpl : public torch::nn::Module {
   explicit CausalLMImpl(ModelConfig config);
   // input_ids [B, T] (int64). With `cache`, the tokens continue the cached sequence.
   ForwardOutput forward(const torch::Tensor& input_ids, KVCache* cache = nullptr);
+  // Training and held-out loss: the forward without [B, T, V] logits. ce_sum is the summed
+  // next-token cross-entropy against targets [B, T] (int64, -100 ignored), computed over
+  // chunks of `loss_chunk_tokens` tokens (loss.h; 0: one chunk, the plain head and loss);
+  // the MoE fields as in forward().
+  ForwardOutput ForwardLoss(const torch::Tensor& input_ids, const torch::Tensor& targets,
+                            int64_t loss_chunk_tokens);
 
   // HF-style random initialisation, deterministic for a seed on CPU: every Linear and the
   // embedding ~ N(0, initializer_range (0.02)), biases 0, norms at identity (1, or 0 for
@@ -79,6 +103,9 @@ class CausalLMImpl : public torch::nn::Module {
   torch::nn::Linear lm_head{nullptr};  // null when tie_word_embeddings
 
  private:
+  // The decoder and the MoE losses; out->logits is left for the caller. Returns [B, T, H].
+  torch::Tensor Hidden(const torch::Tensor& input_ids, KVCache* cache, ForwardOutput* out);
+
   ModelConfig config_;
 };
 TORCH_MODULE(CausalLM);
