@@ -266,15 +266,11 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
       }
     }
   }
-  if (refusal.empty() && failure.empty()) {
+  if (refusal.empty() && failure.empty())
     AddRanks(assignment, context, *attempt, &refusal, &failure);
-  }
   if (refusal.empty() && failure.empty()) {
     plan->Seal();
     attempt->plan = std::move(plan);
-  } else {
-    attempt->more.clear();
-    attempt->more_plans.clear();
   }
 
   bool notify = false;
@@ -312,11 +308,11 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
 void Executor::AddRanks(const v1::Assignment& assignment, const SpawnContext& context,
                         Attempt& attempt, std::string* refusal, std::string* failure) {
   const int ranks = RanksPerPart(assignment.spec());
-  for (int local = 1; local < ranks; ++local) {
+  for (int local = 1; local < ranks && refusal->empty() && failure->empty(); ++local) {
     std::unique_ptr<SpawnPlan> plan = PlanSpawn(assignment, config_, context, local);
     if (!plan->refusal.empty()) {
       *refusal = plan->refusal;
-      return;
+      break;
     }
     auto process = std::make_unique<RankProcess>();
     process->local_rank = local;
@@ -325,11 +321,15 @@ void Executor::AddRanks(const v1::Assignment& assignment, const SpawnContext& co
         open(plan->log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
     if (process->log_fd < 0) {
       *failure = absl::StrCat("worker error: cannot open ", plan->log_path, ": ", strerror(errno));
-      return;
+      break;
     }
     plan->Seal();
     attempt.more.push_back(std::move(process));
     attempt.more_plans.push_back(std::move(plan));
+  }
+  if (!refusal->empty() || !failure->empty()) {  // none of the part's ranks will run
+    attempt.more.clear();
+    attempt.more_plans.clear();
   }
 }
 

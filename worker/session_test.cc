@@ -308,6 +308,55 @@ TEST_F(SessionTest, ResumesLogAndFinishedAfterReconnect) {
   EXPECT_GT(after.back().event_seq(), first_seq);
 }
 
+// A part of two ranks: each rank's log ships with its local rank, the Register reports every
+// rank's offset, and a reconnect resumes each log where the coordinator's copy ends.
+TEST_F(SessionTest, EveryRanksLogShipsAndResumesAfterReconnect) {
+  fake_.SetAutoAck(false);
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1; }));
+  v1::CoordinatorMessage msg = Assignment("r2", {"/bin/sh", "-c", "echo rank$LOCAL_RANK-abcdef"});
+  msg.mutable_assign()->mutable_spec()->mutable_resources()->set_ranks_per_part(2);
+  fake_.Send(msg);
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("r2") == 1; }));
+  auto log_of = [&](int local, int64_t from) {
+    std::string log;
+    for (const auto& e : EventsOf("r2")) {
+      if (e.has_log() && e.log().local_rank() == local && e.log().offset() >= from)
+        log += e.log().data();
+    }
+    return log;
+  };
+  {
+    std::lock_guard<std::mutex> lock(fake_.mu_);
+    EXPECT_EQ(log_of(0, 0), "rank0-abcdef\n");
+    EXPECT_EQ(log_of(1, 0), "rank1-abcdef\n");
+  }
+  v1::RunningAttempt keep;
+  keep.set_attempt_id("r2");
+  keep.set_log_offset(13);  // rank 0's whole log
+  (*keep.mutable_local_log_offsets())[1] = 6;
+  fake_.SetKeep({keep});
+  fake_.SetAutoAck(true);
+  fake_.Drop();
+  ASSERT_TRUE(fake_.WaitFor([&] { return FinishedCount("r2") == 2; }));
+  std::lock_guard<std::mutex> lock(fake_.mu_);
+  ASSERT_EQ(fake_.registers_.size(), 2u);
+  ASSERT_EQ(fake_.registers_[1].running_size(), 1);
+  EXPECT_EQ(fake_.registers_[1].running(0).log_offset(), 13);
+  EXPECT_EQ(fake_.registers_[1].running(0).local_log_offsets().at(1), 13);
+  // After the reconnect only rank 1's rest was sent again, then Finished.
+  std::vector<v1::AttemptEvent> after;
+  bool reconnected = false;
+  for (const auto& e : EventsOf("r2")) {
+    if (reconnected) after.push_back(e);
+    reconnected |= e.has_finished();
+  }
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after[0].log().local_rank(), 1);
+  EXPECT_EQ(after[0].log().offset(), 6);
+  EXPECT_EQ(after[0].log().data(), "abcdef\n");
+  EXPECT_TRUE(after[1].has_finished());
+}
+
 TEST_F(SessionTest, KillsAttemptsTheCoordinatorDoesNotKeep) {
   ASSERT_TRUE(fake_.WaitFor([&] { return fake_.registers_.size() == 1; }));
   Assign("a3", {"/bin/sleep", "100"});
