@@ -1,11 +1,14 @@
 // A process per GPU (issue 26): a job whose parts run several ranks, through a real
 // coordinator, worker and CLI. On fake GPUs (`--gpus 4`) an exec job of 4 ranks prints what
-// each rank got; one rank's crash ends the attempt and the others; cancel ends every rank;
+// each rank got; one rank's crash ends the attempt and the others; cancel ends every rank, and
+// so does the worker's death;
 // `stemma logs --rank N` reads rank N's log. With the engine built, a CPU train of 2 ranks
 // per part follows the loss of the same run in one process.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -100,6 +103,13 @@ TEST(Ranks, FourRanksOnFakeGpusStartCrashAndCancelTogether) {
   ASSERT_EQ(c.Cli({"cancel", cancel}).exit_code, 0);
   EXPECT_EQ(c.WaitFor(cancel, {"CANCELLED"}), "CANCELLED");
   EXPECT_TRUE(AllGone(c, running));
+
+  // A worker killed with its ranks running leaves none behind (each dies with the worker).
+  const std::string orphan = c.Submit(FourRanks("orphan", "echo pid=$$; exec sleep 1000"))[0];
+  const std::vector<pid_t> orphans = WaitForRankPids(c, orphan, 4);
+  for (pid_t pid : orphans) ASSERT_TRUE(ProcessAlive(pid)) << pid;
+  c.KillWorker("w1", SIGKILL);
+  EXPECT_TRUE(AllGone(c, orphans));
 
   // ranks_per_part must match the GPUs: refused at submit, naming the field.
   const std::string file = c.WriteFile(
