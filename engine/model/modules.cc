@@ -1,11 +1,18 @@
 #include "engine/model/modules.h"
 
+#include <ATen/autocast_mode.h>
+#include <c10/util/Exception.h>
 #include <torch/nn/functional/activation.h>
 #include <torch/nn/functional/linear.h>
 #include <torch/types.h>
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "engine/model/fused.h"
 
@@ -40,6 +47,39 @@ torch::Tensor RepeatKv(const torch::Tensor& x, int64_t rep) {
 }
 
 torch::Tensor Softcap(const torch::Tensor& x, double cap) { return torch::tanh(x / cap) * cap; }
+
+// Set once _grouped_mm has refused a call (a device or dtype this LibTorch has no kernel for):
+// every later call takes the per-expert products.
+std::atomic<bool> grouped_mm_refused{false};
+
+// rows [M, K] sorted by expert, w [E, N, K], ends [E] (int32, running row ends), counts [E]
+// -> [M, N]: each expert's segment of rows times w[e]^T. One at::_grouped_mm when the rows'
+// stride is 16-byte aligned (its requirement); otherwise one product per expert over
+// segments read from a host copy of `counts` (free on the CPU; one sync per call elsewhere).
+torch::Tensor GroupedProduct(const torch::Tensor& rows, const torch::Tensor& w,
+                             const torch::Tensor& ends, const torch::Tensor& counts) {
+  const auto dtype = rows.scalar_type();
+  const bool supported =
+      dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16;
+  if (supported && (rows.size(1) * rows.element_size()) % 16 == 0 && !grouped_mm_refused) {
+    try {
+      return at::_grouped_mm(rows, w.transpose(1, 2), ends);
+    } catch (const c10::Error&) {
+      grouped_mm_refused = true;
+    }
+  }
+  auto host = counts.to(torch::kCPU, torch::kInt64);
+  const auto per_expert = host.accessor<int64_t, 1>();
+  std::vector<torch::Tensor> parts;
+  int64_t start = 0;
+  for (int64_t e = 0; e < w.size(0); ++e) {
+    const int64_t n = per_expert[e];
+    if (n > 0) parts.push_back(rows.narrow(0, start, n).mm(w[e].t()));
+    start += n;
+  }
+  if (parts.empty()) return rows.new_zeros({0, w.size(1)});
+  return torch::cat(parts);
+}
 
 }  // namespace
 
@@ -236,6 +276,88 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
 
 // ---- Sparse MoE ----
 
+namespace {
+
+// The experts' activation of each SparseMoe, recorded by its constructor: the block keeps no
+// copy of the config, and the experts' own is private to MlpImpl. Keyed by the block's
+// address; a block built later at the same address records its own.
+std::mutex moe_activations_mu;
+std::unordered_map<const SparseMoeImpl*, Activation>& MoeActivations() {
+  static auto* activations = new std::unordered_map<const SparseMoeImpl*, Activation>();
+  return *activations;
+}
+
+Activation MoeActivation(const SparseMoeImpl* block) {
+  std::lock_guard<std::mutex> lock(moe_activations_mu);
+  auto it = MoeActivations().find(block);
+  return it == MoeActivations().end() ? Activation::kSilu : it->second;
+}
+
+// STEMMA_MOE=loop runs the experts one by one (the reference; also to compare speed); read on
+// every forward so a test can switch it.
+bool MoeLoopRequested() {
+  const char* env = std::getenv("STEMMA_MOE");
+  return env != nullptr && std::string(env) == "loop";
+}
+
+// The reference: per expert a nonzero() (a host sync on a GPU) and its own three products.
+// flat [N, H], weights/indices [N, k] -> [N, H].
+torch::Tensor LoopExperts(torch::nn::ModuleList& experts, const torch::Tensor& flat,
+                          const torch::Tensor& weights, const torch::Tensor& indices) {
+  auto out = torch::zeros_like(flat);  // [N, H]
+  for (int64_t e = 0; e < static_cast<int64_t>(experts->size()); ++e) {
+    auto hits = (indices == e).nonzero();  // [M, 2]: (token, slot)
+    if (hits.size(0) == 0) continue;
+    auto tokens = hits.select(1, 0), slots = hits.select(1, 1);
+    auto expert_out = experts[e]->as<MlpImpl>()->forward(flat.index_select(0, tokens));  // [M, H]
+    expert_out = expert_out * weights.index({tokens, slots}).unsqueeze(-1);
+    out.index_add_(0, tokens, expert_out.to(out.scalar_type()));
+  }
+  return out;
+}
+
+// Grouped: every (token, slot) assignment sorted by expert on the device, one grouped product
+// for gate|up and one for down, no host sync (GroupedProduct). The stable sort keeps tokens in
+// order within an expert, so each token's contributions are added in expert order, as the
+// loop adds them. flat [N, H], weights/indices [N, k] -> [N, H].
+torch::Tensor GroupedExperts(torch::nn::ModuleList& experts, Activation activation,
+                             const torch::Tensor& flat, const torch::Tensor& weights,
+                             const torch::Tensor& indices) {
+  const int64_t k = indices.size(1), count = static_cast<int64_t>(experts->size());
+  auto assignment = indices.reshape({-1});                             // [M = N*k]
+  auto order = torch::argsort(assignment, /*stable=*/true, 0, false);  // [M]
+  auto token = torch::div(order, k, "floor");                          // [M]
+  // Rows per expert and their running ends, on the device (bincount would ask the host for
+  // the largest id).
+  auto counts = torch::zeros({count}, assignment.options())
+                    .index_add_(0, assignment, torch::ones_like(assignment));  // [E]
+  auto ends = counts.cumsum(0).to(torch::kInt32);                              // [E]
+  // The products run in autocast's dtype when it is on, as the experts' Linear layers would.
+  auto dtype = flat.scalar_type();
+  if (at::autocast::is_autocast_enabled(flat.device().type())) {
+    dtype = at::autocast::get_autocast_dtype(flat.device().type());
+  }
+  std::vector<torch::Tensor> gate_up, down;  // gate_up: g0, u0, g1, u1, ...
+  for (int64_t e = 0; e < count; ++e) {
+    auto* mlp = experts[e]->as<MlpImpl>();
+    gate_up.push_back(mlp->gate_proj->weight.to(dtype));
+    gate_up.push_back(mlp->up_proj->weight.to(dtype));
+    down.push_back(mlp->down_proj->weight.to(dtype));
+  }
+  const int64_t inter = gate_up[0].size(0), hidden = flat.size(1);
+  auto w_gate_up = torch::stack(gate_up).view({count, 2 * inter, hidden});  // [E, 2I, H]
+  auto w_down = torch::stack(down);                                         // [E, H, I]
+  auto rows = flat.index_select(0, token).to(dtype);                        // [M, H]
+  auto h = GroupedProduct(rows, w_gate_up, ends, counts);                   // [M, 2I]
+  auto g = h.narrow(1, 0, inter), u = h.narrow(1, inter, inter);
+  g = activation == Activation::kSilu ? torch::silu(g) : torch::gelu(g, "tanh");
+  auto y = GroupedProduct(g * u, w_down, ends, counts);  // [M, H]
+  y = y * weights.reshape({-1}).index_select(0, order).unsqueeze(-1);
+  return torch::zeros_like(flat).index_add_(0, token, y.to(flat.scalar_type()));  // [N, H]
+}
+
+}  // namespace
+
 SparseMoeImpl::SparseMoeImpl(const ModelConfig& c)
     : top_k_(c.num_experts_per_tok), norm_topk_prob_(c.norm_topk_prob) {
   gate = register_module("gate", MakeLinear(c.hidden_size, c.num_experts, false));
@@ -243,6 +365,8 @@ SparseMoeImpl::SparseMoeImpl(const ModelConfig& c)
   for (int64_t e = 0; e < c.num_experts; ++e) {
     experts->push_back(Mlp(c.hidden_size, c.intermediate_size, false, c.activation));
   }
+  std::lock_guard<std::mutex> lock(moe_activations_mu);
+  MoeActivations()[this] = c.activation;
 }
 
 std::pair<torch::Tensor, torch::Tensor> SparseMoeImpl::forward(const torch::Tensor& x) {
@@ -253,15 +377,9 @@ std::pair<torch::Tensor, torch::Tensor> SparseMoeImpl::forward(const torch::Tens
   auto [weights, indices] = torch::topk(probs, top_k_, -1);  // [N, k] each
   if (norm_topk_prob_) weights = weights / weights.sum(-1, /*keepdim=*/true);
   weights = weights.to(logits.scalar_type());
-  auto out = torch::zeros_like(flat);  // [N, H]
-  for (int64_t e = 0; e < static_cast<int64_t>(experts->size()); ++e) {
-    auto hits = (indices == e).nonzero();  // [M, 2]: (token, slot)
-    if (hits.size(0) == 0) continue;
-    auto tokens = hits.select(1, 0), slots = hits.select(1, 1);
-    auto expert_out = experts[e]->as<MlpImpl>()->forward(flat.index_select(0, tokens));  // [M, H]
-    expert_out = expert_out * weights.index({tokens, slots}).unsqueeze(-1);
-    out.index_add_(0, tokens, expert_out.to(out.scalar_type()));
-  }
+  auto out = MoeLoopRequested()
+                 ? LoopExperts(experts, flat, weights, indices)
+                 : GroupedExperts(experts, MoeActivation(this), flat, weights, indices);
   return {out.view(sizes), logits};
 }
 
