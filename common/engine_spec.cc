@@ -3,8 +3,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -81,6 +83,41 @@ std::string FormatNumber(double v) {
   return absl::StrCat(v);
 }
 
+// What is wrong with number `v` under `rules` ("must be a finite number", "3 must be >= 8"),
+// or nothing.
+std::optional<std::string> RangeViolation(const v1::FieldRules& rules, double v) {
+  if (!std::isfinite(v)) return "must be a finite number";
+  if (rules.has_min() && (v < rules.min() || (rules.min_exclusive() && v == rules.min()))) {
+    return absl::StrCat(FormatNumber(v), " must be ",
+                        rules.min_exclusive() ? "> " : ">= ", FormatNumber(rules.min()));
+  }
+  if (rules.has_max() && (v > rules.max() || (rules.max_exclusive() && v == rules.max()))) {
+    return absl::StrCat(FormatNumber(v), " must be ",
+                        rules.max_exclusive() ? "< " : "<= ", FormatNumber(rules.max()));
+  }
+  return std::nullopt;
+}
+
+// A singular number as written: integers exactly (a double would round 2^63 - 1), doubles as
+// absl prints them.
+std::string NumberText(const pb::Message& m, const FD* f) {
+  const pb::Reflection* r = m.GetReflection();
+  switch (f->cpp_type()) {
+    case FD::CPPTYPE_INT32:
+      return absl::StrCat(r->GetInt32(m, f));
+    case FD::CPPTYPE_INT64:
+      return absl::StrCat(r->GetInt64(m, f));
+    case FD::CPPTYPE_UINT32:
+      return absl::StrCat(r->GetUInt32(m, f));
+    case FD::CPPTYPE_UINT64:
+      return absl::StrCat(r->GetUInt64(m, f));
+    case FD::CPPTYPE_FLOAT:
+      return absl::StrCat(r->GetFloat(m, f));
+    default:
+      return absl::StrCat(r->GetDouble(m, f));
+  }
+}
+
 // Whether a field holds something: presence where the field has it, else non-default.
 bool IsSet(const pb::Message& m, const FD* f) {
   const pb::Reflection* r = m.GetReflection();
@@ -101,6 +138,99 @@ bool IsReference(std::string_view value) {
 bool IsPathRole(int role) {
   return role == v1::ROLE_INPUT_MODEL || role == v1::ROLE_INPUT_PATH ||
          role == v1::ROLE_OUTPUT_PATH;
+}
+
+// Copies singular or repeated scalar field `f` from `from` to `to` (same type).
+void CopyField(const pb::Message& from, pb::Message* to, const FD* f) {
+  const pb::Reflection* r = from.GetReflection();
+  if (f->is_repeated()) {
+    r->ClearField(to, f);
+    for (int k = 0; k < r->FieldSize(from, f); ++k) {
+      switch (f->cpp_type()) {
+        case FD::CPPTYPE_INT32:
+          r->AddInt32(to, f, r->GetRepeatedInt32(from, f, k));
+          break;
+        case FD::CPPTYPE_INT64:
+          r->AddInt64(to, f, r->GetRepeatedInt64(from, f, k));
+          break;
+        case FD::CPPTYPE_UINT32:
+          r->AddUInt32(to, f, r->GetRepeatedUInt32(from, f, k));
+          break;
+        case FD::CPPTYPE_UINT64:
+          r->AddUInt64(to, f, r->GetRepeatedUInt64(from, f, k));
+          break;
+        case FD::CPPTYPE_DOUBLE:
+          r->AddDouble(to, f, r->GetRepeatedDouble(from, f, k));
+          break;
+        case FD::CPPTYPE_FLOAT:
+          r->AddFloat(to, f, r->GetRepeatedFloat(from, f, k));
+          break;
+        case FD::CPPTYPE_BOOL:
+          r->AddBool(to, f, r->GetRepeatedBool(from, f, k));
+          break;
+        case FD::CPPTYPE_ENUM:
+          r->AddEnumValue(to, f, r->GetRepeatedEnumValue(from, f, k));
+          break;
+        case FD::CPPTYPE_STRING:
+          r->AddString(to, f, r->GetRepeatedString(from, f, k));
+          break;
+        default:
+          break;
+      }
+    }
+    return;
+  }
+  switch (f->cpp_type()) {
+    case FD::CPPTYPE_INT32:
+      return r->SetInt32(to, f, r->GetInt32(from, f));
+    case FD::CPPTYPE_INT64:
+      return r->SetInt64(to, f, r->GetInt64(from, f));
+    case FD::CPPTYPE_UINT32:
+      return r->SetUInt32(to, f, r->GetUInt32(from, f));
+    case FD::CPPTYPE_UINT64:
+      return r->SetUInt64(to, f, r->GetUInt64(from, f));
+    case FD::CPPTYPE_DOUBLE:
+      return r->SetDouble(to, f, r->GetDouble(from, f));
+    case FD::CPPTYPE_FLOAT:
+      return r->SetFloat(to, f, r->GetFloat(from, f));
+    case FD::CPPTYPE_BOOL:
+      return r->SetBool(to, f, r->GetBool(from, f));
+    case FD::CPPTYPE_ENUM:
+      return r->SetEnumValue(to, f, r->GetEnumValue(from, f));
+    case FD::CPPTYPE_STRING:
+      return r->SetString(to, f, r->GetString(from, f));
+    default:
+      return;
+  }
+}
+
+// A message of type `d` holding the default of each of its own fields that has one, read
+// from the YAML text once per type: the job defaults are filled for every submitted job, and
+// a YAML parse per field per job would show in a 1,000-job submission. Null when `d` has no
+// defaults. Thread-safe; the messages live as long as the process.
+const pb::Message* DefaultsOf(const pb::Descriptor* d) {
+  static std::mutex mu;
+  static auto* cache = new absl::flat_hash_map<const pb::Descriptor*, const pb::Message*>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, fresh] = cache->try_emplace(d, nullptr);
+  if (!fresh) return it->second;
+  pb::Message* defaults = pb::MessageFactory::generated_factory()->GetPrototype(d)->New();
+  bool any = false;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FD* f = d->field(i);
+    const std::string& def = Rules(f).default_value();
+    if (def.empty() || f->cpp_type() == FD::CPPTYPE_MESSAGE) continue;
+    absl::StatusOr<std::vector<YamlNode>> doc =
+        LoadYamlDocuments(absl::StrCat(f->name(), ": ", def), "default");
+    if (!doc.ok() || doc->empty()) continue;
+    any |= ReadYamlInto((*doc)[0], defaults, "default", "", nullptr).ok();
+  }
+  if (!any) {
+    delete defaults;
+    return nullptr;
+  }
+  it->second = defaults;
+  return defaults;
 }
 
 class Validator {
@@ -149,17 +279,7 @@ class Validator {
     }
     if (IsNumeric(f)) {
       const double v = NumberAt(m, f, index);
-      if (!std::isfinite(v)) return Error(path, "must be a finite number");
-      if (rules.has_min() && (v < rules.min() || (rules.min_exclusive() && v == rules.min()))) {
-        return Error(path,
-                     absl::StrCat(FormatNumber(v), " must be ",
-                                  rules.min_exclusive() ? "> " : ">= ", FormatNumber(rules.min())));
-      }
-      if (rules.has_max() && (v > rules.max() || (rules.max_exclusive() && v == rules.max()))) {
-        return Error(path,
-                     absl::StrCat(FormatNumber(v), " must be ",
-                                  rules.max_exclusive() ? "< " : "<= ", FormatNumber(rules.max())));
-      }
+      if (std::optional<std::string> what = RangeViolation(rules, v)) return Error(path, *what);
       if (rules.role() == v1::ROLE_THREADS && ctx_.job_cpus > 0 &&
           v > static_cast<double>(ctx_.job_cpus)) {
         return Error(
@@ -411,29 +531,60 @@ std::unique_ptr<pb::Message> NewEngineSpec(std::string_view command) {
       pb::MessageFactory::generated_factory()->GetPrototype(d)->New());
 }
 
+void FillFieldDefaults(pb::Message* message) {
+  const pb::Descriptor* d = message->GetDescriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FD* f = d->field(i);
+    if (f->cpp_type() == FD::CPPTYPE_MESSAGE || Rules(f).default_value().empty()) continue;
+    if (!f->is_repeated() && !f->has_presence() && !Rules(f).zero_is_unset()) {
+      continue;  // 0 would be a value of its own; schema_test refuses a default here
+    }
+    if (IsSet(*message, f)) continue;
+    if (const pb::Message* defaults = DefaultsOf(d)) CopyField(*defaults, message, f);
+  }
+}
+
 void FillSpecDefaults(pb::Message* spec) {
+  FillFieldDefaults(spec);
   const pb::Descriptor* d = spec->GetDescriptor();
   const pb::Reflection* r = spec->GetReflection();
   for (int i = 0; i < d->field_count(); ++i) {
     const FD* f = d->field(i);
-    if (f->cpp_type() == FD::CPPTYPE_MESSAGE) {
-      if (f->is_map()) continue;
-      if (f->is_repeated()) {
-        for (int k = 0; k < r->FieldSize(*spec, f); ++k)
-          FillSpecDefaults(r->MutableRepeatedMessage(spec, f, k));
-      } else if (r->HasField(*spec, f)) {
-        FillSpecDefaults(r->MutableMessage(spec, f));
-      }
-      continue;
+    if (f->cpp_type() != FD::CPPTYPE_MESSAGE || f->is_map()) continue;
+    if (f->is_repeated()) {
+      for (int k = 0; k < r->FieldSize(*spec, f); ++k)
+        FillSpecDefaults(r->MutableRepeatedMessage(spec, f, k));
+    } else if (r->HasField(*spec, f)) {
+      FillSpecDefaults(r->MutableMessage(spec, f));
     }
-    const std::string& def = Rules(f).default_value();
-    if (def.empty() || IsSet(*spec, f)) continue;
-    if (!f->is_repeated() && !f->has_presence()) continue;  // schema_test refuses this
-    absl::StatusOr<std::vector<YamlNode>> doc =
-        LoadYamlDocuments(absl::StrCat(f->name(), ": ", def), "default");
-    if (!doc.ok() || doc->empty()) continue;
-    (void)ReadYamlInto((*doc)[0], spec, "default", "", nullptr);
   }
+}
+
+absl::Status CheckFieldRanges(const pb::Message& message, const std::string& path) {
+  const pb::Descriptor* d = message.GetDescriptor();
+  const pb::Reflection* r = message.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FD* f = d->field(i);
+    const v1::FieldRules& rules = Rules(f);
+    if (f->is_repeated() || !IsNumeric(f) || (!rules.has_min() && !rules.has_max())) continue;
+    if (f->has_presence() ? !r->HasField(message, f)
+                          : (rules.zero_is_unset() && !IsSet(message, f)))
+      continue;
+    const double v = NumberAt(message, f, -1);
+    const bool inclusive =
+        rules.has_min() && rules.has_max() && !rules.min_exclusive() && !rules.max_exclusive();
+    const std::string field = Join(path, f->name());
+    if (inclusive) {
+      if (v >= rules.min() && v <= rules.max()) continue;  // NaN fails both
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", NumberText(message, f),
+                                                     " is outside ", FormatNumber(rules.min()),
+                                                     "..", FormatNumber(rules.max())));
+    }
+    if (std::optional<std::string> what = RangeViolation(rules, v)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", *what));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SpecChecker::Error(std::string_view field, std::string_view what) const {

@@ -33,8 +33,20 @@ const google::protobuf::Descriptor* EngineSpecDescriptor(std::string_view comman
 std::unique_ptr<google::protobuf::Message> NewEngineSpec(std::string_view command);
 
 // Sets every unset field that has a default_value, in the message and in every
-// sub-message that is set. The defaults are YAML text read like the field itself.
+// sub-message that is set. The defaults are YAML text read like the field itself (once per
+// field: later calls copy the parsed value). A scalar without presence counts as unset only
+// when its rules say zero_is_unset and it is 0.
 void FillSpecDefaults(google::protobuf::Message* spec);
+// The same for `message`'s own fields only, not descending into sub-messages (JobSpec, whose
+// sub-messages include the engine spec that keeps its defaults as submitted).
+void FillFieldDefaults(google::protobuf::Message* message);
+
+// The range rules (min, max) of `message`'s own numeric fields, not descending: what the
+// job's own fields (JobSpec, Resources, Backoff, NoopSpec in job.proto) are checked with.
+// InvalidArgument "<path>.<field>: <value> is outside <min>..<max>" (the wording of the job
+// limits; "must be >= min" where a bound is exclusive or missing). A zero_is_unset field
+// that is 0 is not checked (it is unset); other scalars without presence are, 0 included.
+absl::Status CheckFieldRanges(const google::protobuf::Message& message, const std::string& path);
 
 // What a check knows besides the spec.
 struct SpecContext {

@@ -19,6 +19,7 @@
 #include "common/yaml_json.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
+#include "stemma/v1/spec_options.pb.h"
 
 namespace stemma {
 namespace {
@@ -110,14 +111,11 @@ bool IsTerminal(v1::JobState state) {
 }
 
 void ApplyDefaults(v1::JobSpec* spec) {
-  if (spec->max_attempts() == 0) spec->set_max_attempts(3);
-  if (spec->nodes() == 0) spec->set_nodes(1);
-  auto* r = spec->mutable_resources();
-  if (r->cpus() == 0) r->set_cpus(1);
-  auto* b = spec->mutable_backoff();
-  if (b->initial_ms() == 0) b->set_initial_ms(1000);
-  if (b->max_ms() == 0) b->set_max_ms(300'000);
-  if (b->multiplier() == 0) b->set_multiplier(2);
+  // The defaults are job.proto's rules; resources and backoff always exist once defaulted.
+  // Not FillSpecDefaults: the engine spec inside keeps its defaults unfilled, as submitted.
+  FillFieldDefaults(spec);
+  FillFieldDefaults(spec->mutable_resources());
+  FillFieldDefaults(spec->mutable_backoff());
 }
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
@@ -125,8 +123,6 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   // Limits that keep every accepted job far below gRPC's 4 MiB send limit wherever it
   // travels later (an assignment, a get, a watch event), and every number in range of the
   // arithmetic done on it (backoff in int64 milliseconds).
-  constexpr int64_t kMaxDelayMs = 24LL * 3600 * 1000;           // backoff: a day
-  constexpr int64_t kMaxDurationMs = 366LL * 24 * 3600 * 1000;  // timeouts, noop: a year
   constexpr size_t kMaxSpecBytes = 256 * 1024;
   constexpr size_t kMaxArgBytes = 128 * 1024;
   constexpr size_t kMaxArgvBytes = 192 * 1024;
@@ -149,17 +145,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return bad("experiment: longer than ", kMaxNameLength, " characters");
   }
   if (has_control(spec.experiment())) return bad("experiment: contains a control character");
+  // Ranges: job.proto's rules ("resources.gpus: 65 is outside 0..64").
+  RETURN_IF_ERROR(CheckFieldRanges(spec.resources(), "resources"));
   const auto& r = spec.resources();
-  if (r.gpus() < 0 || r.gpus() > kMaxGpusPerPart) {
-    return bad("resources.gpus: ", r.gpus(), " is outside 0..", kMaxGpusPerPart);
-  }
-  if (!std::isfinite(r.cpus()) || r.cpus() < 0 || r.cpus() > kMaxCpusPerPart) {
-    return bad("resources.cpus: ", r.cpus(), " is outside 0..", kMaxCpusPerPart);
-  }
-  if (r.ranks_per_part() < 0 || r.ranks_per_part() > kMaxGpusPerPart) {
-    return bad("resources.ranks_per_part: ", r.ranks_per_part(), " is outside 0..", kMaxGpusPerPart,
-               " (0: one per GPU, or 1 without GPUs)");
-  }
   if (r.gpus() > 0 && r.ranks_per_part() > 0 && r.ranks_per_part() != r.gpus()) {
     return bad("resources.ranks_per_part: ", r.ranks_per_part(), " must equal resources.gpus (",
                r.gpus(),
@@ -173,29 +161,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return bad("resources.ranks_per_part: ", JobKind(spec),
                " runs one process per part (of the engine commands, only train runs ranks)");
   }
-  if (r.memory_mb() < 0 || r.memory_mb() > kMaxMemoryMbPerPart) {
-    return bad("resources.memory_mb: ", r.memory_mb(), " is outside 0..", kMaxMemoryMbPerPart);
-  }
-  if (spec.nodes() < 0 || spec.nodes() > kMaxNodes) {
-    return bad("nodes: ", spec.nodes(), " is outside 1..", kMaxNodes);
-  }
-  if (spec.max_attempts() < 0 || spec.max_attempts() > kMaxAttempts) {
-    return bad("max_attempts: ", spec.max_attempts(), " is outside 1..", kMaxAttempts);
-  }
-  if (spec.timeout_ms() < 0 || spec.timeout_ms() > kMaxDurationMs) {
-    return bad("timeout_ms: ", spec.timeout_ms(), " is outside 0..", kMaxDurationMs,
-               " (0: no timeout)");
-  }
-  const auto& b = spec.backoff();
-  if (b.initial_ms() < 0 || b.initial_ms() > kMaxDelayMs) {
-    return bad("backoff.initial_ms: ", b.initial_ms(), " is outside 0..", kMaxDelayMs);
-  }
-  if (b.max_ms() < 0 || b.max_ms() > kMaxDelayMs) {
-    return bad("backoff.max_ms: ", b.max_ms(), " is outside 0..", kMaxDelayMs);
-  }
-  if (!std::isfinite(b.multiplier()) || b.multiplier() < 0 || b.multiplier() > 100) {
-    return bad("backoff.multiplier: ", b.multiplier(), " is outside 1..100");
-  }
+  RETURN_IF_ERROR(CheckFieldRanges(spec, ""));
+  RETURN_IF_ERROR(CheckFieldRanges(spec.backoff(), "backoff"));
   if (spec.labels_size() > kMaxLabels) return bad("labels: more than ", kMaxLabels);
   for (const auto& [k, v] : spec.labels()) {
     if (!ValidLabelKey(k)) return bad("labels: bad key '", k, "' (use [A-Za-z0-9._/-], 1..63)");
@@ -212,13 +179,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   }
   switch (spec.kind_case()) {
     case v1::JobSpec::kNoop:
-      if (spec.noop().duration_ms() < 0 || spec.noop().duration_ms() > kMaxDurationMs) {
-        return bad("noop.duration_ms: ", spec.noop().duration_ms(), " is outside 0..",
-                   kMaxDurationMs);
-      }
-      if (spec.noop().exit_code() < 0 || spec.noop().exit_code() > 255) {
-        return bad("noop.exit_code: ", spec.noop().exit_code(), " is outside 0..255");
-      }
+      RETURN_IF_ERROR(CheckFieldRanges(spec.noop(), "noop"));
       break;
     case v1::JobSpec::kExec: {
       const auto& e = spec.exec();
@@ -293,7 +254,9 @@ int64_t BackoffMs(const v1::JobSpec& spec, int next_attempt) {
   const auto& b = spec.backoff();
   const double initial = static_cast<double>(std::max<int64_t>(0, b.initial_ms()));
   const double mult = b.multiplier() >= 1 && std::isfinite(b.multiplier()) ? b.multiplier() : 1;
-  constexpr double kCeiling = 24.0 * 3600 * 1000;  // a day, as ValidateJobSpec allows
+  // The longest delay: the upper bound of backoff.max_ms (job.proto), a day.
+  static const double kCeiling =
+      v1::Backoff::descriptor()->FindFieldByName("max_ms")->options().GetExtension(v1::rules).max();
   const double cap =
       b.max_ms() > 0 ? std::min<double>(static_cast<double>(b.max_ms()), kCeiling) : kCeiling;
   double delay = std::min(initial, cap);

@@ -24,12 +24,8 @@
 
 namespace stemma {
 
-// Limits that make a spec "absurd" (checked by ValidateJobSpec).
-inline constexpr int kMaxGpusPerPart = 64;
-inline constexpr double kMaxCpusPerPart = 1024;
-inline constexpr int64_t kMaxMemoryMbPerPart = 16LL * 1024 * 1024;  // 16 TiB
-inline constexpr int kMaxNodes = 1024;
-inline constexpr int kMaxAttempts = 100;
+// Limits that make a spec "absurd" (checked by ValidateJobSpec). The ranges of numeric
+// fields (resources, nodes, max_attempts, timeout_ms, backoff, noop) are job.proto's rules.
 inline constexpr int kMaxNameLength = 253;
 inline constexpr int kMaxArgv = 4096;
 inline constexpr int kMaxLabels = 64;
@@ -47,7 +43,8 @@ google::protobuf::Message* MutableEngineSpecOf(v1::JobSpec* spec);
 std::string StateName(v1::JobState state);
 bool IsTerminal(v1::JobState state);
 
-// Fills defaults in place: max_attempts 3, nodes 1, cpus 1, backoff 1 s ×2 up to 5 min.
+// Fills defaults in place, job.proto's rules: max_attempts 3, nodes 1, cpus 1, backoff 1 s ×2
+// up to 5 min (a 0 counts as unset). The engine spec inside is left as it is.
 void ApplyDefaults(v1::JobSpec* spec);
 
 // INVALID_ARGUMENT naming the field for negative or absurd resources, a missing kind,

@@ -28,6 +28,12 @@ TEST(JobLimits, BadInputIsRefusedNamingTheField) {
       {"backoff: {initial_ms: 9223372036854775807}\nnoop: {}\n", "backoff.initial_ms"},
       {"backoff: {max_ms: 100000000000}\nnoop: {}\n", "backoff.max_ms"},
       {"backoff: {multiplier: 1000}\nnoop: {}\n", "backoff.multiplier"},
+      {"backoff: {multiplier: 0.5}\nnoop: {}\n", "backoff.multiplier"},
+      {"backoff: {multiplier: -2}\nnoop: {}\n", "backoff.multiplier"},
+      {"nodes: -1\nnoop: {}\n", "nodes"},
+      {"max_attempts: 101\nnoop: {}\n", "max_attempts"},
+      {"resources: {gpus: 65}\nnoop: {}\n", "resources.gpus"},
+      {"noop: {exit_code: 256}\n", "noop.exit_code"},
       {"timeout_ms: 9223372036854775807\nnoop: {}\n", "timeout_ms"},
       {"noop: {duration_ms: 9223372036854775807}\n", "noop.duration_ms"},
       {"experiment: " + std::string(4096, 'e') + "\nnoop: {}\n", "experiment"},
@@ -84,6 +90,48 @@ TEST(JobLimits, BackoffNeverOverflowsAndHonoursItsCap) {
   EXPECT_EQ(BackoffMs(spec, 100), 300000);
   spec.mutable_backoff()->set_multiplier(1e300);  // refused at submit; still no overflow here
   EXPECT_EQ(BackoffMs(spec, 50), 300000);
+}
+
+// The job's defaults and ranges are job.proto's rules; the messages are those of the limits.
+TEST(JobLimits, DefaultsComeFromTheSchemaAndZeroMeansUnset) {
+  v1::JobSpec spec = Parse("noop: {}\n");
+  EXPECT_EQ(spec.max_attempts(), 3);
+  EXPECT_EQ(spec.nodes(), 1);
+  EXPECT_EQ(spec.resources().cpus(), 1);
+  EXPECT_EQ(spec.resources().gpus(), 0);
+  EXPECT_EQ(spec.backoff().initial_ms(), 1000);
+  EXPECT_EQ(spec.backoff().max_ms(), 300000);
+  EXPECT_EQ(spec.backoff().multiplier(), 2);
+  spec = Parse(
+      "max_attempts: 7\nnodes: 2\nresources: {cpus: 0.5}\nbackoff: {multiplier: 1.5}\n"
+      "noop: {}\n");
+  EXPECT_EQ(spec.max_attempts(), 7);
+  EXPECT_EQ(spec.nodes(), 2);
+  EXPECT_EQ(spec.resources().cpus(), 0.5);
+  EXPECT_EQ(spec.backoff().multiplier(), 1.5);
+  EXPECT_EQ(spec.backoff().initial_ms(), 1000);
+  EXPECT_TRUE(ValidateJobSpec(spec).ok());
+  // The engine spec inside is left as submitted (its defaults are the engine's to fill).
+  spec = Parse("train: {model: m, out: o}\n");
+  EXPECT_FALSE(spec.train().has_batch_size());
+}
+
+TEST(JobLimits, RangeMessagesNameTheFieldAndItsBounds) {
+  v1::JobSpec spec = Parse(
+      "backoff: {initial_ms: 9223372036854775807, multiplier: 0.5}\n"
+      "noop: {}\n");
+  EXPECT_EQ(ValidateJobSpec(spec).message(),
+            "backoff.initial_ms: 9223372036854775807 is outside 0..86400000");
+  spec.mutable_backoff()->set_initial_ms(10);
+  EXPECT_EQ(ValidateJobSpec(spec).message(), "backoff.multiplier: 0.5 is outside 1..100");
+  spec = Parse("resources: {memory_mb: -1}\nnoop: {}\n");
+  EXPECT_EQ(ValidateJobSpec(spec).message(), "resources.memory_mb: -1 is outside 0..16777216");
+  spec = Parse("nodes: 2000\nnoop: {}\n");
+  EXPECT_EQ(ValidateJobSpec(spec).message(), "nodes: 2000 is outside 1..1024");
+  // Without defaults a 0 that means "not given" is not a value out of range.
+  v1::JobSpec bare;
+  bare.mutable_noop();
+  EXPECT_TRUE(ValidateJobSpec(bare).ok());
 }
 
 }  // namespace
