@@ -9,6 +9,7 @@ exactly the same rules.
 from __future__ import annotations
 
 import re
+import sys
 import tempfile
 import pathlib
 
@@ -69,6 +70,15 @@ def main() -> None:
         rendered.write_text(yaml.safe_dump(doc["spec"]))
         r = lib.run([promtool, "check", "rules", str(rendered)])
         f.check(r.returncode == 0, f"promtool check rules on the PrometheusRule's spec:\n{r.stdout}{r.stderr}")
+        # generate.py --runbook-base-url: the same rules, every runbook under the new base.
+        out = tmp / "custom-base.yaml"
+        r = lib.run([sys.executable, str(lib.DEPLOY / "generate.py"), "--runbook-base-url",
+                     "https://wiki.example.org/ml/stemma", "--rule-out", str(out)])
+        if f.check(r.returncode == 0, f"generate.py --runbook-base-url:\n{r.stdout}{r.stderr}"):
+            custom = yaml.safe_load(out.read_text())["spec"]
+            urls = [a["annotations"]["runbook_url"] for g in custom["groups"] for a in g["rules"] if "alert" in a]
+            f.check(urls == [f"https://wiki.example.org/ml/stemma/runbooks/{n}.md" for n in names],
+                    f"generate.py --runbook-base-url wrote {urls}")
     print(f"{len(names)} alerts: {', '.join(names)}", flush=True)
     f.exit("rules_test")
 
