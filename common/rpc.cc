@@ -82,14 +82,14 @@ class TokenAuthenticator final : public Authenticator {
       }
       const absl::string_view token = value.substr(kBearer.size());
       absl::StatusOr<TokenIdentity> id = absl::NotFoundError("no tokens");
-      if (external_ != nullptr && !absl::StartsWith(token, "stm_")) {
+      if (tokens_ != nullptr) id = tokens_->Lookup(token);
+      // Not in the token file and not a Stemma token ("stm_..."): maybe the cluster's.
+      if (!id.ok() && external_ != nullptr && !absl::StartsWith(token, "stm_")) {
         id = external_(token);
         if (id.status().code() == absl::StatusCode::kUnavailable) {
           return Refuse(ctx, method, *caller, "token_review_unavailable",
                         absl::UnavailableError(id.status().message()));
         }
-      } else if (tokens_ != nullptr) {
-        id = tokens_->Lookup(token);
       }
       if (!id.ok()) {
         return Refuse(ctx, method, *caller, "bad_token",

@@ -64,8 +64,9 @@ using AuthFailureCounter = std::function<void(absl::string_view reason)>;
 // common name. Then the method's row of MethodRoles() decides. Refusals are counted and
 // logged with method, peer and subject, never the token.
 //
-// `external` (optional) resolves bearer tokens that are not Stemma's own ("stm_..."): a
-// Kubernetes service-account token through the TokenReview API (common/k8s_token_review.h).
+// `external` (optional) resolves bearer tokens that are neither in `tokens` nor Stemma tokens
+// ("stm_..."): a Kubernetes service-account token through the TokenReview API
+// (common/k8s_token_review.h).
 // NOT_FOUND from it refuses the call as a bad token; UNAVAILABLE refuses it with
 // UNAVAILABLE (reason "token_review_unavailable"), so the caller retries.
 using ExternalTokenVerifier = std::function<absl::StatusOr<TokenIdentity>(absl::string_view token)>;
