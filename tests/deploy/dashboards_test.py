@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The Grafana dashboards: regenerating them gives the checked-in JSON, and each follows the
 dashboard-linter rules (datasource variable, job/instance variables, $__rate_interval in every
-rate) with PromQL that Prometheus's own parser accepts (promtool check rules).
+rate) with PromQL that Prometheus's own parser accepts (promtool check rules); the GPU panels'
+join of DCGM exporter series to Stemma's worker pods is checked with a promtool unit test.
 
     dashboards_test.py
 """
@@ -37,6 +38,42 @@ def promtool_accepts(exprs: dict[str, str], tmp: pathlib.Path) -> tuple[bool, st
 def overlaps(a: dict, b: dict) -> bool:
     return (a["x"] < b["x"] + b["w"] and b["x"] < a["x"] + a["w"] and
             a["y"] < b["y"] + b["h"] and b["y"] < a["y"] + a["h"])
+
+
+def check_dcgm_panels(dashboards: list[dict], tmp: pathlib.Path, f: lib.Failures) -> None:
+    """The GPU panels join DCGM exporter series to Stemma's worker pods: a promtool unit test
+    with the panels' queries as recording rules keeps the GPUs of a Stemma worker pod (named
+    by DCGM's `pod`, or `exported_pod` when Prometheus kept its own `pod`) and drops another
+    workload's GPU on the same node."""
+    exprs = {panel["title"]: lib.substitute(t["expr"], ALL) for d in dashboards
+             for panel, t in lib.dashboard_targets(d) if "DCGM_FI_DEV" in t["expr"]}
+    if not f.check(set(exprs) == {"GPU utilisation", "GPU memory used", "GPU memory used share"},
+                   f"DCGM panels: {sorted(exprs)}"):
+        return
+    names = {"GPU utilisation": "gpu:util", "GPU memory used": "gpu:used", "GPU memory used share": "gpu:share"}
+    (tmp / "dcgm-rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dcgm", "rules": [
+        {"record": names[t], "expr": e} for t, e in exprs.items()]}]}))
+    dcgm = 'job="dcgm-exporter", instance="node1:9400", pod="dcgm-exporter-x", Hostname="node1"'
+    series = [
+        # A Stemma worker's GPU (DCGM's own pod label renamed by Prometheus) and another pod's.
+        (f'DCGM_FI_DEV_GPU_UTIL{{{dcgm}, gpu="0", exported_pod="stemma-worker-gpu8-0"}}', "87x10"),
+        (f'DCGM_FI_DEV_GPU_UTIL{{{dcgm}, gpu="1", exported_pod="someone-elses-pod"}}', "50x10"),
+        (f'DCGM_FI_DEV_FB_USED{{{dcgm}, gpu="0", exported_pod="stemma-worker-gpu8-0"}}', "30000x10"),
+        (f'DCGM_FI_DEV_FB_FREE{{{dcgm}, gpu="0", exported_pod="stemma-worker-gpu8-0"}}', "10000x10"),
+        (f'DCGM_FI_DEV_FB_USED{{{dcgm}, gpu="1", exported_pod="someone-elses-pod"}}', "100x10"),
+        (f'DCGM_FI_DEV_FB_FREE{{{dcgm}, gpu="1", exported_pod="someone-elses-pod"}}', "100x10"),
+        ('stemma_worker_connected{job="stemma-worker", instance="10.0.0.5:9464", pod="stemma-worker-gpu8-0"}', "1x10"),
+    ]
+    want = {"gpu:util": 87, "gpu:used": 30000, "gpu:share": 0.75}
+    test = {"rule_files": ["dcgm-rules.yaml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        "input_series": [{"series": s_, "values": v} for s_, v in series],
+        "promql_expr_test": [{"expr": name, "eval_time": "5m", "exp_samples": [
+            {"labels": f'{name}{{gpu="0", pod="stemma-worker-gpu8-0"}}', "value": value}]}
+            for name, value in want.items()]}]}
+    (tmp / "dcgm-test.yaml").write_text(yaml.safe_dump(test))
+    r = lib.run([lib.tool("promtool"), "test", "rules", str(tmp / "dcgm-test.yaml")])
+    f.check(r.returncode == 0, f"the DCGM panels' join:\n{r.stdout}{r.stderr}")
 
 
 def main() -> None:
@@ -100,6 +137,7 @@ def main() -> None:
                             f.check(rng in ("$__rate_interval", "$__range"),
                                     f"{where}: range [{rng}] instead of $__rate_interval: {expr}")
                     exprs[where] = lib.substitute(expr, ALL)
+        check_dcgm_panels([json.loads(p.read_text()) for p in files], tmp, f)
         ok, out = promtool_accepts(exprs, tmp)
         f.check(ok, f"promtool rejects a dashboard query:\n{out}")
         print(f"{len(exprs)} dashboard and variable queries parsed by promtool", flush=True)
