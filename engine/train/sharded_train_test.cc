@@ -1,0 +1,281 @@
+// Sharded data parallel (`parallel.shard`, sharded_optimizer.h) end to end: the real
+// `stemma-engine train` as 2 and 4 rank processes on loopback against ONE process with the
+// same global batch, for every strategy: the losses, gradient norms and the published weights
+// must agree to float tolerance (the sums over ranks only change the order of additions), and
+// what the strategy freezes must keep the base's bits. A sharded checkpoint resumes at another
+// world size and continues the same loss curve.
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "engine/train/train_test_fixture.h"
+
+namespace stemma::engine::train {
+namespace {
+
+// A port nobody listens on right now (the kernel's pick for an ephemeral bind).
+int FreePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&address), length);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+class ShardedTrainTest : public TrainTest {
+ protected:
+  // Runs `spec` as `world` rank processes (RANK/WORLD_SIZE/MASTER_*); returns each rank's
+  // result (only rank 0 prints events).
+  static std::vector<Result> RunRanks(const json& spec, const std::string& name, int world,
+                                      const std::string& extra = "") {
+    const fs::path spec_path = root_ / (name + ".json");
+    std::ofstream(spec_path) << spec.dump(2);
+    std::string script;
+    const int port = FreePort();
+    for (int r = 0; r < world; ++r) {
+      const std::string base = (root_ / absl::StrCat(name, ".", r)).string();
+      absl::StrAppend(&script, "RANK=", r, " LOCAL_RANK=", r, " WORLD_SIZE=", world,
+                      " MASTER_ADDR=127.0.0.1 MASTER_PORT=", port,
+                      " STEMMA_DDP_TIMEOUT_S=60 OMP_NUM_THREADS=1 ", STEMMA_ENGINE_BIN,
+                      " train --spec ", spec_path.string(), " ", extra, " > ", base, ".stdout 2> ",
+                      base, ".stderr & p", r, "=$!\n");
+    }
+    for (int r = 0; r < world; ++r) {
+      absl::StrAppend(&script, "wait $p", r, "; echo $? > ",
+                      (root_ / absl::StrCat(name, ".", r, ".rc")).string(), "\n");
+    }
+    const fs::path script_path = root_ / (name + ".sh");
+    std::ofstream(script_path) << script;
+    Shell("sh " + script_path.string());
+    std::vector<Result> results(world);
+    for (int r = 0; r < world; ++r) {
+      const std::string base = (root_ / absl::StrCat(name, ".", r)).string();
+      Result& result = results[r];
+      result.exit_code = std::atoi(ReadText(base + ".rc").c_str());
+      result.stdout_text = ReadText(base + ".stdout");
+      result.stderr_text = ReadText(base + ".stderr");
+      std::istringstream lines(result.stdout_text);
+      for (std::string line; std::getline(lines, line);) {
+        json e = json::parse(line, nullptr, false);
+        if (!e.is_discarded() && e.is_object() && e.contains("event")) result.events.push_back(e);
+      }
+    }
+    return results;
+  }
+
+  // Same step count, losses and gradient norms (and L2-SP terms) step for step.
+  static void ExpectSameCurve(const Result& one, const Result& many, const std::string& what) {
+    const auto a = one.Of("step"), b = many.Of("step");
+    ASSERT_EQ(a.size(), b.size()) << what << "\n" << many.stderr_text;
+    ASSERT_FALSE(a.empty()) << what;
+    for (size_t i = 0; i < a.size(); ++i) {
+      for (const char* key : {"loss", "grad_norm", "l2sp"}) {
+        if (!a[i].contains(key)) continue;
+        ASSERT_TRUE(b[i].contains(key)) << what << " step " << i + 1 << " lacks " << key;
+        const double x = a[i][key], y = b[i][key];
+        EXPECT_LE(std::abs(x - y), 2e-5 * std::abs(x) + 1e-9)
+            << what << " step " << i + 1 << " " << key << ": " << x << " vs " << y;
+      }
+    }
+  }
+
+  // The published weights agree to float rounding relative to how far each tensor moved, and
+  // a tensor that did not move in the single-process run keeps the base's bits.
+  static void ExpectSameWeights(const Tensors& base, const Tensors& one, const fs::path& out,
+                                const std::string& what) {
+    Tensors many = ReadTensors(out);
+    ASSERT_EQ(many.size(), one.size()) << what;
+    int moved_tensors = 0;
+    for (const auto& [name, x] : one) {
+      ASSERT_TRUE(many.count(name)) << what << ": " << name;
+      const torch::Tensor& y = many.at(name);
+      // Elements the single process left alone (frozen, masked out) keep their bits here too.
+      const torch::Tensor kept = x == base.at(name);
+      EXPECT_TRUE(torch::equal(y.masked_select(kept), x.masked_select(kept)))
+          << what << ": " << name << " changed elements the single process kept";
+      const double moved = (x - base.at(name)).norm().item<double>();
+      if (moved == 0.0) {
+        EXPECT_TRUE(Same(y, base.at(name))) << what << ": " << name << " should keep its bits";
+        continue;
+      }
+      ++moved_tensors;
+      // Relative to the movement, in norm: Adam's normalisation m/sqrt(v) amplifies the
+      // rounding of a reordered sum where a gradient element is near zero, so single
+      // elements may differ by a good part of one lr-sized step; a wrong update differs in
+      // norm by about as much as it moved.
+      const double differ = (x - y).norm().item<double>();
+      EXPECT_LE(differ, 2e-3 * moved)
+          << what << ": " << name << " moved " << moved << " (norm), runs differ by " << differ;
+    }
+    EXPECT_GT(moved_tensors, 0) << what << ": nothing trained";
+  }
+
+  // One process, then every shard level at 2 and 4 ranks, all with the same global batch.
+  static void ExpectShardedEqualsSingle(json spec, const std::string& name,
+                                        const std::string& arch) {
+    spec["batch_size"] = 4;
+    spec["grad_accum"] = 2;
+    spec["optimizer"]["weight_decay"] = 0.1;
+    spec["log_every"] = 1;
+    spec["out"] = (root_ / (name + "_single")).string();
+    Result single = Run(spec, name + "_single", "", "OMP_NUM_THREADS=1 ");
+    ASSERT_EQ(single.exit_code, 0) << single.stderr_text;
+    const Tensors base = ReadTensors(root_ / arch);
+    const Tensors one = ReadTensors(root_ / (name + "_single"));
+    for (const std::string level : {"optimizer", "gradients"}) {
+      for (int world : {2, 4}) {
+        const std::string run = absl::StrCat(name, "_", level, "_", world);
+        json sharded = spec;
+        sharded["out"] = (root_ / run).string();
+        // Small buckets: several reduce-scatters per micro-batch, pieces cutting tensors.
+        sharded["parallel"] = {{"shard", level}, {"bucket_mb", 1}};
+        std::vector<Result> ranks = RunRanks(sharded, run, world);
+        for (int r = 0; r < world; ++r) {
+          ASSERT_EQ(ranks[r].exit_code, 0) << run << " rank " << r << ":\n" << ranks[r].stderr_text;
+        }
+        ExpectSameCurve(single, ranks[0], run);
+        ExpectSameWeights(base, one, root_ / run, run);
+      }
+    }
+  }
+};
+
+TEST_F(ShardedTrainTest, DenseEqualsOneProcess) {
+  ExpectShardedEqualsSingle(BaseSpec("llama", ""), "dense", "llama");
+}
+
+TEST_F(ShardedTrainTest, FreezeEqualsOneProcess) {
+  json spec = BaseSpec("llama", "");
+  spec["strategy"] = {{"freeze", {{"layers", {"0:1"}}, {"embeddings", true}}}};
+  ExpectShardedEqualsSingle(spec, "freeze", "llama");
+}
+
+TEST_F(ShardedTrainTest, L2spEqualsOneProcess) {
+  json spec = BaseSpec("llama", "");
+  spec["strategy"] = {{"l2sp", {{{"layers", {"1:2"}}, {"lambda", 5.0}}, {{"lambda", 0.01}}}}};
+  ExpectShardedEqualsSingle(spec, "l2sp", "llama");
+}
+
+TEST_F(ShardedTrainTest, NeuronMaskEqualsOneProcess) {
+  json mask = {
+      {"format", "stemma.neuron_mask/1"}, {"num_layers", 2},
+      {"intermediate_size", 128},         {"languages", {{"sw", {{1, 5, 7, 100}, {0, 2, 127}}}}},
+      {"params", json::object()},         {"counts", {{"sw", {4, 3}}}}};
+  std::ofstream(root_ / "shard_mask.json") << mask.dump();
+  json spec = BaseSpec("llama", "");
+  spec["strategy"] = {
+      {"neuron_mask", {{"file", (root_ / "shard_mask.json").string()}, {"languages", {"sw"}}}}};
+  ExpectShardedEqualsSingle(spec, "mask", "llama");
+}
+
+TEST_F(ShardedTrainTest, ExpertSubsetEqualsOneProcess) {
+  json selection = {{"_meta", json::object()},
+                    {"shared_experts", {{"k1", {{"1", {3}}}}}},
+                    {"ca", {{"ssft_k1", {{"1", {2, 3}}}}}}};
+  std::ofstream(root_ / "shard_experts.json") << selection.dump();
+  json spec = BaseSpec("olmoe", "");
+  spec["strategy"] = {{"expert_subset",
+                       {{"file", (root_ / "shard_experts.json").string()},
+                        {"language", "ca"},
+                        {"set", "ssft_k1"}}}};
+  ExpectShardedEqualsSingle(spec, "ssft", "olmoe");
+}
+
+TEST_F(ShardedTrainTest, DeltaMoeFrozenExpertAndSharedEqualsOneProcess) {
+  json spec = BaseSpec("olmoe", "");
+  spec["strategy"] = {{"frozen_experts", {0}}, {"freeze", {{"shared", true}}}};
+  ExpectShardedEqualsSingle(spec, "deltamoe", "olmoe");
+}
+
+// The load-balancing loss is a function of each rank's own micro-batch (its token fractions
+// and mean router probabilities), under every shard level as under `none` (plain data
+// parallel), so with it on W ranks are compared with W ranks at `none`, not with one process.
+TEST_F(ShardedTrainTest, DeltaMoeWithLoadBalancingEqualsUnshardedRanks) {
+  json spec = BaseSpec("olmoe", "");
+  spec["strategy"] = {{"frozen_experts", {0}},
+                      {"freeze", {{"shared", true}}},
+                      {"aux_loss", {{"load_balancing", 0.01}}}};
+  spec["grad_accum"] = 2;
+  spec["optimizer"]["weight_decay"] = 0.1;
+  spec["log_every"] = 1;
+  spec["out"] = (root_ / "lb_none").string();
+  std::vector<Result> none = RunRanks(spec, "lb_none", 2);
+  ASSERT_EQ(none[0].exit_code, 0) << none[0].stderr_text;
+  spec["out"] = (root_ / "lb_gradients").string();
+  spec["parallel"] = {{"shard", "gradients"}, {"bucket_mb", 1}};
+  std::vector<Result> sharded = RunRanks(spec, "lb_gradients", 2);
+  ASSERT_EQ(sharded[0].exit_code, 0) << sharded[0].stderr_text;
+  ExpectSameCurve(none[0], sharded[0], "load balancing, gradients vs none at 2 ranks");
+  for (size_t i = 0; i < none[0].Of("step").size(); ++i) {
+    EXPECT_NEAR(none[0].Of("step")[i]["load_balancing"].get<double>(),
+                sharded[0].Of("step")[i]["load_balancing"].get<double>(), 1e-6);
+  }
+  ExpectSameWeights(ReadTensors(root_ / "olmoe"), ReadTensors(root_ / "lb_none"),
+                    root_ / "lb_gradients", "load balancing");
+}
+
+// Stopped after step 2 at 2 ranks, resumed at 4 (and at 1): the same curve as a run straight
+// through, and the same final weights.
+TEST_F(ShardedTrainTest, ShardedCheckpointResumesAtAnotherWorldSize) {
+  json spec = BaseSpec("llama", "");
+  spec["steps"] = 6;
+  spec["log_every"] = 1;
+  spec["optimizer"]["weight_decay"] = 0.1;
+  spec["strategy"] = {{"l2sp", {{{"lambda", 0.5}}}}};
+  spec["parallel"] = {{"shard", "gradients"}, {"bucket_mb", 1}};
+  spec["out"] = (root_ / "resume_straight").string();
+  std::vector<Result> straight = RunRanks(spec, "resume_straight", 2);
+  ASSERT_EQ(straight[0].exit_code, 0) << straight[0].stderr_text;
+  const Tensors base = ReadTensors(root_ / "llama");
+  const Tensors one = ReadTensors(root_ / "resume_straight");
+
+  for (int resumed_world : {4, 1}) {
+    const std::string name = absl::StrCat("resume_at_", resumed_world);
+    json stopped = spec;
+    stopped["out"] = (root_ / name).string();
+    stopped["checkpoint"] = {{"every", 2}, {"keep", 2}};
+    std::vector<Result> first = RunRanks(stopped, name, 2, "--stop-after-step 2");
+    ASSERT_EQ(first[0].exit_code, 3) << first[0].stderr_text;  // stopped as if preempted
+    ASSERT_TRUE(fs::exists(root_ / (name + ".checkpoints") / "step-00000002" /
+                           "shard-00001-of-00002.safetensors"));
+    Result rest;
+    if (resumed_world == 1) {
+      rest = Run(stopped, name + "_rest", "", "OMP_NUM_THREADS=1 ");
+    } else {
+      rest = RunRanks(stopped, name + "_rest", resumed_world)[0];
+    }
+    ASSERT_EQ(rest.exit_code, 0) << rest.stderr_text;
+    ASSERT_FALSE(rest.Of("start").empty());
+    EXPECT_EQ(rest.Of("start")[0]["resumed_from_step"], 2);
+    const auto a = straight[0].Losses(), b = first[0].Losses(), c = rest.Losses();
+    ASSERT_EQ(a.size(), 6u);
+    for (const auto& [step, loss] : a) {
+      const double other = step <= 2 ? b.at(step) : c.at(step);
+      EXPECT_LE(std::abs(loss - other), 2e-5 * loss) << name << " step " << step;
+    }
+    ExpectSameWeights(base, one, root_ / name, name);
+  }
+}
+
+TEST_F(ShardedTrainTest, ResumingAnUnshardedCheckpointShardedIsRefused) {
+  json spec = BaseSpec("llama", "");
+  spec["steps"] = 4;
+  spec["out"] = (root_ / "mixed").string();
+  spec["checkpoint"] = {{"every", 2}};
+  Result first = Run(spec, "mixed_first", "--stop-after-step 2");
+  ASSERT_EQ(first.exit_code, 3) << first.stderr_text;
+  spec["parallel"] = {{"shard", "optimizer"}};
+  Result second = Run(spec, "mixed_second");
+  EXPECT_NE(second.exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(second.stderr_text, "parallel.shard: none")) << second.stderr_text;
+}
+
+}  // namespace
+}  // namespace stemma::engine::train
