@@ -2,6 +2,7 @@
 // stored by the coordinator (coordinator/experiments/). The CLI only sends the file and
 // prints what comes back.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <map>
@@ -42,7 +43,34 @@ struct SweepOptions {
   bool dry_run = false;
   bool force = false;
   std::string idempotency_key;
+  std::string gpu_memory;  // --gpu-memory: plan against GPUs of this size
 };
+
+// "80GiB", "80 GB", "81920MiB", "0.5TiB" → MiB; InvalidArgument naming --gpu-memory.
+absl::StatusOr<int64_t> ParseGpuMemory(const std::string& text) {
+  size_t end = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  std::string unit = text.substr(end);
+  unit.erase(std::remove(unit.begin(), unit.end(), ' '), unit.end());
+  static const std::pair<const char*, double> kUnits[] = {{"MiB", 1},
+                                                          {"M", 1},
+                                                          {"MB", 1e6 / 1048576.0},
+                                                          {"GiB", 1024},
+                                                          {"G", 1024},
+                                                          {"GB", 1e9 / 1048576.0},
+                                                          {"TiB", 1048576},
+                                                          {"TB", 1e12 / 1048576.0}};
+  for (const auto& [name, mib] : kUnits) {
+    if (end > 0 && unit == name && value > 0) return static_cast<int64_t>(value * mib);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--gpu-memory: '", text, "' is not a size such as 80GiB, 141GB or 81920MiB"));
+}
 
 // A reused idempotency key: the answer describes what the key submitted before, which may
 // be another file; it is told from those jobs, never from the file given now.
@@ -78,6 +106,10 @@ absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
   request.set_dry_run(o.dry_run);
   request.set_force(o.force);
   request.set_idempotency_key(o.idempotency_key);
+  if (!o.gpu_memory.empty()) {
+    ASSIGN_OR_RETURN(int64_t mib, ParseGpuMemory(o.gpu_memory));
+    request.set_gpu_memory_mb(mib);
+  }
   CoordinatorClient client(g.coordinator, g.timeout());
   ASSIGN_OR_RETURN(v1::SubmitExperimentResponse r, client.SubmitExperiment(request));
   if (g.format == OutputFormat::kJson || g.format == OutputFormat::kYaml) {
@@ -355,6 +387,9 @@ void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* 
       sub->add_option("--idempotency-key", o->idempotency_key, "the same key submits once");
     }
     sub->add_flag("--force", o->force, "run every job, even where a cached result exists");
+    sub->add_option("--gpu-memory", o->gpu_memory,
+                    "plan memory against GPUs of this size (80GiB, 141GB) instead of the "
+                    "connected workers'");
     sub->callback([=] {
       if (plan) o->dry_run = true;
       *action = [=] { return RunSweep(*globals, *o); };

@@ -16,6 +16,7 @@
 #include "common/sha256.h"
 #include "common/status.h"
 #include "coordinator/experiments/cost.h"
+#include "coordinator/memory_check.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/text_format.h"
@@ -284,6 +285,10 @@ void Describe(const experiments::PlanCell& cell, v1::ExperimentCell* out) {
   out->set_gpus(cell.spec.resources().gpus());
   for (const auto& [axis, v] : cell.coords) (*out->mutable_coords())[axis] = v;
   for (const auto& d : cell.spec.depends_on()) out->add_needs(d);
+  if (cell.memory.has_value()) {
+    out->set_memory_per_device_mb(cell.memory->MiB());
+    out->set_memory_plan(cell.memory->Text());
+  }
 }
 
 // Parameters of the model in `dir` from its config.json (experiments/cost.h's estimate).
@@ -300,6 +305,7 @@ std::optional<int64_t> ModelParamsOnDisk(const std::string& dir) {
 experiments::ExpansionEnv CoordinatorExpansionEnv() {
   experiments::ExpansionEnv env;
   env.model_params = ModelParamsOnDisk;
+  env.model_shape = ModelShapeOnDisk;
   env.check_job = CheckJobAsSubmitted;
   return env;
 }
@@ -313,6 +319,14 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
   const std::string file = request.file().empty() ? "experiment" : request.file();
   ASSIGN_OR_RETURN(experiments::ExperimentPlan plan,
                    experiments::ExpandExperiment(request.text(), file, CoordinatorExpansionEnv()));
+  // The memory plan against the workers' devices, or GPUs of the size asked for.
+  DeviceMemory memory = LargestDevices(users_->ListWorkers());
+  if (request.gpu_memory_mb() > 0) {
+    memory.gpu_bytes = static_cast<double>(request.gpu_memory_mb()) * 1024 * 1024;
+    memory.gpu_source = "--gpu-memory";
+  }
+  plan.gpu_memory_bytes = memory.gpu_bytes;
+  plan.cpu_memory_bytes = memory.cpu_bytes;
   ASSIGN_OR_RETURN(Latest latest, LatestOf(users_, plan.name, space));
   const int last = latest.revision;
 
@@ -361,6 +375,7 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
   }
   resp.set_plan(experiments::FormatPlan(plan));
   if (request.dry_run()) return resp;
+  RETURN_IF_ERROR(CheckPlanFitsMemory(plan, memory));
 
   if (!request.idempotency_key().empty()) {
     submit.set_idempotency_key(absl::StrCat("exp:", space.empty() ? "" : space + "/", plan.name,

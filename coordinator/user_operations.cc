@@ -6,6 +6,7 @@
 #include "common/auth.h"
 #include "common/status.h"
 #include "coordinator/attempts.h"
+#include "coordinator/memory_check.h"
 
 namespace stemma::coordinator {
 namespace {
@@ -38,6 +39,8 @@ absl::StatusOr<v1::SubmitResponse> UserOperations::Submit(const v1::SubmitReques
                                   ": ", st.message()));
     }
   }
+  // A train or eval job no worker's device can hold is refused (coordinator/memory_check.h).
+  RETURN_IF_ERROR(CheckJobsFitMemory(request, [this] { return LargestDevices(ListWorkers()); }));
   uint64_t ticket;
   v1::SubmitResponse resp;
   {

@@ -8,6 +8,10 @@ and edges the study describes, and a paper-scale plan knows the cost of every tr
 checkpoints this machine cannot read). The tiny files' costs are known too: their models come
 from `init` stages whose sizes the planner reads from the spec.
 
+The memory plan (docs/experiments.md): every train and eval job of every study file has an
+estimate per device, and planned against 80 GiB GPUs (`--gpu-memory 80GiB`) every GPU job of a
+paper-scale file fits (8×80 GB nodes are what the paper files are written for).
+
 Usage: check_study_plans.py BIN_DIR SOURCE_DIR
 """
 import json
@@ -19,6 +23,36 @@ import tempfile
 import time
 
 STUDIES = ["family-experts", "lape-sparse", "deltamoe", "routing-ssft"]
+GPU_MIB = 80 * 1024
+# Jobs whose model alone exceeds one 80 GB GPU, which no setting of the file can change: eval
+# holds the whole model per rank (DeltaMoE's 8-expert upcycle of Llama-3.1-8B: 88 GiB in bf16).
+TOO_LARGE = {("deltamoe.paper.yaml", "eval-moe-cpt"), ("deltamoe.paper.yaml", "eval-deltamoe")}
+
+
+def check_memory(rel, plan, paper: bool) -> list:
+    """Every train and eval cell has a memory estimate; a paper file's GPU cells fit 80 GiB."""
+    failures, largest = [], {}
+    for c in plan.get("cells", []):
+        if c.get("kind") not in ("train", "eval"):
+            continue
+        mib = int(c.get("memory_per_device_mb", c.get("memoryPerDeviceMb", 0)))
+        text = c.get("memory_plan", c.get("memoryPlan", ""))
+        if mib <= 0:
+            failures.append(f"{rel}: {c['job_name']}: no memory estimate")
+            continue
+        stage = c.get("stage", "")
+        if mib > largest.get(stage, (0, ""))[0]:
+            largest[stage] = (mib, text)
+        too_large = (pathlib.Path(rel).name, c["job_name"]) in TOO_LARGE
+        if too_large and mib <= GPU_MIB:
+            failures.append(f"{rel}: {c['job_name']} now fits 80 GiB: drop it from TOO_LARGE")
+        if paper and int(c.get("gpus", 0)) > 0 and "per GPU" in text and mib > GPU_MIB and not too_large:
+            failures.append(f"{rel}: {c['job_name']} does not fit an 80 GiB GPU: {text}")
+        if paper and int(c.get("gpus", 0)) > 0 and "per GPU" not in text:
+            failures.append(f"{rel}: {c['job_name']} asks for GPUs but runs on the CPU: {text}")
+    for stage, (mib, text) in largest.items():
+        print(f"  {stage}: {text}")
+    return failures
 
 
 def main() -> int:
@@ -46,7 +80,7 @@ def main() -> int:
                         failures.append(f"configs/experiments/{study}{suffix} is missing")
             for f in files:
                 rel = f.relative_to(source)
-                r = stemma("plan", "-f", str(rel), "-o", "json")
+                r = stemma("plan", "-f", str(rel), "-o", "json", "--gpu-memory", "80GiB")
                 if r.returncode != 0:
                     failures.append(f"{rel}: stemma plan exit {r.returncode}: {r.stderr.strip() or r.stdout.strip()}")
                     continue
@@ -61,6 +95,7 @@ def main() -> int:
                       f"{unknown} jobs of unknown cost, kinds {sorted(kinds)}")
                 if jobs < 10 or edges < jobs:
                     failures.append(f"{rel}: a study has more than {jobs} jobs and {edges} edges")
+                failures += check_memory(rel, plan, f.name.endswith(".paper.yaml"))
                 stem = f.name.removesuffix(".yaml").removesuffix(".paper")
                 if stem in STUDIES:
                     if "eval" not in kinds or "train" not in kinds or "prepare" not in kinds:

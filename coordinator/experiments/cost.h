@@ -1,9 +1,11 @@
-// The size of an expanded experiment: GPUs asked for, dependency edges, and a GPU-hour
-// estimate of its training: 6·N·tokens over an assumed 400 TFLOP/s at 40% utilisation, for
-// train cells whose model size and token budget are known. A model's size comes from an
-// upstream cell's estimate (init from its sizes; merge, revert, graft keep what they read;
-// upcycle multiplies the FFN), from the file's `models:`, or from `model_params` (the caller's
-// answer: the coordinator reads the model's config.json). Pure: no store, no clock, no files.
+// The size of an expanded experiment: GPUs asked for, dependency edges, a GPU-hour estimate
+// of its training: 6·N·tokens over an assumed 400 TFLOP/s at 40% utilisation, for train cells
+// whose model size and token budget are known (N: the parameters a token runs, so an MoE
+// counts experts_per_tok of its experts), and the memory plan of every train and eval cell
+// (memory.h). A model's size and shape come from an upstream cell's estimate (init from its
+// sizes; merge, revert, graft keep what they read; upcycle multiplies the FFN), from the
+// file's `models:`, or from the caller (the coordinator reads the model's config.json).
+// Pure: no store, no clock, no files.
 #pragma once
 
 #include <cstdint>
@@ -15,12 +17,13 @@
 
 #include "common/yaml_json.h"
 #include "coordinator/experiments/experiment_plan.h"
+#include "stemma/v1/experiment.pb.h"
 
 namespace stemma::experiments {
 
-// Fills `plan`'s edges, gpus, gpu_hours_estimate and unknown_cost_cells from its cells.
-// `declared`: the file's `models:` (path → parameters).
-void EstimateCost(const std::map<std::string, int64_t>& declared, const ModelParams& model_params,
+// Fills `plan`'s edges, gpus, gpu_hours_estimate and unknown_cost_cells, and each cell's
+// memory plan, from its cells. `declared`: the file's `models:` (path → size).
+void EstimateCost(const std::map<std::string, v1::ModelSize>& declared, const ExpansionEnv& env,
                   ExperimentPlan* plan);
 
 // Parameters of a model from its config.json's text and its layer count: 4·d² (attention) plus

@@ -52,12 +52,36 @@ absl::StatusOr<ExperimentPlan> ExpandExperiment(std::string_view text, std::stri
   }
   ASSIGN_OR_RETURN(std::vector<size_t> order, StageOrder(f, file));
   for (size_t i : order) RETURN_IF_ERROR(ExpandStage(f.stages[i], file, env, &expressions, &plan));
-  std::map<std::string, int64_t> declared;  // `models:`
-  for (const auto& [path, size] : f.envelope.models())
-    declared[path] = static_cast<int64_t>(size.params());
-  EstimateCost(declared, env.model_params, &plan);
+  std::map<std::string, v1::ModelSize> declared(f.envelope.models().begin(),
+                                                f.envelope.models().end());  // `models:`
+  EstimateCost(declared, env, &plan);
   return plan;
 }
+
+namespace {
+
+// " ~24 GiB per GPU" for a stage: its largest cell's memory plan, and what does not fit the
+// memory the plan was made against, with what would.
+std::string StageMemory(const ExperimentPlan& plan, const PlanStage& s) {
+  const PlanCell* largest = nullptr;
+  for (int i = s.first_cell; i < s.first_cell + s.cells; ++i) {
+    const PlanCell& c = plan.cells[i];
+    if (c.memory.has_value() &&
+        (largest == nullptr || c.memory->Bytes() > largest->memory->Bytes()))
+      largest = &c;
+  }
+  if (largest == nullptr) return "";
+  std::string out = absl::StrCat("  ", largest->memory->Short());
+  const double limit = largest->memory->gpu ? plan.gpu_memory_bytes : plan.cpu_memory_bytes;
+  if (limit <= 0) return out;
+  if (largest->memory->Bytes() <= limit) return absl::StrCat(out, " (fits ", FormatGiB(limit), ")");
+  absl::StrAppend(&out, " (does not fit ", FormatGiB(limit));
+  if (std::string fix = WhatWouldFit(largest->spec, *largest->model_shape, limit); !fix.empty())
+    absl::StrAppend(&out, "; ", fix);
+  return absl::StrCat(out, ")");
+}
+
+}  // namespace
 
 std::string FormatPlan(const ExperimentPlan& plan) {
   std::string out =
@@ -67,7 +91,7 @@ std::string FormatPlan(const ExperimentPlan& plan) {
     absl::StrAppend(&out, "  ", s.name, " (", s.kind, ", ", s.cells,
                     s.cells == 1 ? " job" : " jobs");
     if (!s.needs.empty()) absl::StrAppend(&out, "; needs ", absl::StrJoin(s.needs, ", "));
-    absl::StrAppend(&out, ")\n");
+    absl::StrAppend(&out, ")", StageMemory(plan, s), "\n");
     for (int i = s.first_cell; i < s.first_cell + s.cells; ++i) {
       const PlanCell& c = plan.cells[i];
       absl::StrAppend(&out, "    ", c.job_name);

@@ -61,6 +61,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/proto_yaml.h"
+#include "coordinator/experiments/memory.h"
 #include "stemma/v1/job.pb.h"
 
 namespace stemma::experiments {
@@ -72,6 +73,9 @@ struct PlanCell {
   v1::JobSpec spec;  // typed; name, experiment, labels, depends_on (job names) set
   // Inputs still to be wired: "${{ <job name>.outputs.<output> }}" tokens in its spec.
   std::vector<std::string> reads;  // job names whose outputs the spec reads
+  // Train and eval cells whose model's shape is known here: the shape and the memory plan.
+  std::optional<ModelShape> model_shape;
+  std::optional<MemoryEstimate> memory;
 };
 
 struct PlanStage {
@@ -92,6 +96,10 @@ struct ExperimentPlan {
   // size and token budget are known here; unknown_cost_cells counts the others (cost.h).
   double gpu_hours_estimate = 0;
   int64_t unknown_cost_cells = 0;
+  // The memory per device the cells are planned against (a GPU's, or a CPU worker's memory),
+  // set by the caller before FormatPlan; 0: not known, the plan only prints the estimates.
+  double gpu_memory_bytes = 0;
+  double cpu_memory_bytes = 0;
 };
 
 // Parameters of the model at a path (its config.json), or nullopt when unknown.
@@ -103,6 +111,8 @@ struct ExpansionEnv {
   // For the GPU-hour estimate of a model neither the file's `models:` nor an upstream cell
   // sizes; null: unknown.
   ModelParams model_params;
+  // The shape of the model at a path for the memory plan (memory.h); null: unknown.
+  std::function<std::optional<ModelShape>(const std::string& path)> model_shape;
   // Checks a cell's job as the coordinator would at submit (common/job_spec.h's
   // CheckJobAsSubmitted, which reads a model's config.json for layer ranges); null: unchecked.
   std::function<absl::Status(const v1::JobSpec& job, const std::string& where,
