@@ -58,6 +58,10 @@ CONFIGS = [
     ("m25 bf16 seq512 b2", "m25", {"data": {"seq_len": 512}, "batch_size": 2,
                                    "precision": "bfloat16"}, 1),
     ("m25 2 ranks b4", "m25", {"data": {"seq_len": 256}, "batch_size": 4}, 2),
+    ("m25 2 ranks optimizer", "m25", {"data": {"seq_len": 256}, "batch_size": 4,
+                                      "parallel": {"shard": "optimizer"}}, 2),
+    ("m25 2 ranks gradients", "m25", {"data": {"seq_len": 256}, "batch_size": 4,
+                                      "parallel": {"shard": "gradients"}}, 2),
 ]
 
 

@@ -152,34 +152,40 @@ MemoryEstimate TrainMemory(const v1::JobSpec& job, const ModelShape& s) {
   const double w = sharded ? D(e.world) : 1;
   const bool l2sp = std::any_of(t.strategy().l2sp().begin(), t.strategy().l2sp().end(),
                                 [](const v1::TrainL2spRule& r) { return r.lambda() > 0; });
-  const double bucket =
-      2.0 * D(t.parallel().has_bucket_mb() ? t.parallel().bucket_mb() : 64) * 1024 * 1024;
-  double grads = 0;  // transient: built during backward, gone after the step
-  if (!sharded) {
-    Add(&e, "fp32 weights", 4 * n);
-    if (autocast) Add(&e, "bf16 weight copies", 2 * n);
-    grads = 4 * nt;
-    if (e.world > 1) Add(&e, "flat gradient copy (data parallel)", 4 * nt);
-  } else if (shard == "full") {
+  // Two gradient buckets in flight, never more than the gradients themselves.
+  const double bucket = std::min(
+      4 * nt, 2.0 * D(t.parallel().has_bucket_mb() ? t.parallel().bucket_mb() : 64) * 1024 * 1024);
+  double grads = 4 * nt;  // autograd's: built during backward, gone after the step
+  if (shard == "full" && sharded) {
+    // ZeRO-3 as specified (the trainer refuses it so far): bf16/fp32 compute shard, layers
+    // gathered one at a time, gradients reduce-scattered per layer.
     Add(&e, "compute weights (1/W shard)", c * n / w);
     Add(&e, "gathered layers (current + prefetch)",
         c * (2 * s.LayerParams() + s.EmbeddingParams() * (s.tied ? 1 : 2)));
     Add(&e, "fp32 master weights (1/W)", 4 * nt / w);
     grads = c * s.LayerParams() + bucket;
-    Add(&e, "gradient shard (1/W)", 4 * nt / w);
+    Add(&e, "gradient slice (1/W)", 4 * nt / w);
   } else {
-    Add(&e, "compute weights", c * n);
-    Add(&e, "fp32 master weights (1/W)", 4 * nt / w);
-    grads = shard == "gradients" ? c * s.LayerParams() + bucket : c * nt;
-    Add(&e, "gradient shard (1/W)", 4 * nt / w);
+    // The fp32 flat buffer is the compute replica on every rank and its own master copy
+    // (engine/train/optimizer.h, sharded_optimizer.h).
+    Add(&e, "fp32 weights", 4 * n);
+    if (autocast) Add(&e, "bf16 weight copies", 2 * n);
+    // shard none: the flat copy that is all-reduced; optimizer (ZeRO-1): the [W*k] buffer that
+    // is reduce-scattered in place; both persist. gradients (ZeRO-2): the slice and a bucket.
+    if (shard == "gradients" && sharded) {
+      Add(&e, "gradient slice (1/W) and bucket", 4 * nt / w + bucket);
+    } else if (e.world > 1) {
+      Add(&e, "flat gradient copy (data parallel)", 4 * nt);
+    }
   }
   Add(&e, "Adam moments", 8 * nt / w);
-  // FlatAdamW's scratch is allocated for every trainable parameter but written only for L2-SP
-  // ranges and masked tensors: a GPU's allocator holds all of it, a CPU process only the pages
-  // written.
+  // The scratch is allocated for every trainable parameter of the slice but written only for
+  // L2-SP ranges and masked tensors: a GPU's allocator holds all of it, a CPU process only the
+  // pages written.
   Add(&e, "optimizer scratch", (e.gpu ? 4 * nt : (l2sp ? 4 * nt : 4 * tr.masked)) / w);
   if (l2sp) Add(&e, "L2-SP anchor", 4 * nt / w);
-  Add(&e, "neuron masks", 4 * tr.masked / w);
+  // Dense fp32 masks unsharded; one byte per owned element when sharded.
+  Add(&e, "neuron masks", (sharded ? 1 : 4) * tr.masked / w);
 
   // Activations of one micro-batch; checkpointed layers keep only their input, and one layer
   // is recomputed at a time.
