@@ -44,13 +44,6 @@ class AutocastScope {
   at::ScalarType previous_dtype_ = at::kBFloat16;
 };
 
-// Cross-entropy summed over every predicted token, in fp32: logits [B, T, V], targets [B, T].
-torch::Tensor SummedCrossEntropy(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(
-      logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-}
-
 }  // namespace
 
 // SSFT (algorithms.md §4.5): the router of each listed layer may only pick the listed
@@ -106,8 +99,9 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
     torch::Tensor ce, loss;
     {
       AutocastScope autocast(run);  // forward only; backward follows the recorded dtypes
-      auto out = run.lm->forward(inputs);
-      ce = SummedCrossEntropy(out.logits, targets);
+      // Summed CE, fp32 logits for loss_chunk_tokens tokens at a time (model/loss.h).
+      auto out = run.lm->ForwardLoss(inputs, targets, spec.loss_chunk_tokens());
+      ce = out.ce_sum;
       // Scaled so that the mean over ranks of the summed gradients is d(mean CE)/dθ.
       loss = ce * (static_cast<double>(world) / global_tokens);
       if (moe) {
@@ -169,8 +163,9 @@ void EvaluateHeldOut(Run& run, int64_t step, const EventWriter& events) {
                         .to(torch::kLong);
       if (run.device != torch::kCPU) tokens = tokens.to(run.device);
       AutocastScope autocast(run);
-      auto logits = run.lm->forward(tokens.narrow(1, 0, seq)).logits;
-      ce_sum += SummedCrossEntropy(logits, tokens.narrow(1, 1, seq)).item<double>();
+      auto out = run.lm->ForwardLoss(tokens.narrow(1, 0, seq), tokens.narrow(1, 1, seq),
+                                     run.spec->loss_chunk_tokens());
+      ce_sum += out.ce_sum.item<double>();
     }
     ce_sum = run.ranks->AllReduceSum(ce_sum);
     const double tokens = static_cast<double>(set.rows * seq);

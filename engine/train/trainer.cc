@@ -262,6 +262,7 @@ absl::StatusOr<int64_t> SetUp(Run& run) {
   }
   run.ranks->BroadcastParameters(run.sharded ? run.sharded->parameters()
                                              : run.optimizer->parameters());
+  run.lm->model->SetActivationCheckpointing(spec.activation_checkpointing());
   run.lm->train();
   return start_step;
 }
