@@ -14,12 +14,14 @@
 #include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/k8s_token_review.h"
 #include "common/log_format.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "common/status.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rpc/grpc_services.h"
@@ -63,18 +65,8 @@ int MakeDirs(const std::string& path) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Debian's Abseil checks every lock order at run time; that bookkeeping showed up in
-  // profiles of busy daemons. Lock order is covered by the annotations and tests.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  // Every job allocates and frees much the same memory; without this, glibc hands the top of
-  // each thread's heap back and grows it again (an mprotect each time, ~0.5 per job).
-  mallopt(M_TRIM_THRESHOLD, 64 << 20);
-  mallopt(M_TOP_PAD, 4 << 20);
-  Config cfg;
-  CLI::App app{"stemma-coordinator: schedules Stemma jobs onto workers"};
+void AddFlags(CLI::App& app, Config* c) {
+  Config& cfg = *c;
   app.add_option("--data", cfg.data, "Directory for the database and logs")->capture_default_str();
   app.add_option("--listen", cfg.listen, "gRPC address (loopback by default)")
       ->capture_default_str();
@@ -131,6 +123,71 @@ int main(int argc, char** argv) {
   app.add_option("--log-format", cfg.log_format, "text | json (one JSON object per line)")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
+}
+
+// The authenticator --tokens and --k8s-token-review ask for (`enabled`: either was given);
+// INVALID_ARGUMENT (and the like) naming the flag when one cannot be used. Its metrics are
+// registered on `metrics`.
+absl::StatusOr<std::unique_ptr<stemma::Authenticator>> MakeAuthenticator(
+    Config& cfg, bool enabled, stemma::coordinator::CoordinatorMetrics& metrics) {
+  std::shared_ptr<stemma::TokenReviewer> reviewer;
+  if (!cfg.k8s.api_server.empty()) {
+    for (const std::string& r : cfg.k8s_roles) {
+      RETURN_IF_ERROR(stemma::ParseK8sRole(r, &cfg.k8s.roles));
+    }
+    cfg.k8s.ttl_ms = cfg.k8s_ttl_s * 1000;
+    ASSIGN_OR_RETURN(reviewer, stemma::TokenReviewer::Create(cfg.k8s));
+  }
+  if (!enabled) {
+    if (!cfg.tls_client_ca.empty()) {
+      // Certificates alone would admit workers while users stayed unauthenticated.
+      return absl::InvalidArgumentError("--tls-client-ca needs --tokens");
+    }
+    return stemma::MakeAllowAllAuthenticator();
+  }
+  absl::StatusOr<std::unique_ptr<stemma::TokenStore>> store =
+      cfg.tokens.empty() ? stemma::TokenStore::FromText("", "no --tokens")
+                         : stemma::TokenStore::Open(cfg.tokens);
+  if (!store.ok()) {
+    return absl::Status(store.status().code(),
+                        absl::StrCat("--tokens: ", store.status().message()));
+  }
+  auto& failures = prometheus::BuildCounter()
+                       .Name("stemma_auth_failures_total")
+                       .Help("Calls refused by authentication or authorisation, by reason")
+                       .Register(*metrics.registry());
+  auto& malformed = prometheus::BuildGauge()
+                        .Name("stemma_auth_token_file_malformed_lines")
+                        .Help(
+                            "Lines of the --tokens file skipped at its last reload (their "
+                            "tokens are refused); -1: the file could not be read")
+                        .Register(*metrics.registry())
+                        .Add({});
+  (*store)->SetReloadObserver([&malformed](int lines) { malformed.Set(lines); });
+  // Bounded label set: the reasons are fixed strings.
+  return stemma::MakeTokenAuthenticator(
+      std::shared_ptr<stemma::TokenStore>(std::move(*store)), !cfg.tls_client_ca.empty(),
+      [&failures](absl::string_view reason) {
+        failures.Add({{"reason", std::string(reason)}}).Increment();
+      },
+      reviewer == nullptr
+          ? stemma::ExternalTokenVerifier()
+          : [reviewer](absl::string_view token) { return reviewer->Review(token); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Debian's Abseil checks every lock order at run time; that bookkeeping showed up in
+  // profiles of busy daemons. Lock order is covered by the annotations and tests.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // Every job allocates and frees much the same memory; without this, glibc hands the top of
+  // each thread's heap back and grows it again (an mprotect each time, ~0.5 per job).
+  mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  mallopt(M_TOP_PAD, 4 << 20);
+  Config cfg;
+  CLI::App app{"stemma-coordinator: schedules Stemma jobs onto workers"};
+  AddFlags(app, &cfg);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -145,8 +202,7 @@ int main(int argc, char** argv) {
 
   // Open beyond loopback only with TLS and tokens, or when told so in as many words.
   const bool tls = !cfg.tls_cert.empty();
-  const bool k8s = !cfg.k8s.api_server.empty();
-  const bool tokens = !cfg.tokens.empty() || k8s;
+  const bool tokens = !cfg.tokens.empty() || !cfg.k8s.api_server.empty();
   if (!stemma::IsLoopbackAddress(cfg.listen) && !(tls && tokens)) {
     if (!cfg.insecure) {
       std::fprintf(stderr,
@@ -233,62 +289,14 @@ int main(int argc, char** argv) {
     return 1;
   }
 
-  std::unique_ptr<stemma::Authenticator> auth;
-  std::shared_ptr<stemma::TokenReviewer> reviewer;
-  if (k8s) {
-    for (const std::string& r : cfg.k8s_roles) {
-      if (absl::Status st = stemma::ParseK8sRole(r, &cfg.k8s.roles); !st.ok()) {
-        std::fprintf(stderr, "stemma-coordinator: %s\n", std::string(st.message()).c_str());
-        return 2;
-      }
-    }
-    cfg.k8s.ttl_ms = cfg.k8s_ttl_s * 1000;
-    auto made = stemma::TokenReviewer::Create(cfg.k8s);
-    if (!made.ok()) {
-      std::fprintf(stderr, "stemma-coordinator: %s\n",
-                   std::string(made.status().message()).c_str());
-      return 2;
-    }
-    reviewer = std::move(*made);
+  absl::StatusOr<std::unique_ptr<stemma::Authenticator>> made_auth =
+      MakeAuthenticator(cfg, tokens, metrics);
+  if (!made_auth.ok()) {
+    std::fprintf(stderr, "stemma-coordinator: %s\n",
+                 std::string(made_auth.status().message()).c_str());
+    return 2;
   }
-  if (tokens) {
-    absl::StatusOr<std::unique_ptr<stemma::TokenStore>> store =
-        cfg.tokens.empty() ? stemma::TokenStore::FromText("", "no --tokens")
-                           : stemma::TokenStore::Open(cfg.tokens);
-    if (!store.ok()) {
-      std::fprintf(stderr, "stemma-coordinator: --tokens: %s\n",
-                   std::string(store.status().message()).c_str());
-      return 2;
-    }
-    auto& failures = prometheus::BuildCounter()
-                         .Name("stemma_auth_failures_total")
-                         .Help("Calls refused by authentication or authorisation, by reason")
-                         .Register(*metrics.registry());
-    auto& malformed = prometheus::BuildGauge()
-                          .Name("stemma_auth_token_file_malformed_lines")
-                          .Help(
-                              "Lines of the --tokens file skipped at its last reload (their "
-                              "tokens are refused); -1: the file could not be read")
-                          .Register(*metrics.registry())
-                          .Add({});
-    (*store)->SetReloadObserver([&malformed](int lines) { malformed.Set(lines); });
-    // Bounded label set: the reasons are fixed strings.
-    auth = stemma::MakeTokenAuthenticator(
-        std::shared_ptr<stemma::TokenStore>(std::move(*store)), !cfg.tls_client_ca.empty(),
-        [&failures](absl::string_view reason) {
-          failures.Add({{"reason", std::string(reason)}}).Increment();
-        },
-        reviewer == nullptr
-            ? stemma::ExternalTokenVerifier()
-            : [reviewer](absl::string_view token) { return reviewer->Review(token); });
-  } else {
-    if (!cfg.tls_client_ca.empty()) {
-      // Certificates alone would admit workers while users stayed unauthenticated.
-      std::fprintf(stderr, "stemma-coordinator: --tls-client-ca needs --tokens\n");
-      return 2;
-    }
-    auth = stemma::MakeAllowAllAuthenticator();
-  }
+  std::unique_ptr<stemma::Authenticator> auth = *std::move(made_auth);
   auto credentials = stemma::MakeServerCredentials(
       {.cert_file = cfg.tls_cert, .key_file = cfg.tls_key, .client_ca_file = cfg.tls_client_ca});
   if (!credentials.ok()) {
