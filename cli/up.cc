@@ -121,6 +121,38 @@ bool AllWorkersAlive(const v1::ListWorkersResponse& response, int n) {
   return named || alive >= n;
 }
 
+// DATA/coordinator and DATA/worker-<i> for each worker.
+absl::Status MakeDataDirs(const std::filesystem::path& data, int workers) {
+  std::vector<std::filesystem::path> dirs = {data / "coordinator"};
+  for (int i = 0; i < workers; ++i) dirs.push_back(data / absl::StrCat("worker-", i));
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The command line of worker `i` (named w<i>, its data in DATA/worker-<i>).
+std::vector<std::string> WorkerArgs(const UpOptions& o, const std::filesystem::path& data,
+                                    const std::string& address, int i) {
+  std::vector<std::string> wargs = {"--coordinator", address,
+                                    "--data",        (data / absl::StrCat("worker-", i)).string(),
+                                    "--name",        absl::StrCat("w", i),
+                                    "--gpus",        absl::StrCat(o.gpus)};
+  if (o.cpus > 0) wargs.insert(wargs.end(), {"--cpus", absl::StrCat(o.cpus)});
+  if (o.allow_exec) wargs.push_back("--allow-exec");
+  for (const std::string& dir : o.read_roots) wargs.insert(wargs.end(), {"--read-root", dir});
+  if (o.metrics_port > 0) {
+    wargs.insert(wargs.end(),
+                 {"--metrics-listen", absl::StrCat("127.0.0.1:", o.metrics_port + 1 + i)});
+  }
+  return wargs;
+}
+
 absl::StatusOr<int> RunUp(const GlobalOptions& g, UpOptions o) {
   if (o.workers < 0) return UsageError("--workers must be 0 or more");
   if (o.gpus < 0) return UsageError("--gpus must be 0 or more");
@@ -156,16 +188,7 @@ absl::StatusOr<int> RunUp(const GlobalOptions& g, UpOptions o) {
   }
 
   const std::filesystem::path data(o.data);
-  std::vector<std::filesystem::path> dirs = {data / "coordinator"};
-  for (int i = 0; i < o.workers; ++i) dirs.push_back(data / absl::StrCat("worker-", i));
-  for (const auto& dir : dirs) {
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot create ", dir.string(), ": ", ec.message()));
-    }
-  }
+  RETURN_IF_ERROR(MakeDataDirs(data, o.workers));
 
   Supervisor supervisor(old_mask);
   // One machine: the coordinator sees the workers' files, so it checks reported outputs.
@@ -195,19 +218,9 @@ absl::StatusOr<int> RunUp(const GlobalOptions& g, UpOptions o) {
   }
 
   for (int i = 0; i < o.workers; ++i) {
-    std::vector<std::string> wargs = {"--coordinator", address,
-                                      "--data",        (data / absl::StrCat("worker-", i)).string(),
-                                      "--name",        absl::StrCat("w", i),
-                                      "--gpus",        absl::StrCat(o.gpus)};
-    if (o.cpus > 0) wargs.insert(wargs.end(), {"--cpus", absl::StrCat(o.cpus)});
-    if (o.allow_exec) wargs.push_back("--allow-exec");
-    for (const std::string& dir : o.read_roots) wargs.insert(wargs.end(), {"--read-root", dir});
-    if (o.metrics_port > 0) {
-      wargs.insert(wargs.end(),
-                   {"--metrics-listen", absl::StrCat("127.0.0.1:", o.metrics_port + 1 + i)});
-    }
     ASSIGN_OR_RETURN(ChildProcess * unused,
-                     supervisor.Start(absl::StrCat("stemma-worker w", i), worker_bin, wargs,
+                     supervisor.Start(absl::StrCat("stemma-worker w", i), worker_bin,
+                                      WorkerArgs(o, data, address, i),
                                       (data / absl::StrCat("worker-", i, ".log")).string()));
     (void)unused;
   }

@@ -118,16 +118,64 @@ void ApplyDefaults(v1::JobSpec* spec) {
   FillFieldDefaults(spec->mutable_backoff());
 }
 
+namespace {
+
+// An exec job's argv and environment: sizes that keep the job under every later send limit,
+// and no variable that could hijack the programs a worker starts.
+absl::Status CheckExecSpec(const v1::ExecSpec& e) {
+  auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  constexpr size_t kMaxArgBytes = 128 * 1024;
+  constexpr size_t kMaxArgvBytes = 192 * 1024;
+  constexpr int kMaxEnv = 1024;
+  constexpr size_t kMaxEnvBytes = 64 * 1024;
+  if (e.argv_size() == 0 || e.argv(0).empty()) return bad("exec.argv: must name a program");
+  if (e.argv_size() > kMaxArgv) return bad("exec.argv: more than ", kMaxArgv, " arguments");
+  size_t argv_bytes = 0;
+  for (int i = 0; i < e.argv_size(); ++i) {
+    const std::string& a = e.argv(i);
+    if (a.find('\0') != std::string::npos) return bad("exec.argv[", i, "]: contains a NUL byte");
+    if (a.size() > kMaxArgBytes)
+      return bad("exec.argv[", i, "]: longer than ", kMaxArgBytes, " bytes");
+    argv_bytes += a.size() + 1;
+  }
+  if (argv_bytes > kMaxArgvBytes) {
+    return bad("exec.argv: ", argv_bytes, " bytes in all, more than ", kMaxArgvBytes);
+  }
+  if (e.env_size() > kMaxEnv) return bad("exec.env: more than ", kMaxEnv, " variables");
+  size_t env_bytes = 0;
+  for (const auto& [k, v] : e.env()) {
+    bool ok = !k.empty() && (absl::ascii_isupper(k[0]) || k[0] == '_');
+    for (char c : k) ok = ok && (absl::ascii_isupper(c) || absl::ascii_isdigit(c) || c == '_');
+    if (!ok) return bad("exec.env: bad variable name '", k, "' (use [A-Z_][A-Z0-9_]*)");
+    // The dynamic loader's variables run code of the job's choosing inside every
+    // program it starts, setuid helpers included; the worker sets PATH, the STEMMA_*
+    // contract and the GPUs it allocated.
+    if (absl::StartsWith(k, "LD_")) {
+      return bad("exec.env.", k, ": dynamic loader variables (LD_*) are not allowed");
+    }
+    if (k == "PATH") {
+      return bad("exec.env.PATH: may not be overridden; give argv[0] as an absolute path");
+    }
+    if (absl::StartsWith(k, "STEMMA_") || k == "CUDA_VISIBLE_DEVICES") {
+      return bad("exec.env.", k, ": set by the worker, not by the job");
+    }
+    if (v.find('\0') != std::string::npos) return bad("exec.env.", k, ": contains a NUL byte");
+    env_bytes += k.size() + v.size() + 2;
+  }
+  if (env_bytes > kMaxEnvBytes) {
+    return bad("exec.env: ", env_bytes, " bytes in all, more than ", kMaxEnvBytes);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
   // Limits that keep every accepted job far below gRPC's 4 MiB send limit wherever it
   // travels later (an assignment, a get, a watch event), and every number in range of the
   // arithmetic done on it (backoff in int64 milliseconds).
   constexpr size_t kMaxSpecBytes = 256 * 1024;
-  constexpr size_t kMaxArgBytes = 128 * 1024;
-  constexpr size_t kMaxArgvBytes = 192 * 1024;
-  constexpr int kMaxEnv = 1024;
-  constexpr size_t kMaxEnvBytes = 64 * 1024;
   auto has_control = [](absl::string_view text) {
     for (char c : text) {
       if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return true;
@@ -181,48 +229,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     case v1::JobSpec::kNoop:
       RETURN_IF_ERROR(CheckFieldRanges(spec.noop(), "noop"));
       break;
-    case v1::JobSpec::kExec: {
-      const auto& e = spec.exec();
-      if (e.argv_size() == 0 || e.argv(0).empty()) return bad("exec.argv: must name a program");
-      if (e.argv_size() > kMaxArgv) return bad("exec.argv: more than ", kMaxArgv, " arguments");
-      size_t argv_bytes = 0;
-      for (int i = 0; i < e.argv_size(); ++i) {
-        const std::string& a = e.argv(i);
-        if (a.find('\0') != std::string::npos)
-          return bad("exec.argv[", i, "]: contains a NUL byte");
-        if (a.size() > kMaxArgBytes)
-          return bad("exec.argv[", i, "]: longer than ", kMaxArgBytes, " bytes");
-        argv_bytes += a.size() + 1;
-      }
-      if (argv_bytes > kMaxArgvBytes) {
-        return bad("exec.argv: ", argv_bytes, " bytes in all, more than ", kMaxArgvBytes);
-      }
-      if (e.env_size() > kMaxEnv) return bad("exec.env: more than ", kMaxEnv, " variables");
-      size_t env_bytes = 0;
-      for (const auto& [k, v] : e.env()) {
-        bool ok = !k.empty() && (absl::ascii_isupper(k[0]) || k[0] == '_');
-        for (char c : k) ok = ok && (absl::ascii_isupper(c) || absl::ascii_isdigit(c) || c == '_');
-        if (!ok) return bad("exec.env: bad variable name '", k, "' (use [A-Z_][A-Z0-9_]*)");
-        // The dynamic loader's variables run code of the job's choosing inside every
-        // program it starts, setuid helpers included; the worker sets PATH, the STEMMA_*
-        // contract and the GPUs it allocated.
-        if (absl::StartsWith(k, "LD_")) {
-          return bad("exec.env.", k, ": dynamic loader variables (LD_*) are not allowed");
-        }
-        if (k == "PATH") {
-          return bad("exec.env.PATH: may not be overridden; give argv[0] as an absolute path");
-        }
-        if (absl::StartsWith(k, "STEMMA_") || k == "CUDA_VISIBLE_DEVICES") {
-          return bad("exec.env.", k, ": set by the worker, not by the job");
-        }
-        if (v.find('\0') != std::string::npos) return bad("exec.env.", k, ": contains a NUL byte");
-        env_bytes += k.size() + v.size() + 2;
-      }
-      if (env_bytes > kMaxEnvBytes) {
-        return bad("exec.env: ", env_bytes, " bytes in all, more than ", kMaxEnvBytes);
-      }
+    case v1::JobSpec::kExec:
+      RETURN_IF_ERROR(CheckExecSpec(spec.exec()));
       break;
-    }
     case v1::JobSpec::KIND_NOT_SET:
       return bad("kind: set one of noop, exec, ", absl::StrJoin(EngineCommands(), ", "));
     default:

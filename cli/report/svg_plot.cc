@@ -111,14 +111,39 @@ std::string TickText(double value, double step) {
   return absl::StrFormat("%.*f", decimals, value);
 }
 
-std::string RenderSvg(const SvgPlot& plot, bool standalone) {
-  const double W = std::max(plot.width, 200), H = std::max(plot.height, 150);
-  bool legend = false;
-  for (const auto& s : plot.series) legend |= !s.name.empty();
-  const double left = 72, right = legend ? 170 : 24, top = plot.title.empty() ? 16 : 40,
-               bottom = 52;
-  const double pw = W - left - right, ph = H - top - bottom;
+namespace {
 
+// Where a plot's panel lies in the picture and how data maps onto it.
+struct Frame {
+  double W = 0, H = 0;          // the picture
+  double left = 0, top = 0;     // the panel's corner
+  double pw = 0, ph = 0;        // the panel's size
+  std::vector<double> xt, yt;   // tick values, the first and last bound the axes
+  double xstep = 1, ystep = 1;  // between ticks
+  bool has_data = false;        // any finite point
+  bool legend = false;          // a named series: the legend right of the panel
+  double px(double x) const {
+    const double x0 = xt.front(), x1 = xt.back();
+    return left + (x1 > x0 ? (x - x0) / (x1 - x0) : 0.5) * pw;
+  }
+  double py(double y) const {
+    const double y0 = yt.front(), y1 = yt.back();
+    return top + ph - (y1 > y0 ? (y - y0) / (y1 - y0) : 0.5) * ph;
+  }
+};
+
+// The panel and the axes' ranges and ticks: the data's range (finite points and the
+// reference lines) with a margin so that points do not sit on the frame.
+Frame Layout(const SvgPlot& plot) {
+  Frame f;
+  f.W = std::max(plot.width, 200);
+  f.H = std::max(plot.height, 150);
+  for (const auto& s : plot.series) f.legend |= !s.name.empty();
+  f.left = 72;
+  f.top = plot.title.empty() ? 16 : 40;
+  const double right = f.legend ? 170 : 24, bottom = 52;
+  f.pw = f.W - f.left - right;
+  f.ph = f.H - f.top - bottom;
   Range xr, yr;
   for (const auto& s : plot.series) {
     const size_t n = std::min(s.x.size(), s.y.size());
@@ -128,10 +153,9 @@ std::string RenderSvg(const SvgPlot& plot, bool standalone) {
       yr.Add(s.y[i]);
     }
   }
-  const bool has_data = xr.any;
+  f.has_data = xr.any;
   if (plot.y_reference) yr.Add(*plot.y_reference);
   if (plot.x_reference) xr.Add(*plot.x_reference);
-  // A margin so that points do not sit on the frame.
   if (!plot.x_integer && xr.hi > xr.lo) {
     const double pad = (xr.hi - xr.lo) * 0.04;
     xr.lo -= pad;
@@ -142,145 +166,157 @@ std::string RenderSvg(const SvgPlot& plot, bool standalone) {
     yr.lo -= pad;
     yr.hi += pad;
   }
-  std::vector<double> xt = NiceTicks(xr.lo, xr.hi, plot.x_integer ? 8 : 6);
+  f.xt = NiceTicks(xr.lo, xr.hi, plot.x_integer ? 8 : 6);
   if (plot.x_integer) {
     // Whole numbers only: a step of at least one.
-    const double step = std::max(1.0, std::round(xt.size() > 1 ? xt[1] - xt[0] : 1));
+    const double step = std::max(1.0, std::round(f.xt.size() > 1 ? f.xt[1] - f.xt[0] : 1));
     const double lo = std::floor(xr.lo), hi = std::ceil(xr.hi);
-    xt.clear();
-    for (double t = std::floor(lo / step) * step; t <= hi + 1e-9 && xt.size() < 200; t += step)
-      xt.push_back(t);
-    if (xt.size() < 2) xt.push_back(xt.back() + step);
+    f.xt.clear();
+    for (double t = std::floor(lo / step) * step; t <= hi + 1e-9 && f.xt.size() < 200; t += step)
+      f.xt.push_back(t);
+    if (f.xt.size() < 2) f.xt.push_back(f.xt.back() + step);
   }
-  std::vector<double> yt = NiceTicks(yr.lo, yr.hi, 5);
-  const double x0 = xt.front(), x1 = xt.back(), y0 = yt.front(), y1 = yt.back();
-  const double xstep = xt.size() > 1 ? xt[1] - xt[0] : 1, ystep = yt.size() > 1 ? yt[1] - yt[0] : 1;
-  auto px = [&](double x) { return left + (x1 > x0 ? (x - x0) / (x1 - x0) : 0.5) * pw; };
-  auto py = [&](double y) { return top + ph - (y1 > y0 ? (y - y0) / (y1 - y0) : 0.5) * ph; };
+  f.yt = NiceTicks(yr.lo, yr.hi, 5);
+  f.xstep = f.xt.size() > 1 ? f.xt[1] - f.xt[0] : 1;
+  f.ystep = f.yt.size() > 1 ? f.yt[1] - f.yt[0] : 1;
+  return f;
+}
 
-  std::string out = absl::StrCat(
-      "<svg", standalone ? " xmlns=\"http://www.w3.org/2000/svg\"" : "", " class=\"plot\" width=\"",
-      W, "\" height=\"", H, "\" viewBox=\"0 0 ", W, " ", H, "\" role=\"img\" aria-label=\"",
-      XmlEscape(plot.title), "\" font-family=\"sans-serif\" font-size=\"12\">\n");
-  absl::StrAppend(&out, "<title>", XmlEscape(plot.title), "</title>\n");
-  absl::StrAppend(&out, "<rect x=\"0\" y=\"0\" width=\"", W, "\" height=\"", H,
-                  "\" fill=\"#ffffff\"/>\n");
+// Title, grid, frame, tick labels, axis labels, reference lines and the "no data" note.
+void AppendAxes(const SvgPlot& plot, const Frame& f, std::string* out) {
+  const double left = f.left, top = f.top, pw = f.pw, ph = f.ph;
   if (!plot.title.empty()) {
-    absl::StrAppend(&out, "<text x=\"", Num(left + pw / 2),
+    absl::StrAppend(out, "<text x=\"", Num(left + pw / 2),
                     "\" y=\"22\" text-anchor=\"middle\" font-size=\"14\" "
                     "font-weight=\"bold\">",
                     XmlEscape(plot.title), "</text>\n");
   }
-  // Grid and ticks.
-  absl::StrAppend(&out, "<g class=\"axes\" stroke=\"#dddddd\" stroke-width=\"1\">\n");
-  for (double t : xt)
-    absl::StrAppend(&out, "<line x1=\"", Num(px(t)), "\" y1=\"", Num(top), "\" x2=\"", Num(px(t)),
-                    "\" y2=\"", Num(top + ph), "\"/>\n");
-  for (double t : yt)
-    absl::StrAppend(&out, "<line x1=\"", Num(left), "\" y1=\"", Num(py(t)), "\" x2=\"",
-                    Num(left + pw), "\" y2=\"", Num(py(t)), "\"/>\n");
-  absl::StrAppend(&out, "</g>\n");
-  absl::StrAppend(&out, "<rect x=\"", Num(left), "\" y=\"", Num(top), "\" width=\"", Num(pw),
+  absl::StrAppend(out, "<g class=\"axes\" stroke=\"#dddddd\" stroke-width=\"1\">\n");
+  for (double t : f.xt)
+    absl::StrAppend(out, "<line x1=\"", Num(f.px(t)), "\" y1=\"", Num(top), "\" x2=\"",
+                    Num(f.px(t)), "\" y2=\"", Num(top + ph), "\"/>\n");
+  for (double t : f.yt)
+    absl::StrAppend(out, "<line x1=\"", Num(left), "\" y1=\"", Num(f.py(t)), "\" x2=\"",
+                    Num(left + pw), "\" y2=\"", Num(f.py(t)), "\"/>\n");
+  absl::StrAppend(out, "</g>\n");
+  absl::StrAppend(out, "<rect x=\"", Num(left), "\" y=\"", Num(top), "\" width=\"", Num(pw),
                   "\" height=\"", Num(ph),
                   "\" fill=\"none\" stroke=\"#333333\" stroke-width=\"1\"/>\n");
-  absl::StrAppend(&out, "<g class=\"ticks\" fill=\"#333333\">\n");
-  for (double t : xt) {
-    absl::StrAppend(&out, "<text x=\"", Num(px(t)), "\" y=\"", Num(top + ph + 16),
-                    "\" text-anchor=\"middle\">", XmlEscape(TickText(t, xstep)), "</text>\n");
+  absl::StrAppend(out, "<g class=\"ticks\" fill=\"#333333\">\n");
+  for (double t : f.xt) {
+    absl::StrAppend(out, "<text x=\"", Num(f.px(t)), "\" y=\"", Num(top + ph + 16),
+                    "\" text-anchor=\"middle\">", XmlEscape(TickText(t, f.xstep)), "</text>\n");
   }
-  for (double t : yt) {
-    absl::StrAppend(&out, "<text x=\"", Num(left - 6), "\" y=\"", Num(py(t) + 4),
-                    "\" text-anchor=\"end\">", XmlEscape(TickText(t, ystep)), "</text>\n");
+  for (double t : f.yt) {
+    absl::StrAppend(out, "<text x=\"", Num(left - 6), "\" y=\"", Num(f.py(t) + 4),
+                    "\" text-anchor=\"end\">", XmlEscape(TickText(t, f.ystep)), "</text>\n");
   }
-  absl::StrAppend(&out, "</g>\n");
-  absl::StrAppend(&out, "<text class=\"xlabel\" x=\"", Num(left + pw / 2), "\" y=\"", Num(H - 12),
+  absl::StrAppend(out, "</g>\n");
+  absl::StrAppend(out, "<text class=\"xlabel\" x=\"", Num(left + pw / 2), "\" y=\"", Num(f.H - 12),
                   "\" text-anchor=\"middle\">", XmlEscape(plot.x_label), "</text>\n");
-  absl::StrAppend(&out, "<text class=\"ylabel\" x=\"16\" y=\"", Num(top + ph / 2),
+  absl::StrAppend(out, "<text class=\"ylabel\" x=\"16\" y=\"", Num(top + ph / 2),
                   "\" text-anchor=\"middle\" transform=\"rotate(-90 16 ", Num(top + ph / 2), ")\">",
                   XmlEscape(plot.y_label), "</text>\n");
   if (plot.y_reference) {
-    absl::StrAppend(&out, "<line class=\"reference\" x1=\"", Num(left), "\" y1=\"",
-                    Num(py(*plot.y_reference)), "\" x2=\"", Num(left + pw), "\" y2=\"",
-                    Num(py(*plot.y_reference)),
+    absl::StrAppend(out, "<line class=\"reference\" x1=\"", Num(left), "\" y1=\"",
+                    Num(f.py(*plot.y_reference)), "\" x2=\"", Num(left + pw), "\" y2=\"",
+                    Num(f.py(*plot.y_reference)),
                     "\" stroke=\"#777777\" stroke-dasharray=\"2 3\"/>\n");
   }
   if (plot.x_reference) {
-    absl::StrAppend(&out, "<line class=\"reference\" x1=\"", Num(px(*plot.x_reference)), "\" y1=\"",
-                    Num(top), "\" x2=\"", Num(px(*plot.x_reference)), "\" y2=\"", Num(top + ph),
-                    "\" stroke=\"#777777\" stroke-dasharray=\"2 3\"/>\n");
+    absl::StrAppend(out, "<line class=\"reference\" x1=\"", Num(f.px(*plot.x_reference)),
+                    "\" y1=\"", Num(top), "\" x2=\"", Num(f.px(*plot.x_reference)), "\" y2=\"",
+                    Num(top + ph), "\" stroke=\"#777777\" stroke-dasharray=\"2 3\"/>\n");
   }
-  if (!has_data) {
-    absl::StrAppend(&out, "<text x=\"", Num(left + pw / 2), "\" y=\"", Num(top + ph / 2),
+  if (!f.has_data) {
+    absl::StrAppend(out, "<text x=\"", Num(left + pw / 2), "\" y=\"", Num(top + ph / 2),
                     "\" text-anchor=\"middle\" fill=\"#777777\">no data</text>\n");
   }
-  // Series.
+}
+
+// One series: its line (broken where a value is missing), markers and point labels.
+void AppendSeries(const SvgSeries& s, const char* color, const Frame& f, std::string* out) {
+  absl::StrAppend(out, "<g class=\"series\" data-name=\"", XmlEscape(s.name), "\">\n");
+  const size_t n = std::min(s.x.size(), s.y.size());
+  if (s.line) {
+    std::string d;
+    bool pen_down = false;
+    for (size_t i = 0; i < n; ++i) {
+      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) {
+        pen_down = false;  // a gap where a value is missing
+        continue;
+      }
+      absl::StrAppend(&d, pen_down ? " L" : (d.empty() ? "M" : " M"), Num(f.px(s.x[i])), " ",
+                      Num(f.py(s.y[i])));
+      pen_down = true;
+    }
+    if (!d.empty()) {
+      absl::StrAppend(out, "<path d=\"", d, "\" fill=\"none\" stroke=\"", color,
+                      "\" stroke-width=\"2\"", s.dashed ? " stroke-dasharray=\"6 4\"" : "", "/>\n");
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+    if (s.markers) {
+      absl::StrAppend(out, "<circle cx=\"", Num(f.px(s.x[i])), "\" cy=\"", Num(f.py(s.y[i])),
+                      "\" r=\"3.5\" fill=\"", color, "\"/>\n");
+    }
+    if (i < s.labels.size() && !s.labels[i].empty()) {
+      absl::StrAppend(out, "<text x=\"", Num(f.px(s.x[i]) + 6), "\" y=\"", Num(f.py(s.y[i]) - 6),
+                      "\" font-size=\"11\" fill=\"#333333\">", XmlEscape(s.labels[i]), "</text>\n");
+    }
+  }
+  absl::StrAppend(out, "</g>\n");
+}
+
+// The legend right of the panel: one entry per named series, names cut at 24 characters.
+void AppendLegend(const SvgPlot& plot, const Frame& f, std::string* out) {
+  absl::StrAppend(out, "<g class=\"legend\">\n");
+  double ly = f.top + 8;
   for (size_t si = 0; si < plot.series.size(); ++si) {
     const SvgSeries& s = plot.series[si];
+    if (s.name.empty()) continue;
     const char* color = PaletteColor(s.color >= 0 ? s.color : static_cast<int>(si));
-    absl::StrAppend(&out, "<g class=\"series\" data-name=\"", XmlEscape(s.name), "\">\n");
-    const size_t n = std::min(s.x.size(), s.y.size());
+    const double lx = f.left + f.pw + 12;
     if (s.line) {
-      std::string d;
-      bool pen_down = false;
-      for (size_t i = 0; i < n; ++i) {
-        if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) {
-          pen_down = false;  // a gap where a value is missing
-          continue;
-        }
-        absl::StrAppend(&d, pen_down ? " L" : (d.empty() ? "M" : " M"), Num(px(s.x[i])), " ",
-                        Num(py(s.y[i])));
-        pen_down = true;
-      }
-      if (!d.empty()) {
-        absl::StrAppend(&out, "<path d=\"", d, "\" fill=\"none\" stroke=\"", color,
-                        "\" stroke-width=\"2\"", s.dashed ? " stroke-dasharray=\"6 4\"" : "",
-                        "/>\n");
-      }
+      absl::StrAppend(out, "<line x1=\"", Num(lx), "\" y1=\"", Num(ly), "\" x2=\"", Num(lx + 18),
+                      "\" y2=\"", Num(ly), "\" stroke=\"", color, "\" stroke-width=\"2\"",
+                      s.dashed ? " stroke-dasharray=\"6 4\"" : "", "/>\n");
     }
-    for (size_t i = 0; i < n; ++i) {
-      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
-      if (s.markers) {
-        absl::StrAppend(&out, "<circle cx=\"", Num(px(s.x[i])), "\" cy=\"", Num(py(s.y[i])),
-                        "\" r=\"3.5\" fill=\"", color, "\"/>\n");
-      }
-      if (i < s.labels.size() && !s.labels[i].empty()) {
-        absl::StrAppend(&out, "<text x=\"", Num(px(s.x[i]) + 6), "\" y=\"", Num(py(s.y[i]) - 6),
-                        "\" font-size=\"11\" fill=\"#333333\">", XmlEscape(s.labels[i]),
-                        "</text>\n");
-      }
+    if (s.markers)
+      absl::StrAppend(out, "<circle cx=\"", Num(lx + 9), "\" cy=\"", Num(ly),
+                      "\" r=\"3.5\" fill=\"", color, "\"/>\n");
+    std::string name = s.name;
+    if (name.size() > 24) {
+      size_t cut = 23;  // not inside a UTF-8 sequence
+      while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+      name = name.substr(0, cut) + "…";
     }
-    absl::StrAppend(&out, "</g>\n");
+    absl::StrAppend(out, "<text x=\"", Num(lx + 24), "\" y=\"", Num(ly + 4), "\">", XmlEscape(name),
+                    "</text>\n");
+    ly += 18;
+    if (ly > f.H - 10) break;
   }
-  // Legend, right of the panel.
-  if (legend) {
-    absl::StrAppend(&out, "<g class=\"legend\">\n");
-    double ly = top + 8;
-    for (size_t si = 0; si < plot.series.size(); ++si) {
-      const SvgSeries& s = plot.series[si];
-      if (s.name.empty()) continue;
-      const char* color = PaletteColor(s.color >= 0 ? s.color : static_cast<int>(si));
-      const double lx = left + pw + 12;
-      if (s.line) {
-        absl::StrAppend(&out, "<line x1=\"", Num(lx), "\" y1=\"", Num(ly), "\" x2=\"", Num(lx + 18),
-                        "\" y2=\"", Num(ly), "\" stroke=\"", color, "\" stroke-width=\"2\"",
-                        s.dashed ? " stroke-dasharray=\"6 4\"" : "", "/>\n");
-      }
-      if (s.markers)
-        absl::StrAppend(&out, "<circle cx=\"", Num(lx + 9), "\" cy=\"", Num(ly),
-                        "\" r=\"3.5\" fill=\"", color, "\"/>\n");
-      std::string name = s.name;
-      if (name.size() > 24) {
-        size_t cut = 23;  // not inside a UTF-8 sequence
-        while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
-        name = name.substr(0, cut) + "…";
-      }
-      absl::StrAppend(&out, "<text x=\"", Num(lx + 24), "\" y=\"", Num(ly + 4), "\">",
-                      XmlEscape(name), "</text>\n");
-      ly += 18;
-      if (ly > H - 10) break;
-    }
-    absl::StrAppend(&out, "</g>\n");
+  absl::StrAppend(out, "</g>\n");
+}
+
+}  // namespace
+
+std::string RenderSvg(const SvgPlot& plot, bool standalone) {
+  const Frame f = Layout(plot);
+  std::string out = absl::StrCat(
+      "<svg", standalone ? " xmlns=\"http://www.w3.org/2000/svg\"" : "", " class=\"plot\" width=\"",
+      f.W, "\" height=\"", f.H, "\" viewBox=\"0 0 ", f.W, " ", f.H, "\" role=\"img\" aria-label=\"",
+      XmlEscape(plot.title), "\" font-family=\"sans-serif\" font-size=\"12\">\n");
+  absl::StrAppend(&out, "<title>", XmlEscape(plot.title), "</title>\n");
+  absl::StrAppend(&out, "<rect x=\"0\" y=\"0\" width=\"", f.W, "\" height=\"", f.H,
+                  "\" fill=\"#ffffff\"/>\n");
+  AppendAxes(plot, f, &out);
+  for (size_t si = 0; si < plot.series.size(); ++si) {
+    const SvgSeries& s = plot.series[si];
+    AppendSeries(s, PaletteColor(s.color >= 0 ? s.color : static_cast<int>(si)), f, &out);
   }
+  if (f.legend) AppendLegend(plot, f, &out);
   absl::StrAppend(&out, "</svg>\n");
   return out;
 }

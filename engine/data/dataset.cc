@@ -43,17 +43,9 @@ absl::StatusOr<T> Get(const json& j, const std::string& file, const std::string&
   }
 }
 
-}  // namespace
-
-Dataset::~Dataset() {
-  for (const Mapping& m : mappings_) {
-    if (m.addr != nullptr && m.size > 0) ::munmap(m.addr, m.size);
-  }
-}
-
-absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir,
-                                                       bool verify_checksums) {
-  std::string index_path = dir + "/index.json";
+// index.json as a JSON object: NotFound when it cannot be read, InvalidArgument when it is
+// not an object.
+absl::StatusOr<json> ReadIndex(const std::string& dir, const std::string& index_path) {
   absl::StatusOr<std::string> text = files::ReadFile(index_path);
   if (!text.ok()) {
     return absl::NotFoundError(absl::StrCat("dataset ", dir, ": cannot open index.json"));
@@ -65,6 +57,38 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir,
     return absl::InvalidArgumentError(absl::StrCat(index_path, ": bad JSON: ", e.what()));
   }
   if (!index.is_object()) return absl::InvalidArgumentError(index_path + ": not an object");
+  return index;
+}
+
+// index.json's "tokenizer" object (fields of another type are left unset).
+TokenizerInfo TokenizerFrom(const json& tok) {
+  TokenizerInfo info;
+  auto sub = [&](const char* f) -> const json* {
+    auto it = tok.find(f);
+    return it == tok.end() ? nullptr : &*it;
+  };
+  if (const json* v = sub("name"); v && v->is_string()) info.name = *v;
+  if (const json* v = sub("kind"); v && v->is_string()) info.kind = *v;
+  if (const json* v = sub("file"); v && v->is_string()) info.file = *v;
+  if (const json* v = sub("sha256"); v && v->is_string()) info.sha256 = *v;
+  if (const json* v = sub("vocab_size"); v && v->is_number_integer()) info.vocab_size = *v;
+  if (const json* v = sub("bos_id"); v && v->is_number_integer()) info.bos_id = *v;
+  if (const json* v = sub("eos_id"); v && v->is_number_integer()) info.eos_id = *v;
+  return info;
+}
+
+}  // namespace
+
+Dataset::~Dataset() {
+  for (const Mapping& m : mappings_) {
+    if (m.addr != nullptr && m.size > 0) ::munmap(m.addr, m.size);
+  }
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir,
+                                                       bool verify_checksums) {
+  std::string index_path = dir + "/index.json";
+  ASSIGN_OR_RETURN(json index, ReadIndex(dir, index_path));
 
   std::unique_ptr<Dataset> ds(new Dataset());
   ds->dir_ = dir;
@@ -86,21 +110,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> Dataset::Open(const std::string& dir,
   }
   ASSIGN_OR_RETURN(json tok, Get<json>(index, index_path, "tokenizer"));
   if (!tok.is_object()) return FieldError(index_path, "tokenizer", "not an object");
-  {
-    // Nested fields: names reported as tokenizer.<field>.
-    auto sub = [&](const char* f) -> const json* {
-      auto it = tok.find(f);
-      return it == tok.end() ? nullptr : &*it;
-    };
-    if (const json* v = sub("name"); v && v->is_string()) ds->tokenizer_.name = *v;
-    if (const json* v = sub("kind"); v && v->is_string()) ds->tokenizer_.kind = *v;
-    if (const json* v = sub("file"); v && v->is_string()) ds->tokenizer_.file = *v;
-    if (const json* v = sub("sha256"); v && v->is_string()) ds->tokenizer_.sha256 = *v;
-    if (const json* v = sub("vocab_size"); v && v->is_number_integer())
-      ds->tokenizer_.vocab_size = *v;
-    if (const json* v = sub("bos_id"); v && v->is_number_integer()) ds->tokenizer_.bos_id = *v;
-    if (const json* v = sub("eos_id"); v && v->is_number_integer()) ds->tokenizer_.eos_id = *v;
-  }
+  ds->tokenizer_ = TokenizerFrom(tok);
   if (ds->eos_appended_ && !ds->tokenizer_.eos_id) {
     return FieldError(index_path, "tokenizer.eos_id", "missing while eos_appended is true");
   }

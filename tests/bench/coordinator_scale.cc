@@ -302,82 +302,67 @@ int64_t RssMib(pid_t pid, const char* field) {
   return -1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+struct Options {
   int jobs = 100000, workers = 1000, gpus = 8, clients = 64, measure_s = 30;
   int heartbeat_ms = 5000;
   int metrics_per_job = 0;
   double min_s = 5, max_s = 25;  // simulated job durations
   std::string bin = "build/bin";
+};
+
+// --flag value pairs; false (and a message) on an unknown flag.
+bool ParseOptions(int argc, char** argv, Options* o) {
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
     if (k == "--jobs")
-      jobs = std::stoi(v);
+      o->jobs = std::stoi(v);
     else if (k == "--workers")
-      workers = std::stoi(v);
+      o->workers = std::stoi(v);
     else if (k == "--gpus")
-      gpus = std::stoi(v);
+      o->gpus = std::stoi(v);
     else if (k == "--clients")
-      clients = std::stoi(v);
+      o->clients = std::stoi(v);
     else if (k == "--measure-s")
-      measure_s = std::stoi(v);
+      o->measure_s = std::stoi(v);
     else if (k == "--heartbeat-ms")
-      heartbeat_ms = std::stoi(v);
+      o->heartbeat_ms = std::stoi(v);
     else if (k == "--bin")
-      bin = v;
+      o->bin = v;
     else if (k == "--metrics-per-job")
-      metrics_per_job = std::stoi(v);
+      o->metrics_per_job = std::stoi(v);
     else if (k == "--min-s")
-      min_s = std::stod(v);
+      o->min_s = std::stod(v);
     else if (k == "--max-s")
-      max_s = std::stod(v);
+      o->max_s = std::stod(v);
     else {
       std::fprintf(stderr, "coordinator_scale: unknown flag %s\n", k.c_str());
-      return 2;
+      return false;
     }
   }
-  char tmpl[] = "/tmp/stemma-scale.XXXXXX";
-  std::string dir = mkdtemp(tmpl);
-  const std::string addr = "127.0.0.1:" + std::to_string(20000 + getpid() % 20000);
-  const std::string metrics_addr = "127.0.0.1:" + std::to_string(40000 + getpid() % 20000);
+  return true;
+}
+
+// The coordinator under test, its log in DIR/coordinator.log.
+pid_t StartCoordinator(const Options& o, const std::string& dir, const std::string& addr,
+                       const std::string& metrics_addr) {
   pid_t coord = fork();
   if (coord == 0) {
     std::string log = dir + "/coordinator.log";
     freopen(log.c_str(), "w", stderr);
-    std::string exe = bin + "/stemma-coordinator";
-    std::string hb = std::to_string(heartbeat_ms), lease = std::to_string(heartbeat_ms * 6);
+    std::string exe = o.bin + "/stemma-coordinator";
+    std::string hb = std::to_string(o.heartbeat_ms), lease = std::to_string(o.heartbeat_ms * 6);
     execl(exe.c_str(), exe.c_str(), "--data", (dir + "/coord").c_str(), "--listen", addr.c_str(),
           "--heartbeat-ms", hb.c_str(), "--lease-ms", lease.c_str(), "--log-level", "warn",
           "--metrics-listen", metrics_addr.c_str(), nullptr);
     _exit(127);
   }
-  auto cleanup = [&] {
-    kill(coord, SIGTERM);
-    waitpid(coord, nullptr, 0);
-    std::string rm = "rm -rf " + dir;
-    std::system(rm.c_str());
-  };
+  return coord;
+}
 
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(4 << 20);
-  auto channel = grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args);
-  auto user = v1::UserService::NewStub(channel);
-  for (int i = 0;; ++i) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
-    v1::ListWorkersResponse r;
-    if (user->ListWorkers(&ctx, {}, &r).ok()) break;
-    if (i > 100) {
-      std::fprintf(stderr, "coordinator did not start (see %s/coordinator.log)\n", dir.c_str());
-      cleanup();
-      return 1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-
-  // 1. Durable submits.
-  std::printf("[scale] submitting %d jobs from %d concurrent clients\n", jobs, clients);
+// Submits o.jobs one-job requests from o.clients threads over four connections; returns the
+// submits per second and sets the coordinator's CPU microseconds per submit.
+double SubmitJobs(const Options& o, const std::string& addr, pid_t coord, double* cpu_us) {
+  std::printf("[scale] submitting %d jobs from %d concurrent clients\n", o.jobs, o.clients);
   std::fflush(stdout);
   std::atomic<int> next{0}, errors{0};
   std::vector<std::shared_ptr<grpc::Channel>> channels;
@@ -389,10 +374,10 @@ int main(int argc, char** argv) {
   auto t0 = Clock::now();
   const double submit_cpu0 = CpuMs(coord);
   std::vector<std::thread> threads;
-  for (int c = 0; c < clients; ++c) {
+  for (int c = 0; c < o.clients; ++c) {
     threads.emplace_back([&, c] {
       auto stub = v1::UserService::NewStub(channels[c % channels.size()]);
-      while (next.fetch_add(1) < jobs) {
+      while (next.fetch_add(1) < o.jobs) {
         v1::SubmitRequest req;
         auto* s = req.add_jobs();
         s->mutable_noop()->set_duration_ms(1);
@@ -405,28 +390,94 @@ int main(int argc, char** argv) {
   }
   for (auto& t : threads) t.join();
   double submit_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  double submits_per_s = jobs / submit_s;
-  const double submit_cpu_us = (CpuMs(coord) - submit_cpu0) * 1000.0 / jobs;
-  std::printf("[scale] %d durable submits in %.2f s: %.0f/s (%d errors)\n", jobs, submit_s,
+  double submits_per_s = o.jobs / submit_s;
+  *cpu_us = (CpuMs(coord) - submit_cpu0) * 1000.0 / o.jobs;
+  std::printf("[scale] %d durable submits in %.2f s: %.0f/s (%d errors)\n", o.jobs, submit_s,
               submits_per_s, errors.load());
   std::fflush(stdout);
+  return submits_per_s;
+}
 
-  // 2. Simulated workers.
-  auto worker_stub = v1::WorkerService::NewStub(channel);
+// Polls ListWorkers for up to ~30 s; true once the coordinator answers.
+bool CoordinatorAnswers(const std::shared_ptr<grpc::Channel>& channel) {
+  auto user = v1::UserService::NewStub(channel);
+  for (int i = 0; i <= 100; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    v1::ListWorkersResponse r;
+    if (user->ListWorkers(&ctx, {}, &r).ok()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// o.workers simulated workers, waited for (up to a minute) until every one has registered.
+std::vector<std::unique_ptr<SimWorker>> StartSimWorkers(const Options& o,
+                                                        v1::WorkerService::Stub* stub) {
   std::vector<std::unique_ptr<SimWorker>> sims;
-  for (int i = 0; i < workers; ++i) {
+  for (int i = 0; i < o.workers; ++i) {
     sims.push_back(
-        std::make_unique<SimWorker>(i, worker_stub.get(), gpus, min_s, max_s, metrics_per_job));
+        std::make_unique<SimWorker>(i, stub, o.gpus, o.min_s, o.max_s, o.metrics_per_job));
   }
   for (int i = 0; i < 600; ++i) {
     int n = 0;
     for (auto& s : sims) n += s->registered();
-    if (n == workers) break;
+    if (n == o.workers) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  std::printf("[scale] %d workers registered; %lld assignments so far\n", workers,
+  std::printf("[scale] %d workers registered; %lld assignments so far\n", o.workers,
               static_cast<long long>(g_assigned.load()));
   std::fflush(stdout);
+  return sims;
+}
+
+// Cancels every simulated worker's session and waits (up to 5 s) for them to end.
+void StopSimWorkers(std::vector<std::unique_ptr<SimWorker>>& sims) {
+  for (auto& s : sims) s->Cancel();
+  for (int i = 0; i < 100; ++i) {
+    bool all = true;
+    for (auto& s : sims) all = all && s->finished();
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!ParseOptions(argc, argv, &o)) return 2;
+  const int jobs = o.jobs, workers = o.workers, gpus = o.gpus, clients = o.clients,
+            measure_s = o.measure_s, heartbeat_ms = o.heartbeat_ms,
+            metrics_per_job = o.metrics_per_job;
+  char tmpl[] = "/tmp/stemma-scale.XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  const std::string addr = "127.0.0.1:" + std::to_string(20000 + getpid() % 20000);
+  const std::string metrics_addr = "127.0.0.1:" + std::to_string(40000 + getpid() % 20000);
+  const pid_t coord = StartCoordinator(o, dir, addr, metrics_addr);
+  auto cleanup = [&] {
+    kill(coord, SIGTERM);
+    waitpid(coord, nullptr, 0);
+    std::string rm = "rm -rf " + dir;
+    std::system(rm.c_str());
+  };
+
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(4 << 20);
+  auto channel = grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args);
+  if (!CoordinatorAnswers(channel)) {
+    std::fprintf(stderr, "coordinator did not start (see %s/coordinator.log)\n", dir.c_str());
+    cleanup();
+    return 1;
+  }
+
+  // 1. Durable submits.
+  double submit_cpu_us = 0;
+  const double submits_per_s = SubmitJobs(o, addr, coord, &submit_cpu_us);
+
+  // 2. Simulated workers.
+  auto worker_stub = v1::WorkerService::NewStub(channel);
+  std::vector<std::unique_ptr<SimWorker>> sims = StartSimWorkers(o, worker_stub.get());
 
   std::atomic<bool> stop{false};
   std::thread heartbeats([&] {
@@ -485,13 +536,7 @@ int main(int argc, char** argv) {
   stop = true;
   heartbeats.join();
   finisher.join();
-  for (auto& s : sims) s->Cancel();
-  for (int i = 0; i < 100; ++i) {
-    bool all = true;
-    for (auto& s : sims) all = all && s->finished();
-    if (all) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  StopSimWorkers(sims);
   cleanup();
 
   std::printf(

@@ -35,26 +35,114 @@ double MsSince(Clock::time_point t) {
 
 std::string CkptPath(int i) { return "/bench/ckpt/" + std::to_string(i); }
 
+// --checkpoints N --experiments N --queries N --bin DIR; false (and a message) on another.
+bool ParseFlags(int argc, char** argv, int* checkpoints, int* experiments, int* queries,
+                std::string* bin) {
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--checkpoints")
+      *checkpoints = std::stoi(v);
+    else if (k == "--experiments")
+      *experiments = std::stoi(v);
+    else if (k == "--queries")
+      *queries = std::stoi(v);
+    else if (k == "--bin")
+      *bin = v;
+    else {
+      std::fprintf(stderr, "registry: unknown flag %s\n", k.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+// Polls ListWorkers for up to ~30 s; true once the coordinator answers.
+bool CoordinatorAnswers(v1::UserService::Stub* user) {
+  for (int i = 0; i <= 100; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+    v1::ListWorkersResponse r;
+    if (user->ListWorkers(&ctx, {}, &r).ok()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return false;
+}
+
+// The simulated worker's session: answers every assignment at once with a finished attempt
+// that publishes checkpoint c<i> (a chain per experiment, every third one past the second
+// generation a merge of two), and counts the coordinator's event acks in `acked`.
+void AnswerAssignments(grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>* stream,
+                       int per_generation, std::atomic<int>* acked) {
+  v1::CoordinatorMessage in;
+  uint64_t seq = 0;
+  while (stream->Read(&in)) {
+    if (in.has_event_ack()) {
+      ++*acked;
+      continue;
+    }
+    if (!in.has_assign()) continue;
+    const v1::Assignment& a = in.assign();
+    const int i = std::stoi(a.spec().name().substr(1));  // "c<i>"
+    v1::WorkerMessage out;
+    auto* started = out.mutable_events()->add_events();
+    started->set_attempt_id(a.attempt_id());
+    started->mutable_started()->set_pid(1);
+    auto* fin = out.mutable_events()->add_events();
+    fin->set_attempt_id(a.attempt_id());
+    fin->set_event_seq(++seq);
+    fin->mutable_finished()->set_exit_code(0);
+    auto* art = fin->mutable_finished()->add_artifacts();
+    art->set_name("model");
+    art->set_type("checkpoint");
+    art->set_path(CkptPath(i));
+    art->set_manifest_sha256(std::string(56, '0') + std::to_string(10000000 + i).substr(0, 8));
+    art->set_bytes(1 << 30);
+    if (i < per_generation) {
+      art->add_parents("/bench/base");
+      art->set_operation("cpt");
+    } else {
+      art->add_parents(CkptPath(i - per_generation));  // the chain
+      if (i >= 2 * per_generation && i % 3 == 0) {
+        art->add_parents(CkptPath(i - 2 * per_generation));  // a merge
+        art->set_operation("soup");
+      } else {
+        art->set_operation("cpt");
+      }
+    }
+    stream->Write(out);
+  }
+}
+
+// `queries` lineage queries of random checkpoints (by path, as a user would name one): their
+// latencies in ms, sorted; `nodes` sums the artifacts returned, `failed` counts errors.
+std::vector<double> LineageTimesMs(v1::UserService::Stub* user, int queries, int checkpoints,
+                                   double* nodes, int* failed) {
+  std::mt19937 rng(7);
+  std::vector<double> ms;
+  for (int q = 0; q < queries; ++q) {
+    v1::LineageRequest req;
+    req.set_id(CkptPath(rng() % checkpoints));
+    grpc::ClientContext ctx;
+    v1::LineageResponse resp;
+    auto start = Clock::now();
+    grpc::Status st = user->Lineage(&ctx, req, &resp);
+    ms.push_back(MsSince(start));
+    if (!st.ok()) {
+      ++*failed;
+      continue;
+    }
+    *nodes += resp.artifacts_size();
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int checkpoints = 10000, experiments = 100, queries = 2000;
   std::string bin = "build/bin";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    std::string k = argv[i], v = argv[i + 1];
-    if (k == "--checkpoints")
-      checkpoints = std::stoi(v);
-    else if (k == "--experiments")
-      experiments = std::stoi(v);
-    else if (k == "--queries")
-      queries = std::stoi(v);
-    else if (k == "--bin")
-      bin = v;
-    else {
-      std::fprintf(stderr, "registry: unknown flag %s\n", k.c_str());
-      return 2;
-    }
-  }
+  if (!ParseFlags(argc, argv, &checkpoints, &experiments, &queries, &bin)) return 2;
   if (checkpoints < 1 || experiments < 1 || queries < 1) {
     std::fprintf(stderr, "registry: --checkpoints, --experiments and --queries must be positive\n");
     return 2;
@@ -79,17 +167,10 @@ int main(int argc, char** argv) {
   };
   auto channel = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
   auto user = v1::UserService::NewStub(channel);
-  for (int i = 0;; ++i) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
-    v1::ListWorkersResponse r;
-    if (user->ListWorkers(&ctx, {}, &r).ok()) break;
-    if (i > 100) {
-      std::fprintf(stderr, "coordinator did not start (see %s/coordinator.log)\n", dir.c_str());
-      cleanup();
-      return 1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (!CoordinatorAnswers(user.get())) {
+    std::fprintf(stderr, "coordinator did not start (see %s/coordinator.log)\n", dir.c_str());
+    cleanup();
+    return 1;
   }
 
   // 1. The simulated worker: answers every assignment at once with its checkpoint.
@@ -107,46 +188,7 @@ int main(int argc, char** argv) {
   const int per_generation = experiments;
   const int generations = (checkpoints + per_generation - 1) / per_generation;
   std::atomic<int> acked{0};
-  std::thread reader([&] {
-    v1::CoordinatorMessage in;
-    uint64_t seq = 0;
-    while (stream->Read(&in)) {
-      if (in.has_event_ack()) {
-        acked++;
-        continue;
-      }
-      if (!in.has_assign()) continue;
-      const v1::Assignment& a = in.assign();
-      const int i = std::stoi(a.spec().name().substr(1));  // "c<i>"
-      v1::WorkerMessage out;
-      auto* started = out.mutable_events()->add_events();
-      started->set_attempt_id(a.attempt_id());
-      started->mutable_started()->set_pid(1);
-      auto* fin = out.mutable_events()->add_events();
-      fin->set_attempt_id(a.attempt_id());
-      fin->set_event_seq(++seq);
-      fin->mutable_finished()->set_exit_code(0);
-      auto* art = fin->mutable_finished()->add_artifacts();
-      art->set_name("model");
-      art->set_type("checkpoint");
-      art->set_path(CkptPath(i));
-      art->set_manifest_sha256(std::string(56, '0') + std::to_string(10000000 + i).substr(0, 8));
-      art->set_bytes(1 << 30);
-      if (i < per_generation) {
-        art->add_parents("/bench/base");
-        art->set_operation("cpt");
-      } else {
-        art->add_parents(CkptPath(i - per_generation));  // the chain
-        if (i >= 2 * per_generation && i % 3 == 0) {
-          art->add_parents(CkptPath(i - 2 * per_generation));  // a merge
-          art->set_operation("soup");
-        } else {
-          art->set_operation("cpt");
-        }
-      }
-      stream->Write(out);
-    }
-  });
+  std::thread reader([&] { AnswerAssignments(stream.get(), per_generation, &acked); });
   auto t0 = Clock::now();
   for (int g = 0; g < generations; ++g) {
     v1::SubmitRequest req;
@@ -184,25 +226,9 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   // 2. Lineage queries of random checkpoints (by path, as a user would name one).
-  std::mt19937 rng(7);
-  std::vector<double> ms;
   double nodes = 0;
   int failed = 0;
-  for (int q = 0; q < queries; ++q) {
-    v1::LineageRequest req;
-    req.set_id(CkptPath(rng() % checkpoints));
-    grpc::ClientContext ctx;
-    v1::LineageResponse resp;
-    auto start = Clock::now();
-    grpc::Status st = user->Lineage(&ctx, req, &resp);
-    ms.push_back(MsSince(start));
-    if (!st.ok()) {
-      ++failed;
-      continue;
-    }
-    nodes += resp.artifacts_size();
-  }
-  std::sort(ms.begin(), ms.end());
+  std::vector<double> ms = LineageTimesMs(user.get(), queries, checkpoints, &nodes, &failed);
   auto pct = [&](double p) {
     return ms[std::min(ms.size() - 1, static_cast<size_t>(p * ms.size()))];
   };

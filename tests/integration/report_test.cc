@@ -405,6 +405,102 @@ stages:
         - {type: perplexity, language: "${{ needs.tok.matrix.language }}", data: "${{ needs.tok.outputs.dataset }}", heldout_fraction: 0.2, limit: 4}
 )";
 
+// Roles and families from the prepare job's corpus manifest: ru held-in, uk held-out (both
+// slavic), en the base (general); the columns in that order.
+void ExpectRolesFromTheCorpus(const json& rep) {
+  EXPECT_EQ(rep["roles_from_corpus"], true) << rep["notes"].dump();
+  std::map<std::string, json> langs;
+  for (const auto& l : rep["languages"]) langs[l["code"]] = l;
+  EXPECT_EQ(langs["ru"]["role"], "held_in");
+  EXPECT_EQ(langs["ru"]["family"], "slavic");
+  EXPECT_EQ(langs["uk"]["role"], "held_out");
+  EXPECT_EQ(langs["uk"]["name"], "Ukrainian");
+  EXPECT_EQ(langs["en"]["role"], "general");
+  std::vector<std::string> keys;
+  for (const auto& col : rep["columns"]) keys.push_back(col["key"]);
+  EXPECT_EQ(keys, (std::vector<std::string>{"bpb/ru", "bpb/uk", "bpb/en"}))
+      << "held-in, held-out, general";
+}
+
+// The numbers are the engine's: the metric points the coordinator stored and the results
+// files the evals wrote; deltas and the summary follow from them.
+void ExpectTheEnginesNumbers(Cluster& c, const json& rep) {
+  auto metrics = c.Cli({"metrics", "report-e2e", "--last", "-o", "json"});
+  ASSERT_EQ(metrics.exit_code, 0) << metrics.err;
+  std::map<std::string, std::map<std::string, double>> points;  // job → name → value
+  for (const auto& p : metrics.Json()) points[p["job"]][p["name"]] = p["value"];
+  for (const auto& row : rep["rows"]) {
+    const std::string job = row["job_id"];
+    for (const char* col : {"bpb/ru", "bpb/uk", "bpb/en"}) {
+      ASSERT_TRUE(row["cells"].contains(col)) << col;
+      ASSERT_TRUE(points[job].count(col)) << job << " " << col;
+      EXPECT_DOUBLE_EQ(row["cells"][col]["value"].get<double>(), points[job][col])
+          << job << " " << col;
+    }
+    const json job_json = c.Get(job);
+    const json results = json::parse(Cluster::ReadFile(job_json["outputs"]["results"]));
+    EXPECT_EQ(row["checkpoint_sha256"], results["checkpoint"]["sha256"]);
+    EXPECT_FALSE(row["checkpoint_sha256"].get<std::string>().empty());
+  }
+  const json& base = rep["rows"][0]["cells"];
+  const json& cpt = rep["rows"][1]["cells"];
+  for (const char* col : {"bpb/ru", "bpb/uk", "bpb/en"}) {
+    EXPECT_DOUBLE_EQ(cpt[col]["delta"].get<double>(),
+                     cpt[col]["value"].get<double>() - base[col]["value"].get<double>());
+  }
+  ASSERT_EQ(rep["summary"].size(), 2u);
+  EXPECT_DOUBLE_EQ(rep["summary"][1]["acquisition"].get<double>(),
+                   base["bpb/ru"]["value"].get<double>() - cpt["bpb/ru"]["value"].get<double>());
+  EXPECT_DOUBLE_EQ(rep["summary"][1]["transfer"].get<double>(),
+                   base["bpb/uk"]["value"].get<double>() - cpt["bpb/uk"]["value"].get<double>());
+  EXPECT_DOUBLE_EQ(rep["summary"][1]["forgetting"].get<double>(),
+                   cpt["bpb/en"]["delta"].get<double>());
+}
+
+// The loss curve has every step the train job logged; the analysis plots are the analyze
+// job's files (LAPE counts and drift per layer).
+void ExpectLossAndAnalysisPlots(Cluster& c, const json& rep, const std::string& out) {
+  auto loss = c.Cli({"metrics", "report-e2e", "--name", "loss", "-o", "json"});
+  size_t loss_points = loss.Json().size();
+  for (const auto& p : rep["plots"]) {
+    if (p["file"] == "loss_curves.svg") {
+      EXPECT_EQ(p["drawn"], true);
+      ASSERT_EQ(p["series"].size(), 1u);
+      EXPECT_EQ(p["series"][0]["points"].size(), loss_points);
+      EXPECT_GE(loss_points, 6u);
+    }
+  }
+  // The analysis plots are the analyze job's files: LAPE counts and drift per layer.
+  std::string analyze_id;
+  const json cells = c.Cli({"exp", "get", "report-e2e", "-o", "json"}).Json()["cells"];
+  for (const auto& cell : cells) {
+    if (cell["job_name"] == "analyze") analyze_id = cell["job_id"];
+  }
+  ASSERT_FALSE(analyze_id.empty());
+  const json outputs = c.Get(analyze_id)["outputs"];
+  const json mask = json::parse(Cluster::ReadFile(outputs["mask"]));
+  const json drift = json::parse(Cluster::ReadFile(outputs["drift"]));
+  std::map<std::string, json> plots;
+  for (const auto& p : rep["plots"]) plots[p["file"]] = p;
+  for (const char* f : {"lape_neurons.svg", "drift.svg", "drift_asymmetry.svg"}) {
+    EXPECT_EQ(plots[f]["drawn"], true) << f << ": " << plots[f].dump();
+    EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
+  }
+  ASSERT_EQ(plots["lape_neurons.svg"]["series"].size(), mask["counts"].size());
+  for (const auto& s : plots["lape_neurons.svg"]["series"]) {
+    const json& counts = mask["counts"][s["name"].get<std::string>()];
+    ASSERT_EQ(s["points"].size(), counts.size());
+    for (size_t l = 0; l < counts.size(); ++l)
+      EXPECT_EQ(s["points"][l][1].get<double>(), counts[l].get<double>());
+  }
+  const json& down = plots["drift.svg"]["series"][0];
+  EXPECT_EQ(down["name"], "down");
+  ASSERT_EQ(down["points"].size(), drift["layers"].size());
+  for (size_t l = 0; l < drift["layers"].size(); ++l) {
+    EXPECT_DOUBLE_EQ(down["points"][l][1].get<double>(), drift["layers"][l]["down"].get<double>());
+  }
+}
+
 TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   const std::string engine = EngineBinary();
   if (engine.empty()) {
@@ -460,93 +556,9 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   EXPECT_EQ(rep["rows"][0]["title"], "base");
   EXPECT_EQ(rep["rows"][1]["title"], "dense cpt");
   EXPECT_EQ(rep["rows"][1]["group"], "dense");
-  // Roles and families from the prepare job's corpus manifest: ru held-in, uk held-out
-  // (both slavic), en the base (general).
-  EXPECT_EQ(rep["roles_from_corpus"], true) << rep["notes"].dump();
-  std::map<std::string, json> langs;
-  for (const auto& l : rep["languages"]) langs[l["code"]] = l;
-  EXPECT_EQ(langs["ru"]["role"], "held_in");
-  EXPECT_EQ(langs["ru"]["family"], "slavic");
-  EXPECT_EQ(langs["uk"]["role"], "held_out");
-  EXPECT_EQ(langs["uk"]["name"], "Ukrainian");
-  EXPECT_EQ(langs["en"]["role"], "general");
-  std::vector<std::string> keys;
-  for (const auto& col : rep["columns"]) keys.push_back(col["key"]);
-  EXPECT_EQ(keys, (std::vector<std::string>{"bpb/ru", "bpb/uk", "bpb/en"}))
-      << "held-in, held-out, general";
-
-  // The numbers are the engine's: the metric points the coordinator stored and the
-  // results files the evals wrote.
-  auto metrics = c.Cli({"metrics", "report-e2e", "--last", "-o", "json"});
-  ASSERT_EQ(metrics.exit_code, 0) << metrics.err;
-  std::map<std::string, std::map<std::string, double>> points;  // job → name → value
-  for (const auto& p : metrics.Json()) points[p["job"]][p["name"]] = p["value"];
-  for (const auto& row : rep["rows"]) {
-    const std::string job = row["job_id"];
-    for (const char* col : {"bpb/ru", "bpb/uk", "bpb/en"}) {
-      ASSERT_TRUE(row["cells"].contains(col)) << col;
-      ASSERT_TRUE(points[job].count(col)) << job << " " << col;
-      EXPECT_DOUBLE_EQ(row["cells"][col]["value"].get<double>(), points[job][col])
-          << job << " " << col;
-    }
-    const json job_json = c.Get(job);
-    const json results = json::parse(Cluster::ReadFile(job_json["outputs"]["results"]));
-    EXPECT_EQ(row["checkpoint_sha256"], results["checkpoint"]["sha256"]);
-    EXPECT_FALSE(row["checkpoint_sha256"].get<std::string>().empty());
-  }
-  const json& base = rep["rows"][0]["cells"];
-  const json& cpt = rep["rows"][1]["cells"];
-  for (const char* col : {"bpb/ru", "bpb/uk", "bpb/en"}) {
-    EXPECT_DOUBLE_EQ(cpt[col]["delta"].get<double>(),
-                     cpt[col]["value"].get<double>() - base[col]["value"].get<double>());
-  }
-  ASSERT_EQ(rep["summary"].size(), 2u);
-  EXPECT_DOUBLE_EQ(rep["summary"][1]["acquisition"].get<double>(),
-                   base["bpb/ru"]["value"].get<double>() - cpt["bpb/ru"]["value"].get<double>());
-  EXPECT_DOUBLE_EQ(rep["summary"][1]["transfer"].get<double>(),
-                   base["bpb/uk"]["value"].get<double>() - cpt["bpb/uk"]["value"].get<double>());
-  EXPECT_DOUBLE_EQ(rep["summary"][1]["forgetting"].get<double>(),
-                   cpt["bpb/en"]["delta"].get<double>());
-  // The loss curve has every step the train job logged.
-  auto loss = c.Cli({"metrics", "report-e2e", "--name", "loss", "-o", "json"});
-  size_t loss_points = loss.Json().size();
-  for (const auto& p : rep["plots"]) {
-    if (p["file"] == "loss_curves.svg") {
-      EXPECT_EQ(p["drawn"], true);
-      ASSERT_EQ(p["series"].size(), 1u);
-      EXPECT_EQ(p["series"][0]["points"].size(), loss_points);
-      EXPECT_GE(loss_points, 6u);
-    }
-  }
-  // The analysis plots are the analyze job's files: LAPE counts and drift per layer.
-  std::string analyze_id;
-  const json cells = c.Cli({"exp", "get", "report-e2e", "-o", "json"}).Json()["cells"];
-  for (const auto& cell : cells) {
-    if (cell["job_name"] == "analyze") analyze_id = cell["job_id"];
-  }
-  ASSERT_FALSE(analyze_id.empty());
-  const json outputs = c.Get(analyze_id)["outputs"];
-  const json mask = json::parse(Cluster::ReadFile(outputs["mask"]));
-  const json drift = json::parse(Cluster::ReadFile(outputs["drift"]));
-  std::map<std::string, json> plots;
-  for (const auto& p : rep["plots"]) plots[p["file"]] = p;
-  for (const char* f : {"lape_neurons.svg", "drift.svg", "drift_asymmetry.svg"}) {
-    EXPECT_EQ(plots[f]["drawn"], true) << f << ": " << plots[f].dump();
-    EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
-  }
-  ASSERT_EQ(plots["lape_neurons.svg"]["series"].size(), mask["counts"].size());
-  for (const auto& s : plots["lape_neurons.svg"]["series"]) {
-    const json& counts = mask["counts"][s["name"].get<std::string>()];
-    ASSERT_EQ(s["points"].size(), counts.size());
-    for (size_t l = 0; l < counts.size(); ++l)
-      EXPECT_EQ(s["points"][l][1].get<double>(), counts[l].get<double>());
-  }
-  const json& down = plots["drift.svg"]["series"][0];
-  EXPECT_EQ(down["name"], "down");
-  ASSERT_EQ(down["points"].size(), drift["layers"].size());
-  for (size_t l = 0; l < drift["layers"].size(); ++l) {
-    EXPECT_DOUBLE_EQ(down["points"][l][1].get<double>(), drift["layers"][l]["down"].get<double>());
-  }
+  ExpectRolesFromTheCorpus(rep);
+  ExpectTheEnginesNumbers(c, rep);
+  ExpectLossAndAnalysisPlots(c, rep, out);
 
   // CSV: one line per row and column.
   const std::string csv = Cluster::ReadFile(out + "/report.csv");
@@ -554,6 +566,7 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
             1 + 2 * static_cast<long>(rep["columns"].size()));
 
   // A results file that cannot be read here: said, and the table still has the metrics.
+  const json& base = rep["rows"][0]["cells"];
   const std::string results = c.Get(rep["rows"][0]["job_id"])["outputs"]["results"];
   fs::rename(results, results + ".away");
   auto partial = c.Cli({"report", "report-e2e", "--format", "json"});
