@@ -1,16 +1,16 @@
 #include "worker/attempt_output.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <nlohmann/json.hpp>
 #include <string_view>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "common/engine_contract.h"
+#include "common/engine_events.h"
+#include "worker/event_scanner.h"
 
 namespace stemma::worker {
 namespace {
@@ -33,148 +33,6 @@ bool MayBeStructured(const std::string& line, char c) {
   return fits(kProgressPrefix) || fits(kEventPrefix) || fits(kEngineErrorPrefix);
 }
 
-// One event line's top-level fields, sorted by key (as nlohmann's objects iterate). Filled by
-// a scanner for flat objects of plain strings and numbers (what step and metric lines are:
-// ~10x cheaper than building a DOM), or from a parsed DOM for anything else.
-class EventFields {
- public:
-  struct Field {
-    std::string_view key;
-    bool is_number = false, is_string = false;
-    double number = 0;
-    int64_t integer = 0;
-    std::string_view text;                 // a string's value
-    const nlohmann::json* json = nullptr;  // the value in the DOM (DOM path only)
-  };
-
-  // False when `text` is not a flat object this scanner takes (escapes, nesting, ...).
-  bool Scan(std::string_view text) {
-    size_t i = 0;
-    auto ws = [&] {
-      while (i < text.size() && (text[i] == ' ' || text[i] == '\t' || text[i] == '\r')) ++i;
-    };
-    auto plain_string = [&](std::string_view* out) {
-      if (i >= text.size() || text[i] != '"') return false;
-      const size_t from = ++i;
-      while (i < text.size() && text[i] != '"') {
-        if (text[i] == '\\' || static_cast<unsigned char>(text[i]) < 0x20) return false;
-        ++i;
-      }
-      if (i >= text.size()) return false;
-      *out = text.substr(from, i - from);
-      ++i;
-      return true;
-    };
-    ws();
-    if (i >= text.size() || text[i++] != '{') return false;
-    ws();
-    if (i < text.size() && text[i] == '}') {
-      ++i;
-    } else {
-      for (;;) {
-        Field f;
-        ws();
-        if (!plain_string(&f.key)) return false;
-        ws();
-        if (i >= text.size() || text[i++] != ':') return false;
-        ws();
-        if (i >= text.size()) return false;
-        const char c = text[i];
-        if (c == '"') {
-          if (!plain_string(&f.text)) return false;
-          f.is_string = true;
-        } else if (c == '-' || (c >= '0' && c <= '9')) {
-          const size_t from = i;
-          bool integral = true;
-          while (i < text.size() &&
-                 (absl::ascii_isdigit(static_cast<unsigned char>(text[i])) || text[i] == '-' ||
-                  text[i] == '+' || text[i] == '.' || text[i] == 'e' || text[i] == 'E')) {
-            integral &= text[i] != '.' && text[i] != 'e' && text[i] != 'E';
-            ++i;
-          }
-          const char* b = text.data() + from;
-          const char* e = text.data() + i;
-          auto r = std::from_chars(b, e, f.number);
-          if (r.ec != std::errc() || r.ptr != e) return false;
-          if (!integral || std::from_chars(b, e, f.integer).ec != std::errc()) {
-            f.integer = f.number >= 9.2e18    ? INT64_MAX
-                        : f.number <= -9.2e18 ? INT64_MIN
-                                              : static_cast<int64_t>(f.number);
-          }
-          f.is_number = true;
-        } else if (text.substr(i, 4) == "true" || text.substr(i, 4) == "null") {
-          i += 4;
-        } else if (text.substr(i, 5) == "false") {
-          i += 5;
-        } else {
-          return false;  // an object or an array: the DOM takes it
-        }
-        fields_.push_back(f);
-        ws();
-        if (i < text.size() && text[i] == ',') {
-          ++i;
-          continue;
-        }
-        if (i < text.size() && text[i] == '}') {
-          ++i;
-          break;
-        }
-        return false;
-      }
-    }
-    ws();
-    if (i != text.size()) return false;
-    Sort();
-    return true;
-  }
-
-  // From a parsed object (which must outlive this).
-  void From(const nlohmann::json& j) {
-    for (const auto& [key, value] : j.items()) {
-      Field f;
-      f.key = key;
-      f.json = &value;
-      if (value.is_number()) {
-        f.is_number = true;
-        f.number = value.get<double>();
-        f.integer = value.get<int64_t>();
-      } else if (value.is_string()) {
-        f.is_string = true;
-        f.text = *value.get_ptr<const std::string*>();
-      }
-      fields_.push_back(f);
-    }
-    Sort();
-  }
-
-  const std::vector<Field>& all() const { return fields_; }
-  const Field* Find(std::string_view key) const {
-    auto it = std::upper_bound(fields_.begin(), fields_.end(), key,
-                               [](std::string_view k, const Field& f) { return k < f.key; });
-    return it != fields_.begin() && std::prev(it)->key == key ? &*std::prev(it) : nullptr;
-  }
-  const Field* Number(std::string_view key) const {
-    const Field* f = Find(key);
-    return f != nullptr && f->is_number ? f : nullptr;
-  }
-  const std::string_view* String(std::string_view key) const {
-    const Field* f = Find(key);
-    return f != nullptr && f->is_string ? &f->text : nullptr;
-  }
-  // The DOM value of `key` (DOM path only), or null.
-  const nlohmann::json* Json(std::string_view key) const {
-    const Field* f = Find(key);
-    return f != nullptr ? f->json : nullptr;
-  }
-
- private:
-  void Sort() {
-    std::stable_sort(fields_.begin(), fields_.end(),
-                     [](const Field& a, const Field& b) { return a.key < b.key; });
-  }
-  std::vector<Field> fields_;
-};
-
 constexpr const char* kStepMessageKeys[4] = {"loss", "lr", "grad_norm", "tokens_per_s"};
 
 // A short human summary of a training step event: "loss 2.3415 lr 3.0e-04".
@@ -188,6 +46,11 @@ std::string StepMessage(const double (&values)[4]) {
     message += buf;
   }
   return message;
+}
+// A count from the wire (a double) as the int64 the protos hold, clamped.
+int64_t ToInt64(double v) {
+  if (!(v > -9.2e18)) return v < 0 ? INT64_MIN : 0;  // NaN: 0
+  return v >= 9.2e18 ? INT64_MAX : static_cast<int64_t>(v);
 }
 }  // namespace
 
@@ -312,101 +175,88 @@ void AttemptOutput::ParseLine(int64_t wall_ms) {
   if (!legacy && !absl::StartsWith(line, kEventPrefix)) return;
   std::string_view text(line);
   if (legacy) text.remove_prefix(kProgressPrefix.size());
-  EventFields j;
-  nlohmann::json dom;  // only for lines the flat scanner does not take
-  if (!j.Scan(text)) {
-    dom = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (!dom.is_object()) return;
-    j = EventFields();
-    j.From(dom);
+  // The scanner takes the flat lines (most of them); the schema's reader the rest.
+  if (!ScanEngineEvent(text, &event_)) {
+    absl::StatusOr<v1::EngineEvent> parsed = ParseEngineEvent(text);
+    if (!parsed.ok()) return;
+    event_ = std::move(*parsed);
   }
-  auto string = [&](const char* key) -> std::string_view const* { return j.String(key); };
-  auto number = [&](const char* key) { return j.Number(key); };
-  std::string_view event = legacy ? "progress" : (string("event") ? *string("event") : "");
-  if (event == "output") {
-    const std::string_view* name_view = string("name");
-    const std::string_view* path = string("path");
-    if (name_view != nullptr && path != nullptr) {
-      const std::string name(*name_view);
-      if (outputs.size() < kMaxOutputs || outputs.count(name) > 0) {
-        const bool fresh = outputs.count(name) == 0;
-        outputs[name] = std::string(*path);
-        if (const std::string_view* type = string("type"); type != nullptr && fresh) {
-          v1::OutputArtifact art;
-          art.set_name(name);
-          art.set_path(std::string(*path));
-          art.set_type(std::string(*type));
-          if (const std::string_view* h = string("manifest_sha256"))
-            art.set_manifest_sha256(std::string(*h));
-          if (const std::string_view* op = string("operation")) art.set_operation(std::string(*op));
-          if (const auto* bytes = number("bytes")) art.set_bytes(bytes->integer);
-          if (const nlohmann::json* parents = j.Json("parents");
-              parents != nullptr && parents->is_array()) {
-            for (const auto& p : *parents) {
-              if (p.is_string() && art.parents_size() < 64) art.add_parents(p.get<std::string>());
-            }
-          }
-          artifacts.push_back(std::move(art));
-        }
-      }
-    }
+  if (legacy) event_.set_event(std::string(engine_contract::kEventProgress));
+  Apply(event_, wall_ms);
+}
+
+void AttemptOutput::Apply(const v1::EngineEvent& e, int64_t wall_ms) {
+  const std::string& event = e.event();
+  if (event == engine_contract::kEventOutput) {
+    ApplyOutput(e);
     return;
   }
-  if (event == "metric" || event == "step") {
-    const int64_t wall = wall_ms;
-    auto add = [&](std::string_view name, double value, int64_t step) {
+  const bool step_event = event == engine_contract::kEventStep;
+  if (event == engine_contract::kEventMetric || step_event) {
+    const int64_t step = e.has_step() ? ToInt64(e.step()) : 0;
+    auto add = [&](const std::string& name, double value) {
+      if (!std::isfinite(value)) return false;
       if (metrics.size() >= kMaxMetricPoints) {
         ++metrics_dropped;
         return false;
       }
-      metrics.Add(name, value, step, wall);
+      metrics.Add(name, value, step, wall_ms);
       return true;
     };
-    const auto* step_field = number("step");
-    const int64_t step = step_field != nullptr ? step_field->integer : 0;
-    if (event == "metric") {
-      const std::string_view* name = string("name");
-      const auto* value = number("value");
-      if (name != nullptr && value != nullptr && !name->empty() && name->size() <= 200) {
-        const bool added = add(*name, value->number, step);
-        if (const nlohmann::json* it = j.Json("labels");
-            added && it != nullptr && it->is_object()) {
-          std::map<std::string, std::string> labels;
-          for (const auto& [k, v] : it->items()) {
-            if (v.is_string() && labels.size() < 16) labels[k] = v.get<std::string>();
-          }
-          metrics.SetLastLabels(std::move(labels));
-        }
+    if (!step_event) {
+      if (e.has_value() && !e.name().empty() && e.name().size() <= 200 &&
+          add(e.name(), e.value()) && !e.labels().empty()) {
+        std::map<std::string, std::string> labels(e.labels().begin(), e.labels().end());
+        while (labels.size() > 16) labels.erase(std::prev(labels.end()));
+        metrics.SetLastLabels(std::move(labels));
       }
       return;
     }
-    // A step event: every number but the step counters is a series of its own.
-    for (const EventFields::Field& f : j.all()) {
-      if (!f.is_number || f.key == "step" || f.key == "total_steps") continue;
-      add(f.key, f.number, step);
-    }
+    // A step event: each of its series (every number but the step counters) is a metric.
+    for (const v1::EngineEvent::Series& s : e.series()) add(s.name(), s.value());
   }
-  if (event != "progress" && event != "step") return;
+  if (event != engine_contract::kEventProgress && !step_event) return;
   v1::Progress p;
-  if (const auto* f = number("fraction")) {
-    p.set_fraction(f->number);
-  } else if (const auto* step = number("step"), *total = number("total_steps");
-             step != nullptr && total != nullptr && total->number > 0) {
-    p.set_fraction(std::clamp(step->number / total->number, 0.0, 1.0));
+  if (e.has_fraction()) {
+    p.set_fraction(e.fraction());
+  } else if (e.has_step() && e.has_total_steps() && e.total_steps() > 0) {
+    p.set_fraction(std::clamp(e.step() / e.total_steps(), 0.0, 1.0));
   }
   step_message_pending_ = false;
-  if (const std::string_view* m = string("message")) {
-    p.set_message(std::string(*m));
-  } else if (event == "step") {
-    for (int i = 0; i < 4; ++i) {
-      const auto* v = number(kStepMessageKeys[i]);
-      step_values_[i] = v != nullptr ? v->number : NAN;
+  if (!e.message().empty()) {
+    p.set_message(e.message());
+  } else if (step_event) {
+    for (int i = 0; i < 4; ++i) step_values_[i] = NAN;
+    for (const v1::EngineEvent::Series& s : e.series()) {
+      for (int i = 0; i < 4; ++i) {
+        if (s.name() == kStepMessageKeys[i]) step_values_[i] = s.value();
+      }
     }
     step_message_pending_ = true;
   }
-  if (const auto* step = number("step")) p.set_step(step->integer);
+  if (e.has_step()) p.set_step(ToInt64(e.step()));
   progress_ = std::move(p);
   ++progress_version;
+}
+
+void AttemptOutput::ApplyOutput(const v1::EngineEvent& e) {
+  if (e.name().empty() || e.path().empty()) return;
+  const bool fresh = outputs.count(e.name()) == 0;
+  if (fresh && outputs.size() >= kMaxOutputs) return;
+  outputs[e.name()] = e.path();
+  if (!fresh || e.type().empty()) return;
+  // The first typed event of each name is the artifact the registry records.
+  v1::OutputArtifact art;
+  art.set_name(e.name());
+  art.set_path(e.path());
+  art.set_type(e.type());
+  art.set_manifest_sha256(e.manifest_sha256());
+  art.set_operation(e.operation());
+  if (e.has_bytes()) art.set_bytes(ToInt64(e.bytes()));
+  for (const std::string& parent : e.parents()) {
+    if (art.parents_size() < 64) art.add_parents(parent);
+  }
+  artifacts.push_back(std::move(art));
 }
 
 }  // namespace stemma::worker

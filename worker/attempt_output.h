@@ -1,6 +1,7 @@
 // What an attempt's output says, read as it arrives: progress (STEMMA_PROGRESS lines and
 // engine step events), metric points (step and metric events), published outputs and their
-// artifacts (output events), and the engine's error line (common/engine_contract.h). Pure: no
+// artifacts (output events), and the engine's error line (common/engine_contract.h). Event
+// lines are read as v1::EngineEvent (stemma/v1/engine_event.proto). Pure: no
 // I/O, no clock, no lock; the executor keeps one per attempt under its own mutex and feeds it
 // the bytes it reads from the attempt's pipe.
 #pragma once
@@ -12,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "stemma/v1/engine_event.pb.h"
 #include "stemma/v1/job.pb.h"
 #include "stemma/v1/worker_service.pb.h"
 
@@ -70,10 +72,15 @@ struct AttemptOutput {
   std::string engine_error;                    // text of the last "stemma-engine: error:" line
 
  private:
+  // Reads the current line (through worker/event_scanner.h, else the schema's reader,
+  // common/engine_events.h) and applies the event it holds.
   void ParseLine(int64_t wall_ms);
+  void Apply(const v1::EngineEvent& event, int64_t wall_ms);
+  void ApplyOutput(const v1::EngineEvent& event);
   // Adds bytes of the current line (no newline among them).
   void AddToLine(const char* data, size_t n);
-  std::string line;  // the current line, while it may still be a structured one
+  std::string line;        // the current line, while it may still be a structured one
+  v1::EngineEvent event_;  // the current line's event (kept: its fields' memory is reused)
   bool line_overflow = false;
   mutable v1::Progress progress_;
   // The last step line's loss, lr, grad_norm, tokens_per_s (NaN: absent), while its message
