@@ -93,6 +93,7 @@ std::optional<ModelShape> InitShape(const v1::InitSpec& init) {
   if (init.has_num_experts()) s.experts = init.num_experts();
   if (init.has_experts_per_token()) s.experts_per_tok = init.experts_per_token();
   s.head_dim = init.has_head_dim() ? init.head_dim() : s.hidden / std::max<int64_t>(1, s.heads);
+  s.max_positions = init.has_max_position_embeddings() ? init.max_position_embeddings() : 512;
   if (!s.Valid()) return std::nullopt;
   return s;
 }

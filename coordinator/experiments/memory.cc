@@ -227,7 +227,9 @@ MemoryEstimate EvalMemory(const v1::JobSpec& job, const ModelShape& s) {
     if (task.has_perplexity() && task.perplexity().seq_len() > 0)
       seq = std::max(seq, task.perplexity().seq_len());
   }
-  if (seq == 0) seq = 4096;  // the tasks' default: the model's context, at most this
+  // Unset: the training run's seq_len or the model's context (docs/engine/eval.md), here the
+  // context where known, at most 4,096.
+  if (seq == 0) seq = s.max_positions > 0 ? std::min<int64_t>(s.max_positions, 4096) : 4096;
   const double tokens = D(std::max<int64_t>(1, ev.has_batch_size() ? ev.batch_size() : 8)) * D(seq);
   const LayerActivations per = ActivationsPerToken(s, c == 2);
   // No gradients: one layer's tensors live at a time (and the residual stream).
@@ -290,6 +292,7 @@ std::optional<ModelShape> ShapeFromConfig(std::string_view config_json) {
   if (s.head_dim <= 0 && s.heads > 0) s.head_dim = s.hidden / s.heads;
   s.experts = std::max(Int(root, "num_experts"), Int(root, "num_local_experts"));
   s.experts_per_tok = Int(root, "num_experts_per_tok");
+  s.max_positions = Int(root, "max_position_embeddings");
   const bool gemma = type.find("gemma") != std::string::npos;
   s.tied = gemma;
   if (const YamlNode* n = root->Find("tie_word_embeddings"); n != nullptr && n->IsScalar())

@@ -31,6 +31,7 @@ struct ModelShape {
   int64_t head_dim = 0;
   int64_t experts = 0;
   int64_t experts_per_tok = 0;
+  int64_t max_positions = 0;    // max_position_embeddings; 0: unknown
   bool tied = false;            // the output head is the input embedding
   bool sandwich_norms = false;  // Gemma 3: norms before and after both sub-blocks
   bool qk_norm = false;

@@ -116,6 +116,15 @@ TEST(MemoryPlan, EvalHoldsWeightsInItsDtype) {
   ASSERT_TRUE(e.has_value());
   EXPECT_NEAR(e->items[0].bytes / 1e9, 2 * 6.74, 0.1) << e->Text();
   EXPECT_LT(e->Bytes(), 24 * kGiB) << e->Text();
+  // Windows default to the model's context: a 512-position model's are 8x shorter.
+  auto short_context = ShapeFromConfig(
+      R"({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+          "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 32000,
+          "max_position_embeddings": 512})");
+  ASSERT_TRUE(short_context.has_value());
+  auto windowed = EstimateJobMemory(job, *short_context);
+  ASSERT_TRUE(windowed.has_value());
+  EXPECT_LT(windowed->Bytes(), e->Bytes() - 1 * kGiB) << windowed->Text();
 }
 
 TEST(MemoryPlan, PlanCellsCarryEstimatesAndGpuHoursCountActiveExperts) {
