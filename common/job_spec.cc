@@ -168,6 +168,24 @@ absl::Status CheckExecSpec(const v1::ExecSpec& e) {
   return absl::OkStatus();
 }
 
+// An eval or analyze on `cuda` / `cuda:N` runs on the job's GPUs: with resources.gpus 0 it
+// would land on a worker slot without one (and N counts the job's GPUs, which the worker
+// makes visible as 0..gpus-1). Refused naming both fields.
+absl::Status CheckDeviceAgainstGpus(const v1::JobSpec& spec) {
+  std::string device;
+  if (spec.has_eval()) device = spec.eval().device();
+  if (spec.has_analyze()) device = spec.analyze().device();
+  if (!absl::StartsWith(device, "cuda")) return absl::OkStatus();
+  int64_t index = 0;
+  if (device.size() > 5 && !absl::SimpleAtoi(device.substr(5), &index)) return absl::OkStatus();
+  const int64_t gpus = spec.resources().gpus();
+  if (index < gpus) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(JobKind(spec), ".device: '", device, "' needs GPU ", index,
+                   " of the job but resources.gpus is ", gpus,
+                   gpus == 0 ? " (give resources.gpus: 1 or more, or device: cpu)" : ""));
+}
+
 }  // namespace
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
@@ -244,6 +262,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
         RETURN_IF_ERROR(ValidateEngineSpec(*EngineSpecOf(spec), context));
         // What no worker's roots could make right (the worker checks the rest).
         RETURN_IF_ERROR(CheckSpecPathSyntax(*EngineSpecOf(spec), context.path));
+        RETURN_IF_ERROR(CheckDeviceAgainstGpus(spec));
       }
       break;
   }

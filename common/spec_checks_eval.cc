@@ -153,6 +153,10 @@ absl::Status CheckSelect(const v1::SelectOptions& s, const std::vector<std::stri
 
 absl::Status Check(const v1::EvalSpec& spec, const SpecChecker& checker) {
   if (spec.tasks_size() == 0) return checker.Error("tasks", "needs at least one task");
+  if (!ValidDevice(spec.device())) {
+    return checker.Error("device",
+                         absl::StrCat("'", spec.device(), "' is not cpu, cuda or cuda:N"));
+  }
   std::set<std::string> names;
   for (int i = 0; i < spec.tasks_size(); ++i) {
     const v1::EvalTask& t = spec.tasks(i);

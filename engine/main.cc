@@ -12,6 +12,7 @@
 
 #include "common/engine_contract.h"
 #include "engine/analyze/commands.h"
+#include "engine/build_info.h"
 #include "engine/commands.h"
 #include "engine/data/commands.h"
 #include "engine/eval/commands.h"
@@ -66,6 +67,10 @@ int Dispatch(int argc, char** argv) {
     return engine_contract::kExitUsage;
   }
   const std::string_view name = argv[1];
+  if (name == "--version") {  // build, torch, CUDA, collectives (engine/build_info.h)
+    std::fputs(BuildInfo().c_str(), stdout);
+    return engine_contract::kExitOk;
+  }
   if (name == "-h" || name == "--help" || name == "help") {
     PrintUsage(stdout);
     return engine_contract::kExitOk;

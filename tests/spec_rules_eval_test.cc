@@ -118,6 +118,24 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"eval_missing_model",
              "name: ev\neval:\n  tasks: [{type: perplexity, language: uk, data: /d, split: all}]\n",
              {"line 2", "eval.model", "is required"}},
+        Case{"eval_bad_device",
+             std::string(kEvalHead) +
+                 "  device: gpu\n"
+                 "  tasks: [{type: perplexity, language: uk, data: /d, split: all}]\n",
+             {"line 4", "eval.device", "'gpu' is not cpu, cuda or cuda:N"}},
+        Case{"eval_cuda_without_gpus",
+             std::string(kEvalHead) +
+                 "  device: cuda\n"
+                 "  tasks: [{type: perplexity, language: uk, data: /d, split: all}]\n",
+             {"line 4", "eval.device", "resources.gpus is 0"}},
+        Case{"eval_cuda_index_past_gpus",
+             "name: ev\nresources: {gpus: 2}\neval:\n  model: /ckpt/m\n  device: cuda:2\n"
+             "  tasks: [{type: perplexity, language: uk, data: /d, split: all}]\n",
+             {"line 5", "eval.device", "resources.gpus is 2"}},
+        Case{"analyze_cuda_without_gpus",
+             "name: an\nanalyze:\n  model: /ckpt/m\n  out: /o\n  device: cuda:0\n"
+             "  drift: {base: /b, trained: /t}\n",
+             {"line 5", "analyze.device", "resources.gpus is 0"}},
         Case{"eval_no_tasks",
              std::string(kEvalHead) + "  tasks: []\n",
              {"eval.tasks", "at least one task"}},

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -545,6 +546,12 @@ absl::Status Analyze(const google::protobuf::Message& proto_spec, const std::str
                      ParseLayerRange(spec.routing().select().layers(), "routing.select.layers"));
   }
   RETURN_IF_ERROR(CheckInputs(sources, spec));
+  // The analyses run whole on rank 0. The other ranks of a multi-rank part (several GPUs)
+  // have checked the same inputs and leave: they would only write the same files again.
+  if (const char* rank = std::getenv("RANK"); rank != nullptr && std::string(rank) != "0") {
+    std::fprintf(stderr, "stemma-engine analyze: rank %s: the analyses run on rank 0 only\n", rank);
+    return absl::OkStatus();
+  }
   json analyses = json::array();
   for (const auto& [name, on] :
        {std::pair{"lape", spec.has_lape()}, std::pair{"routing", spec.has_routing()},

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "engine/eval/device.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/config.h"
 #include "engine/model/guard.h"
@@ -67,12 +68,7 @@ absl::StatusOr<std::unique_ptr<ModelAnalyzer>> ModelAnalyzer::Load(const std::st
   auto state = std::make_unique<State>();
   ASSIGN_OR_RETURN(torch::ScalarType dtype, ParseDtype(spec.dtype()));
   if (spec.threads() > 0) at::set_num_threads(static_cast<int>(spec.threads()));
-  try {
-    state->device = torch::Device(spec.device());
-  } catch (const std::exception&) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device: '", spec.device(), "' is not a device (cpu, cuda, cuda:N)"));
-  }
+  ASSIGN_OR_RETURN(state->device, eval::ResolveDevice(spec.device()));
   model::LoadOptions load;
   load.dtype = dtype;
   load.device = state->device;
@@ -147,8 +143,9 @@ absl::Status ModelAnalyzer::Profile(const std::vector<int32_t>& tokens,
       lm->model->forward(ids, nullptr, options.routing ? &router_logits : nullptr);
       for (size_t m = 0; m < router_logits.size() && options.routing; ++m) {
         // Top-k of the logits is the top-k of the softmax (§4.2).
+        // index_add_, not bincount: bincount asks the host for the largest id on a GPU.
         auto chosen = std::get<1>(router_logits[m].topk(top_k(), -1)).reshape({-1});
-        expert_counts[m] += torch::bincount(chosen, /*weights=*/{}, num_experts());
+        expert_counts[m].index_add_(0, chosen, torch::ones_like(chosen));
       }
       if (options.progress) options.progress(done + rows, windows);
     }
@@ -187,6 +184,9 @@ absl::StatusOr<AlignmentResult> ModelAnalyzer::Align(
   absl::Status status = TorchGuard("alignment", [&]() -> absl::Status {
     torch::InferenceMode inference;
     HookGuard guard(lm);
+    // [pair, layer] float64 sums of the cosines, on the device; copied to the host once.
+    auto sums = torch::zeros({static_cast<int64_t>(result.pairs.size()), layers},
+                             torch::TensorOptions(torch::kFloat64).device(state_->device));
     const int64_t n = static_cast<int64_t>(sentences.size());
     for (int64_t start = 0; start < n; start += batch_size) {
       const int64_t rows = std::min(batch_size, n - start);
@@ -222,9 +222,13 @@ absl::StatusOr<AlignmentResult> ModelAnalyzer::Align(
           auto cos = torch::nn::functional::cosine_similarity(
               means[a][l], means[b][l],
               torch::nn::functional::CosineSimilarityFuncOptions().dim(1));
-          result.cosine[p][l] += cos.sum().item<double>();
+          sums[p][l] += cos.sum().to(torch::kFloat64);  // as before: a float32 sum
         }
       }
+    }
+    auto host = sums.cpu();
+    for (size_t p = 0; p < result.pairs.size(); ++p) {
+      for (int64_t l = 0; l < layers; ++l) result.cosine[p][l] = host[p][l].item<double>();
     }
     return absl::OkStatus();
   });

@@ -28,6 +28,7 @@
 #include "engine/eval/chrf.h"
 #include "engine/eval/commands.h"
 #include "engine/eval/eval_model.h"
+#include "engine/eval/eval_ranks.h"
 #include "engine/eval/eval_text.h"
 #include "engine/eval/perplexity.h"
 #include "engine/eval/resolve.h"
@@ -44,6 +45,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using eval::EvalModel;
+using eval::EvalRanks;
 using Json = nlohmann::ordered_json;  // keeps "event" first on every line
 
 // Invalid UTF-8 (which no input should carry) is replaced rather than thrown on.
@@ -109,6 +111,13 @@ class Progress {
   int64_t total_, done_ = 0;
 };
 
+// How many of `count` items are this rank's.
+int64_t MineCount(const EvalRanks& ranks, size_t count) {
+  int64_t mine = 0;
+  for (size_t i = 0; i < count; ++i) mine += ranks.Mine(static_cast<int64_t>(i)) ? 1 : 0;
+  return mine;
+}
+
 // One task (its spec with every default filled): its data read and checked by Prepare
 // (before the model loads), then Run.
 class Task {
@@ -116,7 +125,10 @@ class Task {
   explicit Task(v1::EvalTask spec) : spec_(std::move(spec)) {}
   virtual ~Task() = default;
   virtual absl::Status Prepare(const tokenizer::Tokenizer& tokenizer) = 0;
-  virtual absl::Status Run(EvalModel& model, const v1::EvalSpec& eval_spec, Json* result) = 0;
+  // Computes this rank's share of the items; rank 0 gathers the rest, scores and fills
+  // `result` (the other ranks leave it as it is).
+  virtual absl::Status Run(EvalModel& model, const v1::EvalSpec& eval_spec, EvalRanks& ranks,
+                           Json* result) = 0;
   const v1::EvalTask& spec() const { return spec_; }
 
   void Metric(const std::string& metric, double value, Json* result) const {
@@ -216,7 +228,8 @@ class PerplexityTask : public Task {
     return absl::OkStatus();
   }
 
-  absl::Status Run(EvalModel& model, const v1::EvalSpec& eval_spec, Json* result) override {
+  absl::Status Run(EvalModel& model, const v1::EvalSpec& eval_spec, EvalRanks& ranks,
+                   Json* result) override {
     const v1::PerplexityTask& p = spec_.perplexity();
     const int64_t seq_len = p.seq_len();  // ResolveSequenceLengths set and checked it
     if (seq_len > model.max_positions()) {
@@ -230,24 +243,30 @@ class PerplexityTask : public Task {
                                                      " ids, the model ", model.vocab_size()));
     }
     const auto windows = eval::PerplexityWindows(stream_, seq_len);
-    const int64_t batch = eval_spec.batch_size();
-    Progress progress(spec_.name(), BatchCount(windows, batch));
-    eval::PerplexityTotals totals;
+    const auto batches = Batches(windows, eval_spec.batch_size());
+    Progress progress(spec_.name(), MineCount(ranks, batches.size()));
     const auto start = std::chrono::steady_clock::now();
-    for (size_t i = 0; i < windows.size();) {
-      // A batch of consecutive windows of one length (only the last window may be shorter).
+    std::vector<std::pair<int64_t, nlohmann::json>> mine;  // (batch, [nll per window])
+    for (size_t b = 0; b < batches.size(); ++b) {
+      if (!ranks.Mine(b)) continue;
       std::vector<std::vector<int32_t>> rows;
-      const int64_t length = windows[i].length;
-      while (i < windows.size() && static_cast<int64_t>(rows.size()) < batch &&
-             windows[i].length == length) {
-        rows.push_back(eval::WindowTokens(stream_, windows[i++]));
+      for (size_t i = batches[b].first; i < batches[b].second; ++i) {
+        rows.push_back(eval::WindowTokens(stream_, windows[i]));
       }
       ASSIGN_OR_RETURN(auto losses, model.WindowLosses(rows));
-      for (const auto& loss : losses) {
-        totals.nll += loss.nll;
-        totals.tokens += loss.tokens;
-      }
+      auto nll = nlohmann::json::array();
+      for (const auto& loss : losses) nll.push_back(loss.nll);
+      mine.emplace_back(b, std::move(nll));
       progress.Advance();
+    }
+    ASSIGN_OR_RETURN(auto gathered, ranks.Gather(spec_.name(), batches.size(), mine));
+    if (!ranks.is_zero()) return absl::OkStatus();
+    eval::PerplexityTotals totals;  // summed in window order, as one process would
+    for (size_t b = 0; b < batches.size(); ++b) {
+      for (size_t i = batches[b].first; i < batches[b].second; ++i) {
+        totals.nll += gathered[b].at(i - batches[b].first).get<double>();
+        totals.tokens += windows[i].length;
+      }
     }
     const double seconds = Seconds(start);
     totals.bytes = eval::DocumentBytes(*dataset_, stream_.documents, *tokenizer_);
@@ -274,15 +293,19 @@ class PerplexityTask : public Task {
 
   const eval::PerplexityTotals& totals() const { return totals_; }
 
-  // The forward passes Run makes: runs of equal-length windows, `batch` at a time (only the
-  // last window may be shorter, and it then makes a batch of its own).
-  static int64_t BatchCount(const std::vector<eval::WindowRange>& windows, int64_t batch) {
-    int64_t batches = 0;
+  // The forward passes Run makes, as [first, end) window ranges: runs of equal-length
+  // windows, `batch` at a time (only the last window may be shorter, and it then makes a
+  // batch of its own).
+  static std::vector<std::pair<size_t, size_t>> Batches(
+      const std::vector<eval::WindowRange>& windows, int64_t batch) {
+    std::vector<std::pair<size_t, size_t>> batches;
     for (size_t i = 0; i < windows.size();) {
       size_t j = i;
-      while (j < windows.size() && windows[j].length == windows[i].length) ++j;
-      const int64_t run = static_cast<int64_t>(j - i);
-      batches += (run + batch - 1) / batch;
+      while (j < windows.size() && static_cast<int64_t>(j - i) < batch &&
+             windows[j].length == windows[i].length) {
+        ++j;
+      }
+      batches.emplace_back(i, j);
       i = j;
     }
     return batches;
@@ -331,17 +354,17 @@ class ChoiceTask : public Task {
     return CheckPool(spec_, c, pool());
   }
 
-  absl::Status Run(EvalModel& model, const v1::EvalSpec&, Json* result) override {
+  absl::Status Run(EvalModel& model, const v1::EvalSpec&, EvalRanks& ranks, Json* result) override {
     const v1::ChoiceTask& c = spec_.choice();
     const bool same = c.fewshot_data().empty();
     const int64_t n =
         spec_.limit() > 0 ? std::min<int64_t>(spec_.limit(), docs_.size()) : docs_.size();
     const bool add_bos = c.has_add_bos() ? c.add_bos() : tokenizer_->bos_id().has_value();
     const std::optional<int32_t> bos = add_bos ? tokenizer_->bos_id() : std::nullopt;
-    Progress progress(spec_.name(), n);
-    eval::ChoiceOutcome sum;
-    Json details = Json::array();
+    Progress progress(spec_.name(), MineCount(ranks, n));
+    std::vector<std::pair<int64_t, nlohmann::json>> mine;  // (doc, log-likelihoods)
     for (int64_t d = 0; d < n; ++d) {
+      if (!ranks.Mine(d)) continue;
       std::vector<const eval::ChoiceDoc*> shots;
       for (int64_t i :
            eval::FewShotIndices(pool().size(), c.k(), d, same ? d : -1, Sampler(c), c.seed())) {
@@ -358,12 +381,20 @@ class ChoiceTask : public Task {
       }
       ASSIGN_OR_RETURN(
           auto lls, model.ContinuationLogLikelihoods(context_ids, continuations, c.max_length()));
-      const auto outcome = eval::ScoreChoices(lls, doc.choices, doc.gold);
+      mine.emplace_back(d, nlohmann::json(lls));
+      progress.Advance();
+    }
+    ASSIGN_OR_RETURN(auto gathered, ranks.Gather(spec_.name(), n, mine));
+    if (!ranks.is_zero()) return absl::OkStatus();
+    eval::ChoiceOutcome sum;
+    Json details = Json::array();
+    for (int64_t d = 0; d < n; ++d) {
+      const auto lls = gathered[d].get<std::vector<double>>();
+      const auto outcome = eval::ScoreChoices(lls, docs_[d].choices, docs_[d].gold);
       sum.acc += outcome.acc;
       sum.acc_norm += outcome.acc_norm;
       sum.acc_bytes += outcome.acc_bytes;
-      details.push_back({{"gold", doc.gold}, {"log_likelihoods", lls}});
-      progress.Advance();
+      details.push_back({{"gold", docs_[d].gold}, {"log_likelihoods", lls}});
     }
     (*result)["format"] = c.format();
     (*result)["k"] = c.k();
@@ -400,7 +431,7 @@ class TranslationTask : public Task {
     return CheckPool(spec_, t, pool());
   }
 
-  absl::Status Run(EvalModel& model, const v1::EvalSpec&, Json* result) override {
+  absl::Status Run(EvalModel& model, const v1::EvalSpec&, EvalRanks& ranks, Json* result) override {
     const v1::TranslationTask& t = spec_.translation();
     const bool same = t.fewshot_data().empty();
     const int64_t n =
@@ -412,10 +443,10 @@ class TranslationTask : public Task {
           " leaves no room for a prompt in max_position_embeddings ", model.max_positions()));
     }
     const auto eos = tokenizer_->eos_id();
-    Progress progress(spec_.name(), n);
-    std::vector<std::string> hypotheses, references;
-    Json details = Json::array();
+    Progress progress(spec_.name(), MineCount(ranks, n));
+    std::vector<std::pair<int64_t, nlohmann::json>> mine;  // (sentence, generated token ids)
     for (int64_t d = 0; d < n; ++d) {
+      if (!ranks.Mine(d)) continue;
       std::vector<const eval::TranslationPair*> shots;
       for (int64_t i :
            eval::FewShotIndices(pool().size(), t.k(), d, same ? d : -1, Sampler(t), t.seed())) {
@@ -436,11 +467,19 @@ class TranslationTask : public Task {
         return eval::TranslationComplete(Text(generated));
       };
       ASSIGN_OR_RETURN(auto generated, model.Generate(prompt, t.max_new_tokens(), stop));
-      std::string hypothesis = eval::TranslationHypothesis(Text(generated));
-      details.push_back({{"hypothesis", hypothesis}, {"reference", pair.target}});
-      hypotheses.push_back(std::move(hypothesis));
-      references.push_back(pair.target);
+      mine.emplace_back(d, nlohmann::json(generated));
       progress.Advance();
+    }
+    ASSIGN_OR_RETURN(auto gathered, ranks.Gather(spec_.name(), n, mine));
+    if (!ranks.is_zero()) return absl::OkStatus();
+    std::vector<std::string> hypotheses, references;
+    Json details = Json::array();
+    for (int64_t d = 0; d < n; ++d) {
+      const auto generated = gathered[d].get<std::vector<int32_t>>();
+      std::string hypothesis = eval::TranslationHypothesis(Text(generated));
+      details.push_back({{"hypothesis", hypothesis}, {"reference", pairs_[d].target}});
+      hypotheses.push_back(std::move(hypothesis));
+      references.push_back(pairs_[d].target);
     }
     (*result)["source_language"] = t.source_language();
     (*result)["k"] = t.k();
@@ -511,6 +550,7 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
   eval::FillRunDefaults(spec_path, &spec);
   // What only the engine can check, before any work: the model directory and the
   // sequence lengths it implies.
+  RETURN_IF_ERROR(EvalModel::CheckDevice(spec.device()));
   ASSIGN_OR_RETURN(eval::ModelFacts facts, eval::ReadModelFacts(spec.model()));
   std::vector<std::string> seq_len_sources;
   RETURN_IF_ERROR(eval::ResolveSequenceLengths(facts, &spec, &seq_len_sources));
@@ -538,6 +578,7 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
         {"spec", spec_path},
         {"model", spec.model()},
         {"dtype", spec.dtype()},
+        {"device", spec.device()},
         {"threads", spec.threads()},
         {"threads_source", proto.threads() > 0  ? "spec"
                            : spec.threads() > 0 ? "job cpus (STEMMA_CPUS)"
@@ -553,9 +594,12 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
     RETURN_IF_ERROR(tasks.back()->Prepare(*tokenizer));
   }
 
+  // Every rank joins before the model loads, so a missing rank fails fast and cheaply.
+  ASSIGN_OR_RETURN(auto ranks, EvalRanks::FromEnv());
   eval::EvalModelOptions model_options;
   model_options.dtype = spec.dtype();
   model_options.threads = static_cast<int>(spec.threads());
+  model_options.device = spec.device();
   ASSIGN_OR_RETURN(auto model, EvalModel::Load(spec.model(), model_options));
   if (tokenizer->vocab_size() > model->vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(spec.tokenizer(), ": the tokenizer has ",
@@ -570,6 +614,8 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
                    {{"path", spec_path.empty() ? "" : fs::absolute(spec_path).string()},
                     {"content", SpecContent(proto)}}},
                   {"dtype", spec.dtype()},
+                  {"device", model->device()},
+                  {"ranks", ranks->world_size()},
                   {"tasks", Json::array()},
                   {"metrics", Json::object()}};
   eval::PerplexityTotals all;
@@ -582,7 +628,8 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
                    {"data", t.data()},
                    {"metrics", Json::object()}};
     if (!task->suite().is_null()) result["suite"] = task->suite();
-    RETURN_IF_ERROR(task->Run(*model, spec, &result));
+    RETURN_IF_ERROR(task->Run(*model, spec, *ranks, &result));
+    if (!ranks->is_zero()) continue;  // rank 0 scores and writes
     for (const auto& [metric, value] : result["metrics"].items()) {
       results["metrics"][absl::StrCat(metric, "/", t.name())] = value;
     }
@@ -594,6 +641,7 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
     }
     results["tasks"].push_back(std::move(result));
   }
+  if (!ranks->is_zero()) return absl::OkStatus();  // its share went to rank 0
   if (perplexity_tasks > 1) {
     // Micro-average over all languages' tokens (bytes).
     for (const auto& [metric, value] :

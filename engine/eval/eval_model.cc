@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "engine/eval/device.h"
 #include "engine/model/checkpoint.h"
 #include "engine/model/guard.h"
 
@@ -23,15 +24,17 @@ using model::TorchGuard;
 // batch × chunk × vocab stays below it.
 constexpr int64_t kMaxLogitElements = int64_t{8} << 20;
 
-torch::Tensor IdsTensor(std::span<const int32_t> ids) {
+// ids -> [len] int64 on `device`.
+torch::Tensor IdsTensor(std::span<const int32_t> ids, const torch::Device& device) {
   std::vector<int64_t> wide(ids.begin(), ids.end());
-  return torch::tensor(wide, torch::kInt64);
+  return torch::tensor(wide, torch::kInt64).to(device);
 }
 
 }  // namespace
 
 struct EvalModel::Impl {
   model::CausalLM lm{nullptr};
+  torch::Device device{torch::kCPU};
 
   // hidden [B, T, H] -> logits [B, T, V] in float32 (final softcapping applied).
   torch::Tensor Logits(const torch::Tensor& hidden) {
@@ -47,7 +50,7 @@ struct EvalModel::Impl {
   torch::Tensor SumLogProbs(const torch::Tensor& hidden, const torch::Tensor& targets) {
     const int64_t b = hidden.size(0), t = hidden.size(1);
     const int64_t chunk = std::max<int64_t>(1, kMaxLogitElements / (b * lm->config().vocab_size));
-    auto total = torch::zeros({b}, torch::kFloat64);
+    auto total = torch::zeros({b}, hidden.options().dtype(torch::kFloat64));
     for (int64_t start = 0; start < t; start += chunk) {
       const int64_t len = std::min(chunk, t - start);
       auto logits = Logits(hidden.narrow(1, start, len));         // [B, c, V]
@@ -78,14 +81,21 @@ absl::StatusOr<std::unique_ptr<EvalModel>> EvalModel::Load(const std::string& di
   }
   if (options.threads > 0) at::set_num_threads(options.threads);
   auto impl = std::make_unique<Impl>();
+  ASSIGN_OR_RETURN(impl->device, ResolveDevice(options.device));
+  load.device = impl->device;
   ASSIGN_OR_RETURN(impl->lm,
                    TorchGuard("loading the model", [&] { return model::LoadModel(dir, load); }));
   impl->lm->eval();
   return std::unique_ptr<EvalModel>(new EvalModel(std::move(impl)));
 }
 
+absl::Status EvalModel::CheckDevice(const std::string& device) {
+  return ResolveDevice(device).status();
+}
+
 int64_t EvalModel::vocab_size() const { return impl_->lm->config().vocab_size; }
 int64_t EvalModel::max_positions() const { return impl_->lm->config().max_position_embeddings; }
+std::string EvalModel::device() const { return impl_->device.str(); }
 
 absl::StatusOr<std::vector<WindowLoss>> EvalModel::WindowLosses(
     const std::vector<std::vector<int32_t>>& windows) {
@@ -101,9 +111,11 @@ absl::StatusOr<std::vector<WindowLoss>> EvalModel::WindowLosses(
     std::vector<int64_t> flat;
     flat.reserve(windows.size() * t);
     for (const auto& w : windows) flat.insert(flat.end(), w.begin(), w.end());
-    auto ids = torch::tensor(flat, torch::kInt64).view({static_cast<int64_t>(windows.size()), t});
+    auto ids = torch::tensor(flat, torch::kInt64)
+                   .view({static_cast<int64_t>(windows.size()), t})
+                   .to(impl_->device);
     auto hidden = impl_->Hidden(ids, nullptr).narrow(1, 0, t - 1);  // [B, T-1, H]
-    auto log_probs = impl_->SumLogProbs(hidden, ids.narrow(1, 1, t - 1));
+    auto log_probs = impl_->SumLogProbs(hidden, ids.narrow(1, 1, t - 1)).cpu();
     std::vector<WindowLoss> out(windows.size());
     auto accessor = log_probs.accessor<double, 1>();
     for (size_t i = 0; i < windows.size(); ++i) out[i] = {-accessor[i], t - 1};
@@ -138,17 +150,20 @@ absl::StatusOr<std::vector<double>> EvalModel::ContinuationLogLikelihoods(
     const int64_t b = static_cast<int64_t>(rows.size());
     // Right padding is invisible to the real positions under the causal mask.
     auto ids = torch::zeros({b, longest}, torch::kInt64);
-    for (int64_t i = 0; i < b; ++i) ids[i].narrow(0, 0, rows[i].size()).copy_(IdsTensor(rows[i]));
-    auto hidden = impl_->Hidden(ids, nullptr);  // [B, T, H]
-    std::vector<double> out;
+    for (int64_t i = 0; i < b; ++i) {
+      ids[i].narrow(0, 0, rows[i].size()).copy_(IdsTensor(rows[i], torch::kCPU));
+    }
+    auto hidden = impl_->Hidden(ids.to(impl_->device), nullptr);  // [B, T, H]
+    std::vector<torch::Tensor> sums;                              // [1] each, on the device
     for (int64_t i = 0; i < b; ++i) {
       const int64_t n = static_cast<int64_t>(continuations[i].size());
       const int64_t start = static_cast<int64_t>(rows[i].size()) - n;
-      auto h = hidden[i].narrow(0, start, n).unsqueeze(0);      // [1, n, H]
-      auto targets = IdsTensor(continuations[i]).unsqueeze(0);  // [1, n]
-      out.push_back(impl_->SumLogProbs(h, targets)[0].item<double>());
+      auto h = hidden[i].narrow(0, start, n).unsqueeze(0);                     // [1, n, H]
+      auto targets = IdsTensor(continuations[i], impl_->device).unsqueeze(0);  // [1, n]
+      sums.push_back(impl_->SumLogProbs(h, targets));
     }
-    return out;
+    auto all = torch::cat(sums).cpu();  // [B] float64: one copy to the host
+    return std::vector<double>(all.data_ptr<double>(), all.data_ptr<double>() + b);
   });
 }
 
@@ -160,13 +175,16 @@ absl::StatusOr<std::vector<int32_t>> EvalModel::Generate(
     torch::InferenceMode inference;
     model::KVCache cache;
     std::vector<int32_t> generated;
-    auto hidden = impl_->Hidden(IdsTensor(prompt).unsqueeze(0), &cache);  // [1, T, H]
+    auto hidden =
+        impl_->Hidden(IdsTensor(prompt, impl_->device).unsqueeze(0), &cache);  // [1, T, H]
     while (static_cast<int64_t>(generated.size()) < max_new_tokens) {
       auto last = hidden.narrow(1, hidden.size(1) - 1, 1);  // [1, 1, H]
       const auto next = impl_->Logits(last).argmax(-1).item<int64_t>();
       generated.push_back(static_cast<int32_t>(next));
       if (stop(generated) || static_cast<int64_t>(generated.size()) == max_new_tokens) break;
-      hidden = impl_->Hidden(torch::full({1, 1}, next, torch::kInt64), &cache);
+      hidden = impl_->Hidden(
+          torch::full({1, 1}, next, torch::TensorOptions(torch::kInt64).device(impl_->device)),
+          &cache);
     }
     return generated;
   });

@@ -3,7 +3,9 @@
 // multiple choice, greedy generation for translation). This header is torch-free (the model
 // lives behind a pimpl), so the task logic that calls it compiles without LibTorch.
 //
-// All computation runs under torch::InferenceMode in float32 unless `dtype` says otherwise.
+// All computation runs under torch::InferenceMode in float32 unless `dtype` says otherwise,
+// on `device` (engine/eval/device.h): the weights, the inputs and the accumulators live
+// there, and each call copies its results to the host once.
 // Thread-safety: not thread-safe; one call at a time. Torch's intra-op pool (`threads`)
 // parallelises inside a call.
 #pragma once
@@ -20,8 +22,9 @@
 namespace stemma::engine::eval {
 
 struct EvalModelOptions {
-  std::string dtype;  // the spec's: "float32" or "bfloat16"
-  int threads = 0;    // torch intra-op threads; 0 keeps torch's default
+  std::string dtype;           // the spec's: "float32" or "bfloat16"
+  int threads = 0;             // torch intra-op threads; 0 keeps torch's default
+  std::string device = "cpu";  // the spec's: "cpu", "cuda" or "cuda:N"
 };
 
 // Negative log-likelihood of one window's predicted tokens (natural log).
@@ -33,13 +36,18 @@ struct WindowLoss {
 class EvalModel {
  public:
   // Loads config.json and the weights of checkpoint directory `dir` (engine/model). Errors
-  // name the directory, file or tensor; InvalidArgument for a bad dtype.
+  // name the directory, file or tensor; InvalidArgument for a bad dtype or device (naming
+  // the field).
   static absl::StatusOr<std::unique_ptr<EvalModel>> Load(const std::string& dir,
                                                          const EvalModelOptions& options);
   ~EvalModel();
+  // OK when `device` names a device this process can use (ResolveDevice in device.h):
+  // lets the command refuse a bad one before reading its inputs.
+  static absl::Status CheckDevice(const std::string& device);
 
   int64_t vocab_size() const;
   int64_t max_positions() const;  // config.json max_position_embeddings
+  std::string device() const;     // where it runs, e.g. "cpu" or "cuda:1"
 
   // Each window is a row of equal length T >= 2: position 0 is context only, positions
   // 1..T-1 are predicted from the tokens before them. All windows of one call must have the
