@@ -153,13 +153,16 @@ std::string NewIdempotencyKey() {
 
 }  // namespace
 
-// Every submit carries an idempotency key (the caller's, or a fresh random one), and a
-// submit whose answer is lost is sent again with the same key until `timeout` has passed: a
-// job committed just before a crash is found, not duplicated, and not reported as failed.
+// Every submit (and cancel, retry, drain, pin) carries an idempotency key (the caller's, or a
+// fresh random one per command), and a call whose answer is lost is sent again with the same
+// key until `timeout` has passed: a change committed just before a crash is found, not made
+// twice, and not reported as failed. `what` names the call ("submit"); `unsure` ends the
+// message when no answer came at all.
 template <typename Request, typename Response, typename Method>
 absl::StatusOr<Response> KeyedCall(CoordinatorClient::Impl* impl, Method method,
                                    const Request& keyed, const std::string& address,
-                                   absl::Duration timeout, const char* again) {
+                                   absl::Duration timeout, const char* what,
+                                   const std::string& unsure) {
   if (!impl->setup().ok()) return impl->setup();
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Milliseconds(100);
@@ -189,17 +192,33 @@ absl::StatusOr<Response> KeyedCall(CoordinatorClient::Impl* impl, Method method,
   }
   if (!sent_once) return Convert(status, address, timeout);
   return absl::UnavailableError(
-      absl::StrCat("the coordinator at ", address, " did not confirm the submit within ",
-                   absl::FormatDuration(timeout), " (", status.error_message(),
-                   "); it may have been committed: ", again, " with --idempotency-key ",
-                   keyed.idempotency_key(), " to get the same jobs without duplicates"));
+      absl::StrCat("the coordinator at ", address, " did not confirm the ", what, " within ",
+                   absl::FormatDuration(timeout), " (", status.error_message(), "); ", unsure));
+}
+
+// The submit's `unsure`: how to get the same jobs without duplicates.
+std::string SubmitAgain(const char* again, const std::string& key) {
+  return absl::StrCat("it may have been committed: ", again, " with --idempotency-key ", key,
+                      " to get the same jobs without duplicates");
+}
+
+// A cancel, retry, drain or pin: one fresh key per command, reused by its own resends.
+template <typename Request, typename Response, typename Method>
+absl::StatusOr<Response> KeyedOperation(CoordinatorClient::Impl* impl, Method method,
+                                        Request request, const std::string& address,
+                                        absl::Duration timeout, const char* what,
+                                        const std::string& check) {
+  if (request.idempotency_key().empty()) request.set_idempotency_key(NewIdempotencyKey());
+  return KeyedCall<Request, Response>(impl, method, request, address, timeout, what,
+                                      absl::StrCat("it may have been applied: check with ", check));
 }
 
 absl::StatusOr<v1::SubmitResponse> CoordinatorClient::Submit(const v1::SubmitRequest& request) {
   v1::SubmitRequest keyed = request;
   if (keyed.idempotency_key().empty()) keyed.set_idempotency_key(NewIdempotencyKey());
   return KeyedCall<v1::SubmitRequest, v1::SubmitResponse>(
-      impl_.get(), &v1::UserService::Stub::Submit, keyed, address_, timeout_, "submit again");
+      impl_.get(), &v1::UserService::Stub::Submit, keyed, address_, timeout_, "submit",
+      SubmitAgain("submit again", keyed.idempotency_key()));
 }
 
 absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& id) {
@@ -222,8 +241,9 @@ absl::StatusOr<v1::Job> CoordinatorClient::Cancel(const std::string& id,
   v1::CancelRequest request;
   request.set_id(id);
   request.set_reason(reason);
-  auto response = Unary<v1::CancelRequest, v1::JobResponse>(
-      impl_.get(), &v1::UserService::Stub::Cancel, request, address_, timeout_);
+  auto response = KeyedOperation<v1::CancelRequest, v1::JobResponse>(
+      impl_.get(), &v1::UserService::Stub::Cancel, request, address_, timeout_, "cancel",
+      absl::StrCat("'stemma get ", id, "'"));
   if (!response.ok()) return response.status();
   return std::move(*response->mutable_job());
 }
@@ -231,8 +251,9 @@ absl::StatusOr<v1::Job> CoordinatorClient::Cancel(const std::string& id,
 absl::StatusOr<v1::Job> CoordinatorClient::Retry(const std::string& id) {
   v1::RetryRequest request;
   request.set_id(id);
-  auto response = Unary<v1::RetryRequest, v1::JobResponse>(
-      impl_.get(), &v1::UserService::Stub::Retry, request, address_, timeout_);
+  auto response = KeyedOperation<v1::RetryRequest, v1::JobResponse>(
+      impl_.get(), &v1::UserService::Stub::Retry, request, address_, timeout_, "retry",
+      absl::StrCat("'stemma get ", id, "'"));
   if (!response.ok()) return response.status();
   return std::move(*response->mutable_job());
 }
@@ -252,8 +273,9 @@ absl::StatusOr<v1::WorkerInfo> CoordinatorClient::Drain(const std::string& worke
   v1::DrainRequest request;
   request.set_worker_id(worker_id);
   request.set_undrain(undrain);
-  auto response = Unary<v1::DrainRequest, v1::DrainResponse>(
-      impl_.get(), &v1::UserService::Stub::Drain, request, address_, timeout_);
+  auto response = KeyedOperation<v1::DrainRequest, v1::DrainResponse>(
+      impl_.get(), &v1::UserService::Stub::Drain, request, address_, timeout_,
+      undrain ? "undrain" : "drain", "'stemma workers'");
   if (!response.ok()) return response.status();
   return std::move(*response->mutable_worker());
 }
@@ -267,8 +289,8 @@ absl::StatusOr<v1::SubmitExperimentResponse> CoordinatorClient::SubmitExperiment
   v1::SubmitExperimentRequest keyed = request;
   if (keyed.idempotency_key().empty()) keyed.set_idempotency_key(NewIdempotencyKey());
   return KeyedCall<v1::SubmitExperimentRequest, v1::SubmitExperimentResponse>(
-      impl_.get(), &v1::UserService::Stub::SubmitExperiment, keyed, address_, timeout_,
-      "run the sweep again");
+      impl_.get(), &v1::UserService::Stub::SubmitExperiment, keyed, address_, timeout_, "sweep",
+      SubmitAgain("run the sweep again", keyed.idempotency_key()));
 }
 
 absl::StatusOr<v1::ListExperimentsResponse> CoordinatorClient::ListExperiments() {
@@ -319,8 +341,9 @@ absl::StatusOr<v1::Artifact> CoordinatorClient::PinArtifact(const std::string& i
   v1::PinArtifactRequest request;
   request.set_id(id);
   request.set_unpin(unpin);
-  return Unary<v1::PinArtifactRequest, v1::Artifact>(
-      impl_.get(), &v1::UserService::Stub::PinArtifact, request, address_, timeout_);
+  return KeyedOperation<v1::PinArtifactRequest, v1::Artifact>(
+      impl_.get(), &v1::UserService::Stub::PinArtifact, request, address_, timeout_,
+      unpin ? "unpin" : "pin", absl::StrCat("'stemma ckpt show ", id, "'"));
 }
 
 absl::StatusOr<v1::GcResponse> CoordinatorClient::CollectGarbage(const v1::GcRequest& request) {

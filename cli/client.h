@@ -37,6 +37,8 @@ class CoordinatorClient {
   absl::StatusOr<v1::SubmitResponse> Submit(const v1::SubmitRequest& request);
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  // Cancel, Retry, Drain and PinArtifact send a fresh idempotency key per call and resend
+  // it, like Submit, when the answer is lost: a retry never grows the attempt budget twice.
   absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
   absl::StatusOr<v1::Job> Retry(const std::string& id);
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers();

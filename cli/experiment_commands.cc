@@ -170,6 +170,7 @@ absl::StatusOr<int> RunList(const GlobalOptions& g) {
 struct GetOptions {
   std::string name;
   int revision = 0;
+  std::string space;  // the namespace (a project or a subject); "": the caller's own
 };
 
 absl::StatusOr<int> RunGet(const GlobalOptions& g, const GetOptions& o) {
@@ -177,6 +178,7 @@ absl::StatusOr<int> RunGet(const GlobalOptions& g, const GetOptions& o) {
   v1::GetExperimentRequest req;
   req.set_name(o.name);
   req.set_revision(o.revision);
+  req.set_owner(o.space);
   ASSIGN_OR_RETURN(v1::GetExperimentResponse r, client.GetExperiment(req));
   if (g.format == OutputFormat::kJson || g.format == OutputFormat::kYaml) {
     PrintStructured(ToJson(r), g.format);
@@ -201,6 +203,7 @@ absl::StatusOr<int> RunWait(const GlobalOptions& g, const GetOptions& o, double 
     v1::GetExperimentRequest req;
     req.set_name(o.name);
     req.set_revision(o.revision);
+    req.set_owner(o.space);
     ASSIGN_OR_RETURN(v1::GetExperimentResponse r, client.GetExperiment(req));
     int done = 0, ok = 0;
     for (const auto& c : r.cells()) {
@@ -301,6 +304,7 @@ absl::StatusOr<int> RunWatch(const GlobalOptions& g, const GetOptions& o, double
     CoordinatorClient client(g.coordinator, g.timeout());
     v1::GetExperimentRequest req;
     req.set_name(o.name);
+    req.set_owner(o.space);
     absl::StatusOr<v1::GetExperimentResponse> got = client.GetExperiment(req);
     v1::QueryMetricsResponse metrics;
     if (got.ok()) {
@@ -403,6 +407,9 @@ void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* 
   CLI::App* g = exp->add_subcommand("get", "The jobs of an experiment's revision and their states");
   g->add_option("name", get->name, "experiment name")->required();
   g->add_option("--revision", get->revision, "revision (default: the latest)");
+  constexpr const char* kNamespaceHelp =
+      "the namespace to look the name up in: a project or a user (default: your own)";
+  g->add_option("-n,--namespace", get->space, kNamespaceHelp);
   g->callback([=] { *action = [=] { return RunGet(*globals, *get); }; });
   auto wait = std::make_shared<GetOptions>();
   auto wait_timeout = std::make_shared<double>(0);
@@ -410,6 +417,7 @@ void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* 
       exp->add_subcommand("wait", "Wait until every job of the latest revision has ended");
   w->add_option("name", wait->name, "experiment name")->required();
   w->add_option("--timeout", *wait_timeout, "seconds (0: no limit)");
+  w->add_option("-n,--namespace", wait->space, kNamespaceHelp);
   w->callback([=] { *action = [=] { return RunWait(*globals, *wait, *wait_timeout); }; });
   auto cancel = std::make_shared<GetOptions>();
   CLI::App* c = exp->add_subcommand(
@@ -429,6 +437,7 @@ void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* 
       "Show the experiment live until it ends: states, running jobs' step, loss, tokens/s");
   wt->add_option("name", watch->name, "experiment name")->required();
   wt->add_option("--timeout", *watch_timeout, "seconds (0: no limit)");
+  wt->add_option("-n,--namespace", watch->space, kNamespaceHelp);
   wt->callback([=] { *action = [=] { return RunWatch(*globals, *watch, *watch_timeout); }; });
 }
 

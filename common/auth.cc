@@ -119,14 +119,16 @@ const std::map<std::string, RoleSet>& MethodRoles() {
       {"/stemma.v1.UserService/Drain", Roles(Role::kAdmin)},
       {"/stemma.v1.UserService/Logs", Roles(Role::kAdmin, Role::kUser)},
       // Metric series and the checkpoint registry: read by all; verifying reads every
-      // file of a checkpoint (not for read-only dashboards); GC deletes files (admins).
+      // file of a checkpoint (not for read-only dashboards); GC deletes files: a user's
+      // gc plans and deletes only what the user may manage (its own and its projects'
+      // members' artifacts: the adapter scopes it), an admin's everything.
       {"/stemma.v1.UserService/QueryMetrics", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.UserService/ListArtifacts", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.UserService/GetArtifact", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.UserService/Lineage", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.UserService/VerifyArtifact", Roles(Role::kAdmin, Role::kUser)},
       {"/stemma.v1.UserService/PinArtifact", Roles(Role::kAdmin, Role::kUser)},
-      {"/stemma.v1.UserService/CollectGarbage", Roles(Role::kAdmin)},
+      {"/stemma.v1.UserService/CollectGarbage", Roles(Role::kAdmin, Role::kUser)},
       // Experiments: submitting one submits jobs.
       {"/stemma.v1.UserService/SubmitExperiment", Roles(Role::kAdmin, Role::kUser)},
       {"/stemma.v1.UserService/ListExperiments", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},

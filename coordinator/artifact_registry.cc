@@ -333,6 +333,19 @@ std::vector<std::string> ArtifactRegistry::ReferencedBy(
   return ids;
 }
 
+std::vector<std::string> ArtifactRegistry::ReadBy(const v1::Job& job,
+                                                  const std::vector<std::string>& roots) const {
+  std::vector<std::string> ids = ReferencedBy(job.spec(), roots);
+  auto add_outputs_of = [&](const std::string& upstream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu) {
+    for (const v1::Artifact* a : FindByJob(upstream)) AppendUnique(&ids, a->id());
+  };
+  for (const std::string& dep : job.spec().depends_on()) add_outputs_of(dep);
+  if (auto twin = job.spec().labels().find(kWaitsForLabel); twin != job.spec().labels().end()) {
+    add_outputs_of(twin->second);
+  }
+  return ids;
+}
+
 absl::StatusOr<v1::ListArtifactsResponse> ArtifactRegistry::List(
     const v1::ListArtifactsRequest& request) {
   if (request.limit() < 0) return absl::InvalidArgumentError("limit: must not be negative");
@@ -376,7 +389,7 @@ absl::StatusOr<v1::ArtifactDetails> ArtifactRegistry::Get(const std::string& id)
   const std::vector<std::string> roots = StorageRoots();
   core_->jobs.ForEach([&](const v1::Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under mu
     if (job.id() == a->job_id()) return;
-    auto refs = ReferencedBy(job.spec(), roots);
+    auto refs = ReadBy(job, roots);
     if (std::find(refs.begin(), refs.end(), a->id()) != refs.end()) {
       consumers.emplace_back(job.seq(), job.id());
     }
@@ -463,18 +476,28 @@ absl::StatusOr<v1::VerifyArtifactResponse> ArtifactRegistry::Verify(const std::s
   return resp;
 }
 
-absl::StatusOr<v1::Artifact> ArtifactRegistry::Pin(const std::string& id, bool unpin) {
+absl::StatusOr<v1::Artifact> ArtifactRegistry::Pin(const std::string& id, bool unpin,
+                                                   const std::string& key) {
   v1::Artifact result;
   uint64_t ticket;
   {
     absl::MutexLock lock(&core_->mu);
     const v1::Artifact* found = Find(id);
     if (found == nullptr) return absl::NotFoundError(absl::StrCat("no artifact ", id));
-    v1::Artifact a = *found;
-    a.set_pinned(!unpin);
-    Changes changes = core_->NewChanges();
-    result = *Put(std::move(a), &changes);
-    ticket = core_->Finish(std::move(changes));
+    // The same key again (a lost answer): the artifact as it is, nothing changed.
+    const char* operation = unpin ? "unpin" : "pin";
+    ASSIGN_OR_RETURN(bool seen, core_->jobs.SeenOperation(key, operation, found->id()));
+    if (seen) {
+      result = *found;
+      ticket = core_->LastTicket();
+    } else {
+      v1::Artifact a = *found;
+      a.set_pinned(!unpin);
+      Changes changes = core_->NewChanges();
+      core_->jobs.RememberOperation(key, operation, a.id(), &changes);
+      result = *Put(std::move(a), &changes);
+      ticket = core_->Finish(std::move(changes));
+    }
   }
   core_->Wait(ticket);
   return result;
@@ -506,9 +529,7 @@ absl::StatusOr<v1::GcResponse> ArtifactRegistry::CollectGarbage(const v1::GcRequ
     }
     core_->jobs.ForEach([&](const v1::Job& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under mu
       if (Terminal(job.state())) return;
-      for (const std::string& id : ReferencedBy(job.spec(), roots)) {
-        facts.read_by_live_jobs.insert(id);
-      }
+      for (const std::string& id : ReadBy(job, roots)) facts.read_by_live_jobs.insert(id);
     });
     for (const GcPlanEntry& e : PlanGc(facts, request.policy())) {
       v1::GcDecision* d = resp.add_decisions();

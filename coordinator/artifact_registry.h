@@ -88,7 +88,8 @@ class ArtifactRegistry {
   absl::StatusOr<v1::LineageResponse> Lineage(const v1::LineageRequest& request);
   // Reads the files (outside the lock) and records the result.
   absl::StatusOr<v1::VerifyArtifactResponse> Verify(const std::string& id);
-  absl::StatusOr<v1::Artifact> Pin(const std::string& id, bool unpin);
+  // `key`: an idempotency key (UserHandler::PinArtifact).
+  absl::StatusOr<v1::Artifact> Pin(const std::string& id, bool unpin, const std::string& key = "");
   // Plans with gc_policy.h; with apply, removes the files (outside the lock) and records
   // each deleted artifact as DELETED with the rule that deleted it.
   absl::StatusOr<v1::GcResponse> CollectGarbage(const v1::GcRequest& request);
@@ -105,6 +106,11 @@ class ArtifactRegistry {
   void Index(const v1::Artifact& artifact, bool inserted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   std::vector<std::string> ReferencedBy(const v1::JobSpec& spec,
                                         const std::vector<std::string>& roots) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // What `job` reads or will read: ReferencedBy its spec, and, by id, every artifact its
+  // dependencies (and the twin it waits for) registered, whatever the spec spells yet (a
+  // cell still waiting for another upstream holds a wiring token, not the path).
+  std::vector<std::string> ReadBy(const v1::Job& job, const std::vector<std::string>& roots) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   // The id of the present artifact at `path`, registering an external one if none.
   std::string ResolveParent(const std::string& path, Changes* changes)

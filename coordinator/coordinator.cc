@@ -39,7 +39,7 @@ absl::Status Coordinator::Start() {
   RETURN_IF_ERROR(core_.logs.Load());
   QuotaConfig quotas;
   if (!core_.options.quotas_file.empty()) {
-    quota_file_ = std::make_unique<QuotaFile>(core_.options.quotas_file);
+    quota_file_ = std::make_unique<QuotaFile>(core_.options.quotas_file, &core_.options.tenancy);
     ASSIGN_OR_RETURN(quotas, quota_file_->Load());
   }
   ASSIGN_OR_RETURN(StoreSnapshot snap, core_.store->Load());

@@ -45,13 +45,17 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) override {
     return users_.ListJobs(request);
   }
-  absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason) override {
-    return users_.Cancel(id, reason);
+  absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason,
+                                 const std::string& key = "") override {
+    return users_.Cancel(id, reason, key);
   }
-  absl::StatusOr<v1::Job> Retry(const std::string& id) override { return users_.Retry(id); }
+  absl::StatusOr<v1::Job> Retry(const std::string& id, const std::string& key = "") override {
+    return users_.Retry(id, key);
+  }
   v1::ListWorkersResponse ListWorkers() override { return users_.ListWorkers(); }
-  absl::StatusOr<v1::WorkerInfo> Drain(const std::string& worker_id, bool undrain) override {
-    return users_.Drain(worker_id, undrain);
+  absl::StatusOr<v1::WorkerInfo> Drain(const std::string& worker_id, bool undrain,
+                                       const std::string& key = "") override {
+    return users_.Drain(worker_id, undrain, key);
   }
   std::shared_ptr<EventHub::Subscription> Watch(const v1::WatchRequest& request,
                                                 std::vector<v1::JobEvent>* initial) override {
@@ -76,8 +80,9 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   absl::StatusOr<v1::VerifyArtifactResponse> VerifyArtifact(const std::string& id) override {
     return registry_.Verify(id);
   }
-  absl::StatusOr<v1::Artifact> PinArtifact(const std::string& id, bool unpin) override {
-    return registry_.Pin(id, unpin);
+  absl::StatusOr<v1::Artifact> PinArtifact(const std::string& id, bool unpin,
+                                           const std::string& key = "") override {
+    return registry_.Pin(id, unpin, key);
   }
   absl::StatusOr<v1::GcResponse> CollectGarbage(const v1::GcRequest& request) override {
     return registry_.CollectGarbage(request);

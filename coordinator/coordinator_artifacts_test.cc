@@ -177,6 +177,49 @@ TEST_F(CoordinatorTest, GcDryRunChangesNothingAndApplyDeletesOnlyUnprotectedChec
   EXPECT_EQ(coord_->CollectGarbage(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A job that has not ended keeps what its dependencies registered, by artifact id, whatever
+// its spec spells yet: a fan-in still waiting for one upstream job holds a wiring token, not
+// the path, for the upstream jobs that are done (gc matched path text only before).
+TEST_F(CoordinatorTest, GcKeepsTheOutputsOfAWaitingJobsDependencies) {
+  Worker w = Connect("w0", 0, /*allow_exec=*/true);
+  std::vector<v1::OutputArtifact> outs;
+  std::vector<std::string> trials;
+  for (int i = 0; i < 2; ++i) {
+    outs.push_back(MakeCheckpoint(absl::StrCat("expert", i), absl::StrCat("weights", i)));
+    trials.push_back(
+        RunToSuccess(w, Spec(absl::StrCat("expert", i), "family"), i + 1, {}, {outs.back()}));
+  }
+  v1::SubmitRequest req;
+  auto* slow = req.add_jobs();
+  slow->set_name("slow");
+  slow->mutable_noop();
+  slow->mutable_resources()->set_gpus(8);  // never placed: the fan-in keeps waiting
+  auto* soup = req.add_jobs();
+  soup->set_name("soup");
+  soup->mutable_exec()->add_argv("/bin/soup");
+  soup->mutable_exec()->add_argv("${{ expert0.outputs.model }}");
+  soup->add_depends_on(trials[0]);
+  soup->add_depends_on("slow");
+  auto submitted = coord_->Submit(req);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  ASSERT_EQ(Get(submitted->job_ids(1)).state(), v1::PENDING);
+
+  v1::GcRequest gc;
+  gc.mutable_policy()->set_keep_latest(1);
+  auto applied = coord_->CollectGarbage(gc);  // a plan: files outside every root stay anyway
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  ASSERT_EQ(applied->decisions_size(), 2);
+  for (const auto& d : applied->decisions()) {
+    if (d.artifact().id() != "a-1") continue;
+    EXPECT_FALSE(d.deleted()) << d.reason();
+    EXPECT_EQ(d.reason(), "a job that has not ended reads it");
+  }
+  EXPECT_EQ(coord_->GetArtifact("a-1")->artifact().state(), v1::ARTIFACT_PRESENT);
+  auto details = coord_->GetArtifact("a-1");
+  ASSERT_EQ(details->consumer_jobs_size(), 1);
+  EXPECT_EQ(details->consumer_jobs(0), submitted->job_ids(1));
+}
+
 // A prepared corpus (`stemma-engine prepare`) has manifest.json, not stemma.json: its hash is
 // the manifest's, and the deep check covers every listed file and the content_hash.
 TEST(ArtifactFilesTest, ACorpusVerifiesByItsManifestJsonAndEveryFile) {

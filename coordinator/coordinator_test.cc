@@ -174,5 +174,49 @@ TEST_F(CoordinatorTest, ConcurrentSubmitsWithOneKeyMakeOneJob) {
   EXPECT_EQ(coord_->ListJobs({})->total(), 1);
 }
 
+// A cancel, retry or drain sent again with its key (the client's answer was lost) is
+// answered as the first and changes nothing more: a retry grows the attempt budget once,
+// also after a restart; the key used for another job is refused naming the field.
+TEST_F(CoordinatorTest, OperationKeysAnswerAgainWithoutChangingAnythingMore) {
+  Worker w = Connect("w1");
+  const std::string id = SubmitNoop(/*max_attempts=*/1);
+  Report(w, Assigned(w), 1, 1, /*retryable=*/false);
+  ASSERT_EQ(Get(id).state(), v1::FAILED);
+  auto first = coord_->Retry(id, "op:k1");
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int budget = first->attempt_budget();
+  EXPECT_EQ(budget, 2);
+  Report(w, Assigned(w), 1, 2, /*retryable=*/false);  // the retried attempt fails too
+  ASSERT_EQ(Get(id).state(), v1::FAILED);
+  auto again = coord_->Retry(id, "op:k1");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->state(), v1::FAILED);
+  EXPECT_EQ(Get(id).attempt_budget(), budget);
+  // Without a key the same call is a second retry.
+  ASSERT_TRUE(coord_->Retry(id).ok());
+  EXPECT_EQ(Get(id).attempt_budget(), budget + 1);
+
+  const std::string other = SubmitNoop();
+  ASSERT_TRUE(coord_->Cancel(other, "", "op:k2").ok());
+  auto cancel_again = coord_->Cancel(other, "", "op:k2");
+  ASSERT_TRUE(cancel_again.ok()) << cancel_again.status();  // not "has already ended"
+  EXPECT_EQ(cancel_again->state(), v1::CANCELLED);
+  ASSERT_TRUE(coord_->Drain("w1", false, "op:k3").ok());
+  ASSERT_TRUE(coord_->Drain("w1", true).ok());
+  auto drain_again = coord_->Drain("w1", false, "op:k3");  // answered, not drained again
+  ASSERT_TRUE(drain_again.ok()) << drain_again.status();
+  EXPECT_EQ(drain_again->state(), v1::WORKER_ALIVE);
+
+  coord_.reset();  // the keys are durable
+  StartCoordinator();
+  ASSERT_TRUE(coord_->Retry(id, "op:k1").ok());
+  EXPECT_EQ(Get(id).attempt_budget(), budget + 1);
+  auto misused = coord_->Cancel(SubmitNoop(), "", "op:k1");
+  ASSERT_EQ(misused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(misused.status().message().find("idempotency_key: already used for retry of " + id),
+            std::string::npos)
+      << misused.status();
+}
+
 }  // namespace
 }  // namespace stemma::coordinator

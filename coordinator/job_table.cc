@@ -533,4 +533,25 @@ absl::Status JobTable::Retry(const std::string& id, Changes* changes) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> JobTable::SeenOperation(const std::string& key, const std::string& operation,
+                                             const std::string& target) const {
+  if (key.empty()) return false;
+  auto it = idempotency_.find(key);
+  if (it == idempotency_.end()) return false;
+  const std::vector<std::string>& was = it->second;
+  if (was.size() == 2 && was[0] == operation && was[1] == target) return true;
+  return absl::FailedPreconditionError(
+      absl::StrCat("idempotency_key: already used for ",
+                   was.size() == 2 ? absl::StrCat(was[0], " of ", was[1]) : std::string("a submit"),
+                   ", not for ", operation, " of ", target, " (send a fresh key per operation)"));
+}
+
+void JobTable::RememberOperation(const std::string& key, const std::string& operation,
+                                 const std::string& target, Changes* changes) {
+  if (key.empty()) return;
+  std::vector<std::string> value{operation, target};
+  idempotency_[key] = value;
+  changes->batch.of<IdempotencyKeysTable>().emplace_back(key, std::move(value));
+}
+
 }  // namespace stemma::coordinator

@@ -55,6 +55,16 @@ class JobTable {
   const v1::Job* Find(const std::string& id) const;
   // Whether a submit used this idempotency key before.
   bool HasIdempotencyKey(const std::string& key) const { return idempotency_.contains(key); }
+  // An operation's idempotency key (cancel, retry, drain, pin; the rpc layer scopes it to
+  // the caller): false when `key` is new, true when it was used before for the same
+  // `operation` on `target` (the caller answers as the first time and changes nothing),
+  // FAILED_PRECONDITION naming both when it was used for another. "" is never seen.
+  absl::StatusOr<bool> SeenOperation(const std::string& key, const std::string& operation,
+                                     const std::string& target) const;
+  // Remembers `key` for `operation` on `target`, durably in `changes` (same table as
+  // Submit's keys). Nothing for "".
+  void RememberOperation(const std::string& key, const std::string& operation,
+                         const std::string& target, Changes* changes);
   // The most recently submitted job named `name`, or null. A scan: for user lookups only.
   // The most recent job named `name` (of `owner` only, when not "").
   const v1::Job* FindByName(const std::string& name, const std::string& owner = "") const;

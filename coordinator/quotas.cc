@@ -36,7 +36,8 @@ bool Waiting(v1::JobState s) { return s == v1::PENDING || s == v1::QUEUED; }
 
 class Parser {
  public:
-  explicit Parser(std::string source) : source_(std::move(source)) {}
+  Parser(std::string source, std::string projects_source)
+      : source_(std::move(source)), projects_source_(std::move(projects_source)) {}
 
   absl::Status Bad(const YamlNode& n, const std::string& field, const std::string& problem) const {
     return absl::InvalidArgumentError(
@@ -80,8 +81,8 @@ class Parser {
     return v * unit;
   }
 
-  absl::Status Limits(const YamlNode& n, const std::string& where, bool project, QuotaLimits* out,
-                      std::vector<std::string>* members) const {
+  absl::Status Limits(const YamlNode& n, const std::string& where, bool project,
+                      QuotaLimits* out) const {
     if (!n.IsMap()) return Bad(n, where, "expected a mapping");
     for (size_t i = 0; i + 1 < n.items.size(); i += 2) {
       const std::string& key = n.items[i].scalar;
@@ -100,14 +101,17 @@ class Parser {
         if (lo > hi) return Bad(v, field, "min is above max");
         out->priority = std::make_pair(lo, hi);
       } else if (key == "members" && project) {
-        if (!v.IsSequence()) return Bad(v, field, "expected a list of subjects");
-        for (const auto& m : v.items) {
-          if (!m.IsScalar() || m.scalar.empty()) return Bad(m, field, "expected a subject");
-          members->push_back(m.scalar);
-        }
+        // One list of projects: a second one here could disagree with the file that decides
+        // namespaces and storage prefixes.
+        return Bad(n.items[i], field,
+                   absl::StrCat("members are listed in the projects file (stemma-coordinator "
+                                "--projects",
+                                projects_source_.empty() ? "" : " ", projects_source_,
+                                "), not in the quota file: remove this field and list "
+                                "'PROJECT SUBJECT...' there (docs/tenancy.md)"));
       } else {
         return Bad(n.items[i], field,
-                   project ? "unknown field (members, max_queued_jobs, max_running_gpus)"
+                   project ? "unknown field (max_queued_jobs, max_running_gpus)"
                            : "unknown field (max_queued_jobs, max_running_gpus, priority)");
       }
     }
@@ -116,18 +120,20 @@ class Parser {
 
  private:
   std::string source_;
+  std::string projects_source_;  // the projects file, for messages
 };
 
 }  // namespace
 
-absl::StatusOr<QuotaConfig> ParseQuotaConfig(const std::string& text, const std::string& source) {
+absl::StatusOr<QuotaConfig> ParseQuotaConfig(const std::string& text, const std::string& source,
+                                             const Tenancy& projects) {
   ASSIGN_OR_RETURN(std::vector<YamlNode> docs, LoadYamlDocuments(text, source));
   QuotaConfig config;
   config.source = source;
   if (docs.empty() || docs[0].IsNull()) return config;
   if (docs.size() > 1) return absl::InvalidArgumentError(absl::StrCat(source, ": one document"));
   const YamlNode& root = docs[0];
-  Parser p(source);
+  Parser p(source, projects.source());
   if (!root.IsMap()) return p.Bad(root, "quotas", "expected a mapping");
   for (size_t i = 0; i + 1 < root.items.size(); i += 2) {
     const std::string& key = root.items[i].scalar;
@@ -150,17 +156,29 @@ absl::StatusOr<QuotaConfig> ParseQuotaConfig(const std::string& text, const std:
         }
       }
     } else if (key == "default") {
-      RETURN_IF_ERROR(p.Limits(v, key, false, &config.defaults, nullptr));
+      RETURN_IF_ERROR(p.Limits(v, key, false, &config.defaults));
     } else if (key == "subjects" || key == "projects") {
       if (!v.IsMap()) return p.Bad(v, key, "expected a mapping of names");
       for (size_t j = 0; j + 1 < v.items.size(); j += 2) {
         const std::string& name = v.items[j].scalar;
         const std::string where = absl::StrCat(key, ".", name);
         if (key == "subjects") {
-          RETURN_IF_ERROR(p.Limits(v.items[j + 1], where, false, &config.subjects[name], nullptr));
+          RETURN_IF_ERROR(p.Limits(v.items[j + 1], where, false, &config.subjects[name]));
         } else {
           QuotaConfig::Project& pr = config.projects[name];
-          RETURN_IF_ERROR(p.Limits(v.items[j + 1], where, true, &pr.limits, &pr.members));
+          RETURN_IF_ERROR(p.Limits(v.items[j + 1], where, true, &pr.limits));
+          const std::vector<std::string>* members = projects.MembersOf(name);
+          if (members == nullptr) {
+            return p.Bad(v.items[j], where,
+                         projects.source().empty()
+                             ? absl::StrCat("no project ", name,
+                                            ": projects are listed in a projects file "
+                                            "(stemma-coordinator --projects FILE; "
+                                            "docs/tenancy.md), and none was given")
+                             : absl::StrCat("no project ", name, " in the projects file ",
+                                            projects.source()));
+          }
+          pr.members = *members;
         }
       }
     } else {
@@ -180,7 +198,7 @@ absl::StatusOr<QuotaConfig> QuotaFile::Load() {
   if (!text.ok()) return absl::NotFoundError(absl::StrCat(path_, ": cannot read the quota file"));
   stamp_ = {static_cast<int64_t>(st.st_ino), static_cast<int64_t>(st.st_size),
             st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec};
-  return ParseQuotaConfig(*text, path_);
+  return ParseQuotaConfig(*text, path_, projects_ != nullptr ? *projects_ : Tenancy());
 }
 
 std::optional<QuotaConfig> QuotaFile::Poll(int64_t mono_ms) {

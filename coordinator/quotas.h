@@ -9,7 +9,9 @@
 //     waits QUEUED (one that could never fit is refused at submit);
 //   - priority: [min, max] a job may ask for; outside it the submit is refused.
 // A subject's limits are its own entry's, else the file's `default`; a project's
-// max_queued_jobs / max_running_gpus bound the sum over its members as well.
+// max_queued_jobs / max_running_gpus bound the sum over its members as well. Projects and
+// their members are listed once, in the projects file (`--projects`, tenancy.h): a quota
+// file names projects of that file and sets their limits; `members` there is refused.
 //
 // Fair share (Slurm's decayed usage): each subject's usage is the worker time its attempts
 // held, weighted by parts x max(1, GPUs), plus kMinChargeSeconds per attempt, decaying with
@@ -33,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "coordinator/tenancy.h"
 #include "stemma/v1/job.pb.h"
 
 namespace stemma::coordinator {
@@ -55,20 +58,25 @@ struct QuotaConfig {
   QuotaLimits defaults;
   std::map<std::string, QuotaLimits> subjects;
   struct Project {
-    std::vector<std::string> members;
-    QuotaLimits limits;  // max_queued_jobs and max_running_gpus only
+    std::vector<std::string> members;  // from the projects file
+    QuotaLimits limits;                // max_queued_jobs and max_running_gpus only
   };
   std::map<std::string, Project> projects;
 };
 
-// Parses a quota file. INVALID_ARGUMENT "<source>: line L: <field>: <problem>" otherwise.
-absl::StatusOr<QuotaConfig> ParseQuotaConfig(const std::string& text, const std::string& source);
+// Parses a quota file; each project's members come from `projects` (the projects file).
+// INVALID_ARGUMENT "<source>: line L: <field>: <problem>" otherwise, including a project
+// that `projects` does not list and a `members` field (the old place of the list).
+absl::StatusOr<QuotaConfig> ParseQuotaConfig(const std::string& text, const std::string& source,
+                                             const Tenancy& projects = Tenancy());
 
 // A quota file on disk, re-read when it changes (checked at most once a second). Thread-
 // compatible: the scheduler thread polls it.
 class QuotaFile {
  public:
-  explicit QuotaFile(std::string path) : path_(std::move(path)) {}
+  // `projects`: the projects file's list (outlives this).
+  QuotaFile(std::string path, const Tenancy* projects)
+      : path_(std::move(path)), projects_(projects) {}
   // Reads and parses the file (start-up).
   absl::StatusOr<QuotaConfig> Load();
   // The new config when the file changed and parses; nothing otherwise (a bad edit is logged
@@ -77,6 +85,7 @@ class QuotaFile {
 
  private:
   std::string path_;
+  const Tenancy* projects_;
   int64_t checked_ms_ = 0;
   struct Stamp {
     int64_t ino = 0, size = 0, mtime_ns = 0;

@@ -9,15 +9,17 @@ namespace stemma::coordinator {
 namespace {
 
 TEST(QuotaConfigTest, ParsesEveryField) {
+  auto projects = Tenancy::Parse("vision bob carol\n", "projects.txt");
+  ASSERT_TRUE(projects.ok()) << projects.status();
   auto c = ParseQuotaConfig(R"(
 fair_share: {enabled: true, half_life: 12h}
 default: {max_queued_jobs: 100, max_running_gpus: 8, priority: [0, 100]}
 subjects:
   alice: {priority: [-1000, 1000]}
 projects:
-  vision: {members: [bob, carol], max_running_gpus: 12}
+  vision: {max_running_gpus: 12}
 )",
-                            "q.yaml");
+                            "q.yaml", *projects);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->fair_share);
   EXPECT_EQ(c->half_life_ms, 12 * 3600 * 1000);
@@ -37,13 +39,39 @@ TEST(QuotaConfigTest, BadFieldsNameTheFileLineAndField) {
       {"subjects: {bob: {gpus: 3}}", "subjects.bob.gpus: unknown field"},
       {"fair_share: {half_life: soon}", "fair_share.half_life: 'soon' is not a duration"},
       {"quota: 1", "quota: unknown field"},
-      {"projects: {p: {members: bob}}", "projects.p.members: expected a list"},
+      {"projects: {p: {gpus: 1}}", "projects.p.gpus: unknown field"},
   };
   for (const auto& c : cases) {
     auto r = ParseQuotaConfig(c.text, "q.yaml");
     ASSERT_FALSE(r.ok()) << c.text;
     EXPECT_NE(r.status().message().find(c.want), std::string::npos) << r.status();
   }
+}
+
+// One list of projects: the projects file. A quota file names its projects and sets their
+// limits; members in the quota file (the old second list) and projects the projects file
+// does not list stop the coordinator at start, naming both files and the field.
+TEST(QuotaConfigTest, ProjectsAndMembersComeOnlyFromTheProjectsFile) {
+  auto projects = Tenancy::Parse("vision bob carol\n", "projects.txt");
+  ASSERT_TRUE(projects.ok());
+  auto members =
+      ParseQuotaConfig("projects:\n  vision:\n    members: [bob, carol]\n", "q.yaml", *projects);
+  ASSERT_FALSE(members.ok());
+  EXPECT_NE(members.status().message().find(
+                "q.yaml: line 3: projects.vision.members: members are listed in the projects "
+                "file (stemma-coordinator --projects projects.txt)"),
+            std::string::npos)
+      << members.status();
+  auto unknown = ParseQuotaConfig("projects: {speech: {max_running_gpus: 2}}", "q.yaml", *projects);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find(
+                "q.yaml: line 1: projects.speech: no project speech in the projects file "
+                "projects.txt"),
+            std::string::npos)
+      << unknown.status();
+  auto none = ParseQuotaConfig("projects: {vision: {max_running_gpus: 2}}", "q.yaml");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("--projects FILE"), std::string::npos) << none.status();
 }
 
 class FairShareTest : public ::testing::Test {

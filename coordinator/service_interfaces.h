@@ -28,10 +28,16 @@ class UserHandler {
   virtual absl::StatusOr<v1::Job> GetJob(const std::string& id,
                                          const std::string& prefer_owner = "") = 0;
   virtual absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) = 0;
-  virtual absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason) = 0;
-  virtual absl::StatusOr<v1::Job> Retry(const std::string& id) = 0;
+  // Cancel, Retry, Drain and PinArtifact take an idempotency key ("" for none), already
+  // scoped to the caller: the same key again answers with the target as it is now and
+  // changes nothing (JobTable::SeenOperation); FAILED_PRECONDITION when the key was used for
+  // another operation or target.
+  virtual absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason,
+                                         const std::string& key = "") = 0;
+  virtual absl::StatusOr<v1::Job> Retry(const std::string& id, const std::string& key = "") = 0;
   virtual v1::ListWorkersResponse ListWorkers() = 0;
-  virtual absl::StatusOr<v1::WorkerInfo> Drain(const std::string& worker_id, bool undrain) = 0;
+  virtual absl::StatusOr<v1::WorkerInfo> Drain(const std::string& worker_id, bool undrain,
+                                               const std::string& key = "") = 0;
   // Subscribes to job events; with send_initial, `initial` receives the jobs as they are.
   virtual std::shared_ptr<EventHub::Subscription> Watch(const v1::WatchRequest& request,
                                                         std::vector<v1::JobEvent>* initial) = 0;
@@ -48,7 +54,8 @@ class UserHandler {
   virtual absl::StatusOr<v1::LineageResponse> Lineage(const v1::LineageRequest& request) = 0;
   // Reads the artifact's files on the coordinator's file system.
   virtual absl::StatusOr<v1::VerifyArtifactResponse> VerifyArtifact(const std::string& id) = 0;
-  virtual absl::StatusOr<v1::Artifact> PinArtifact(const std::string& id, bool unpin) = 0;
+  virtual absl::StatusOr<v1::Artifact> PinArtifact(const std::string& id, bool unpin,
+                                                   const std::string& key = "") = 0;
   // INVALID_ARGUMENT for a bad policy. A dry run unless request.apply().
   virtual absl::StatusOr<v1::GcResponse> CollectGarbage(const v1::GcRequest& request) = 0;
 

@@ -30,6 +30,7 @@ bool IsPlainName(absl::string_view name) {
 
 absl::StatusOr<Tenancy> Tenancy::Parse(absl::string_view text, absl::string_view source) {
   Tenancy t;
+  t.source_ = std::string(source);
   std::set<std::string> seen;
   int line_no = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
@@ -56,6 +57,10 @@ absl::StatusOr<Tenancy> Tenancy::Parse(absl::string_view text, absl::string_view
       }
       auto& list = t.projects_of_[words[i]];
       if (std::find(list.begin(), list.end(), project) == list.end()) list.push_back(project);
+      auto& members = t.members_[project];
+      if (std::find(members.begin(), members.end(), words[i]) == members.end()) {
+        members.push_back(words[i]);
+      }
     }
   }
   return t;
@@ -73,6 +78,11 @@ absl::StatusOr<Tenancy> Tenancy::Load(const std::string& path) {
   std::stringstream text;
   text << in.rdbuf();
   return Parse(text.str(), path);
+}
+
+const std::vector<std::string>* Tenancy::MembersOf(const std::string& project) const {
+  auto it = members_.find(project);
+  return it == members_.end() ? nullptr : &it->second;
 }
 
 std::vector<std::string> Tenancy::ProjectsOf(const std::string& subject) const {

@@ -41,6 +41,12 @@ class Tenancy {
 
   // The projects `subject` belongs to, in file order.
   std::vector<std::string> ProjectsOf(const std::string& subject) const;
+  // The members of `project` in file order, or null for a project the file does not list.
+  // The projects file is the one list of projects and members: the quota file's
+  // `projects.NAME` entries set limits on these (coordinator/quotas.h).
+  const std::vector<std::string>* MembersOf(const std::string& project) const;
+  // The file it was read from ("" when none was given), for messages.
+  const std::string& source() const { return source_; }
   // The namespace experiments of `subject` are named in: its first project, else itself.
   // "" for "".
   std::string Namespace(const std::string& subject) const;
@@ -65,6 +71,8 @@ class Tenancy {
 
  private:
   std::map<std::string, std::vector<std::string>> projects_of_;  // subject -> projects
+  std::map<std::string, std::vector<std::string>> members_;      // project -> subjects
+  std::string source_;
 };
 
 // True for a name usable as one path component and a subject: [A-Za-z0-9._@-]+, not "."

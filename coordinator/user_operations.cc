@@ -106,42 +106,65 @@ absl::StatusOr<v1::ListJobsResponse> UserOperations::ListJobs(const v1::ListJobs
   return response;
 }
 
-absl::StatusOr<v1::Job> UserOperations::Cancel(const std::string& id, const std::string& reason) {
+// Cancel, retry and drain take an idempotency key (JobTable::SeenOperation): a request sent
+// again after its answer was lost is answered with the target as it is now, changes nothing,
+// and waits until the first one's change is durable.
+absl::StatusOr<v1::Job> UserOperations::Cancel(const std::string& id, const std::string& reason,
+                                               const std::string& key) {
   CoordinatorCore& c = *core_;
   uint64_t ticket;
   v1::Job result;
+  bool seen;
   {
     absl::MutexLock lock(&c.mu);
     const v1::Job* job = c.jobs.Find(id);
     if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", id));
-    Changes changes = c.NewChanges();
-    bool live = c.jobs.IsLive(*job);
-    std::string why = reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason);
-    RETURN_IF_ERROR(c.jobs.Cancel(id, why, &changes));
-    if (live) {
-      StopParts(c, *job, why, "", &changes);
-      c.metrics->AttemptEnded("cancelled");
+    ASSIGN_OR_RETURN(seen, c.jobs.SeenOperation(key, "cancel", id));
+    if (seen) {
+      result = *job;
+      ticket = c.LastTicket();
+    } else {
+      Changes changes = c.NewChanges();
+      bool live = c.jobs.IsLive(*job);
+      std::string why = reason.empty() ? "cancelled by user" : absl::StrCat("cancelled: ", reason);
+      RETURN_IF_ERROR(c.jobs.Cancel(id, why, &changes));
+      if (live) {
+        StopParts(c, *job, why, "", &changes);
+        c.metrics->AttemptEnded("cancelled");
+      }
+      c.jobs.RememberOperation(key, "cancel", id, &changes);
+      result = *job;
+      ticket = c.Finish(std::move(changes));
     }
-    result = *job;
-    ticket = c.Finish(std::move(changes));
   }
-  c.Kick();
+  if (!seen) c.Kick();
   c.Wait(ticket);
   return result;
 }
 
-absl::StatusOr<v1::Job> UserOperations::Retry(const std::string& id) {
+absl::StatusOr<v1::Job> UserOperations::Retry(const std::string& id, const std::string& key) {
   CoordinatorCore& c = *core_;
   uint64_t ticket;
   v1::Job result;
+  bool seen;
   {
     absl::MutexLock lock(&c.mu);
-    Changes changes = c.NewChanges();
-    RETURN_IF_ERROR(c.jobs.Retry(id, &changes));
-    result = *c.jobs.Find(id);
-    ticket = c.Finish(std::move(changes));
+    ASSIGN_OR_RETURN(seen, c.jobs.SeenOperation(key, "retry", id));
+    if (seen) {
+      // Not a second retry: the attempt budget grew once.
+      const v1::Job* job = c.jobs.Find(id);
+      if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", id));
+      result = *job;
+      ticket = c.LastTicket();
+    } else {
+      Changes changes = c.NewChanges();
+      RETURN_IF_ERROR(c.jobs.Retry(id, &changes));
+      c.jobs.RememberOperation(key, "retry", id, &changes);
+      result = *c.jobs.Find(id);
+      ticket = c.Finish(std::move(changes));
+    }
   }
-  c.Kick();
+  if (!seen) c.Kick();
   c.Wait(ticket);
   return result;
 }
@@ -159,24 +182,33 @@ v1::ListWorkersResponse UserOperations::ListWorkers() {
   return resp;
 }
 
-absl::StatusOr<v1::WorkerInfo> UserOperations::Drain(const std::string& worker_id, bool undrain) {
+absl::StatusOr<v1::WorkerInfo> UserOperations::Drain(const std::string& worker_id, bool undrain,
+                                                     const std::string& key) {
   CoordinatorCore& c = *core_;
   uint64_t ticket;
   v1::WorkerInfo view;
+  bool seen;
   {
     absl::MutexLock lock(&c.mu);
     WorkerEntry* w = c.workers.Find(worker_id);
     if (w == nullptr) return absl::NotFoundError(absl::StrCat("no worker ", worker_id));
-    if (w->info.state() == v1::WORKER_LOST) {
-      return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is lost"));
+    const char* operation = undrain ? "undrain" : "drain";
+    ASSIGN_OR_RETURN(seen, c.jobs.SeenOperation(key, operation, worker_id));
+    if (seen) {
+      ticket = c.LastTicket();
+    } else {
+      if (w->info.state() == v1::WORKER_LOST) {
+        return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " is lost"));
+      }
+      w->info.set_state(undrain ? v1::WORKER_ALIVE : v1::WORKER_DRAINING);
+      Changes changes = c.NewChanges();
+      changes.batch.of<WorkersTable>().push_back(w->info);
+      c.jobs.RememberOperation(key, operation, worker_id, &changes);
+      ticket = c.Finish(std::move(changes));
     }
-    w->info.set_state(undrain ? v1::WORKER_ALIVE : v1::WORKER_DRAINING);
-    Changes changes = c.NewChanges();
-    changes.batch.of<WorkersTable>().push_back(w->info);
     view = c.workers.View(*w, c.clock->MonoMs());
-    ticket = c.Finish(std::move(changes));
   }
-  c.Kick();
+  if (!seen) c.Kick();
   c.Wait(ticket);
   return view;
 }

@@ -18,10 +18,12 @@ class UserOperations {
   absl::StatusOr<v1::SubmitResponse> Submit(const v1::SubmitRequest& request);
   absl::StatusOr<v1::Job> GetJob(const std::string& id, const std::string& prefer_owner = "");
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
-  absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason);
-  absl::StatusOr<v1::Job> Retry(const std::string& id);
+  absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason,
+                                 const std::string& key = "");
+  absl::StatusOr<v1::Job> Retry(const std::string& id, const std::string& key = "");
   v1::ListWorkersResponse ListWorkers();
-  absl::StatusOr<v1::WorkerInfo> Drain(const std::string& worker_id, bool undrain);
+  absl::StatusOr<v1::WorkerInfo> Drain(const std::string& worker_id, bool undrain,
+                                       const std::string& key = "");
   std::shared_ptr<EventHub::Subscription> Watch(const v1::WatchRequest& request,
                                                 std::vector<v1::JobEvent>* initial);
   void Unwatch(const std::shared_ptr<EventHub::Subscription>& sub);

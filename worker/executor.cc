@@ -10,6 +10,7 @@
 #include "worker/attempt_output.h"
 #include "worker/engine_binary.h"
 #include "worker/executor_internal.h"
+#include "worker/job_confinement.h"
 #include "worker/spawn_child.h"
 #include "worker/spawn_plan.h"
 // Debian 12's <sys/pidfd.h> lacks __BEGIN_DECLS, so C++ would mangle pidfd_open.
@@ -264,6 +265,18 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
         failure = absl::StrCat("worker error: ", written.message());
         break;
       }
+    }
+  }
+  if (refusal.empty() && failure.empty() && !plan->noop && !config_.storage_root.empty()) {
+    // What the job's owner may write (job_confinement.h): outputs that a symbolic link would
+    // take out of the owner's prefix are refused; the child's writes are confined.
+    absl::StatusOr<int> confined = ConfineOwnedWrites(spec, config_.storage_root, plan->workdir);
+    if (confined.ok()) {
+      plan->write_ruleset_fd = *confined;
+    } else if (absl::IsPermissionDenied(confined.status())) {
+      refusal = absl::StrCat("refused: ", confined.status().message());
+    } else {
+      failure = absl::StrCat("worker error: ", confined.status().message());
     }
   }
   if (refusal.empty() && failure.empty())

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "stemma/v1/job.pb.h"
 
 namespace stemma::worker {
 
@@ -44,6 +45,49 @@ int LandlockAbi();
 absl::StatusOr<int> MakeJobRuleset(
     const std::string& secret_file,
     const std::vector<std::pair<std::string, std::string>>& job_dirs);
+
+// Ownership of writes (docs/tenancy.md). With authentication every job has an owner (the
+// `stemma.owner` label the coordinator sets) who may write only below its prefixes of the
+// storage root: `<owner>/` and, for an engine job, the prefix (`<subject>/` or
+// `projects/<p>/`) of each output path, which the coordinator checked at submit. Two
+// guards, per attempt, before the child starts:
+//   - every output path, resolved as the kernel would (symbolic links followed), must stay
+//     below its prefix, and the prefix (each of its components) must not be a symbolic
+//     link: a link planted in bob/ that points into carol/ is refused before the engine
+//     writes a byte;
+//   - with Landlock (ABI >= 2), the child restricts itself to a second rule set that allows
+//     writing (creating, removing, renaming into, truncating) everywhere outside the storage
+//     root and inside it only beneath those prefixes and the attempt directory. Landlock
+//     judges the file as it is reached, so a link planted later (by an exec job, while the
+//     engine runs) does not help either; an exec job's writes are confined the same way.
+// The rule set is an allow-list: below each directory on the path from / to the storage
+// root, jobs may write into the entries that exist when the attempt starts, but not create
+// new entries directly in those directories (keep the root out of /tmp in production).
+// A storage root of "/" cannot be confined this way (jobs would lose /tmp and /dev): the
+// path check is all there is then.
+
+// What an owned attempt may write below the storage root.
+struct OwnedWrites {
+  std::string owner;                  // "" for a job without owner: nothing is confined
+  std::vector<std::string> prefixes;  // relative to the root: "bob", "projects/vision"
+};
+
+// The owner and writable prefixes of `spec`, after checking every output path of an engine
+// spec as above. PERMISSION_DENIED "<kind>.<field>: ..." naming the path and the link.
+absl::StatusOr<OwnedWrites> CheckOwnedWrites(const v1::JobSpec& spec,
+                                             const std::string& storage_root);
+
+// The per-attempt Landlock rule set for `writes` (its prefixes created below the root when
+// missing, without following links), as an O_CLOEXEC descriptor for
+// ChildPlan::write_ruleset_fd; -1 when there is nothing to confine (no owner, a root of
+// "/", or a kernel with Landlock ABI < 2, where cross-directory renames could not be
+// allowed). `workdir`: the attempt directory, always writable.
+absl::StatusOr<int> MakeWriteRuleset(const OwnedWrites& writes, const std::string& storage_root,
+                                     const std::string& workdir);
+
+// CheckOwnedWrites, then MakeWriteRuleset: what the executor calls for each attempt.
+absl::StatusOr<int> ConfineOwnedWrites(const v1::JobSpec& spec, const std::string& storage_root,
+                                       const std::string& workdir);
 
 // Moves the calling process into a private mount namespace (mounts of the host still
 // propagate in) and binds /dev/null over `path`. Call before any thread starts (a thread

@@ -82,6 +82,79 @@ TEST_F(JobConfinementTest, ASecretInsideADirectoryJobsReadIsRefusedNamingTheFlag
   EXPECT_NE(ruleset.status().message().find(dir_ + "/secrets/token"), std::string::npos);
 }
 
+// Forks a child that restricts itself to `ruleset` and creates `path` (a regular file): the
+// child's errno (0 when it could).
+int CreateInChild(int ruleset, const std::string& path) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) _exit(100);
+    if (syscall(SYS_landlock_restrict_self, ruleset, 0) != 0) _exit(101);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    _exit(fd >= 0 ? 0 : errno);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+v1::JobSpec Owned(const std::string& owner, const std::string& out) {
+  v1::JobSpec spec;
+  (*spec.mutable_labels())["stemma.owner"] = owner;
+  if (!out.empty()) spec.mutable_init()->set_out(out);
+  return spec;
+}
+
+// A symbolic link planted inside bob's own prefix that points into carol's: bob's output
+// through it is refused before anything runs, naming the field and the link; so is a prefix
+// that is itself a link. Without an owner nothing is checked (no authentication).
+TEST_F(JobConfinementTest, AnOutputThroughALinkOutOfTheOwnersPrefixIsRefused) {
+  const std::string root = dir_ + "/store";
+  std::filesystem::create_directories(root + "/bob");
+  std::filesystem::create_directories(root + "/carol/base");
+  std::filesystem::create_directory_symlink("../carol", root + "/bob/link");
+  absl::StatusOr<OwnedWrites> through = CheckOwnedWrites(Owned("bob", "bob/link/base"), root);
+  ASSERT_EQ(through.status().code(), absl::StatusCode::kPermissionDenied) << through.status();
+  EXPECT_NE(through.status().message().find("init.out: bob/link/base resolves to " + root +
+                                            "/carol/base through a symbolic link"),
+            std::string::npos)
+      << through.status();
+  std::filesystem::create_directory_symlink("carol", root + "/dave");
+  absl::StatusOr<OwnedWrites> prefix = CheckOwnedWrites(Owned("dave", "dave/m"), root);
+  ASSERT_EQ(prefix.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(prefix.status().message().find("is a symbolic link"), std::string::npos)
+      << prefix.status();
+  absl::StatusOr<OwnedWrites> fine = CheckOwnedWrites(Owned("bob", "projects/vision/m"), root);
+  ASSERT_TRUE(fine.ok()) << fine.status();
+  EXPECT_EQ(fine->prefixes, (std::vector<std::string>{"bob", "projects/vision"}));
+  EXPECT_TRUE(CheckOwnedWrites(Owned("", "bob/link/base"), root).ok());
+}
+
+// The attempt's write rule set: bob's child writes below bob/ (not through a link planted
+// there), in its attempt directory and outside the storage root, never into carol/.
+TEST_F(JobConfinementTest, AnOwnedChildWritesOnlyBelowItsPrefixesInsideTheRoot) {
+  if (LandlockAbi() < 2) GTEST_SKIP() << "no Landlock ABI 2 on this kernel";
+  const std::string root = dir_ + "/store";
+  std::filesystem::create_directories(root + "/carol");
+  std::filesystem::create_directories(root + "/work");
+  std::filesystem::create_directories(dir_ + "/elsewhere");
+  absl::StatusOr<OwnedWrites> writes = CheckOwnedWrites(Owned("bob", ""), root);
+  ASSERT_TRUE(writes.ok()) << writes.status();
+  absl::StatusOr<int> ruleset = MakeWriteRuleset(*writes, root, root + "/work");
+  ASSERT_TRUE(ruleset.ok()) << ruleset.status();
+  ASSERT_GE(*ruleset, 0);
+  ASSERT_TRUE(std::filesystem::is_directory(root + "/bob"));  // made for the attempt
+  std::filesystem::create_directory_symlink("../carol", root + "/bob/link");
+  EXPECT_EQ(CreateInChild(*ruleset, root + "/bob/model"), 0);
+  EXPECT_EQ(CreateInChild(*ruleset, root + "/work/spec"), 0);
+  EXPECT_EQ(CreateInChild(*ruleset, dir_ + "/elsewhere/x"), 0);
+  EXPECT_EQ(CreateInChild(*ruleset, root + "/carol/evil"), EACCES);
+  EXPECT_EQ(CreateInChild(*ruleset, root + "/bob/link/evil"), EACCES);
+  EXPECT_EQ(CreateInChild(*ruleset, root + "/newdir-file"), EACCES);
+  EXPECT_FALSE(std::filesystem::exists(root + "/carol/evil"));
+  close(*ruleset);
+  EXPECT_EQ(*MakeWriteRuleset(OwnedWrites(), root, root + "/work"), -1);  // no owner
+}
+
 TEST(TakeEnvironmentSecret, RemovesTheVariableAndReturnsItsValue) {
   ::setenv("STEMMA_TEST_SECRET", "stm_x", 1);
   EXPECT_EQ(TakeEnvironmentSecret("STEMMA_TEST_SECRET"), "stm_x");

@@ -87,8 +87,11 @@ void PrepareErrnoTexts() {
   dup2(p.out_fd, 2);
   // Before the rule set's descriptor is closed; no_new_privs is what lets an unprivileged
   // process restrict itself.
-  if (p.ruleset_fd >= 0 && (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
-                            syscall(SYS_landlock_restrict_self, p.ruleset_fd, 0) != 0)) {
+  const bool confine = p.ruleset_fd >= 0 || p.write_ruleset_fd >= 0;
+  if ((confine && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) ||
+      (p.ruleset_fd >= 0 && syscall(SYS_landlock_restrict_self, p.ruleset_fd, 0) != 0) ||
+      (p.write_ruleset_fd >= 0 &&
+       syscall(SYS_landlock_restrict_self, p.write_ruleset_fd, 0) != 0)) {
     WriteAll(2, p.confine_error, p.confine_error_len);
     _exit(126);
   }

@@ -29,6 +29,9 @@ struct ChildPlan {
   // >= 0: a Landlock rule set (job_confinement.h) the child restricts itself to, with
   // no_new_privs, before execve; when that fails it writes confine_error and exits 126.
   int ruleset_fd = -1;
+  // >= 0: a second rule set, the attempt's own (what its owner may write:
+  // job_confinement.h MakeWriteRuleset), applied the same way after the first.
+  int write_ruleset_fd = -1;
   const char* confine_error = nullptr;
   size_t confine_error_len = 0;
   // Otherwise these signals (those the worker ignores) are reset before execve.

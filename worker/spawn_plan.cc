@@ -1,5 +1,7 @@
 #include "worker/spawn_plan.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -37,6 +39,10 @@ std::string FindInPath(const std::string& name, const std::string& path_env,
   return "";
 }
 
+SpawnPlan::~SpawnPlan() {
+  if (write_ruleset_fd >= 0) close(write_ruleset_fd);
+}
+
 std::string SpawnPlan::Env(const std::string& name) const {
   const std::string prefix = name + "=";
   for (const std::string& kv : env) {
@@ -63,6 +69,7 @@ void SpawnPlan::Seal() {
   c.workdir = workdir.c_str();
   c.stdin_fd = stdin_fd;
   c.ruleset_fd = ruleset_fd;
+  c.write_ruleset_fd = write_ruleset_fd;
   c.confine_error = confine_error.data();
   c.confine_error_len = confine_error.size();
   c.noop = noop;

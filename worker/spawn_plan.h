@@ -46,6 +46,7 @@ struct SpawnContext {
 
 struct SpawnPlan {
   SpawnPlan() = default;
+  ~SpawnPlan();
   // The sealed child plan points into this object: it is neither copied nor moved.
   SpawnPlan(const SpawnPlan&) = delete;
   SpawnPlan& operator=(const SpawnPlan&) = delete;
@@ -79,6 +80,7 @@ struct SpawnPlan {
   std::vector<int> reset_signals;  // the worker's ignored signals, reset before exec
   int stdin_fd = -1;
   int ruleset_fd = -1;        // SpawnContext::job_ruleset for exec and engine jobs
+  int write_ruleset_fd = -1;  // the attempt's own write rule set (owned here: closed with it)
   std::string confine_error;  // written to the log when the child cannot restrict itself
   std::string chdir_error;    // written to the log when chdir fails
   std::string exec_error;     // written to the log when execve fails, before the errno text

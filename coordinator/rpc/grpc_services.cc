@@ -12,6 +12,7 @@
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "common/status.h"
 #include "coordinator/experiment_revisions.h"
 
 namespace stemma::coordinator {
@@ -70,6 +71,17 @@ void Redact(const Caller& caller, v1::Job* job) {
   if (!caller.authenticated || !job->spec().has_exec()) return;
   if (Owner(*job) == caller.subject || caller.is(Role::kAdmin)) return;
   for (auto& [k, v] : *job->mutable_spec()->mutable_exec()->mutable_env()) v = kRedacted;
+}
+
+// A cancel, retry, drain or pin's idempotency key, scoped to the caller: another user who
+// sends the same key never sees this one's answer (nor blocks it). "" for none.
+absl::StatusOr<std::string> OperationKey(const Caller& caller, const std::string& key) {
+  if (key.empty()) return std::string();
+  if (key.size() > 256) {
+    return absl::InvalidArgumentError("idempotency_key: longer than 256 characters");
+  }
+  return absl::StrCat(
+      "op:", Sha256Hex(absl::StrCat(caller.authenticated ? caller.subject : "", "\n", key)));
 }
 
 class UserServiceImpl final : public v1::UserService::Service {
@@ -159,7 +171,8 @@ class UserServiceImpl final : public v1::UserService::Service {
                       v1::JobResponse* resp) override {
     return Call(ctx, "Cancel", [&](const Caller& caller) -> absl::Status {
       if (absl::Status own = CheckOwner(*ctx, "Cancel", caller, req->id()); !own.ok()) return own;
-      auto r = h_->Cancel(req->id(), req->reason());
+      ASSIGN_OR_RETURN(std::string key, OperationKey(caller, req->idempotency_key()));
+      auto r = h_->Cancel(req->id(), req->reason(), key);
       if (!r.ok()) return r.status();
       *resp->mutable_job() = std::move(*r);
       Redact(caller, resp->mutable_job());
@@ -171,7 +184,8 @@ class UserServiceImpl final : public v1::UserService::Service {
                      v1::JobResponse* resp) override {
     return Call(ctx, "Retry", [&](const Caller& caller) -> absl::Status {
       if (absl::Status own = CheckOwner(*ctx, "Retry", caller, req->id()); !own.ok()) return own;
-      auto r = h_->Retry(req->id());
+      ASSIGN_OR_RETURN(std::string key, OperationKey(caller, req->idempotency_key()));
+      auto r = h_->Retry(req->id(), key);
       if (!r.ok()) return r.status();
       *resp->mutable_job() = std::move(*r);
       Redact(caller, resp->mutable_job());
@@ -189,8 +203,9 @@ class UserServiceImpl final : public v1::UserService::Service {
 
   grpc::Status Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
                      v1::DrainResponse* resp) override {
-    return Call(ctx, "Drain", [&](const Caller&) -> absl::Status {
-      auto r = h_->Drain(req->worker_id(), req->undrain());
+    return Call(ctx, "Drain", [&](const Caller& caller) -> absl::Status {
+      ASSIGN_OR_RETURN(std::string key, OperationKey(caller, req->idempotency_key()));
+      auto r = h_->Drain(req->worker_id(), req->undrain(), key);
       if (!r.ok()) return r.status();
       *resp->mutable_worker() = std::move(*r);
       return absl::OkStatus();
@@ -237,7 +252,8 @@ class UserServiceImpl final : public v1::UserService::Service {
                                           a->artifact().owner(), ", not to ", caller.subject));
         }
       }
-      auto r = h_->PinArtifact(req->id(), req->unpin());
+      ASSIGN_OR_RETURN(std::string key, OperationKey(caller, req->idempotency_key()));
+      auto r = h_->PinArtifact(req->id(), req->unpin(), key);
       if (!r.ok()) return r.status();
       *resp = std::move(*r);
       return absl::OkStatus();

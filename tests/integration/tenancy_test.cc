@@ -304,6 +304,68 @@ TEST_F(Tenancy, TheCacheServesOnlyUnchangedContentOfTheSameOwner) {
       << "served from files changed since registration";
 }
 
+// A user's gc plans and deletes only what the user may manage: carol's `ckpt gc` removes her
+// own older checkpoint and none of bob's; dave (bob's project) collects bob's; a pinned one
+// stays. (Before, gc was an admin's only: PERMISSION_DENIED.)
+TEST_F(Tenancy, UsersCollectTheirOwnAndTheirProjectsGarbageOnly) {
+  auto run = [&](const std::string& token, const std::string& yaml) {
+    const std::string id = SubmitAs(token, yaml);
+    EXPECT_EQ(c_.WaitFor(id, {"SUCCEEDED", "FAILED"}), "SUCCEEDED") << c_.Get(id).dump();
+    return id;
+  };
+  run(bob_, "name: m1\ninit: {seed: 21, out: bob/m1}\n");
+  const std::string pinned = run(bob_, "name: m2\ninit: {seed: 22, out: bob/m2}\n");
+  run(bob_, "name: m3\ninit: {seed: 23, out: bob/m3}\n");
+  run(carol_, "name: c1\ninit: {seed: 31, out: carol/c1}\n");
+  run(carol_, "name: c2\ninit: {seed: 32, out: carol/c2}\n");
+  ASSERT_EQ(c_.CliAs(bob_, {"ckpt", "pin", ArtifactOf(pinned).value("id", "")}).exit_code, 0);
+
+  CliResult mine = c_.CliAs(carol_, {"ckpt", "gc", "--keep-latest", "1", "--apply"});
+  ASSERT_EQ(mine.exit_code, 0) << mine.err;
+  EXPECT_FALSE(fs::exists(root_ + "/carol/c1")) << mine.out;
+  EXPECT_TRUE(fs::exists(root_ + "/carol/c2")) << mine.out;
+  for (const char* m : {"m1", "m2", "m3"}) {
+    EXPECT_TRUE(fs::exists(root_ + "/bob/" + m)) << m << ": " << mine.out;
+  }
+  EXPECT_EQ(mine.out.find("bob/"), std::string::npos) << "carol's plan lists bob's: " << mine.out;
+
+  CliResult project = c_.CliAs(dave_, {"ckpt", "gc", "--keep-latest", "1", "--apply"});
+  ASSERT_EQ(project.exit_code, 0) << project.err;
+  EXPECT_FALSE(fs::exists(root_ + "/bob/m1")) << project.out;
+  EXPECT_TRUE(fs::exists(root_ + "/bob/m2")) << "pinned: " << project.out;
+  EXPECT_TRUE(fs::exists(root_ + "/bob/m3")) << project.out;
+  EXPECT_TRUE(fs::exists(root_ + "/carol/c2")) << project.out;
+  CliResult readonly = c_.CliAs(rita_, {"ckpt", "gc", "--keep-latest", "1"});
+  EXPECT_NE(readonly.exit_code, 0) << readonly.out;
+}
+
+// A symbolic link that bob plants inside his own prefix (with an exec job) and that points
+// into carol's: his engine job's output through it is refused before the engine runs, and
+// nothing is written into carol/. An exec job's own writes go below bob/ only: into carol/
+// (directly or through the link) the kernel refuses them (Landlock).
+TEST_F(Tenancy, WritesStayBelowTheOwnersPrefixWhateverLinksAndExecJobsTry) {
+  fs::create_directories(root_ + "/carol");
+  const std::string plant =
+      SubmitAs(bob_, "name: plant\nexec: {argv: [/bin/sh, -c, 'mkdir -p " + root_ +
+                         "/bob && ln -s ../carol " + root_ + "/bob/link']}\n");
+  ASSERT_EQ(c_.WaitFor(plant, {"SUCCEEDED", "FAILED"}), "SUCCEEDED") << c_.Get(plant).dump();
+  ASSERT_TRUE(fs::is_symlink(root_ + "/bob/link"));
+  const std::string through =
+      SubmitAs(bob_, "name: through\ninit: {seed: 41, out: bob/link/base}\n");
+  EXPECT_EQ(c_.WaitFor(through, {"SUCCEEDED", "FAILED"}), "FAILED");
+  EXPECT_NE(c_.Get(through).value("reason", "").find("through a symbolic link"), std::string::npos)
+      << c_.Get(through).dump();
+  EXPECT_FALSE(fs::exists(root_ + "/carol/base"));
+  const std::string writes =
+      SubmitAs(bob_, "name: writes\nexec: {argv: [/bin/sh, -c, 'echo mine > " + root_ +
+                         "/bob/own; echo evil > " + root_ + "/carol/evil; echo evil > " + root_ +
+                         "/bob/link/evil2; true']}\n");
+  ASSERT_EQ(c_.WaitFor(writes, {"SUCCEEDED", "FAILED"}), "SUCCEEDED") << c_.Get(writes).dump();
+  EXPECT_TRUE(fs::exists(root_ + "/bob/own"));
+  EXPECT_FALSE(fs::exists(root_ + "/carol/evil"));
+  EXPECT_FALSE(fs::exists(root_ + "/carol/evil2"));
+}
+
 // Low: a newer job of another user with the same name does not take over `stemma wait NAME`.
 TEST_F(Tenancy, WaitByNameIsTheCallersJob) {
   const std::string mine = SubmitAs(bob_, "name: train\nnoop: {duration_ms: 1500}\n");

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "common/rpc.h"
+#include "stemma/v1/user_service.grpc.pb.h"
 #include "stemma/v1/worker_service.grpc.pb.h"
 #include "tests/integration/cluster.h"
 #include "tests/integration/secure_channel.h"
@@ -226,6 +227,53 @@ TEST_F(TenancyWorker, FilesHoldingSecretsAreOwnerOnly) {
   }
   EXPECT_GE(segments, 1);
   EXPECT_GE(attempt_logs, 1);
+}
+
+// Idempotency keys of cancel and retry: a retry sent again with its key (the answer was lost)
+// is answered and does not grow the attempt budget twice; keys are per caller, so carol's
+// cancel with the key bob used is carried out for carol (not refused as a reused key).
+TEST_F(TenancyWorker, OperationKeysAnswerAgainAndArePerCaller) {
+  c_.StartWorker("w1");
+  c_.WaitForWorkers(1);
+  const std::string bob = c_.CreateToken("user", "bob");
+  const std::string carol = c_.CreateToken("user", "carol");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // the token file reload
+  auto submit = [&](const std::string& token, const std::string& yaml) {
+    CliResult r = c_.CliAs(token, {"submit", "-f", c_.WriteFile("job.yaml", yaml)});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out.substr(0, r.out.find_first_of(" \n"));
+  };
+  const std::string failing = submit(bob, "name: f\nnoop: {exit_code: 1}\nmax_attempts: 1\n");
+  const std::string waiting = submit(carol, "name: w\nnoop: {duration_ms: 60000}\n");
+  ASSERT_EQ(c_.WaitFor(failing, {"SUCCEEDED", "FAILED"}), "FAILED");
+  auto stub = v1::UserService::NewStub(OpenChannel(c_.address(), c_.ca()));
+  auto retry = [&](v1::JobResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer " + bob);
+    v1::RetryRequest req;
+    req.set_id(failing);
+    req.set_idempotency_key("key-1");
+    return stub->Retry(&ctx, req, resp);
+  };
+  v1::JobResponse first, again;
+  ASSERT_TRUE(retry(&first).ok());
+  ASSERT_EQ(c_.WaitFor(failing, {"SUCCEEDED", "FAILED"}), "FAILED");
+  grpc::Status st = retry(&again);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(again.job().attempt_budget(), first.job().attempt_budget());
+  EXPECT_EQ(c_.Get(failing)["attempts"], 2);
+  EXPECT_EQ(c_.State(failing), "FAILED");
+
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + carol);
+  v1::CancelRequest cancel;
+  cancel.set_id(waiting);
+  cancel.set_idempotency_key("key-1");
+  v1::JobResponse cancelled;
+  st = stub->Cancel(&ctx, cancel, &cancelled);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(cancelled.job().id(), waiting);
+  EXPECT_EQ(c_.State(waiting), "CANCELLED");
 }
 
 TEST(TenancyWorkerKeys, ATlsKeyOthersCanReadIsRefusedNamingTheFile) {
