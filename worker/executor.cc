@@ -279,8 +279,9 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
       failure = absl::StrCat("worker error: ", confined.status().message());
     }
   }
-  if (refusal.empty() && failure.empty())
-    AddRanks(assignment, context, *attempt, &refusal, &failure);
+  if (refusal.empty() && failure.empty()) {
+    AddRanks(assignment, context, *attempt, plan->write_ruleset_fd, &refusal, &failure);
+  }
   if (refusal.empty() && failure.empty()) {
     plan->Seal();
     attempt->plan = std::move(plan);
@@ -319,7 +320,8 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
 }
 
 void Executor::AddRanks(const v1::Assignment& assignment, const SpawnContext& context,
-                        Attempt& attempt, std::string* refusal, std::string* failure) {
+                        Attempt& attempt, int write_ruleset_fd, std::string* refusal,
+                        std::string* failure) {
   const int ranks = RanksPerPart(assignment.spec());
   for (int local = 1; local < ranks && refusal->empty() && failure->empty(); ++local) {
     std::unique_ptr<SpawnPlan> plan = PlanSpawn(assignment, config_, context, local);
@@ -336,6 +338,8 @@ void Executor::AddRanks(const v1::Assignment& assignment, const SpawnContext& co
       *failure = absl::StrCat("worker error: cannot open ", plan->log_path, ": ", strerror(errno));
       break;
     }
+    // A copy of the descriptor: each plan closes its own.
+    if (write_ruleset_fd >= 0) plan->write_ruleset_fd = fcntl(write_ruleset_fd, F_DUPFD_CLOEXEC, 0);
     plan->Seal();
     attempt.more.push_back(std::move(process));
     attempt.more_plans.push_back(std::move(plan));

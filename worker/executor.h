@@ -156,8 +156,9 @@ class Executor {
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   // Launch's part for local ranks 1.. of a part of several ranks: their plans and logs, or
   // why the attempt cannot start (`refusal`: never here; `failure`: this worker's fault).
+  // `write_ruleset_fd`: local rank 0's write confinement (job_confinement.h), shared by all.
   void AddRanks(const v1::Assignment& assignment, const SpawnContext& context, Attempt& attempt,
-                std::string* refusal, std::string* failure);
+                int write_ruleset_fd, std::string* refusal, std::string* failure);
   void WakeLoop();
   // A spawner thread: forks what Launch queued in to_spawn_, until Shutdown's end.
   void SpawnLoop() ABSL_LOCKS_EXCLUDED(mu_);
