@@ -149,6 +149,10 @@ void ArtifactRegistry::Stage(
 }
 
 void ArtifactRegistry::OnTransition(const v1::Job& job, v1::JobState from, v1::JobState to) {
+  // The memoizer's entries: a job that ran and succeeded (also at load).
+  if (to == v1::SUCCEEDED && job.attempts() > 0 && !job.cache_key().empty()) {
+    by_cache_key_[job.cache_key()] = job.id();
+  }
   if (!IsLiveState(from) || IsLiveState(to) || to == v1::SUCCEEDED) return;
   staged_.erase(job.current().id());
 }
@@ -274,13 +278,61 @@ std::string ArtifactRegistry::CacheRefusal(const v1::Job& source, const v1::Job&
     if (a->state() != v1::ARTIFACT_PRESENT) {
       return absl::StrCat(a->id(), " is gone (", a->deleted_by(), ")");
     }
-    if (SameStamps(a->files(), StampFiles(a->path())) && a->files_size() > 0) continue;
-    DeepCheck check = VerifyArtifactFiles(a->path(), a->manifest_sha256());
-    if (!check.problems.empty()) {
-      return absl::StrCat(a->id(), " changed since it was registered: ", check.problems.front());
+    // Read before the lock (InstallVerdicts), and the record is still as it was then.
+    if (auto v = verdicts_.find(a->id());
+        v != verdicts_.end() && VerdictHolds(*a, v->second.checked)) {
+      if (!v->second.problem.empty()) return v->second.problem;
+      continue;
     }
+    std::vector<FileVerdict> now = CheckFiles({*a});  // no precheck: read here
+    if (!now[0].problem.empty()) return now[0].problem;
   }
   return "";
+}
+
+std::vector<v1::Artifact> ArtifactRegistry::HitArtifacts(
+    const std::vector<std::string>& cache_keys) const {
+  std::vector<v1::Artifact> out;
+  for (const std::string& key : cache_keys) {
+    auto source = by_cache_key_.find(key);
+    if (source == by_cache_key_.end()) continue;
+    for (const v1::Artifact* a : FindByJob(source->second)) {
+      if (a->state() == v1::ARTIFACT_PRESENT) out.push_back(*a);
+    }
+  }
+  return out;
+}
+
+std::vector<ArtifactRegistry::FileVerdict> ArtifactRegistry::CheckFiles(
+    std::vector<v1::Artifact> artifacts) {
+  std::vector<FileVerdict> out;
+  out.reserve(artifacts.size());
+  for (v1::Artifact& a : artifacts) {
+    FileVerdict v;
+    if (!SameStamps(a.files(), StampFiles(a.path())) || a.files_size() == 0) {
+      DeepCheck check = VerifyArtifactFiles(a.path(), a.manifest_sha256());
+      if (!check.problems.empty()) {
+        v.problem =
+            absl::StrCat(a.id(), " changed since it was registered: ", check.problems.front());
+      }
+    }
+    v.checked = std::move(a);
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+bool ArtifactRegistry::VerdictHolds(const v1::Artifact& now, const v1::Artifact& checked) {
+  return now.id() == checked.id() && now.state() == checked.state() &&
+         now.path() == checked.path() && now.manifest_sha256() == checked.manifest_sha256() &&
+         SameStamps(now.files(), {checked.files().begin(), checked.files().end()});
+}
+
+void ArtifactRegistry::InstallVerdicts(std::vector<FileVerdict> verdicts) {
+  for (FileVerdict& v : verdicts) {
+    const std::string id = v.checked.id();
+    verdicts_[id] = std::move(v);
+  }
 }
 
 std::vector<std::string> ArtifactRegistry::StorageRoots() const {

@@ -82,6 +82,24 @@ class ArtifactRegistry {
   std::string CacheRefusal(const v1::Job& source, const v1::Job& job) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
 
+  // The file checks of CacheRefusal, made before a submit takes the lock for good
+  // (UserOperations::Submit): HitArtifacts copies, under the lock, the artifacts that the
+  // jobs of these cache keys would be served from; CheckFiles reads their files without the
+  // lock; InstallVerdicts (under the lock, just before the submit; ClearVerdicts after)
+  // lets CacheRefusal take a verdict instead of reading the files again, for an artifact
+  // whose record is still as it was checked (VerdictHolds): re-validated under the lock, so a
+  // record replaced, deleted or re-stamped in between is read again there.
+  struct FileVerdict {
+    v1::Artifact checked;  // the record as it was when its files were read
+    std::string problem;   // "" when the files were as registered or hash to the manifest
+  };
+  std::vector<v1::Artifact> HitArtifacts(const std::vector<std::string>& cache_keys) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  static std::vector<FileVerdict> CheckFiles(std::vector<v1::Artifact> artifacts);
+  static bool VerdictHolds(const v1::Artifact& now, const v1::Artifact& checked);
+  void InstallVerdicts(std::vector<FileVerdict> verdicts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  void ClearVerdicts() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu) { verdicts_.clear(); }
+
   // User operations. NOT_FOUND for an unknown id; INVALID_ARGUMENT naming the field.
   absl::StatusOr<v1::ListArtifactsResponse> List(const v1::ListArtifactsRequest& request);
   absl::StatusOr<v1::ArtifactDetails> Get(const std::string& id);
@@ -119,6 +137,11 @@ class ArtifactRegistry {
   CoordinatorCore* const core_;
   MetricSeries* const series_;
   absl::node_hash_map<std::string, v1::Artifact> by_id_ ABSL_GUARDED_BY(core_->mu);
+  // Cache key -> the job that last SUCCEEDED running under it (the memoizer's entry, as far as
+  // the registry can tell: a mismatch only costs a check under the lock).
+  absl::flat_hash_map<std::string, std::string> by_cache_key_ ABSL_GUARDED_BY(core_->mu);
+  // Artifact id -> its file check made before the lock (InstallVerdicts .. ClearVerdicts).
+  absl::flat_hash_map<std::string, FileVerdict> verdicts_ ABSL_GUARDED_BY(core_->mu);
   std::vector<std::string> order_ ABSL_GUARDED_BY(core_->mu);  // ids by seq
   absl::flat_hash_map<std::string, std::string> by_path_ ABSL_GUARDED_BY(core_->mu);
   absl::flat_hash_map<std::string, std::vector<std::string>> by_manifest_

@@ -20,7 +20,7 @@ Coordinator::Coordinator(CoordinatorOptions options, Store* store, const Clock* 
       registry_(&core_, &series_),
       stopper_(&core_),
       sessions_(&core_, &placer_, &series_, &registry_, &stopper_),
-      users_(&core_, &placer_) {
+      users_(&core_, &placer_, &registry_) {
   core_.on_transition = [this](const v1::Job& job, v1::JobState from, v1::JobState to)
                             ABSL_NO_THREAD_SAFETY_ANALYSIS {  // JobTable calls it under core_.mu
                               registry_.OnTransition(job, from, to);

@@ -220,6 +220,71 @@ TEST_F(CoordinatorTest, GcKeepsTheOutputsOfAWaitingJobsDependencies) {
   EXPECT_EQ(details->consumer_jobs(0), submitted->job_ids(1));
 }
 
+// Memoization's file checks are made before a submit takes the coordinator's lock, and count
+// under it only for a record still as checked: a hit is served from an unchanged checkpoint,
+// not from one changed in place (same size: only the hash tells).
+TEST_F(CoordinatorTest, CacheHitsServeOnlyUnchangedFilesCheckedBeforeTheLock) {
+  Worker w = Connect("w0");
+  const v1::OutputArtifact ckpt = MakeCheckpoint("s5", "weights-5");
+  v1::JobSpec init;
+  init.set_name("s5");
+  init.mutable_init()->set_seed(5);
+  init.mutable_init()->set_out(ckpt.path());
+  v1::SubmitRequest req;
+  *req.add_jobs() = init;
+  auto first = coord_->Submit(req);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const v1::Assignment a = Assigned(w);
+  v1::AttemptEvent started;
+  started.set_attempt_id(a.attempt_id());
+  started.mutable_started()->set_pid(7);
+  coord_->Event(w.id, w.session, started);
+  v1::AttemptEvent fin;
+  fin.set_attempt_id(a.attempt_id());
+  fin.set_event_seq(1);
+  fin.mutable_finished()->set_exit_code(0);
+  *fin.mutable_finished()->add_artifacts() = ckpt;
+  (*fin.mutable_finished()->mutable_outputs())["model"] = ckpt.path();
+  coord_->Event(w.id, w.session, fin);
+  ASSERT_EQ(Get(first->job_ids(0)).state(), v1::SUCCEEDED);
+
+  auto hit = coord_->Submit(req);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(Get(hit->job_ids(0)).reason(), "memoized from " + first->job_ids(0));
+  WriteFile(ckpt.path() + "/model.safetensors", "weights-6");
+  auto changed = coord_->Submit(req);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_NE(Get(changed->job_ids(0)).state(), v1::SUCCEEDED) << Get(changed->job_ids(0)).reason();
+}
+
+// A file check made before the lock holds only for the record it was made for.
+TEST(ArtifactRegistryVerdicts, AVerdictHoldsOnlyForTheRecordItWasMadeFor) {
+  v1::Artifact a;
+  a.set_id("a-1");
+  a.set_state(v1::ARTIFACT_PRESENT);
+  a.set_path("/store/m");
+  a.set_manifest_sha256("h1");
+  v1::FileStamp* f = a.add_files();
+  f->set_path("model.safetensors");
+  f->set_bytes(9);
+  f->set_mtime_ns(1);
+  EXPECT_TRUE(ArtifactRegistry::VerdictHolds(a, a));
+  v1::Artifact deleted = a;
+  deleted.set_state(v1::ARTIFACT_DELETED);
+  v1::Artifact restamped = a;
+  restamped.mutable_files(0)->set_mtime_ns(2);
+  v1::Artifact replaced = a;
+  replaced.set_manifest_sha256("h2");
+  for (const v1::Artifact* now : {&deleted, &restamped, &replaced}) {
+    EXPECT_FALSE(ArtifactRegistry::VerdictHolds(*now, a)) << now->ShortDebugString();
+  }
+  // And the check itself, without the lock: files gone are a problem.
+  auto verdicts = ArtifactRegistry::CheckFiles({a});
+  ASSERT_EQ(verdicts.size(), 1u);
+  EXPECT_NE(verdicts[0].problem, "");
+  EXPECT_EQ(verdicts[0].checked.id(), "a-1");
+}
+
 // A prepared corpus (`stemma-engine prepare`) has manifest.json, not stemma.json: its hash is
 // the manifest's, and the deep check covers every listed file and the content_hash.
 TEST(ArtifactFilesTest, ACorpusVerifiesByItsManifestJsonAndEveryFile) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
+#include "common/job_spec.h"
 #include "common/status.h"
 #include "coordinator/attempts.h"
 #include "coordinator/memory_check.h"
@@ -41,6 +42,9 @@ absl::StatusOr<v1::SubmitResponse> UserOperations::Submit(const v1::SubmitReques
   }
   // A train or eval job no worker's device can hold is refused (coordinator/memory_check.h).
   RETURN_IF_ERROR(CheckJobsFitMemory(request, [this] { return LargestDevices(ListWorkers()); }));
+  // Memoization's file reads before the lock; under it they count only for artifacts whose
+  // records did not change since (ArtifactRegistry::InstallVerdicts).
+  std::vector<ArtifactRegistry::FileVerdict> verdicts = PrecheckCache(request);
   uint64_t ticket;
   v1::SubmitResponse resp;
   {
@@ -69,7 +73,12 @@ absl::StatusOr<v1::SubmitResponse> UserOperations::Submit(const v1::SubmitReques
       RETURN_IF_ERROR(c.quotas.CheckSubmit(specs));
     }
     Changes changes = c.NewChanges();
-    ASSIGN_OR_RETURN(JobTable::SubmitResult result, c.jobs.Submit(request, &changes));
+    registry_->AssertHeld();
+    registry_->InstallVerdicts(std::move(verdicts));
+    absl::StatusOr<JobTable::SubmitResult> submitted = c.jobs.Submit(request, &changes);
+    registry_->ClearVerdicts();
+    if (!submitted.ok()) return submitted.status();
+    JobTable::SubmitResult& result = *submitted;
     resp.mutable_job_ids()->Assign(result.ids.begin(), result.ids.end());
     resp.set_existing(result.existing);
     if (!result.existing) {
@@ -82,6 +91,34 @@ absl::StatusOr<v1::SubmitResponse> UserOperations::Submit(const v1::SubmitReques
   }
   c.Wait(ticket);
   return resp;
+}
+
+std::vector<ArtifactRegistry::FileVerdict> UserOperations::PrecheckCache(
+    const v1::SubmitRequest& request) {
+  CoordinatorCore& c = *core_;
+  std::string build;
+  {
+    absl::MutexLock lock(&c.mu);
+    build = c.jobs.engine_build();
+  }
+  std::vector<std::string> keys;
+  for (const v1::JobSpec& spec : request.jobs()) {
+    if (!IsEngineJob(spec)) continue;
+    if (auto it = spec.labels().find("stemma.cache");
+        it != spec.labels().end() && it->second == "false") {
+      continue;
+    }
+    std::string key = CacheKey(spec, build);  // reads the inputs' manifests
+    if (!key.empty()) keys.push_back(std::move(key));
+  }
+  if (keys.empty()) return {};
+  std::vector<v1::Artifact> artifacts;
+  {
+    absl::MutexLock lock(&c.mu);
+    registry_->AssertHeld();
+    artifacts = registry_->HitArtifacts(keys);
+  }
+  return ArtifactRegistry::CheckFiles(std::move(artifacts));
 }
 
 absl::StatusOr<v1::Job> UserOperations::GetJob(const std::string& id,

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/artifact_registry.h"
 #include "coordinator/core.h"
 #include "coordinator/placement.h"
 
@@ -12,7 +13,8 @@ namespace stemma::coordinator {
 
 class UserOperations {
  public:
-  UserOperations(CoordinatorCore* core, Placer* placer) : core_(core), placer_(placer) {}
+  UserOperations(CoordinatorCore* core, Placer* placer, ArtifactRegistry* registry)
+      : core_(core), placer_(placer), registry_(registry) {}
 
   // See UserHandler.
   absl::StatusOr<v1::SubmitResponse> Submit(const v1::SubmitRequest& request);
@@ -29,8 +31,14 @@ class UserOperations {
   void Unwatch(const std::shared_ptr<EventHub::Subscription>& sub);
 
  private:
+  // Memoization's expensive file reads for `request`'s jobs, made without the lock
+  // (ArtifactRegistry::FileVerdict): the cache keys (which read input manifests) and the files
+  // of the artifacts their hits would be served from.
+  std::vector<ArtifactRegistry::FileVerdict> PrecheckCache(const v1::SubmitRequest& request);
+
   CoordinatorCore* const core_;
   Placer* const placer_;
+  ArtifactRegistry* const registry_;
 };
 
 }  // namespace stemma::coordinator

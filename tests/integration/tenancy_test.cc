@@ -166,6 +166,14 @@ TEST_F(Tenancy, ExperimentNamesArePerNamespace) {
   CliResult show = c_.CliAs(bob_, {"exp", "get", "bob-study", "-o", "json"});
   ASSERT_EQ(show.exit_code, 0) << show.err;
   EXPECT_EQ(show.Json()["experiment"].value("revision", 0), 1);
+  // Another namespace, named: carol reads bob's (his project's) experiment with -n.
+  CliResult across =
+      c_.CliAs(carol_, {"exp", "get", "bob-study", "-n", "projects/vision", "-o", "json"});
+  ASSERT_EQ(across.exit_code, 0) << across.err;
+  const nlohmann::json across_json = across.Json();
+  bool bobs = false;
+  for (const auto& cell : across_json["cells"]) bobs |= cell.value("job_id", "") == long_job;
+  EXPECT_TRUE(bobs) << across.out;
   for (const auto& [who, token] : {std::pair{"bob", bob_}, std::pair{"carol", carol_}}) {
     const nlohmann::json cells =
         c_.CliAs(token, {"exp", "get", "bob-study", "-o", "json"}).Json()["cells"];
