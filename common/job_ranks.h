@@ -10,14 +10,14 @@
 
 namespace stemma {
 
-// Whether engine command `kind` runs as several ranks that share the work (data parallel).
-// Only train does so far; a command joins here when its ranks split the work (a multi-GPU
-// eval, issue 26 item 4), since the ranks of any other command would each do all of it and
-// write the same outputs.
-inline bool RunsRanks(const std::string& kind) { return kind == "train"; }
+// Whether engine command `kind` runs as several ranks that share the work: train (data
+// parallel) and eval (each rank takes every W-th item of each task; rank 0 writes the
+// results, engine/eval/eval_ranks.h). The ranks of any other command would each do all of
+// it and write the same outputs, so they run one process per part.
+inline bool RunsRanks(const std::string& kind) { return kind == "train" || kind == "eval"; }
 
-// `resources.ranks_per_part` when set; otherwise one rank per GPU for train jobs (one for a
-// CPU train). Other engine commands and noop jobs run one process; an exec job runs several
+// `resources.ranks_per_part` when set; otherwise one rank per GPU for train and eval jobs
+// (one on CPU). Other engine commands and noop jobs run one process; an exec job runs several
 // only when it sets ranks_per_part. Never below 1.
 inline int RanksPerPart(const v1::JobSpec& spec) {
   const v1::Resources& r = spec.resources();

@@ -224,8 +224,9 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     return bad("resources.ranks_per_part: a noop job runs one process");
   }
   if (r.ranks_per_part() > 1 && IsEngineJob(spec) && !RunsRanks(JobKind(spec))) {
-    return bad("resources.ranks_per_part: ", JobKind(spec),
-               " runs one process per part (of the engine commands, only train runs ranks)");
+    return bad(
+        "resources.ranks_per_part: ", JobKind(spec),
+        " runs one process per part (of the engine commands, only train and eval run ranks)");
   }
   RETURN_IF_ERROR(CheckFieldRanges(spec, ""));
   RETURN_IF_ERROR(CheckFieldRanges(spec.backoff(), "backoff"));

@@ -153,7 +153,7 @@ absl::Status CheckSelect(const v1::SelectOptions& s, const std::vector<std::stri
 
 absl::Status Check(const v1::EvalSpec& spec, const SpecChecker& checker) {
   if (spec.tasks_size() == 0) return checker.Error("tasks", "needs at least one task");
-  if (!ValidDevice(spec.device())) {
+  if (spec.has_device() && !ValidDevice(spec.device())) {  // unset: the default, cpu
     return checker.Error("device",
                          absl::StrCat("'", spec.device(), "' is not cpu, cuda or cuda:N"));
   }
@@ -176,7 +176,7 @@ absl::Status Check(const v1::AnalyzeSpec& spec, const SpecChecker& checker) {
   if (!spec.has_lape() && !spec.has_routing() && !spec.has_drift() && !spec.has_alignment()) {
     return checker.Error("", "no analysis given (add one of lape, routing, drift, alignment)");
   }
-  if (!ValidDevice(spec.device())) {
+  if (spec.has_device() && !ValidDevice(spec.device())) {  // unset: the default, cpu
     return checker.Error("device",
                          absl::StrCat("'", spec.device(), "' is not cpu, cuda or cuda:N"));
   }

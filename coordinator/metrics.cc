@@ -57,121 +57,37 @@ std::string GrpcCodeName(absl::StatusCode code) {
 constexpr const char* kCheckpointOperations[] = {"cpt",         "soup",  "merge",   "revert",
                                                  "interpolate", "graft", "upcycle", "init"};
 
-}  // namespace
+// Registers one family of each kind (the series are added by the caller).
+prometheus::Family<prometheus::Gauge>& Gauges(prometheus::Registry& registry, const char* name,
+                                              const char* help) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(registry);
+}
+prometheus::Family<prometheus::Counter>& Counters(prometheus::Registry& registry, const char* name,
+                                                  const char* help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+}
+prometheus::Family<prometheus::Histogram>& Histograms(prometheus::Registry& registry,
+                                                      const char* name, const char* help) {
+  return prometheus::BuildHistogram().Name(name).Help(help).Register(registry);
+}
 
-CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+// The RPC series of every method of both services (and "other"), under Stemma's names and
+// grpc-prometheus's. A template so that the class's private series types need not be named.
+template <typename CodeCountersByMethod, typename GrpcByMethod>
+void RegisterRpcSeries(prometheus::Registry& registry, CodeCountersByMethod& requests_by_method,
+                       GrpcByMethod& grpc_by_method) {
   using namespace prometheus;
-  jobs_ = &BuildGauge()
-               .Name("stemma_coordinator_jobs")
-               .Help("Jobs by state and kind")
-               .Register(*registry_);
-  transitions_ = &BuildCounter()
-                      .Name("stemma_coordinator_job_transitions_total")
-                      .Help("Job state transitions")
-                      .Register(*registry_);
-  rpc_ = &BuildHistogram()
-              .Name("stemma_rpc_server_handling_seconds")
-              .Help("Time to handle a unary RPC or one session message, by method")
-              .Register(*registry_);
-  attempts_ = &BuildCounter()
-                   .Name("stemma_coordinator_attempts_ended_total")
-                   .Help("Attempts that ended, by result")
-                   .Register(*registry_);
-  train_loss_ = &BuildGauge()
-                     .Name("stemma_train_loss")
-                     .Help("Latest training loss of a running job, by experiment and stage")
-                     .Register(*registry_);
-  train_tokens_ = &BuildGauge()
-                       .Name("stemma_train_tokens_per_second")
-                       .Help("Latest training throughput of a running job, by experiment and stage")
-                       .Register(*registry_);
-  train_step_ = &BuildGauge()
-                     .Name("stemma_train_step")
-                     .Help("Latest optimizer step of a running job, by experiment and stage")
-                     .Register(*registry_);
-  train_progress_ =
-      &BuildGauge()
-           .Name("stemma_train_progress_ratio")
-           .Help("Fraction of its steps a running job has done, by experiment and stage")
-           .Register(*registry_);
-  submitted_ = &BuildCounter()
-                    .Name("stemma_coordinator_jobs_submitted_total")
-                    .Help("Jobs accepted by Submit")
-                    .Register(*registry_)
-                    .Add({});
-  queue_wait_ = &BuildHistogram()
-                     .Name("stemma_scheduler_queue_wait_seconds")
-                     .Help("Time from QUEUED to ASSIGNED")
-                     .Register(*registry_)
-                     .Add({}, LatencyBuckets());
-  scheduling_latency_ = &BuildHistogram()
-                             .Name("stemma_scheduler_latency_seconds")
-                             .Help("Time from a job being placeable to its assignment being sent")
-                             .Register(*registry_)
-                             .Add({}, LatencyBuckets());
-  scheduler_pass_ = &BuildHistogram()
-                         .Name("stemma_scheduler_pass_seconds")
-                         .Help("Duration of one scheduling pass")
-                         .Register(*registry_)
-                         .Add({}, LatencyBuckets());
-  store_txn_ = &BuildHistogram()
-                    .Name("stemma_store_transaction_seconds")
-                    .Help("SQLite transaction time (including fsync)")
-                    .Register(*registry_)
-                    .Add({}, LatencyBuckets());
-  store_batch_ = &BuildHistogram()
-                      .Name("stemma_store_transaction_records")
-                      .Help("Records per transaction (group commit)")
-                      .Register(*registry_)
-                      .Add({}, Histogram::BucketBoundaries{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000,
-                                                           5000, 20000});
-  heartbeat_age_ = &BuildHistogram()
-                        .Name("stemma_coordinator_heartbeat_age_seconds")
-                        .Help("Time since a worker's previous heartbeat, at each heartbeat")
-                        .Register(*registry_)
-                        .Add({}, LatencyBuckets());
-  stale_reports_ = &BuildCounter()
-                        .Name("stemma_coordinator_stale_reports_total")
-                        .Help("Reports refused because they came from a stale attempt")
-                        .Register(*registry_)
-                        .Add({});
-  store_commit_errors_ =
-      &BuildCounter()
-           .Name("stemma_store_commit_errors_total")
-           .Help("SQLite transactions that failed (each is retried until it succeeds)")
-           .Register(*registry_)
-           .Add({});
-  eval_score_ = &BuildGauge()
-                     .Name("stemma_eval_score")
-                     .Help(
-                         "Latest value of each metric an eval job reported, by experiment, stage, "
-                         "cell and metric")
-                     .Register(*registry_);
-  auto& checkpoints =
-      BuildCounter()
-          .Name("stemma_registry_checkpoints_registered_total")
-          .Help("Checkpoints entered into the registry, by the operation that made them")
-          .Register(*registry_);
-  for (const char* op : kCheckpointOperations) {
-    checkpoints_registered_[op] = &checkpoints.Add({{"operation", op}});
-  }
-  checkpoints_other_ = &checkpoints.Add({{"operation", "other"}});
-  auto& requests = BuildCounter()
-                       .Name("stemma_rpc_requests_total")
-                       .Help("RPCs (and worker sessions) that ended, by method and status code")
-                       .Register(*registry_);
-  auto& handled = BuildCounter()
-                      .Name("grpc_server_handled_total")
-                      .Help("RPCs completed on the server, regardless of success or failure")
-                      .Register(*registry_);
-  auto& handling = BuildHistogram()
-                       .Name("grpc_server_handling_seconds")
-                       .Help("Response latency of RPCs handled by the server (a stream: its life)")
-                       .Register(*registry_);
+  auto& requests = Counters(registry, "stemma_rpc_requests_total",
+                            "RPCs (and worker sessions) that ended, by method and status code");
+  auto& handled = Counters(registry, "grpc_server_handled_total",
+                           "RPCs completed on the server, regardless of success or failure");
+  auto& handling =
+      Histograms(registry, "grpc_server_handling_seconds",
+                 "Response latency of RPCs handled by the server (a stream: its life)");
   auto add_method = [&](const std::string& method, const std::string& service,
                         const std::string& type) {
-    CodeCounters& counters = rpc_requests_[method];
-    GrpcSeries& grpc = grpc_[method];
+    auto& counters = requests_by_method[method];
+    auto& grpc = grpc_by_method[method];
     const std::map<std::string, std::string> labels = {
         {"grpc_service", service}, {"grpc_method", method}, {"grpc_type", type}};
     for (int code = 0; code < static_cast<int>(counters.size()); ++code) {
@@ -194,57 +110,100 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
     }
   }
   add_method("other", "other", "unary");
+}
+
+}  // namespace
+
+CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  using namespace prometheus;
+  jobs_ = &Gauges(*registry_, "stemma_coordinator_jobs", "Jobs by state and kind");
+  transitions_ =
+      &Counters(*registry_, "stemma_coordinator_job_transitions_total", "Job state transitions");
+  rpc_ = &Histograms(*registry_, "stemma_rpc_server_handling_seconds",
+                     "Time to handle a unary RPC or one session message, by method");
+  attempts_ = &Counters(*registry_, "stemma_coordinator_attempts_ended_total",
+                        "Attempts that ended, by result");
+  train_loss_ = &Gauges(*registry_, "stemma_train_loss",
+                        "Latest training loss of a running job, by experiment and stage");
+  train_tokens_ = &Gauges(*registry_, "stemma_train_tokens_per_second",
+                          "Latest training throughput of a running job, by experiment and stage");
+  train_step_ = &Gauges(*registry_, "stemma_train_step",
+                        "Latest optimizer step of a running job, by experiment and stage");
+  train_progress_ =
+      &Gauges(*registry_, "stemma_train_progress_ratio",
+              "Fraction of its steps a running job has done, by experiment and stage");
+  submitted_ =
+      &Counters(*registry_, "stemma_coordinator_jobs_submitted_total", "Jobs accepted by Submit")
+           .Add({});
+  queue_wait_ =
+      &Histograms(*registry_, "stemma_scheduler_queue_wait_seconds", "Time from QUEUED to ASSIGNED")
+           .Add({}, LatencyBuckets());
+  scheduling_latency_ = &Histograms(*registry_, "stemma_scheduler_latency_seconds",
+                                    "Time from a job being placeable to its assignment being sent")
+                             .Add({}, LatencyBuckets());
+  scheduler_pass_ =
+      &Histograms(*registry_, "stemma_scheduler_pass_seconds", "Duration of one scheduling pass")
+           .Add({}, LatencyBuckets());
+  store_txn_ = &Histograms(*registry_, "stemma_store_transaction_seconds",
+                           "SQLite transaction time (including fsync)")
+                    .Add({}, LatencyBuckets());
+  store_batch_ = &Histograms(*registry_, "stemma_store_transaction_records",
+                             "Records per transaction (group commit)")
+                      .Add({}, Histogram::BucketBoundaries{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000,
+                                                           5000, 20000});
+  heartbeat_age_ = &Histograms(*registry_, "stemma_coordinator_heartbeat_age_seconds",
+                               "Time since a worker's previous heartbeat, at each heartbeat")
+                        .Add({}, LatencyBuckets());
+  stale_reports_ = &Counters(*registry_, "stemma_coordinator_stale_reports_total",
+                             "Reports refused because they came from a stale attempt")
+                        .Add({});
+  store_commit_errors_ =
+      &Counters(*registry_, "stemma_store_commit_errors_total",
+                "SQLite transactions that failed (each is retried until it succeeds)")
+           .Add({});
+  eval_score_ = &Gauges(*registry_, "stemma_eval_score",
+                        "Latest value of each metric an eval job reported, by experiment, stage, "
+                        "cell and metric");
+  auto& checkpoints =
+      Counters(*registry_, "stemma_registry_checkpoints_registered_total",
+               "Checkpoints entered into the registry, by the operation that made them");
+  for (const char* op : kCheckpointOperations) {
+    checkpoints_registered_[op] = &checkpoints.Add({{"operation", op}});
+  }
+  checkpoints_other_ = &checkpoints.Add({{"operation", "other"}});
+  RegisterRpcSeries(*registry_, rpc_requests_, grpc_);
   rpc_other_ = &rpc_requests_.at("other");
   grpc_other_ = &grpc_.at("other");
-  auto& workers =
-      BuildGauge().Name("stemma_coordinator_workers").Help("Workers by state").Register(*registry_);
+  auto& workers = Gauges(*registry_, "stemma_coordinator_workers", "Workers by state");
   workers_alive_ = &workers.Add({{"state", "alive"}});
   workers_draining_ = &workers.Add({{"state", "draining"}});
   workers_lost_ = &workers.Add({{"state", "lost"}});
-  auto& gpus = BuildGauge()
-                   .Name("stemma_coordinator_gpus")
-                   .Help("GPUs on live workers")
-                   .Register(*registry_);
+  auto& gpus = Gauges(*registry_, "stemma_coordinator_gpus", "GPUs on live workers");
   gpus_free_ = &gpus.Add({{"state", "free"}});
   gpus_allocated_ = &gpus.Add({{"state", "allocated"}});
   auto& queued_gpus =
-      BuildGauge()
-          .Name("stemma_scheduler_queued_gpus")
-          .Help(
-              "GPUs that QUEUED jobs ask for (nodes x GPUs per node), by GPUs per node rounded "
-              "up to a power of two: what an autoscaler adds workers for")
-          .Register(*registry_);
+      Gauges(*registry_, "stemma_scheduler_queued_gpus",
+             "GPUs that QUEUED jobs ask for (nodes x GPUs per node), by GPUs per node rounded "
+             "up to a power of two: what an autoscaler adds workers for");
   for (const char* size : kGpuSizeLabels)
     queued_gpus_.push_back(&queued_gpus.Add({{"per_node", size}}));
-  near_timeout_ = &BuildGauge()
-                       .Name("stemma_coordinator_attempts_near_timeout")
-                       .Help("Running attempts that have used more than 90% of their timeout")
-                       .Register(*registry_)
+  near_timeout_ = &Gauges(*registry_, "stemma_coordinator_attempts_near_timeout",
+                          "Running attempts that have used more than 90% of their timeout")
                        .Add({});
   timeout_ratio_max_ =
-      &BuildGauge()
-           .Name("stemma_coordinator_attempt_timeout_ratio_max")
-           .Help("The largest share of its timeout a running attempt has used (0: none has one)")
-           .Register(*registry_)
+      &Gauges(*registry_, "stemma_coordinator_attempt_timeout_ratio_max",
+              "The largest share of its timeout a running attempt has used (0: none has one)")
            .Add({});
   stalled_training_ =
-      &BuildGauge()
-           .Name("stemma_train_stalled_jobs")
-           .Help("Running training jobs with no step for 10x their mean step time (and 5 minutes)")
-           .Register(*registry_)
+      &Gauges(*registry_, "stemma_train_stalled_jobs",
+              "Running training jobs with no step for 10x their mean step time (and 5 minutes)")
            .Add({});
   train_step_seconds_ =
-      &BuildGauge()
-           .Name("stemma_train_step_seconds")
-           .Help("Mean wall time per optimizer step of a running job, by experiment and stage")
-           .Register(*registry_);
-  train_last_step_ =
-      &BuildGauge()
-           .Name("stemma_train_last_step_timestamp_seconds")
-           .Help(
-               "When a running job of the stage last advanced a step (Unix time), by "
-               "experiment and stage")
-           .Register(*registry_);
+      &Gauges(*registry_, "stemma_train_step_seconds",
+              "Mean wall time per optimizer step of a running job, by experiment and stage");
+  train_last_step_ = &Gauges(*registry_, "stemma_train_last_step_timestamp_seconds",
+                             "When a running job of the stage last advanced a step (Unix time), by "
+                             "experiment and stage");
 }
 
 void CoordinatorMetrics::SetDemand(const Demand& demand, int stalled_training_jobs) {

@@ -185,6 +185,40 @@ void Executor::WakeLoop() {
   (void)ignored;
 }
 
+std::string Executor::OpenAttemptDir(const std::string& workdir, const std::string& log_path,
+                                     Attempt& attempt) {
+  std::string failure;
+  std::error_code ec;
+  std::optional<SpareDir> spare;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!spare_dirs_.empty()) {
+      spare = std::move(spare_dirs_.back());
+      spare_dirs_.pop_back();
+    }
+  }
+  attempt.log_path = log_path;
+  if (spare && rename(spare->dir.c_str(), workdir.c_str()) == 0) {
+    // The spare's log is open, empty (RecycleLoop) and now named workdir/log: no open.
+    attempt.log_fd = spare->log_fd;
+  } else {
+    if (spare) close(spare->log_fd);
+    std::filesystem::create_directories(workdir, ec);
+  }
+  if (ec) {
+    failure = absl::StrCat("worker error: cannot create ", workdir, ": ", ec.message());
+    attempt.log_path.clear();
+  } else if (attempt.log_fd < 0) {
+    attempt.log_fd =
+        open(attempt.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+    if (attempt.log_fd < 0) {
+      failure = absl::StrCat("worker error: cannot open ", attempt.log_path, ": ", strerror(errno));
+      attempt.log_path.clear();
+    }
+  }
+  return failure;
+}
+
 absl::Status Executor::Launch(const v1::Assignment& assignment) {
   const std::string& id = assignment.attempt_id();
   const v1::JobSpec& spec = assignment.spec();
@@ -223,40 +257,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
         CheckJobConfinement(spec, {config_.storage_root, config_.read_roots, {config_.data_dir}});
     if (!confined.ok()) refusal = absl::StrCat("refused: ", confined.message());
   }
-  if (!plan->workdir.empty()) {
-    // The attempt directory and its log, a recycled one if there is one: the log of a
-    // refused attempt says why.
-    const std::string& workdir = plan->workdir;
-    std::error_code ec;
-    std::optional<SpareDir> spare;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!spare_dirs_.empty()) {
-        spare = std::move(spare_dirs_.back());
-        spare_dirs_.pop_back();
-      }
-    }
-    attempt->log_path = plan->log_path;
-    if (spare && rename(spare->dir.c_str(), workdir.c_str()) == 0) {
-      // The spare's log is open, empty (RecycleLoop) and now named workdir/log: no open.
-      attempt->log_fd = spare->log_fd;
-    } else {
-      if (spare) close(spare->log_fd);
-      std::filesystem::create_directories(workdir, ec);
-    }
-    if (ec) {
-      failure = absl::StrCat("worker error: cannot create ", workdir, ": ", ec.message());
-      attempt->log_path.clear();
-    } else if (attempt->log_fd < 0) {
-      attempt->log_fd = open(attempt->log_path.c_str(),
-                             O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
-      if (attempt->log_fd < 0) {
-        failure =
-            absl::StrCat("worker error: cannot open ", attempt->log_path, ": ", strerror(errno));
-        attempt->log_path.clear();
-      }
-    }
-  }
+  if (!plan->workdir.empty()) failure = OpenAttemptDir(plan->workdir, plan->log_path, *attempt);
   if (!failure.empty()) refusal.clear();  // the directory failed first: retry elsewhere
   if (refusal.empty() && failure.empty()) {
     for (const SpawnPlan::File& file : plan->files) {

@@ -159,6 +159,11 @@ class Executor {
   // `write_ruleset_fd`: local rank 0's write confinement (job_confinement.h), shared by all.
   void AddRanks(const v1::Assignment& assignment, const SpawnContext& context, Attempt& attempt,
                 int write_ruleset_fd, std::string* refusal, std::string* failure);
+  // Launch's part for the attempt directory `workdir` and local rank 0's log (a recycled
+  // spare directory if there is one): sets attempt.log_path and log_fd; returns what failed
+  // ("worker error: ..."), empty when both are there.
+  std::string OpenAttemptDir(const std::string& workdir, const std::string& log_path,
+                             Attempt& attempt) ABSL_LOCKS_EXCLUDED(mu_);
   void WakeLoop();
   // A spawner thread: forks what Launch queued in to_spawn_, until Shutdown's end.
   void SpawnLoop() ABSL_LOCKS_EXCLUDED(mu_);

@@ -87,6 +87,42 @@ std::string RankLogPath(const std::string& workdir, int local_rank) {
   return local_rank == 0 ? workdir + "/log" : absl::StrCat(workdir, "/log.", local_rank);
 }
 
+// torchrun's variables and the rendezvous: the part is a node of ranks_per_part processes,
+// each with its global RANK; every rank sees all the part's GPUs and binds LOCAL_RANK's.
+static void AddRankVariables(const v1::Assignment& assignment, int ranks_per_part, int local_rank,
+                             const std::string& workdir,
+                             std::map<std::string, std::string, std::less<>>* env) {
+  auto& e = *env;
+  const std::string& id = assignment.attempt_id();
+  const int world = std::max(1, assignment.world_size()) * ranks_per_part;
+  const int rank = assignment.rank() * ranks_per_part + local_rank;
+  e["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(assignment.gpu_ids(), ",");
+  e[Var(engine_contract::kEnvJobId)] = assignment.job_id();
+  e[Var(engine_contract::kEnvAttemptId)] = id;
+  e["STEMMA_RANK"] = e[Var(engine_contract::kEnvRank)] = absl::StrCat(rank);
+  e["STEMMA_WORLD_SIZE"] = e[Var(engine_contract::kEnvWorldSize)] = absl::StrCat(world);
+  e["LOCAL_RANK"] = absl::StrCat(local_rank);
+  e["LOCAL_WORLD_SIZE"] = absl::StrCat(ranks_per_part);
+  e["GROUP_RANK"] = absl::StrCat(assignment.rank());
+  e[Var(engine_contract::kEnvWorkdir)] = workdir;
+  std::string rv = assignment.rendezvous();
+  if (rv.empty() && ranks_per_part > 1) {
+    // One part of several ranks and no rendezvous from the coordinator (an older one):
+    // rank 0 listens on this host, at a port derived from the attempt.
+    rv = absl::StrCat("127.0.0.1:", 29500 + std::hash<std::string>()(id) % 20000);
+  }
+  if (!rv.empty()) {
+    const size_t colon = rv.rfind(':');
+    std::string host = colon == std::string::npos ? rv : rv.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    e[Var(engine_contract::kEnvMasterAddr)] = host;
+    if (colon != std::string::npos) e[Var(engine_contract::kEnvMasterPort)] = rv.substr(colon + 1);
+    e["STEMMA_RENDEZVOUS"] = rv;
+  }
+}
+
 std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const WorkerConfig& config,
                                      const SpawnContext& context, int local_rank) {
   auto plan = std::make_unique<SpawnPlan>();
@@ -166,36 +202,7 @@ std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const Wor
       env[Var(engine_contract::kEnvStorageRoot)] = config.storage_root;
     }
   }
-  // torchrun's variables: the part is a node of ranks_per_part processes, each with its
-  // global RANK; every rank sees all the part's GPUs and binds LOCAL_RANK's.
-  const int world = std::max(1, assignment.world_size()) * ranks_per_part;
-  const int rank = assignment.rank() * ranks_per_part + local_rank;
-  env["CUDA_VISIBLE_DEVICES"] = absl::StrJoin(assignment.gpu_ids(), ",");
-  env[Var(engine_contract::kEnvJobId)] = assignment.job_id();
-  env[Var(engine_contract::kEnvAttemptId)] = id;
-  env["STEMMA_RANK"] = env[Var(engine_contract::kEnvRank)] = absl::StrCat(rank);
-  env["STEMMA_WORLD_SIZE"] = env[Var(engine_contract::kEnvWorldSize)] = absl::StrCat(world);
-  env["LOCAL_RANK"] = absl::StrCat(local_rank);
-  env["LOCAL_WORLD_SIZE"] = absl::StrCat(ranks_per_part);
-  env["GROUP_RANK"] = absl::StrCat(assignment.rank());
-  env[Var(engine_contract::kEnvWorkdir)] = plan->workdir;
-  std::string rv = assignment.rendezvous();
-  if (rv.empty() && ranks_per_part > 1) {
-    // One part of several ranks and no rendezvous from the coordinator (an older one):
-    // rank 0 listens on this host, at a port derived from the attempt.
-    rv = absl::StrCat("127.0.0.1:", 29500 + std::hash<std::string>()(id) % 20000);
-  }
-  if (!rv.empty()) {
-    const size_t colon = rv.rfind(':');
-    std::string host = colon == std::string::npos ? rv : rv.substr(0, colon);
-    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-      host = host.substr(1, host.size() - 2);
-    }
-    env[Var(engine_contract::kEnvMasterAddr)] = host;
-    if (colon != std::string::npos)
-      env[Var(engine_contract::kEnvMasterPort)] = rv.substr(colon + 1);
-    env["STEMMA_RENDEZVOUS"] = rv;
-  }
+  AddRankVariables(assignment, ranks_per_part, local_rank, plan->workdir, &env);
   plan->env.reserve(env.size());
   for (const auto& [k, v] : env) plan->env.push_back(absl::StrCat(k, "=", v));
   plan->inherited.reserve(worker_env.size());

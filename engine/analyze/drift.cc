@@ -97,6 +97,46 @@ std::optional<std::pair<int64_t, std::string>> MaskedPart(const std::string& nam
   return std::nullopt;
 }
 
+using LayerSums = std::map<int64_t, std::map<std::string, Sums>>;
+
+// One entry per layer: the relative drift of each group and module, the FFN asymmetry, and
+// the same over the mask's neurons where the mask has the layer.
+json LayerEntries(const LayerSums& layer_groups, const LayerSums& layer_modules,
+                  const LayerSums& masked, const std::vector<std::vector<int64_t>>* mask) {
+  json layers = json::array();
+  for (const auto& [layer, groups] : layer_groups) {
+    json entry = {{"layer", layer}};
+    for (const auto& [group, sums] : groups) entry[group] = Relative(sums);
+    json modules = json::object();
+    if (auto lm = layer_modules.find(layer); lm != layer_modules.end())
+      for (const auto& [module, sums] : lm->second) modules[module] = Relative(sums);
+    entry["modules"] = modules;
+    auto rel = [&](const char* g) -> std::optional<double> {
+      auto it = groups.find(g);
+      return it == groups.end() ? std::nullopt : RelativeValue(it->second);
+    };
+    const auto gate = rel("gate"), up = rel("up"), down = rel("down");
+    entry["asymmetry"] = nullptr;
+    if (gate && up && down && (*gate + *up) > 0.0) {
+      entry["asymmetry"] = *down / ((*gate + *up) / 2.0);
+    }
+    if (auto it = masked.find(layer); it != masked.end()) {
+      json m = {{"neurons", (*mask)[layer].size()}};
+      for (const auto& [group, sums] : it->second) m[group] = Relative(sums);
+      auto mrel = [&](const char* g) -> std::optional<double> {
+        auto f = it->second.find(g);
+        return f == it->second.end() ? std::nullopt : RelativeValue(f->second);
+      };
+      const auto mg = mrel("gate"), mu = mrel("up"), md = mrel("down");
+      m["asymmetry"] = nullptr;
+      if (mg && mu && md && (*mg + *mu) > 0.0) m["asymmetry"] = *md / ((*mg + *mu) / 2.0);
+      entry["masked"] = m;
+    }
+    layers.push_back(entry);
+  }
+  return layers;
+}
+
 }  // namespace
 
 absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string& trained_dir,
@@ -169,36 +209,7 @@ absl::StatusOr<json> WeightDrift(const std::string& base_dir, const std::string&
         absl::StrCat("drift: ", base_dir, " and ", trained_dir, " have no tensor name in common"));
   }
 
-  json layers = json::array();
-  for (const auto& [layer, groups] : layer_groups) {
-    json entry = {{"layer", layer}};
-    for (const auto& [group, sums] : groups) entry[group] = Relative(sums);
-    json modules = json::object();
-    for (const auto& [module, sums] : layer_modules[layer]) modules[module] = Relative(sums);
-    entry["modules"] = modules;
-    auto rel = [&](const char* g) -> std::optional<double> {
-      auto it = groups.find(g);
-      return it == groups.end() ? std::nullopt : RelativeValue(it->second);
-    };
-    const auto gate = rel("gate"), up = rel("up"), down = rel("down");
-    entry["asymmetry"] = nullptr;
-    if (gate && up && down && (*gate + *up) > 0.0) {
-      entry["asymmetry"] = *down / ((*gate + *up) / 2.0);
-    }
-    if (auto it = masked.find(layer); it != masked.end()) {
-      json m = {{"neurons", (*mask)[layer].size()}};
-      for (const auto& [group, sums] : it->second) m[group] = Relative(sums);
-      auto mrel = [&](const char* g) -> std::optional<double> {
-        auto f = it->second.find(g);
-        return f == it->second.end() ? std::nullopt : RelativeValue(f->second);
-      };
-      const auto mg = mrel("gate"), mu = mrel("up"), md = mrel("down");
-      m["asymmetry"] = nullptr;
-      if (mg && mu && md && (*mg + *mu) > 0.0) m["asymmetry"] = *md / ((*mg + *mu) / 2.0);
-      entry["masked"] = m;
-    }
-    layers.push_back(entry);
-  }
+  json layers = LayerEntries(layer_groups, layer_modules, masked, mask);
   if (mask != nullptr) {
     for (size_t l = 0; l < mask->size(); ++l) {
       if (!(*mask)[l].empty() && !masked.count(static_cast<int64_t>(l))) {
