@@ -11,6 +11,8 @@ import subprocess
 import sys
 import tempfile
 
+from source_files import tracked_sources
+
 
 def clang_format():
     for name in ("clang-format-14", "clang-format"):
@@ -18,20 +20,6 @@ def clang_format():
         if path:
             return path
     return None
-
-
-def tracked_sources(root):
-    try:
-        out = subprocess.run(["git", "-C", root, "ls-files", "*.cc", "*.h"], check=True,
-                             capture_output=True, text=True).stdout.split()
-    except (OSError, subprocess.CalledProcessError):
-        # Not a git checkout (a source tarball): every .cc/.h below the tree's own folders.
-        out = []
-        for top, dirs, files in os.walk(root):
-            dirs[:] = [d for d in dirs if not d.startswith(".") and not d.startswith("build")]
-            out += [os.path.relpath(os.path.join(top, f), root) for f in files
-                    if f.endswith((".cc", ".h"))]
-    return sorted(out)
 
 
 def misformatted(tool, root, files):

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 
+from source_files import tracked_sources
+
 MAX_LINES = 120
 
 # (file, function as lizard names it) -> why it may be longer. Only the daemons' mains, which
@@ -38,20 +40,6 @@ def lizard():
         if path and os.access(path, os.X_OK):
             return path
     return None
-
-
-def tracked_sources(root):
-    try:
-        out = subprocess.run(["git", "-C", root, "ls-files", "*.cc", "*.h"], check=True,
-                             capture_output=True, text=True).stdout.split()
-    except (OSError, subprocess.CalledProcessError):
-        # Not a git checkout (a source tarball): every .cc/.h below the tree's own folders.
-        out = []
-        for top, dirs, files in os.walk(root):
-            dirs[:] = [d for d in dirs if not d.startswith(".") and not d.startswith("build")]
-            out += [os.path.relpath(os.path.join(top, f), root) for f in files
-                    if f.endswith((".cc", ".h"))]
-    return sorted(out)
 
 
 def long_functions(tool, root, files):
