@@ -118,6 +118,8 @@ const std::map<std::string, RoleSet>& MethodRoles() {
       {"/stemma.v1.UserService/ListWorkers", Roles(Role::kAdmin, Role::kUser, Role::kReadOnly)},
       {"/stemma.v1.UserService/Drain", Roles(Role::kAdmin)},
       {"/stemma.v1.UserService/Logs", Roles(Role::kAdmin, Role::kUser)},
+      // Archiving finished jobs: a user's only its own and its projects' (scoped like gc).
+      {"/stemma.v1.UserService/CollectJobs", Roles(Role::kAdmin, Role::kUser)},
       // Metric series and the checkpoint registry: read by all; verifying reads every
       // file of a checkpoint (not for read-only dashboards); GC deletes files: a user's
       // gc plans and deletes only what the user may manage (its own and its projects'
