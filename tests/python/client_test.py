@@ -59,7 +59,7 @@ stages:
 def engine_binary():
     for path in (os.path.join(BIN, "stemma-engine"), os.environ.get("STEMMA_ENGINE", "")):
         if path and os.access(path, os.X_OK):
-            return path
+            return os.path.abspath(path)  # the worker runs in the cluster's directory
     return None
 
 
@@ -216,6 +216,17 @@ class ClientTest(unittest.TestCase):
             long = self.client.submit({"name": "py-long", "noop": {"duration_ms": 60000}})
             list(self.client.watch(long, timeout=0.5))
         self.client.cancel(long[0], reason="test over")
+
+    def test_watch_survives_a_coordinator_restart(self):
+        ids = self.client.submit({"name": "py-through-restart", "noop": {"duration_ms": 1500}})
+        events = self.client.watch(ids, timeout=120)
+        first = next(events)
+        self.assertEqual(first["job"]["id"], ids[0])
+        self.c.kill_coordinator()
+        self.c.start_coordinator()
+        rest = list(events)
+        self.assertEqual(rest[-1]["job"]["state"], "SUCCEEDED")
+        self.assertEqual(self.client.job(ids[0])["state"], "SUCCEEDED")
 
     # ------------------------------------------------------------------ experiments
 

@@ -124,6 +124,12 @@ class Cluster:
         self.wait_until(lambda: self.cli("workers", "-o", "json").returncode == 0, 20,
                         "the coordinator did not start")
 
+    def kill_coordinator(self):
+        """SIGKILL, as a crash: start_coordinator() brings it back on the same port and data."""
+        p = self.procs.pop("coordinator")
+        p.kill()
+        p.wait()
+
     def start_worker(self, name, cpus=8, allow_exec=True, extra=(), env=None):
         data = os.path.join(self.dir, "worker-" + name)
         argv = [os.path.join(self.bin, "stemma-worker"), "--coordinator", self.address,
