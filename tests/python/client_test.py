@@ -217,6 +217,23 @@ class ClientTest(unittest.TestCase):
             list(self.client.watch(long, timeout=0.5))
         self.client.cancel(long[0], reason="test over")
 
+    def test_files_by_path_and_logs_followed_to_the_end(self):
+        path = os.path.join(self.c.dir, "follow.yaml")
+        with open(path, "w") as f:
+            f.write("name: py-follow\nexec: {argv: [/bin/sh, -c, "
+                    "'for i in 1 2 3; do echo line $i; sleep 0.2; done']}\n")
+        (job,) = self.client.submit(path)
+        self.assertEqual(self.client.job(job)["spec"]["name"], "py-follow")
+        text = "".join(self.client.stream_logs(job, follow=True))
+        self.assertEqual([l for l in text.splitlines() if l.startswith("line")],
+                         ["line 1", "line 2", "line 3"])
+        study = os.path.join(self.c.dir, "py-by-path.yaml")
+        with open(study, "w") as f:
+            f.write("name: py-by-path\nstages:\n  a: {noop: {}}\n")
+        got = self.client.sweep(study)
+        self.assertEqual(got["experiment"]["name"], "py-by-path")
+        self.assertEqual(len(self.client.wait(experiment="py-by-path", timeout=60, check=True)), 1)
+
     def test_watch_survives_a_coordinator_restart(self):
         ids = self.client.submit({"name": "py-through-restart", "noop": {"duration_ms": 1500}})
         events = self.client.watch(ids, timeout=120)
