@@ -3,7 +3,8 @@ order, as the `stemma` CLI (common/auth.cc, cli/main.cc), so that a notebook on 
 where the CLI works needs no arguments.
 
   address  the argument; $STEMMA_COORDINATOR; the current context of the CLI's config file
-           ($STEMMA_CONFIG, else ~/.config/stemma/config.yaml); localhost:7070
+           ($STEMMA_CONFIG, else ~/.config/stemma/config.yaml); localhost:7070. A context
+           named explicitly (Client(context=...), the CLI's --context) beats the environment.
   token    the argument; $STEMMA_TOKEN; the file $STEMMA_TOKEN_FILE; the context's
            token-file; ~/.config/stemma/token when it exists; none
   ca       the argument (a PEM file, or PEM text/bytes); $STEMMA_CA; the context's ca;
@@ -78,40 +79,73 @@ def read_secret_file(path, what="token file"):
         return f.read().strip()
 
 
+class Settings:
+    """Where to connect and with what: address, token ("" none), ca_pem (bytes or None),
+    server_name (or None), namespace (the context's, for experiment names; "" none)."""
+
+    def __init__(self, address, token, ca_pem, server_name, namespace):
+        self.address, self.token, self.ca_pem = address, token, ca_pem
+        self.server_name, self.namespace = server_name, namespace
+
+
+def _env(name):
+    return os.environ.get(name, "").strip()
+
+
+def _context_token(ctx, context_wins):
+    """The token of the environment or the context (an explicit context beats the
+    environment, as the CLI's --context does), else ~/.config/stemma/token; "" for none."""
+    env_token = _env("STEMMA_TOKEN")
+    env_file = _env("STEMMA_TOKEN_FILE")
+    context_file = ctx.get("token-file")
+    if context_file and (context_wins or not (env_token or env_file)):
+        return read_secret_file(os.path.expanduser(context_file))
+    if env_token:
+        return env_token
+    if env_file:
+        return read_secret_file(env_file)
+    if os.path.exists(_home_config("token")):
+        return read_secret_file(_home_config("token"))
+    return ""
+
+
+def _read_ca(ca):
+    if not ca:
+        return None
+    if isinstance(ca, bytes):
+        return ca
+    if "-----BEGIN" in ca:
+        return ca.encode()
+    try:
+        with open(os.path.expanduser(ca), "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise NotFound(f"CA file: {ca}: {e.strerror}") from None
+
+
 def resolve(address=None, token=None, ca=None, context=None):
-    """(address, token, ca_pem_bytes_or_None, server_name_or_None)."""
+    """Arguments beat the environment, which beats the config file's current context; a
+    context named with `context=` beats the environment too (the CLI's rule)."""
     ctx = load_context(context)
-    address = address or os.environ.get("STEMMA_COORDINATOR") or ctx.get("server") \
-        or ctx.get("coordinator") or DEFAULT_ADDRESS
+    context_wins = bool(context)
+    server = ctx.get("server") or ctx.get("coordinator")
+    if not address:
+        env = _env("STEMMA_COORDINATOR")
+        address = (server if server and (context_wins or not env) else env) or DEFAULT_ADDRESS
     if token is None:
-        token = os.environ.get("STEMMA_TOKEN", "").strip()
-        if not token:
-            token_file = os.environ.get("STEMMA_TOKEN_FILE") or ctx.get("token-file")
-            if token_file:
-                token = read_secret_file(os.path.expanduser(token_file))
-            elif os.path.exists(_home_config("token")):
-                token = read_secret_file(_home_config("token"))
+        token = _context_token(ctx, context_wins)
     if ca is None:
-        ca = os.environ.get("STEMMA_CA") or ctx.get("ca")
+        env_ca = _env("STEMMA_CA")
+        ca = ctx.get("ca") if ctx.get("ca") and (context_wins or not env_ca) else env_ca
         if not ca and os.path.exists(_home_config("ca.pem")):
             ca = _home_config("ca.pem")
-    ca_pem = None
-    if ca:
-        if isinstance(ca, bytes):
-            ca_pem = ca
-        elif "-----BEGIN" in ca:
-            ca_pem = ca.encode()
-        else:
-            try:
-                with open(os.path.expanduser(ca), "rb") as f:
-                    ca_pem = f.read()
-            except OSError as e:
-                raise NotFound(f"CA file: {ca}: {e.strerror}") from None
+    ca_pem = _read_ca(ca)
     if token and ca_pem is None and not is_loopback(address):
         raise FailedPrecondition(
             f"refusing to send a token in clear text to {address}: give the coordinator's CA "
             "with ca= or STEMMA_CA")
-    return address, token or "", ca_pem, os.environ.get("STEMMA_TLS_SERVER_NAME") or None
+    return Settings(address, token or "", ca_pem, _env("STEMMA_TLS_SERVER_NAME") or None,
+                    ctx.get("namespace") or "")
 
 
 def is_loopback(address):

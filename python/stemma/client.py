@@ -65,15 +65,21 @@ class Client:
              token-file, ~/.config/stemma/token
     ca       the coordinator's CA (a PEM file path, or PEM text/bytes); default $STEMMA_CA,
              the context's ca, ~/.config/stemma/ca.pem; none: plaintext
-    context  a named context of the CLI's config file instead of the current one
+    context  a named context of the CLI's config file instead of the current one (it beats
+             the environment, as the CLI's --context does); its namespace is where
+             experiment names are looked up
     timeout  seconds for each call
     cli      the `stemma` binary `report_data` runs; default $STEMMA_CLI, else `stemma` on PATH
     """
 
     def __init__(self, address=None, token=None, ca=None, *, context=None, timeout=10.0,
                  cli=None):
-        self.address, self._token, self._ca_pem, server_name = _config.resolve(
-            address, token, ca, context)
+        settings = _config.resolve(address, token, ca, context)
+        self.address, self._token, self._ca_pem = settings.address, settings.token, \
+            settings.ca_pem
+        server_name = settings.server_name
+        # The context's namespace: where experiment() looks names up (the CLI's exp -n).
+        self.namespace = settings.namespace
         self.timeout = float(timeout)
         self._cli = cli
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
@@ -351,8 +357,9 @@ class Client:
     def experiment(self, name, *, revision=0, namespace=None):
         """One experiment's revision (default the latest): {"experiment": {...}, "cells":
         [{job_name, stage, coords, job_id, state, reason, step, ...}]}."""
-        request = experiment_pb2.GetExperimentRequest(name=name, revision=revision,
-                                                      owner=namespace or "")
+        request = experiment_pb2.GetExperimentRequest(
+            name=name, revision=revision,
+            owner=self.namespace if namespace is None else namespace)
         out = to_dict(self._call("GetExperiment", request))
         for cell in out["cells"]:
             if not cell["coords"]:  # a coordinator that sends none: they are in the name

@@ -133,6 +133,14 @@ class ClientTest(unittest.TestCase):
             os.environ["STEMMA_CONFIG"] = config
             self.assertEqual(self.stemma.Client().address, self.c.address)
             self.assertEqual(len(self.stemma.Client().workers()), 2)
+            # The environment beats the current context; a context named explicitly beats both.
+            os.environ["STEMMA_COORDINATOR"] = "127.0.0.1:2"
+            self.assertEqual(self.stemma.Client().address, "127.0.0.1:2")
+            self.assertEqual(self.stemma.Client(context="lab").address, self.c.address)
+            self.assertEqual(self.stemma.Client(context="other").address, "127.0.0.1:1")
+            with self.assertRaises(self.stemma.NotFound):
+                self.stemma.Client(context="nowhere")
+            del os.environ["STEMMA_COORDINATOR"]
             # A token file others may read is refused, as the CLI refuses it.
             os.chmod(token_file, 0o644)
             with self.assertRaises(self.stemma.PermissionDenied) as e:
