@@ -25,15 +25,16 @@ def proto_root():
 
 
 def generator_versions():
-    """The protobuf and grpcio that the generated modules need at run time: the versions
-    grpcio-tools generates for (their run-time checks refuse older ones)."""
-    import grpc_tools
-    from importlib.metadata import version
+    """The grpcio and protobuf that the generated modules need at run time: the versions of
+    the grpcio-tools that generates them and of its protobuf (their run-time checks refuse
+    older ones)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    tools = version("grpcio-tools")
-    protobuf = version("protobuf")
-    del grpc_tools
-    return tools, protobuf
+    try:
+        return version("grpcio-tools"), version("protobuf")
+    except PackageNotFoundError as e:
+        raise SystemExit(f"stemma: building needs grpcio-tools ({e}): pip install grpcio-tools, "
+                         "or let pip's build isolation install it") from None
 
 
 def generate(out_dir):
