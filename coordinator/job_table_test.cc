@@ -395,3 +395,42 @@ TEST(JobTableMemo, ACopyOfAnUnfinishedJobWaitsForItAndIsServedFromIt) {
 
 }  // namespace
 }  // namespace stemma::coordinator
+
+namespace stemma::coordinator {
+namespace {
+
+// A glob input (tokenize's `input: [raw/*.txt.gz]`) stands in the key for the files it
+// matches: adding or changing one of them is a different job; the same files, the same key.
+TEST(JobTableMemo, AGlobInputIsKeyedByTheFilesItMatches) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("stemma_memo_glob_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "raw");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / "raw" / name) << text;
+  };
+  write("a.txt", "alpha");
+  write("b.txt", "beta");
+  v1::JobSpec spec;
+  spec.mutable_tokenize()->set_tokenizer((dir / "tok").string());
+  spec.mutable_tokenize()->add_input((dir / "raw/*.txt").string());
+  spec.mutable_tokenize()->set_format("text");
+  spec.mutable_tokenize()->set_language("xx");
+  spec.mutable_tokenize()->set_out((dir / "ds").string());
+  const std::string first = CacheKey(spec, "build");
+  ASSERT_FALSE(first.empty());
+  EXPECT_EQ(CacheKey(spec, "build"), first);
+  write("c.txt", "gamma");
+  const std::string added = CacheKey(spec, "build");
+  EXPECT_NE(added, first);
+  write("b.txt", "BETA");
+  EXPECT_NE(CacheKey(spec, "build"), added);
+  write("b.txt", "beta");
+  EXPECT_EQ(CacheKey(spec, "build"), added);
+  write("notes.md", "not matched");
+  EXPECT_EQ(CacheKey(spec, "build"), added);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace stemma::coordinator

@@ -1,6 +1,9 @@
 #include "coordinator/memoization.h"
 
+#include <glob.h>
+
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -46,7 +49,31 @@ std::optional<std::string> ReadSmallFile(const std::string& path, size_t limit) 
 }
 
 // What an input path stands for in the key: its manifest's hash when readable here.
+std::string InputIdentity(const std::string& path);
+
+// A glob (`raw/*.jsonl.gz`, an input tokenize and prepare expand): the files it matches now,
+// in the order the engine reads them, each by name and content, so a file added, removed or
+// changed under the pattern changes the key. The pattern itself when nothing matches here.
+std::string GlobIdentity(const std::string& pattern) {
+  glob_t g;
+  std::memset(&g, 0, sizeof(g));
+  std::vector<std::string> matched;
+  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) {
+      std::error_code ec;
+      if (std::filesystem::is_regular_file(g.gl_pathv[i], ec)) matched.emplace_back(g.gl_pathv[i]);
+    }
+  }
+  globfree(&g);
+  if (matched.empty()) return pattern;
+  std::sort(matched.begin(), matched.end());
+  std::string listing;
+  for (const std::string& m : matched) absl::StrAppend(&listing, m, " ", InputIdentity(m), "\n");
+  return "glob:sha256:" + Sha256(listing);
+}
+
 std::string InputIdentity(const std::string& path) {
+  if (path.find_first_of("*?[") != std::string::npos) return GlobIdentity(path);
   // A checkpoint's stemma.json, or a token dataset's index.json (its manifest).
   if (auto manifest = ReadSmallFile(path + "/stemma.json", 64 << 20))
     return "sha256:" + Sha256(*manifest);

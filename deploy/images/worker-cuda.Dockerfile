@@ -9,7 +9,7 @@ COPY deploy/images/build-packages.txt /tmp/build-packages.txt
 # hadolint ignore=DL3008
 RUN apt-get update \
     && sed 's/#.*//' /tmp/build-packages.txt | xargs apt-get install -y --no-install-recommends \
-       python3 python3-venv libssl-dev libsentencepiece-dev libicu-dev \
+       python3 python3-venv libssl-dev libsentencepiece-dev libicu-dev zlib1g-dev libzstd-dev \
     && rm -rf /var/lib/apt/lists/*
 # The CUDA toolkit. A CUDA LibTorch's CMake config (Caffe2/public/cuda.cmake) enables the CUDA
 # language and calls find_package(CUDAToolkit REQUIRED) for nvcc, cudart, the driver stub,
@@ -33,7 +33,7 @@ ENV PATH=/usr/local/cuda/bin:${PATH} CUDACXX=/usr/local/cuda/bin/nvcc
 # nvidia-nccl dependency brings nccl.h (site-packages/nvidia/nccl/include), which
 # engine/CMakeLists.txt finds for the NCCL collectives.
 RUN python3 -m venv /opt/torch \
-    && /opt/torch/bin/pip install --no-cache-dir torch==2.15.0
+    && /opt/torch/bin/pip install --no-cache-dir torch==2.15.0 pyarrow==26.0.1
 WORKDIR /src
 COPY . .
 # The image must carry a CUDA engine with NCCL: the build fails here otherwise (the
@@ -56,6 +56,8 @@ RUN apt-get update \
 # The engine's RUNPATH points into the venv's torch and nvidia packages: keep their paths.
 COPY --from=build /opt/torch/lib/python3.11/site-packages/torch/lib /opt/torch/lib/python3.11/site-packages/torch/lib
 COPY --from=build /opt/torch/lib/python3.11/site-packages/nvidia /opt/torch/lib/python3.11/site-packages/nvidia
+# Parquet inputs of tokenize: Arrow and Parquet from the pyarrow wheel (the engine's RUNPATH).
+COPY --from=build /opt/torch/lib/python3.11/site-packages/pyarrow/libarrow.so.2600 /opt/torch/lib/python3.11/site-packages/pyarrow/libparquet.so.2600 /opt/torch/lib/python3.11/site-packages/pyarrow/
 # The worker finds stemma-engine beside itself.
 COPY --from=build /build/bin/stemma-worker /build/bin/stemma-engine /build/bin/libstemma_sentencepiece.so /usr/local/bin/
 ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <set>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "engine/data/corpus_text.h"
 #include "engine/data/mo_file.h"
 #include "engine/data/prepare_suites.h"
+#include "engine/data/text_input.h"
 #include "engine/io/durable.h"
 #include "engine/io/fs.h"
 #include "engine/io/sha256.h"
@@ -244,27 +244,28 @@ absl::Status Preparer::ReadGettext(Language* l, const std::string& root, const s
 }
 
 absl::Status Preparer::ReadText(Language* l, const std::string& path, const std::string& field) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
+  auto in = LineReader::Open(path);
+  if (!in.ok())
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": cannot open the file"));
   std::string line, all;
-  while (std::getline(in, line)) {
+  while ((*in)->Next(&line)) {
     absl::StrAppend(&all, line, "\n");
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     AddDocument(l, line);
   }
+  RETURN_IF_ERROR((*in)->status());
   l->sources.push_back({{"type", "text"}, {"path", path}, {"sha256", io::Sha256Hex(all)}});
   return absl::OkStatus();
 }
 
 absl::Status Preparer::ReadJsonl(Language* l, const std::string& path,
                                  const std::string& json_field, const std::string& field) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
+  auto in = LineReader::Open(path);
+  if (!in.ok())
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": cannot open the file"));
   std::string line, all;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
+  for (int64_t number = 1; (*in)->Next(&line); ++number) {
     absl::StrAppend(&all, line, "\n");
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = absl::StrCat(path, ":", number);
@@ -281,6 +282,7 @@ absl::Status Preparer::ReadJsonl(Language* l, const std::string& path,
     }
     AddDocument(l, it->get<std::string>());
   }
+  RETURN_IF_ERROR((*in)->status());
   l->sources.push_back(
       {{"type", "jsonl"}, {"path", path}, {"field", json_field}, {"sha256", io::Sha256Hex(all)}});
   return absl::OkStatus();
@@ -313,11 +315,15 @@ absl::Status Preparer::ReadSources() {
           at, ".code: language '", s.code(), "' has no source: set its gettext, text or jsonl"));
     }
     for (int k = 0; k < s.text_size(); ++k) {
-      RETURN_IF_ERROR(ReadText(&l, s.text(k), absl::StrCat(at, ".text[", k, "]")));
+      const std::string field = absl::StrCat(at, ".text[", k, "]");
+      ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandInputs({s.text(k)}, field));
+      for (const std::string& path : paths) RETURN_IF_ERROR(ReadText(&l, path, field));
     }
     for (int k = 0; k < s.jsonl_size(); ++k) {
-      RETURN_IF_ERROR(ReadJsonl(&l, s.jsonl(k).path(), s.jsonl(k).field(),
-                                absl::StrCat(at, ".jsonl[", k, "]")));
+      const std::string field = absl::StrCat(at, ".jsonl[", k, "]");
+      ASSIGN_OR_RETURN(std::vector<std::string> paths, ExpandInputs({s.jsonl(k).path()}, field));
+      for (const std::string& path : paths)
+        RETURN_IF_ERROR(ReadJsonl(&l, path, s.jsonl(k).field(), field));
     }
   }
   // The base language's documents: every gettext msgid read (sorted, so that the order

@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -21,6 +22,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "engine/data/commands.h"
 #include "engine/data/corpus_text.h"
@@ -624,6 +626,45 @@ TEST_F(PrepareTest, OverwriteOnlyWhenAsked) {
   std::string other = StandardSpec(Path("other")) + "overwrite: true\n";
   EXPECT_EQ(Prepare(other, &err), 4);
   EXPECT_TRUE(fs::exists(Path("other/file.txt")));
+}
+
+}  // namespace
+}  // namespace stemma::engine::data
+
+namespace stemma::engine::data {
+namespace {
+
+// `prepare` reads its text and JSONL sources compressed and through globs (text_input.h):
+// the same documents as the plain files give the same corpus text.
+TEST_F(PrepareTest, CompressedSourcesAndGlobsGiveTheSameCorpus) {
+  std::string err;
+  ASSERT_EQ(Prepare(StandardSpec(Path("plain")), &err), 0) << err;
+  std::string spec = StandardSpec(Path("packed"));  // (re)writes the plain source files
+  // xb's extra text gzipped by gzip(1); xc's JSONL split in two files, one gzipped, read
+  // through a glob in name order.
+  const std::string jsonl = Read(Path("xc.jsonl"));
+  const size_t half = jsonl.find('\n', jsonl.size() / 2) + 1;
+  fs::create_directories(Path("xc"));
+  Write("xc/part-1.jsonl", jsonl.substr(0, half));
+  Write("xc/part-2.jsonl", jsonl.substr(half));
+  fs::remove(Path("xc.jsonl"));
+  ASSERT_EQ(
+      std::system(("gzip -f " + Path("xc/part-1.jsonl") + " " + Path("xb_extra.txt")).c_str()), 0);
+  spec = absl::StrReplaceAll(spec, {{Path("xb_extra.txt"), Path("xb_extra.txt.gz")},
+                                    {Path("xc.jsonl"), Path("xc/part-*.jsonl*")}});
+  ASSERT_EQ(Prepare(spec, &err), 0) << err;
+  for (const char* rel : {"train/xb.txt", "train/xc.txt", "heldout/xc.txt", "train/en.txt"}) {
+    EXPECT_EQ(Read(Path(std::string("packed/") + rel)), Read(Path(std::string("plain/") + rel)))
+        << rel;
+  }
+  EXPECT_NE(Read(Path("packed/manifest.json")).find("part-2.jsonl"), std::string::npos);
+  // A glob that matches nothing names the field and the pattern.
+  spec =
+      absl::StrReplaceAll(StandardSpec(Path("none")), {{Path("xc.jsonl"), Path("nope/*.jsonl")}});
+  EXPECT_EQ(Prepare(spec, &err), 4);
+  EXPECT_NE(err.find("languages[3].jsonl[0] " + Path("nope/*.jsonl") + ": no file matches"),
+            std::string::npos)
+      << err;
 }
 
 }  // namespace

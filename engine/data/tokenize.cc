@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/json_line.h"
 #include "common/status.h"
 #include "engine/data/dataset_writer.h"
+#include "engine/data/text_input.h"
 #include "engine/io/sha256.h"
 #include "nlohmann/json.hpp"
 
@@ -83,8 +83,7 @@ class DocumentSink {
   TokenizeSummary& summary_;
 };
 
-absl::Status ReadText(const std::string& path, std::istream& in, bool line_docs,
-                      DocumentSink& sink) {
+absl::Status ReadText(const std::string& path, LineReader& in, bool line_docs, DocumentSink& sink) {
   std::string line, doc;
   int64_t line_no = 0, doc_line = 0;
   auto flush = [&]() -> absl::Status {
@@ -94,7 +93,7 @@ absl::Status ReadText(const std::string& path, std::istream& in, bool line_docs,
     doc.clear();
     return s;
   };
-  while (std::getline(in, line)) {
+  while (in.Next(&line)) {
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (IsBlank(line)) {
@@ -112,15 +111,15 @@ absl::Status ReadText(const std::string& path, std::istream& in, bool line_docs,
     }
     doc += line;
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat("read ", path, ": I/O error"));
+  RETURN_IF_ERROR(in.status());
   return flush();
 }
 
-absl::Status ReadJsonl(const std::string& path, std::istream& in, const std::string& field,
+absl::Status ReadJsonl(const std::string& path, LineReader& in, const std::string& field,
                        DocumentSink& sink) {
   std::string line;
   int64_t line_no = 0;
-  while (std::getline(in, line)) {
+  while (in.Next(&line)) {
     ++line_no;
     if (IsBlank(line)) continue;
     std::string where = absl::StrCat(path, ":", line_no);
@@ -135,8 +134,20 @@ absl::Status ReadJsonl(const std::string& path, std::istream& in, const std::str
     }
     RETURN_IF_ERROR(sink.Add(it->get_ref<const std::string&>(), where));
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat("read ", path, ": I/O error"));
-  return absl::OkStatus();
+  return in.status();
+}
+
+absl::Status ReadDocuments(const v1::TokenizeSpec& spec, const std::string& path,
+                           DocumentSink& sink) {
+  if (spec.format() == "parquet") {
+    return ForEachParquetString(path, spec.field(), [&](std::string_view text, int64_t row) {
+      return sink.Add(text, absl::StrCat(path, ": row ", row));
+    });
+  }
+  auto in = LineReader::Open(path);
+  if (!in.ok()) return absl::NotFoundError(absl::StrCat("--input ", path, ": cannot open"));
+  if (spec.format() == "jsonl") return ReadJsonl(path, **in, spec.field(), sink);
+  return ReadText(path, **in, spec.line_docs(), sink);
 }
 
 }  // namespace
@@ -146,9 +157,11 @@ absl::StatusOr<TokenizeSummary> TokenizeFiles(const v1::TokenizeSpec& spec) {
   ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
                    tokenizer::Tokenizer::Load(spec.tokenizer()));
   ASSIGN_OR_RETURN(TokenizerInfo info, DescribeTokenizer(spec.tokenizer(), *tok));
-  // Fail on missing inputs before any work.
+  // Globs expanded and missing inputs refused before any work.
+  ASSIGN_OR_RETURN(const std::vector<std::string> inputs,
+                   ExpandInputs({spec.input().begin(), spec.input().end()}, "--input"));
   std::vector<SourceFile> sources;
-  for (const std::string& path : spec.input()) {
+  for (const std::string& path : inputs) {
     SourceFile s;
     s.path = path;
     ASSIGN_OR_RETURN(s.sha256, Sha256File(path, &s.bytes));
@@ -164,22 +177,14 @@ absl::StatusOr<TokenizeSummary> TokenizeFiles(const v1::TokenizeSpec& spec) {
   ASSIGN_OR_RETURN(std::unique_ptr<DatasetWriter> writer, DatasetWriter::Create(wopts));
   TokenizeSummary summary;
   DocumentSink sink(*tok, *writer, spec.eos(), summary);
-  const bool jsonl = spec.format() == "jsonl";
-  for (const std::string& path : spec.input()) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return absl::NotFoundError(absl::StrCat("--input ", path, ": cannot open"));
-    if (jsonl) {
-      RETURN_IF_ERROR(ReadJsonl(path, in, spec.field(), sink));
-    } else {
-      RETURN_IF_ERROR(ReadText(path, in, spec.line_docs(), sink));
-    }
-  }
+  for (const std::string& path : inputs) RETURN_IF_ERROR(ReadDocuments(spec, path, sink));
   if (writer->num_tokens() == 0) {
     std::string files;
-    for (const std::string& p : spec.input()) absl::StrAppend(&files, files.empty() ? "" : ", ", p);
+    for (const std::string& p : inputs) absl::StrAppend(&files, files.empty() ? "" : ", ", p);
+    const bool field = spec.format() != "text";
     return absl::InvalidArgumentError(
         absl::StrCat("empty dataset: no documents in ", files,
-                     jsonl ? absl::StrCat(" (field '", spec.field(), "')") : std::string()));
+                     field ? absl::StrCat(" (field '", spec.field(), "')") : std::string()));
   }
   summary.num_documents = writer->num_documents();
   summary.num_tokens = writer->num_tokens();
