@@ -147,10 +147,14 @@ def check_engine_image(bin_dir: pathlib.Path, image: dict, tmp: pathlib.Path, pr
         for tree in image["trees"]:
             f.check(tree.startswith(image_venv), f"worker-cuda copies {tree}, outside its torch venv {image_venv}")
             d = local_venv / tree[len(image_venv):]
-            if not f.check(d.is_dir(), f"worker-cuda copies {tree}; this build's venv has no {d}"):
+            if not f.check(d.exists(), f"worker-cuda copies {tree}; this build's venv has no {d}"):
                 continue
             target = root / d.relative_to("/")
-            target.mkdir(parents=True, exist_ok=True)
+            if d.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+            else:  # a single library (pyarrow's Arrow and Parquet): bind-mounted onto a file
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.touch()
             for parent in [target, *target.parents]:
                 if parent == root:
                     break
