@@ -113,9 +113,12 @@ absl::Status SaveModel(CausalLM& lm, const std::string& dir, const SaveOptions& 
   if (config.contains("dtype")) config["dtype"] = DtypeJsonName(options.dtype);
   RETURN_IF_ERROR(writer->AddFile("config.json", config.dump(2) + "\n"));
   for (const auto& item : lm->named_parameters(/*recurse=*/true)) {
-    torch::Tensor tensor;
+    torch::Tensor tensor = item.value();
+    if (options.tensors) {
+      ASSIGN_OR_RETURN(tensor, options.tensors(item.key()));
+    }
     RETURN_IF_ERROR(TorchGuard(absl::StrCat("converting tensor '", item.key(), "'"), [&] {
-      tensor = item.value().detach().to(options.dtype).contiguous();
+      tensor = tensor.detach().to(options.dtype).contiguous();
       return absl::OkStatus();
     }));
     RETURN_IF_ERROR(writer->AddTensor(item.key(), tensor));

@@ -41,6 +41,10 @@ struct SaveOptions {
   bool overwrite = false;                     // replace an existing `dir`
   // Tokenizer and generation files are copied from here when set.
   std::string source_dir;
+  // When set, the tensor written under each parameter name instead of the module's own (e.g.
+  // copies gathered from sharded weights, whose module tensors are not resident); converted
+  // to `dtype` like the module's.
+  TensorLookup tensors;
 };
 
 // Writes `lm` as a complete HF checkpoint directory at `dir` through io::CheckpointWriter:

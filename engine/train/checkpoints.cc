@@ -185,7 +185,7 @@ absl::StatusOr<int64_t> Resume(Run& run) {
   const int64_t optimizer_step = state.value("optimizer_step", step);
   if (state.contains("shard")) {
     RETURN_IF_ERROR(RestoreShards(run, dir, state["shard"], optimizer_step));
-  } else if (run.sharded) {
+  } else if (run.sharded || run.full) {
     return where(absl::FailedPreconditionError(
         "it was written with parallel.shard: none; resume it with parallel.shard: none"));
   } else {
@@ -270,13 +270,13 @@ io::TensorToWrite ToWrite(const std::string& name, torch::Tensor& tensor) {
 // attempt removes (RemoveStaleStaging).
 absl::Status WriteShardedCheckpoint(Run& run, int64_t step, const std::string& path) {
   const v1::TrainSpec& spec = *run.spec;
-  const ShardedAdamW& optimizer = *run.sharded;
   const int rank = run.ranks->rank(), world = run.ranks->world_size();
   const std::string staging = path + ".tmp-shards";
   std::error_code ec;
   fs::create_directories(staging, ec);
   if (ec) return absl::InternalError(absl::StrCat("checkpoint.dir ", staging, ": ", ec.message()));
-  std::vector<std::pair<std::string, torch::Tensor>> tensors = optimizer.SliceTensors();
+  std::vector<std::pair<std::string, torch::Tensor>> tensors =
+      run.full ? run.full->SliceTensors() : run.sharded->SliceTensors();
   tensors.emplace_back(kRngTensor, at::detail::getDefaultCPUGenerator().get_state());
   std::vector<io::TensorToWrite> writes;
   for (auto& [name, tensor] : tensors) writes.push_back(ToWrite(name, tensor));
@@ -287,17 +287,30 @@ absl::Status WriteShardedCheckpoint(Run& run, int64_t step, const std::string& p
   if (rank != 0) return absl::OkStatus();
 
   json files = json::array();
-  const int64_t n = optimizer.num_elements(), chunk = (n + world - 1) / world;
+  json shard = {{"level", spec.parallel().shard()}, {"world_size", world}};
+  int64_t n = 0;
+  if (run.full) {
+    // Per unit: its own flat layout, rank r owning [r·k_u, (r+1)·k_u) (layer_shards.h).
+    const std::vector<int64_t> units = run.full->UnitElements();
+    for (int64_t u : units) n += u;
+    shard["units"] = units;
+  } else {
+    n = run.sharded->num_elements();
+  }
+  shard["elements"] = n;
+  const int64_t chunk = (n + world - 1) / world;
   for (int r = 0; r < world; ++r) {
     const std::string name = ShardFileName(r, world), sidecar = staging + "/" + name + ".sha256";
     ASSIGN_OR_RETURN(std::string sha, io::ReadFile(sidecar));
     fs::remove(sidecar, ec);
-    files.push_back({{"name", name},
-                     {"rank", r},
-                     {"begin", std::min(r * chunk, n)},
-                     {"end", std::min((r + 1) * chunk, n)},
-                     {"sha256", sha}});
+    json entry = {{"name", name}, {"rank", r}, {"sha256", sha}};
+    if (!run.full) {
+      entry["begin"] = std::min(r * chunk, n);
+      entry["end"] = std::min((r + 1) * chunk, n);
+    }
+    files.push_back(std::move(entry));
   }
+  shard["files"] = std::move(files);
   json trainer_state = {
       {"format", kStateFormat},
       {"step", step},
@@ -305,12 +318,8 @@ absl::Status WriteShardedCheckpoint(Run& run, int64_t step, const std::string& p
       {"tokens", run.tokens},
       {"batch_size", spec.batch_size()},
       {"grad_accum", spec.grad_accum()},
-      {"optimizer_step", optimizer.step_count()},
-      {"shard",
-       {{"level", spec.parallel().shard()},
-        {"world_size", world},
-        {"elements", n},
-        {"files", files}}},
+      {"optimizer_step", run.full ? run.full->step_count() : run.sharded->step_count()},
+      {"shard", shard},
       {"loader", run.loader->state().ToJson()},
       {"spec_sha256", run.spec_sha256},
       {"trainable_params", run.plan.trainable_params},
@@ -321,17 +330,105 @@ absl::Status WriteShardedCheckpoint(Run& run, int64_t step, const std::string& p
   return io::PublishDir(staging, path, /*overwrite=*/false);
 }
 
+namespace {
+
+// Opens a shard file of a checkpoint after checking it against its sha256 in the state file.
+absl::StatusOr<std::shared_ptr<io::SafetensorsFile>> OpenVerifiedShard(const std::string& dir,
+                                                                       const json& entry) {
+  const std::string name = entry.value("name", ""), file = dir + "/" + name;
+  ASSIGN_OR_RETURN(std::string sha, io::Sha256File(file));
+  if (sha != entry.value("sha256", "")) {
+    return absl::DataLossError(
+        absl::StrCat(name, " does not match its sha256 in ", kStateFile, " (damaged)"));
+  }
+  return io::SafetensorsFile::Open(file);
+}
+
+// "u12.exp_avg" -> (12, "exp_avg"); false for another name.
+bool ParseUnitTensor(const std::string& name, int64_t* unit, std::string* what) {
+  const size_t dot = name.find('.');
+  if (name.size() < 3 || name[0] != 'u' || dot == std::string::npos) return false;
+  *what = name.substr(dot + 1);
+  return absl::SimpleAtoi(name.substr(1, dot - 1), unit);
+}
+
+// parallel.shard: full. Each unit has its own flat layout (layer_shards.h); a file of rank r
+// of W holds, for every unit u with n_u elements, [r·k_u, (r+1)·k_u) ∩ [0, n_u), k_u = ⌈n_u/W⌉.
+absl::Status RestoreFullShards(Run& run, const std::string& dir, const json& shard,
+                               int64_t optimizer_step) {
+  auto where = [&](const absl::Status& s) {
+    return absl::Status(s.code(),
+                        absl::StrCat("resuming from checkpoint ", dir, ": ", s.message()));
+  };
+  LayerShards& shards = *run.full;
+  const std::vector<int64_t> units = shards.UnitElements();
+  if (shard.value("units", json::array()) != json(units)) {
+    return where(absl::FailedPreconditionError(
+        "its trainable elements per layer differ from this run's (was it written with another "
+        "strategy or model?)"));
+  }
+  const int64_t old_world = shard.value("world_size", 1);
+  const int rank = run.ranks->rank();
+  const int rng_rank = old_world == run.ranks->world_size() ? rank : 0;
+  auto range = [&](int64_t u, int64_t r) {  // unit u's elements in old rank r's file
+    const int64_t n = units[u], chunk = (n + old_world - 1) / old_world;
+    return std::make_pair(std::min(r * chunk, n), std::min((r + 1) * chunk, n));
+  };
+  torch::Tensor rng;
+  for (const json& entry : shard.value("files", json::array())) {
+    const int64_t r = entry.value("rank", int64_t{-1});
+    bool overlaps = false;
+    for (size_t u = 0; u < units.size() && !overlaps; ++u) {
+      const auto [begin, end] = range(u, r);
+      const auto [mine_begin, mine_end] = shards.UnitSlice(u);
+      overlaps = begin < mine_end && end > mine_begin;
+    }
+    if (!overlaps && r != rng_rank) continue;
+    auto opened = OpenVerifiedShard(dir, entry);
+    if (!opened.ok()) return where(opened.status());
+    for (const io::TensorInfo& info : (*opened)->tensors()) {
+      const bool u8 = info.dtype == io::Dtype::kU8;
+      auto t = torch::from_blob((*opened)->Data(info), info.shape,
+                                torch::dtype(u8 ? torch::kUInt8 : torch::kFloat32));
+      int64_t unit = -1;
+      std::string what;
+      if (info.name == kRngTensor) {
+        if (r == rng_rank) rng = t.clone();
+        continue;
+      }
+      if (!ParseUnitTensor(info.name, &unit, &what) || unit < 0 ||
+          unit >= static_cast<int64_t>(units.size()) || info.dtype != io::Dtype::kF32 ||
+          t.numel() != range(unit, r).second - range(unit, r).first) {
+        return where(absl::DataLossError(absl::StrCat(
+            entry.value("name", ""), ": tensor '", info.name, "' is not a slice it should hold")));
+      }
+      shards.RestoreRange(unit, what, range(unit, r).first, t.to(run.device));
+    }
+  }
+  shards.FinishRestore(optimizer_step);
+  if (rng.defined()) {
+    at::Generator generator = at::detail::getDefaultCPUGenerator();
+    generator.set_state(rng);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RestoreShards(Run& run, const std::string& dir, const json& shard,
                            int64_t optimizer_step) {
   auto where = [&](const absl::Status& s) {
     return absl::Status(s.code(),
                         absl::StrCat("resuming from checkpoint ", dir, ": ", s.message()));
   };
-  if (!run.sharded) {
+  const bool written_full = shard.value("level", "") == "full";
+  if (written_full != static_cast<bool>(run.full) || (!run.full && !run.sharded)) {
     return where(absl::FailedPreconditionError(
         absl::StrCat("it was written with parallel.shard: ", shard.value("level", "?"),
-                     "; set parallel.shard to optimizer or gradients to resume it")));
+                     "; set parallel.shard to ", written_full ? "full" : "optimizer or gradients",
+                     " to resume it")));
   }
+  if (run.full) return RestoreFullShards(run, dir, shard, optimizer_step);
   ShardedAdamW& optimizer = *run.sharded;
   if (shard.value("elements", int64_t{-1}) != optimizer.num_elements()) {
     return where(absl::FailedPreconditionError(

@@ -21,6 +21,7 @@
 #include "engine/io/manifest.h"
 #include "engine/model/causal_lm.h"
 #include "engine/train/distributed.h"
+#include "engine/train/layer_shards.h"
 #include "engine/train/optimizer.h"
 #include "engine/train/plan.h"
 #include "engine/train/sharded_optimizer.h"
@@ -39,9 +40,11 @@ struct Run {
   model::CausalLM lm{nullptr};
   TrainPlan plan;
   // parallel.shard: none → `optimizer` (every rank the whole state); optimizer | gradients →
-  // `sharded` (ZeRO-1/2, sharded_optimizer.h). Exactly one is set.
+  // `sharded` (ZeRO-1/2, sharded_optimizer.h); full → `full` (ZeRO-3, layer_shards.h, whose
+  // hooks the model runs). Exactly one is set.
   std::unique_ptr<FlatAdamW> optimizer;
   std::unique_ptr<ShardedAdamW> sharded;
+  std::unique_ptr<LayerShards> full;
   std::unique_ptr<data::Loader> loader;
   // The data-parallel group (RANK/WORLD_SIZE); a single process makes every collective a
   // no-op.
@@ -93,8 +96,8 @@ std::string StepDirName(int64_t step);
 // Writes the checkpoint of `step` (weights, optimizer moments, RNG, loader position) to
 // `path`, published atomically. Rank 0 only.
 absl::Status WriteCheckpoint(Run& run, int64_t step, const std::string& path);
-// The same under parallel.shard (optimizer | gradients): every rank writes its slice of the
-// weights, moments and its RNG state, rank 0 the metadata and publishes the directory.
+// The same under parallel.shard (optimizer | gradients | full): every rank writes its slice of
+// the weights, moments and its RNG state, rank 0 the metadata and publishes the directory.
 // Collective (every rank calls it).
 absl::Status WriteShardedCheckpoint(Run& run, int64_t step, const std::string& path);
 // Removes staging directories of checkpoints whose writer died (a killed attempt).

@@ -50,6 +50,11 @@ ShardedAdamW::ShardedAdamW(const std::vector<ParamPlan>& plans,
     s.param.set_requires_grad(true);
   }
   packed_.assign(segments_.size(), 0);
+  if (level_ == Level::kFull) {
+    master_ = values_.narrow(0, rank_ * chunk_, chunk_).clone();
+  } else {
+    master_ = values_.narrow(0, rank_ * chunk_, chunk_);
+  }
   exp_avg_ = torch::zeros({chunk_}, opts);
   exp_avg_sq_ = torch::zeros({chunk_}, opts);
   if (level_ == Level::kOptimizer) {
@@ -58,6 +63,12 @@ ShardedAdamW::ShardedAdamW(const std::vector<ParamPlan>& plans,
   } else {
     grad_ = torch::zeros({chunk_}, opts);
   }
+  BuildPieces(plans);
+  if (level_ == Level::kFull) Release();
+}
+
+// This rank's pieces of the segments (with their masks) and the L2-SP anchor of its slice.
+void ShardedAdamW::BuildPieces(const std::vector<ParamPlan>& plans) {
   bool any_lambda = false;
   const int64_t lo = rank_ * chunk_, hi = std::min(lo + chunk_, numel_);
   for (size_t i = 0; i < segments_.size(); ++i) {
@@ -71,7 +82,7 @@ ShardedAdamW::ShardedAdamW(const std::vector<ParamPlan>& plans,
     pieces_.push_back(std::move(p));
     any_lambda = any_lambda || s.lambda > 0;
   }
-  if (any_lambda) anchor_ = values_.narrow(0, lo, chunk_).clone();
+  if (any_lambda) anchor_ = master_.clone();
 }
 
 // The segment's 0/1 mask (rows or columns of plan.indices) at flat elements [begin, end).
@@ -168,36 +179,41 @@ void ShardedAdamW::AfterBackward(bool last) {
     ReduceBuckets();
     return;
   }
-  if (!last) return;  // ZeRO-1: autograd accumulates over the micro-batches
+  if (level_ == Level::kFull) return;  // LayerShards calls ReduceGrads per unit
+  if (!last) return;                   // ZeRO-1: autograd accumulates over the micro-batches
   PackGrads(0, numel_, flat_grads_.narrow(0, 0, numel_), /*free_packed=*/true);
   flat_grads_.narrow(0, numel_, flat_grads_.numel() - numel_).zero_();  // the padding
   ranks_.ReduceScatter(flat_grads_, /*mean=*/true);  // grad_ is this rank's chunk of it
   grad_fresh_ = false;
 }
 
-FlatAdamW::StepStats ShardedAdamW::Step(double lr, double max_norm) {
+ShardedAdamW::LocalSums ShardedAdamW::PrepareStep() {
   torch::NoGradGuard no_grad;
-  FlatAdamW::StepStats stats;
+  LocalSums sums;
   if (grad_fresh_) grad_.zero_();  // no micro-batch reached the parameters
-  double l2sp = 0.0;
   for (const Piece& p : pieces_) {
     const Segment& s = segments_[p.segment];
     auto g = SliceOf(grad_, p);
     if (s.lambda > 0) {
-      auto diff = SliceOf(values_.narrow(0, rank_ * chunk_, chunk_), p) - SliceOf(anchor_, p);
-      l2sp += s.lambda * at::dot(diff, diff).item<double>();
+      auto diff = SliceOf(master_, p) - SliceOf(anchor_, p);
+      sums.l2sp += s.lambda * at::dot(diff, diff).item<double>();
       g.add_(diff, 2.0 * s.lambda);
     }
     if (p.mask.defined()) g.mul_(p.mask);
   }
-  stats.l2sp = ranks_.AllReduceSum(l2sp);
-  const double sum_squares = ranks_.AllReduceSum(at::dot(grad_, grad_).item<double>());
-  stats.grad_norm = std::sqrt(sum_squares);
-  double clip = 1.0;
-  if (max_norm > 0 && stats.grad_norm > max_norm) clip = max_norm / (stats.grad_norm + 1e-6);
+  sums.sum_squares = at::dot(grad_, grad_).item<double>();
+  return sums;
+}
+
+double ShardedAdamW::ClipFactor(double grad_norm, double max_norm) {
+  return max_norm > 0 && grad_norm > max_norm ? max_norm / (grad_norm + 1e-6) : 1.0;
+}
+
+void ShardedAdamW::ApplyStep(double lr, double clip) {
+  torch::NoGradGuard no_grad;
   ++step_;
   std::optional<torch::Tensor> grad_scale;
-  if (clip != 1.0) grad_scale = torch::full({}, 1.0 / clip, values_.options());
+  if (clip != 1.0) grad_scale = torch::full({}, 1.0 / clip, master_.options());
   std::vector<size_t> decayed, plain;
   for (size_t i = 0; i < pieces_.size(); ++i) {
     if (pieces_[i].mask.defined()) continue;
@@ -210,7 +226,16 @@ FlatAdamW::StepStats ShardedAdamW::Step(double lr, double max_norm) {
     if (clip != 1.0) SliceOf(grad_, p).mul_(clip);
     AdamMasked(p, lr);
   }
-  ranks_.AllGather(values_);
+}
+
+FlatAdamW::StepStats ShardedAdamW::Step(double lr, double max_norm) {
+  torch::NoGradGuard no_grad;
+  const LocalSums sums = PrepareStep();
+  FlatAdamW::StepStats stats;
+  stats.l2sp = ranks_.AllReduceSum(sums.l2sp);
+  stats.grad_norm = std::sqrt(ranks_.AllReduceSum(sums.sum_squares));
+  ApplyStep(lr, ClipFactor(stats.grad_norm, max_norm));
+  if (level_ != Level::kFull) ranks_.AllGather(values_);
   return stats;
 }
 
@@ -218,11 +243,10 @@ void ShardedAdamW::AdamPieces(const std::vector<size_t>& pieces, bool decay, dou
                               const std::optional<torch::Tensor>& grad_scale) {
   if (pieces.empty()) return;
   std::vector<torch::Tensor> p, g, m, v, steps;
-  auto step = torch::full({}, static_cast<double>(step_), values_.options());
-  auto mine = values_.narrow(0, rank_ * chunk_, chunk_);
+  auto step = torch::full({}, static_cast<double>(step_), master_.options());
   for (size_t i : pieces) {
     const Piece& piece = pieces_[i];
-    p.push_back(SliceOf(mine, piece));
+    p.push_back(SliceOf(master_, piece));
     g.push_back(SliceOf(grad_, piece));
     m.push_back(SliceOf(exp_avg_, piece));
     v.push_back(SliceOf(exp_avg_sq_, piece));
@@ -236,7 +260,7 @@ void ShardedAdamW::AdamPieces(const std::vector<size_t>& pieces, bool decay, dou
 // FlatAdamW::AdamMasked on a piece: the whole update, decay included, zeroed outside the mask.
 void ShardedAdamW::AdamMasked(const Piece& piece, double lr) {
   const Segment& s = segments_[piece.segment];
-  auto p = SliceOf(values_.narrow(0, rank_ * chunk_, chunk_), piece);
+  auto p = SliceOf(master_, piece);
   auto g = SliceOf(grad_, piece), m = SliceOf(exp_avg_, piece), v = SliceOf(exp_avg_sq_, piece);
   const double beta1 = options_.betas(0), beta2 = options_.betas(1);
   const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(step_));
@@ -254,7 +278,7 @@ void ShardedAdamW::AdamMasked(const Piece& piece, double lr) {
 
 std::vector<std::pair<std::string, torch::Tensor>> ShardedAdamW::SliceTensors() const {
   const int64_t n = slice_end() - slice_begin();
-  return {{"values", values_.narrow(0, slice_begin(), n)},
+  return {{"values", master_.narrow(0, 0, n)},
           {"exp_avg", exp_avg_.narrow(0, 0, n)},
           {"exp_avg_sq", exp_avg_sq_.narrow(0, 0, n)}};
 }
@@ -266,18 +290,48 @@ void ShardedAdamW::RestoreRange(const std::string& name, int64_t begin,
   const int64_t to = std::min(begin + piece.numel(), slice_end());
   if (from >= to) return;
   auto source = piece.narrow(0, from - begin, to - from);
-  if (name == "values") {
-    values_.narrow(0, from, to - from).copy_(source);
-  } else {
-    auto& target = name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
-    target.narrow(0, from - rank_ * chunk_, to - from).copy_(source);
-  }
+  auto& target = name == "values" ? master_ : name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
+  target.narrow(0, from - rank_ * chunk_, to - from).copy_(source);
 }
 
 void ShardedAdamW::FinishRestore(int64_t step) {
   torch::NoGradGuard no_grad;
-  ranks_.AllGather(values_);
+  if (level_ != Level::kFull) ranks_.AllGather(values_);
   step_ = step;
+}
+
+void FreeFlatStorage(const torch::Tensor& flat) {
+  c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, flat.device()));
+  storage->set_nbytes(0);
+}
+
+void AllocateFlatStorage(const torch::Tensor& flat) {
+  c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(flat.numel()) * flat.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+void ShardedAdamW::Gather() {
+  if (gathered_) return;
+  torch::NoGradGuard no_grad;
+  AllocateFlatStorage(values_);
+  gathered_ = true;
+  values_.narrow(0, rank_ * chunk_, chunk_).copy_(master_);
+  ranks_.AllGather(values_);
+}
+
+void ShardedAdamW::Release() {
+  if (!gathered_ || level_ != Level::kFull) return;
+  FreeFlatStorage(values_);
+  gathered_ = false;
+}
+
+void ShardedAdamW::ReduceGrads() {
+  torch::NoGradGuard no_grad;
+  ReduceBuckets();
+  bucket_ = torch::Tensor();  // one unit's bucket; the next unit allocates its own
 }
 
 }  // namespace stemma::engine::train

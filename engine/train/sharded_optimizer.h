@@ -19,6 +19,13 @@
 //   slice, all-reduced), clipping and LibTorch's fused AdamW run on the slice only; an
 //   in-place all-gather of the flat buffer then gives every rank the updated replica.
 //
+// - kFull (ZeRO-3, `parallel.shard: full`; used per shard unit by LayerShards, layer_shards.h).
+//   The parameters are given one decoder layer (or the embeddings/head/final norm) at a time.
+//   The flat buffer is resident only between Gather() and Release(): the parameters stay
+//   views of it, and Release frees its storage (the parameter tensors keep their shapes);
+//   each rank keeps its slice as its own [k] master copy. Gradients are reduce-scattered by
+//   ReduceGrads() (from the layer's grads_ready hook) and the step does no all-gather.
+//
 // The update is elementwise the same as FlatAdamW's, so a sharded run equals one process with
 // the same global batch up to the order of the gradient sums (sharded_train_test).
 // Every method that says "collective" must be called by all ranks in the same order.
@@ -42,9 +49,16 @@
 
 namespace stemma::engine::train {
 
+// The storage of a flat buffer whose views are module parameters, swapped rather than the
+// tensor: the views keep their shapes (and autograd its tensors) while nothing is resident.
+// Free releases the memory (views must not be read until Allocate); Allocate gives it back,
+// uninitialised.
+void FreeFlatStorage(const torch::Tensor& flat);
+void AllocateFlatStorage(const torch::Tensor& flat);
+
 class ShardedAdamW {
  public:
-  enum class Level { kOptimizer, kGradients };
+  enum class Level { kOptimizer, kGradients, kFull };
 
   // As FlatAdamW's constructor; `ranks` (kept by reference, must outlive this) gives W and
   // the rank; `bucket_bytes` caps a kGradients bucket (all W pieces together).
@@ -61,6 +75,28 @@ class ShardedAdamW {
   // L2-SP, masks, the global norm and clipping, AdamW on the slice, then the all-gather of
   // the weights (collective). Statistics are global (identical on every rank).
   FlatAdamW::StepStats Step(double lr, double max_norm);
+
+  // Step in two halves, for a step over several optimizers (LayerShards) with one global norm:
+  // PrepareStep adds the L2-SP gradient and masks the slice's gradient, and returns this
+  // rank's Σλ‖θ − θ_base‖² and Σg² (not all-reduced); ApplyStep runs AdamW on the slice with
+  // the gradient multiplied by `clip` (1: unclipped). Neither is collective.
+  struct LocalSums {
+    double l2sp = 0.0, sum_squares = 0.0;
+  };
+  LocalSums PrepareStep();
+  void ApplyStep(double lr, double clip);
+  // The clipping factor for a global gradient norm (1 when max_norm <= 0 or not exceeded).
+  static double ClipFactor(double grad_norm, double max_norm);
+
+  // kFull. Gather: allocates the flat buffer and all-gathers every rank's slice into it, so
+  // the parameters hold their values (collective). Release: frees it (the parameters must not
+  // be read until the next Gather). ReduceGrads: reduce-scatters the parameters' .grad (this
+  // micro-batch's, zeros where undefined) into the slice's gradient, in buckets, and frees
+  // them (collective).
+  void Gather();
+  void Release();
+  bool gathered() const { return gathered_; }
+  void ReduceGrads();
 
   std::vector<torch::Tensor> parameters() const;
   int64_t step_count() const { return step_; }
@@ -103,6 +139,7 @@ class ShardedAdamW {
   torch::Tensor SliceOf(const torch::Tensor& flat, const Piece& p) const {
     return flat.narrow(0, p.begin - rank_ * chunk_, p.end - p.begin);
   }
+  void BuildPieces(const std::vector<ParamPlan>& plans);
   void AdamPieces(const std::vector<size_t>& pieces, bool decay, double lr,
                   const std::optional<torch::Tensor>& grad_scale);
   void AdamMasked(const Piece& p, double lr);
@@ -116,7 +153,9 @@ class ShardedAdamW {
   std::vector<Segment> segments_;
   std::vector<int64_t> packed_;  // per segment: elements packed this micro-batch
   std::vector<Piece> pieces_;
-  torch::Tensor values_;                // [W·k] the replica; parameters are views of it
+  torch::Tensor values_;  // [W·k] the replica; parameters are views of it (kFull: gathered)
+  torch::Tensor master_;  // [k] this rank's slice: a view of values_, or kFull's own copy
+  bool gathered_ = true;
   torch::Tensor exp_avg_, exp_avg_sq_;  // [k]
   torch::Tensor grad_;                  // [k] reduced gradient (a view of flat_grads_ at ZeRO-1)
   torch::Tensor flat_grads_;            // [W·k] kOptimizer only

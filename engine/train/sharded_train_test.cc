@@ -4,61 +4,44 @@
 // must agree to float tolerance (the sums over ranks only change the order of additions), and
 // what the strategy freezes must keep the base's bits. A sharded checkpoint resumes at another
 // world size and continues the same loss curve.
-#include <netinet/in.h>
-#include <sys/socket.h>
-
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
+#include "engine/train/rank_processes.h"
 #include "engine/train/train_test_fixture.h"
 
 namespace stemma::engine::train {
 namespace {
 
-// A port nobody listens on right now (the kernel's pick for an ephemeral bind).
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), length);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
-
 class ShardedTrainTest : public TrainTest {
  protected:
   // Runs `spec` as `world` rank processes (RANK/WORLD_SIZE/MASTER_*); returns each rank's
-  // result (only rank 0 prints events).
+  // result (only rank 0 prints events) and, in `peak_anon_kib`, each rank's peak RssAnon.
   static std::vector<Result> RunRanks(const json& spec, const std::string& name, int world,
-                                      const std::string& extra = "") {
+                                      const std::string& extra = "",
+                                      std::vector<int64_t>* peak_anon_kib = nullptr) {
     const fs::path spec_path = root_ / (name + ".json");
     std::ofstream(spec_path) << spec.dump(2);
-    std::string script;
     const int port = FreePort();
+    std::vector<std::string> commands;
     for (int r = 0; r < world; ++r) {
       const std::string base = (root_ / absl::StrCat(name, ".", r)).string();
-      absl::StrAppend(&script, "RANK=", r, " LOCAL_RANK=", r, " WORLD_SIZE=", world,
-                      " MASTER_ADDR=127.0.0.1 MASTER_PORT=", port,
-                      " STEMMA_DDP_TIMEOUT_S=60 OMP_NUM_THREADS=1 ", STEMMA_ENGINE_BIN,
-                      " train --spec ", spec_path.string(), " ", extra, " > ", base, ".stdout 2> ",
-                      base, ".stderr & p", r, "=$!\n");
+      commands.push_back(absl::StrCat("env RANK=", r, " LOCAL_RANK=", r, " WORLD_SIZE=", world,
+                                      " MASTER_ADDR=127.0.0.1 MASTER_PORT=", port,
+                                      " STEMMA_DDP_TIMEOUT_S=60 OMP_NUM_THREADS=1 ",
+                                      STEMMA_ENGINE_BIN, " train --spec ", spec_path.string(), " ",
+                                      extra, " > ", base, ".stdout 2> ", base, ".stderr"));
     }
-    for (int r = 0; r < world; ++r) {
-      absl::StrAppend(&script, "wait $p", r, "; echo $? > ",
-                      (root_ / absl::StrCat(name, ".", r, ".rc")).string(), "\n");
-    }
-    const fs::path script_path = root_ / (name + ".sh");
-    std::ofstream(script_path) << script;
-    Shell("sh " + script_path.string());
+    const std::vector<RankProcess> processes = RunRankCommands(commands);
     std::vector<Result> results(world);
     for (int r = 0; r < world; ++r) {
       const std::string base = (root_ / absl::StrCat(name, ".", r)).string();
       Result& result = results[r];
-      result.exit_code = std::atoi(ReadText(base + ".rc").c_str());
+      result.exit_code = processes[r].exit_code;
+      if (peak_anon_kib != nullptr) peak_anon_kib->push_back(processes[r].peak_anon_kib);
       result.stdout_text = ReadText(base + ".stdout");
       result.stderr_text = ReadText(base + ".stderr");
       std::istringstream lines(result.stdout_text);
@@ -129,13 +112,15 @@ class ShardedTrainTest : public TrainTest {
     ASSERT_EQ(single.exit_code, 0) << single.stderr_text;
     const Tensors base = ReadTensors(root_ / arch);
     const Tensors one = ReadTensors(root_ / (name + "_single"));
-    for (const std::string level : {"optimizer", "gradients"}) {
+    for (const std::string level : {"optimizer", "gradients", "full"}) {
       for (int world : {2, 4}) {
         const std::string run = absl::StrCat(name, "_", level, "_", world);
         json sharded = spec;
         sharded["out"] = (root_ / run).string();
         // Small buckets: several reduce-scatters per micro-batch, pieces cutting tensors.
         sharded["parallel"] = {{"shard", level}, {"bucket_mb", 1}};
+        // `full` checkpoints every layer whatever is asked: on at 2 ranks, off at 4.
+        if (level == "full") sharded["activation_checkpointing"] = world == 2 ? 1 : 0;
         std::vector<Result> ranks = RunRanks(sharded, run, world);
         for (int r = 0; r < world; ++r) {
           ASSERT_EQ(ranks[r].exit_code, 0) << run << " rank " << r << ":\n" << ranks[r].stderr_text;
@@ -143,6 +128,51 @@ class ShardedTrainTest : public TrainTest {
         ExpectSameCurve(single, ranks[0], run);
         ExpectSameWeights(base, one, root_ / run, run);
       }
+    }
+  }
+
+  // Stopped after step 2 at 2 ranks, resumed at 4 (and at 1): the same curve as a run straight
+  // through, and the same final weights.
+  static void ExpectResumesAtAnotherWorldSize(const std::string& level) {
+    json spec = BaseSpec("llama", "");
+    spec["steps"] = 6;
+    spec["log_every"] = 1;
+    spec["optimizer"]["weight_decay"] = 0.1;
+    spec["strategy"] = {{"l2sp", {{{"lambda", 0.5}}}}};
+    spec["parallel"] = {{"shard", level}, {"bucket_mb", 1}};
+    const std::string straight_name = "resume_straight_" + level;
+    spec["out"] = (root_ / straight_name).string();
+    std::vector<Result> straight = RunRanks(spec, straight_name, 2);
+    ASSERT_EQ(straight[0].exit_code, 0) << straight[0].stderr_text;
+    const Tensors base = ReadTensors(root_ / "llama");
+    const Tensors one = ReadTensors(root_ / straight_name);
+
+    for (int resumed_world : {4, 1}) {
+      const std::string name = absl::StrCat("resume_", level, "_at_", resumed_world);
+      const fs::path root = root_;
+      json stopped = spec;
+      stopped["out"] = (root / name).string();
+      stopped["checkpoint"] = {{"every", 2}, {"keep", 2}};
+      std::vector<Result> first = RunRanks(stopped, name, 2, "--stop-after-step 2");
+      ASSERT_EQ(first[0].exit_code, 3) << first[0].stderr_text;  // stopped as if preempted
+      ASSERT_TRUE(fs::exists(root / (name + ".checkpoints") / "step-00000002" /
+                             "shard-00001-of-00002.safetensors"));
+      Result rest;
+      if (resumed_world == 1) {
+        rest = Run(stopped, name + "_rest", "", "OMP_NUM_THREADS=1 ");
+      } else {
+        rest = RunRanks(stopped, name + "_rest", resumed_world)[0];
+      }
+      ASSERT_EQ(rest.exit_code, 0) << rest.stderr_text;
+      ASSERT_FALSE(rest.Of("start").empty());
+      EXPECT_EQ(rest.Of("start")[0]["resumed_from_step"], 2);
+      const auto a = straight[0].Losses(), b = first[0].Losses(), c = rest.Losses();
+      ASSERT_EQ(a.size(), 6u);
+      for (const auto& [step, loss] : a) {
+        const double other = step <= 2 ? b.at(step) : c.at(step);
+        EXPECT_LE(std::abs(loss - other), 2e-5 * loss) << name << " step " << step;
+      }
+      ExpectSameWeights(base, one, root / name, name);
     }
   }
 };
@@ -208,60 +238,74 @@ TEST_F(ShardedTrainTest, DeltaMoeWithLoadBalancingEqualsUnshardedRanks) {
   spec["out"] = (root_ / "lb_none").string();
   std::vector<Result> none = RunRanks(spec, "lb_none", 2);
   ASSERT_EQ(none[0].exit_code, 0) << none[0].stderr_text;
-  spec["out"] = (root_ / "lb_gradients").string();
-  spec["parallel"] = {{"shard", "gradients"}, {"bucket_mb", 1}};
-  std::vector<Result> sharded = RunRanks(spec, "lb_gradients", 2);
-  ASSERT_EQ(sharded[0].exit_code, 0) << sharded[0].stderr_text;
-  ExpectSameCurve(none[0], sharded[0], "load balancing, gradients vs none at 2 ranks");
-  for (size_t i = 0; i < none[0].Of("step").size(); ++i) {
-    EXPECT_NEAR(none[0].Of("step")[i]["load_balancing"].get<double>(),
-                sharded[0].Of("step")[i]["load_balancing"].get<double>(), 1e-6);
+  for (const std::string level : {"gradients", "full"}) {
+    const std::string run = "lb_" + level;
+    spec["out"] = (root_ / run).string();
+    spec["parallel"] = {{"shard", level}, {"bucket_mb", 1}};
+    std::vector<Result> sharded = RunRanks(spec, run, 2);
+    ASSERT_EQ(sharded[0].exit_code, 0) << sharded[0].stderr_text;
+    ExpectSameCurve(none[0], sharded[0], "load balancing, " + level + " vs none at 2 ranks");
+    for (size_t i = 0; i < none[0].Of("step").size(); ++i) {
+      EXPECT_NEAR(none[0].Of("step")[i]["load_balancing"].get<double>(),
+                  sharded[0].Of("step")[i]["load_balancing"].get<double>(), 1e-6);
+    }
+    ExpectSameWeights(ReadTensors(root_ / "olmoe"), ReadTensors(root_ / "lb_none"), root_ / run,
+                      "load balancing, " + level);
   }
-  ExpectSameWeights(ReadTensors(root_ / "olmoe"), ReadTensors(root_ / "lb_none"),
-                    root_ / "lb_gradients", "load balancing");
 }
 
-// Stopped after step 2 at 2 ranks, resumed at 4 (and at 1): the same curve as a run straight
-// through, and the same final weights.
 TEST_F(ShardedTrainTest, ShardedCheckpointResumesAtAnotherWorldSize) {
-  json spec = BaseSpec("llama", "");
-  spec["steps"] = 6;
-  spec["log_every"] = 1;
-  spec["optimizer"]["weight_decay"] = 0.1;
-  spec["strategy"] = {{"l2sp", {{{"lambda", 0.5}}}}};
-  spec["parallel"] = {{"shard", "gradients"}, {"bucket_mb", 1}};
-  spec["out"] = (root_ / "resume_straight").string();
-  std::vector<Result> straight = RunRanks(spec, "resume_straight", 2);
-  ASSERT_EQ(straight[0].exit_code, 0) << straight[0].stderr_text;
-  const Tensors base = ReadTensors(root_ / "llama");
-  const Tensors one = ReadTensors(root_ / "resume_straight");
+  ExpectResumesAtAnotherWorldSize("gradients");
+}
 
-  for (int resumed_world : {4, 1}) {
-    const std::string name = absl::StrCat("resume_at_", resumed_world);
-    json stopped = spec;
-    stopped["out"] = (root_ / name).string();
-    stopped["checkpoint"] = {{"every", 2}, {"keep", 2}};
-    std::vector<Result> first = RunRanks(stopped, name, 2, "--stop-after-step 2");
-    ASSERT_EQ(first[0].exit_code, 3) << first[0].stderr_text;  // stopped as if preempted
-    ASSERT_TRUE(fs::exists(root_ / (name + ".checkpoints") / "step-00000002" /
-                           "shard-00001-of-00002.safetensors"));
-    Result rest;
-    if (resumed_world == 1) {
-      rest = Run(stopped, name + "_rest", "", "OMP_NUM_THREADS=1 ");
-    } else {
-      rest = RunRanks(stopped, name + "_rest", resumed_world)[0];
-    }
-    ASSERT_EQ(rest.exit_code, 0) << rest.stderr_text;
-    ASSERT_FALSE(rest.Of("start").empty());
-    EXPECT_EQ(rest.Of("start")[0]["resumed_from_step"], 2);
-    const auto a = straight[0].Losses(), b = first[0].Losses(), c = rest.Losses();
-    ASSERT_EQ(a.size(), 6u);
-    for (const auto& [step, loss] : a) {
-      const double other = step <= 2 ? b.at(step) : c.at(step);
-      EXPECT_LE(std::abs(loss - other), 2e-5 * loss) << name << " step " << step;
-    }
-    ExpectSameWeights(base, one, root_ / name, name);
+TEST_F(ShardedTrainTest, FullShardCheckpointResumesAtAnotherWorldSize) {
+  ExpectResumesAtAnotherWorldSize("full");
+}
+
+// A checkpoint written under `full` has a layout per layer: resuming it at `gradients` is
+// refused, naming the level.
+TEST_F(ShardedTrainTest, ResumingAFullShardCheckpointAtAnotherLevelIsRefused) {
+  json spec = BaseSpec("llama", "full_then_gradients");
+  spec["steps"] = 4;
+  spec["checkpoint"] = {{"every", 2}};
+  spec["parallel"] = {{"shard", "full"}};
+  std::vector<Result> first = RunRanks(spec, "full_first", 2, "--stop-after-step 2");
+  ASSERT_EQ(first[0].exit_code, 3) << first[0].stderr_text;
+  spec["parallel"] = {{"shard", "gradients"}};
+  std::vector<Result> second = RunRanks(spec, "full_second", 2);
+  EXPECT_NE(second[0].exit_code, 0);
+  EXPECT_TRUE(absl::StrContains(second[0].stderr_text, "parallel.shard: full"))
+      << second[0].stderr_text;
+}
+
+// Peak anonymous RSS per rank at 2 ranks for a model whose weights and optimizer state
+// dominate (4 layers of hidden 1024, FFN 2816: 51 M parameters, 16-token rows): `full` keeps
+// 16/W bytes per parameter (master slice, moments, gradient slice) plus one layer, where
+// `gradients` keeps the fp32 replica, the moments' slice and the whole autograd gradients.
+TEST_F(ShardedTrainTest, FullShardHoldsLessPerRankThanGradients) {
+  const fs::path model = root_ / "llama-wide";
+  ASSERT_EQ(Shell(absl::StrCat(STEMMA_ENGINE_BIN,
+                               " init --arch llama --num-layers 4 --hidden-size 1024 "
+                               "--intermediate-size 2816 --num-heads 8 --num-kv-heads 8 "
+                               "--head-dim 128 --seed 3 --out ",
+                               model.string(), " > /dev/null")),
+            0);
+  std::map<std::string, int64_t> peak;
+  for (const std::string level : {"gradients", "full"}) {
+    json spec = BaseSpec("llama", "wide_" + level);
+    spec["model"] = model.string();
+    spec["steps"] = 2;
+    spec["batch_size"] = 2;
+    spec["parallel"] = {{"shard", level}};
+    std::vector<int64_t> kib;
+    std::vector<Result> ranks = RunRanks(spec, "wide_" + level, 2, "", &kib);
+    for (const Result& r : ranks) ASSERT_EQ(r.exit_code, 0) << r.stderr_text;
+    peak[level] = *std::max_element(kib.begin(), kib.end());
   }
+  std::printf(
+      "peak RssAnon per rank, 51 M parameters, 2 ranks: gradients %.1f MiB, full %.1f MiB\n",
+      peak["gradients"] / 1024.0, peak["full"] / 1024.0);
+  EXPECT_LT(peak["full"], peak["gradients"]);
 }
 
 TEST_F(ShardedTrainTest, ResumingAnUnshardedCheckpointShardedIsRefused) {

@@ -78,7 +78,10 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
   const double router_z = spec.strategy().aux_loss().router_z();
   StepResult result;
   double ce_sum = 0.0, lb_sum = 0.0, z_sum = 0.0;
-  if (run.sharded) {
+  if (run.full) {
+    run.full->ZeroGrad();
+    run.full->GatherOuter();  // the embedding runs first, the head last: kept for the step
+  } else if (run.sharded) {
     run.sharded->ZeroGrad();
   } else {
     run.optimizer->ZeroGrad();
@@ -115,8 +118,10 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
     loss.backward();
     ce_sum += ce.item<double>();
     if (run.sharded) run.sharded->AfterBackward(micro + 1 == grad_accum);
+    if (run.full) run.full->AfterBackward();
   }
-  if (world > 1 && !run.sharded) run.ranks->AllReduceMeanGradients({run.optimizer->FlatGrads()});
+  if (run.full) run.full->ReleaseOuter();
+  if (world > 1 && run.optimizer) run.ranks->AllReduceMeanGradients({run.optimizer->FlatGrads()});
   result.loss = run.ranks->AllReduceSum(ce_sum) / global_tokens;
   if (moe) {
     const double micro_batches = static_cast<double>(grad_accum * world);
@@ -130,8 +135,9 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
                                             "no checkpoint written for this step"));
   }
   result.lr = LearningRate(spec.optimizer(), spec.schedule(), step, run.total_steps);
-  result.stats = run.sharded ? run.sharded->Step(result.lr, spec.clip_grad_norm())
-                             : run.optimizer->Step(result.lr, spec.clip_grad_norm());
+  result.stats = run.full      ? run.full->Step(result.lr, spec.clip_grad_norm())
+                 : run.sharded ? run.sharded->Step(result.lr, spec.clip_grad_norm())
+                               : run.optimizer->Step(result.lr, spec.clip_grad_norm());
   if (!std::isfinite(result.stats.grad_norm)) {
     return absl::InternalError(absl::StrCat("training diverged at step ", step,
                                             ": gradient norm is ", result.stats.grad_norm,
@@ -149,7 +155,8 @@ void EvaluateHeldOut(Run& run, int64_t step, const EventWriter& events) {
   const int64_t world = run.ranks->world_size(), rank = run.ranks->rank();
   torch::NoGradGuard no_grad;
   run.lm->eval();
-  ClearRouterRestriction(run);  // the model as it will be saved: the whole router
+  ClearRouterRestriction(run);            // the model as it will be saved: the whole router
+  if (run.full) run.full->GatherOuter();  // the decoder layers are gathered by the hooks
   double total_ce = 0.0, total_tokens = 0.0;
   for (auto& set : run.heldout) {
     double ce_sum = 0.0;
@@ -180,6 +187,7 @@ void EvaluateHeldOut(Run& run, int64_t step, const EventWriter& events) {
                {"name", "heldout_loss"},
                {"value", total_ce / total_tokens},
                {"step", step}});
+  if (run.full) run.full->ReleaseOuter();
   RestrictRouters(run);
   run.lm->train();
 }

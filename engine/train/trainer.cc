@@ -232,14 +232,13 @@ absl::StatusOr<int64_t> SetUp(Run& run) {
   std::vector<torch::Tensor> params;
   RETURN_IF_ERROR(BuildPlanFor(run, &params));
   const std::string& shard = spec.parallel().shard();
-  if (shard == "full") {
-    return absl::InvalidArgumentError(
-        absl::StrCat(run.source,
-                     ": parallel.shard: full is not available in this engine yet "
-                     "(use optimizer or gradients)"));
-  }
   RETURN_IF_ERROR(TorchGuard("setting up the optimizer", [&] {
-    if (shard == "optimizer" || shard == "gradients") {
+    if (shard == "full") {
+      run.full = std::make_unique<LayerShards>(run.lm->config().num_hidden_layers, run.plan.params,
+                                               params, spec.optimizer(), *run.ranks,
+                                               spec.parallel().bucket_mb() << 20);
+      run.lm->model->SetLayerHooks(run.full->Hooks());
+    } else if (shard == "optimizer" || shard == "gradients") {
       run.sharded = std::make_unique<ShardedAdamW>(
           run.plan.params, params, spec.optimizer(), *run.ranks,
           shard == "optimizer" ? ShardedAdamW::Level::kOptimizer : ShardedAdamW::Level::kGradients,
@@ -260,8 +259,11 @@ absl::StatusOr<int64_t> SetUp(Run& run) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint at step ", start_step, " is past the spec's ", run.total_steps, " steps"));
   }
-  run.ranks->BroadcastParameters(run.sharded ? run.sharded->parameters()
-                                             : run.optimizer->parameters());
+  // Every rank loaded the same files; under `full` each keeps only its slices of them.
+  if (!run.full) {
+    run.ranks->BroadcastParameters(run.sharded ? run.sharded->parameters()
+                                               : run.optimizer->parameters());
+  }
   run.lm->model->SetActivationCheckpointing(spec.activation_checkpointing());
   run.lm->train();
   return start_step;
@@ -306,14 +308,15 @@ constexpr std::chrono::hours kCheckpointWait{2};
 absl::Status Checkpoint(Run& run, int64_t step, const EventWriter& events) {
   const v1::TrainSpec& spec = *run.spec;
   const std::string path = CheckpointDir(spec) + "/" + StepDirName(step);
-  if (run.sharded) {
+  const bool sharded = run.sharded || run.full;
+  if (sharded) {
     RETURN_IF_ERROR(TorchGuard("writing checkpoint " + path,
                                [&] { return WriteShardedCheckpoint(run, step, path); }));
   } else if (run.ranks->rank() == 0) {
     RETURN_IF_ERROR(
         TorchGuard("writing checkpoint " + path, [&] { return WriteCheckpoint(run, step, path); }));
   }
-  if (!run.sharded) run.ranks->Barrier(kCheckpointWait);
+  if (!sharded) run.ranks->Barrier(kCheckpointWait);
   if (run.ranks->rank() != 0) return absl::OkStatus();
   PruneCheckpoints(CheckpointDir(spec), spec.checkpoint().keep());
   events.Emit({{"event", "checkpoint"}, {"step", step}, {"path", path}});
@@ -380,15 +383,39 @@ absl::StatusOr<RunResult> RunSteps(Run& run, const RunOptions& options, Progress
   return RunResult::kFinished;
 }
 
-// Rank 0 writes the model to `out` (in save_dtype) and announces it.
+// Under parallel.shard: full, the model's tensors in `dtype` on rank 0's host, gathered one
+// unit at a time (collective): no device holds more than one decoder layer of them at once.
+std::map<std::string, torch::Tensor> GatherForPublishing(Run& run, torch::ScalarType dtype) {
+  std::map<std::string, torch::Tensor> out;
+  const bool keep = run.ranks->rank() == 0;
+  run.full->ForEachParameter([&](const std::string& name, const torch::Tensor& value) {
+    if (keep) out[name] = value.detach().to(torch::kCPU, dtype, false, /*copy=*/true);
+  });
+  return out;
+}
+
+// Rank 0 writes the model to `out` (in save_dtype) and announces it. Under `full` every rank
+// takes part in gathering the weights first.
 absl::Status Publish(Run& run, int64_t stopped_at_step, const EventWriter& events) {
-  if (run.ranks->rank() != 0) return absl::OkStatus();
   const v1::TrainSpec& spec = *run.spec;
-  ClearRouterRestriction(run);
   model::SaveOptions save;
   save.dtype = spec.save_dtype() == "bfloat16"  ? torch::kBFloat16
                : spec.save_dtype() == "float16" ? torch::kFloat16
                                                 : torch::kFloat32;
+  std::map<std::string, torch::Tensor> gathered;
+  if (run.full) {
+    RETURN_IF_ERROR(TorchGuard("gathering the model to publish", [&] {
+      gathered = GatherForPublishing(run, save.dtype);
+      return absl::OkStatus();
+    }));
+    save.tensors = [&](const std::string& name) -> absl::StatusOr<torch::Tensor> {
+      auto it = gathered.find(name);
+      if (it == gathered.end()) return absl::NotFoundError("tensor '" + name + "' not gathered");
+      return it->second;
+    };
+  }
+  if (run.ranks->rank() != 0) return absl::OkStatus();
+  ClearRouterRestriction(run);
   save.parents = {spec.model()};
   save.producer = Producer(run, stopped_at_step);
   save.overwrite = spec.overwrite();
