@@ -99,10 +99,17 @@ absl::StatusOr<int> RunShow(const GlobalOptions& g, const std::string& id) {
   std::vector<std::string> parents;
   for (const auto& p : d.parents()) parents.push_back(p.id() + " " + p.path());
   Line("parents", parents.empty() ? "-" : absl::StrJoin(parents, "; "));
-  std::map<std::string, double> metrics(a.metrics().begin(), a.metrics().end());
-  std::vector<std::string> m;
-  for (const auto& [k, v] : metrics) m.push_back(k + "=" + FormatValue(v));
-  Line("metrics", m.empty() ? "-" : absl::StrJoin(m, " "));
+  // Per measuring job: an old eval's numbers are not shown as if one measurement with a
+  // newer eval's.
+  const std::vector<std::string> measured = MeasuredLines(a);
+  if (measured.empty()) Line("metrics", "-");
+  for (size_t i = 0; i < measured.size(); ++i) {
+    if (i == 0) {
+      Line("metrics", measured[i]);
+    } else {
+      std::cout << std::string(17, ' ') << measured[i] << "\n";  // under the first
+    }
+  }
   std::vector<std::string> children;
   for (const auto& c : d.children()) children.push_back(c.id());
   Line("children", children.empty() ? "-" : absl::StrJoin(children, " "));

@@ -1,4 +1,5 @@
-// stemma metrics JOB|EXPERIMENT: a job's (or every job of an experiment's) metric series.
+// stemma metrics JOB|EXPERIMENT: a job's (or an experiment's cells') metric series, each
+// point named by its cell.
 // stemma metrics export --to mlflow|tensorboard EXPERIMENT: the same into MLflow or
 // TensorBoard, through the Python client (python/stemma/export.py).
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/client.h"
@@ -26,6 +28,8 @@ struct MetricsOptions {
   std::string name;
   bool last = false;
   int64_t limit = 0;
+  std::string revision;  // "" (the latest), N, or "all"
+  std::string cell;
 };
 
 absl::StatusOr<int> RunMetrics(const GlobalOptions& g, const MetricsOptions& o) {
@@ -40,6 +44,20 @@ absl::StatusOr<int> RunMetrics(const GlobalOptions& g, const MetricsOptions& o) 
       return UsageError(absl::StrCat("'", t, "': give job ids and at most one experiment"));
     }
   }
+  if (!o.revision.empty() || !o.cell.empty()) {
+    if (request.experiment().empty())
+      return UsageError("--revision and --cell select cells of an experiment: name one");
+  }
+  if (o.revision == "all") {
+    request.set_revision(-1);
+  } else if (!o.revision.empty()) {
+    int r = 0;
+    if (!absl::SimpleAtoi(o.revision, &r) || r < 1)
+      return UsageError(
+          absl::StrCat("--revision: '", o.revision, "' is not a revision (1, 2, ...) or all"));
+    request.set_revision(r);
+  }
+  request.set_cell(o.cell);
   request.set_name_pattern(o.name);
   request.set_last_only(o.last);
   if (o.limit < 0) return UsageError("--limit must not be negative");
@@ -154,6 +172,11 @@ void AddMetricsCommand(CLI::App* app, const GlobalOptions* globals, Action* acti
   sub->add_option("--name", o->name, "only names matching this glob (e.g. 'heldout_loss/*')");
   sub->add_flag("--last", o->last, "only the last point of each name");
   sub->add_option("--limit", o->limit, "at most this many points (default 100000)");
+  sub->add_option("--revision", o->revision,
+                  "experiment: this revision's cells (default: the latest), or all");
+  sub->add_option("--cell", o->cell,
+                  "experiment: only cells whose name matches this glob ('eval-*', "
+                  "'cpt[family=slavic]')");
   AddExportCommand(sub, globals, action);
   // CLI11 runs this callback after the chosen subcommand's: it must not replace export's.
   sub->callback([=] {

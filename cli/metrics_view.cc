@@ -68,13 +68,10 @@ std::string HumanBytes(int64_t bytes) {
 nlohmann::json MetricPointsToJson(const std::vector<v1::MetricPoint>& points) {
   nlohmann::json array = nlohmann::json::array();
   for (const auto& p : points) {
-    nlohmann::json j = {{"job", p.job_id()},
-                        {"attempt", p.attempt()},
-                        {"name", p.name()},
-                        {"step", p.step()},
-                        {"value", p.value()},
-                        {"time_ms", p.time_ms()},
-                        {"labels", nlohmann::json::object()}};
+    nlohmann::json j = {
+        {"job", p.job_id()},      {"cell", p.job_name()},   {"revision", p.revision()},
+        {"attempt", p.attempt()}, {"name", p.name()},       {"step", p.step()},
+        {"value", p.value()},     {"time_ms", p.time_ms()}, {"labels", nlohmann::json::object()}};
     for (const auto& [k, v] : p.labels()) j["labels"][k] = v;
     array.push_back(std::move(j));
   }
@@ -82,23 +79,24 @@ nlohmann::json MetricPointsToJson(const std::vector<v1::MetricPoint>& points) {
 }
 
 std::string RenderMetricsCsv(const std::vector<v1::MetricPoint>& points) {
-  std::string out = "job,attempt,name,step,value,time_ms,labels\n";
+  std::string out = "job,attempt,name,step,value,time_ms,labels,cell,revision\n";
   for (const auto& p : points) {
     absl::StrAppend(&out, CsvField(p.job_id()), ",", p.attempt(), ",", CsvField(p.name()), ",",
                     p.step(), ",", FormatValue(p.value()), ",", p.time_ms(), ",",
-                    CsvField(LabelsText(p)), "\n");
+                    CsvField(LabelsText(p)), ",", CsvField(p.job_name()), ",", p.revision(), "\n");
   }
   return out;
 }
 
 std::string RenderMetricsTable(const std::vector<v1::MetricPoint>& points, bool wide) {
-  std::vector<std::string> header = {"JOB", "STEP", "NAME", "VALUE"};
-  if (wide) header.insert(header.end(), {"ATTEMPT", "LABELS", "TIME"});
+  std::vector<std::string> header = {"JOB", "CELL", "STEP", "NAME", "VALUE"};
+  if (wide) header.insert(header.end(), {"REVISION", "ATTEMPT", "LABELS", "TIME"});
   std::vector<std::vector<std::string>> rows;
   for (const auto& p : points) {
-    std::vector<std::string> row = {p.job_id(), absl::StrCat(p.step()), p.name(),
-                                    FormatValue(p.value())};
+    std::vector<std::string> row = {p.job_id(), p.job_name().empty() ? "-" : p.job_name(),
+                                    absl::StrCat(p.step()), p.name(), FormatValue(p.value())};
     if (wide) {
+      row.push_back(p.revision() > 0 ? absl::StrCat(p.revision()) : "-");
       row.push_back(absl::StrCat(p.attempt()));
       row.push_back(LabelsText(p).empty() ? "-" : LabelsText(p));
       row.push_back(FormatTimestamp(p.time_ms()));
@@ -114,6 +112,33 @@ std::string RenderLastValues(const std::vector<v1::MetricPoint>& points) {
     parts.push_back(absl::StrCat(p.name(), " ", FormatValue(p.value()), " @ step ", p.step()));
   }
   return TerminalSafe(absl::StrJoin(parts, ", "));
+}
+
+std::vector<std::string> MeasuredLines(const v1::Artifact& a) {
+  std::vector<std::string> lines;
+  if (a.measured().empty()) {
+    // Recorded before measurements were kept per job: the latest value of each name.
+    std::map<std::string, double> metrics(a.metrics().begin(), a.metrics().end());
+    std::vector<std::string> m;
+    for (const auto& [k, v] : metrics) m.push_back(k + "=" + FormatValue(v));
+    if (!m.empty()) lines.push_back("latest (no job recorded): " + absl::StrJoin(m, " "));
+    return lines;
+  }
+  std::vector<std::string> order;  // jobs, in the order they measured
+  std::map<std::string, std::vector<const v1::MeasuredMetric*>> by_job;
+  for (const auto& m : a.measured()) {
+    if (!by_job.count(m.job_id())) order.push_back(m.job_id());
+    by_job[m.job_id()].push_back(&m);
+  }
+  for (const std::string& job : order) {
+    const auto& ms = by_job[job];
+    std::vector<std::string> parts;
+    for (const auto* m : ms) parts.push_back(m->name() + "=" + FormatValue(m->value()));
+    const std::string name = ms[0]->job_name();
+    lines.push_back(TerminalSafe(
+        absl::StrCat(job, name.empty() ? "" : " " + name, ": ", absl::StrJoin(parts, " "))));
+  }
+  return lines;
 }
 
 nlohmann::json ArtifactToJson(const v1::Artifact& artifact) {

@@ -13,11 +13,12 @@ namespace stemma::cli {
 // "j-12": a job id rather than an experiment name.
 bool LooksLikeJobId(const std::string& s);
 
-// [{job, attempt, name, step, value, labels, time_ms}, ...]
+// [{job, cell, revision, attempt, name, step, value, labels, time_ms}, ...]
 nlohmann::json MetricPointsToJson(const std::vector<v1::MetricPoint>& points);
-// job,attempt,name,step,value,time_ms,labels (k=v;k=v), one line per point, with a header.
+// job,attempt,name,step,value,time_ms,labels (k=v;k=v),cell,revision: one line per point,
+// with a header.
 std::string RenderMetricsCsv(const std::vector<v1::MetricPoint>& points);
-// JOB STEP NAME VALUE (wide adds ATTEMPT LABELS TIME).
+// JOB CELL STEP NAME VALUE (wide adds REVISION ATTEMPT LABELS TIME).
 std::string RenderMetricsTable(const std::vector<v1::MetricPoint>& points, bool wide);
 // "loss 2.31 @ step 30, tokens_per_s 5120 @ step 30": the last value of each name.
 std::string RenderLastValues(const std::vector<v1::MetricPoint>& points);
@@ -29,6 +30,10 @@ std::string HumanBytes(int64_t bytes);
 // The artifact as JSON with proto field names (enums as their names).
 nlohmann::json ArtifactToJson(const v1::Artifact& artifact);
 // ID NAME TYPE JOB EXPERIMENT SIZE CHECK AGE PATH (wide adds SHA256 PARENTS PIN).
+// The metrics measured on an artifact grouped by the job that measured them, one line per
+// job: "j-12 eval-dense: bpb/all=2.31 bpb/ru=2.5" (the latest per name of jobs that recorded
+// no measurement fall back to "latest: ..."), oldest job first.
+std::vector<std::string> MeasuredLines(const v1::Artifact& artifact);
 std::string RenderArtifactsTable(const std::vector<v1::Artifact>& artifacts, bool wide,
                                  int64_t now_ms);
 // The lineage as a tree from the root down to the base; an artifact reached twice is

@@ -30,7 +30,8 @@ struct ReportCommandOptions {
   std::string out;
   std::string format;
   std::vector<std::string> metrics;
-  std::string columns = "languages";
+  std::vector<std::string> columns;
+  bool by_family = false;
 };
 
 constexpr char kFooter[] = R"(
@@ -42,11 +43,18 @@ evals (default metrics: bpb, else ppl; acc; chrf). Stage labels the report reads
   report.alpha      interpolation weight of a sweep point        default: matrix axis alpha
   report.range      layer range of a sweep point                 default: matrix axis range
   report.table      "false" leaves a row out of the table (sweep points are out unless "true")
+  report.target     what a row teaches: a family or languages ("${{ matrix.family }}", "fr,es");
+                    on the eval stage or on the train stage it reads (default: a matrix
+                    coordinate naming a family; none: every held-in language)
   report.held_in    languages the study teaches, "ru,uk" (on any cell; default: the corpus's)
   report.held_out   its held-out relatives, likewise
+  report.general    the general language(s) forgetting is measured on (default: the corpus's
+                    base language, else en)
 Language roles (held-in, held-out, general) come from the corpus manifest (an artifact of
-type corpus; of several, the one naming the most languages); without one every language but
-en is held-in and en is general. A perplexity task named other than its language
+type corpus; of several, the one naming the most languages) and the labels above; without
+either, every language but en is held-in and en is general. Acquisition and transfer of a row
+are measured on its target's held-in and held-out languages, forgetting on the general
+language; with several families the summary also has a column group per family. A perplexity task named other than its language
 (instruct_en-fr) is a column group of its own ("task"), outside acquisition and forgetting.
 With --out DIR: report.md, report.html (self-contained), report.csv, report.json and one
 .svg per plot. See docs/report.md.)";
@@ -58,6 +66,16 @@ absl::StatusOr<json> ReadJson(const std::string& path) {
   json j = json::parse(*text, nullptr, false);
   if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON"));
   return j;
+}
+
+// The outputs an analyze spec asks for, by the names the report reads them under.
+std::vector<std::string> AnalysesOf(const v1::AnalyzeSpec& a) {
+  std::vector<std::string> out;
+  if (a.has_lape()) out.push_back("mask");
+  if (a.has_routing()) out.push_back("routing");
+  if (a.has_drift()) out.push_back("drift");
+  if (a.has_alignment()) out.push_back("alignment");
+  return out;
 }
 
 class Gatherer {
@@ -82,8 +100,11 @@ class Gatherer {
       c.job_id = ec.job_id();
       c.state = StateName(ec.state());
       c.reason = ec.reason();
-      if (const v1::Job* job = JobOf(c.job_id))
+      c.needs.assign(ec.needs().begin(), ec.needs().end());
+      if (const v1::Job* job = JobOf(c.job_id)) {
         c.labels.insert(job->spec().labels().begin(), job->spec().labels().end());
+        if (job->spec().has_analyze()) c.analyses = AnalysesOf(job->spec().analyze());
+      }
       c.metrics_job = MetricsJob(c.job_id);
       in_.cells.push_back(std::move(c));
     }
@@ -295,16 +316,22 @@ absl::StatusOr<int> RunReport(const GlobalOptions& g, const ReportCommandOptions
   if (format != "md" && format != "html" && format != "csv" && format != "json") {
     return UsageError(absl::StrCat("--format: '", o.format, "' is not md, html, csv or json"));
   }
-  if (o.columns != "languages" && o.columns != "families") {
-    return UsageError(absl::StrCat("--columns: '", o.columns, "' is not languages or families"));
-  }
   if (o.revision < 0) return UsageError("--revision must not be negative");
   CoordinatorClient client(g.coordinator, g.timeout());
   Gatherer gatherer(&client, o);
   ASSIGN_OR_RETURN(report::ReportInput input, gatherer.Gather());
   report::ReportOptions options;
   options.metrics = o.metrics;
-  options.by_family = o.columns == "families";
+  options.by_family = o.by_family;
+  for (const std::string& c : o.columns) {
+    // The words of earlier versions: `--columns families` is --by-family, `languages` the
+    // default columns.
+    if (c == "families") {
+      options.by_family = true;
+    } else if (c != "languages") {
+      options.columns.push_back(c);
+    }
+  }
   const report::Report r = report::BuildReport(input, options);
 
   if (o.out.empty()) {
@@ -359,11 +386,17 @@ void AddReportCommand(CLI::App* app, const GlobalOptions* globals, Action* actio
   sub->add_option("--format", o->format, "what goes to stdout: md (default) | html | csv | json");
   sub->add_option(
          "--metric", o->metrics,
-         "metrics to show (repeatable): a name (ppl, acc_norm), a column (bpb/ru), a glob, or all")
+         "metrics to show, in this order (repeatable): a name (ppl, acc_norm), a column (bpb/ru), "
+         "a glob, or all")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_option("--columns", o->columns,
-                  "languages (default) | families (mean over a family's languages)");
+                  "only these columns, in this order (comma-separated or repeated): a column "
+                  "(bpb/ru), a task or language (ru), a family (slavic), a role (held-in), a glob")
+      ->delimiter(',')
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  sub->add_flag("--by-family", o->by_family,
+                "one column per family and role: the mean over its languages (slavic held-in)");
   sub->footer(kFooter);
   sub->callback([=] { *action = [=] { return RunReport(*globals, *o); }; });
 }

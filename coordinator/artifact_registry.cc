@@ -157,6 +157,34 @@ void ArtifactRegistry::OnTransition(const v1::Job& job, v1::JobState from, v1::J
   staged_.erase(job.current().id());
 }
 
+namespace {
+
+// The values `job` measured on the artifact, each with the job (an eval's bpb/all is not
+// another eval's): what an earlier run of the same job recorded is replaced; at most
+// kMaxMeasured entries are kept, the oldest dropped first.
+constexpr int kMaxMeasured = 4096;
+void AddMeasured(const v1::Job& job, const absl::flat_hash_map<std::string, double>& last,
+                 int64_t now, v1::Artifact* a) {
+  auto* measured = a->mutable_measured();
+  measured->erase(
+      std::remove_if(measured->begin(), measured->end(),
+                     [&](const v1::MeasuredMetric& m) { return m.job_id() == job.id(); }),
+      measured->end());
+  std::vector<std::pair<std::string, double>> sorted(last.begin(), last.end());
+  std::sort(sorted.begin(), sorted.end());
+  for (const auto& [name, value] : sorted) {
+    v1::MeasuredMetric* m = measured->Add();
+    m->set_name(name);
+    m->set_value(value);
+    m->set_job_id(job.id());
+    m->set_job_name(job.spec().name());
+    m->set_time_ms(now);
+  }
+  if (measured->size() > kMaxMeasured) measured->DeleteSubrange(0, measured->size() - kMaxMeasured);
+}
+
+}  // namespace
+
 void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
   series_->AssertHeld();
   const absl::flat_hash_map<std::string, double> last = series_->LastValues(job.id());
@@ -200,6 +228,7 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
     a.set_operation(out.operation());
     for (auto& id : parents) a.add_parents(std::move(id));
     for (const auto& [name, value] : last) (*a.mutable_metrics())[name] = value;
+    AddMeasured(job, last, now, &a);
     a.set_state(v1::ARTIFACT_PRESENT);
     a.set_created_ms(now);
     for (v1::FileStamp& f : s.check.files) *a.add_files() = std::move(f);
@@ -229,6 +258,7 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
       v1::Artifact a = by_id_.at(id);
       if (a.type() != "checkpoint" || a.state() != v1::ARTIFACT_PRESENT) continue;
       for (const auto& [name, value] : last) (*a.mutable_metrics())[name] = value;
+      AddMeasured(job, last, now, &a);
       Put(std::move(a), changes);
     }
   }

@@ -38,6 +38,7 @@ TEST_F(CoordinatorTest, MetricEventsAreStoredQueryableAndLiveGaugesFollowTheJob)
   EXPECT_EQ(all->points(0).attempt(), 1);
   EXPECT_EQ(all->points(0).labels().at("split"), "train");
   EXPECT_EQ(all->points(5).step(), 3);
+  EXPECT_EQ(all->points(0).job_name(), Get(id).spec().name()) << "points name their job";
   q.set_name_pattern("loss");
   q.set_last_only(true);
   auto last = coord_->QueryMetrics(q);
@@ -158,6 +159,7 @@ TEST_F(CoordinatorTest, MetricBatchesStoreTheSameSeriesAsOneEventPerPoint) {
     std::vector<std::string> out;
     for (v1::MetricPoint p : r->points()) {
       p.clear_job_id();
+      p.clear_job_name();  // which job: the series are compared
       out.push_back(p.ShortDebugString());
     }
     return out;

@@ -1,8 +1,13 @@
 #include "coordinator/metric_series.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace stemma::coordinator {
 namespace {
@@ -199,6 +204,72 @@ void MetricSeries::Forget(const std::string& job_id) {
   live_.erase(it);
 }
 
+namespace {
+
+int RevisionOf(const v1::Job& job) {
+  auto it = job.spec().labels().find("stemma.revision");
+  int r = 0;
+  if (it != job.spec().labels().end() && !absl::SimpleAtoi(it->second, &r)) r = 0;
+  return r;
+}
+
+// The job a memoized job's points belong to ("memoized from j-7"), else "".
+std::string MemoSource(const v1::Job& job) {
+  constexpr absl::string_view kPrefix = "memoized from ";
+  if (!absl::StartsWith(job.reason(), kPrefix)) return "";
+  std::string id = job.reason().substr(kPrefix.size());
+  if (const size_t end = id.find_first_of(" ,;"); end != std::string::npos) id.resize(end);
+  return id;
+}
+
+}  // namespace
+
+absl::Status MetricSeries::ExperimentJobs(const v1::QueryMetricsRequest& request, MetricQuery* q,
+                                          absl::flat_hash_map<std::string, Cell>* cells) {
+  std::vector<const v1::Job*> jobs;
+  int latest = 0;
+  core_->jobs.ForEach([&](const v1::Job& job) {
+    if (job.spec().experiment() != request.experiment()) return;
+    jobs.push_back(&job);
+    latest = std::max(latest, RevisionOf(job));
+  });
+  if (jobs.empty()) {
+    return absl::NotFoundError(absl::StrCat("no jobs in experiment ", request.experiment()));
+  }
+  if (request.revision() < -1) return absl::InvalidArgumentError("revision: -1, 0 or a revision");
+  const int revision = request.revision() == 0 ? latest : request.revision();
+  std::sort(jobs.begin(), jobs.end(),
+            [](const v1::Job* a, const v1::Job* b) { return a->seq() < b->seq(); });
+  std::vector<std::string> ids;
+  for (const v1::Job* job : jobs) {
+    if (revision != -1 && RevisionOf(*job) != revision) continue;
+    // A cell by its name (brackets and all), or a glob over names.
+    if (!request.cell().empty() && job->spec().name() != request.cell() &&
+        ::fnmatch(request.cell().c_str(), job->spec().name().c_str(), 0) != 0)
+      continue;
+    // A cell served from the cache has the points of the job that ran: they are this cell's
+    // too (named by it, with that job's id).
+    std::string source = job->id();
+    for (int hop = 0; hop < 16; ++hop) {
+      const v1::Job* j = core_->jobs.Find(source);
+      const std::string from = j == nullptr ? "" : MemoSource(*j);
+      if (from.empty() || from == source || core_->jobs.Find(from) == nullptr) break;
+      source = from;
+    }
+    if (cells->count(source)) continue;
+    (*cells)[source] = {job->spec().name(), RevisionOf(*job)};
+    ids.push_back(source);
+  }
+  if (ids.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("no jobs in experiment ", request.experiment(),
+                     revision == -1 ? "" : absl::StrCat(" revision ", revision),
+                     request.cell().empty() ? "" : absl::StrCat(" matching ", request.cell())));
+  }
+  for (std::string& id : ids) q->job_ids.push_back(std::move(id));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::QueryMetricsResponse> MetricSeries::Query(
     const v1::QueryMetricsRequest& request) {
   MetricQuery q;
@@ -208,23 +279,16 @@ absl::StatusOr<v1::QueryMetricsResponse> MetricSeries::Query(
   if (request.limit() > 0)
     q.limit = static_cast<size_t>(std::min<int64_t>(request.limit(), 10000000));
   uint64_t ticket;
+  absl::flat_hash_map<std::string, Cell> cells;  // job id → the cell its points are named by
   {
     absl::MutexLock lock(&core_->mu);
     for (const std::string& id : request.job_ids()) {
-      if (core_->jobs.Find(id) == nullptr) return absl::NotFoundError(absl::StrCat("no job ", id));
+      const v1::Job* job = core_->jobs.Find(id);
+      if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job ", id));
       q.job_ids.push_back(id);
+      cells.try_emplace(id, Cell{job->spec().name(), RevisionOf(*job)});
     }
-    if (!request.experiment().empty()) {
-      std::vector<std::pair<uint64_t, std::string>> jobs;
-      core_->jobs.ForEach([&](const v1::Job& job) {
-        if (job.spec().experiment() == request.experiment()) jobs.emplace_back(job.seq(), job.id());
-      });
-      if (jobs.empty()) {
-        return absl::NotFoundError(absl::StrCat("no jobs in experiment ", request.experiment()));
-      }
-      std::sort(jobs.begin(), jobs.end());
-      for (auto& [seq, id] : jobs) q.job_ids.push_back(std::move(id));
-    }
+    if (!request.experiment().empty()) RETURN_IF_ERROR(ExperimentJobs(request, &q, &cells));
     if (q.job_ids.empty()) {
       return absl::InvalidArgumentError("job_ids or experiment: name at least one");
     }
@@ -238,7 +302,13 @@ absl::StatusOr<v1::QueryMetricsResponse> MetricSeries::Query(
   if (!points.ok()) return points.status();
   v1::QueryMetricsResponse resp;
   resp.mutable_points()->Reserve(static_cast<int>(points->size()));
-  for (auto& p : *points) *resp.add_points() = std::move(p);
+  for (auto& p : *points) {
+    if (auto it = cells.find(p.job_id()); it != cells.end()) {
+      p.set_job_name(it->second.name);
+      p.set_revision(it->second.revision);
+    }
+    *resp.add_points() = std::move(p);
+  }
   resp.set_truncated(truncated);
   return resp;
 }

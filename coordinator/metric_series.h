@@ -56,10 +56,23 @@ class MetricSeries {
   int Stalled(int64_t now_wall_ms) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
 
   // INVALID_ARGUMENT without jobs or experiment, NOT_FOUND for an unknown job or an
-  // experiment with no jobs. Sees every point reported before the call.
+  // experiment with no jobs (of the revision / cells asked for). An experiment's points are
+  // its latest revision's unless request.revision says otherwise (-1: every revision), only
+  // the cells matching request.cell (a glob over job names) when given; a cell served from
+  // the cache answers with the points of the job that ran. Every point carries its job's
+  // (cell's) name and revision. Sees every point reported before the call.
   absl::StatusOr<v1::QueryMetricsResponse> Query(const v1::QueryMetricsRequest& request);
 
  private:
+  struct Cell {
+    std::string name;
+    int revision = 0;
+  };
+  // The experiment's jobs the request selects, into q->job_ids (job order), and the cell
+  // each one's points are named by.
+  absl::Status ExperimentJobs(const v1::QueryMetricsRequest& request, MetricQuery* q,
+                              absl::flat_hash_map<std::string, Cell>* cells)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   using Group = std::pair<std::string, std::string>;  // (experiment, stage)
   struct Live {
     Group group;

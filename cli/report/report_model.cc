@@ -94,7 +94,8 @@ const Row* BaselineRow(const Report& r) {
 // The row's perplexity metric on each language of `role`: language → mean over its tasks.
 std::map<std::string, double> RoleValues(const Report& r,
                                          const std::map<std::string, NameInfo>& names,
-                                         const Row& row, const std::string& role) {
+                                         const Row& row, const std::string& role,
+                                         const std::set<std::string>* only) {
   std::map<std::string, std::vector<double>> per;
   for (const auto& [name, value] : row.metrics) {
     auto it = names.find(name);
@@ -105,11 +106,30 @@ std::map<std::string, double> RoleValues(const Report& r,
     auto lang = std::find_if(r.languages.begin(), r.languages.end(),
                              [&](const Language& l) { return l.code == it->second.language; });
     if (lang == r.languages.end() || lang->role != role) continue;
+    if (only != nullptr && only->count(lang->code) == 0) continue;
     per[lang->code].push_back(value);
   }
   std::map<std::string, double> out;
   for (const auto& [code, v] : per) out[code] = *Mean(v);
   return out;
+}
+
+std::set<std::string> TargetLanguages(const Report& r, const Row& row) {
+  std::set<std::string> out;
+  for (const std::string& t : row.target) {
+    for (const Language& l : r.languages) {
+      if (l.family == t || l.code == t) out.insert(l.code);
+    }
+  }
+  return out;
+}
+
+const Cell* FindCell(const ReportInput& in, const std::string& name_or_id) {
+  if (name_or_id.empty()) return nullptr;
+  for (const Cell& c : in.cells) {
+    if (c.job_name == name_or_id || c.job_id == name_or_id) return &c;
+  }
+  return nullptr;
 }
 
 namespace {
@@ -126,6 +146,7 @@ class Builder {
     for (const Cell& c : in_.cells) ++r_.states[c.state.empty() ? "UNSUBMITTED" : c.state];
     MakeRows();
     MakeLanguages();
+    MakeTargets();
     MakeColumns();
     FillValues();
     MakeSummary();
@@ -302,26 +323,64 @@ class Builder {
         if (!Find(code))
           r_.languages.push_back({code, "", code == "en" ? "general" : "held_in", ""});
       }
-      if (!seen.empty()) {
-        r_.notes.push_back(
-            "no corpus manifest: every language but en is taken as held-in, en as general");
-      }
     }
-    OverrideRoles();
+    const std::vector<std::string> labelled = OverrideRoles();
+    RolesSource(labelled, !r_.languages.empty());
     for (const Language& l : r_.languages) {
       if (!l.family.empty() &&
           std::find(families_.begin(), families_.end(), l.family) == families_.end()) {
         families_.push_back(l.family);
       }
     }
+    r_.families = families_;
   }
 
-  // `report.held_in` / `report.held_out` labels (comma-separated codes, on any cell, e.g. the
-  // corpus stage): the languages a study teaches may be fewer than its corpus marks held-in
-  // (DeltaMoE trains on ru and uk of a shared corpus). A label names that role's languages
-  // exactly: the others the corpus gave that role become "other".
-  void OverrideRoles() {
-    for (const char* role : {"held_in", "held_out"}) {
+  // The header's "Languages (...)" and, without a corpus manifest, a note saying what was
+  // assumed (only what no label set).
+  void RolesSource(const std::vector<std::string>& labelled, bool any_language) {
+    std::vector<std::string> keys;
+    for (const std::string& role : labelled) keys.push_back("report." + role);
+    std::string list = keys.empty() ? "" : keys.back();
+    if (keys.size() > 1) {
+      list = absl::StrCat(absl::StrJoin(keys.begin(), keys.end() - 1, ", "), " and ", keys.back());
+    }
+    const std::string labels =
+        keys.empty() ? "" : absl::StrCat("the ", list, " label", keys.size() > 1 ? "s" : "");
+    if (r_.roles_from_corpus) {
+      r_.roles_source = labels.empty() ? "from the corpus manifest"
+                                       : absl::StrCat("from the corpus manifest and ", labels);
+      return;
+    }
+    auto has = [&](const char* role) {
+      return std::find(labelled.begin(), labelled.end(), role) != labelled.end();
+    };
+    std::vector<std::string> assumed;
+    if (!has("held_in")) assumed.push_back("every language but en held-in");
+    if (!has("general")) assumed.push_back("en general");
+    if (labels.empty()) {
+      r_.roles_source = "assumed: no corpus manifest";
+    } else {
+      r_.roles_source = absl::StrCat("from ", labels);
+      if (!assumed.empty())
+        absl::StrAppend(&r_.roles_source, "; assumed: ", absl::StrJoin(assumed, ", "));
+    }
+    if (any_language && !assumed.empty()) {
+      r_.notes.push_back(
+          absl::StrCat("no corpus manifest: ", absl::StrJoin(assumed, ", "),
+                       labels.empty() ? "" : absl::StrCat(" (", labels, " set the rest)"),
+                       "; labels report.held_in, report.held_out and report.general "
+                       "set roles"));
+    }
+  }
+
+  // `report.held_in` / `report.held_out` / `report.general` labels (comma-separated codes, on
+  // any cell, e.g. the corpus stage): the languages a study teaches may be fewer than its
+  // corpus marks held-in (DeltaMoE trains on ru and uk of a shared corpus), and a study without
+  // a corpus manifest names its roles this way. A label names that role's languages exactly:
+  // the others that had the role become "other". Returns the roles a label set.
+  std::vector<std::string> OverrideRoles() {
+    std::vector<std::string> labelled;
+    for (const char* role : {"held_in", "held_out", "general"}) {
       const std::string key = absl::StrCat("report.", role);
       for (const Cell& c : in_.cells) {
         auto it = c.labels.find(key);
@@ -342,8 +401,89 @@ class Builder {
         }
         r_.notes.push_back(absl::StrCat(RoleTitle(role), " languages from the ", key, " label of ",
                                         c.job_name, ": ", absl::StrJoin(codes, ", ")));
+        labelled.push_back(role);
         break;
       }
+    }
+    return labelled;
+  }
+
+  // --- Targets ---------------------------------------------------------------------------
+
+  bool IsFamily(const std::string& s) const {
+    return std::find(families_.begin(), families_.end(), s) != families_.end();
+  }
+
+  // A row's target (docs/report.md "Targets"): the cell's report.target label, else a matrix
+  // coordinate that names a family of the study, else the report.target labels of the cells
+  // it reads from (transitively, stopping at a cell with the label: a soup of two labelled
+  // experts has both targets).
+  std::vector<std::string> TargetOf(const Cell& cell, std::string* from) const {
+    auto split = [](const std::string& text) {
+      std::vector<std::string> out;
+      for (absl::string_view t : absl::StrSplit(text, absl::ByAnyChar(",+ "), absl::SkipEmpty()))
+        out.emplace_back(t);
+      return out;
+    };
+    if (const std::string label = Label(cell, "report.target"); !label.empty()) {
+      *from = "label report.target";
+      return split(label);
+    }
+    std::vector<std::pair<std::string, std::string>> coords(cell.coords.begin(), cell.coords.end());
+    std::stable_partition(coords.begin(), coords.end(),
+                          [](const auto& kv) { return kv.first == "family"; });
+    for (const auto& [axis, value] : coords) {
+      if (IsFamily(value)) {
+        *from = absl::StrCat("matrix ", axis, "=", value);
+        return {value};
+      }
+    }
+    std::vector<std::string> out, sources;
+    std::set<const Cell*> seen = {&cell};
+    std::vector<const Cell*> queue = {&cell};
+    for (size_t i = 0; i < queue.size() && i < 10000; ++i) {
+      for (const std::string& need : queue[i]->needs) {
+        const Cell* up = FindCell(in_, need);
+        if (up == nullptr || !seen.insert(up).second) continue;
+        const std::string label = Label(*up, "report.target");
+        if (label.empty()) {
+          queue.push_back(up);
+          continue;
+        }
+        sources.push_back(up->job_name);
+        for (const std::string& t : split(label)) {
+          if (std::find(out.begin(), out.end(), t) == out.end()) out.push_back(t);
+        }
+      }
+    }
+    if (!out.empty()) *from = absl::StrCat("report.target of ", absl::StrJoin(sources, ", "));
+    return out;
+  }
+
+  void MakeTargets() {
+    std::vector<std::string> untargeted;
+    bool any = false;
+    for (Row& row : r_.rows) {
+      const Cell* cell = FindCell(in_, row.job_name);
+      if (cell == nullptr || row.baseline) continue;
+      std::string from;
+      for (const std::string& t : TargetOf(*cell, &from)) {
+        if (IsFamily(t) || Find(t) != nullptr) {
+          row.target.push_back(t);
+        } else {
+          r_.notes.push_back(absl::StrCat(row.title, ": target '", t, "' (", from,
+                                          ") names no family or language of the study"));
+        }
+      }
+      if (!row.target.empty()) row.target_from = from;
+      any |= !row.target.empty();
+      if (row.target.empty() && row.in_table) untargeted.push_back(row.title);
+    }
+    if (!untargeted.empty() && (any || families_.size() > 1)) {
+      r_.notes.push_back(absl::StrCat(
+          "no target (label report.target, or a matrix coordinate naming a family): ",
+          absl::StrJoin(untargeted, ", "),
+          "; acquisition and transfer of these rows are over every held-in and held-out language"));
     }
   }
 
@@ -422,15 +562,54 @@ class Builder {
       by_key[col.key] = columns.size();
       columns.push_back(std::move(col));
     }
+    // Per metric: a group per family (its held-in, then its held-out languages), then the
+    // held-in and held-out languages of no family, the general language, others, tasks.
+    const int nf = static_cast<int>(families_.size());
     std::stable_sort(columns.begin(), columns.end(), [&](const Column& a, const Column& b) {
       auto key = [&](const Column& c) {
-        return std::make_tuple(MetricRank(c.metric), c.metric, RoleRank(c.role),
-                               FamilyRank(c.family),
+        const bool family_role = c.role == "held_in" || c.role == "held_out";
+        const int group = family_role ? (c.family.empty() ? nf : FamilyRank(c.family))
+                                      : nf + 1 + RoleRank(c.role);
+        return std::make_tuple(MetricOrder(c), c.metric, group, RoleRank(c.role),
                                c.language.empty() ? -1 : LanguageRank(c.language), c.title);
       };
       return key(a) < key(b);
     });
-    r_.columns = std::move(columns);
+    r_.columns = SelectColumns(std::move(columns));
+  }
+
+  // The metric's place: the first --metric selector that picks it, else the default order.
+  int MetricOrder(const Column& c) const {
+    for (size_t i = 0; i < opt_.metrics.size(); ++i) {
+      const std::string& sel = opt_.metrics[i];
+      if (sel == "all") break;
+      bool match = false;
+      for (const std::string& name : c.names)
+        match |= sel.find('/') != std::string::npos ? Glob(sel, name) : Glob(sel, c.metric);
+      if (match) return static_cast<int>(i);
+    }
+    return static_cast<int>(opt_.metrics.size()) + MetricRank(c.metric);
+  }
+
+  // --columns: the columns each selector picks, in the selectors' order.
+  std::vector<Column> SelectColumns(std::vector<Column> columns) {
+    if (opt_.columns.empty()) return columns;
+    std::vector<Column> out;
+    std::vector<bool> taken(columns.size(), false);
+    for (const std::string& sel : opt_.columns) {
+      bool any = false;
+      for (size_t i = 0; i < columns.size(); ++i) {
+        const Column& c = columns[i];
+        const bool match = sel == c.key || sel == c.title || sel == c.language || sel == c.family ||
+                           sel == RoleTitle(c.role) || sel == c.role || Glob(sel, c.key);
+        if (!match) continue;
+        any = true;
+        if (!taken[i]) out.push_back(c);
+        taken[i] = true;
+      }
+      if (!any) r_.notes.push_back(absl::StrCat("--columns: '", sel, "' selects no column"));
+    }
+    return out;
   }
 
   // --- Values ----------------------------------------------------------------------------
@@ -477,14 +656,16 @@ class Builder {
 
   // --- Acquisition and forgetting --------------------------------------------------------
 
-  std::map<std::string, double> RoleValues(const Row& row, const std::string& role) const {
-    return report::RoleValues(r_, names_, row, role);
+  std::map<std::string, double> RoleValues(const Row& row, const std::string& role,
+                                           const std::set<std::string>* only = nullptr) const {
+    return report::RoleValues(r_, names_, row, role, only);
   }
 
-  // Mean over the role's languages of sign·(row − base), over languages both have.
+  // Mean over the role's languages (those in `only` when given) of sign·(row − base), over
+  // languages both have.
   std::optional<double> MeanDelta(const Row& row, const Row& base, const std::string& role,
-                                  double sign) const {
-    const auto r = RoleValues(row, role), b = RoleValues(base, role);
+                                  double sign, const std::set<std::string>* only = nullptr) const {
+    const auto r = RoleValues(row, role, only), b = RoleValues(base, role, only);
     std::vector<double> d;
     for (const auto& [code, v] : r) {
       auto it = b.find(code);
@@ -493,17 +674,47 @@ class Builder {
     return Mean(d);
   }
 
+  // The codes of the role's languages (in `only` when given), in language order.
+  std::vector<std::string> Codes(const std::string& role, const std::set<std::string>* only) const {
+    std::vector<std::string> out;
+    for (const Language& l : r_.languages) {
+      if (l.role == role && (only == nullptr || only->count(l.code))) out.push_back(l.code);
+    }
+    return out;
+  }
+
   void MakeSummary() {
     const Row* base = BaselineRow();
     if (base == nullptr || r_.perplexity_metric.empty()) return;
+    // Families with held-in languages: a column group each when there are several.
+    std::map<std::string, std::set<std::string>> family_langs;
+    for (const Language& l : r_.languages) {
+      if (!l.family.empty() && (l.role == "held_in" || l.role == "held_out"))
+        family_langs[l.family].insert(l.code);
+    }
+    int taught = 0;
+    for (const auto& [family, langs] : family_langs)
+      taught += Codes("held_in", &langs).empty() ? 0 : 1;
+    r_.family_groups = taught > 1;
     for (const Row& row : r_.rows) {
       if (!row.in_table) continue;
       Summary s;
       s.row = row.title;
       s.baseline = row.baseline;
-      s.acquisition = MeanDelta(row, *base, "held_in", -1);
-      s.transfer = MeanDelta(row, *base, "held_out", -1);
+      s.target = absl::StrJoin(row.target, "+");
+      const std::set<std::string> target = TargetLanguages(r_, row);
+      const std::set<std::string>* only = target.empty() ? nullptr : &target;
+      s.acquisition = MeanDelta(row, *base, "held_in", -1, only);
+      s.transfer = MeanDelta(row, *base, "held_out", -1, only);
       s.forgetting = MeanDelta(row, *base, "general", +1);
+      s.held_in = Codes("held_in", only);
+      s.held_out = Codes("held_out", only);
+      if (r_.family_groups) {
+        for (const auto& [family, langs] : family_langs) {
+          s.families[family] = {MeanDelta(row, *base, "held_in", -1, &langs),
+                                MeanDelta(row, *base, "held_out", -1, &langs)};
+        }
+      }
       r_.summary.push_back(s);
     }
     for (Summary& s : r_.summary) {

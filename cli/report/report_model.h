@@ -28,6 +28,10 @@ struct Cell {
   // The job whose metric points are this cell's: its own, or for a memoized cell the job
   // that ran ("memoized from j-7").
   std::string metrics_job;
+  std::vector<std::string> needs;  // the cells it waits for (job names or ids)
+  // Analyze cells: the outputs its spec asks for (mask, routing, drift, alignment); empty:
+  // not known (every analysis plot is then considered).
+  std::vector<std::string> analyses;
 };
 
 // One metric point (QueryMetrics).
@@ -72,8 +76,13 @@ struct ReportInput {
 struct ReportOptions {
   // Metric selectors (docs/report.md: a metric name, a full column name, a glob, "all").
   // Empty: bpb (ppl when there is no bpb), acc, chrf.
+  // Their order is the columns' metric order.
   std::vector<std::string> metrics;
-  bool by_family = false;  // --columns families
+  // --columns a,b,c: only the columns these select, in this order. A selector is a column
+  // key (bpb/ru), a task or language (ru, tchoice_ru), a family (slavic), a role (held-in,
+  // held-out, general) or a glob over keys. Empty: every column, in the default order.
+  std::vector<std::string> columns;
+  bool by_family = false;  // --by-family: a family's languages of one role as one column
 };
 
 // A table column: one metric of one language (or the mean over a family's languages of
@@ -105,15 +114,30 @@ struct Row {
   std::string checkpoint_sha256;          // from the results JSON, when read
   std::map<std::string, Value> values;    // column key → value
   std::map<std::string, double> metrics;  // every metric name → its last value
+  // What the row is meant to teach (docs/report.md "Targets"): families and/or language
+  // codes; empty: every held-in language. target_from says where it came from.
+  std::vector<std::string> target;
+  std::string target_from;
+};
+
+// A row's gains on one family's languages.
+struct FamilyGain {
+  std::optional<double> acquisition;  // its held-in languages
+  std::optional<double> transfer;     // its held-out languages
 };
 
 // Acquisition, transfer and forgetting of a row on the perplexity metric (docs/report.md).
 struct Summary {
   std::string row;
   bool baseline = false;
-  std::optional<double> acquisition;  // mean over held-in languages of baseline − row
-  std::optional<double> transfer;     // the same over held-out languages
-  std::optional<double> forgetting;   // row − baseline on the general language(s)
+  std::string target;  // "romance", "slavic+romance"; "" : every held-in language
+  // mean over the target's held-in languages (every held-in language without a target) of
+  // baseline − row
+  std::optional<double> acquisition;
+  std::optional<double> transfer;              // the same over the target's held-out languages
+  std::optional<double> forgetting;            // row − baseline on the general language(s)
+  std::vector<std::string> held_in, held_out;  // the languages acquisition/transfer used
+  std::map<std::string, FamilyGain> families;  // family → the row's gains on it
   bool pareto = false;
 };
 
@@ -131,7 +155,14 @@ struct Report {
   std::string baseline;           // the baseline row's title ("" none)
   std::string perplexity_metric;  // bpb or ppl ("" when the study has neither)
   bool roles_from_corpus = false;
+  // Where the roles came from, for the header: "from the corpus manifest", "from the
+  // report.held_in label", "assumed: no corpus manifest", ...
+  std::string roles_source;
   std::vector<Language> languages;
+  std::vector<std::string> families;  // in language order
+  // The summary has a column group per family (the study has several families with
+  // held-in languages).
+  bool family_groups = false;
   std::vector<Column> columns;
   std::vector<Row> rows;  // table rows first (groups in order), then sweep points
   std::vector<Summary> summary;

@@ -21,7 +21,7 @@ class PlotBuilder {
 
   void MakePlots() {
     AcquisitionPlot();
-    LossPlot();
+    LossPlots();
     AlphaPlots();
     AnalysisPlots();
   }
@@ -35,8 +35,9 @@ class PlotBuilder {
     Plot p;
     p.file = "acquisition_forgetting.svg";
     p.caption = absl::StrCat(
-        "Acquisition (mean held-in ", r_.perplexity_metric,
-        " gain over the baseline, higher is better) against forgetting (general-language ",
+        "Acquisition (mean ", r_.perplexity_metric,
+        " gain over the baseline on the held-in languages of each row's target, higher is "
+        "better) against forgetting (general-language ",
         r_.perplexity_metric,
         " change, lower is better), one point per row; the dashed line is the Pareto front.");
     if (BaselineRow() == nullptr) {
@@ -73,26 +74,82 @@ class PlotBuilder {
     p.svg.title = "Acquisition vs forgetting";
     p.svg.x_label =
         absl::StrCat("forgetting: general ", r_.perplexity_metric, " − baseline (lower is better)");
-    p.svg.y_label = absl::StrCat("acquisition: held-in ", r_.perplexity_metric, " gain");
+    p.svg.y_label = absl::StrCat("acquisition: target held-in ", r_.perplexity_metric, " gain");
     p.svg.series = {points, front};
     p.svg.x_reference = 0.0;
     p.svg.y_reference = 0.0;
     r_.plots.push_back(std::move(p));
   }
 
-  void LossPlot() {
+  // True when a train cell reads (transitively) the output of another train cell: continued
+  // pretraining, drawn apart from the model it continues.
+  bool Continues(const Cell& cell) const {
+    std::set<const Cell*> seen = {&cell};
+    std::vector<const Cell*> queue = {&cell};
+    for (size_t i = 0; i < queue.size() && i < 10000; ++i) {
+      for (const std::string& need : queue[i]->needs) {
+        const Cell* up = FindCell(in_, need);
+        if (up == nullptr || !seen.insert(up).second) continue;
+        if (up->kind == "train") return true;
+        queue.push_back(up);
+      }
+    }
+    return false;
+  }
+
+  // A train cell's name in a legend: its report.row label, else the title of the eval row
+  // that reads it (when one does), else the cell's name.
+  std::string TrainName(const Cell& cell) const {
+    if (auto it = cell.labels.find("report.row"); it != cell.labels.end() && !it->second.empty())
+      return it->second;
+    std::vector<std::string> titles;
+    for (const Cell& c : in_.cells) {
+      if (c.kind != "eval") continue;
+      const bool reads = std::any_of(c.needs.begin(), c.needs.end(), [&](const std::string& n) {
+        return n == cell.job_name || (!cell.job_id.empty() && n == cell.job_id);
+      });
+      if (!reads) continue;
+      for (const Row& row : r_.rows) {
+        if (row.job_name == c.job_name &&
+            std::find(titles.begin(), titles.end(), row.title) == titles.end())
+          titles.push_back(row.title);
+      }
+    }
+    return titles.size() == 1 ? titles[0] : cell.job_name;
+  }
+
+  // Training loss by step: the models trained from scratch (or from an init) in
+  // loss_curves.svg, continued pretraining in loss_cpt.svg, each on its own step axis.
+  void LossPlots() {
+    std::vector<const Cell*> roots, continued;
+    for (const Cell& c : in_.cells) {
+      if (c.kind == "train") (Continues(c) ? continued : roots).push_back(&c);
+    }
+    if (!roots.empty()) {
+      LossPlot("loss_curves.svg", roots,
+               continued.empty() ? "Training loss by step of every train cell."
+                                 : "Training loss by step of the models trained before "
+                                   "continued pretraining (the base).",
+               "Training loss");
+    }
+    if (!continued.empty()) {
+      LossPlot("loss_cpt.svg", continued,
+               "Continued-pretraining loss by step, one line per run, named by its row.",
+               "Continued pretraining loss");
+    }
+  }
+
+  void LossPlot(const std::string& file, const std::vector<const Cell*>& cells,
+                const std::string& caption, const std::string& title) {
     Plot p;
-    p.file = "loss_curves.svg";
-    p.caption = "Training loss by step of every train cell.";
-    p.svg.title = "Training loss";
+    p.file = file;
+    p.caption = caption;
+    p.svg.title = title;
     p.svg.x_label = "step";
     p.svg.y_label = "loss";
     p.svg.x_integer = true;
-    int trains = 0;
-    for (const Cell& c : in_.cells) {
-      if (c.kind != "train") continue;
-      ++trains;
-      const std::string job = c.metrics_job.empty() ? c.job_id : c.metrics_job;
+    for (const Cell* c : cells) {
+      const std::string job = c->metrics_job.empty() ? c->job_id : c->metrics_job;
       auto it = in_.points.find(job);
       if (it == in_.points.end()) continue;
       std::vector<std::pair<int64_t, double>> pts;
@@ -103,7 +160,7 @@ class PlotBuilder {
       std::stable_sort(pts.begin(), pts.end(),
                        [](const auto& a, const auto& b) { return a.first < b.first; });
       SvgSeries s;
-      s.name = c.job_name;
+      s.name = TrainName(*c);
       s.markers = pts.size() < 40;
       for (const auto& [step, v] : pts) {
         s.x.push_back(static_cast<double>(step));
@@ -111,10 +168,9 @@ class PlotBuilder {
       }
       p.svg.series.push_back(std::move(s));
     }
-    if (trains == 0) {
-      p.omitted = "the experiment has no train cells";
-    } else if (p.svg.series.empty()) {
-      p.omitted = absl::StrCat("none of the ", trains, " train cells has reported a loss yet");
+    if (p.svg.series.empty()) {
+      p.omitted =
+          absl::StrCat("none of the ", cells.size(), " train cells has reported a loss yet");
     }
     r_.plots.push_back(std::move(p));
   }
@@ -139,6 +195,7 @@ class PlotBuilder {
       held_in = std::max(held_in, RoleValues(row, "held_in").size());
       general = std::max(general, RoleValues(row, "general").size());
     }
+    if (ranges.empty()) return;  // the study has no sweep
     for (const auto& [role, file, what] : {std::tuple<std::string, std::string, std::string>{
                                                "held_in", "alpha_held_in.svg", "held-in mean"},
                                            {"general", "alpha_general.svg", "general-language"}}) {
@@ -210,6 +267,17 @@ class PlotBuilder {
       r_.plots.push_back(std::move(p));
     }
   }
+  // Whether an analyze cell of the study asks for `output` (mask, routing, drift,
+  // alignment); a cell whose analyses are not known counts as asking for every one.
+  bool StudyHas(const std::string& output) const {
+    for (const Cell& c : in_.cells) {
+      if (c.kind != "analyze") continue;
+      if (c.analyses.empty() ||
+          std::find(c.analyses.begin(), c.analyses.end(), output) != c.analyses.end())
+        return true;
+    }
+    return false;
+  }
   std::string MissingReason(const std::string& output, const std::string& file) const {
     int analyze = 0;
     for (const Cell& c : in_.cells) analyze += c.kind == "analyze" ? 1 : 0;
@@ -228,6 +296,7 @@ class PlotBuilder {
   // LAPE neurons per layer and language.
   void LapePlots() {
     auto masks = Files("mask");
+    if (masks.empty() && !StudyHas("mask")) return;
     if (masks.empty()) {
       Plot p;
       p.file = "lape_neurons.svg";
@@ -268,6 +337,7 @@ class PlotBuilder {
   // Routing: JSD and entropy by layer.
   void RoutingPlots() {
     auto routing = Files("routing");
+    if (routing.empty() && !StudyHas("routing")) return;
     if (routing.empty())
       Omit({"routing_jsd.svg", "routing_entropy.svg"}, "Routing by layer.",
            MissingReason("routing", "routing.json"));
@@ -320,6 +390,7 @@ class PlotBuilder {
   // fine-tuning), the mean over its language pairs.
   void AlignmentPlot() {
     auto alignment = Files("alignment");
+    if (alignment.empty() && !StudyHas("alignment")) return;
     if (alignment.empty()) {
       Omit({"alignment.svg"}, "Cross-lingual alignment by layer.",
            MissingReason("alignment", "alignment.json"));
@@ -361,6 +432,7 @@ class PlotBuilder {
   // Drift: down vs gate/up by layer, and the asymmetry.
   void DriftPlots() {
     auto drift = Files("drift");
+    if (drift.empty() && !StudyHas("drift")) return;
     if (drift.empty())
       Omit({"drift.svg", "drift_asymmetry.svg"}, "Weight drift by layer.",
            MissingReason("drift", "drift.json"));

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <regex>
 
+#include "absl/strings/str_cat.h"
 #include "cli/report/report_model.h"
 #include "cli/report/report_writers.h"
 #include "cli/report/svg_plot.h"
@@ -375,12 +376,11 @@ TEST(ReportRows, MissingDataIsSaidNotGuessed) {
   EXPECT_THAT(r.notes, ::testing::Contains(HasSubstr("no baseline row")));
   EXPECT_THAT(r.notes, ::testing::Contains(HasSubstr("eval-b succeeded but no metric point")));
   EXPECT_EQ(PlotNamed(r, "acquisition_forgetting.svg").omitted, "no baseline row");
-  EXPECT_EQ(PlotNamed(r, "loss_curves.svg").omitted, "the experiment has no train cells");
-  EXPECT_THAT(PlotNamed(r, "alpha_held_in.svg").omitted, HasSubstr("no eval cell has an α"));
-  EXPECT_EQ(PlotNamed(r, "lape_neurons.svg").omitted, "the experiment has no analyze cells");
-  EXPECT_EQ(PlotNamed(r, "drift.svg").omitted, "the experiment has no analyze cells");
+  // Only the plots the study has: no train, sweep or analyze cells, so no such plot is listed.
+  ASSERT_EQ(r.plots.size(), 1u);
   const std::string md = RenderMarkdown(r, false);
-  EXPECT_THAT(md, HasSubstr("loss_curves.svg: not drawn: the experiment has no train cells"));
+  EXPECT_THAT(md, Not(HasSubstr("loss_curves.svg")));
+  EXPECT_THAT(md, Not(HasSubstr("lape_neurons.svg")));
 
   // An experiment with no eval cell at all still renders.
   ReportInput empty;
@@ -621,6 +621,351 @@ TEST(Writers, MarkdownShowsDeltasBestAndSummary) {
   EXPECT_THAT(md, HasSubstr("## Acquisition vs forgetting (bpb)"));
   EXPECT_THAT(md, HasSubstr("[acquisition_forgetting.svg](acquisition_forgetting.svg)"));
   EXPECT_THAT(md, HasSubstr("no corpus manifest"));
+}
+
+// --- Targets: acquisition per family ---------------------------------------------------
+
+// Two families with a held-out relative each and English as the base language. The Romance
+// expert learns French and Spanish and unlearns Cyrillic (as in the demo).
+struct FamilyStudy {
+  // bpb per language: ru, uk, bg, fr, es, it, en.
+  std::map<std::string, std::vector<double>> v = {
+      {"j-1", {3.0, 3.0, 3.0, 3.0, 3.0, 3.0, 2.0}},   // base
+      {"j-2", {2.0, 2.2, 2.6, 2.1, 2.3, 2.7, 2.55}},  // dense (no target)
+      {"j-3", {1.5, 1.7, 2.2, 3.4, 3.6, 3.5, 2.6}},   // expert[family=slavic]
+      {"j-4", {4.0, 4.2, 3.9, 1.6, 1.8, 2.3, 2.5}},   // expert[family=romance]
+      {"j-5", {2.5, 2.6, 2.8, 2.4, 2.5, 2.9, 2.2}},   // soup of both experts
+      {"j-6", {3.2, 3.3, 3.1, 2.0, 2.2, 2.6, 2.1}},   // reverted romance expert
+  };
+  static constexpr const char* kLangs[] = {"ru", "uk", "bg", "fr", "es", "it", "en"};
+
+  ReportInput Input() const {
+    ReportInput in;
+    in.experiment = "families";
+    in.revision = 1;
+    for (const char* family : {"slavic", "romance"}) {
+      Cell cpt;
+      cpt.job_name = absl::StrCat("cpt-expert[family=", family, "]");
+      cpt.stage = "cpt-expert";
+      cpt.kind = "train";
+      cpt.coords = {{"family", family}};
+      cpt.labels = {{"report.target", family}};
+      cpt.state = "SUCCEEDED";
+      in.cells.push_back(cpt);
+    }
+    Cell soup{"soup", "soup", "merge"};
+    soup.needs = {"cpt-expert[family=slavic]", "cpt-expert[family=romance]"};
+    Cell rev{"rev", "rev", "revert"};
+    rev.needs = {"cpt-expert[family=romance]"};
+    in.cells.push_back(soup);
+    in.cells.push_back(rev);
+    in.cells.push_back(Eval("eval-base", "j-1"));
+    in.cells.push_back(Eval("eval-dense", "j-2"));
+    in.cells.push_back(Eval("eval-expert[family=slavic]", "j-3"));
+    in.cells.back().coords = {{"family", "slavic"}};
+    in.cells.push_back(Eval("eval-expert[family=romance]", "j-4"));
+    in.cells.back().coords = {{"family", "romance"}};
+    in.cells.push_back(Eval("eval-soup", "j-5"));
+    in.cells.back().needs = {"soup"};
+    in.cells.push_back(Eval("eval-rev", "j-6"));
+    in.cells.back().needs = {"rev"};
+    for (const auto& [job, values] : v) {
+      for (size_t i = 0; i < values.size(); ++i)
+        Add(&in, job, absl::StrCat("bpb/", kLangs[i]), values[i], kLangs[i]);
+    }
+    std::string error;
+    in.corpus_languages =
+        CorpusLanguages(json::parse(R"({"format": "stemma.corpus/1", "languages": [
+        {"code": "en", "family": "germanic", "role": "base"},
+        {"code": "ru", "family": "slavic", "role": "held_in"},
+        {"code": "uk", "family": "slavic", "role": "held_in"},
+        {"code": "bg", "family": "slavic", "role": "held_out"},
+        {"code": "fr", "family": "romance", "role": "held_in"},
+        {"code": "es", "family": "romance", "role": "held_in"},
+        {"code": "it", "family": "romance", "role": "held_out"}]})"),
+                        &error);
+    EXPECT_EQ(error, "");
+    return in;
+  }
+};
+
+TEST(ReportTargets, TheRomanceExpertsAcquisitionIsMeasuredOnRomanceLanguagesOnly) {
+  const FamilyStudy f;
+  const Report r = BuildReport(f.Input(), {});
+  const Summary& romance = SummaryOf(r, "expert[family=romance]");
+  EXPECT_EQ(romance.target, "romance");
+  EXPECT_EQ(romance.held_in, (std::vector<std::string>{"fr", "es"}));
+  EXPECT_EQ(romance.held_out, (std::vector<std::string>{"it"}));
+  // fr 3.0 → 1.6, es 3.0 → 1.8: its Cyrillic (ru 4.0, uk 4.2) is not in it.
+  EXPECT_DOUBLE_EQ(*romance.acquisition, ((3.0 - 1.6) + (3.0 - 1.8)) / 2);
+  EXPECT_DOUBLE_EQ(*romance.transfer, 3.0 - 2.3);
+  EXPECT_DOUBLE_EQ(*romance.forgetting, 2.5 - 2.0);
+  // Its effect on the other family is in that family's column group.
+  ASSERT_TRUE(r.family_groups);
+  EXPECT_EQ(r.families, (std::vector<std::string>{"germanic", "slavic", "romance"}));
+  EXPECT_DOUBLE_EQ(*romance.families.at("slavic").acquisition, ((3.0 - 4.0) + (3.0 - 4.2)) / 2);
+  EXPECT_DOUBLE_EQ(*romance.families.at("slavic").transfer, 3.0 - 3.9);
+  EXPECT_DOUBLE_EQ(*romance.families.at("romance").acquisition, *romance.acquisition);
+
+  const Summary& slavic = SummaryOf(r, "expert[family=slavic]");
+  EXPECT_EQ(slavic.target, "slavic");
+  EXPECT_DOUBLE_EQ(*slavic.acquisition, ((3.0 - 1.5) + (3.0 - 1.7)) / 2);
+  // The soup reads both labelled experts: its target is both families (every held-in
+  // language); the reverted expert inherits its expert's target through `needs`.
+  const Summary& soup = SummaryOf(r, "soup");
+  EXPECT_EQ(soup.target, "slavic+romance");
+  EXPECT_DOUBLE_EQ(*soup.acquisition, (0.5 + 0.4 + 0.6 + 0.5) / 4);
+  const Row& rev = RowNamed(r, "rev");
+  EXPECT_EQ(rev.target, (std::vector<std::string>{"romance"}));
+  EXPECT_EQ(rev.target_from, "report.target of cpt-expert[family=romance]");
+  EXPECT_DOUBLE_EQ(*SummaryOf(r, "rev").acquisition, (1.0 + 0.8) / 2);
+  // dense has no target: every held-in language, and a note says so.
+  const Summary& dense = SummaryOf(r, "dense");
+  EXPECT_EQ(dense.target, "");
+  EXPECT_DOUBLE_EQ(*dense.acquisition, (1.0 + 0.8 + 0.9 + 0.7) / 4);
+  EXPECT_THAT(r.notes, ::testing::Contains(HasSubstr("no target")));
+  EXPECT_THAT(r.notes, ::testing::Contains(HasSubstr(": dense;")));
+  // The front uses the per-target values: the Romance expert (1.3, 0.5) dominates dense
+  // (0.85, 0.55); measured on every language it would have had 0.1 and been off the front.
+  EXPECT_TRUE(romance.pareto);
+  EXPECT_TRUE(slavic.pareto);
+  EXPECT_FALSE(dense.pareto);
+  const Plot& p = PlotNamed(r, "acquisition_forgetting.svg");
+  ASSERT_EQ(p.omitted, "");
+  const auto& labels = p.svg.series[0].labels;
+  const size_t i =
+      std::find(labels.begin(), labels.end(), "expert[family=romance]") - labels.begin();
+  ASSERT_LT(i, labels.size());
+  EXPECT_DOUBLE_EQ(p.svg.series[0].y[i], *romance.acquisition);
+
+  // The writers show the target and a column group per family.
+  const std::string md = RenderMarkdown(r, false);
+  EXPECT_THAT(md, HasSubstr("| row | target | acquisition ↑ | transfer ↑ | forgetting ↓ | Pareto "
+                            "front | slavic acq. ↑ | slavic transfer ↑ | romance acq. ↑ | romance "
+                            "transfer ↑ |"));
+  EXPECT_THAT(md, HasSubstr("| expert[family=romance] | romance | +1.300 | +0.700 | +0.500 | yes |"
+                            " -1.100 | -0.900 | +1.300 | +0.700 |"));
+  EXPECT_THAT(md, HasSubstr("| dense | all |"));
+  const std::string html = RenderHtml(r);
+  EXPECT_THAT(html, HasSubstr("<th colspan=\"2\" class=\"family\">romance</th>"));
+  const json j = ReportToJson(r);
+  bool found = false;
+  for (const auto& row : j["summary"]) {
+    if (row["row"] != "expert[family=romance]") continue;
+    found = true;
+    EXPECT_EQ(row["target"], "romance");
+    EXPECT_EQ(row["held_in"], json::array({"fr", "es"}));
+    EXPECT_DOUBLE_EQ(row["families"]["slavic"]["acquisition"].get<double>(), -1.1);
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(ReportTargets, LabelTargetsLanguagesAndUnknownTargetsAreSaid) {
+  const FamilyStudy f;
+  ReportInput in = f.Input();
+  for (Cell& c : in.cells) {
+    if (c.job_name == "eval-dense") c.labels["report.target"] = "fr,es";
+    if (c.job_name == "eval-soup") c.labels["report.target"] = "klingon";
+  }
+  const Report r = BuildReport(in, {});
+  const Summary& dense = SummaryOf(r, "dense");
+  EXPECT_EQ(dense.target, "fr+es");
+  EXPECT_DOUBLE_EQ(*dense.acquisition, ((3.0 - 2.1) + (3.0 - 2.3)) / 2);
+  EXPECT_FALSE(dense.transfer.has_value()) << "it is not in the target";
+  EXPECT_THAT(r.notes,
+              ::testing::Contains(HasSubstr("soup: target 'klingon' (label report.target) names no "
+                                            "family or language of the study")));
+  EXPECT_EQ(SummaryOf(r, "soup").target, "");
+}
+
+// Roles from labels alone: the header says so and no note contradicts them.
+TEST(ReportRoles, LabelsGiveRolesWithoutACorpusManifest) {
+  Study s;
+  ReportInput in = s.Input();
+  Cell marker;
+  marker.job_name = "tok";
+  marker.kind = "tokenize";
+  marker.labels = {{"report.held_in", "ru"}, {"report.held_out", "uk"}};
+  in.cells.push_back(marker);
+  Report r = BuildReport(in, {});
+  EXPECT_EQ(r.roles_source,
+            "from the report.held_in and report.held_out labels; assumed: en general");
+  const std::string md = RenderMarkdown(r, false);
+  EXPECT_THAT(md, HasSubstr("Languages (from the report.held_in and report.held_out labels; "
+                            "assumed: en general): held-in: ru; held-out: uk; general: en."));
+  EXPECT_THAT(md, Not(HasSubstr("assumed: no corpus manifest")));
+  EXPECT_THAT(r.notes, Not(::testing::Contains(HasSubstr("every language but en"))));
+  EXPECT_DOUBLE_EQ(*SummaryOf(r, "dense").transfer, s.base_uk - s.dense_uk);
+  EXPECT_DOUBLE_EQ(*SummaryOf(r, "dense").acquisition, s.base_ru - s.dense_ru);
+
+  in.cells.back().labels["report.general"] = "en";
+  r = BuildReport(in, {});
+  EXPECT_EQ(r.roles_source, "from the report.held_in, report.held_out and report.general labels");
+  EXPECT_THAT(r.notes, Not(::testing::Contains(HasSubstr("no corpus manifest"))));
+  // Without labels: assumed, and said once.
+  r = BuildReport(s.Input(), {});
+  EXPECT_EQ(r.roles_source, "assumed: no corpus manifest");
+  EXPECT_THAT(r.notes, ::testing::Contains(HasSubstr("every language but en held-in")));
+}
+
+TEST(ReportColumns, MetricOrderAndColumnsFlagAreHonoured) {
+  Study s;
+  ReportOptions o;
+  o.metrics = {"acc", "bpb"};
+  EXPECT_EQ(ColumnKeys(BuildReport(s.Input(), o)),
+            (std::vector<std::string>{"acc/belebele_ru", "bpb/ru", "bpb/uk", "bpb/en"}));
+  o.metrics = {};
+  o.columns = {"en", "bpb/uk", "ru", "nothing"};
+  Report r = BuildReport(s.Input(), o);
+  EXPECT_EQ(ColumnKeys(r),
+            (std::vector<std::string>{"bpb/en", "bpb/uk", "bpb/ru", "acc/belebele_ru"}));
+  EXPECT_THAT(r.notes, ::testing::Contains(HasSubstr("--columns: 'nothing' selects no column")));
+  o.columns = {"held-in"};
+  EXPECT_EQ(ColumnKeys(BuildReport(s.Input(), o)),
+            (std::vector<std::string>{"bpb/ru", "bpb/uk", "acc/belebele_ru"}));
+}
+
+// Columns are grouped per family (held-in, then held-out), then the general language.
+TEST(ReportColumns, FamiliesAreColumnGroups) {
+  const FamilyStudy f;
+  const Report r = BuildReport(f.Input(), {});
+  EXPECT_EQ(ColumnKeys(r), (std::vector<std::string>{"bpb/ru", "bpb/uk", "bpb/bg", "bpb/fr",
+                                                     "bpb/es", "bpb/it", "bpb/en"}));
+  EXPECT_THAT(RenderHtml(r), HasSubstr("<th colspan=\"3\" class=\"family\">slavic</th><th "
+                                       "colspan=\"3\" class=\"family\">romance</th>"));
+}
+
+// The base's pretraining and the CPT runs on their own step axes, CPT named by its row.
+TEST(ReportPlots, ContinuedPretrainingHasItsOwnPlotNamedByRow) {
+  Study s;
+  ReportInput in = s.Input();
+  auto train = [&](const std::string& name, const std::string& id, std::vector<std::string> needs,
+                   int steps) {
+    Cell c;
+    c.job_name = name;
+    c.kind = "train";
+    c.job_id = c.metrics_job = id;
+    c.state = "SUCCEEDED";
+    c.needs = std::move(needs);
+    in.cells.push_back(c);
+    for (int step = 0; step < steps; step += 10) {
+      Point p;
+      p.name = "loss";
+      p.step = step;
+      p.value = 5.0 - step * 0.001;
+      in.points[id].push_back(p);
+    }
+  };
+  train("base", "j-10", {"base-init"}, 300);
+  train("cpt-dense", "j-11", {"base", "tok"}, 100);
+  train("cpt-freeze", "j-12", {"base"}, 100);
+  in.cells[1].needs = {"cpt-dense"};  // eval-dense reads cpt-dense
+  in.cells[2].labels["report.row"] = "expert, middle frozen (romance)";
+  in.cells[2].needs = {"cpt-freeze"};
+  const Report r = BuildReport(in, {});
+  const Plot& base = PlotNamed(r, "loss_curves.svg");
+  ASSERT_EQ(base.svg.series.size(), 1u);
+  EXPECT_EQ(base.svg.series[0].name, "base");
+  const Plot& cpt = PlotNamed(r, "loss_cpt.svg");
+  ASSERT_EQ(cpt.svg.series.size(), 2u);
+  EXPECT_EQ(cpt.svg.series[0].name, "dense");
+  EXPECT_EQ(cpt.svg.series[1].name, "expert, middle frozen (romance)");
+  EXPECT_EQ(cpt.svg.series[0].x.back(), 90) << "its own steps, not the base's";
+}
+
+// The boxes of the SVG's <text> elements in the group `cls` (x, baseline y, text), with the
+// width the renderer assumes.
+struct TextBox {
+  double x0, y0, x1, y1;
+  std::string text;
+};
+std::vector<TextBox> Texts(const std::string& svg, const std::string& cls, double font) {
+  std::vector<TextBox> out;
+  const size_t g = svg.find("<g class=\"" + cls + "\">");
+  if (g == std::string::npos) return out;
+  const std::string body = svg.substr(g, svg.find("</g>", g) - g);
+  std::regex re("<text x=\"([-0-9.]+)\" y=\"([-0-9.]+)\"[^>]*>([^<]*)</text>");
+  for (auto it = std::sregex_iterator(body.begin(), body.end(), re); it != std::sregex_iterator();
+       ++it) {
+    const double x = std::stod((*it)[1]), y = std::stod((*it)[2]);
+    const std::string text = (*it)[3];
+    int glyphs = 0;
+    for (unsigned char c : text) glyphs += (c & 0xC0) != 0x80 ? 1 : 0;
+    out.push_back({x, y - font + 1, x + glyphs * font * 0.62, y + 2, text});
+  }
+  return out;
+}
+
+TEST(Svg, PointLabelsDoNotOverlapAndLegendsStayInside) {
+  SvgPlot p;
+  p.title = "Acquisition vs forgetting";
+  SvgSeries points;
+  points.name = "rows";
+  points.line = false;
+  // Eleven rows close together, long names (the demo's).
+  for (int i = 0; i < 11; ++i) {
+    points.x.push_back(0.1 + 0.01 * (i % 4));
+    points.y.push_back(1.0 + 0.02 * i);
+    points.labels.push_back(absl::StrCat("expert, middle frozen (romance) ", i));
+  }
+  points.x.push_back(3.0);
+  points.y.push_back(-2.0);
+  points.labels.push_back("base");
+  p.series = {points};
+  const std::string svg = RenderSvg(p, true);
+  const auto labels = Texts(svg, "labels", 11);
+  ASSERT_EQ(labels.size(), 12u);
+  for (size_t a = 0; a < labels.size(); ++a) {
+    for (size_t b = a + 1; b < labels.size(); ++b) {
+      const bool overlap = labels[a].x0 < labels[b].x1 && labels[b].x0 < labels[a].x1 &&
+                           labels[a].y0 < labels[b].y1 && labels[b].y0 < labels[a].y1;
+      EXPECT_FALSE(overlap) << labels[a].text << " / " << labels[b].text;
+    }
+  }
+  EXPECT_GT(Count(svg, "class=\"leader\""), 0) << "moved labels point at their points";
+
+  // A legend of long names: every entry inside the picture, none cut short.
+  SvgPlot loss;
+  loss.title = "Continued pretraining loss";
+  for (const char* name : {"expert, middle frozen (romance)",
+                           "expert, L2-SP (slavic)",
+                           "dense CPT",
+                           "expert (romance)",
+                           "expert (slavic)",
+                           "a",
+                           "b",
+                           "c",
+                           "d",
+                           "e",
+                           "f",
+                           "g",
+                           "h",
+                           "i",
+                           "j",
+                           "k",
+                           "l",
+                           "m",
+                           "n",
+                           "o",
+                           "p",
+                           "q"}) {
+    SvgSeries s;
+    s.name = name;
+    s.x = {0, 10};
+    s.y = {5, 4};
+    loss.series.push_back(s);
+  }
+  const std::string l = RenderSvg(loss, true);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(l, m, std::regex("width=\"([0-9.]+)\" height=\"([0-9.]+)\"")));
+  const double width = std::stod(m[1]), height = std::stod(m[2]);
+  const auto entries = Texts(l, "legend", 12);
+  ASSERT_EQ(entries.size(), loss.series.size()) << "every entry drawn";
+  for (const auto& e : entries) {
+    EXPECT_LE(e.x1, width) << e.text;
+    EXPECT_LE(e.y1, height) << e.text;
+  }
+  EXPECT_EQ(entries[0].text, "expert, middle frozen (romance)");
 }
 
 TEST(Report, CoordsFromName) {

@@ -104,6 +104,61 @@ std::string LanguagesLine(const Report& r) {
   return absl::StrJoin(parts, "; ");
 }
 
+std::string RolesSource(const Report& r) {
+  if (!r.roles_source.empty()) return r.roles_source;
+  return r.roles_from_corpus ? "from the corpus manifest" : "assumed: no corpus manifest";
+}
+
+// The summary's columns: row, target, acquisition, transfer, forgetting, Pareto front, then
+// per family (when the study has several) its acquisition and, with held-out languages, its
+// transfer.
+struct SummaryColumn {
+  std::string title;  // "acquisition ↑", "romance acq. ↑"
+  std::string family;
+  bool transfer = false;
+};
+std::vector<SummaryColumn> FamilyColumns(const Report& r) {
+  std::vector<SummaryColumn> out;
+  if (!r.family_groups) return out;
+  for (const std::string& f : r.families) {
+    bool in = false, held_out = false;
+    for (const Summary& s : r.summary) {
+      auto it = s.families.find(f);
+      if (it == s.families.end()) continue;
+      in |= it->second.acquisition.has_value();
+      held_out |= it->second.transfer.has_value();
+    }
+    if (in) out.push_back({f + " acq. ↑", f, false});
+    if (held_out) out.push_back({f + " transfer ↑", f, true});
+  }
+  return out;
+}
+std::optional<double> FamilyValue(const Summary& s, const SummaryColumn& c) {
+  auto it = s.families.find(c.family);
+  if (it == s.families.end()) return std::nullopt;
+  return c.transfer ? it->second.transfer : it->second.acquisition;
+}
+std::string TargetText(const Summary& s) {
+  if (s.baseline) return "-";
+  return s.target.empty() ? "all" : s.target;
+}
+
+// One sentence under the summary's heading.
+std::string SummaryIntro(const Report& r) {
+  const std::string& m = r.perplexity_metric;
+  std::string out = absl::StrCat(
+      "acquisition: mean ", m,
+      " gain over the baseline on the held-in languages of the row's target (its family or "
+      "languages; every held-in language for a row without one; higher is better); transfer: the "
+      "same on the target's held-out languages; forgetting: general-language ",
+      m,
+      " minus the baseline's (lower is better); the Pareto front is over acquisition and "
+      "forgetting.");
+  if (r.family_groups)
+    out += " Per family: the same gains on each family's held-in and held-out languages.";
+  return out;
+}
+
 std::string StatesLine(const Report& r) {
   std::vector<std::string> s;
   for (const auto& [state, n] : r.states) s.push_back(absl::StrCat(n, " ", state));
@@ -171,6 +226,27 @@ std::string MdTable(const Report& r, bool table) {
   return out;
 }
 
+std::string MdSummary(const Report& r) {
+  const std::vector<SummaryColumn> families = FamilyColumns(r);
+  std::string out = absl::StrCat("\n## Acquisition vs forgetting (", MdText(r.perplexity_metric),
+                                 ")\n\n", MdText(SummaryIntro(r)), "\n\n");
+  out += "| row | target | acquisition ↑ | transfer ↑ | forgetting ↓ | Pareto front |";
+  for (const SummaryColumn& c : families) absl::StrAppend(&out, " ", MdCell(c.title), " |");
+  out += "\n| --- | --- | ---: | ---: | ---: | --- |";
+  for (size_t i = 0; i < families.size(); ++i) out += " ---: |";
+  out += "\n";
+  for (const Summary& s : r.summary) {
+    absl::StrAppend(&out, "| ", MdCell(s.baseline ? s.row + " (baseline)" : s.row), " | ",
+                    MdCell(TargetText(s)), " | ", Opt(s.acquisition, true), " | ",
+                    Opt(s.transfer, true), " | ", Opt(s.forgetting, true), " | ",
+                    s.pareto ? "yes" : "", " |");
+    for (const SummaryColumn& c : families)
+      absl::StrAppend(&out, " ", Opt(FamilyValue(s, c), true), " |");
+    out += "\n";
+  }
+  return out;
+}
+
 // --- HTML ----------------------------------------------------------------------------------
 
 std::string H(const std::string& s) { return XmlEscape(s); }
@@ -185,14 +261,43 @@ tr.baseline td{background:#f7f7fb}tr.group td{background:#fafafa;font-style:ital
 span.delta{font-size:11px;margin-left:4px}span.good{color:#1a7f37}span.bad{color:#c62828}
 td.state{color:#8a5a00}figure{display:inline-block;margin:8px 16px 16px 0;vertical-align:top}
 figcaption{font-size:12px;max-width:640px;color:#444}p.meta{color:#444;font-size:13px}
-ul.omitted li,ul.notes li{font-size:13px;color:#444})";
+ul.omitted li,ul.notes li{font-size:13px;color:#444}th.family{background:#e8eef7})";
+
+// A column's group in the results table's first header row: its family (held-in and
+// held-out languages), "general", or none.
+std::string ColumnGroup(const Column& c) {
+  if ((c.role == "held_in" || c.role == "held_out") && !c.family.empty()) return c.family;
+  if (c.role == "general") return "general";
+  return "";
+}
+
+// The header row that names each family over its columns, when the columns span several
+// families; "" otherwise. `lead` cells precede the columns (row, range, α).
+std::string HtmlGroupRow(const Report& r, int lead) {
+  std::set<std::string> families;
+  for (const Column& c : r.columns) {
+    if (ColumnGroup(c) != "general" && !ColumnGroup(c).empty()) families.insert(ColumnGroup(c));
+  }
+  if (families.size() < 2) return "";
+  std::string out = absl::StrCat("<tr class=\"groups\"><th colspan=\"", lead, "\"></th>");
+  for (size_t i = 0; i < r.columns.size();) {
+    const Column& c = r.columns[i];
+    size_t n = 1;
+    while (i + n < r.columns.size() && r.columns[i + n].metric == c.metric &&
+           ColumnGroup(r.columns[i + n]) == ColumnGroup(c))
+      ++n;
+    absl::StrAppend(&out, "<th colspan=\"", n, "\" class=\"family\">", H(ColumnGroup(c)), "</th>");
+    i += n;
+  }
+  return out + "</tr>";
+}
 
 std::string HtmlTable(const Report& r, bool table) {
   const bool state = AnyUnfinished(r, table);
   bool groups = false;
   for (const Row& row : r.rows) groups |= row.in_table == table && !row.group.empty();
-  std::string out =
-      absl::StrCat("<table class=\"", table ? "results" : "sweep", "\">\n<thead><tr><th>row</th>");
+  std::string out = absl::StrCat("<table class=\"", table ? "results" : "sweep", "\">\n<thead>",
+                                 HtmlGroupRow(r, table ? 1 : 3), "<tr><th>row</th>");
   if (!table) out += "<th>range</th><th>α</th>";
   for (const Column& c : r.columns) {
     absl::StrAppend(&out, "<th title=\"",
@@ -245,6 +350,46 @@ std::string HtmlTable(const Report& r, bool table) {
   return out;
 }
 
+std::string HtmlSummary(const Report& r) {
+  const std::vector<SummaryColumn> families = FamilyColumns(r);
+  std::string out = absl::StrCat("<h2>Acquisition vs forgetting (", H(r.perplexity_metric),
+                                 ")</h2>\n<p class=\"meta\">", H(SummaryIntro(r)),
+                                 "</p>\n<table class=\"summary\">\n<thead>");
+  if (!families.empty()) {
+    // A header row naming each family over its column group.
+    out += "<tr><th colspan=\"6\"></th>";
+    for (size_t i = 0; i < families.size();) {
+      size_t n = 1;
+      while (i + n < families.size() && families[i + n].family == families[i].family) ++n;
+      absl::StrAppend(&out, "<th colspan=\"", n, "\" class=\"family\">", H(families[i].family),
+                      "</th>");
+      i += n;
+    }
+    out += "</tr>";
+  }
+  out +=
+      "<tr><th>row</th><th>target</th><th>acquisition ↑</th><th>transfer ↑</th><th>forgetting "
+      "↓</th><th>Pareto front</th>";
+  for (const SummaryColumn& c : families)
+    absl::StrAppend(&out, "<th>", c.transfer ? "transfer ↑" : "acquisition ↑", "</th>");
+  out += "</tr></thead>\n<tbody>\n";
+  for (const Summary& s : r.summary) {
+    std::string langs = absl::StrJoin(s.held_in, ", ");
+    if (!s.held_out.empty())
+      absl::StrAppend(&langs, "; held-out ", absl::StrJoin(s.held_out, ", "));
+    absl::StrAppend(&out, "<tr", s.baseline ? " class=\"baseline\"" : "", "><td>", H(s.row),
+                    "</td><td title=\"", H(langs), "\">", H(TargetText(s)),
+                    "</td><td class=\"num\">", Opt(s.acquisition, true), "</td><td class=\"num\">",
+                    Opt(s.transfer, true), "</td><td class=\"num\">", Opt(s.forgetting, true),
+                    "</td><td>", s.pareto ? "yes" : "", "</td>");
+    for (const SummaryColumn& c : families)
+      absl::StrAppend(&out, "<td class=\"num\">", Opt(FamilyValue(s, c), true), "</td>");
+    out += "</tr>\n";
+  }
+  out += "</tbody></table>\n";
+  return out;
+}
+
 json Opt(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
 
 }  // namespace
@@ -258,10 +403,8 @@ std::string RenderMarkdown(const Report& r, bool plots_written) {
         "; deltas in parentheses are against it, the best value of each column is in bold.\n");
   if (!r.columns.empty()) absl::StrAppend(&out, "Metrics: ", MdText(MetricsLine(r)), ".\n");
   if (!r.languages.empty()) {
-    absl::StrAppend(
-        &out, "Languages (",
-        r.roles_from_corpus ? "from the corpus manifest" : "assumed: no corpus manifest",
-        "): ", MdText(LanguagesLine(r)), ".\n");
+    absl::StrAppend(&out, "Languages (", MdText(RolesSource(r)), "): ", MdText(LanguagesLine(r)),
+                    ".\n");
   }
   out += "\n";
   bool table_rows = false, sweep_rows = false;
@@ -272,22 +415,7 @@ std::string RenderMarkdown(const Report& r, bool plots_written) {
     out += "No metric has been reported yet (or none matches --metric).\n";
   }
   if (table_rows) out += MdTable(r, true);
-  if (!r.summary.empty()) {
-    const std::string ppl = MdText(r.perplexity_metric);
-    absl::StrAppend(&out, "\n## Acquisition vs forgetting (", ppl, ")\n\n",
-                    "acquisition: mean held-in ", ppl,
-                    " gain over the baseline (higher is better); transfer: "
-                    "the same on held-out languages; forgetting: general-language ",
-                    ppl, " minus the baseline's (lower is better).\n\n");
-    out +=
-        "| row | acquisition ↑ | transfer ↑ | forgetting ↓ | Pareto front |\n| --- | ---: | ---: | "
-        "---: | --- |\n";
-    for (const Summary& s : r.summary) {
-      absl::StrAppend(&out, "| ", MdCell(s.baseline ? s.row + " (baseline)" : s.row), " | ",
-                      Opt(s.acquisition, true), " | ", Opt(s.transfer, true), " | ",
-                      Opt(s.forgetting, true), " | ", s.pareto ? "yes" : "", " |\n");
-    }
-  }
+  if (!r.summary.empty()) out += MdSummary(r);
   if (sweep_rows) {
     out += "\n## Interpolation sweep\n\n";
     out += MdTable(r, false);
@@ -326,29 +454,14 @@ std::string RenderHtml(const Report& r) {
                     "value of each column is bold.");
   if (!r.columns.empty()) absl::StrAppend(&body, "<br>Metrics: ", H(MetricsLine(r)), ".");
   if (!r.languages.empty()) {
-    absl::StrAppend(
-        &body, "<br>Languages (",
-        r.roles_from_corpus ? "from the corpus manifest" : "assumed: no corpus manifest",
-        "): ", H(LanguagesLine(r)), ".");
+    absl::StrAppend(&body, "<br>Languages (", H(RolesSource(r)), "): ", H(LanguagesLine(r)), ".");
   }
   body += "</p>\n<h2>Results</h2>\n";
   bool table_rows = false, sweep_rows = false;
   for (const Row& row : r.rows) (row.in_table ? table_rows : sweep_rows) = true;
   if (!table_rows) body += "<p>No eval cells yet: the table has no rows.</p>\n";
   if (table_rows) body += HtmlTable(r, true);
-  if (!r.summary.empty()) {
-    absl::StrAppend(&body, "<h2>Acquisition vs forgetting (", H(r.perplexity_metric),
-                    ")</h2>\n<table class=\"summary\">\n",
-                    "<thead><tr><th>row</th><th>acquisition ↑</th><th>transfer "
-                    "↑</th><th>forgetting ↓</th><th>Pareto front</th></tr></thead>\n<tbody>\n");
-    for (const Summary& s : r.summary) {
-      absl::StrAppend(&body, "<tr", s.baseline ? " class=\"baseline\"" : "", "><td>", H(s.row),
-                      "</td><td class=\"num\">", Opt(s.acquisition, true),
-                      "</td><td class=\"num\">", Opt(s.transfer, true), "</td><td class=\"num\">",
-                      Opt(s.forgetting, true), "</td><td>", s.pareto ? "yes" : "", "</td></tr>\n");
-    }
-    body += "</tbody></table>\n";
-  }
+  if (!r.summary.empty()) body += HtmlSummary(r);
   if (sweep_rows) {
     body += "<h2>Interpolation sweep</h2>\n";
     body += HtmlTable(r, false);
@@ -413,6 +526,8 @@ json ReportToJson(const Report& r) {
             {"baseline", r.baseline.empty() ? json(nullptr) : json(r.baseline)},
             {"perplexity_metric", r.perplexity_metric},
             {"roles_from_corpus", r.roles_from_corpus},
+            {"roles_source", RolesSource(r)},
+            {"families", r.families},
             {"cells", r.cells},
             {"states", r.states},
             {"notes", r.notes}};
@@ -452,17 +567,26 @@ json ReportToJson(const Report& r) {
               {"alpha", Opt(row.alpha)},
               {"range", row.range},
               {"cells", cells},
+              {"target", row.target},
+              {"target_from", row.target_from},
               {"metrics", row.metrics}};
     (row.in_table ? j["rows"] : j["sweep"]).push_back(std::move(x));
   }
   j["summary"] = json::array();
   for (const Summary& s : r.summary) {
+    json families = json::object();
+    for (const auto& [family, gain] : s.families)
+      families[family] = {{"acquisition", Opt(gain.acquisition)}, {"transfer", Opt(gain.transfer)}};
     j["summary"].push_back({{"row", s.row},
                             {"baseline", s.baseline},
+                            {"target", s.target},
+                            {"held_in", s.held_in},
+                            {"held_out", s.held_out},
                             {"acquisition", Opt(s.acquisition)},
                             {"transfer", Opt(s.transfer)},
                             {"forgetting", Opt(s.forgetting)},
-                            {"pareto", s.pareto}});
+                            {"pareto", s.pareto},
+                            {"families", families}});
   }
   j["plots"] = json::array();
   for (const Plot& p : r.plots) {

@@ -113,6 +113,27 @@ std::string TickText(double value, double step) {
 
 namespace {
 
+// About how wide `text` is in a sans-serif font of `size` px (a generous mean advance, so
+// that a label's box holds it in the fonts browsers pick).
+double TextWidth(const std::string& text, double size) {
+  int glyphs = 0;
+  for (unsigned char c : text) glyphs += (c & 0xC0) != 0x80 ? 1 : 0;
+  return glyphs * size * 0.62;
+}
+
+// A legend entry's text: cut at 40 characters (not inside a UTF-8 sequence).
+std::string LegendName(const std::string& name) {
+  if (name.size() <= 40) return name;
+  size_t cut = 39;
+  while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+  return name.substr(0, cut) + "…";
+}
+
+struct Box {
+  double x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+  bool Overlaps(const Box& o) const { return x0 < o.x1 && o.x0 < x1 && y0 < o.y1 && o.y0 < y1; }
+};
+
 // Where a plot's panel lies in the picture and how data maps onto it.
 struct Frame {
   double W = 0, H = 0;          // the picture
@@ -122,6 +143,7 @@ struct Frame {
   double xstep = 1, ystep = 1;  // between ticks
   bool has_data = false;        // any finite point
   bool legend = false;          // a named series: the legend right of the panel
+  double legend_w = 0;          // its width (the longest name's)
   double px(double x) const {
     const double x0 = xt.front(), x1 = xt.back();
     return left + (x1 > x0 ? (x - x0) / (x1 - x0) : 0.5) * pw;
@@ -138,10 +160,20 @@ Frame Layout(const SvgPlot& plot) {
   Frame f;
   f.W = std::max(plot.width, 200);
   f.H = std::max(plot.height, 150);
-  for (const auto& s : plot.series) f.legend |= !s.name.empty();
+  int entries = 0;
+  for (const auto& s : plot.series) {
+    if (s.name.empty()) continue;
+    f.legend = true;
+    ++entries;
+    f.legend_w = std::max(f.legend_w, TextWidth(LegendName(s.name), 12) + 24 + 16);
+  }
   f.left = 72;
   f.top = plot.title.empty() ? 16 : 40;
-  const double right = f.legend ? 170 : 24, bottom = 52;
+  // The legend lies right of the panel, inside the picture: the picture grows to hold its
+  // widest name and every entry.
+  const double right = f.legend ? std::max(170.0, f.legend_w) : 24, bottom = 52;
+  f.W = std::ceil(std::max(f.W, f.left + 390 + right));
+  if (f.legend) f.H = std::ceil(std::max(f.H, f.top + 8 + 18.0 * entries + 10));
   f.pw = f.W - f.left - right;
   f.ph = f.H - f.top - bottom;
   Range xr, yr;
@@ -261,15 +293,98 @@ void AppendSeries(const SvgSeries& s, const char* color, const Frame& f, std::st
       absl::StrAppend(out, "<circle cx=\"", Num(f.px(s.x[i])), "\" cy=\"", Num(f.py(s.y[i])),
                       "\" r=\"3.5\" fill=\"", color, "\"/>\n");
     }
-    if (i < s.labels.size() && !s.labels[i].empty()) {
-      absl::StrAppend(out, "<text x=\"", Num(f.px(s.x[i]) + 6), "\" y=\"", Num(f.py(s.y[i]) - 6),
-                      "\" font-size=\"11\" fill=\"#333333\">", XmlEscape(s.labels[i]), "</text>\n");
-    }
   }
   absl::StrAppend(out, "</g>\n");
 }
 
-// The legend right of the panel: one entry per named series, names cut at 24 characters.
+// The box of a label of width w beside (px, py) at distance d in direction (dx, dy).
+Box LabelBox(double px, double py, double w, double h, double d, int dx, int dy) {
+  Box b;
+  const double ax = px + dx * d, ay = py + dy * d;
+  b.x0 = dx > 0 ? ax : dx < 0 ? ax - w : ax - w / 2;
+  b.y0 = dy < 0 ? ay - h : dy > 0 ? ay : ay - h / 2;
+  b.x1 = b.x0 + w;
+  b.y1 = b.y0 + h;
+  return b;
+}
+
+// Point labels, placed so that none overlaps another or a marker: each tries positions
+// around its point, nearest first, inside the panel; one that had to move away from its
+// point gets a leader line. With no free place left, the least crowded one is taken.
+void AppendLabels(const SvgPlot& plot, const Frame& f, std::string* out) {
+  std::vector<Box> taken;
+  for (const auto& s : plot.series) {
+    if (!s.markers) continue;
+    for (size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
+      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+      const double px = f.px(s.x[i]), py = f.py(s.y[i]);
+      taken.push_back({px - 4, py - 4, px + 4, py + 4});
+    }
+  }
+  constexpr double kFont = 11, kHeight = 13;
+  constexpr int kDirs[8][2] = {{1, -1}, {1, 1},  {-1, -1}, {-1, 1},
+                               {1, 0},  {-1, 0}, {0, -1},  {0, 1}};
+  const Box panel{f.left + 2, f.top + 2, f.left + f.pw - 2, f.top + f.ph - 2};
+  std::string text;
+  for (const auto& s : plot.series) {
+    for (size_t i = 0; i < std::min({s.x.size(), s.y.size(), s.labels.size()}); ++i) {
+      if (s.labels[i].empty() || !std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+      const double px = f.px(s.x[i]), py = f.py(s.y[i]);
+      const double w = TextWidth(s.labels[i], kFont);
+      Box best;
+      double best_d = 0;
+      int best_hits = -1;
+      for (double d : {5.0, 14.0, 26.0, 40.0, 56.0, 76.0, 100.0}) {
+        for (const auto& dir : kDirs) {
+          const Box b = LabelBox(px, py, w, kHeight, d, dir[0], dir[1]);
+          if (b.x0 < panel.x0 || b.x1 > panel.x1 || b.y0 < panel.y0 || b.y1 > panel.y1) continue;
+          int hits = 0;
+          for (const Box& t : taken) hits += b.Overlaps(t) ? 1 : 0;
+          if (best_hits < 0 || hits < best_hits) {
+            best = b;
+            best_d = d;
+            best_hits = hits;
+          }
+          if (hits == 0) break;
+        }
+        if (best_hits == 0) break;
+      }
+      if (best_hits != 0) {
+        // Crowded: the free place in the panel nearest to the point, with a leader line.
+        double nearest = -1;
+        for (double y0 = panel.y0; y0 + kHeight <= panel.y1; y0 += 3) {
+          for (double x0 = panel.x0; x0 + w <= panel.x1; x0 += 4) {
+            const Box b{x0, y0, x0 + w, y0 + kHeight};
+            const double dx = std::clamp(px, b.x0, b.x1) - px, dy = std::clamp(py, b.y0, b.y1) - py;
+            const double d2 = dx * dx + dy * dy;
+            if (nearest >= 0 && d2 >= nearest) continue;
+            if (std::none_of(taken.begin(), taken.end(),
+                             [&](const Box& t) { return b.Overlaps(t); })) {
+              nearest = d2;
+              best = b;
+              best_d = 100;
+              best_hits = 0;
+            }
+          }
+        }
+      }
+      if (best_hits < 0) best = LabelBox(px, py, w, kHeight, 5, 1, -1);  // a panel too small
+      taken.push_back(best);
+      if (best_d > 5) {
+        // A leader line from the point to the nearest point of the label's box.
+        const double lx = std::clamp(px, best.x0, best.x1), ly = std::clamp(py, best.y0, best.y1);
+        absl::StrAppend(&text, "<line class=\"leader\" x1=\"", Num(px), "\" y1=\"", Num(py),
+                        "\" x2=\"", Num(lx), "\" y2=\"", Num(ly),
+                        "\" stroke=\"#999999\" stroke-width=\"0.8\"/>\n");
+      }
+      absl::StrAppend(&text, "<text x=\"", Num(best.x0), "\" y=\"", Num(best.y1 - 3),
+                      "\" font-size=\"11\" fill=\"#333333\">", XmlEscape(s.labels[i]), "</text>\n");
+    }
+  }
+  if (!text.empty()) absl::StrAppend(out, "<g class=\"labels\">\n", text, "</g>\n");
+}
+
+// The legend right of the panel: one entry per named series, names cut at 40 characters.
 void AppendLegend(const SvgPlot& plot, const Frame& f, std::string* out) {
   absl::StrAppend(out, "<g class=\"legend\">\n");
   double ly = f.top + 8;
@@ -286,12 +401,7 @@ void AppendLegend(const SvgPlot& plot, const Frame& f, std::string* out) {
     if (s.markers)
       absl::StrAppend(out, "<circle cx=\"", Num(lx + 9), "\" cy=\"", Num(ly),
                       "\" r=\"3.5\" fill=\"", color, "\"/>\n");
-    std::string name = s.name;
-    if (name.size() > 24) {
-      size_t cut = 23;  // not inside a UTF-8 sequence
-      while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
-      name = name.substr(0, cut) + "…";
-    }
+    const std::string name = LegendName(s.name);
     absl::StrAppend(out, "<text x=\"", Num(lx + 24), "\" y=\"", Num(ly + 4), "\">", XmlEscape(name),
                     "</text>\n");
     ly += 18;
@@ -316,6 +426,7 @@ std::string RenderSvg(const SvgPlot& plot, bool standalone) {
     const SvgSeries& s = plot.series[si];
     AppendSeries(s, PaletteColor(s.color >= 0 ? s.color : static_cast<int>(si)), f, &out);
   }
+  AppendLabels(plot, f, &out);
   if (f.legend) AppendLegend(plot, f, &out);
   absl::StrAppend(&out, "</svg>\n");
   return out;

@@ -591,6 +591,153 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
   }
 }
 
+// Two family experts of real engine jobs: each is measured on its own family (held-in and
+// held-out relative), forgetting on English; its CPT loss curve is named by its row.
+constexpr const char* kFamilyStudy = R"YAML(name: report-families
+stages:
+  corpus:
+    prepare:
+      heldout_fraction: 0.3
+      languages:
+        - {code: en, family: germanic, role: base, name: English, text: [en.txt]}
+        - {code: ru, family: slavic, role: held_in, name: Russian, text: [ru.txt]}
+        - {code: uk, family: slavic, role: held_out, name: Ukrainian, text: [uk.txt]}
+        - {code: fr, family: romance, role: held_in, name: French, text: [fr.txt]}
+        - {code: it, family: romance, role: held_out, name: Italian, text: [it.txt]}
+  base:
+    init: {arch: llama, preset: tiny, seed: 3}
+  tok:
+    needs: [base, corpus]
+    matrix:
+      include:
+        - {language: ru, family: slavic}
+        - {language: fr, family: romance}
+    tokenize:
+      tokenizer: "${{ needs.base.outputs.model }}"
+      input: ["${{ needs.corpus.outputs.corpus }}/train/${{ matrix.language }}.txt"]
+      format: text
+      line_docs: true
+      language: "${{ matrix.language }}"
+  ev:
+    needs: [base, corpus]
+    matrix: {language: [ru, uk, fr, it, en]}
+    tokenize:
+      tokenizer: "${{ needs.base.outputs.model }}"
+      input: ["${{ needs.corpus.outputs.corpus }}/heldout/${{ matrix.language }}.txt"]
+      format: text
+      line_docs: true
+      language: "${{ matrix.language }}"
+  cpt-expert:
+    needs: [base, tok]
+    matrix: {family: [slavic, romance]}
+    labels: {report.target: "${{ matrix.family }}"}
+    train:
+      model: "${{ needs.base.outputs.model }}"
+      data:
+        datasets: [{path: "${{ needs.tok.outputs.dataset }}"}]
+        seq_len: 16
+        heldout_fraction: 0.2
+      batch_size: 2
+      steps: 8
+      log_every: 1
+      optimizer: {lr: 1.0e-2}
+  eval-base:
+    needs: [base, ev]
+    labels: {report.row: base, report.baseline: "true"}
+    eval:
+      model: "${{ needs.base.outputs.model }}"
+      tasks:
+        - {type: perplexity, language: "${{ needs.ev.matrix.language }}", data: "${{ needs.ev.outputs.dataset }}", split: all, limit: 4}
+  eval-expert:
+    needs: [cpt-expert, {stage: ev, all: true}]
+    matrix: {family: [slavic, romance]}
+    labels: {report.row: "expert (${{ matrix.family }})", report.group: experts}
+    eval:
+      model: "${{ needs.cpt-expert.outputs.model }}"
+      tasks:
+        - {type: perplexity, language: "${{ needs.ev.matrix.language }}", data: "${{ needs.ev.outputs.dataset }}", split: all, limit: 4}
+)YAML";
+
+TEST(ReportEndToEnd, EachFamilyExpertIsMeasuredOnItsOwnFamily) {
+  const std::string engine = EngineBinary();
+  if (engine.empty())
+    GTEST_SKIP() << "stemma-engine is not built here; STEMMA_ENGINE=PATH names one";
+  const std::string path = fs::path(engine).parent_path().string() + ":" +
+                           (std::getenv("PATH") ? std::getenv("PATH") : "");
+  ::setenv("PATH", path.c_str(), 1);
+  Cluster c;
+  c.StartCoordinator();
+  const std::string root = c.dir() + "/store";
+  fs::create_directories(root);
+  {
+    std::ofstream ru(root + "/ru.txt"), uk(root + "/uk.txt"), fr(root + "/fr.txt"),
+        it(root + "/it.txt"), en(root + "/en.txt");
+    for (int i = 0; i < 150; ++i) {
+      ru << "быстрая коричневая лиса " << i << " прыгает через ленивую собаку\n";
+      uk << "швидка бура лисиця " << i << " стрибає через ледачого пса\n";
+      fr << "le renard brun rapide " << i << " saute par-dessus le chien paresseux\n";
+      it << "la volpe marrone veloce " << i << " salta sopra il cane pigro\n";
+      en << "the quick brown fox " << i << " jumps over the lazy dog\n";
+    }
+  }
+  Cluster::WorkerOptions w;
+  w.cpus = 2;
+  w.extra = {"--storage-root", root};
+  c.StartWorker("w1", w);
+  c.WaitForWorkers(1);
+  ASSERT_EQ(c.Cli({"sweep", "-f", c.WriteFile("families.yaml", kFamilyStudy)}).exit_code, 0);
+  auto wait = c.Cli({"exp", "wait", "report-families", "--timeout", "500"});
+  ASSERT_EQ(wait.exit_code, 0) << wait.out << wait.err;
+  const std::string out = c.dir() + "/report";
+  auto done = c.Cli({"report", "report-families", "--out", out});
+  ASSERT_EQ(done.exit_code, 0) << done.err;
+  const json rep = json::parse(Cluster::ReadFile(out + "/report.json"));
+
+  // The values the engine reported, by row title and column.
+  std::map<std::string, std::map<std::string, double>> v;
+  for (const auto& row : rep["rows"]) {
+    for (const auto& [key, cell] : row["cells"].items()) {
+      if (cell["value"].is_number()) v[row["title"]][key] = cell["value"];
+    }
+  }
+  std::map<std::string, json> summary;
+  for (const auto& s : rep["summary"]) summary[s["row"]] = s;
+  const json& romance = summary["expert (romance)"];
+  EXPECT_EQ(romance["target"], "romance");
+  EXPECT_EQ(romance["held_in"], json::array({"fr"})) << "Romance languages only";
+  EXPECT_EQ(romance["held_out"], json::array({"it"}));
+  EXPECT_DOUBLE_EQ(romance["acquisition"].get<double>(),
+                   v["base"]["bpb/fr"] - v["expert (romance)"]["bpb/fr"]);
+  EXPECT_DOUBLE_EQ(romance["transfer"].get<double>(),
+                   v["base"]["bpb/it"] - v["expert (romance)"]["bpb/it"]);
+  EXPECT_DOUBLE_EQ(romance["forgetting"].get<double>(),
+                   v["expert (romance)"]["bpb/en"] - v["base"]["bpb/en"]);
+  // Its Russian is in the Slavic column group, not in its acquisition.
+  EXPECT_DOUBLE_EQ(romance["families"]["slavic"]["acquisition"].get<double>(),
+                   v["base"]["bpb/ru"] - v["expert (romance)"]["bpb/ru"]);
+  const json& slavic = summary["expert (slavic)"];
+  EXPECT_EQ(slavic["held_in"], json::array({"ru"}));
+  EXPECT_DOUBLE_EQ(slavic["acquisition"].get<double>(),
+                   v["base"]["bpb/ru"] - v["expert (slavic)"]["bpb/ru"]);
+  EXPECT_NE(done.out.find("| expert (romance) | romance |"), std::string::npos) << done.out;
+  // Columns grouped by family; the loss curves named by row; only the plots it has.
+  std::vector<std::string> keys;
+  for (const auto& col : rep["columns"]) keys.push_back(col["key"]);
+  EXPECT_EQ(keys, (std::vector<std::string>{"bpb/ru", "bpb/uk", "bpb/fr", "bpb/it", "bpb/en"}));
+  std::map<std::string, json> plots;
+  for (const auto& p : rep["plots"]) plots[p["file"]] = p;
+  EXPECT_EQ(plots.size(), 2u) << "acquisition_forgetting.svg and loss_curves.svg only";
+  std::set<std::string> curves;
+  for (const auto& s : plots["loss_curves.svg"]["series"]) curves.insert(s["name"]);
+  EXPECT_EQ(curves, (std::set<std::string>{"expert (slavic)", "expert (romance)"}));
+  EXPECT_EQ(done.out.find("not drawn"), std::string::npos) << done.out;
+  if (!FindChromium().empty()) {
+    CheckInBrowser(out + "/report.html", 2);
+    if (const char* keep = std::getenv("STEMMA_REPORT_KEEP"); keep != nullptr)
+      fs::copy(out, keep, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  }
+}
+
 TEST(ReportEndToEnd, UnknownExperimentAndBadFlags) {
   Cluster c;
   c.StartCoordinator();
@@ -603,6 +750,149 @@ TEST(ReportEndToEnd, UnknownExperimentAndBadFlags) {
   auto help = c.Cli({"report", "--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("report.baseline"), std::string::npos) << help.out;
+}
+
+// --- stemma metrics by cell and revision; checkpoint metrics by the eval that measured them --
+
+// An engine stand-in: train writes its learning rate into the model it outputs, eval reports
+// bpb/<language> = that learning rate for each task language.
+constexpr const char* kMetricsEngine = R"SH(#!/bin/bash
+cmd=$1; spec=$3
+out=$(grep -o '"out": *"[^"]*"' "$spec" | head -1 | sed 's/.*: *"\(.*\)"/\1/')
+case "$out" in /*) ;; *) out="$STEMMA_STORAGE_ROOT/$out" ;; esac
+mkdir -p "$(dirname "$out")"
+if [ "$cmd" = train ]; then
+  lr=$(grep -o '"lr": *[0-9.e+-]*' "$spec" | head -1 | sed 's/.*: *//')
+  for s in 1 2; do echo "{\"event\":\"step\",\"step\":$s,\"total_steps\":2,\"loss\":$lr}"; done
+  mkdir -p "$out"
+  echo "$lr" > "$out/lr.txt"
+  echo "{\"producer\": {\"command\": \"train\", \"params\": {\"lr\": $lr}}}" > "$out/stemma.json"
+  echo "{\"event\":\"output\",\"name\":\"model\",\"type\":\"checkpoint\",\"path\":\"$out\"}"
+  exit 0
+fi
+model=$(grep -o '"model": *"[^"]*"' "$spec" | head -1 | sed 's/.*: *"\(.*\)"/\1/')
+case "$model" in /*) ;; *) model="$STEMMA_STORAGE_ROOT/$model" ;; esac
+lr=$(cat "$model/lr.txt")
+for lang in $(grep -o '"language": *"[^"]*"' "$spec" | sed 's/.*: *"\(.*\)"/\1/'); do
+  echo "{\"event\":\"metric\",\"name\":\"bpb/$lang\",\"value\":$lr,\"step\":0,\"labels\":{\"language\":\"$lang\"}}"
+done
+echo '{"tasks": []}' > "$out"
+echo "{\"event\":\"output\",\"name\":\"results\",\"path\":\"$out\"}"
+)SH";
+
+std::string MetricsStudy(const std::string& languages) {
+  std::string tasks;
+  for (const std::string& l : {std::string("ru"), std::string("fr")}) {
+    if (languages.find(l) == std::string::npos) continue;
+    tasks += "{type: perplexity, language: " + l + ", data: data, split: all}, ";
+  }
+  return R"(name: metrics-rev
+stages:
+  cpt:
+    matrix: {lr: [1, 2]}
+    train:
+      model: base
+      data: {datasets: [{path: data}], seq_len: 8}
+      steps: 2
+      optimizer: {lr: "${{ matrix.lr }}"}
+  eval:
+    needs: [cpt]
+    matrix: {lr: [1, 2]}
+    eval: {model: "${{ needs.cpt.outputs.model }}", tasks: [)" +
+         tasks + "]}\n";
+}
+
+// (cell, name) → value of the points of `stemma metrics ARGS -o json`, and the revisions seen.
+std::map<std::pair<std::string, std::string>, double> PointsByCell(
+    const Cluster& c, std::vector<std::string> args, std::set<int>* revisions = nullptr) {
+  args.insert(args.begin(), "metrics");
+  args.insert(args.end(), {"-o", "json"});
+  const CliResult r = c.Cli(args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::map<std::pair<std::string, std::string>, double> out;
+  if (r.exit_code != 0) return out;
+  const json points = r.Json();
+  for (const auto& p : points) {
+    out[{p.value("cell", std::string()), p["name"]}] = p["value"];
+    if (revisions != nullptr) revisions->insert(p.value("revision", 0));
+  }
+  return out;
+}
+
+TEST(MetricsByCell, RevisionAndCellSelectPointsNamedByTheirCell) {
+  Cluster c;
+  c.StartCoordinator();
+  const std::string root = c.dir() + "/store";
+  fs::create_directories(root);
+  const std::string engine = c.WriteFile("fake-engine", kMetricsEngine);
+  ::chmod(engine.c_str(), 0755);
+  Cluster::WorkerOptions w;
+  w.extra = {"--storage-root", root, "--engine", engine};
+  c.StartWorker("w1", w);
+  c.WaitForWorkers(1);
+  // Revision 1 evaluates ru; revision 2 adds fr: the evals run again, the CPT cells are served
+  // from the cache.
+  ASSERT_EQ(c.Cli({"sweep", "-f", c.WriteFile("m.yaml", MetricsStudy("ru"))}).exit_code, 0);
+  ASSERT_EQ(c.Cli({"exp", "wait", "metrics-rev", "--timeout", "120"}).exit_code, 0);
+  ASSERT_EQ(c.Cli({"sweep", "-f", c.WriteFile("m.yaml", MetricsStudy("ru fr"))}).exit_code, 0);
+  ASSERT_EQ(c.Cli({"exp", "wait", "metrics-rev", "--timeout", "120"}).exit_code, 0);
+
+  std::set<int> revisions;
+  auto latest = PointsByCell(c, {"metrics-rev", "--last"}, &revisions);
+  EXPECT_EQ(revisions, (std::set<int>{2}));
+  EXPECT_EQ(latest.at({"eval[lr=1]", "bpb/fr"}), 1);
+  EXPECT_EQ(latest.at({"eval[lr=2]", "bpb/ru"}), 2);
+  EXPECT_EQ(latest.at({"cpt[lr=2]", "loss"}), 2) << "a cached cell shows the points of the run";
+  EXPECT_EQ(latest.size(), 6u) << "2 losses, 2 x (ru, fr)";
+
+  revisions.clear();
+  auto first = PointsByCell(c, {"metrics-rev", "--last", "--revision", "1"}, &revisions);
+  EXPECT_EQ(revisions, (std::set<int>{1}));
+  EXPECT_EQ(first.count({"eval[lr=1]", "bpb/fr"}), 0u) << "revision 1 evaluated ru only";
+  EXPECT_EQ(first.at({"eval[lr=1]", "bpb/ru"}), 1);
+
+  revisions.clear();
+  PointsByCell(c, {"metrics-rev", "--last", "--revision", "all"}, &revisions);
+  EXPECT_EQ(revisions, (std::set<int>{1, 2}));
+
+  // A cell by its exact name (brackets and all) or by a glob.
+  auto one = PointsByCell(c, {"metrics-rev", "--cell", "eval[lr=1]"});
+  EXPECT_EQ(one.size(), 2u);
+  EXPECT_EQ(one.at({"eval[lr=1]", "bpb/ru"}), 1);
+  auto evals = PointsByCell(c, {"metrics-rev", "--cell", "eval*", "--last"});
+  EXPECT_EQ(evals.size(), 4u);
+  const CliResult table = c.Cli({"metrics", "metrics-rev", "--cell", "eval*"});
+  EXPECT_NE(table.out.find("CELL"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("eval[lr=2]"), std::string::npos) << table.out;
+  const CliResult none = c.Cli({"metrics", "metrics-rev", "--cell", "nothing*"});
+  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_NE(none.err.find("matching nothing*"), std::string::npos) << none.err;
+  EXPECT_EQ(c.Cli({"metrics", "metrics-rev", "--revision", "x"}).exit_code, 2);
+
+  // The checkpoint of cpt[lr=1] was measured by two evals (ru; then ru and fr): ckpt show
+  // keeps them apart, each with its job.
+  std::string ckpt;
+  for (const auto& a : c.Cli({"ckpt", "ls", "--experiment", "metrics-rev", "-o", "json"}).Json()) {
+    if (a.value("name", "") == "model" &&
+        a["path"].get<std::string>().find("lr=1") != std::string::npos)
+      ckpt = a["id"];
+  }
+  ASSERT_FALSE(ckpt.empty());
+  const json shown = c.Cli({"ckpt", "show", ckpt, "-o", "json"}).Json();
+  std::map<std::string, std::set<std::string>> by_job;  // job name + id → metric names
+  for (const auto& m : shown["measured"]) {
+    by_job[m["job_id"].get<std::string>() + " " + m["job_name"].get<std::string>()].insert(
+        m["name"].get<std::string>());
+  }
+  std::vector<std::set<std::string>> evals_seen;
+  for (const auto& [job, names] : by_job) {
+    if (job.find("eval[lr=1]") != std::string::npos) evals_seen.push_back(names);
+  }
+  ASSERT_EQ(evals_seen.size(), 2u) << shown.dump();
+  EXPECT_NE(evals_seen[0], evals_seen[1]);
+  const CliResult text = c.Cli({"ckpt", "show", ckpt});
+  EXPECT_NE(text.out.find("eval[lr=1]: bpb/ru=1\n"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("eval[lr=1]: bpb/fr=1 bpb/ru=1\n"), std::string::npos) << text.out;
 }
 
 }  // namespace
