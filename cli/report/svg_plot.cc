@@ -375,7 +375,7 @@ void AppendLabels(const SvgPlot& plot, const Frame& f, std::string* out) {
         const double lx = std::clamp(px, best.x0, best.x1), ly = std::clamp(py, best.y0, best.y1);
         absl::StrAppend(&text, "<line class=\"leader\" x1=\"", Num(px), "\" y1=\"", Num(py),
                         "\" x2=\"", Num(lx), "\" y2=\"", Num(ly),
-                        "\" stroke=\"#999999\" stroke-width=\"0.8\"/>\n");
+                        "\" stroke=\"#777777\" stroke-width=\"1\"/>\n");
       }
       absl::StrAppend(&text, "<text x=\"", Num(best.x0), "\" y=\"", Num(best.y1 - 3),
                       "\" font-size=\"11\" fill=\"#333333\">", XmlEscape(s.labels[i]), "</text>\n");
