@@ -8,6 +8,8 @@
 #include <iostream>
 #include <sstream>
 
+#include "cli/metrics_view.h"
+
 namespace stemma::cli {
 namespace {
 
@@ -291,6 +293,36 @@ TEST(TerminalSafe, TheGuardEscapesWhatEverIsPrintedButLineBreaks) {
   UnguardStdout();
   std::cout.rdbuf(saved);
   EXPECT_EQ(sink.str(), "ok\tline\n\\u001b]52;c;evil\\u0007\\u009b\xc2\xa9\n");
+}
+
+}  // namespace
+}  // namespace stemma::cli
+
+namespace stemma::cli {
+namespace {
+
+// `ckpt show`: an artifact measured by two evals lists each eval's numbers on its own line,
+// so an older eval's bpb/pl is not read beside a newer eval's bpb/all as one measurement.
+TEST(MeasuredLinesTest, OneLinePerMeasuringJob) {
+  v1::Artifact a;
+  auto add = [&](const std::string& job, const std::string& name, const std::string& metric,
+                 double value) {
+    v1::MeasuredMetric* m = a.add_measured();
+    m->set_job_id(job);
+    m->set_job_name(name);
+    m->set_name(metric);
+    m->set_value(value);
+  };
+  add("j-7", "eval-old", "bpb/all", 3.1);
+  add("j-7", "eval-old", "bpb/pl", 3.4);
+  add("j-9", "eval-new", "bpb/all", 2.9);
+  (*a.mutable_metrics())["bpb/all"] = 2.9;
+  (*a.mutable_metrics())["bpb/pl"] = 3.4;
+  EXPECT_EQ(MeasuredLines(a), (std::vector<std::string>{"j-7 eval-old: bpb/all=3.1 bpb/pl=3.4",
+                                                        "j-9 eval-new: bpb/all=2.9"}));
+  a.clear_measured();  // recorded before measurements were kept per job
+  EXPECT_EQ(MeasuredLines(a),
+            (std::vector<std::string>{"latest (no job recorded): bpb/all=2.9 bpb/pl=3.4"}));
 }
 
 }  // namespace
