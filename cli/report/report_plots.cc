@@ -77,6 +77,11 @@ class PlotBuilder {
     p.svg.y_label = absl::StrCat("acquisition: target held-in ", r_.perplexity_metric, " gain");
     p.svg.series = {points, front};
     p.svg.x_reference = 0.0;
+    // Room for a label per row beside its point.
+    if (points.labels.size() > 6) {
+      p.svg.width = 820;
+      p.svg.height = 520;
+    }
     p.svg.y_reference = 0.0;
     r_.plots.push_back(std::move(p));
   }

@@ -884,14 +884,17 @@ std::vector<TextBox> Texts(const std::string& svg, const std::string& cls, doubl
   const size_t g = svg.find("<g class=\"" + cls + "\">");
   if (g == std::string::npos) return out;
   const std::string body = svg.substr(g, svg.find("</g>", g) - g);
-  std::regex re("<text x=\"([-0-9.]+)\" y=\"([-0-9.]+)\"[^>]*>([^<]*)</text>");
+  std::regex re(
+      "<text x=\"([-0-9.]+)\" y=\"([-0-9.]+)\"( text-anchor=\"(\\w+)\")?[^>]*>([^<]*)</text>");
   for (auto it = std::sregex_iterator(body.begin(), body.end(), re); it != std::sregex_iterator();
        ++it) {
     const double x = std::stod((*it)[1]), y = std::stod((*it)[2]);
-    const std::string text = (*it)[3];
+    const std::string anchor = (*it)[4], text = (*it)[5];
     int glyphs = 0;
     for (unsigned char c : text) glyphs += (c & 0xC0) != 0x80 ? 1 : 0;
-    out.push_back({x, y - font + 1, x + glyphs * font * 0.62, y + 2, text});
+    const double w = glyphs * font * 0.62;
+    const double x0 = anchor == "end" ? x - w : anchor == "middle" ? x - w / 2 : x;
+    out.push_back({x0, y - font + 1, x0 + w, y + 2, text});
   }
   return out;
 }

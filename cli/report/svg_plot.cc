@@ -308,22 +308,32 @@ Box LabelBox(double px, double py, double w, double h, double d, int dx, int dy)
   return b;
 }
 
-// Point labels, placed so that none overlaps another or a marker: each tries positions
-// around its point, nearest first, inside the panel; one that had to move away from its
-// point gets a leader line. With no free place left, the least crowded one is taken.
+// Distance from (x, y) to the nearest point of the box (0 inside it).
+double BoxDistance(const Box& b, double x, double y) {
+  const double dx = std::clamp(x, b.x0, b.x1) - x, dy = std::clamp(y, b.y0, b.y1) - y;
+  return std::sqrt(dx * dx + dy * dy);
+}
+
+// Point labels: each goes where it overlaps no other label and no point, nearest to its own
+// point, and not nearer to another point than to its own (a reader pairs a label with the
+// nearest point). One that had to move away from its point gets a leader line. With no free
+// place left, the least crowded one is taken.
 void AppendLabels(const SvgPlot& plot, const Frame& f, std::string* out) {
+  struct Mark {
+    double x, y;
+  };
+  std::vector<Mark> marks;
   std::vector<Box> taken;
   for (const auto& s : plot.series) {
     if (!s.markers) continue;
     for (size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
       if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
       const double px = f.px(s.x[i]), py = f.py(s.y[i]);
+      marks.push_back({px, py});
       taken.push_back({px - 4, py - 4, px + 4, py + 4});
     }
   }
   constexpr double kFont = 11, kHeight = 13;
-  constexpr int kDirs[8][2] = {{1, -1}, {1, 1},  {-1, -1}, {-1, 1},
-                               {1, 0},  {-1, 0}, {0, -1},  {0, 1}};
   const Box panel{f.left + 2, f.top + 2, f.left + f.pw - 2, f.top + f.ph - 2};
   std::string text;
   for (const auto& s : plot.series) {
@@ -331,54 +341,46 @@ void AppendLabels(const SvgPlot& plot, const Frame& f, std::string* out) {
       if (s.labels[i].empty() || !std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
       const double px = f.px(s.x[i]), py = f.py(s.y[i]);
       const double w = TextWidth(s.labels[i], kFont);
-      Box best;
-      double best_d = 0;
-      int best_hits = -1;
-      for (double d : {5.0, 14.0, 26.0, 40.0, 56.0, 76.0, 100.0}) {
-        for (const auto& dir : kDirs) {
-          const Box b = LabelBox(px, py, w, kHeight, d, dir[0], dir[1]);
-          if (b.x0 < panel.x0 || b.x1 > panel.x1 || b.y0 < panel.y0 || b.y1 > panel.y1) continue;
-          int hits = 0;
-          for (const Box& t : taken) hits += b.Overlaps(t) ? 1 : 0;
-          if (best_hits < 0 || hits < best_hits) {
+      // A cost per place: overlaps first, then other points nearer than its own, then distance.
+      auto cost = [&](const Box& b) {
+        double c = BoxDistance(b, px, py);
+        for (const Box& t : taken) c += b.Overlaps(t) ? 1000 : 0;
+        for (const Mark& m : marks) {
+          if ((m.x != px || m.y != py) && BoxDistance(b, m.x, m.y) < BoxDistance(b, px, py) - 1)
+            c += 40;
+        }
+        return c;
+      };
+      Box best = LabelBox(px, py, w, kHeight, 5, 1, -1);
+      double best_cost = -1;
+      for (double y0 = panel.y0; y0 + kHeight <= panel.y1; y0 += 2) {
+        for (double x0 = panel.x0; x0 + w <= panel.x1; x0 += 3) {
+          const Box b{x0, y0, x0 + w, y0 + kHeight};
+          if (best_cost >= 0 && BoxDistance(b, px, py) >= best_cost) continue;
+          const double c = cost(b);
+          if (best_cost < 0 || c < best_cost) {
             best = b;
-            best_d = d;
-            best_hits = hits;
-          }
-          if (hits == 0) break;
-        }
-        if (best_hits == 0) break;
-      }
-      if (best_hits != 0) {
-        // Crowded: the free place in the panel nearest to the point, with a leader line.
-        double nearest = -1;
-        for (double y0 = panel.y0; y0 + kHeight <= panel.y1; y0 += 3) {
-          for (double x0 = panel.x0; x0 + w <= panel.x1; x0 += 4) {
-            const Box b{x0, y0, x0 + w, y0 + kHeight};
-            const double dx = std::clamp(px, b.x0, b.x1) - px, dy = std::clamp(py, b.y0, b.y1) - py;
-            const double d2 = dx * dx + dy * dy;
-            if (nearest >= 0 && d2 >= nearest) continue;
-            if (std::none_of(taken.begin(), taken.end(),
-                             [&](const Box& t) { return b.Overlaps(t); })) {
-              nearest = d2;
-              best = b;
-              best_d = 100;
-              best_hits = 0;
-            }
+            best_cost = c;
           }
         }
       }
-      if (best_hits < 0) best = LabelBox(px, py, w, kHeight, 5, 1, -1);  // a panel too small
       taken.push_back(best);
-      if (best_d > 5) {
+      if (BoxDistance(best, px, py) > 9) {
         // A leader line from the point to the nearest point of the label's box.
         const double lx = std::clamp(px, best.x0, best.x1), ly = std::clamp(py, best.y0, best.y1);
         absl::StrAppend(&text, "<line class=\"leader\" x1=\"", Num(px), "\" y1=\"", Num(py),
                         "\" x2=\"", Num(lx), "\" y2=\"", Num(ly),
                         "\" stroke=\"#777777\" stroke-width=\"1\"/>\n");
       }
-      absl::StrAppend(&text, "<text x=\"", Num(best.x0), "\" y=\"", Num(best.y1 - 3),
-                      "\" font-size=\"11\" fill=\"#333333\">", XmlEscape(s.labels[i]), "</text>\n");
+      // The text is anchored at the box's side that faces the point, so that whatever the
+      // font's true width, the label ends (or starts) where it was placed beside its point.
+      const char* anchor = best.x1 <= px + 1 ? "end" : best.x0 >= px - 1 ? "start" : "middle";
+      const double tx = anchor[0] == 'e'   ? best.x1
+                        : anchor[0] == 's' ? best.x0
+                                           : (best.x0 + best.x1) / 2;
+      absl::StrAppend(&text, "<text x=\"", Num(tx), "\" y=\"", Num(best.y1 - 3),
+                      "\" text-anchor=\"", anchor, "\" font-size=\"11\" fill=\"#333333\">",
+                      XmlEscape(s.labels[i]), "</text>\n");
     }
   }
   if (!text.empty()) absl::StrAppend(out, "<g class=\"labels\">\n", text, "</g>\n");
