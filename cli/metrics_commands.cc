@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -65,6 +66,14 @@ absl::StatusOr<int> RunMetrics(const GlobalOptions& g, const MetricsOptions& o) 
   CoordinatorClient client(g.coordinator, g.timeout());
   ASSIGN_OR_RETURN(v1::QueryMetricsResponse response, client.QueryMetrics(request));
   std::vector<v1::MetricPoint> points(response.points().begin(), response.points().end());
+  // A coordinator older than these flags answers with every revision's points, none named by
+  // its cell: say so rather than print them as if selected.
+  if ((!o.revision.empty() || !o.cell.empty()) && !points.empty() &&
+      std::all_of(points.begin(), points.end(),
+                  [](const v1::MetricPoint& p) { return p.job_name().empty(); })) {
+    return absl::FailedPreconditionError(
+        "the coordinator does not select by --revision or --cell (it is older than this CLI)");
+  }
   switch (g.format) {
     case OutputFormat::kJson:
     case OutputFormat::kYaml:
