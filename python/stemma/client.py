@@ -20,8 +20,8 @@ import grpc
 from . import _config
 from ._convert import to_dict
 from ._specs import jobs_from
-from .errors import (DeadlineExceeded, InvalidArgument, JobFailed, NotFound, StemmaError,
-                     Unavailable, from_rpc_error)
+from .errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, JobFailed, NotFound,
+                     StemmaError, Unavailable, from_rpc_error)
 from .v1 import experiment_pb2, job_pb2, user_service_pb2, user_service_pb2_grpc
 
 _MAX_MESSAGE = 64 * 1024 * 1024  # as the CLI: job and metric answers can be large
@@ -422,6 +422,11 @@ class Client:
         points = response.points
         job_names = [p.job_name for p in points]
         missing = {p.job_id for p, n in zip(points, job_names) if not n}
+        if (revision or cell) and points and len(missing) == len({p.job_id for p in points}):
+            # A coordinator older than these fields answers with every revision's points,
+            # none named by its cell: say so rather than return them as if selected.
+            raise FailedPrecondition("the coordinator does not select metrics by revision or "
+                                     "cell (it is older than this client)")
         if missing:
             names = self._job_names(missing, request.experiment)
             job_names = [n or names.get(p.job_id, "") for p, n in zip(points, job_names)]

@@ -285,6 +285,9 @@ class ClientTest(unittest.TestCase):
         from_cli = json.loads(cli.stdout)
         self.assertEqual([(p["job"], p["name"], p["step"], p["value"]) for p in from_cli],
                          list(zip(df.job, df.name, df.step, df.value)))
+        cpt = self.client.metrics("py-study", cell="cpt*", name="loss")
+        self.assertEqual(sorted(set(cpt.job_name)), ["cpt[lr=1]", "cpt[lr=2]"])
+        self.assertEqual(set(cpt.revision), {1})
         last = self.client.metrics("py-study", name="loss", last=True)
         self.assertEqual(sorted(last.job_name), ["base", "cpt[lr=1]", "cpt[lr=2]"])
         rows = self.client.metrics(list(df.job.unique()[:1]), frame=False)
