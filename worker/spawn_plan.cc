@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/auth.h"
 #include "common/engine_contract.h"
 #include "common/engine_spec.h"
 #include "common/job_ranks.h"
@@ -26,6 +27,27 @@ std::string Var(std::string_view name) { return std::string(name); }
 
 // The worker's own token, when it came from the environment (main.cc also removes it).
 constexpr char kWorkerTokenVariable[] = "STEMMA_TOKEN";
+
+// Eval's per-task cache (engine/eval/task_cache.h): in the owner's own prefix of the storage
+// root (writable under the owner's write confinement; never shared between owners, so one
+// cannot plant results for another), none for `cache: false` or `--force` (the stemma.cache
+// label). The engine build id goes into the task keys as into the coordinator's job keys.
+void AddEvalCacheVariables(const v1::JobSpec& spec, const std::string& kind,
+                           const WorkerConfig& config,
+                           std::map<std::string, std::string, std::less<>>* env) {
+  if (!config.engine_build_id.empty()) (*env)["STEMMA_ENGINE_BUILD_ID"] = config.engine_build_id;
+  if (kind != "eval" || config.storage_root.empty()) return;
+  if (auto no = spec.labels().find("stemma.cache");
+      no != spec.labels().end() && no->second == "false") {
+    return;
+  }
+  std::string dir = config.storage_root;
+  if (auto owner = spec.labels().find(kOwnerLabel);
+      owner != spec.labels().end() && !owner->second.empty()) {
+    absl::StrAppend(&dir, "/", owner->second);
+  }
+  (*env)["STEMMA_EVAL_CACHE"] = absl::StrCat(dir, "/.stemma-cache/eval");
+}
 
 }  // namespace
 
@@ -201,6 +223,7 @@ std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const Wor
     if (!config.storage_root.empty()) {
       env[Var(engine_contract::kEnvStorageRoot)] = config.storage_root;
     }
+    AddEvalCacheVariables(spec, kind, config, &env);
   }
   AddRankVariables(assignment, ranks_per_part, local_rank, plan->workdir, &env);
   plan->env.reserve(env.size());

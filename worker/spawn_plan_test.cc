@@ -388,3 +388,32 @@ TEST_F(SpawnPlanTest, SealedChildPlanPointsIntoThePlan) {
 
 }  // namespace
 }  // namespace stemma::worker
+
+namespace stemma::worker {
+namespace {
+
+// Eval's per-task cache lives in the owner's own prefix of the storage root (never shared
+// between owners), is off for `cache: false` / `--force`, and only eval jobs get it; every
+// engine job gets the build id the worker reports.
+TEST_F(SpawnPlanTest, EvalJobsGetTheirOwnersTaskCacheUnlessCachingIsOff) {
+  config_.storage_root = "/srv/store";
+  config_.engine_build_id = "sha256:0123456789abcdef";
+  v1::Assignment eval;
+  eval.set_job_id("j-5");
+  eval.set_attempt_id("j-5.1");
+  eval.set_world_size(1);
+  eval.mutable_spec()->mutable_eval()->set_model("m");
+  auto p = Plan(eval);
+  EXPECT_EQ(p->Env("STEMMA_EVAL_CACHE"), "/srv/store/.stemma-cache/eval");
+  EXPECT_EQ(p->Env("STEMMA_ENGINE_BUILD_ID"), "sha256:0123456789abcdef");
+  (*eval.mutable_spec()->mutable_labels())["stemma.owner"] = "alice";
+  EXPECT_EQ(Plan(eval)->Env("STEMMA_EVAL_CACHE"), "/srv/store/alice/.stemma-cache/eval");
+  (*eval.mutable_spec()->mutable_labels())["stemma.cache"] = "false";
+  EXPECT_EQ(Plan(eval)->Env("STEMMA_EVAL_CACHE"), "");
+  auto train = Plan(Train());
+  EXPECT_EQ(train->Env("STEMMA_EVAL_CACHE"), "");
+  EXPECT_EQ(train->Env("STEMMA_ENGINE_BUILD_ID"), "sha256:0123456789abcdef");
+}
+
+}  // namespace
+}  // namespace stemma::worker

@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine_cli.h"
+#include "common/engine_contract.h"
 #include "common/engine_spec.h"
 #include "common/eval_task.h"
 #include "common/status.h"
@@ -32,6 +33,7 @@
 #include "engine/eval/eval_text.h"
 #include "engine/eval/perplexity.h"
 #include "engine/eval/resolve.h"
+#include "engine/eval/task_cache.h"
 #include "engine/eval/translation.h"
 #include "engine/events.h"
 #include "engine/io/durable.h"
@@ -542,6 +544,104 @@ absl::Status WriteAtomically(const std::string& path, const std::string& text) {
   return io::WriteFileAtomic(path, text);
 }
 
+// The per-task cache (engine/eval/task_cache.h) as this job sees it: per task its key ("":
+// not cached) and the entry found, decided before the model loads.
+struct CachedTasks {
+  std::unique_ptr<eval::TaskCache> cache;
+  std::vector<std::string> keys;
+  std::vector<Json> identities;
+  std::vector<std::optional<Json>> hits;
+
+  bool AllHit() const {
+    if (hits.empty()) return false;
+    for (const auto& h : hits) {
+      if (!h.has_value()) return false;
+    }
+    return true;
+  }
+  Json Summary() const {
+    int hit = 0;
+    for (const auto& h : hits) hit += h.has_value() ? 1 : 0;
+    return {
+        {"dir", cache->dir()}, {"served", hit}, {"computed", static_cast<int>(hits.size()) - hit}};
+  }
+  // Stores task i's result as computed now (rank 0); a failure to store is said, not fatal.
+  void Store(size_t i, const Json& result, const std::optional<eval::PerplexityTotals>& totals,
+             const std::string& out) const {
+    if (cache == nullptr || keys[i].empty()) return;
+    const char* job = std::getenv(std::string(engine_contract::kEnvJobId).c_str());
+    Json entry = {{"key", keys[i]},
+                  {"identity", identities[i]},
+                  {"result", result},
+                  {"computed_by",
+                   {{"job", job != nullptr ? job : ""},
+                    {"results", out},
+                    {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count()}}}};
+    if (totals.has_value()) {
+      entry["totals"] = {
+          {"nll", totals->nll}, {"tokens", totals->tokens}, {"bytes", totals->bytes}};
+    }
+    if (absl::Status s = cache->Store(keys[i], entry); !s.ok()) {
+      std::fprintf(stderr, "stemma-engine: eval: task cache not written: %s\n",
+                   std::string(s.message()).c_str());
+    }
+  }
+};
+
+// Looks every task up in the cache named by the environment (none: nothing cached).
+CachedTasks LookUpCachedTasks(const v1::EvalSpec& spec, const Json& checkpoint) {
+  CachedTasks c;
+  c.cache = eval::TaskCache::FromEnv();
+  const size_t n = static_cast<size_t>(spec.tasks_size());
+  c.keys.assign(n, "");
+  c.identities.assign(n, Json());
+  c.hits.assign(n, std::nullopt);
+  if (c.cache == nullptr || !checkpoint.contains("sha256")) return c;
+  const Json content = SpecContent(spec);  // defaults and resolved sequence lengths filled
+  const std::string tokenizer = eval::TokenizerIdentity(spec.tokenizer());
+  for (size_t i = 0; i < n; ++i) {
+    const v1::EvalTask& t = spec.tasks(static_cast<int>(i));
+    const std::string fewshot = t.has_choice()        ? t.choice().fewshot_data()
+                                : t.has_translation() ? t.translation().fewshot_data()
+                                                      : "";
+    const std::string data = eval::DataIdentity(t.data());
+    const std::string fewshot_id = eval::DataIdentity(fewshot);
+    if (data.empty() || (!fewshot.empty() && fewshot_id.empty())) continue;
+    c.identities[i] = {{"checkpoint", checkpoint["sha256"]},
+                       {"tokenizer", tokenizer},
+                       {"task", content["tasks"][i]},
+                       {"data", data},
+                       {"fewshot", fewshot_id},
+                       {"dtype", spec.dtype()},
+                       {"device", spec.device()},
+                       {"batch_size", spec.batch_size()}};
+    c.keys[i] = c.cache->Key(c.identities[i]);
+    c.hits[i] = c.cache->Find(c.keys[i]);
+  }
+  return c;
+}
+
+// A cached task's result as this job's: its metrics emitted as if computed, and where it
+// came from. Returns the perplexity totals it carries (for bpb/all), if any.
+std::optional<eval::PerplexityTotals> FromCache(const Task& task, const Json& entry, Json* result) {
+  const Json& stored = entry["result"];
+  for (const auto& [key, value] : stored.items()) {
+    if (key != "metrics") (*result)[key] = value;
+  }
+  for (const auto& [metric, value] : stored["metrics"].items()) {
+    task.Metric(metric, value.get<double>(), result);
+  }
+  (*result)["cache"] = {{"served_from", entry["computed_by"]}, {"key", entry["key"]}};
+  if (!entry.contains("totals")) return std::nullopt;
+  eval::PerplexityTotals t;
+  t.nll = entry["totals"]["nll"].get<double>();
+  t.tokens = entry["totals"]["tokens"].get<int64_t>();
+  t.bytes = entry["totals"]["bytes"].get<int64_t>();
+  return t;
+}
+
 constexpr char kUsage[] = "stemma-engine eval --spec FILE [--<field> VALUE ...]";
 
 absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string& spec_path) {
@@ -593,19 +693,26 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
     tasks.back()->set_suite(suites[i]);
     RETURN_IF_ERROR(tasks.back()->Prepare(*tokenizer));
   }
+  CachedTasks cached = LookUpCachedTasks(spec, checkpoint);
 
-  // Every rank joins before the model loads, so a missing rank fails fast and cheaply.
-  ASSIGN_OR_RETURN(auto ranks, EvalRanks::FromEnv());
-  eval::EvalModelOptions model_options;
-  model_options.dtype = spec.dtype();
-  model_options.threads = static_cast<int>(spec.threads());
-  model_options.device = spec.device();
-  ASSIGN_OR_RETURN(auto model, EvalModel::Load(spec.model(), model_options));
-  if (tokenizer->vocab_size() > model->vocab_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(spec.tokenizer(), ": the tokenizer has ",
-                                                   tokenizer->vocab_size(), " ids but the model (",
-                                                   spec.model(), ") only ", model->vocab_size()));
+  // Every rank joins before the model loads, so a missing rank fails fast and cheaply. When
+  // every task is cached no rank joins and no model loads (all ranks decide the same hits).
+  std::unique_ptr<EvalRanks> ranks;
+  std::unique_ptr<EvalModel> model;
+  if (!cached.AllHit()) {
+    ASSIGN_OR_RETURN(ranks, EvalRanks::FromEnv());
+    eval::EvalModelOptions model_options;
+    model_options.dtype = spec.dtype();
+    model_options.threads = static_cast<int>(spec.threads());
+    model_options.device = spec.device();
+    ASSIGN_OR_RETURN(model, EvalModel::Load(spec.model(), model_options));
+    if (tokenizer->vocab_size() > model->vocab_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(spec.tokenizer(), ": the tokenizer has ", tokenizer->vocab_size(),
+                       " ids but the model (", spec.model(), ") only ", model->vocab_size()));
+    }
   }
+  const bool rank_zero = ranks == nullptr || ranks->is_zero();
 
   Json results = {{"format", "stemma-eval-v1"},
                   {"checkpoint", checkpoint},
@@ -614,34 +721,43 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
                    {{"path", spec_path.empty() ? "" : fs::absolute(spec_path).string()},
                     {"content", SpecContent(proto)}}},
                   {"dtype", spec.dtype()},
-                  {"device", model->device()},
-                  {"ranks", ranks->world_size()},
+                  {"device", model != nullptr ? model->device() : spec.device()},
+                  {"ranks", ranks != nullptr ? ranks->world_size() : 1},
                   {"tasks", Json::array()},
                   {"metrics", Json::object()}};
   eval::PerplexityTotals all;
   int perplexity_tasks = 0;
-  for (auto& task : tasks) {
-    const v1::EvalTask& t = task->spec();
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    Task& task = *tasks[i];
+    const v1::EvalTask& t = task.spec();
     Json result = {{"name", t.name()},
                    {"type", EvalTaskType(t)},
                    {"language", t.language()},
                    {"data", t.data()},
                    {"metrics", Json::object()}};
-    if (!task->suite().is_null()) result["suite"] = task->suite();
-    RETURN_IF_ERROR(task->Run(*model, spec, *ranks, &result));
-    if (!ranks->is_zero()) continue;  // rank 0 scores and writes
+    if (!task.suite().is_null()) result["suite"] = task.suite();
+    std::optional<eval::PerplexityTotals> totals;
+    if (cached.hits[i].has_value()) {
+      if (!rank_zero) continue;
+      totals = FromCache(task, *cached.hits[i], &result);
+    } else {
+      RETURN_IF_ERROR(task.Run(*model, spec, *ranks, &result));
+      if (!rank_zero) continue;  // rank 0 scores and writes
+      if (auto* p = dynamic_cast<PerplexityTask*>(&task)) totals = p->totals();
+      cached.Store(i, result, totals, spec.out());
+    }
     for (const auto& [metric, value] : result["metrics"].items()) {
       results["metrics"][absl::StrCat(metric, "/", t.name())] = value;
     }
-    if (auto* p = dynamic_cast<PerplexityTask*>(task.get())) {
-      all.nll += p->totals().nll;
-      all.tokens += p->totals().tokens;
-      all.bytes += p->totals().bytes;
+    if (totals.has_value()) {
+      all.nll += totals->nll;
+      all.tokens += totals->tokens;
+      all.bytes += totals->bytes;
       ++perplexity_tasks;
     }
     results["tasks"].push_back(std::move(result));
   }
-  if (!ranks->is_zero()) return absl::OkStatus();  // its share went to rank 0
+  if (!rank_zero) return absl::OkStatus();  // its share went to rank 0
   if (perplexity_tasks > 1) {
     // Micro-average over all languages' tokens (bytes).
     for (const auto& [metric, value] :
@@ -650,6 +766,7 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
       results["metrics"][metric] = value;
     }
   }
+  if (cached.cache != nullptr) results["task_cache"] = cached.Summary();
   RETURN_IF_ERROR(WriteAtomically(spec.out(), Dump(results, 2) + "\n"));
   ASSIGN_OR_RETURN(Event output, OutputEvent("results", spec.out(), "eval", {spec.model()}));
   Emit(output);
