@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "common/files.h"
 #include "common/job_spec.h"
 #include "common/status.h"
+#include "common/yaml_json.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace stemma::cli {
@@ -95,6 +97,34 @@ absl::StatusOr<int> PrintAlreadySubmitted(CoordinatorClient& client,
   return 0;
 }
 
+// The files `file` (holding `text`) extends, read relative to the file that names them, by
+// the name the text gives them, recursively (the coordinator reads no client files; it
+// resolves `extends:` from these, coordinator/experiments/extends.h).
+absl::Status ReadImports(const std::string& file, const std::string& text,
+                         google::protobuf::Map<std::string, std::string>* imports, int depth = 0) {
+  absl::StatusOr<std::vector<YamlNode>> docs = LoadYamlDocuments(text, file);
+  if (!docs.ok() || docs->size() != 1 || !(*docs)[0].IsMap()) return absl::OkStatus();
+  const YamlNode* extends = (*docs)[0].Find("extends");
+  if (extends == nullptr || !extends->IsScalar() || extends->scalar.empty() || depth > 8)
+    return absl::OkStatus();  // the coordinator names what is wrong
+  const std::string& name = extends->scalar;
+  const std::filesystem::path path = std::filesystem::path(file).parent_path() / name;
+  absl::StatusOr<std::string> base = files::ReadFile(path.string());
+  if (!base.ok()) {
+    return absl::NotFoundError(
+        absl::StrCat(file, ": line ", extends->line, ": extends: cannot read ", path.string()));
+  }
+  auto [it, added] = imports->try_emplace(name, *base);
+  if (!added) {
+    if (it->second != *base) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": extends: two different files are named '", name, "'"));
+    }
+    return absl::OkStatus();  // a cycle: the coordinator says so
+  }
+  return ReadImports(path.string(), *base, imports, depth + 1);
+}
+
 absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
   absl::StatusOr<std::string> text = files::ReadFile(o.file);
   if (!text.ok()) {
@@ -102,6 +132,7 @@ absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
   }
   v1::SubmitExperimentRequest request;
   request.set_file(o.file);
+  RETURN_IF_ERROR(ReadImports(o.file, *text, request.mutable_imports()));
   request.set_text(*std::move(text));
   request.set_dry_run(o.dry_run);
   request.set_force(o.force);

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/demand_gauges.h"
@@ -107,6 +108,20 @@ void Coordinator::UpdateDemandGauges() {
   demand_at_ms_ = now;
   const int64_t wall = core_.clock->WallMs();
   core_.metrics->SetDemand(ComputeDemand(core_.jobs, core_.workers, wall), series_.Stalled(wall));
+}
+
+CacheLookup Coordinator::LookUpCache(const v1::JobSpec& spec) {
+  v1::Job job;
+  job.set_id("plan");
+  *job.mutable_spec() = spec;
+  ApplyDefaults(job.mutable_spec());
+  CacheLookup out;
+  absl::MutexLock lock(&core_.mu);
+  const Memoizer::Prediction p = core_.jobs.PredictCache(job);
+  out.keyed = !p.key.empty();
+  if (p.hit != nullptr) out.hit = *p.hit;
+  if (p.twin != nullptr) out.twin = *p.twin;
+  return out;
 }
 
 int Coordinator::RunSchedulerPass() {

@@ -87,6 +87,7 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   absl::StatusOr<v1::GcResponse> CollectGarbage(const v1::GcRequest& request) override {
     return registry_.CollectGarbage(request);
   }
+  CacheLookup LookUpCache(const v1::JobSpec& spec) override;
   absl::StatusOr<v1::SubmitExperimentResponse> SubmitExperiment(
       const v1::SubmitExperimentRequest& request, const std::string& owner) override {
     return experiments_.Submit(request, owner, core_.options.tenancy.Namespace(owner));

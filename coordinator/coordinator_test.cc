@@ -218,5 +218,33 @@ TEST_F(CoordinatorTest, OperationKeysAnswerAgainWithoutChangingAnythingMore) {
       << misused.status();
 }
 
+// A per-cell value looked up from a variable by a matrix key is not an axis: changing it
+// changes that cell's spec, and the revision names the field that changed.
+TEST_F(CoordinatorTest, APerCellValueChangeNamesTheLeafField) {
+  auto file = [](const std::string& romance_lr) {
+    return "name: lrs\nvars:\n  lr: {slavic: 1.0e-3, romance: " + romance_lr +
+           "}\nstages:\n  cpt:\n    matrix: {family: [slavic, romance]}\n    train:\n"
+           "      model: /m\n      data: {datasets: [{path: /d}], seq_len: 8}\n      steps: 4\n"
+           "      optimizer: {lr: \"${{ vars.lr[matrix.family] }}\"}\n";
+  };
+  v1::SubmitExperimentRequest req;
+  req.set_file("lrs.yaml");
+  req.set_text(file("3.0e-3"));
+  auto first = coord_->SubmitExperiment(req, "");
+  ASSERT_TRUE(first.ok()) << first.status();
+  req.set_text(file("2.0e-3"));
+  req.set_dry_run(true);
+  auto second = coord_->SubmitExperiment(req, "");
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->changed_size(), 1);
+  EXPECT_EQ(second->changed(0), "cpt[family=romance]");
+  EXPECT_EQ(second->added_size(), 0) << "the value is not an axis: no cell is added";
+  for (const auto& c : second->cells()) {
+    if (c.job_name() == "cpt[family=romance]") {
+      EXPECT_EQ(c.plan().rfind("run: changed (train.optimizer.lr)", 0), 0u) << c.plan();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace stemma::coordinator

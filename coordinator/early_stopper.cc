@@ -20,7 +20,9 @@ std::string EarlyStopper::BracketOf(const v1::Job& job) {
 void EarlyStopper::Load(const StoreSnapshot& snapshot) {
   for (const v1::RungRecord& r : snapshot.of<EarlyStopRungsTable>()) {
     if (!recorded_.insert(EarlyStopRungsTable::KeyOf(r)).second) continue;
-    brackets_[r.bracket()][r.rung()].push_back(r.value());
+    brackets_[r.bracket()][r.rung()].push_back(
+        r.values_size() > 0 ? std::vector<double>(r.values().begin(), r.values().end())
+                            : std::vector<double>{r.value()});
   }
 }
 
@@ -35,6 +37,49 @@ void EarlyStopper::SendStop(const v1::Job& job, Changes* changes) {
   }
 }
 
+bool EarlyStopper::RecordAndDecide(v1::Job* job, int i, int64_t step,
+                                   const std::vector<double>& values, Changes* changes) {
+  const v1::EarlyStopRule& config = job->spec().early_stop_rule();
+  const bool pareto = experiments::IsPareto(config);
+  std::vector<std::vector<double>>& recorded = brackets_[BracketOf(*job)][i];
+  recorded.push_back(values);
+  std::vector<double> firsts;
+  for (const auto& v : recorded) firsts.push_back(v[0]);
+  const experiments::RungDecision d =
+      pareto ? experiments::DecideAtRungPareto(config, recorded, recorded.size() - 1)
+             : experiments::DecideAtRung(config, firsts, values[0]);
+  v1::RungRecord& r = changes->batch.of<EarlyStopRungsTable>().emplace_back();
+  r.set_bracket(BracketOf(*job));
+  r.set_job_id(job->id());
+  r.set_job_name(job->spec().name());
+  r.set_rung(i);
+  r.set_rung_step(config.rungs(i));
+  r.set_step(step);
+  r.set_value(values[0]);
+  if (pareto) {
+    for (double v : values) r.add_values(v);
+    r.set_front(d.front);
+  }
+  r.set_stopped(d.stop);
+  r.set_trials(d.trials);
+  r.set_rank(d.rank);
+  r.set_decided_ms(core_->clock->WallMs());
+  spdlog::info(
+      "job={} {} rung {} (step {}): {} rank {} of {}: {}", job->id(), job->spec().name(), i + 1,
+      config.rungs(i),
+      pareto ? absl::StrCat(experiments::ObjectiveValues(config, values), " front ", d.front + 1)
+             : absl::StrCat(config.metric(), "=", values[0]),
+      d.rank, d.trials, d.stop ? "stop" : "continue");
+  if (!d.stop) return false;
+  core_->jobs.SetEarlyStop(
+      job,
+      pareto ? experiments::StopReasonPareto(config, i, config.rungs(i), values, d)
+             : experiments::StopReason(config, i, config.rungs(i), values[0], d),
+      changes);
+  SendStop(*job, changes);
+  return true;
+}
+
 void EarlyStopper::OnMetric(v1::Job* job, const v1::AttemptEvent::Metric& metric,
                             Changes* changes) {
   if (!job->spec().has_early_stop_rule()) return;
@@ -43,41 +88,35 @@ void EarlyStopper::OnMetric(v1::Job* job, const v1::AttemptEvent::Metric& metric
     SendStop(*job, changes);  // still running: tell it again (once per attempt)
     return;
   }
-  if (metric.name() != config->metric()) return;
+  const bool pareto = experiments::IsPareto(*config);
+  int objective = -1;
+  bool maximize = experiments::Maximize(*config);
+  for (int k = 0; pareto && k < config->objectives_size(); ++k) {
+    if (config->objectives(k).metric() == metric.name()) {
+      objective = k;
+      maximize = config->objectives(k).mode() == "max";
+    }
+  }
+  if (pareto ? objective < 0 : metric.name() != config->metric()) return;
   double value = metric.value();
   if (!std::isfinite(value)) {
-    value = experiments::Maximize(*config) ? -std::numeric_limits<double>::infinity()
-                                           : std::numeric_limits<double>::infinity();
+    value = maximize ? -std::numeric_limits<double>::infinity()
+                     : std::numeric_limits<double>::infinity();
   }
-  const std::string bracket = BracketOf(*job);
-  for (size_t i = 0;
-       i < static_cast<size_t>(config->rungs_size()) && config->rungs(i) <= metric.step(); ++i) {
-    const int rung = static_cast<int>(i);
-    if (!recorded_.insert(absl::StrCat(job->id(), "/", rung)).second) continue;
-    std::vector<double>& values = brackets_[bracket][rung];
-    values.push_back(value);
-    const experiments::RungDecision d = experiments::DecideAtRung(*config, values, value);
-    v1::RungRecord& r = changes->batch.of<EarlyStopRungsTable>().emplace_back();
-    r.set_bracket(bracket);
-    r.set_job_id(job->id());
-    r.set_job_name(job->spec().name());
-    r.set_rung(rung);
-    r.set_rung_step(config->rungs(i));
-    r.set_step(metric.step());
-    r.set_value(value);
-    r.set_stopped(d.stop);
-    r.set_trials(d.trials);
-    r.set_rank(d.rank);
-    r.set_decided_ms(core_->clock->WallMs());
-    spdlog::info("job={} {} rung {} (step {}): {}={} rank {} of {}: {}", job->id(),
-                 job->spec().name(), rung + 1, config->rungs(i), config->metric(), value, d.rank,
-                 d.trials, d.stop ? "stop" : "continue");
-    if (d.stop) {
-      core_->jobs.SetEarlyStop(
-          job, experiments::StopReason(*config, rung, config->rungs(i), value, d), changes);
-      SendStop(*job, changes);
-      return;
+  for (int i = 0; i < config->rungs_size() && config->rungs(i) <= metric.step(); ++i) {
+    const std::string key = absl::StrCat(job->id(), "/", i);
+    if (recorded_.count(key) > 0) continue;
+    std::vector<double> values = {value};
+    if (pareto) {
+      std::map<int, double>& seen = partial_[key];
+      seen.emplace(objective, value);  // each objective's first value at or past the rung
+      if (static_cast<int>(seen.size()) < config->objectives_size()) continue;
+      values.clear();
+      for (const auto& [k, v] : seen) values.push_back(v);
+      partial_.erase(key);
     }
+    recorded_.insert(key);
+    if (RecordAndDecide(job, i, metric.step(), values, changes)) return;
   }
 }
 

@@ -1,5 +1,6 @@
 #include "coordinator/experiment_revisions.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -17,6 +18,7 @@
 #include "common/status.h"
 #include "coordinator/experiments/cost.h"
 #include "coordinator/memory_check.h"
+#include "coordinator/wiring.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/text_format.h"
@@ -94,6 +96,67 @@ std::vector<std::string> ChangedByHashes(const std::string& before, const std::s
   for (const std::string& n : names) {
     if (n == "out") continue;
     if (a[n] != b[n]) out.push_back(absl::StrCat(kind, ".", n));
+  }
+  return out;
+}
+
+// A field's value as text (a map's entries sorted: their order is not the value's).
+std::string FieldText(const pb::Message& m, const pb::FieldDescriptor* f) {
+  const pb::Reflection* r = m.GetReflection();
+  if (!f->is_repeated()) {
+    if (f->has_presence() && !r->HasField(m, f)) return "";
+    std::string v;
+    pb::TextFormat::PrintFieldValueToString(m, f, -1, &v);
+    return v;
+  }
+  std::vector<std::string> items;
+  for (int k = 0; k < r->FieldSize(m, f); ++k) {
+    std::string v;
+    pb::TextFormat::PrintFieldValueToString(m, f, k, &v);
+    items.push_back(std::move(v));
+  }
+  if (f->is_map()) std::sort(items.begin(), items.end());
+  return absl::StrJoin(items, "\n");
+}
+
+// The leaves where two engine specs differ ("optimizer.lr"), through singular submessages;
+// a leaf whose new value holds a token (an input wired from upstream, the output path the
+// expansion chose) is not a change.
+void DiffPaths(const pb::Message& a, const pb::Message& b, const std::string& prefix,
+               std::vector<std::string>* out) {
+  const pb::Descriptor* d = b.GetDescriptor();
+  const pb::Reflection* r = b.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    const std::string path = prefix.empty() ? f->name() : absl::StrCat(prefix, ".", f->name());
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE && !f->is_repeated()) {
+      if (r->HasField(a, f) || r->HasField(b, f))
+        DiffPaths(r->GetMessage(a, f), r->GetMessage(b, f), path, out);
+      continue;
+    }
+    const std::string now = FieldText(b, f);
+    if (now.find("${{") != std::string::npos) continue;
+    if (FieldText(a, f) != now) out->push_back(path);
+  }
+}
+
+// The changed top-level fields (`kind.field`) made precise: each replaced by the leaves
+// under it that differ between `before` and `after` (train.optimizer → train.optimizer.lr).
+std::vector<std::string> Refine(const std::vector<std::string>& fields, const v1::JobSpec& before,
+                                const v1::JobSpec& after) {
+  const pb::Message* a = EngineSpecOf(before);
+  const pb::Message* b = EngineSpecOf(after);
+  if (a == nullptr || b == nullptr || a->GetDescriptor() != b->GetDescriptor()) return fields;
+  std::vector<std::string> leaves;
+  DiffPaths(*a, *b, JobKind(after), &leaves);
+  std::vector<std::string> out;
+  for (const std::string& field : fields) {
+    size_t under = 0;
+    for (const std::string& leaf : leaves) {
+      if (leaf != field && !absl::StartsWith(leaf, field + ".")) continue;
+      if (++under <= 4) out.push_back(leaf);
+    }
+    if (under == 0) out.push_back(field);
   }
   return out;
 }
@@ -243,6 +306,7 @@ CellDecision Decide(const experiments::PlanCell& cell, const std::string& hash, 
       fields = ChangedByHashes(pf->second, now, JobKind(cell.spec));
     }
     if (fields.empty()) fields = ChangedFields(prev->spec(), defaulted);
+    fields = Refine(fields, prev->spec(), defaulted);
     d.why =
         absl::StrCat("run: changed (", fields.empty() ? "spec" : absl::StrJoin(fields, ", "), ")");
   } else if (!upstream.empty()) {
@@ -275,6 +339,93 @@ CellDecision Decide(const experiments::PlanCell& cell, const std::string& hash, 
                     StateName(prev->state()), ")");
   }
   return d;
+}
+
+// What the cache is predicted to hold for the cells expanded so far: the outputs of those
+// predicted to be served from it (what their dependents will read), and the stops of the
+// trials among them that were stopped early.
+struct CacheForecast {
+  std::map<std::string, google::protobuf::Map<std::string, std::string>> outputs;
+  std::set<std::string> stopped;  // job names
+  std::set<std::string> twins;    // ids of running jobs that new cells wait for
+};
+
+std::string JobWhere(const v1::Job& job) {
+  auto rev = job.spec().labels().find(kRevisionLabel);
+  if (job.spec().experiment().empty() || rev == job.spec().labels().end())
+    return job.spec().name().empty() ? "" : absl::StrCat(" (", job.spec().name(), ")");
+  return absl::StrCat(" (", job.spec().experiment(), " revision ", rev->second, ", ",
+                      job.spec().name(), ")");
+}
+
+// `stemma plan` predicts from the cache the submit will consult: the cell's job as it will
+// be submitted, with what it reads wired from the cells predicted to be served from the
+// cache, looked up under the key the job table will compute at release. Where the key is
+// unknown here (it reads a cell that runs or waits), the comparison with revision `last`
+// (`d` as Decide made it) stands.
+void PredictFromCache(UserHandler* users, const v1::JobSpec& job, const v1::Job* prev, int last,
+                      const std::string& hash, CacheForecast* forecast, CellDecision* d) {
+  if (!IsEngineJob(job)) return;
+  v1::JobSpec spec = job;
+  std::set<std::string> pruned;
+  for (const auto& dep : spec.depends_on()) {
+    if (forecast->stopped.count(dep) > 0) pruned.insert(dep);
+  }
+  std::string stopped_read;
+  if (!pruned.empty() && !DropReadsOf(&spec, pruned, &stopped_read)) {
+    d->run = false;
+    d->reuses_unfinished = false;
+    d->why = absl::StrCat("skipped: upstream ", stopped_read, " stopped early (from the cache)");
+    forecast->stopped.insert(job.name());
+    return;
+  }
+  const absl::Status wired = WireInputs(
+      &spec,
+      [&](const std::string& name) -> const google::protobuf::Map<std::string, std::string>* {
+        auto it = forecast->outputs.find(name);
+        return it == forecast->outputs.end() ? nullptr : &it->second;
+      },
+      "plan");
+  if (!wired.ok()) return;
+  const CacheLookup l = users->LookUpCache(spec);
+  if (!l.keyed) return;
+  const bool prev_same = prev != nullptr && prev->spec().labels().count(kSpecHashLabel) > 0 &&
+                         prev->spec().labels().at(kSpecHashLabel) == hash;
+  bool waits_for_prev = false;
+  if (l.hit.has_value()) {
+    d->run = false;
+    d->why = prev_same && prev->state() == v1::SUCCEEDED
+                 ? absl::StrCat("cached: unchanged since revision ", last, " (", prev->id(), ")")
+                 : absl::StrCat("cached: the same job ran as ", l.hit->id(), JobWhere(*l.hit));
+    forecast->outputs[job.name()] = l.hit->outputs();
+    if (!l.hit->early_stop().empty()) forecast->stopped.insert(job.name());
+  } else if (l.twin.has_value()) {
+    d->run = false;
+    waits_for_prev = prev != nullptr && l.twin->id() == prev->id();
+    forecast->twins.insert(l.twin->id());
+    d->why = waits_for_prev ? absl::StrCat("waits: revision ", last, "'s ", prev->id(), " is ",
+                                           StateName(prev->state()),
+                                           " (the same job: served from it when it ends)")
+                            : absl::StrCat("waits: ", l.twin->id(), JobWhere(*l.twin), " is ",
+                                           StateName(l.twin->state()),
+                                           " (the same job: served from it when it ends)");
+  } else {
+    d->run = true;
+    if (prev_same && prev->state() == v1::SUCCEEDED) {
+      d->why = absl::StrCat("run: not in the cache (the outputs of revision ", last, "'s ",
+                            prev->id(), " are gone)");
+    } else if (d->why.rfind("run", 0) != 0) {
+      d->why = "run: not in the cache";
+    } else if (const size_t at = d->why.find("; cancels revision"); at != std::string::npos) {
+      d->why.resize(at);
+    }
+  }
+  d->reuses_unfinished = waits_for_prev;
+  if (prev != nullptr && !IsTerminal(prev->state()) && !waits_for_prev &&
+      d->why.find("; cancels revision") == std::string::npos) {
+    absl::StrAppend(&d->why, "; cancels revision ", last, "'s ", prev->id(), " (",
+                    StateName(prev->state()), ")");
+  }
 }
 
 // The cell as the response lists it.
@@ -317,8 +468,18 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
     return absl::InvalidArgumentError(absl::StrCat(request.file(), ": larger than 8 MiB"));
   }
   const std::string file = request.file().empty() ? "experiment" : request.file();
+  experiments::ExpansionEnv env = CoordinatorExpansionEnv();
+  size_t bytes = request.text().size();
+  for (const auto& [name, text] : request.imports()) {
+    bytes += text.size();
+    env.imports[name] = text;
+  }
+  if (bytes > (8u << 20) || request.imports_size() > 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": with the files it extends, larger than 8 MiB or more than 16 files"));
+  }
   ASSIGN_OR_RETURN(experiments::ExperimentPlan plan,
-                   experiments::ExpandExperiment(request.text(), file, CoordinatorExpansionEnv()));
+                   experiments::ExpandExperiment(request.text(), file, env));
   // The memory plan against the workers' devices, or GPUs of the size asked for.
   DeviceMemory memory = LargestDevices(users_->ListWorkers());
   if (request.gpu_memory_mb() > 0) {
@@ -339,6 +500,7 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
   // Every unfinished job of an earlier revision that no new job waits for is superseded and
   // cancelled once this revision is in.
   std::set<std::string> reused_unfinished;
+  CacheForecast forecast;
   v1::SubmitRequest submit;
   for (experiments::PlanCell& cell : plan.cells) {
     names.insert(cell.job_name);
@@ -351,13 +513,10 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
     }
     auto prev = latest.cells.find(cell.job_name);
     const v1::Job* p = prev == latest.cells.end() ? nullptr : prev->second;
-    const CellDecision d = Decide(cell, hash, p, last, upstream, request.force());
+    CellDecision d = Decide(cell, hash, p, last, upstream, request.force());
     if (!request.force() && p == nullptr && last > 0) resp.add_added(cell.job_name);
     if (!request.force() && p != nullptr && d.why.rfind("run: changed", 0) == 0)
       resp.add_changed(cell.job_name);
-    if (d.reuses_unfinished) reused_unfinished.insert(cell.job_name);
-    reruns[cell.job_name] = d.run;
-    out->set_plan(d.why);
 
     v1::JobSpec job = cell.spec;
     auto& labels = *job.mutable_labels();
@@ -368,6 +527,10 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
     if (!space.empty()) labels[kNamespaceLabel] = space;
     if (!owner.empty()) PrefixDefaultOutput(&job, plan.name, owner);
     if (request.force()) labels["stemma.cache"] = "false";
+    if (!request.force()) PredictFromCache(users_, job, p, last, hash, &forecast, &d);
+    if (d.reuses_unfinished) reused_unfinished.insert(cell.job_name);
+    reruns[cell.job_name] = d.run;
+    out->set_plan(d.why);
     *submit.add_jobs() = std::move(job);
   }
   for (const auto& [name, job] : latest.cells) {
@@ -392,7 +555,9 @@ absl::StatusOr<v1::SubmitExperimentResponse> ExperimentRevisions::Submit(
     // has ended meanwhile refuses the cancel, which is fine.
     const std::string why = absl::StrCat("superseded by revision ", last + 1);
     for (const v1::Job& j : latest.jobs) {
-      if (IsTerminal(j.state()) || reused_unfinished.count(j.spec().name()) > 0) continue;
+      if (IsTerminal(j.state()) || reused_unfinished.count(j.spec().name()) > 0 ||
+          forecast.twins.count(j.id()) > 0)
+        continue;
       absl::StatusOr<v1::Job> cancelled = users_->Cancel(j.id(), why);
       (void)cancelled;
     }

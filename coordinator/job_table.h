@@ -109,6 +109,12 @@ class JobTable {
     if (!build.empty()) engine_build_ = build;
   }
   const std::string& engine_build() const { return engine_build_; }
+  // What releasing `job` (its inputs wired, defaults applied) now would do: served from a
+  // hit, waiting for a twin, or run; changes nothing (Memoizer::Predict). The pointers are
+  // valid under the lock that guards this table.
+  Memoizer::Prediction PredictCache(const v1::Job& job) const {
+    return memo_.Predict(job, engine_build_);
+  }
   // Ends the job as CANCELLED. FAILED_PRECONDITION when it has already ended.
   absl::Status Cancel(const std::string& id, const std::string& reason, Changes* changes);
   // Gives a FAILED or CANCELLED job a fresh attempt budget; dependents that failed

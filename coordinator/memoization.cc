@@ -194,24 +194,48 @@ const v1::Job* Memoizer::FindHit(v1::Job* job, const std::string& engine_build) 
   const std::string key = CacheKey(job->spec(), engine_build);
   job->set_cache_key(key);
   if (key.empty()) return nullptr;
+  bool gone = false;
+  const v1::Job* source = Lookup(*job, key, &gone);
+  if (gone) memo_.erase(key);  // a hit whose outputs are gone is a miss, and the entry goes
+  return source;
+}
+
+const v1::Job* Memoizer::Lookup(const v1::Job& job, const std::string& key, bool* gone) const {
   auto hit = memo_.find(key);
-  if (hit == memo_.end() || hit->second == job->id()) return nullptr;
+  if (hit == memo_.end() || hit->second == job.id()) return nullptr;
   const v1::Job* source = find_(hit->second);
   if (source == nullptr || source->state() != v1::SUCCEEDED ||
       !OutputsStillThere(source->outputs())) {
-    memo_.erase(hit);  // a hit whose outputs are gone is a miss, and the entry goes
+    *gone = true;
     return nullptr;
   }
   if (!source->early_stop().empty()) {
     // A trial stopped early stands for this one only under the same early stopping.
-    if (!job->spec().has_early_stop_rule() || !source->spec().has_early_stop_rule() ||
-        !google::protobuf::util::MessageDifferencer::Equals(job->spec().early_stop_rule(),
+    if (!job.spec().has_early_stop_rule() || !source->spec().has_early_stop_rule() ||
+        !google::protobuf::util::MessageDifferencer::Equals(job.spec().early_stop_rule(),
                                                             source->spec().early_stop_rule())) {
       return nullptr;
     }
   }
-  if (guard_ && !guard_(*source, *job).empty()) return nullptr;
+  if (guard_ && !guard_(*source, job).empty()) return nullptr;
   return source;
+}
+
+Memoizer::Prediction Memoizer::Predict(const v1::Job& job, const std::string& engine_build) const {
+  Prediction p;
+  if (!IsEngineJob(job.spec())) return p;
+  const auto& labels = job.spec().labels();
+  if (auto it = labels.find("stemma.cache"); it != labels.end() && it->second == "false") return p;
+  p.key = CacheKey(job.spec(), engine_build);
+  if (p.key.empty()) return p;
+  bool gone = false;
+  p.hit = Lookup(job, p.key, &gone);
+  if (p.hit != nullptr) return p;
+  if (auto twin = inflight_.find(p.key); twin != inflight_.end()) {
+    const v1::Job* running = find_(twin->second);
+    if (running != nullptr && Runs(*running) && running->cache_key() == p.key) p.twin = running;
+  }
+  return p;
 }
 
 const v1::Job* Memoizer::FindTwin(v1::Job* job) {

@@ -67,6 +67,15 @@ class Memoizer {
   // key (and any stale kWaitsForLabel label is removed).
   const v1::Job* FindTwin(v1::Job* job);
 
+  // What FindHit and FindTwin would answer for `job` (an engine job whose inputs are wired)
+  // if it were released now, changing nothing: `stemma plan`'s prediction.
+  struct Prediction {
+    std::string key;                // "" when the job is not memoized or its key is unknown
+    const v1::Job* hit = nullptr;   // the SUCCEEDED job it would be served from
+    const v1::Job* twin = nullptr;  // else the queued or running job it would wait for
+  };
+  Prediction Predict(const v1::Job& job, const std::string& engine_build) const;
+
   // `job` no longer runs under its current key (it ended, or its key is about to change).
   void Leave(const v1::Job& job);
 
@@ -75,6 +84,10 @@ class Memoizer {
   void Succeeded(v1::Job* job);
 
  private:
+  // The entry for `key` that may serve `job`, or null; `*gone` when the entry's outputs are
+  // gone (the caller may drop it).
+  const v1::Job* Lookup(const v1::Job& job, const std::string& key, bool* gone) const;
+
   FindJob find_;
   Guard guard_;
   // Cache key → the SUCCEEDED job that ran with it (not one served from cache).

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,14 @@
 #include "stemma/v1/worker_service.pb.h"
 
 namespace stemma::coordinator {
+
+// What releasing a job now would do, as memoization decides (coordinator/memoization.h):
+// `stemma plan`'s prediction.
+struct CacheLookup {
+  bool keyed = false;           // false: the job is not memoized, or its key is unknown here
+  std::optional<v1::Job> hit;   // the SUCCEEDED job it would be served from
+  std::optional<v1::Job> twin;  // else the queued or running job it would wait for
+};
 
 // What users can do. Mutations return once they are durable. Thread-safe.
 class UserHandler {
@@ -58,6 +67,13 @@ class UserHandler {
                                                    const std::string& key = "") = 0;
   // INVALID_ARGUMENT for a bad policy. A dry run unless request.apply().
   virtual absl::StatusOr<v1::GcResponse> CollectGarbage(const v1::GcRequest& request) = 0;
+
+  // The cache's answer for a job with `spec` (its inputs wired, as the job table would
+  // release it), changing nothing.
+  virtual CacheLookup LookUpCache(const v1::JobSpec& spec) {
+    (void)spec;
+    return {};
+  }
 
   // Experiments (coordinator/experiment_revisions.h). `owner`: the caller's
   // subject, recorded on every job, or "" without authentication.

@@ -8,6 +8,7 @@
 #include "common/proto_yaml.h"
 #include "common/status.h"
 #include "coordinator/experiments/early_stop.h"
+#include "coordinator/experiments/extends.h"
 #include "coordinator/experiments/matrix.h"
 
 namespace stemma::experiments {
@@ -30,19 +31,47 @@ std::string CellDir(const std::string& stage, const Coords& c) {
   return dir;
 }
 
-// The cell's job as YAML: the stage's fields but matrix/needs/cache/early_stop, expressions
-// substituted.
-absl::StatusOr<YamlNode> JobYaml(const StageDef& def, const CellContext& ctx,
+// The stage's fields with the cell's variants (matrix.h) merged over them, in axis order. A
+// variant sets the stage's kind and job fields, not its matrix, needs, cache or early_stop.
+absl::StatusOr<YamlNode> WithVariants(const StageDef& def, const Coords& coords,
+                                      std::string_view file) {
+  YamlNode stage = *def.node;
+  for (const auto& [axis, value] : coords) {
+    auto named = def.variants.find(axis);
+    if (named == def.variants.end()) continue;
+    const YamlNode& fields = named->second.at(value);
+    for (size_t k = 0; k + 1 < fields.items.size(); k += 2) {
+      const std::string& key = fields.items[k].scalar;
+      if (key == def.kind || key == "resources" || key == "labels" || key == "priority" ||
+          key == "max_attempts" || key == "backoff" || key == "timeout_ms" || key == "nodes") {
+        continue;
+      }
+      return SpecError(file, fields.items[k].line,
+                       StagePath(def, absl::StrCat("matrix.", axis, "[", value, "].", key)),
+                       absl::StrCat("a variant sets the job's fields (", def.kind,
+                                    ", resources, labels, priority, max_attempts, backoff, "
+                                    "timeout_ms, nodes), not '",
+                                    key, "'"));
+    }
+    stage = MergeYaml(stage, fields);
+  }
+  return stage;
+}
+
+// The cell's job as YAML: the stage's fields (and its variants') but
+// matrix/needs/cache/early_stop, expressions substituted.
+absl::StatusOr<YamlNode> JobYaml(const StageDef& def, const CellContext& ctx, std::string_view file,
                                  Expressions* expressions) {
+  ASSIGN_OR_RETURN(const YamlNode stage, WithVariants(def, *ctx.coords, file));
   YamlNode job;
   job.kind = YamlNode::Kind::kMapping;
   job.line = def.node->line;
-  for (size_t k = 0; k + 1 < def.node->items.size(); k += 2) {
-    const std::string& key = def.node->items[k].scalar;
+  for (size_t k = 0; k + 1 < stage.items.size(); k += 2) {
+    const std::string& key = stage.items[k].scalar;
     if (key == "matrix" || key == "needs" || key == "cache" || key == "early_stop") continue;
-    job.items.push_back(def.node->items[k]);
+    job.items.push_back(stage.items[k]);
     ASSIGN_OR_RETURN(YamlNode v,
-                     expressions->Substitute(def.node->items[k + 1], ctx, StagePath(def, key)));
+                     expressions->Substitute(stage.items[k + 1], ctx, StagePath(def, key)));
     job.items.push_back(std::move(v));
   }
   return job;
@@ -95,7 +124,7 @@ absl::StatusOr<PlanCell> ExpandCell(const StageDef& def, const Coords& coords,
   cell.job_name = CellName(def.name, coords);
   std::set<std::string> reads;
   CellContext ctx{&def, &coords, &reads};
-  ASSIGN_OR_RETURN(YamlNode job, JobYaml(def, ctx, expressions));
+  ASSIGN_OR_RETURN(YamlNode job, JobYaml(def, ctx, file, expressions));
   FieldLines lines;
   RETURN_IF_ERROR(ReadYamlInto(job, &cell.spec, file, StagePath(def), &lines));
   cell.spec.set_name(cell.job_name);

@@ -8,6 +8,7 @@
 #include "common/engine_cli.h"
 #include "common/engine_spec.h"
 #include "common/status.h"
+#include "coordinator/experiments/extends.h"
 
 namespace stemma::experiments {
 namespace {
@@ -55,6 +56,9 @@ absl::Status CheckModels(const v1::ExperimentFile& envelope, const FieldLines& l
 
 // The envelope's own fields (name, models) through the one YAML→proto reader.
 absl::Status ReadEnvelope(const YamlNode& root, std::string_view file, v1::ExperimentFile* out) {
+  for (const char* field : {"name", "models"}) {
+    if (const YamlNode* v = root.Find(field)) RETURN_IF_ERROR(RefuseExpressions(*v, file, field));
+  }
   if (const YamlNode* name = root.Find("name");
       name != nullptr && (!name->IsScalar() || name->scalar.empty())) {
     return SpecError(file, name->line, "name", "must be a non-empty name");
@@ -72,12 +76,21 @@ absl::Status ReadEnvelope(const YamlNode& root, std::string_view file, v1::Exper
   return CheckModels(*out, lines, file);
 }
 
+bool ContainsExpression(const YamlNode& n) {
+  if (n.IsScalar()) return n.scalar.find("${{") != std::string::npos;
+  for (const YamlNode& c : n.items) {
+    if (ContainsExpression(c)) return true;
+  }
+  return false;
+}
+
 // One entry of `needs`: a stage's name, or {stage: S, where: {axis: value(s)}, all: true}.
 absl::StatusOr<Need> ReadNeed(const YamlNode& item, const std::string& path,
                               std::string_view file) {
   Need need;
   need.line = item.line;
   if (item.IsScalar()) {
+    RETURN_IF_ERROR(RefuseExpressions(item, file, path));
     need.stage = item.scalar;
     return need;
   }
@@ -86,6 +99,9 @@ absl::StatusOr<Need> ReadNeed(const YamlNode& item, const std::string& path,
   const YamlNode* stage = item.Find("stage");
   if (stage == nullptr || !stage->IsScalar())
     return SpecError(file, item.line, path, "write {stage: S, where: {axis: value}}");
+  RETURN_IF_ERROR(RefuseExpressions(*stage, file, absl::StrCat(path, ".stage")));
+  if (const YamlNode* all = item.Find("all"))
+    RETURN_IF_ERROR(RefuseExpressions(*all, file, absl::StrCat(path, ".all")));
   need.stage = stage->scalar;
   for (size_t k = 0; k + 1 < item.items.size(); k += 2) {
     const std::string& key = item.items[k].scalar;
@@ -98,21 +114,14 @@ absl::StatusOr<Need> ReadNeed(const YamlNode& item, const std::string& path,
       return SpecError(file, item.items[k].line, absl::StrCat(path, ".", key),
                        "unknown field (allowed: stage, where, all)");
     const YamlNode& where = item.items[k + 1];
-    if (!where.IsMap())
+    if (!where.IsMap() && !(where.IsScalar() && where.scalar.find("${{") != std::string::npos))
       return SpecError(file, where.line, absl::StrCat(path, ".where"),
                        "must be a mapping of axis to value(s)");
-    for (size_t w = 0; w + 1 < where.items.size(); w += 2) {
-      std::vector<std::string> values;
-      const YamlNode& v = where.items[w + 1];
-      if (v.IsScalar()) {
-        values.push_back(v.scalar);
-      } else if (v.IsSequence()) {
-        for (const YamlNode& x : v.items) values.push_back(x.scalar);
-      } else {
-        return SpecError(file, v.line, absl::StrCat(path, ".where.", where.items[w].scalar),
-                         "must be a value or a list of values");
-      }
-      need.where.emplace_back(where.items[w].scalar, std::move(values));
+    if (ContainsExpression(where)) {
+      need.where_node = &where;  // evaluated with the variables (experiment_plan.cc)
+      need.where_path = absl::StrCat(path, ".where");
+    } else {
+      RETURN_IF_ERROR(ReadWhere(where, absl::StrCat(path, ".where"), file, &need));
     }
   }
   return need;
@@ -171,6 +180,10 @@ absl::Status ReadStage(const ExperimentFile& f, StageDef* def, std::string_view 
       def->needs.push_back(std::move(need));
     }
   }
+  for (const char* field : {"cache", "early_stop"}) {
+    if (const YamlNode* v = n.Find(field))
+      RETURN_IF_ERROR(RefuseExpressions(*v, file, StagePath(*def, field)));
+  }
   def->early_stop = n.Find("early_stop");
   if (def->early_stop != nullptr && !def->early_stop->IsMap()) {
     return SpecError(file, def->early_stop->line, StagePath(*def, "early_stop"),
@@ -181,6 +194,31 @@ absl::Status ReadStage(const ExperimentFile& f, StageDef* def, std::string_view 
 }
 
 }  // namespace
+
+absl::Status ReadWhere(const YamlNode& where, const std::string& path, std::string_view file,
+                       Need* need) {
+  if (!where.IsMap())
+    return SpecError(file, where.line, path, "must be a mapping of axis to value(s)");
+  for (size_t w = 0; w + 1 < where.items.size(); w += 2) {
+    std::vector<std::string> values;
+    const YamlNode& v = where.items[w + 1];
+    const std::string vpath = absl::StrCat(path, ".", where.items[w].scalar);
+    RETURN_IF_ERROR(RefuseExpressions(where.items[w], file, vpath));
+    if (v.IsScalar()) {
+      values.push_back(v.scalar);
+    } else if (v.IsSequence()) {
+      for (const YamlNode& x : v.items) {
+        if (!x.IsScalar())
+          return SpecError(file, x.line, vpath, "must be a value or a list of values");
+        values.push_back(x.scalar);
+      }
+    } else {
+      return SpecError(file, v.line, vpath, "must be a value or a list of values");
+    }
+    need->where.emplace_back(where.items[w].scalar, std::move(values));
+  }
+  return absl::OkStatus();
+}
 
 bool IsKind(const std::string& key) {
   return key == "noop" || key == "exec" || EngineSpecDescriptor(key) != nullptr;
@@ -200,13 +238,15 @@ absl::StatusOr<ExperimentFile> ReadExperimentFile(const YamlNode& root, std::str
     if (key == "vars") {
       if (!value.IsMap() && !value.IsNull())
         return SpecError(file, value.line, "vars", "must be a mapping");
-      for (size_t v = 0; v + 1 < value.items.size(); v += 2)
+      for (size_t v = 0; v + 1 < value.items.size(); v += 2) {
+        RETURN_IF_ERROR(RefuseExpressions(value.items[v], file, "vars"));
         f.vars[value.items[v].scalar] = &value.items[v + 1];
+      }
     } else if (key == "stages" || key == "jobs") {
       stages = &value;
     } else if (key != "name" && key != "models") {
       return SpecError(file, root.items[k].line, key,
-                       "unknown field (allowed: name, vars, models, stages)");
+                       "unknown field (allowed: name, extends, vars, models, stages)");
     }
   }
   RETURN_IF_ERROR(ReadEnvelope(root, file, &f.envelope));
@@ -217,6 +257,7 @@ absl::StatusOr<ExperimentFile> ReadExperimentFile(const YamlNode& root, std::str
     StageDef def;
     def.name = stages->items[k].scalar;
     def.line = stages->items[k].line;
+    RETURN_IF_ERROR(RefuseExpressions(stages->items[k], file, "stages"));
     def.node = &stages->items[k + 1];
     if (def.name.empty() || def.name.find_first_of(" .[]=,$") != std::string::npos) {
       return SpecError(file, def.line, absl::StrCat("stages.", def.name),

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "common/proto_yaml.h"
 #include "common/yaml_json.h"
+#include "coordinator/experiments/matrix.h"
 #include "coordinator/experiments/search.h"
 #include "stemma/v1/experiment.pb.h"
 
@@ -26,7 +27,15 @@ struct Need {
   std::vector<std::pair<std::string, std::vector<std::string>>> where;  // axis → allowed values
   bool all = false;  // read every cell (that passes where), whatever the shared axes say
   int line = 0;
+  // `where:` as written when it holds expressions (of variables): read into `where` once
+  // they are evaluated (ReadWhere), before any cell is expanded.
+  const YamlNode* where_node = nullptr;
+  std::string where_path;
 };
+
+// Reads a need's `where:` mapping (axis → a value or a list of values) into `need->where`.
+absl::Status ReadWhere(const YamlNode& where, const std::string& path, std::string_view file,
+                       Need* need);
 
 struct StageDef {
   std::string name;
@@ -40,6 +49,7 @@ struct StageDef {
   // From the matrix (matrix.h): its axes and cells, in order.
   std::vector<std::string> axes;
   std::vector<Coords> cells;
+  Variants variants;  // axis → variant name → the fields it sets on the job
 };
 
 struct ExperimentFile {

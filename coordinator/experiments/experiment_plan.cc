@@ -11,6 +11,7 @@
 #include "coordinator/experiments/expansion.h"
 #include "coordinator/experiments/experiment_file.h"
 #include "coordinator/experiments/expressions.h"
+#include "coordinator/experiments/extends.h"
 #include "coordinator/experiments/matrix.h"
 
 namespace stemma::experiments {
@@ -37,18 +38,28 @@ absl::StatusOr<ExperimentPlan> ExpandExperiment(std::string_view text, std::stri
   ASSIGN_OR_RETURN(std::vector<YamlNode> docs, LoadYamlDocuments(text, file));
   if (docs.size() != 1 || !docs[0].IsMap())
     return SpecError(file, 0, "", "an experiment file is one mapping");
-  ASSIGN_OR_RETURN(ExperimentFile f, ReadExperimentFile(docs[0], file));
+  // `extends:` (extends.h): the tree the file's fields are read from, kept while `f` points
+  // into it.
+  ASSIGN_OR_RETURN(const YamlNode root, ResolveExtends(docs[0], file, env.imports));
+  ASSIGN_OR_RETURN(ExperimentFile f, ReadExperimentFile(root, file));
   ExperimentPlan plan;
   plan.name = f.envelope.name();
   Expressions expressions(file, f, plan);
-  // The matrices, which may take an axis from a variable (only variables are known here).
+  // What only variables are known for: the matrices (an axis, include or exclude from a
+  // variable) and the needs' where.
+  auto with_vars = [&](const YamlNode& value, const std::string& path) {
+    return expressions.Substitute(value, {}, path);
+  };
   for (StageDef& def : f.stages) {
-    ASSIGN_OR_RETURN(Matrix m, ReadMatrix(def.node->Find("matrix"), def.name, file,
-                                          [&](const YamlNode& value, const std::string& path) {
-                                            return expressions.Substitute(value, {}, path);
-                                          }));
+    ASSIGN_OR_RETURN(Matrix m, ReadMatrix(def.node->Find("matrix"), def.name, file, with_vars));
     def.axes = std::move(m.axes);
     def.cells = std::move(m.cells);
+    def.variants = std::move(m.variants);
+    for (Need& need : def.needs) {
+      if (need.where_node == nullptr) continue;
+      ASSIGN_OR_RETURN(YamlNode where, with_vars(*need.where_node, need.where_path));
+      RETURN_IF_ERROR(ReadWhere(where, need.where_path, file, &need));
+    }
   }
   ASSIGN_OR_RETURN(std::vector<size_t> order, StageOrder(f, file));
   for (size_t i : order) RETURN_IF_ERROR(ExpandStage(f.stages[i], file, env, &expressions, &plan));

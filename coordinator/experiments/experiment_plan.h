@@ -53,6 +53,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -118,6 +119,9 @@ struct ExpansionEnv {
   std::function<absl::Status(const v1::JobSpec& job, const std::string& where,
                              const std::string& path, const FieldLines& lines)>
       check_job;
+  // The files the text extends, by the name it gives them (extends.h): what the client sent
+  // beside it (SubmitExperimentRequest.imports).
+  std::map<std::string, std::string> imports;
 };
 
 // Expands the experiment file `text` (named `file` in errors).

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -165,21 +166,125 @@ absl::StatusOr<YamlNode> Expressions::Needs(const std::string& e, const YamlNode
   return Scalar(OutputToken(plan_.cells[cell].job_name, output), at.line, false);
 }
 
+absl::StatusOr<std::string> Expressions::Key(std::string_view inner, const YamlNode& at,
+                                             const CellContext& ctx, const std::string& path,
+                                             int target) {
+  std::string k(absl::StripAsciiWhitespace(absl::string_view(inner.data(), inner.size())));
+  if (k.size() >= 2 && (k[0] == '\'' || k[0] == '"') && k.back() == k[0])
+    return k.substr(1, k.size() - 2);
+  if (!k.empty() && std::all_of(k.begin(), k.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return k;
+  if (absl::StartsWith(k, "vars.") || absl::StartsWith(k, "matrix.") ||
+      absl::StartsWith(k, "needs.")) {
+    ASSIGN_OR_RETURN(YamlNode v, Evaluate(k, at, ctx, path, target));
+    if (!v.IsScalar())
+      return Error(at.line, path, absl::StrCat("[", k, "] must be a single value to look up"));
+    return v.scalar;
+  }
+  return Error(at.line, path,
+               absl::StrCat("[", k, "]: quote a literal key ('", k,
+                            "') or look up by an expression ([matrix.AXIS])"));
+}
+
+absl::StatusOr<YamlNode> Expressions::Access(YamlNode value, std::string_view rest,
+                                             std::string what, const YamlNode& at,
+                                             const CellContext& ctx, const std::string& path,
+                                             int target) {
+  while (!rest.empty()) {
+    const std::string before = what;
+    std::string key;
+    if (rest[0] == '.') {
+      const size_t cut = rest.find_first_of(".[", 1);
+      key = std::string(rest.substr(1, cut == std::string_view::npos ? cut : cut - 1));
+      rest = cut == std::string_view::npos ? std::string_view() : rest.substr(cut);
+      absl::StrAppend(&what, ".", key);
+    } else if (rest[0] == '[') {
+      const size_t close = rest.find(']');
+      if (close == std::string_view::npos)
+        return Error(at.line, path, absl::StrCat("'[' without ']' after ", what));
+      ASSIGN_OR_RETURN(key, Key(rest.substr(1, close - 1), at, ctx, path, target));
+      absl::StrAppend(&what, "[", key, "]");
+      rest = rest.substr(close + 1);
+    } else {
+      return Error(at.line, path,
+                   absl::StrCat("cannot read '", std::string(rest), "' after ", what));
+    }
+    const YamlNode* next = nullptr;
+    size_t index = 0;
+    if (value.IsMap()) {
+      next = value.Find(key);
+    } else if (value.IsSequence() && absl::SimpleAtoi(key, &index) && index < value.items.size()) {
+      next = &value.items[index];
+    } else {
+      return Error(
+          at.line, path,
+          absl::StrCat(what, ": ", before, " is not a mapping (nor a list and an index in it)"));
+    }
+    if (next == nullptr) {
+      std::vector<std::string> keys;
+      for (size_t k = 0; k + 1 < value.items.size(); k += 2) keys.push_back(value.items[k].scalar);
+      return Error(at.line, path,
+                   absl::StrCat(what, ": no key '", key, "' (keys: ",
+                                keys.empty() ? "none" : absl::StrJoin(keys, ", "), ")"));
+    }
+    YamlNode copy = *next;
+    value = std::move(copy);
+  }
+  if (value.IsScalar()) value.line = at.line;
+  return value;
+}
+
+absl::StatusOr<YamlNode> Expressions::MatrixValue(const std::string& e, const YamlNode& at,
+                                                  const CellContext& ctx, const std::string& path,
+                                                  int target) {
+  const std::string rest = e.substr(7);
+  const size_t cut = rest.find_first_of(".[");
+  const std::string axis = rest.substr(0, cut);
+  if (ctx.coords == nullptr) {
+    return Error(at.line, path,
+                 absl::StrCat("${{ ", e, " }}: only ${{ vars.X }} is known here (a matrix, ",
+                              "include, exclude or where is read before any cell)"));
+  }
+  if (!Has(*ctx.coords, axis)) {
+    return Error(at.line, path,
+                 absl::StrCat("matrix key '", axis, "' is not defined for this cell (axes: ",
+                              ctx.def != nullptr ? absl::StrJoin(ctx.def->axes, ", ") : "", ")"));
+  }
+  const std::string value = Get(*ctx.coords, axis);
+  if (cut == std::string::npos) return Scalar(value, at.line, true);
+  auto variants = ctx.def->variants.find(axis);
+  if (variants == ctx.def->variants.end() || variants->second.count(value) == 0) {
+    return Error(at.line, path,
+                 absl::StrCat("axis '", axis, "' has no variants ({name: N, FIELD: ...}): ${{ ",
+                              "matrix.", axis, " }} is its value"));
+  }
+  ASSIGN_OR_RETURN(YamlNode fields, Substitute(variants->second.at(value), ctx, path, target));
+  return Access(std::move(fields), std::string_view(rest).substr(cut),
+                absl::StrCat("matrix.", axis), at, ctx, path, target);
+}
+
 absl::StatusOr<YamlNode> Expressions::Evaluate(std::string_view expr, const YamlNode& at,
                                                const CellContext& ctx, const std::string& path,
                                                int target) {
   std::string e(absl::StripAsciiWhitespace(absl::string_view(expr.data(), expr.size())));
-  if (absl::StartsWith(e, "vars.")) return Variable(e.substr(5), at, ctx, path, target);
-  if (absl::StartsWith(e, "matrix.")) {
-    const std::string axis = e.substr(7);
-    if (ctx.coords == nullptr || !Has(*ctx.coords, axis)) {
-      return Error(at.line, path,
-                   absl::StrCat("matrix key '", axis, "' is not defined for this cell (axes: ",
-                                ctx.def != nullptr ? absl::StrJoin(ctx.def->axes, ", ") : "", ")"));
-    }
-    return Scalar(Get(*ctx.coords, axis), at.line, true);
+  if (absl::StartsWith(e, "vars.")) {
+    const std::string rest = e.substr(5);
+    if (file_.vars.count(rest) > 0) return Variable(rest, at, ctx, path, target);
+    const size_t cut = rest.find_first_of(".[");
+    ASSIGN_OR_RETURN(YamlNode v, Variable(rest.substr(0, cut), at, ctx, path, target));
+    if (cut == std::string::npos) return v;
+    return Access(std::move(v), std::string_view(rest).substr(cut),
+                  absl::StrCat("vars.", rest.substr(0, cut)), at, ctx, path, target);
   }
-  if (absl::StartsWith(e, "needs.")) return Needs(e, at, ctx, path, target);
+  if (absl::StartsWith(e, "matrix.")) return MatrixValue(e, at, ctx, path, target);
+  if (absl::StartsWith(e, "needs.")) {
+    if (ctx.def == nullptr) {
+      return Error(at.line, path,
+                   absl::StrCat("${{ ", e, " }}: only ${{ vars.X }} is known here (a matrix, ",
+                                "include, exclude or where is read before any cell)"));
+    }
+    return Needs(e, at, ctx, path, target);
+  }
   return Error(at.line, path,
                absl::StrCat("unknown expression '${{ ", e,
                             " }}' (use vars.X, matrix.X or needs.S.outputs.O)"));

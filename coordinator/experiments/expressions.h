@@ -1,6 +1,9 @@
 // `${{ }}` expressions of an experiment file, evaluated cell by cell:
 //   vars.X                  a variable (any YAML value; it may hold expressions itself)
+//   vars.X.k, vars.X[E]     a key of a mapping variable: literal, or looked up by an expression
+//                           (`vars.lr[matrix.family]`: a per-cell value that is not an axis)
 //   matrix.X                this cell's coordinate on axis X
+//   matrix.X.f              field f of the cell's variant on axis X (matrix.h)
 //   needs.S.outputs.O       output O of the cell(s) of stage S this cell reads: a wiring token
 //                           (OutputToken) the coordinator replaces with the path at release
 //   needs.S.matrix.K        coordinate K of the cell of S read
@@ -56,6 +59,15 @@ class Expressions {
                                           const std::string& path, int target);
   absl::StatusOr<YamlNode> Evaluate(std::string_view expr, const YamlNode& at,
                                     const CellContext& ctx, const std::string& path, int target);
+  // `value` read along `rest` (".key", "[expr]", "['key']", "[0]", ...); `what` names the
+  // expression so far in errors.
+  absl::StatusOr<YamlNode> Access(YamlNode value, std::string_view rest, std::string what,
+                                  const YamlNode& at, const CellContext& ctx,
+                                  const std::string& path, int target);
+  absl::StatusOr<std::string> Key(std::string_view inner, const YamlNode& at,
+                                  const CellContext& ctx, const std::string& path, int target);
+  absl::StatusOr<YamlNode> MatrixValue(const std::string& e, const YamlNode& at,
+                                       const CellContext& ctx, const std::string& path, int target);
   absl::StatusOr<YamlNode> Variable(const std::string& name, const YamlNode& at,
                                     const CellContext& ctx, const std::string& path, int target);
   absl::StatusOr<YamlNode> Needs(const std::string& e, const YamlNode& at, const CellContext& ctx,

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/proto_yaml.h"
 #include "common/status.h"
+#include "coordinator/experiments/extends.h"
 
 namespace stemma::experiments {
 namespace {
@@ -21,10 +23,50 @@ struct MatrixParts {
   const YamlNode* exclude = nullptr;
 };
 
+// A list axis whose items are named variants ({name: N, FIELD: ...}): the names are the
+// axis's values, the other fields go to `variants`.
+absl::StatusOr<Axis> VariantAxis(const std::vector<YamlNode>& items, int line,
+                                 std::string_view file, const std::string& path,
+                                 std::map<std::string, YamlNode>* variants) {
+  std::vector<YamlNode> names;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const YamlNode& item = items[i];
+    const std::string ipath = absl::StrCat(path, "[", i, "]");
+    const YamlNode* name = item.IsMap() ? item.Find("name") : nullptr;
+    if (name == nullptr || !name->IsScalar() || name->scalar.empty()) {
+      return SpecError(file, item.line, ipath,
+                       "a variant is a mapping with a name: {name: N, FIELD: ...} (the other "
+                       "items of the axis are variants too)");
+    }
+    RETURN_IF_ERROR(RefuseExpressions(*name, file, absl::StrCat(ipath, ".name")));
+    YamlNode fields = item;
+    fields.items.clear();
+    for (size_t k = 0; k + 1 < item.items.size(); k += 2) {
+      if (item.items[k].scalar == "name") continue;
+      fields.items.push_back(item.items[k]);
+      fields.items.push_back(item.items[k + 1]);
+    }
+    if (!variants->emplace(name->scalar, std::move(fields)).second)
+      return SpecError(file, name->line, ipath, absl::StrCat("variant '", name->scalar, "' twice"));
+    names.push_back(*name);
+  }
+  return ListAxis(names, line, file, path);
+}
+
+// A list axis: values, or named variants when any item is a mapping.
+absl::StatusOr<Axis> ListOrVariants(const std::vector<YamlNode>& items, int line,
+                                    std::string_view file, const std::string& path,
+                                    const std::string& axis, Variants* variants) {
+  for (const YamlNode& item : items) {
+    if (item.IsMap()) return VariantAxis(items, line, file, path, &(*variants)[axis]);
+  }
+  return ListAxis(items, line, file, path);
+}
+
 // The axes of `m` in order, its search and its include/exclude lists.
 absl::StatusOr<MatrixParts> ReadAxes(const YamlNode& m, const std::string& mpath,
                                      std::string_view file, const AxisExpression& expression,
-                                     std::vector<std::string>* names) {
+                                     std::vector<std::string>* names, Variants* variants) {
   MatrixParts parts;
   for (size_t k = 0; k + 1 < m.items.size(); k += 2) {
     const std::string& axis = m.items[k].scalar;
@@ -35,9 +77,11 @@ absl::StatusOr<MatrixParts> ReadAxes(const YamlNode& m, const std::string& mpath
       continue;
     }
     if (axis == "search") {
+      RETURN_IF_ERROR(RefuseExpressions(values, file, path));
       RETURN_IF_ERROR(ReadSearch(values, file, path, &parts.search));
       continue;
     }
+    RETURN_IF_ERROR(RefuseExpressions(m.items[k], file, path));
     if (axis.empty() || axis.find_first_of(" .[]=,$") != std::string::npos) {
       return SpecError(file, m.items[k].line, path,
                        "an axis name has no spaces, dots, brackets or commas");
@@ -46,15 +90,20 @@ absl::StatusOr<MatrixParts> ReadAxes(const YamlNode& m, const std::string& mpath
     if (values.IsMap()) {
       // A distribution: {uniform: [lo, hi]}, {loguniform: [lo, hi]}, {int: [lo, hi]},
       // {choice: [a, b, ...]}.
+      RETURN_IF_ERROR(RefuseExpressions(values, file, path));
       ASSIGN_OR_RETURN(a, ReadDistribution(values, file, path));
-    } else if (values.IsSequence()) {
-      ASSIGN_OR_RETURN(a, ListAxis(values.items, values.line, file, path));
-    } else if (values.IsScalar() && IsExpression(values.scalar)) {
-      // An axis from a variable: `lr: ${{ vars.lrs }}`.
+    } else if (values.IsSequence() &&
+               std::any_of(values.items.begin(), values.items.end(),
+                           [](const YamlNode& item) { return item.IsMap(); })) {
+      // Named variants: their fields are substituted per cell, as the stage's own.
+      ASSIGN_OR_RETURN(a, VariantAxis(values.items, values.line, file, path, &(*variants)[axis]));
+    } else if (values.IsSequence() || (values.IsScalar() && IsExpression(values.scalar))) {
+      // A list, or a variable holding one (`lr: ${{ vars.lrs }}`); its items may hold
+      // expressions of variables too.
       ASSIGN_OR_RETURN(YamlNode expanded, expression(values, path));
       if (!expanded.IsSequence())
         return SpecError(file, values.line, path, "must be a list of values");
-      ASSIGN_OR_RETURN(a, ListAxis(expanded.items, values.line, file, path));
+      ASSIGN_OR_RETURN(a, ListOrVariants(expanded.items, values.line, file, path, axis, variants));
     } else {
       return SpecError(file, values.line, path, "must be a list of values");
     }
@@ -156,6 +205,24 @@ absl::Status Include(const YamlNode* include, const std::string& mpath, std::str
   return absl::OkStatus();
 }
 
+// Every value a cell has on an axis of variants names one (an include may add cells).
+absl::Status CheckVariants(const Variants& variants, const std::vector<Coords>& cells,
+                           const YamlNode* include, const std::string& mpath,
+                           std::string_view file) {
+  for (const auto& [axis, named] : variants) {
+    for (const Coords& c : cells) {
+      if (!Has(c, axis) || named.count(Get(c, axis)) > 0) continue;
+      std::vector<std::string> names;
+      for (const auto& [n, fields] : named) names.push_back(n);
+      return SpecError(file, include != nullptr ? include->line : 0,
+                       absl::StrCat(mpath, ".include"),
+                       absl::StrCat("'", Get(c, axis), "' is not a variant of axis '", axis,
+                                    "' (variants: ", absl::StrJoin(names, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Matrix> ReadMatrix(const YamlNode* m, const std::string& stage,
@@ -167,7 +234,22 @@ absl::StatusOr<Matrix> ReadMatrix(const YamlNode* m, const std::string& stage,
   }
   const std::string mpath = absl::StrCat("stages.", stage, ".matrix");
   if (!m->IsMap()) return SpecError(file, m->line, mpath, "must be a mapping of axis to values");
-  ASSIGN_OR_RETURN(MatrixParts parts, ReadAxes(*m, mpath, file, expression, &out.axes));
+  ASSIGN_OR_RETURN(MatrixParts parts,
+                   ReadAxes(*m, mpath, file, expression, &out.axes, &out.variants));
+  // include and exclude, or values in them, may come from variables.
+  YamlNode include, exclude;
+  for (auto [list, value, name] : {std::tuple{&parts.include, &include, "include"},
+                                   std::tuple{&parts.exclude, &exclude, "exclude"}}) {
+    if (*list == nullptr) continue;
+    for (size_t i = 0; (*list)->IsSequence() && i < (*list)->items.size(); ++i) {
+      const YamlNode& e = (*list)->items[i];
+      for (size_t k = 0; e.IsMap() && k + 1 < e.items.size(); k += 2)
+        RETURN_IF_ERROR(
+            RefuseExpressions(e.items[k], file, absl::StrCat(mpath, ".", name, "[", i, "]")));
+    }
+    ASSIGN_OR_RETURN(*value, expression(**list, absl::StrCat(mpath, ".", name)));
+    *list = value;
+  }
   if (parts.search.random && parts.axes.empty()) {
     return SpecError(file, parts.search.line, absl::StrCat(mpath, ".search"),
                      "a random search needs at least one axis to sample");
@@ -184,6 +266,7 @@ absl::StatusOr<Matrix> ReadMatrix(const YamlNode* m, const std::string& stage,
   RETURN_IF_ERROR(Include(parts.include, mpath, file, &out.axes, &cells));
   if (cells.empty())
     return SpecError(file, m->line, mpath, "has no cells (every combination was excluded)");
+  RETURN_IF_ERROR(CheckVariants(out.variants, cells, parts.include, mpath, file));
   // Cells in axis order, and distinct (a random search over discrete axes may draw one
   // cell twice: it is kept once).
   std::set<std::string> seen;

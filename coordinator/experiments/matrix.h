@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -14,12 +15,21 @@
 
 namespace stemma::experiments {
 
+// A list axis may hold named variants: mappings with a `name` (the value the cell's name
+// and `${{ matrix.AXIS }}` use) and the fields the variant sets on its stage's job, merged
+// over the stage's own as `extends:` merges (extends.h):
+//   strategy: [{name: vanilla}, {name: freeze, train: {strategy: {freeze: {layers: [middle]}}}}]
+// `${{ matrix.strategy.train }}` reads a variant's field.
+using Variants = std::map<std::string, std::map<std::string, YamlNode>>;  // axis → name → fields
+
 struct Matrix {
   std::vector<std::string> axes;  // in matrix order, then axes only an include adds
   std::vector<Coords> cells;      // each in axis order; distinct
+  Variants variants;
 };
 
-// Evaluates an axis written as one expression (`lr: ${{ vars.lrs }}`) at `path`.
+// Evaluates what a matrix holds as an expression (`lr: ${{ vars.lrs }}`, an include list or
+// a value in it) at `path`, with only variables known.
 using AxisExpression =
     std::function<absl::StatusOr<YamlNode>(const YamlNode& value, const std::string& path)>;
 

@@ -215,7 +215,9 @@ stages:
 // A stand-in for stemma-engine that follows its contract (common/engine_contract.h): step
 // events with a planted loss (the optimizer.lr the spec was given: a lower lr is a better
 // trial), the stop file checked after every step, `out` published with a stemma.json that
-// notes stopped_at_step, an output event, exit 0. Steps taken go to <root>/steps.log.
+// notes stopped_at_step, an output event, exit 0. Steps taken go to <root>/steps.log. A spec
+// with optimizer.weight_decay also reports held-out losses: heldout_loss/uk = lr and
+// heldout_loss/en = weight_decay (two planted objectives).
 constexpr const char* kFakeEngine = R"SH(#!/bin/bash
 cmd=$1; spec=$3
 out=$(grep -o '"out": *"[^"]*"' "$spec" | head -1 | sed 's/.*: *"\(.*\)"/\1/')
@@ -229,11 +231,16 @@ fi
 if [ "$cmd" = train ]; then
   lr=$(grep -o '"lr": *[0-9.e+-]*' "$spec" | head -1 | sed 's/.*: *//')
   total=$(grep -o '"steps": *"*[0-9]*' "$spec" | head -1 | sed 's/[^0-9]//g')
+  wd=$(grep -o '"weight_decay": *[0-9.e+-]*' "$spec" | head -1 | sed 's/.*: *//')
   stopped=0
   for ((s = 1; s <= total; s++)); do
     sleep 0.25
     echo "$STEMMA_JOB_ID $s" >> "$STEMMA_STORAGE_ROOT/steps.log"
     echo "{\"event\":\"step\",\"step\":$s,\"total_steps\":$total,\"loss\":$lr,\"tokens_per_s\":1000}"
+    if [ -n "$wd" ]; then
+      echo "{\"event\":\"metric\",\"name\":\"heldout_loss/uk\",\"value\":$lr,\"step\":$s}"
+      echo "{\"event\":\"metric\",\"name\":\"heldout_loss/en\",\"value\":$wd,\"step\":$s}"
+    fi
     if [ $s -lt $total ] && [ -e "$STEMMA_WORKDIR/stop" ]; then stopped=$s; break; fi
   done
   mkdir -p "$out"
@@ -373,6 +380,125 @@ TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcr
   EXPECT_EQ(again.at("eval[lr=2]")["state"], "CANCELLED");
   EXPECT_EQ(std::string(again.at("soup")["reason"]).rfind("memoized from", 0), 0u)
       << again.at("soup")["reason"];
+}
+
+// Pareto early stopping over two planted objectives (heldout_loss/uk = lr, heldout_loss/en =
+// weight_decay), trials one at a time in matrix order, one rung at step 3, keep 0.5:
+//   (1, 4) first: continues; (4, 1): a trade-off, front 0 with (1, 4), rank 1 of 2: continues
+//   (a single-metric rule on uk would stop it); (5, 5): dominated by both, front 1, rank 3 of 3
+//   > ceil(1.5): stopped. The coordinator is killed (-9) once (4, 1) has ended, so the third
+//   decision needs the vectors recorded before the restart.
+constexpr const char* kPareto = R"(name: pareto
+stages:
+  cpt:
+    matrix: {include: [{uk: 1, en: 4}, {uk: 4, en: 1}, {uk: 5, en: 5}]}
+    resources: {cpus: 1}
+    early_stop:
+      method: pareto
+      objectives: [{metric: heldout_loss/uk, mode: min}, {metric: heldout_loss/en, mode: min}]
+      rungs: [3]
+      keep: 0.5
+    train:
+      model: base
+      data: {datasets: [{path: data}], seq_len: 8, heldout_fraction: 0.1}
+      steps: 10
+      eval: {every: 1}
+      optimizer: {lr: "${{ matrix.uk }}", weight_decay: "${{ matrix.en }}"}
+)";
+
+TEST(Experiments, ParetoRuleStopsTheDominatedTrialAndKeepsTheTradeOffAcrossARestart) {
+  Cluster c;
+  c.StartCoordinator();
+  StartFakeEngineWorker(c, 1);
+  auto sweep = c.Cli({"sweep", "-f", c.WriteFile("pareto.yaml", kPareto)});
+  ASSERT_EQ(sweep.exit_code, 0) << sweep.err;
+  auto cells = ByName(Cells(c, "pareto"));
+  const std::string second = cells.at("cpt[uk=4,en=1]")["job_id"];
+  ASSERT_TRUE(c.WaitUntil([&] { return c.Get(second).value("state", "") == "SUCCEEDED"; }, 120))
+      << "the trade-off trial did not end";
+  c.KillCoordinator(SIGKILL);
+  c.StartCoordinator();
+  auto wait = c.Cli({"exp", "wait", "pareto", "--timeout", "240"});
+  EXPECT_EQ(wait.exit_code, 0) << wait.out << wait.err;
+  cells = ByName(Cells(c, "pareto"));
+  auto reason = [&](const std::string& name) { return std::string(cells.at(name)["reason"]); };
+  EXPECT_EQ(reason("cpt[uk=1,en=4]"), "") << "front 0: runs to the end";
+  EXPECT_EQ(reason("cpt[uk=4,en=1]"), "") << "worst on uk, best on en: not dominated";
+  EXPECT_EQ(cells.at("cpt[uk=5,en=5]")["state"], "SUCCEEDED");
+  // `stemma exp get` shows both objectives' values and the front.
+  EXPECT_EQ(reason("cpt[uk=5,en=5]")
+                .rfind("stopped early at rung 1 (step 3): heldout_loss/uk=5, heldout_loss/en=5 on "
+                       "Pareto front 2 of 2, not in the best 0.5 of 3 (rank 3)",
+                       0),
+            0u)
+      << reason("cpt[uk=5,en=5]");
+  const std::string model = c.Get(cells.at("cpt[uk=5,en=5]")["job_id"])["outputs"]["model"];
+  auto manifest = nlohmann::json::parse(Cluster::ReadFile(model + "/stemma.json"));
+  EXPECT_LT(manifest["producer"]["params"]["stopped_at_step"], 10) << "ran to the end";
+  auto text = c.Cli({"exp", "get", "pareto"});
+  EXPECT_NE(text.out.find("heldout_loss/uk=5, heldout_loss/en=5"), std::string::npos) << text.out;
+}
+
+// `stemma plan` predicts from the cache the submit consults (the same key), not from the
+// last revision: a new experiment that shares cells with an old one, and an old file revision
+// submitted again, are predicted "cached" and are then served from the cache.
+TEST(Experiments, PlanPredictsFromTheCacheNotFromTheLastRevision) {
+  Cluster c;
+  c.StartCoordinator();
+  StartFakeEngineWorker(c, 1);
+  auto study = [](const std::string& name, const std::string& lrs) {
+    return "name: " + name + R"(
+stages:
+  cpt:
+    matrix: {lr: )" +
+           lrs + R"(}
+    resources: {cpus: 1}
+    train:
+      model: base
+      data: {datasets: [{path: data}], seq_len: 8}
+      steps: 2
+      optimizer: {lr: "${{ matrix.lr }}"}
+  soup:
+    needs: [cpt]
+    resources: {cpus: 1}
+    merge: {method: linear, models: [{path: "${{ needs.cpt.outputs.model }}"}]}
+)";
+  };
+  const std::string first = c.WriteFile("a.yaml", study("memo-a", "[1, 2]"));
+  ASSERT_EQ(c.Cli({"sweep", "-f", first}).exit_code, 0);
+  ASSERT_EQ(c.Cli({"exp", "wait", "memo-a", "--timeout", "120"}).exit_code, 0);
+  auto ran = ByName(Cells(c, "memo-a"));
+
+  // A new experiment with the same cells: every one, the soup included (its inputs are the
+  // cached trials' outputs), is predicted from the cache.
+  auto other = c.Cli({"plan", "-f", c.WriteFile("b.yaml", study("memo-b", "[1, 2]"))});
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  EXPECT_NE(other.out.find("0 of 3 jobs expected to run, 3 from the cache"), std::string::npos)
+      << other.out;
+  EXPECT_NE(other.out.find("cpt[lr=2]  cached: the same job ran as " +
+                           std::string(ran.at("cpt[lr=2]")["job_id"]) +
+                           " (memo-a revision 1, cpt[lr=2])"),
+            std::string::npos)
+      << other.out;
+  EXPECT_EQ(other.out.find("new experiment"), std::string::npos) << other.out;
+
+  // Revision 2 changes the sweep; back on the first file, revision 3 is served from revision
+  // 1's jobs, and the plan says so.
+  ASSERT_EQ(c.Cli({"sweep", "-f", c.WriteFile("a2.yaml", study("memo-a", "[1, 3]"))}).exit_code, 0);
+  ASSERT_EQ(c.Cli({"exp", "wait", "memo-a", "--timeout", "120"}).exit_code, 0);
+  auto back = c.Cli({"plan", "-f", first});
+  ASSERT_EQ(back.exit_code, 0) << back.err;
+  EXPECT_NE(back.out.find("0 of 3 jobs expected to run, 3 from the cache"), std::string::npos)
+      << back.out;
+  EXPECT_NE(
+      back.out.find("soup  cached: the same job ran as " + std::string(ran.at("soup")["job_id"])),
+      std::string::npos)
+      << back.out;
+  ASSERT_EQ(c.Cli({"sweep", "-f", first}).exit_code, 0);
+  ASSERT_EQ(c.Cli({"exp", "wait", "memo-a", "--timeout", "60"}).exit_code, 0);
+  for (const auto& [name, cell] : ByName(Cells(c, "memo-a"))) {
+    EXPECT_EQ(cell["reason"], "memoized from " + std::string(ran.at(name)["job_id"])) << name;
+  }
 }
 
 // `exp retry` re-queues the failed cells of the latest revision, and what failed because of
