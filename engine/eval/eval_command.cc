@@ -644,6 +644,30 @@ std::optional<eval::PerplexityTotals> FromCache(const Task& task, const Json& en
 
 constexpr char kUsage[] = "stemma-engine eval --spec FILE [--<field> VALUE ...]";
 
+// The start event's task list, and per task its corpus suite (SuiteOf) or null.
+Json TaskPlan(const v1::EvalSpec& spec, const std::vector<std::string>& seq_len_sources,
+              std::vector<Json>* suites) {
+  Json task_plan = Json::array();
+  for (int i = 0; i < spec.tasks_size(); ++i) {
+    const v1::EvalTask& t = spec.tasks(i);
+    Json entry = {{"name", t.name()}, {"type", EvalTaskType(t)}, {"language", t.language()}};
+    if (t.has_perplexity()) {
+      entry["seq_len"] = t.perplexity().seq_len();
+      entry["seq_len_source"] = seq_len_sources[i];
+      suites->push_back(nullptr);
+    } else {
+      suites->push_back(SuiteOf(t.data()));
+      if (!suites->back().is_null()) {
+        entry["suite"] = suites->back()["name"];
+        entry["suite_version"] = suites->back()["version"];
+        entry["corpus_content_hash"] = suites->back()["corpus_content_hash"];
+      }
+    }
+    task_plan.push_back(std::move(entry));
+  }
+  return task_plan;
+}
+
 absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string& spec_path) {
   const auto& proto = static_cast<const v1::EvalSpec&>(proto_spec);
   v1::EvalSpec spec = proto;
@@ -654,25 +678,8 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
   ASSIGN_OR_RETURN(eval::ModelFacts facts, eval::ReadModelFacts(spec.model()));
   std::vector<std::string> seq_len_sources;
   RETURN_IF_ERROR(eval::ResolveSequenceLengths(facts, &spec, &seq_len_sources));
-  Json task_plan = Json::array();
   std::vector<Json> suites;  // per task: its corpus suite, or null
-  for (int i = 0; i < spec.tasks_size(); ++i) {
-    const v1::EvalTask& t = spec.tasks(i);
-    Json entry = {{"name", t.name()}, {"type", EvalTaskType(t)}, {"language", t.language()}};
-    if (t.has_perplexity()) {
-      entry["seq_len"] = t.perplexity().seq_len();
-      entry["seq_len_source"] = seq_len_sources[i];
-      suites.push_back(nullptr);
-    } else {
-      suites.push_back(SuiteOf(t.data()));
-      if (!suites.back().is_null()) {
-        entry["suite"] = suites.back()["name"];
-        entry["suite_version"] = suites.back()["version"];
-        entry["corpus_content_hash"] = suites.back()["corpus_content_hash"];
-      }
-    }
-    task_plan.push_back(std::move(entry));
-  }
+  const Json task_plan = TaskPlan(spec, seq_len_sources, &suites);
   Emit({{"event", "start"},
         {"command", "eval"},
         {"spec", spec_path},
