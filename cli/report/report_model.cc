@@ -144,6 +144,12 @@ class Builder {
     r_.notes = in_.notes;
     r_.cells = static_cast<int>(in_.cells.size());
     for (const Cell& c : in_.cells) ++r_.states[c.state.empty() ? "UNSUBMITTED" : c.state];
+    // Trials early stopping ended, with the values they were judged on (both objectives of
+    // a Pareto rule): they are no rows, their evals are skipped.
+    for (const Cell& c : in_.cells) {
+      if (c.kind == "train" && absl::StartsWith(c.reason, "stopped early"))
+        r_.notes.push_back(absl::StrCat(c.job_name, ": ", c.reason));
+    }
     MakeRows();
     MakeLanguages();
     MakeTargets();

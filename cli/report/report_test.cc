@@ -126,6 +126,24 @@ TEST(ReportTable, ValuesDeltasAndBestPerColumn) {
   EXPECT_FALSE(r.rows[0].values.at("acc/belebele_ru").best);
 }
 
+TEST(ReportTable, TrialsStoppedEarlyAreNotedWithTheirValues) {
+  Study s;
+  ReportInput in = s.Input();
+  Cell trial;
+  trial.job_name = "cpt[uk=5,en=5]";
+  trial.stage = "cpt";
+  trial.kind = "train";
+  trial.job_id = "j-9";
+  trial.state = "SUCCEEDED";
+  trial.reason =
+      "stopped early at rung 1 (step 3): heldout_loss/uk=5, heldout_loss/en=5 on Pareto front 2 "
+      "of 2, not in the best 0.5 of 3 (rank 3)";
+  in.cells.push_back(trial);
+  Report r = BuildReport(in, {});
+  EXPECT_EQ(r.rows.size(), 3u) << "a trial is no row";
+  EXPECT_THAT(r.notes, ::testing::Contains("cpt[uk=5,en=5]: " + trial.reason));
+}
+
 TEST(ReportTable, TiesAreAllMarkedBest) {
   Study s;
   s.freeze_ru = s.dense_ru;
