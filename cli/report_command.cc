@@ -35,7 +35,7 @@ struct ReportCommandOptions {
 };
 
 constexpr char kFooter[] = R"(
-Rows are the experiment's eval cells; columns are <metric>/<task> metric points of those
+Rows are the experiment's eval cells (and exec cells with a results output); columns are <metric>/<task> metric points of those
 evals (default metrics: bpb, else ppl; acc; chrf). Stage labels the report reads:
   report.row        the row's title (may use ${{ matrix.X }})    default: cell name without "eval-"
   report.baseline   "true": deltas are against this row          default: the stage eval-base
@@ -104,6 +104,14 @@ class Gatherer {
       if (const v1::Job* job = JobOf(c.job_id)) {
         c.labels.insert(job->spec().labels().begin(), job->spec().labels().end());
         if (job->spec().has_analyze()) c.analyses = AnalysesOf(job->spec().analyze());
+        // An exec cell that declares a results output (an evaluation of one's own, e.g.
+        // lm-evaluation-harness) is a row like an eval cell (issue 23).
+        for (const auto& [name, out] : job->spec().exec().outputs()) {
+          if (out.type() != "results") continue;
+          c.kind = "eval";
+          results_output_[c.job_name] = name;
+          break;
+        }
       }
       c.metrics_job = MetricsJob(c.job_id);
       in_.cells.push_back(std::move(c));
@@ -267,7 +275,9 @@ class Gatherer {
     for (const report::Cell& c : in_.cells) {
       if (c.state != "SUCCEEDED") continue;
       if (c.kind == "eval") {
-        const std::string path = OutputPath(c, "results");
+        auto declared = results_output_.find(c.job_name);
+        const std::string path =
+            OutputPath(c, declared == results_output_.end() ? "results" : declared->second);
         if (path.empty()) continue;
         absl::StatusOr<json> j = ReadJson(path);
         if (j.ok()) {
@@ -304,6 +314,7 @@ class Gatherer {
   report::ReportInput in_;
   std::map<std::string, v1::Job> jobs_;
   std::vector<v1::Artifact> artifacts_;
+  std::map<std::string, std::string> results_output_;  // exec cell -> its results output
 };
 
 absl::StatusOr<int> RunReport(const GlobalOptions& g, const ReportCommandOptions& o) {

@@ -18,12 +18,18 @@ inline bool RunsRanks(const std::string& kind) { return kind == "train" || kind 
 
 // `resources.ranks_per_part` when set; otherwise one rank per GPU for train and eval jobs
 // (one on CPU). Other engine commands and noop jobs run one process; an exec job runs several
-// only when it sets ranks_per_part. Never below 1.
+// when it sets ranks_per_part, or with `launcher: torchrun` one per GPU as train does (its
+// processes get the same rank and rendezvous variables). Never below 1.
 inline int RanksPerPart(const v1::JobSpec& spec) {
   const v1::Resources& r = spec.resources();
   const std::string kind = JobKind(spec);
   if (kind == "noop") return 1;
-  if (kind == "exec") return std::max(1, r.ranks_per_part());
+  if (kind == "exec") {
+    if (r.ranks_per_part() > 0 || spec.exec().launcher() != "torchrun") {
+      return std::max(1, r.ranks_per_part());
+    }
+    return std::max(1, r.gpus());
+  }
   if (!RunsRanks(kind)) return 1;
   return r.ranks_per_part() > 0 ? r.ranks_per_part() : std::max(1, r.gpus());
 }

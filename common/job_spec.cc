@@ -120,6 +120,40 @@ void ApplyDefaults(v1::JobSpec* spec) {
 
 namespace {
 
+// An exec job's declared outputs (issue 23: names as identifiers, since the worker passes
+// each as STEMMA_OUTPUT_<NAME>; a path; a known type), inputs, code and launcher.
+absl::Status CheckExecOutputs(const v1::ExecSpec& e) {
+  auto bad = [](auto... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  constexpr int kMaxOutputs = 64;
+  constexpr int kMaxPaths = 1024;
+  if (e.outputs_size() > kMaxOutputs) return bad("exec.outputs: more than ", kMaxOutputs);
+  for (const auto& [name, out] : e.outputs()) {
+    bool ok = !name.empty() && name.size() <= 64 && !absl::ascii_isdigit(name[0]);
+    for (char c : name) ok = ok && (absl::ascii_isalnum(c) || c == '_');
+    if (!ok) return bad("exec.outputs: bad output name '", name, "' (use [A-Za-z_][A-Za-z0-9_]*)");
+    if (out.path().empty()) return bad("exec.outputs.", name, ".path: required");
+    if (out.path().find('\0') != std::string::npos)
+      return bad("exec.outputs.", name, ".path: contains a NUL byte");
+    if (out.type() != "checkpoint" && out.type() != "dataset" && out.type() != "results" &&
+        out.type() != "file") {
+      return bad("exec.outputs.", name, ".type: '", out.type(),
+                 "' is not checkpoint, dataset, results or file");
+    }
+  }
+  if (e.inputs_size() > kMaxPaths) return bad("exec.inputs: more than ", kMaxPaths, " paths");
+  if (e.code_size() > kMaxPaths) return bad("exec.code: more than ", kMaxPaths, " paths");
+  for (int i = 0; i < e.inputs_size(); ++i) {
+    if (e.inputs(i).empty()) return bad("exec.inputs[", i, "]: empty path");
+  }
+  for (int i = 0; i < e.code_size(); ++i) {
+    if (e.code(i).empty()) return bad("exec.code[", i, "]: empty path");
+  }
+  if (!e.launcher().empty() && e.launcher() != "torchrun") {
+    return bad("exec.launcher: '", e.launcher(), "' is not \"\" or torchrun");
+  }
+  return absl::OkStatus();
+}
+
 // An exec job's argv and environment: sizes that keep the job under every later send limit,
 // and no variable that could hijack the programs a worker starts.
 absl::Status CheckExecSpec(const v1::ExecSpec& e) {
@@ -165,7 +199,7 @@ absl::Status CheckExecSpec(const v1::ExecSpec& e) {
   if (env_bytes > kMaxEnvBytes) {
     return bad("exec.env: ", env_bytes, " bytes in all, more than ", kMaxEnvBytes);
   }
-  return absl::OkStatus();
+  return CheckExecOutputs(e);
 }
 
 // An eval or analyze on `cuda` / `cuda:N` runs on the job's GPUs: with resources.gpus 0 it

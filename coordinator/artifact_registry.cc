@@ -200,6 +200,14 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
     stage = it->second;
   }
   bool made_checkpoint = false;
+  // An exec job's outputs descend from the registered artifacts among its declared inputs
+  // (issue 23): the program's other reads (a script, a data file) are not checkpoints.
+  std::vector<std::string> exec_parents;
+  if (job.spec().has_exec()) {
+    v1::JobSpec inputs;
+    *inputs.mutable_exec()->mutable_inputs() = job.spec().exec().inputs();
+    exec_parents = ReferencedBy(inputs);
+  }
   for (Staged& s : staged) {
     const v1::OutputArtifact& out = s.output;
     if (out.path().empty()) continue;
@@ -208,8 +216,11 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
     std::vector<std::string> parents;
     for (const std::string& parent : out.parents()) {
       const std::string p = NormalPath(parent);
-      if (p.empty() || p == path) continue;
+      if (p.empty() || p == path || job.spec().has_exec()) continue;
       AppendUnique(&parents, ResolveParent(p, changes));
+    }
+    for (const std::string& id : exec_parents) {
+      if (by_id_.at(id).path() != path) AppendUnique(&parents, id);
     }
     v1::Artifact a;
     const uint64_t seq = next_seq_++;

@@ -16,6 +16,7 @@
 #include "common/job_spec.h"
 #include "common/sha256.h"
 #include "common/status.h"
+#include "coordinator/exec_cache_key.h"
 #include "coordinator/experiments/cost.h"
 #include "coordinator/memory_check.h"
 #include "coordinator/wiring.h"
@@ -331,7 +332,13 @@ CellDecision Decide(const experiments::PlanCell& cell, const std::string& hash, 
   }
   const bool skipped = d.why.rfind("skipped", 0) == 0;
   if (!IsEngineJob(cell.spec) && !d.run && !skipped) {
-    d.why = absl::StrCat("run: ", JobKind(cell.spec), " jobs are not memoized");
+    // An exec job's key reads its code and inputs (exec_cache_key.h), which its spec does not
+    // show: it is released again and served from the cache there when they are unchanged.
+    d.why = IsMemoizedExec(cell.spec)
+                ? std::string(
+                      "run: exec (served from the cache if its code and inputs are "
+                      "unchanged)")
+                : absl::StrCat("run: ", JobKind(cell.spec), " jobs are not memoized");
   }
   if (!IsEngineJob(cell.spec) && !skipped) d.run = true;
   if (prev != nullptr && !IsTerminal(prev->state()) && !d.reuses_unfinished) {

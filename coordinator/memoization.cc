@@ -13,6 +13,7 @@
 #include "common/job_spec.h"
 #include "common/manifest.h"
 #include "common/sha256.h"
+#include "coordinator/exec_cache_key.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "nlohmann/json.hpp"
 #include "stemma/v1/spec_options.pb.h"
@@ -136,6 +137,8 @@ bool ListedFilesThere(const std::string& dir, const std::string& manifest_text) 
 }  // namespace
 
 std::string CacheKey(const v1::JobSpec& spec, const std::string& engine_build) {
+  // An exec job's key is of its own (exec_cache_key.h): no engine build in it.
+  if (spec.has_exec()) return ExecCacheKey(spec);
   const pb::Message* engine = EngineSpecOf(spec);
   if (engine == nullptr) return "";
   std::unique_ptr<pb::Message> copy(engine->New());
@@ -188,7 +191,7 @@ void Memoizer::Load(const v1::Job& job) {
 
 const v1::Job* Memoizer::FindHit(v1::Job* job, const std::string& engine_build) {
   const auto& labels = job->spec().labels();
-  if (!IsEngineJob(job->spec())) return nullptr;
+  if (!IsEngineJob(job->spec()) && !IsMemoizedExec(job->spec())) return nullptr;
   if (auto it = labels.find("stemma.cache"); it != labels.end() && it->second == "false")
     return nullptr;
   const std::string key = CacheKey(job->spec(), engine_build);

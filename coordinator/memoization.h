@@ -29,7 +29,9 @@ inline constexpr char kWaitsForLabel[] = "stemma.waits_for";
 // canonical JSON with its output paths left out, every input path replaced by the sha256 of
 // its manifest (<dir>/stemma.json, a token dataset's index.json, a corpus's manifest.json, or
 // the file itself) where this process can read it, a uniform soup's models sorted, and
-// `engine_build`. "" for jobs that are not memoized (noop, exec, a spec still holding tokens).
+// `engine_build`. An exec job with declared outputs has a key of its own (exec_cache_key.h).
+// "" for jobs that are not memoized (noop, exec without outputs or with `cache: false`, a spec
+// still holding tokens).
 std::string CacheKey(const v1::JobSpec& spec, const std::string& engine_build);
 
 // True when every output path still holds what was published: a directory whose manifest

@@ -134,7 +134,24 @@ absl::Status Tenancy::CheckWritable(absl::string_view field, const std::string& 
 }
 
 absl::Status Tenancy::CheckJobOutputs(const v1::JobSpec& spec, const std::string& owner) const {
-  if (owner.empty() || !IsEngineJob(spec)) return absl::OkStatus();
+  if (owner.empty()) return absl::OkStatus();
+  if (spec.has_exec()) {  // declared outputs (issue 23) follow the engine's rules
+    for (const auto& [name, out] : spec.exec().outputs()) {
+      const std::string field = absl::StrCat("exec.outputs.", name, ".path");
+      if (absl::StartsWith(out.path(), "/")) {
+        return absl::PermissionDeniedError(
+            absl::StrCat(field, ": ", out.path(),
+                         ": with authentication an output path is relative to the storage "
+                         "root and starts with '",
+                         owner, "/' (docs/tenancy.md)"));
+      }
+      if (out.path().find("${{") == std::string::npos) {
+        RETURN_IF_ERROR(CheckWritable(field, out.path(), owner));
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (!IsEngineJob(spec)) return absl::OkStatus();
   const google::protobuf::Message* engine = EngineSpecOf(spec);
   if (engine == nullptr) return absl::OkStatus();
   for (const SpecPath& p : SpecPaths(*engine)) {

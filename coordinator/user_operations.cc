@@ -7,6 +7,7 @@
 #include "common/job_spec.h"
 #include "common/status.h"
 #include "coordinator/attempts.h"
+#include "coordinator/exec_cache_key.h"
 #include "coordinator/memory_check.h"
 
 namespace stemma::coordinator {
@@ -103,7 +104,7 @@ std::vector<ArtifactRegistry::FileVerdict> UserOperations::PrecheckCache(
   }
   std::vector<std::string> keys;
   for (const v1::JobSpec& spec : request.jobs()) {
-    if (!IsEngineJob(spec)) continue;
+    if (!IsEngineJob(spec) && !IsMemoizedExec(spec)) continue;
     if (auto it = spec.labels().find("stemma.cache");
         it != spec.labels().end() && it->second == "false") {
       continue;

@@ -152,9 +152,16 @@ PruneResult PruneMessage(pb::Message* m, const std::set<std::string>& pruned, st
 
 }  // namespace
 
+// The message whose strings are wired: the engine spec, or an exec job's argv, inputs, code
+// and output paths (issue 23); null for noop.
+static pb::Message* WiredMessageOf(v1::JobSpec* spec) {
+  if (spec->has_exec()) return spec->mutable_exec();
+  return MutableEngineSpecOf(spec);
+}
+
 bool DropReadsOf(v1::JobSpec* spec, const std::set<std::string>& pruned, std::string* pruned_read) {
-  pb::Message* engine = MutableEngineSpecOf(spec);
-  if (engine == nullptr) return true;  // noop, exec: order only
+  pb::Message* engine = WiredMessageOf(spec);
+  if (engine == nullptr) return true;  // noop: order only
   std::string which;
   const PruneResult r = PruneMessage(engine, pruned, &which);
   if (r == PruneResult::kKeep) return true;
@@ -166,7 +173,7 @@ absl::Status WireInputs(
     v1::JobSpec* spec,
     const std::function<const pb::Map<std::string, std::string>*(const std::string&)>& outputs_of,
     const std::string& self_id) {
-  pb::Message* engine = MutableEngineSpecOf(spec);
+  pb::Message* engine = WiredMessageOf(spec);
   if (engine == nullptr) return absl::OkStatus();
   return WireMessage(engine, outputs_of, self_id);
 }

@@ -154,6 +154,7 @@ Executor::Executor(const WorkerConfig& config, Metrics* metrics, Clock* clock)
   thread_ = std::thread([this] { Loop(); });
   for (int i = 0; i < kSpawners; ++i) spawners_.emplace_back([this] { SpawnLoop(); });
   recycler_ = std::thread([this] { RecycleLoop(); });
+  collector_ = std::thread([this] { CollectLoop(); });
 }
 
 Executor::~Executor() {
@@ -229,6 +230,10 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   attempt->gpu_ids.assign(assignment.gpu_ids().begin(), assignment.gpu_ids().end());
   attempt->engine = IsEngineJob(assignment.spec());
   attempt->timeout_ms = spec.timeout_ms();
+  // Declared outputs are checked once, by the first part (exec_outputs.h).
+  if (spec.has_exec() && spec.exec().outputs_size() > 0 && assignment.rank() == 0) {
+    attempt->exec_spec = std::make_unique<v1::JobSpec>(spec);
+  }
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return absl::FailedPreconditionError("executor is shutting down");
@@ -574,9 +579,12 @@ void Executor::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     stop_spawners_ = true;
+    stop_collector_ = true;  // nothing left to collect: every attempt has finished
   }
   spawn_cv_.SignalAll();
   recycle_cv_.SignalAll();
+  collect_cv_.SignalAll();
+  if (collector_.joinable()) collector_.join();
   for (std::thread& t : spawners_) t.join();
   spawners_.clear();
   if (recycler_.joinable()) recycler_.join();

@@ -253,6 +253,16 @@ class Executor {
   void RecycleLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Whether the spare holds nothing but its log; empties the log. No lock: file work only.
   static bool PrepareSpare(SpareDir& spare);
+  // Declared outputs of exec jobs (exec_outputs.h): an attempt whose ranks all exited 0 is
+  // queued here instead of finishing; CollectLoop checks and manifests its outputs without
+  // the lock (hashing a checkpoint takes a while) and then finishes it.
+  // True when `attempt` has outputs to collect: it is queued and finishes later.
+  bool CollectLocked(Attempt& attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CollectLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  std::deque<std::string> to_collect_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar collect_cv_;  // to_collect_ grew, or the collector must stop (with mu_)
+  bool stop_collector_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread collector_;
   std::deque<SpareDir> to_recycle_ ABSL_GUARDED_BY(mu_);
   absl::CondVar recycle_cv_;  // to_recycle_ grew, or the recycler must stop (with mu_)
   std::thread recycler_;

@@ -99,6 +99,11 @@ struct Executor::Attempt : RankProcess {
   bool finished = false;
   v1::AttemptEvent::Finished result;
 
+  // An exec job with declared outputs (exec_outputs.h), first part only: its spec, for the
+  // collector thread to check and manifest the outputs once every rank exited 0.
+  std::unique_ptr<v1::JobSpec> exec_spec;
+  bool collecting = false;  // queued for or in the collector; finished by it
+
   // What its output said so far: progress, metric points, outputs, the engine's error line.
   AttemptOutput out;
   bool engine = false;  // an engine job: its exit codes follow common/engine_contract.h

@@ -8,6 +8,7 @@
 #include <sys/eventfd.h>
 
 #include "worker/attempt_output.h"
+#include "worker/exec_outputs.h"
 #include "worker/executor.h"
 #include "worker/executor_internal.h"
 #include "worker/spawn_child.h"
@@ -432,6 +433,7 @@ void Executor::ReapLocked(Attempt& a, RankProcess& p) {
   } else {
     if (code != 0 && !a.out.engine_error.empty())
       absl::StrAppend(&reason, ": ", a.out.engine_error);
+    if (code == 0 && CollectLocked(a)) return;
     FinishLocked(a, code, reason, code == 0 ? "succeeded" : "failed", code != 0);
   }
 }
@@ -465,9 +467,70 @@ void Executor::RankEndedLocked(Attempt& a, RankProcess& p, int code, const std::
     FinishLocked(a, a.rank_failure_code, a.rank_failure, "failed", a.rank_failure_retryable);
   } else if (a.terminating) {
     FinishLocked(a, code, a.term_reason, a.term_result, a.term_retryable);
-  } else {
+  } else if (!CollectLocked(a)) {
     FinishLocked(a, 0, "exit 0", "succeeded", false);
   }
+}
+
+bool Executor::CollectLocked(Attempt& a) {
+  if (a.exec_spec == nullptr || a.collecting) return false;
+  a.collecting = true;
+  to_collect_.push_back(a.id);
+  collect_cv_.Signal();
+  return true;
+}
+
+void Executor::CollectLoop() {
+  mu_.Lock();
+  for (;;) {
+    while (!stop_collector_ && to_collect_.empty()) collect_cv_.Wait(&mu_);
+    if (stop_collector_) break;
+    const std::string id = std::move(to_collect_.front());
+    to_collect_.pop_front();
+    auto it = attempts_.find(id);
+    if (it == attempts_.end() || it->second->finished) continue;
+    // Stays put: an attempt is erased only once finished, and only this thread finishes it.
+    Attempt& a = *it->second;
+    const v1::JobSpec spec = *a.exec_spec;
+    const std::string job_id = a.job_id;
+    mu_.Unlock();
+    ExecOutputs outs = CollectExecOutputs(spec, job_id, id, config_.storage_root,
+                                          absl::StrCat(attempts_dir_, "/", id));
+    mu_.Lock();
+    if (a.terminating) {  // cancelled, timed out or shut down meanwhile
+      FinishLocked(a, 0, a.term_reason, a.term_result, a.term_retryable);
+    } else if (!outs.error.empty()) {
+      const std::string line = absl::StrCat("stemma-worker: ", outs.error, "\n");
+      if (a.log_fd >= 0) {
+        executor_internal::WriteAll(a.log_fd, line.data(), line.size());
+        NoteLogged(a.log_tail, a.log_bytes, line.data(), line.size());
+      }
+      // The program's fault, and the same every time: no retry.
+      FinishLocked(a, 1, absl::StrCat("exit 0, but ", outs.error), "failed", false);
+    } else {
+      for (v1::OutputArtifact& art : outs.artifacts) {
+        a.out.outputs[art.name()] = art.path();
+        auto& arts = a.out.artifacts;
+        arts.erase(
+            std::remove_if(arts.begin(), arts.end(),
+                           [&](const v1::OutputArtifact& o) { return o.name() == art.name(); }),
+            arts.end());
+        arts.push_back(std::move(art));
+      }
+      const int64_t now = clock_->WallMs();
+      for (ResultPoint& p : outs.points) {
+        if (a.out.metrics.size() >= AttemptOutput::kMaxMetricPoints) break;
+        a.out.metrics.Add(p.name, p.value, 0, now);
+        a.out.metrics.SetLastLabels(std::move(p.labels));
+      }
+      FinishLocked(a, 0, "exit 0", "succeeded", false);
+    }
+    mu_.Unlock();
+    WakeLoop();  // the executor thread may be waiting for it to end (Shutdown, Discard)
+    Notify();
+    mu_.Lock();
+  }
+  mu_.Unlock();
 }
 
 void Executor::TerminateLocked(Attempt& a, const std::string& reason, const std::string& result,

@@ -202,12 +202,26 @@ absl::StatusOr<OwnedWrites> CheckOwnedWrites(const v1::JobSpec& spec,
   }
   writes.prefixes.push_back(writes.owner);
   const google::protobuf::Message* engine = IsEngineJob(spec) ? EngineSpecOf(spec) : nullptr;
-  if (engine == nullptr) return writes;
+  // The output paths: an engine spec's, or an exec job's declared outputs (issue 23).
+  std::vector<SpecPath> outputs;
+  if (engine != nullptr) {
+    for (SpecPath& p : SpecPaths(*engine)) {
+      if (p.role == v1::ROLE_OUTPUT_PATH && !p.value.empty()) outputs.push_back(std::move(p));
+    }
+  } else if (spec.has_exec()) {
+    for (const auto& [name, out] : spec.exec().outputs()) {
+      SpecPath p;
+      p.field = absl::StrCat("outputs.", name, ".path");
+      p.value = out.path();
+      p.role = v1::ROLE_OUTPUT_PATH;
+      if (!p.value.empty()) outputs.push_back(std::move(p));
+    }
+  }
+  if (outputs.empty()) return writes;
   std::error_code ec;
   const fs::path root = fs::weakly_canonical(storage_root, ec);
   if (ec) return absl::NotFoundError(absl::StrCat(storage_root, ": ", ec.message()));
-  for (const SpecPath& p : SpecPaths(*engine)) {
-    if (p.role != v1::ROLE_OUTPUT_PATH || p.value.empty()) continue;
+  for (const SpecPath& p : outputs) {
     const std::string field = absl::StrCat(JobKind(spec), ".", p.field);
     const std::string normal = fs::path(p.value).lexically_normal().string();
     const std::string prefix = p.value[0] == '/' ? "" : PrefixOf(normal);

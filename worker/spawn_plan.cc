@@ -13,6 +13,7 @@
 #include "common/engine_spec.h"
 #include "common/job_ranks.h"
 #include "common/job_spec.h"
+#include "worker/exec_outputs.h"
 
 namespace stemma::worker {
 namespace {
@@ -88,7 +89,7 @@ void SpawnPlan::Seal() {
   c.path = path.c_str();
   c.argv = argv_ptrs_.data();
   c.envp = envp_ptrs_.data();
-  c.workdir = workdir.c_str();
+  c.workdir = cwd.empty() ? workdir.c_str() : cwd.c_str();
   c.stdin_fd = stdin_fd;
   c.ruleset_fd = ruleset_fd;
   c.write_ruleset_fd = write_ruleset_fd;
@@ -206,6 +207,18 @@ std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const Wor
   std::map<std::string, std::string, std::less<>> env;
   if (kind == "exec") {
     for (const auto& [k, v] : spec.exec().env()) env[k] = v;
+    // Where each declared output goes, resolved as the worker checks it (exec_outputs.h).
+    for (const auto& [name, out] : spec.exec().outputs()) {
+      env[ExecOutputVariable(name)] =
+          ResolveExecPath(out.path(), config.storage_root, plan->workdir);
+    }
+    if (!config.storage_root.empty()) {
+      env[Var(engine_contract::kEnvStorageRoot)] = config.storage_root;
+      if (spec.exec().outputs_size() > 0) {
+        plan->cwd = config.storage_root;
+        plan->chdir_error = absl::StrCat("stemma-worker: cannot enter ", plan->cwd, "\n");
+      }
+    }
   }
   if (engine) {
     // Attempts share the node's cores. libgomp's default is to spin while waiting, which
@@ -222,6 +235,10 @@ std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const Wor
     env[Var(engine_contract::kEnvCpus)] = absl::StrCat(cores);
     if (!config.storage_root.empty()) {
       env[Var(engine_contract::kEnvStorageRoot)] = config.storage_root;
+      if (spec.exec().outputs_size() > 0) {
+        plan->cwd = config.storage_root;
+        plan->chdir_error = absl::StrCat("stemma-worker: cannot enter ", plan->cwd, "\n");
+      }
     }
     AddEvalCacheVariables(spec, kind, config, &env);
   }

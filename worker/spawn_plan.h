@@ -58,6 +58,10 @@ struct SpawnPlan {
   // cannot be a directory name (then `refusal` says so).
   std::string workdir;
   std::string log_path;
+  // Where the child starts when not in workdir: an exec job that declares outputs runs in the
+  // storage root, so that the relative paths of its argv mean what its inputs, code and
+  // outputs mean (exec_outputs.h); STEMMA_WORKDIR still names the attempt directory.
+  std::string cwd;
   // Files the executor writes into workdir before the fork (engine jobs: spec.json).
   struct File {
     std::string path;

@@ -40,6 +40,12 @@ class SpawnPlanTest : public ::testing::Test {
     return a;
   }
 
+  static v1::Assignment Torchrun() {
+    v1::Assignment a = Exec({"/usr/bin/python3", "train.py"});
+    a.mutable_spec()->mutable_exec()->set_launcher("torchrun");
+    return a;
+  }
+
   static v1::Assignment Train() {
     v1::Assignment a;
     a.set_job_id("j-2");
@@ -314,6 +320,11 @@ TEST_F(SpawnPlanTest, PartsOfSeveralRanksGetTorchrunsVariables) {
       {"engine on CPU, default", with(Train(), 0, 0, 2, 0, 1), 1},
       {"exec with GPUs runs one process unless asked", with(Exec({"/bin/env"}), 4, 0, 1, 0, 1), 1},
       {"exec asking for 4", with(Exec({"/bin/env"}), 4, 4, 1, 0, 1), 4},
+      // launcher: torchrun (issue 23): one process per GPU, as train; ranks_per_part on CPU.
+      {"exec torchrun, 4 GPUs", with(Torchrun(), 4, 0, 4, 0, 1), 4},
+      {"exec torchrun, 2 GPUs, part 1 of 2", with(Torchrun(), 2, 0, 2, 1, 2), 2},
+      {"exec torchrun on CPU, 3 ranks per part", with(Torchrun(), 0, 3, 3, 0, 1), 3},
+      {"exec torchrun on CPU, default", with(Torchrun(), 0, 0, 1, 0, 1), 1},
       {"other engine commands run one process", with(Init(), 4, 0, 4, 0, 1), 1},
   };
   for (const Case& c : cases) {
@@ -359,6 +370,28 @@ TEST_F(SpawnPlanTest, PartsOfSeveralRanksGetTorchrunsVariables) {
   EXPECT_EQ(Plan(single)->Env("MASTER_ADDR"), "127.0.0.1");
   EXPECT_EQ(PlanSpawn(single, config_, context_, 1)->Env("MASTER_PORT"),
             Plan(single)->Env("MASTER_PORT"));
+}
+
+// Declared outputs (issue 23): each as STEMMA_OUTPUT_<NAME>, resolved as the worker checks it
+// (below the storage root when relative); the storage root itself for the program.
+TEST_F(SpawnPlanTest, ExecOutputsArePassedAsVariables) {
+  v1::Assignment a = Exec({"/usr/bin/python3", "eval.py"});
+  auto& outputs = *a.mutable_spec()->mutable_exec()->mutable_outputs();
+  outputs["results"].set_path("bob/eval/results.json");
+  outputs["results"].set_type("results");
+  outputs["model"].set_path("/abs/model/");
+  outputs["model"].set_type("checkpoint");
+  config_.storage_root = "/srv/root";
+  std::unique_ptr<SpawnPlan> p = Plan(a);
+  ASSERT_EQ(p->refusal, "");
+  EXPECT_EQ(p->Env("STEMMA_OUTPUT_RESULTS"), "/srv/root/bob/eval/results.json");
+  EXPECT_EQ(p->Env("STEMMA_OUTPUT_MODEL"), "/abs/model");
+  EXPECT_EQ(p->Env("STEMMA_STORAGE_ROOT"), "/srv/root");
+  EXPECT_EQ(p->cwd, "/srv/root");  // relative argv paths mean what output paths mean
+  EXPECT_EQ(p->Env("STEMMA_WORKDIR"), "/data/attempts/j-1.1");
+  config_.storage_root.clear();  // no root: below the attempt directory, which it runs in
+  EXPECT_EQ(Plan(a)->Env("STEMMA_OUTPUT_RESULTS"), "/data/attempts/j-1.1/bob/eval/results.json");
+  EXPECT_EQ(Plan(a)->cwd, "");
 }
 
 TEST_F(SpawnPlanTest, SealedChildPlanPointsIntoThePlan) {

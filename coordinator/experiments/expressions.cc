@@ -152,7 +152,12 @@ absl::StatusOr<YamlNode> Expressions::Needs(const std::string& e, const YamlNode
   if (up == nullptr) {
     return Error(at.line, path, absl::StrCat("stage '", stage, "' is not in this stage's needs"));
   }
-  const std::vector<std::string> outs = OutputsOfKind(up->kind);
+  std::vector<std::string> outs = OutputsOfKind(up->kind);
+  if (up->kind == "exec" && up->cells > 0) {  // an exec stage's are the ones it declares
+    for (const auto& [name, declared] : plan_.cells[up->first_cell].spec.exec().outputs())
+      outs.push_back(name);
+    std::sort(outs.begin(), outs.end());
+  }
   if (std::find(outs.begin(), outs.end(), output) == outs.end()) {
     return Error(
         at.line, path,
