@@ -52,14 +52,32 @@ absl::StatusOr<std::vector<std::string>> FilesBelow(const std::string& dir) {
   return out;
 }
 
-// The directory's stemma.json: the program's own when it wrote one, else one written here.
-// Sets the artifact's manifest hash, bytes and parents.
-absl::Status DirectoryManifest(const std::string& dir, const std::string& type,
-                               const v1::JobSpec& spec, const std::vector<std::string>& inputs,
-                               const std::string& job_id, const std::string& attempt_id,
+// Whether `path` was modified at or after `since_ms` (wall clock).
+bool ModifiedSince(const std::string& path, int64_t since_ms) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return false;
+  const int64_t mtime_ms =
+      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
+  return mtime_ms >= since_ms;
+}
+
+// What CollectOne passes on about the attempt.
+struct Attempt {
+  const v1::JobSpec& spec;
+  const std::vector<std::string>& inputs;
+  const std::string& job_id;
+  const std::string& attempt_id;
+  int64_t started_ms;
+};
+
+// The directory's stemma.json: the program's own when it wrote one during the attempt, else
+// one written here. Sets the artifact's manifest hash, bytes and parents.
+absl::Status DirectoryManifest(const std::string& dir, const std::string& type, const Attempt& at,
                                v1::OutputArtifact* art) {
+  const v1::JobSpec& spec = at.spec;
+  const std::vector<std::string>& inputs = at.inputs;
   const std::string path = absl::StrCat(dir, "/", manifest::kManifestName);
-  if (files::PathExists(path)) {
+  if (files::PathExists(path) && ModifiedSince(path, at.started_ms)) {
     ASSIGN_OR_RETURN(std::string text, files::ReadFile(path));
     ASSIGN_OR_RETURN(manifest::Manifest m, manifest::ParseManifest(text, path));
     art->set_manifest_sha256(Sha256Hex(text));
@@ -88,8 +106,8 @@ absl::Status DirectoryManifest(const std::string& dir, const std::string& type,
     m.parents.push_back(std::move(p));
     art->add_parents(input);
   }
-  m.producer.job = job_id;
-  m.producer.attempt = attempt_id;
+  m.producer.job = at.job_id;
+  m.producer.attempt = at.attempt_id;
   m.producer.command = "exec";
   m.producer.params = nlohmann::json::object();
   m.producer.params["argv"] =
@@ -143,9 +161,7 @@ absl::Status ResultPoints(const std::string& path, std::vector<ResultPoint>* poi
 
 // One declared output: "" or what is wrong with it.
 std::string CollectOne(const std::string& name, const v1::ExecOutput& out, const std::string& path,
-                       const v1::JobSpec& spec, const std::vector<std::string>& inputs,
-                       const std::string& job_id, const std::string& attempt_id,
-                       ExecOutputs* result) {
+                       const Attempt& at, ExecOutputs* result) {
   const std::string what = absl::StrCat("declared output '", name, "' (", out.type(), ")");
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return absl::StrCat(what, " is missing: ", path);
@@ -165,10 +181,10 @@ std::string CollectOne(const std::string& name, const v1::ExecOutput& out, const
       return absl::StrCat(what, " has no model.safetensors (or its index): ", path);
     }
     art.set_type("checkpoint");
-    status = DirectoryManifest(path, "checkpoint", spec, inputs, job_id, attempt_id, &art);
+    status = DirectoryManifest(path, "checkpoint", at, &art);
   } else if (out.type() == "dataset" && dir) {
     art.set_type("dataset");
-    status = DirectoryManifest(path, "dataset", spec, inputs, job_id, attempt_id, &art);
+    status = DirectoryManifest(path, "dataset", at, &art);
   } else {
     if (!S_ISREG(st.st_mode)) return absl::StrCat(what, " is not a regular file: ", path);
     art.set_type(out.type() == "dataset" ? "dataset" : "file");
@@ -206,7 +222,7 @@ std::string ExecOutputVariable(const std::string& name) {
 
 ExecOutputs CollectExecOutputs(const v1::JobSpec& spec, const std::string& job_id,
                                const std::string& attempt_id, const std::string& storage_root,
-                               const std::string& workdir) {
+                               const std::string& workdir, int64_t started_ms) {
   ExecOutputs result;
   std::vector<std::string> inputs;
   for (const std::string& in : spec.exec().inputs()) {
@@ -217,7 +233,8 @@ ExecOutputs CollectExecOutputs(const v1::JobSpec& spec, const std::string& job_i
                                                 spec.exec().outputs().end());
   for (const auto& [name, out] : outputs) {
     const std::string path = ResolveExecPath(out.path(), storage_root, workdir);
-    result.error = CollectOne(name, out, path, spec, inputs, job_id, attempt_id, &result);
+    result.error =
+        CollectOne(name, out, path, Attempt{spec, inputs, job_id, attempt_id, started_ms}, &result);
     if (!result.error.empty()) {
       result.artifacts.clear();
       result.points.clear();

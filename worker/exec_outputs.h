@@ -7,7 +7,8 @@
 //               Without a stemma.json the worker writes one (common/manifest.h: sha256 and
 //               bytes of every file below the directory, the inputs that have manifests as
 //               parents, producer {job, attempt, command: "exec", params: {argv}}, type
-//               checkpoint), atomically; one the program wrote is taken as it is. The
+//               checkpoint), atomically; one the program wrote during the attempt is taken
+//               as it is (one older than the attempt is a previous run's: replaced). The
 //               artifact's manifest hash is the sha256 of that stemma.json, as for the engine.
 //   dataset     a directory: the same manifest with type dataset; a file: its own sha256.
 //   results     a results JSON in the eval's format (docs/eval.md, "format":
@@ -24,6 +25,7 @@
 // without its lock.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,8 +61,9 @@ struct ExecOutputs {
 // looked at. A missing output, a checkpoint without config.json or weights, a results file
 // that is not in the results format, an unreadable file: `error` names the output, its type
 // and path ("declared output 'model' (checkpoint) is missing: /root/bob/m").
+// `started_ms`: when the attempt started (wall clock, ms).
 ExecOutputs CollectExecOutputs(const v1::JobSpec& spec, const std::string& job_id,
                                const std::string& attempt_id, const std::string& storage_root,
-                               const std::string& workdir);
+                               const std::string& workdir, int64_t started_ms);
 
 }  // namespace stemma::worker

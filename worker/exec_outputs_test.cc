@@ -37,7 +37,7 @@ class ExecOutputsTest : public ::testing::Test {
            ("exec_outputs_test." + std::to_string(getpid()) + "." +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
-    fs::create_directories(dir_ / "root");
+    fs::create_directories(dir_ / "root/bob");
     config_.data_dir = (dir_ / "data").string();
     config_.storage_root = (dir_ / "root").string();
     config_.allow_exec = true;
@@ -149,7 +149,7 @@ TEST_F(ExecOutputsTest, ACheckpointGetsTheManifestTheRegistryReads) {
     EXPECT_EQ(m->files.at(f).sha256, Sha256File((out / f).string()).value());
     EXPECT_EQ(m->files.at(f).bytes, fs::file_size(out / f));
   }
-  EXPECT_EQ(model.bytes(), 24 + 7 + 5);
+  EXPECT_EQ(model.bytes(), 23 + 7 + 5);
   ASSERT_EQ(m->parents.size(), 1u);
   EXPECT_EQ(m->parents[0].path, base.string());
   EXPECT_EQ(m->parents[0].manifest_sha256, Sha256File((base / "stemma.json").string()).value());
@@ -197,11 +197,14 @@ TEST_F(ExecOutputsTest, AResultsFileBecomesMetricPoints) {
   }
   EXPECT_EQ(values, (std::map<std::string, double>{{"acc/continuation_ru", 0.25},
                                                    {"acc_norm/continuation_ru", 0.5}}));
-  ASSERT_EQ(batch.label_sets_size(), 1);
-  const auto& labels = batch.label_sets(0).labels();
-  EXPECT_EQ(labels.at("task"), "continuation_ru");
-  EXPECT_EQ(labels.at("type"), "choice");
-  EXPECT_EQ(labels.at("language"), "ru");
+  ASSERT_EQ(batch.label_index_size(), 2);
+  for (int i = 0; i < 2; ++i) {  // each point with its task's labels
+    ASSERT_GT(batch.label_index(i), 0u);
+    const auto& labels = batch.label_sets(batch.label_index(i) - 1).labels();
+    EXPECT_EQ(labels.at("task"), "continuation_ru");
+    EXPECT_EQ(labels.at("type"), "choice");
+    EXPECT_EQ(labels.at("language"), "ru");
+  }
 
   // Not the results format: the attempt fails and says what the file lacks.
   s = Run(Script("badres", "echo '{\"acc\": 1}' > \"$STEMMA_OUTPUT_SCORES\"",

@@ -233,6 +233,9 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   // Declared outputs are checked once, by the first part (exec_outputs.h).
   if (spec.has_exec() && spec.exec().outputs_size() > 0 && assignment.rank() == 0) {
     attempt->exec_spec = std::make_unique<v1::JobSpec>(spec);
+    // A manifest older than this is a previous run's (exec_outputs.h); the file system's
+    // clock (coarse) may lag the wall clock a little.
+    attempt->launched_wall_ms = clock_->WallMs() - 100;
   }
   {
     absl::MutexLock lock(&mu_);

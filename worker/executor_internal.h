@@ -102,7 +102,8 @@ struct Executor::Attempt : RankProcess {
   // An exec job with declared outputs (exec_outputs.h), first part only: its spec, for the
   // collector thread to check and manifest the outputs once every rank exited 0.
   std::unique_ptr<v1::JobSpec> exec_spec;
-  bool collecting = false;  // queued for or in the collector; finished by it
+  bool collecting = false;       // queued for or in the collector; finished by it
+  int64_t launched_wall_ms = 0;  // when Launch took it (wall clock)
 
   // What its output said so far: progress, metric points, outputs, the engine's error line.
   AttemptOutput out;

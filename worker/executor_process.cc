@@ -493,9 +493,10 @@ void Executor::CollectLoop() {
     Attempt& a = *it->second;
     const v1::JobSpec spec = *a.exec_spec;
     const std::string job_id = a.job_id;
+    const int64_t started_ms = a.launched_wall_ms;
     mu_.Unlock();
     ExecOutputs outs = CollectExecOutputs(spec, job_id, id, config_.storage_root,
-                                          absl::StrCat(attempts_dir_, "/", id));
+                                          absl::StrCat(attempts_dir_, "/", id), started_ms);
     mu_.Lock();
     if (a.terminating) {  // cancelled, timed out or shut down meanwhile
       FinishLocked(a, 0, a.term_reason, a.term_result, a.term_retryable);

@@ -146,6 +146,23 @@ static void AddRankVariables(const v1::Assignment& assignment, int ranks_per_par
   }
 }
 
+// An exec job's own variables, its declared outputs' paths (exec_outputs.h) and the storage
+// root; a job that declares outputs starts in the storage root.
+static void AddExecVariables(const v1::ExecSpec& exec, const WorkerConfig& config, SpawnPlan* plan,
+                             std::map<std::string, std::string, std::less<>>* env) {
+  for (const auto& [k, v] : exec.env()) (*env)[k] = v;
+  for (const auto& [name, out] : exec.outputs()) {
+    (*env)[ExecOutputVariable(name)] =
+        ResolveExecPath(out.path(), config.storage_root, plan->workdir);
+  }
+  if (config.storage_root.empty()) return;
+  (*env)[Var(engine_contract::kEnvStorageRoot)] = config.storage_root;
+  if (exec.outputs_size() > 0) {
+    plan->cwd = config.storage_root;
+    plan->chdir_error = absl::StrCat("stemma-worker: cannot enter ", plan->cwd, "\n");
+  }
+}
+
 std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const WorkerConfig& config,
                                      const SpawnContext& context, int local_rank) {
   auto plan = std::make_unique<SpawnPlan>();
@@ -205,21 +222,7 @@ std::unique_ptr<SpawnPlan> PlanSpawn(const v1::Assignment& assignment, const Wor
   const std::map<std::string, std::string>& worker_env =
       context.worker_env != nullptr ? *context.worker_env : kNoEnv;
   std::map<std::string, std::string, std::less<>> env;
-  if (kind == "exec") {
-    for (const auto& [k, v] : spec.exec().env()) env[k] = v;
-    // Where each declared output goes, resolved as the worker checks it (exec_outputs.h).
-    for (const auto& [name, out] : spec.exec().outputs()) {
-      env[ExecOutputVariable(name)] =
-          ResolveExecPath(out.path(), config.storage_root, plan->workdir);
-    }
-    if (!config.storage_root.empty()) {
-      env[Var(engine_contract::kEnvStorageRoot)] = config.storage_root;
-      if (spec.exec().outputs_size() > 0) {
-        plan->cwd = config.storage_root;
-        plan->chdir_error = absl::StrCat("stemma-worker: cannot enter ", plan->cwd, "\n");
-      }
-    }
-  }
+  if (kind == "exec") AddExecVariables(spec.exec(), config, plan.get(), &env);
   if (engine) {
     // Attempts share the node's cores. libgomp's default is to spin while waiting, which
     // starves the other attempts (training ran 13x slower with two jobs on two cores), so
