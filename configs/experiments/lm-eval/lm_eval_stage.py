@@ -101,6 +101,11 @@ def main():
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ["HF_DATASETS_CACHE"] = os.path.join(work, "datasets")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if os.environ.get("WORLD_SIZE", "1") == "1":
+        # One process: the worker's rank variables (RANK=0, WORLD_SIZE=1, ...) would make
+        # accelerate start torch.distributed, which then wants MASTER_ADDR.
+        for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
+            os.environ.pop(var, None)
 
     import lm_eval
     from lm_eval.models.huggingface import HFLM
