@@ -62,6 +62,8 @@ CONFIGS = [
                                       "parallel": {"shard": "optimizer"}}, 2),
     ("m25 2 ranks gradients", "m25", {"data": {"seq_len": 256}, "batch_size": 4,
                                       "parallel": {"shard": "gradients"}}, 2),
+    ("m25 2 ranks full", "m25", {"data": {"seq_len": 256}, "batch_size": 4,
+                                 "parallel": {"shard": "full"}}, 2),
 ]
 
 

@@ -156,15 +156,23 @@ MemoryEstimate TrainMemory(const v1::JobSpec& job, const ModelShape& s) {
   const double bucket = std::min(
       4 * nt, 2.0 * D(t.parallel().has_bucket_mb() ? t.parallel().bucket_mb() : 64) * 1024 * 1024);
   double grads = 4 * nt;  // autograd's: built during backward, gone after the step
-  if (shard == "full" && sharded) {
-    // ZeRO-3 as specified (the trainer refuses it so far): bf16/fp32 compute shard, layers
-    // gathered one at a time, gradients reduce-scattered per layer.
-    Add(&e, "compute weights (1/W shard)", c * n / w);
-    Add(&e, "gathered layers (current + prefetch)",
-        c * (2 * s.LayerParams() + s.EmbeddingParams() * (s.tied ? 1 : 2)));
-    Add(&e, "fp32 master weights (1/W)", 4 * nt / w);
-    grads = c * s.LayerParams() + bucket;
+  const bool full = shard == "full";
+  if (full) {
+    // ZeRO-3 (engine/train/layer_shards.h), at any world size: every weight, trainable or
+    // frozen, as an fp32 slice of 1/W; one decoder layer gathered in fp32 at a time (no
+    // prefetch), the embeddings, head and final norm for the whole step; under autocast
+    // their bf16 copies while they run. Gradients: one layer's and the outer unit's, and a
+    // bucket being reduce-scattered.
+    const double outer = s.EmbeddingParams() * (s.tied ? 1 : 2) + D(s.hidden);
+    Add(&e, "fp32 weight slices (1/W)", 4 * n / w);
+    Add(&e, "gathered layer, embeddings and head",
+        4 * (s.LayerParams() + outer) + (autocast ? 2 * (s.LayerParams() + outer) : 0));
+    grads = 4 * std::min(nt, s.LayerParams() + outer) + std::min(4 * s.LayerParams(), bucket / 2);
     Add(&e, "gradient slice (1/W)", 4 * nt / w);
+    // Every rank still loads the whole fp32 model before keeping its slices; on a CPU glibc
+    // keeps that heap, and the slices do not fit in its holes (measured: +4·N, issue 26).
+    // On a GPU the caching allocator reuses the blocks: not counted (docs/experiments.md).
+    if (!e.gpu) Add(&e, "fp32 model as loaded, before sharding", 4 * n);
   } else {
     // The fp32 flat buffer is the compute replica on every rank and its own master copy
     // (engine/train/optimizer.h, sharded_optimizer.h).
@@ -182,17 +190,20 @@ MemoryEstimate TrainMemory(const v1::JobSpec& job, const ModelShape& s) {
   // The scratch is allocated for every trainable parameter of the slice but written only for
   // L2-SP ranges and masked tensors: a GPU's allocator holds all of it, a CPU process only the
   // pages written.
-  Add(&e, "optimizer scratch", (e.gpu ? 4 * nt : (l2sp ? 4 * nt : 4 * tr.masked)) / w);
+  if (!full) {
+    Add(&e, "optimizer scratch", (e.gpu ? 4 * nt : (l2sp ? 4 * nt : 4 * tr.masked)) / w);
+  }
   if (l2sp) Add(&e, "L2-SP anchor", 4 * nt / w);
   // Dense fp32 masks unsharded; one byte per owned element when sharded.
-  Add(&e, "neuron masks", (sharded ? 1 : 4) * tr.masked / w);
+  Add(&e, "neuron masks", (sharded || full ? 1 : 4) * tr.masked / w);
 
   // Activations of one micro-batch; checkpointed layers keep only their input, and one layer
   // is recomputed at a time.
   const double tokens = TokensPerRank(t, e.world);
   const LayerActivations per = ActivationsPerToken(s, autocast);
   const double layer = tokens * (4 * per.residual + c * per.products);
-  const int64_t every = t.activation_checkpointing();
+  // `full` recomputes every layer in backward, whatever activation_checkpointing says.
+  const int64_t every = full ? 1 : t.activation_checkpointing();
   const int64_t kept_layers = every > 0 ? (s.layers + every - 1) / every : 0;
   double activations =
       D(s.layers - kept_layers) * layer + D(kept_layers) * tokens * 4 * D(s.hidden);

@@ -197,6 +197,12 @@ void LayerShards::FinishRestore(int64_t step) {
   step_ = step;
 }
 
+void LayerShards::FreeOptimizerState() {
+  for (auto& unit : units_) {
+    if (unit->trainable) unit->trainable->FreeOptimizerState();
+  }
+}
+
 void LayerShards::ForEachParameter(
     const std::function<void(const std::string& name, const torch::Tensor& value)>& visit) {
   torch::NoGradGuard no_grad;

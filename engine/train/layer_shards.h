@@ -94,6 +94,10 @@ class LayerShards {
   // Owned elements [begin, end) of unit `unit` on this rank.
   std::pair<int64_t, int64_t> UnitSlice(int64_t unit) const;
 
+  // Frees every slice's optimizer state (moments, gradient, anchor) once no step follows, so
+  // that publishing has that memory; the weight slices stay.
+  void FreeOptimizerState();
+
   // Every parameter with its full value, unit by unit in the model's order: each unit is
   // gathered while `visit` sees its tensors (valid only during the call) and released after.
   // Collective; for publishing `out`.

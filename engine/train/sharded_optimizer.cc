@@ -334,4 +334,9 @@ void ShardedAdamW::ReduceGrads() {
   bucket_ = torch::Tensor();  // one unit's bucket; the next unit allocates its own
 }
 
+void ShardedAdamW::FreeOptimizerState() {
+  exp_avg_ = exp_avg_sq_ = grad_ = flat_grads_ = anchor_ = bucket_ = torch::Tensor();
+  pieces_.clear();
+}
+
 }  // namespace stemma::engine::train

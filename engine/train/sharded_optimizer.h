@@ -97,6 +97,9 @@ class ShardedAdamW {
   void Release();
   bool gathered() const { return gathered_; }
   void ReduceGrads();
+  // Frees the moments, gradient slice and anchor once no step follows (before publishing);
+  // the weights stay. Only Gather/Release and SliceTensors' "values" may be used afterwards.
+  void FreeOptimizerState();
 
   std::vector<torch::Tensor> parameters() const;
   int64_t step_count() const { return step_; }

@@ -405,6 +405,7 @@ absl::Status Publish(Run& run, int64_t stopped_at_step, const EventWriter& event
   std::map<std::string, torch::Tensor> gathered;
   if (run.full) {
     RETURN_IF_ERROR(TorchGuard("gathering the model to publish", [&] {
+      run.full->FreeOptimizerState();  // no step follows: rank 0's copies take its place
       gathered = GatherForPublishing(run, save.dtype);
       return absl::OkStatus();
     }));

@@ -15,8 +15,13 @@ Run through tests/bench/sharded (which picks the venv Python). One run, this mac
                 the arrival times of rank 0's step events; FSDP2 from each step's wall time.
   full vs none  Stemma's peak RSS per rank at `--shard` and at `none` for a wider model whose
                 weights and optimizer state dominate (short rows, small batch).
-  plan error    |plan − measured| / measured when the engine has a memory estimator; null
-                otherwise (the JSON says why).
+  plan error    the memory plan (coordinator/experiments/memory.*, through a real
+                `stemma-coordinator` and `stemma plan -o json`, binaries beside the engine) for
+                the wide model at `--shard`, against its measured peak anonymous RSS per rank
+                (RssAnon polled every 5 ms), both above the runtime (the same command on a
+                model of a few hundred parameters), as tests/check_memory_plan.py does:
+                |(plan − plan_runtime) / (anon − anon_runtime) − 1|. Null when the control
+                plane binaries are not built (the JSON says why).
 
 If the engine refuses `--shard` (e.g. `full` not built), the run falls back to `gradients` and
 records the level it used in `stemma_shard`. The last stdout line is one JSON object.
@@ -28,7 +33,9 @@ import os
 import shutil
 import subprocess
 import sys
+import socket
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -79,9 +86,41 @@ def stemma_spec(model_dir, data_dir, out, seq_len, batch, steps, shard):
     }
 
 
-def run_stemma(engine, workdir, name, spec, world=2):
+def rss_anon_kib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class AnonPoller:
+    """Peak RssAnon (KiB) of each of `pids`, polled every 5 ms on a thread until stop()."""
+
+    def __init__(self, pids):
+        self.pids, self.peaks, self.done = pids, [0] * len(pids), False
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+
+    def _poll(self):
+        while not self.done:
+            for i, pid in enumerate(self.pids):
+                self.peaks[i] = max(self.peaks[i], rss_anon_kib(pid))
+            time.sleep(0.005)
+
+    def stop(self):
+        self.done = True
+        self.thread.join()
+        return self.peaks
+
+
+def run_stemma(engine, workdir, name, spec, world=2, anon=None):
     """Runs `spec` as `world` ranks; returns (rank 0's step arrival times and losses, peak
-    RSS per rank in KiB) or raises RuntimeError with rank 0's error."""
+    RSS per rank in KiB) or raises RuntimeError with rank 0's error. `anon`, a list, gets each
+    rank's peak RssAnon in KiB (of the engine, the child of /usr/bin/time)."""
     spec_path = os.path.join(workdir, f"{name}.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
@@ -94,6 +133,7 @@ def run_stemma(engine, workdir, name, spec, world=2):
         procs.append((subprocess.Popen(
             ["/usr/bin/time", "-f", "%M", "-o", rss, engine, "train", "--spec", spec_path],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env), rss))
+    poller = AnonPoller([engine_pid(p.pid) for p, _ in procs])
     stamps, losses = {}, {}
     for line in procs[0][0].stdout:
         now = time.perf_counter()
@@ -103,6 +143,10 @@ def run_stemma(engine, workdir, name, spec, world=2):
             losses[event["step"]] = event["loss"]
     errors = [p.stderr.read() for p, _ in procs]
     codes = [p.wait() for p, _ in procs]
+    if anon is not None:
+        anon.extend(poller.stop())
+    else:
+        poller.stop()
     if any(codes):
         raise RuntimeError(f"{name}: exit codes {codes}: {errors[0][-2000:]}")
     peaks = []
@@ -110,6 +154,52 @@ def run_stemma(engine, workdir, name, spec, world=2):
         with open(rss) as f:
             peaks.append(int(f.read().split()[-1]))
     return stamps, losses, peaks
+
+
+def engine_pid(time_pid):
+    """The pid of /usr/bin/time's child (the engine), waiting up to 5 s for it to exist."""
+    for _ in range(1000):
+        try:
+            with open(f"/proc/{time_pid}/task/{time_pid}/children") as f:
+                children = f.read().split()
+            if children:
+                return int(children[0])
+        except OSError:
+            return time_pid
+        time.sleep(0.005)
+    return time_pid
+
+
+def plan_mib(bin_dir, workdir, trains):
+    """The memory plan's estimate (MiB per rank) for each (train spec, ranks), from a real
+    coordinator's `stemma plan -o json`; None when the control plane is not built."""
+    coordinator, stemma = (os.path.join(bin_dir, b) for b in ("stemma-coordinator", "stemma"))
+    if not (os.access(coordinator, os.X_OK) and os.access(stemma, os.X_OK)):
+        return None
+    stages = {f"c{i}": {"resources": {"cpus": 1, "ranks_per_part": ranks}, "train": spec}
+              for i, (spec, ranks) in enumerate(trains)}
+    exp = os.path.join(workdir, "plan.json")
+    with open(exp, "w") as f:
+        json.dump({"name": "benchplan", "stages": stages}, f)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        addr = f"127.0.0.1:{sock.getsockname()[1]}"
+    server = subprocess.Popen([coordinator, "--listen", addr, "--data",
+                               os.path.join(workdir, "coord")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        cli = [stemma, "--coordinator", addr]
+        for _ in range(100):
+            if subprocess.run(cli + ["ls"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.1)
+        out = subprocess.run(cli + ["plan", "-f", exp, "-o", "json"], capture_output=True,
+                             text=True, check=True).stdout
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    cells = {c["job_name"]: c for c in json.loads(out)["cells"]}
+    return [int(cells[f"c{i}"].get("memory_per_device_mb", 0)) for i in range(len(trains))]
 
 
 def run_fsdp2(args, workdir, model_dir, rows_path):
@@ -201,14 +291,36 @@ def main():
         log("Stemma, wide model, shard none")
         _, _, none_rss = run_stemma(engine, workdir, "wide-none", wide_spec("none"))
         log(f"Stemma, wide model, shard {shard}")
-        _, _, sharded_rss = run_stemma(engine, workdir, "wide-sharded", wide_spec(shard))
+        wide_anon, runtime_anon = [], []
+        _, _, sharded_rss = run_stemma(engine, workdir, "wide-sharded", wide_spec(shard),
+                                       anon=wide_anon)
+        # The runtime: the same command on a model of a few hundred parameters.
+        tiny = model_args(args, hidden=8, intermediate=8, layers=1, heads=1, seq_len=16)
+        tiny_model, tiny_data, _ = make_data(engine, workdir, "tiny", tiny, 8, torch,
+                                             transformers, np)
+        runtime_spec = stemma_spec(tiny_model, tiny_data, os.path.join(workdir, "tiny-out"), 16,
+                                   2, 3, shard)
+        log(f"Stemma, runtime model, shard {shard}")
+        run_stemma(engine, workdir, "runtime", runtime_spec, anon=runtime_anon)
+        plan = plan_mib(os.path.dirname(engine), workdir,
+                        [(runtime_spec, 2), (wide_spec(shard), 2)])
+        plan_error, plan_note = None, "stemma and stemma-coordinator not built beside the engine"
+        if plan is not None:
+            measured = (max(wide_anon) - max(runtime_anon)) / 1024.0
+            plan_error = abs((plan[1] - plan[0]) / measured - 1) if measured > 0 else None
+            plan_note = (f"wide model at {shard}, 2 ranks: plan {plan[1]} MiB (runtime {plan[0]}), "
+                         f"measured peak RssAnon {max(wide_anon) / 1024:.0f} MiB (runtime "
+                         f"{max(runtime_anon) / 1024:.0f}); both above the runtime")
 
         result = {
             "rss_ratio_vs_fsdp2": max(stemma_rss) / fsdp_rss,
             "tokens_per_s_ratio_vs_fsdp2": stemma_tps / fsdp_tps,
             "full_vs_none_memory": max(sharded_rss) / max(none_rss),
-            "plan_error": None,
-            "plan_error_note": "no memory estimator in this engine to call",
+            "plan_error": plan_error,
+            "plan_error_note": plan_note,
+            "plan_mib": plan,
+            "wide_sharded_peak_anon_kb_per_rank": wide_anon,
+            "runtime_peak_anon_kb_per_rank": runtime_anon,
             "stemma_shard": shard,
             "stemma_peak_rss_kb_per_rank": stemma_rss,
             "fsdp2_peak_rss_kb_per_rank": [r["peak_rss_kb"] for r in fsdp],
