@@ -19,6 +19,35 @@ namespace stemma::coordinator {
 
 std::string ManifestFile(const std::string& path) { return manifest::ManifestPathOf(path); }
 
+std::optional<std::string> ReadArtifactManifest(const std::string& path) {
+  constexpr off_t kLimit = 64 << 20;
+  std::string file = ManifestFile(path);
+  if (file != path && !files::PathExists(file) && files::PathExists(path + "/index.json")) {
+    file = path + "/index.json";  // a token dataset without a stemma.json
+  }
+  struct stat st;
+  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kLimit) {
+    return std::nullopt;
+  }
+  absl::StatusOr<std::string> text = files::ReadFile(file);
+  if (!text.ok() || static_cast<off_t>(text->size()) > kLimit) return std::nullopt;
+  return *std::move(text);
+}
+
+bool ArtifactFilesPresent(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return std::filesystem::is_regular_file(path, ec);
+  const std::optional<std::string> text = ReadArtifactManifest(path);
+  if (!text.has_value()) return false;
+  const nlohmann::json m = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  for (const manifest::ListedFile& f : manifest::ListedFiles(m)) {
+    if (!f.bytes.has_value() || f.path.empty() || f.path.find("..") != std::string::npos) continue;
+    const auto size = std::filesystem::file_size(path + "/" + f.path, ec);
+    if (ec || static_cast<int64_t>(size) != *f.bytes) return false;
+  }
+  return true;
+}
+
 namespace {
 
 // One file a manifest lists, against the disk: present, of its recorded size (when the

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,19 @@ namespace stemma::coordinator {
 // directory (checkpoint, dataset), <path>/manifest.json for a prepared corpus (a directory
 // with manifest.json and no stemma.json), the file itself otherwise.
 std::string ManifestFile(const std::string& path);
+
+// The text of the manifest that stands for the artifact at `path` in a memoization key:
+// ManifestFile(path), except that a directory with neither stemma.json nor manifest.json but
+// a token dataset's index.json (which lists every shard's sha256) reads that. nullopt when
+// the file cannot be read, is not a regular file, or is over 64 MiB.
+std::optional<std::string> ReadArtifactManifest(const std::string& path);
+
+// Whether the artifact at `path` is still there as its manifest says, by sizes only (a stat
+// per listed file): a file exists; a directory has a readable manifest (ReadArtifactManifest)
+// and every file it lists (stemma.json's `files: {name: {bytes}}`, a corpus manifest's
+// `files: [{path, bytes}]`) with the size it records. A truncated or deleted shard is caught;
+// a same-size corruption needs VerifyArtifactFiles.
+bool ArtifactFilesPresent(const std::string& path);
 
 struct ManifestCheck {
   v1::Verification result = v1::UNCHECKED;

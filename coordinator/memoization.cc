@@ -6,13 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/engine_spec.h"
 #include "common/job_spec.h"
-#include "common/manifest.h"
 #include "common/sha256.h"
+#include "coordinator/artifact_files.h"
 #include "coordinator/exec_cache_key.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "nlohmann/json.hpp"
@@ -32,25 +31,7 @@ std::string Sha256(std::string_view data) {
   return Sha256Hex(absl::string_view(data.data(), data.size()));
 }
 
-std::optional<std::string> ReadSmallFile(const std::string& path, size_t limit) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return std::nullopt;
-  std::string text;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) {
-    text.append(buf, n);
-    if (text.size() > limit) {
-      std::fclose(f);
-      return std::nullopt;
-    }
-  }
-  std::fclose(f);
-  return text;
-}
-
-// What an input path stands for in the key: its manifest's hash when readable here.
-std::string InputIdentity(const std::string& path);
+std::string InputIdentity(const std::string& path);  // below
 
 // A glob (`raw/*.jsonl.gz`, an input tokenize and prepare expand): the files it matches now,
 // in the order the engine reads them, each by name and content, so a file added, removed or
@@ -73,16 +54,11 @@ std::string GlobIdentity(const std::string& pattern) {
   return "glob:sha256:" + Sha256(listing);
 }
 
+// What an input path stands for in the key: its manifest's hash when readable here
+// (coordinator/artifact_files.h), else the path itself.
 std::string InputIdentity(const std::string& path) {
   if (path.find_first_of("*?[") != std::string::npos) return GlobIdentity(path);
-  // A checkpoint's stemma.json, or a token dataset's index.json (its manifest).
-  if (auto manifest = ReadSmallFile(path + "/stemma.json", 64 << 20))
-    return "sha256:" + Sha256(*manifest);
-  if (auto index = ReadSmallFile(path + "/index.json", 64 << 20)) return "sha256:" + Sha256(*index);
-  // A prepared corpus (`stemma-engine prepare`): its manifest.json.
-  if (auto corpus = ReadSmallFile(path + "/manifest.json", 64 << 20))
-    return "sha256:" + Sha256(*corpus);
-  if (auto file = ReadSmallFile(path, 64 << 20)) return "sha256:" + Sha256(*file);
+  if (auto manifest = ReadArtifactManifest(path)) return "sha256:" + Sha256(*manifest);
   return path;
 }
 
@@ -119,21 +95,6 @@ void Canonicalize(pb::Message* m) {
   }
 }
 
-// Every file a directory's manifest lists is there with the size it records: a checkpoint's
-// stemma.json (`files: {name: {bytes}}`) or a corpus manifest.json (`files: [{path, bytes}]`).
-// Sizes only (a stat per file): a truncated or deleted shard is caught, a same-size
-// corruption needs `stemma ckpt verify`.
-bool ListedFilesThere(const std::string& dir, const std::string& manifest_text) {
-  const nlohmann::json m = nlohmann::json::parse(manifest_text, nullptr, false);
-  for (const manifest::ListedFile& f : manifest::ListedFiles(m)) {
-    if (!f.bytes.has_value() || f.path.empty() || f.path.find("..") != std::string::npos) continue;
-    std::error_code ec;
-    const auto size = std::filesystem::file_size(dir + "/" + f.path, ec);
-    if (ec || static_cast<int64_t>(size) != *f.bytes) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 std::string CacheKey(const v1::JobSpec& spec, const std::string& engine_build) {
@@ -167,18 +128,7 @@ std::string CacheKey(const v1::JobSpec& spec, const std::string& engine_build) {
 bool OutputsStillThere(const pb::Map<std::string, std::string>& outputs) {
   if (outputs.empty()) return false;
   for (const auto& [name, path] : outputs) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec)) {
-      std::optional<std::string> manifest = ReadSmallFile(path + "/stemma.json", 64 << 20);
-      if (!manifest.has_value()) manifest = ReadSmallFile(path + "/manifest.json", 64 << 20);
-      if (manifest.has_value()) {
-        if (!ListedFilesThere(path, *manifest)) return false;
-      } else if (!ReadSmallFile(path + "/index.json", 64 << 20).has_value()) {
-        return false;
-      }
-    } else if (!std::filesystem::is_regular_file(path, ec)) {
-      return false;
-    }
+    if (!ArtifactFilesPresent(path)) return false;
   }
   return true;
 }
