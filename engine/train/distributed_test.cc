@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "engine/io/checkpoint.h"
+#include "engine/train/rank_processes.h"
 
 extern char** environ;
 
@@ -33,19 +34,6 @@ namespace stemma::engine::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A port nobody listens on right now (the kernel's pick for an ephemeral bind).
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), length);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
-}
 
 std::string ReadFile(const fs::path& path) {
   std::ifstream in(path);
