@@ -28,6 +28,7 @@ stages:
     exec:
       argv: [/usr/bin/python3, "{dir}/emit.py", --steps, "{steps}", --lr, "${{{{ matrix.lr }}}}",
              --out, "{out}/cpt-${{{{ matrix.lr }}}}.bin", --parent, "{out}/base.bin"]
+      inputs: ["{out}/base.bin"]  # a registered input: the parent of what it reports
 """
 STEPS = 40  # per cpt cell: 2 series per step line
 # A report needs eval cells, which need the engine: a base model, two tokenized languages
