@@ -98,15 +98,54 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text, absl::string_view
   return m;
 }
 
-bool IsCorpusManifest(const nlohmann::json& j) {
+namespace {
+
+bool FormatStartsWith(const nlohmann::json& j, const char* prefix) {
   if (!j.is_object()) return false;
   const auto it = j.find("format");
   return it != j.end() && it->is_string() &&
-         it->get_ref<const std::string&>().rfind(kCorpusFormatPrefix, 0) == 0;
+         it->get_ref<const std::string&>().rfind(prefix, 0) == 0;
 }
+
+// An integer field of `j`, if it has one.
+std::optional<int64_t> IntField(const nlohmann::json& j, const char* key) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) return std::nullopt;
+  return j[key].get<int64_t>();
+}
+
+// A token dataset's index.json: its shards (uint32 tokens: 4 bytes each) and index.bin
+// (num_documents + 1 uint64 offsets), each with the sha256 the writer recorded.
+std::vector<ListedFile> TokenIndexFiles(const nlohmann::json& j) {
+  std::vector<ListedFile> out;
+  auto entry = [](const nlohmann::json& e, std::optional<int64_t> count, int64_t width) {
+    ListedFile f;
+    if (!e.is_object()) return f;
+    if (e.contains("file") && e["file"].is_string()) f.path = e["file"].get<std::string>();
+    if (e.contains("sha256") && e["sha256"].is_string()) f.sha256 = e["sha256"].get<std::string>();
+    if (count.has_value() && *count >= 0) f.bytes = *count * width;
+    return f;
+  };
+  if (j.contains("shards") && j["shards"].is_array()) {
+    for (const auto& shard : j["shards"])
+      out.push_back(entry(shard, IntField(shard, "num_tokens"), 4));
+  }
+  if (j.contains("documents") && j["documents"].is_object()) {
+    std::optional<int64_t> documents = IntField(j, "num_documents");
+    if (documents.has_value()) *documents += 1;
+    out.push_back(entry(j["documents"], documents, 8));
+  }
+  return out;
+}
+
+}  // namespace
+
+bool IsCorpusManifest(const nlohmann::json& j) { return FormatStartsWith(j, kCorpusFormatPrefix); }
+
+bool IsTokenIndex(const nlohmann::json& j) { return FormatStartsWith(j, kTokenIndexFormatPrefix); }
 
 std::vector<ListedFile> ListedFiles(const nlohmann::json& j) {
   std::vector<ListedFile> out;
+  if (IsTokenIndex(j)) return TokenIndexFiles(j);
   if (!j.is_object() || !j.contains("files")) return out;
   auto fill = [](const nlohmann::json& entry, ListedFile* f) {
     if (!entry.is_object()) return;
@@ -142,8 +181,11 @@ std::string ManifestPathOf(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return path;
   const std::string stemma_json = absl::StrCat(path, "/", kManifestName);
-  const std::string corpus = absl::StrCat(path, "/", kCorpusManifestName);
-  if (::stat(stemma_json.c_str(), &st) != 0 && ::stat(corpus.c_str(), &st) == 0) return corpus;
+  if (::stat(stemma_json.c_str(), &st) == 0) return stemma_json;
+  for (const char* name : {kCorpusManifestName, kTokenIndexName}) {
+    std::string other = absl::StrCat(path, "/", name);
+    if (::stat(other.c_str(), &st) == 0) return other;
+  }
   return stemma_json;
 }
 

@@ -16,6 +16,10 @@
 // manifest.json with "format": "stemma.corpus/N": a prepared corpus (`stemma-engine prepare`,
 // docs/corpus.md); its "files" is a list of {path, bytes, lines, sha256} and "content_hash"
 // the sha256 of the sorted "<sha256>  <path>\n" lines.
+//
+// index.json with "format": "stemma-tokens-v1": a token dataset (`stemma-engine tokenize`,
+// docs/data-format.md); it lists every shard and index.bin with their sha256, so it is the
+// dataset's manifest.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +38,8 @@ inline constexpr char kManifestName[] = "stemma.json";
 inline constexpr int kManifestFormat = 1;
 inline constexpr char kCorpusManifestName[] = "manifest.json";
 inline constexpr char kCorpusFormatPrefix[] = "stemma.corpus/";
+inline constexpr char kTokenIndexName[] = "index.json";
+inline constexpr char kTokenIndexFormatPrefix[] = "stemma-tokens";
 
 struct ManifestFile {
   std::string sha256;
@@ -72,9 +78,13 @@ absl::StatusOr<Manifest> ParseManifest(absl::string_view text, absl::string_view
 
 // Whether `j` is a corpus manifest (an object whose "format" starts with stemma.corpus/).
 bool IsCorpusManifest(const nlohmann::json& j);
+// Whether `j` is a token dataset's index.json (an object whose "format" starts with
+// stemma-tokens).
+bool IsTokenIndex(const nlohmann::json& j);
 
-// One file a manifest lists, in either form (stemma.json's "files" object, a corpus
-// manifest's "files" list), relative to the manifest's directory.
+// One file a manifest lists, in any of its forms (stemma.json's "files" object, a corpus
+// manifest's "files" list, a token index's "shards" and "documents"), relative to the
+// manifest's directory.
 struct ListedFile {
   std::string path;              // "" when the entry has none
   std::string sha256;            // "" when the entry has none
@@ -82,14 +92,16 @@ struct ListedFile {
 };
 
 // Every entry of a parsed manifest's "files", in the manifest's order (a stemma.json's keys
-// sorted); an entry that is not an object, or has no string path, sha256 or integer bytes,
-// is listed with "" / no bytes there, for the caller to judge. Empty when `j` has no
-// "files" of either form.
+// sorted; a token index's shards in order, then index.bin, with the sizes their token and
+// document counts imply); an entry that is not an object, or has no string path, sha256 or
+// integer bytes, is listed with "" / no bytes there, for the caller to judge. Empty when `j`
+// has no files of any form.
 std::vector<ListedFile> ListedFiles(const nlohmann::json& j);
 
 // The file whose sha256 is an artifact's manifest hash: <path>/stemma.json for a directory
-// (checkpoint, dataset), <path>/manifest.json for a prepared corpus (a directory with
-// manifest.json and no stemma.json), `path` itself otherwise (a file).
+// (checkpoint, dataset), else <path>/manifest.json for a prepared corpus, else
+// <path>/index.json for a token dataset; stemma.json for a directory with none of them;
+// `path` itself otherwise (a file).
 std::string ManifestPathOf(const std::string& path);
 
 }  // namespace stemma::manifest

@@ -66,6 +66,23 @@ TEST(Manifest, ListsTheFilesOfEitherForm) {
   EXPECT_EQ(listed[1].path, "");  // reported by the caller, not dropped
   EXPECT_EQ(listed[2].sha256, "");
   EXPECT_TRUE(ListedFiles(nlohmann::json::parse(R"({"format": 1})")).empty());
+
+  // A token dataset's index.json: its shards in order, then index.bin, sized by their counts.
+  const auto tokens = nlohmann::json::parse(
+      R"({"format": "stemma-tokens-v1", "num_documents": 2,
+          "documents": {"file": "index.bin", "sha256": "d"},
+          "shards": [{"file": "shard-00000.bin", "num_tokens": 5, "sha256": "s0"},
+                     {"file": "shard-00001.bin", "sha256": "s1"}]})");
+  EXPECT_TRUE(IsTokenIndex(tokens));
+  EXPECT_FALSE(IsCorpusManifest(tokens));
+  listed = ListedFiles(tokens);
+  ASSERT_EQ(listed.size(), 3u);
+  EXPECT_EQ(listed[0].path, "shard-00000.bin");
+  EXPECT_EQ(listed[0].bytes, 20);
+  EXPECT_EQ(listed[1].sha256, "s1");
+  EXPECT_FALSE(listed[1].bytes.has_value());  // no num_tokens: no size to check
+  EXPECT_EQ(listed[2].path, "index.bin");
+  EXPECT_EQ(listed[2].bytes, 24);
 }
 
 TEST(Manifest, TheManifestFileOfAnArtifact) {
@@ -78,6 +95,9 @@ TEST(Manifest, TheManifestFileOfAnArtifact) {
   ASSERT_TRUE(files::WriteFileSynced(dir + "/ckpt/stemma.json", "{}").ok());
   ASSERT_TRUE(files::WriteFileSynced(dir + "/ckpt/manifest.json", "{}").ok());
   ASSERT_TRUE(files::WriteFileSynced(dir + "/file.bin", "x").ok());
+  fs::create_directories(dir + "/tokens");
+  ASSERT_TRUE(files::WriteFileSynced(dir + "/tokens/index.json", "{}").ok());
+  EXPECT_EQ(ManifestPathOf(dir + "/tokens"), dir + "/tokens/index.json");
   EXPECT_EQ(ManifestPathOf(dir + "/corpus"), dir + "/corpus/manifest.json");
   EXPECT_EQ(ManifestPathOf(dir + "/ckpt"), dir + "/ckpt/stemma.json");
   EXPECT_EQ(ManifestPathOf(dir + "/file.bin"), dir + "/file.bin");

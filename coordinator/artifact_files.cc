@@ -69,14 +69,12 @@ void CheckListedFile(const std::string& file, const manifest::ListedFile& listed
   }
 }
 
-// A corpus manifest (format stemma.corpus/*): `files` is a list of {path, bytes, lines,
-// sha256}, and content_hash the sha256 of their sorted "<sha256>  <path>\n" lines.
-void VerifyCorpusFiles(const std::string& path, const std::string& manifest_path,
-                       const nlohmann::json& j, DeepCheck* d) {
-  if (!j.contains("files") || !j["files"].is_array()) {
-    d->problems.push_back(absl::StrCat(manifest_path, ": not a corpus manifest (no files list)"));
-    return;
-  }
+// The files a corpus manifest or token index lists, each checked against the disk; returns
+// the (path, sha256) pairs as recorded.
+std::vector<std::pair<std::string, std::string>> CheckListedFiles(const std::string& path,
+                                                                  const std::string& manifest_path,
+                                                                  const nlohmann::json& j,
+                                                                  DeepCheck* d) {
   std::vector<std::pair<std::string, std::string>> listing;  // path, sha256 as recorded
   for (const manifest::ListedFile& f : manifest::ListedFiles(j)) {
     if (f.path.empty() || f.sha256.empty()) {
@@ -85,12 +83,25 @@ void VerifyCorpusFiles(const std::string& path, const std::string& manifest_path
     }
     if (f.path[0] == '/' || f.path.find("..") != std::string::npos) {
       d->problems.push_back(
-          absl::StrCat(manifest_path, ": files entry '", f.path, "' leaves the corpus"));
+          absl::StrCat(manifest_path, ": files entry '", f.path, "' leaves the artifact"));
       continue;
     }
     listing.emplace_back(f.path, f.sha256);
     CheckListedFile(path + "/" + f.path, f, d);
   }
+  return listing;
+}
+
+// A corpus manifest (format stemma.corpus/*): `files` is a list of {path, bytes, lines,
+// sha256}, and content_hash the sha256 of their sorted "<sha256>  <path>\n" lines.
+void VerifyCorpusFiles(const std::string& path, const std::string& manifest_path,
+                       const nlohmann::json& j, DeepCheck* d) {
+  if (!j.contains("files") || !j["files"].is_array()) {
+    d->problems.push_back(absl::StrCat(manifest_path, ": not a corpus manifest (no files list)"));
+    return;
+  }
+  std::vector<std::pair<std::string, std::string>> listing =
+      CheckListedFiles(path, manifest_path, j, d);
   std::sort(listing.begin(), listing.end());
   std::string text;
   for (const auto& [rel, sha] : listing) absl::StrAppend(&text, sha, "  ", rel, "\n");
@@ -99,6 +110,18 @@ void VerifyCorpusFiles(const std::string& path, const std::string& manifest_path
     d->problems.push_back(
         absl::StrCat(manifest_path, ": content_hash does not match its files list"));
   }
+}
+
+// A token dataset's index.json (format stemma-tokens-*, docs/data-format.md): every shard
+// and index.bin, of the size their counts imply, with their recorded sha256.
+void VerifyTokenDatasetFiles(const std::string& path, const std::string& manifest_path,
+                             const nlohmann::json& j, DeepCheck* d) {
+  if (!j.contains("shards") || !j["shards"].is_array() || !j.contains("documents")) {
+    d->problems.push_back(
+        absl::StrCat(manifest_path, ": not a token dataset index (no shards or documents)"));
+    return;
+  }
+  CheckListedFiles(path, manifest_path, j, d);
 }
 
 }  // namespace
@@ -137,6 +160,10 @@ DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expect
   nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (manifest::IsCorpusManifest(j)) {
     VerifyCorpusFiles(path, manifest_path, j, &d);
+    return d;
+  }
+  if (manifest::IsTokenIndex(j)) {
+    VerifyTokenDatasetFiles(path, manifest_path, j, &d);
     return d;
   }
   if (j.is_discarded() || !j.is_object() || !j.contains("files") || !j["files"].is_object()) {

@@ -14,9 +14,10 @@
 
 namespace stemma::coordinator {
 
-// The file whose sha256 is an artifact's manifest hash: <path>/stemma.json for a
-// directory (checkpoint, dataset), <path>/manifest.json for a prepared corpus (a directory
-// with manifest.json and no stemma.json), the file itself otherwise.
+// The file whose sha256 is an artifact's manifest hash (manifest::ManifestPathOf):
+// <path>/stemma.json for a directory (checkpoint, dataset), <path>/manifest.json for a
+// prepared corpus, <path>/index.json for a token dataset without stemma.json, the file
+// itself otherwise.
 std::string ManifestFile(const std::string& path);
 
 // The text of the manifest that stands for the artifact at `path` in a memoization key:
@@ -47,7 +48,8 @@ struct DeepCheck {
   int files_checked = 0;
 };
 // The manifest check, then (for directories) every file the manifest lists: present, of
-// its recorded size, with its recorded sha256; for a corpus also its content_hash.
+// its recorded size, with its recorded sha256; for a corpus also its content_hash; for a
+// token dataset every shard and index.bin its index.json lists.
 DeepCheck VerifyArtifactFiles(const std::string& path, const std::string& expected);
 
 // Every regular file below `path` (or `path` itself when it is a file) as lstat(2) sees it,

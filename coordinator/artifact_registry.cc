@@ -200,13 +200,17 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
     stage = it->second;
   }
   bool made_checkpoint = false;
-  // An exec job's outputs descend from the registered artifacts among its declared inputs
-  // (issue 23): the program's other reads (a script, a data file) are not checkpoints.
-  std::vector<std::string> exec_parents;
-  if (job.spec().has_exec()) {
-    v1::JobSpec inputs;
-    *inputs.mutable_exec()->mutable_inputs() = job.spec().exec().inputs();
-    exec_parents = ReferencedBy(inputs);
+  // The registered artifacts the job read (InputsOf: a CPT's base and datasets, a tokenize's
+  // tokenizer and the corpus its input lies in, an exec job's declared inputs) are parents of
+  // every output, after those the engine named; never an artifact at an output's path (the
+  // record this job's output replaces).
+  std::vector<std::string> inputs = InputsOf(job.spec());
+  for (const Staged& s : staged) {
+    const std::string path = NormalPath(s.output.path());
+    inputs.erase(
+        std::remove_if(inputs.begin(), inputs.end(),
+                       [&](const std::string& id) { return by_id_.at(id).path() == path; }),
+        inputs.end());
   }
   for (Staged& s : staged) {
     const v1::OutputArtifact& out = s.output;
@@ -219,9 +223,7 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
       if (p.empty() || p == path || job.spec().has_exec()) continue;
       AppendUnique(&parents, ResolveParent(p, changes));
     }
-    for (const std::string& id : exec_parents) {
-      if (by_id_.at(id).path() != path) AppendUnique(&parents, id);
-    }
+    for (const std::string& id : inputs) AppendUnique(&parents, id);
     v1::Artifact a;
     const uint64_t seq = next_seq_++;
     a.set_id(absl::StrCat("a-", seq));
@@ -396,6 +398,28 @@ std::vector<std::string> ArtifactRegistry::ReferencedBy(
     const v1::JobSpec& spec, const std::vector<std::string>& roots) const {
   std::vector<std::string> strings;
   CollectStrings(spec, &strings);
+  return IdsAt(strings, roots);
+}
+
+std::vector<std::string> ArtifactRegistry::InputsOf(const v1::JobSpec& spec) const {
+  if (spec.has_exec()) {
+    // An exec job's declared inputs (issue 23): the program's other reads (a script, a data
+    // file) are not artifacts it descends from.
+    v1::JobSpec inputs;
+    *inputs.mutable_exec()->mutable_inputs() = spec.exec().inputs();
+    return ReferencedBy(inputs);
+  }
+  const google::protobuf::Message* engine = EngineSpecOf(spec);
+  if (engine == nullptr) return {};
+  std::vector<std::string> strings;
+  for (const SpecPath& p : SpecPaths(*engine)) {
+    if (p.role == v1::ROLE_INPUT_MODEL || p.role == v1::ROLE_INPUT_PATH) strings.push_back(p.value);
+  }
+  return IdsAt(strings, StorageRoots());
+}
+
+std::vector<std::string> ArtifactRegistry::IdsAt(const std::vector<std::string>& strings,
+                                                 const std::vector<std::string>& roots) const {
   std::vector<std::string> ids;
   auto lookup = [&](std::string p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu) {
     // The path itself, or any directory above it (a file inside a checkpoint).

@@ -125,6 +125,15 @@ class ArtifactRegistry {
   std::vector<std::string> ReferencedBy(const v1::JobSpec& spec,
                                         const std::vector<std::string>& roots) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // The registered artifacts the spec's input-model and input-path fields name (the path, or
+  // the artifact a path lies in), or an exec job's declared inputs name: the parents
+  // JobSucceeded gives the job's outputs.
+  std::vector<std::string> InputsOf(const v1::JobSpec& spec) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
+  // Ids of the artifacts these strings name (ReferencedBy's rules).
+  std::vector<std::string> IdsAt(const std::vector<std::string>& strings,
+                                 const std::vector<std::string>& roots) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_->mu);
   // What `job` reads or will read: ReferencedBy its spec, and, by id, every artifact its
   // dependencies (and the twin it waits for) registered, whatever the spec spells yet (a
   // cell still waiting for another upstream holds a wiring token, not the path).

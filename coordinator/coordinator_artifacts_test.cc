@@ -285,6 +285,119 @@ TEST(ArtifactRegistryVerdicts, AVerdictHoldsOnlyForTheRecordItWasMadeFor) {
   EXPECT_EQ(verdicts[0].checked.id(), "a-1");
 }
 
+// A token dataset (`stemma-engine tokenize`) has index.json, not stemma.json: it is its
+// manifest (every shard and index.bin with their sha256). The dataset's parents are the
+// tokenizer's model and the corpus its input lies in; a model trained on it has it as a parent.
+TEST_F(CoordinatorTest, TokenDatasetsVerifyByTheirIndexAndAreParentsOfWhatTrainsOnThem) {
+  Worker w = Connect("w0", 0, /*allow_exec=*/true);
+  const v1::OutputArtifact base = MakeCheckpoint("base", "weights-0");
+  RunToSuccess(w, Spec("base"), 1, {}, {base});
+
+  const std::string corpus = (dir_ / "corpus").string();
+  std::filesystem::create_directories(corpus + "/train");
+  WriteFile(corpus + "/train/uk.txt", "один\n");
+  const std::string text_sha = *Sha256File(corpus + "/train/uk.txt");
+  WriteFile(corpus + "/listing", absl::StrCat(text_sha, "  train/uk.txt\n"));
+  const std::string content_hash = *Sha256File(corpus + "/listing");
+  std::filesystem::remove(corpus + "/listing");
+  WriteFile(corpus + "/manifest.json",
+            absl::StrCat(R"({"format": "stemma.corpus/1", "content_hash": ")", content_hash,
+                         R"(", "files": [{"path": "train/uk.txt", "bytes": 9, "sha256": ")",
+                         text_sha, R"("}]})"));
+  v1::OutputArtifact corpus_out;
+  corpus_out.set_name("corpus");
+  corpus_out.set_type("corpus");
+  corpus_out.set_path(corpus);
+  corpus_out.set_manifest_sha256(*Sha256File(corpus + "/manifest.json"));
+  corpus_out.set_operation("prepare");
+  RunToSuccess(w, Spec("prepare"), 2, {}, {corpus_out});
+
+  // Three tokens in one shard (uint32), two documents (three uint64 offsets).
+  const std::string ds = (dir_ / "tokens-uk").string();
+  std::filesystem::create_directories(ds);
+  WriteFile(ds + "/shard-00000.bin",
+            std::string("\x01\x01\x01\x01\x02\x02\x02\x02\x03\x03\x03\x03"));
+  WriteFile(ds + "/index.bin", std::string(24, '\x05'));
+  WriteFile(ds + "/index.json",
+            absl::StrCat(R"({"format": "stemma-tokens-v1", "dtype": "uint32", "num_tokens": 3,)",
+                         R"( "num_documents": 2, "shard_tokens": 67108864,)",
+                         R"( "documents": {"file": "index.bin", "dtype": "uint64", "sha256": ")",
+                         *Sha256File(ds + "/index.bin"), R"("},)",
+                         R"( "shards": [{"file": "shard-00000.bin", "num_tokens": 3, "sha256": ")",
+                         *Sha256File(ds + "/shard-00000.bin"), R"("}]})"));
+  EXPECT_EQ(ManifestFile(ds), ds + "/index.json");
+  v1::OutputArtifact ds_out;
+  ds_out.set_name("dataset");
+  ds_out.set_type("dataset");
+  ds_out.set_path(ds);
+  ds_out.set_manifest_sha256(*Sha256File(ds + "/index.json"));
+  ds_out.set_operation("tokenize");
+  v1::JobSpec tokenize;
+  tokenize.set_name("tokenize");
+  tokenize.mutable_tokenize()->set_tokenizer(base.path());
+  tokenize.mutable_tokenize()->add_input(corpus + "/train/uk.txt");
+  tokenize.mutable_tokenize()->set_format("text");
+  tokenize.mutable_tokenize()->set_language("uk");
+  tokenize.mutable_tokenize()->set_out(ds);
+  RunToSuccess(w, tokenize, 3, {}, {ds_out});
+
+  const v1::OutputArtifact cpt = MakeCheckpoint("cpt-uk", "weights-1", {base.path()});
+  v1::JobSpec train;
+  train.set_name("cpt");
+  train.mutable_train()->set_model(base.path());
+  train.mutable_train()->set_out(cpt.path());
+  train.mutable_train()->mutable_data()->add_datasets()->set_path(ds);
+  train.mutable_train()->mutable_data()->set_seq_len(2);
+  train.mutable_train()->set_steps(1);
+  RunToSuccess(w, train, 4, {}, {cpt});
+
+  auto find = [&](const std::string& path) {
+    auto d = coord_->GetArtifact(path);
+    EXPECT_TRUE(d.ok()) << path << ": " << d.status();
+    return d.ok() ? d->artifact() : v1::Artifact();
+  };
+  const v1::Artifact b = find(base.path()), c = find(corpus), d = find(ds), m = find(cpt.path());
+  EXPECT_EQ(d.type(), "dataset");
+  EXPECT_EQ(std::vector<std::string>(d.parents().begin(), d.parents().end()),
+            (std::vector<std::string>{b.id(), c.id()}));
+  EXPECT_EQ(std::vector<std::string>(m.parents().begin(), m.parents().end()),
+            (std::vector<std::string>{b.id(), d.id()}));
+  v1::LineageRequest lr;
+  lr.set_id(m.id());
+  auto lineage = coord_->Lineage(lr);
+  ASSERT_TRUE(lineage.ok()) << lineage.status();
+  std::vector<std::string> ids;
+  for (const v1::Artifact& a : lineage->artifacts()) ids.push_back(a.id());
+  EXPECT_EQ(ids, (std::vector<std::string>{m.id(), b.id(), d.id(), c.id()}));
+
+  auto ok = coord_->VerifyArtifact(d.id());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->ok()) << (ok->problems().empty() ? "" : ok->problems(0));
+  EXPECT_EQ(ok->files_checked(), 3);  // index.json, the shard, index.bin
+  EXPECT_EQ(ok->artifact().verification(), v1::VERIFIED);
+  auto corpus_ok = coord_->VerifyArtifact(c.id());
+  ASSERT_TRUE(corpus_ok.ok()) << corpus_ok.status();
+  EXPECT_TRUE(corpus_ok->ok()) << (corpus_ok->problems().empty() ? "" : corpus_ok->problems(0));
+
+  // A shard of the same size with other bytes, then a truncated one.
+  WriteFile(ds + "/shard-00000.bin",
+            std::string("\x01\x01\x01\x01\x02\x02\x02\x02\x09\x09\x09\x09"));
+  auto changed = coord_->VerifyArtifact(d.id());
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  EXPECT_FALSE(changed->ok());
+  ASSERT_EQ(changed->problems_size(), 1);
+  EXPECT_NE(changed->problems(0).find("shard-00000.bin: sha256 differs"), std::string::npos)
+      << changed->problems(0);
+  EXPECT_EQ(changed->artifact().verification(), v1::MISMATCH);
+  WriteFile(ds + "/shard-00000.bin", std::string("\x01\x01\x01\x01"));
+  auto truncated = coord_->VerifyArtifact(d.id());
+  ASSERT_TRUE(truncated.ok()) << truncated.status();
+  ASSERT_EQ(truncated->problems_size(), 1);
+  EXPECT_NE(truncated->problems(0).find("shard-00000.bin: 4 bytes, manifest says 12"),
+            std::string::npos)
+      << truncated->problems(0);
+}
+
 // A prepared corpus (`stemma-engine prepare`) has manifest.json, not stemma.json: its hash is
 // the manifest's, and the deep check covers every listed file and the content_hash.
 TEST(ArtifactFilesTest, ACorpusVerifiesByItsManifestJsonAndEveryFile) {
