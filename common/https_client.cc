@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/files.h"
 
 namespace stemma {
 namespace {
@@ -48,13 +49,6 @@ bool IsIpLiteral(const std::string& host) {
   return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
 }
 
-struct SocketCloser {
-  int fd = -1;
-  ~SocketCloser() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 // A non-blocking TCP connection to the URL's host and port, made before the deadline.
 absl::StatusOr<int> Connect(const HttpsUrl& u, SteadyClock::time_point deadline) {
   addrinfo hints{};
@@ -66,18 +60,18 @@ absl::StatusOr<int> Connect(const HttpsUrl& u, SteadyClock::time_point deadline)
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(found, freeaddrinfo);
   std::string last = "no address";
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    SocketCloser s{
+    files::UniqueFd s{
         ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol)};
-    if (s.fd < 0) {
+    if (!s.valid()) {
       last = std::strerror(errno);
       continue;
     }
-    if (::connect(s.fd, a->ai_addr, a->ai_addrlen) != 0) {
+    if (::connect(s.get(), a->ai_addr, a->ai_addrlen) != 0) {
       if (errno != EINPROGRESS) {
         last = std::strerror(errno);
         continue;
       }
-      pollfd p{s.fd, POLLOUT, 0};
+      pollfd p{s.get(), POLLOUT, 0};
       const int n = ::poll(&p, 1, RemainingMs(deadline));
       int err = 0;
       socklen_t len = sizeof err;
@@ -85,14 +79,12 @@ absl::StatusOr<int> Connect(const HttpsUrl& u, SteadyClock::time_point deadline)
         last = "timed out connecting";
         continue;
       }
-      if (n < 0 || ::getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      if (n < 0 || ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
         last = std::strerror(n < 0 ? errno : err);
         continue;
       }
     }
-    const int fd = s.fd;
-    s.fd = -1;
-    return fd;
+    return s.release();
   }
   return absl::UnavailableError(last);
 }
@@ -294,7 +286,7 @@ absl::StatusOr<HttpsResponse> HttpsCall(const HttpsRequest& request) {
   const std::string what = absl::StrCat(request.method, " ", request.url, ": ");
   absl::StatusOr<int> fd = Connect(*u, deadline);
   if (!fd.ok()) return absl::UnavailableError(absl::StrCat(what, fd.status().message()));
-  SocketCloser closer{*fd};
+  files::UniqueFd closer{*fd};
   ERR_clear_error();
   absl::StatusOr<HttpsResponse> r = Exchange(request, *u, *fd, deadline);
   if (!r.ok()) {

@@ -2,9 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/engine_spec.h"
+#include "common/files.h"
 #include "common/job_spec.h"
 #include "common/status.h"
 #include "stemma/v1/spec_options.pb.h"
@@ -67,17 +66,15 @@ absl::StatusOr<Tenancy> Tenancy::Parse(absl::string_view text, absl::string_view
 }
 
 absl::StatusOr<Tenancy> Tenancy::Load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
+  absl::StatusOr<std::string> text = files::ReadFile(path);
+  if (!text.ok()) {
     std::error_code ec;
     if (!std::filesystem::exists(path, ec)) {
       return absl::NotFoundError(absl::StrCat(path, ": no such projects file"));
     }
     return absl::PermissionDeniedError(absl::StrCat(path, ": cannot read the projects file"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  return Parse(text.str(), path);
+  return Parse(*text, path);
 }
 
 const std::vector<std::string>* Tenancy::MembersOf(const std::string& project) const {

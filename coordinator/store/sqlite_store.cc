@@ -98,9 +98,8 @@ class SqliteStore final : public Store {
   absl::Status Open() {
     // The database holds job secrets (exec.env): owner-only, and SQLite gives the -wal and
     // -shm files the database file's mode. An older, wider database is narrowed.
-    if (const int fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600); fd >= 0) {
-      ::fchmod(fd, 0600);
-      ::close(fd);
+    if (auto fd = files::Open(path_, O_RDWR | O_CREAT, 0600); fd.ok()) {
+      ::fchmod(fd->get(), 0600);
       for (const char* suffix : {"-wal", "-shm"}) ::chmod((path_ + suffix).c_str(), 0600);
     }
     int rc =

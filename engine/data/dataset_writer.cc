@@ -10,9 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/engine_spec.h"
 #include "common/files.h"
 #include "common/status.h"
 #include "engine/io/durable.h"
+#include "stemma/v1/specs/data.pb.h"
 
 namespace stemma::engine::data {
 namespace {
@@ -33,6 +35,15 @@ std::string ParentOf(const std::string& path) {
 std::string ShardName(int64_t i) { return absl::StrFormat("shard-%05d.bin", i); }
 
 }  // namespace
+
+int64_t DefaultShardTokens() {
+  static const int64_t tokens = [] {
+    v1::TokenizeSpec spec;
+    FillFieldDefaults(&spec);
+    return spec.shard_tokens();
+  }();
+  return tokens;
+}
 
 DatasetWriter::DatasetWriter(DatasetWriterOptions options, std::string staging)
     : options_(std::move(options)), staging_(std::move(staging)) {}

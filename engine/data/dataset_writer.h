@@ -30,7 +30,9 @@ using io::Sha256File;
 using io::Sha256Hex;
 
 inline constexpr char kDatasetFormat[] = "stemma-tokens-v1";
-inline constexpr int64_t kDefaultShardTokens = 1 << 26;  // 256 MiB of uint32 per shard
+// Tokens per shard when the options do not say: the default of TokenizeSpec.shard_tokens
+// (proto/stemma/v1/specs/data.proto), read from the schema so it is written in one place.
+int64_t DefaultShardTokens();
 
 struct TokenizerInfo {
   std::string name;    // e.g. the tokenizer directory's base name
@@ -52,7 +54,7 @@ struct DatasetWriterOptions {
   std::string out_dir;
   std::string language;
   TokenizerInfo tokenizer;
-  int64_t shard_tokens = kDefaultShardTokens;
+  int64_t shard_tokens = DefaultShardTokens();
   // Whether each document already ends with tokenizer.eos_id (tokenize --eos). The loader
   // inserts EOS between documents only when this is false.
   bool eos_appended = false;

@@ -1,14 +1,13 @@
 #include "engine/eval/resolve.h"
 
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine_cli.h"
 #include "common/eval_task.h"
+#include "common/files.h"
 #include "common/status.h"
 #include "engine/io/manifest.h"
 
@@ -20,16 +19,25 @@ using nlohmann::json;
 
 constexpr int64_t kDefaultMaxSeqLen = 2048;
 
-// config.json and stemma.json are files the model directory carries (not the spec): read as
-// JSON. nullopt when missing or unreadable.
+// config.json is a file the model directory carries (not the spec): read as JSON. nullopt
+// when missing or unreadable.
 std::optional<json> ReadJson(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = files::ReadFile(path.string());
+  if (!text.ok()) return std::nullopt;
+  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return std::nullopt;
   return j;
+}
+
+// The checkpoint's stemma.json through the one manifest reader; nullopt when it has none or
+// it does not parse (a checkpoint from elsewhere: nothing to learn from it).
+std::optional<io::Manifest> ReadManifest(const fs::path& dir) {
+  const std::string path = (dir / io::kManifestName).string();
+  absl::StatusOr<std::string> text = files::ReadFile(path);
+  if (!text.ok()) return std::nullopt;
+  absl::StatusOr<io::Manifest> manifest = io::ParseManifest(*text, path);
+  if (!manifest.ok()) return std::nullopt;
+  return *std::move(manifest);
 }
 
 // An integer that a JSON writer may have printed as a number or (proto JSON's int64) a string.
@@ -54,11 +62,10 @@ struct Found {
 
 Found TrainingSeqLen(const fs::path& dir, int depth) {
   Found found;
-  const std::optional<json> manifest = ReadJson(dir / io::kManifestName);
-  if (!manifest || !manifest->is_object()) return found;
-  const json producer = manifest->value("producer", json::object());
-  if (producer.is_object() && producer.value("command", "") == "train") {
-    const json params = producer.value("params", json::object());
+  const std::optional<io::Manifest> manifest = ReadManifest(dir);
+  if (!manifest) return found;
+  if (manifest->producer.command == "train") {
+    const json& params = manifest->producer.params;
     for (auto path : {std::initializer_list<const char*>{"spec", "data", "seq_len"},
                       std::initializer_list<const char*>{"seq_len"}}) {
       if (auto v = IntegerAt(params, path); v && *v > 0) {
@@ -69,11 +76,9 @@ Found TrainingSeqLen(const fs::path& dir, int depth) {
     }
     return found;
   }
-  if (depth <= 0 || !manifest->contains("parents") || !(*manifest)["parents"].is_array())
-    return found;
-  for (const json& parent : (*manifest)["parents"]) {
-    if (!parent.is_object() || !parent.contains("path") || !parent["path"].is_string()) continue;
-    Found p = TrainingSeqLen(parent["path"].get<std::string>(), depth - 1);
+  if (depth <= 0) return found;
+  for (const io::ManifestParent& parent : manifest->parents) {
+    Found p = TrainingSeqLen(parent.path, depth - 1);
     if (p.conflict) return p;
     if (!p.seq_len) continue;
     if (found.seq_len && *found.seq_len != *p.seq_len) {

@@ -26,21 +26,6 @@
 namespace stemma::engine::io {
 namespace {
 
-// Files that travel with the weights when a checkpoint derives from another.
-constexpr const char* kCarriedFiles[] = {
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-};
-
 std::string Join(const std::string& dir, absl::string_view name) {
   return absl::StrCat(dir, "/", name);
 }

@@ -26,6 +26,24 @@
 
 namespace stemma::engine::io {
 
+// The files that travel with the weights into a checkpoint derived from another (a trained,
+// merged or reverted model keeps its base's config and tokenizer): copied, when present and
+// not written anew, by io::CheckpointWriter (source_dir) and merge's streaming writer
+// (carry_from). One list, so the two writers cannot drift apart.
+inline constexpr const char* kCarriedFiles[] = {
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+};
+
 // `<out>.tmp-<pid>` for this process.
 std::string StagingDirFor(const std::string& out);
 

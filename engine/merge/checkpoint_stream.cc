@@ -31,20 +31,6 @@ namespace {
 
 constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
-// Files that travel with the weights (the same list as io::CheckpointWriter's).
-constexpr const char* kCarriedFiles[] = {
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-};
 // Start writeback of written data every this many bytes, so the final fsync has little
 // left to do and the disk works while we compute.
 constexpr uint64_t kWritebackBytes = 64u << 20;
@@ -55,10 +41,6 @@ std::string Join(const std::string& dir, absl::string_view name) {
 }
 
 std::string Quote(absl::string_view s) { return nlohmann::json(std::string(s)).dump(); }
-
-absl::Status Errno(const std::string& what, int err) {
-  return absl::InternalError(absl::StrCat(what, ": ", std::strerror(err)));
-}
 
 absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, io::ReadFile(path));
@@ -114,25 +96,25 @@ class FileOut {
 
   ~FileOut() {
     StopIo();
-    if (fd_ >= 0) ::close(fd_);
     for (uint8_t* b : buffers_) std::free(b);
   }
   absl::Status Open(const std::string& path, bool try_direct) {
     path_ = path;
-    fd_ = try_direct
-              ? ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644)
-              : -1;
-    if (fd_ >= 0) {
-      for (uint8_t*& b : buffers_) b = static_cast<uint8_t*>(std::aligned_alloc(kAlign, kBuffer));
-      if (buffers_[0] != nullptr && buffers_[1] != nullptr) {
-        direct_ = true;
-        io_ = std::thread([this] { IoLoop(); });
-        return absl::OkStatus();
+    constexpr int kFlags = O_WRONLY | O_CREAT | O_TRUNC;
+    if (try_direct) {
+      // O_DIRECT refused (tmpfs): buffered writes below.
+      if (auto direct = files::Open(path, kFlags | O_DIRECT); direct.ok()) {
+        for (uint8_t*& b : buffers_) b = static_cast<uint8_t*>(std::aligned_alloc(kAlign, kBuffer));
+        if (buffers_[0] != nullptr && buffers_[1] != nullptr) {
+          fd_ = std::move(*direct);
+          direct_ = true;
+          io_ = std::thread([this] { IoLoop(); });
+          return absl::OkStatus();
+        }
       }
-      ::close(fd_);
     }
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    return fd_ < 0 ? Errno("create " + path, errno) : absl::OkStatus();
+    ASSIGN_OR_RETURN(fd_, files::Open(path, kFlags));
+    return absl::OkStatus();
   }
   absl::Status Write(const void* data, uint64_t size) {
     hash_.Update(data, size);
@@ -157,14 +139,11 @@ class FileOut {
         RETURN_IF_ERROR(Submit(padded));
       }
       RETURN_IF_ERROR(StopIo());
-      if (::ftruncate(fd_, static_cast<off_t>(written_)) != 0)
-        return Errno("truncate " + path_, errno);
+      if (::ftruncate(fd_.get(), static_cast<off_t>(written_)) != 0)
+        return ErrnoStatus("truncate " + path_, errno);
     }
-    if (::fsync(fd_) != 0) return Errno("fsync " + path_, errno);
-    int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) return Errno("close " + path_, errno);
-    return absl::OkStatus();
+    RETURN_IF_ERROR(files::SyncFd(fd_.get(), path_));
+    return fd_.Close(path_);
   }
   uint64_t written() const { return written_; }
   std::string HexDigest() { return hash_.HexDigest(); }
@@ -211,24 +190,25 @@ class FileOut {
   }
   absl::Status WriteAll(const uint8_t* p, uint64_t size, bool writeback) {
     while (size > 0) {
-      ssize_t n = ::pwrite(fd_, p, std::min<uint64_t>(size, 1u << 30), static_cast<off_t>(offset_));
+      ssize_t n =
+          ::pwrite(fd_.get(), p, std::min<uint64_t>(size, 1u << 30), static_cast<off_t>(offset_));
       if (n < 0) {
         if (errno == EINTR) continue;
-        return Errno("write " + path_, errno);
+        return ErrnoStatus("write " + path_, errno);
       }
       p += n;
       size -= static_cast<uint64_t>(n);
       offset_ += static_cast<uint64_t>(n);
     }
     if (writeback && offset_ - flushed_ >= kWritebackBytes) {
-      ::sync_file_range(fd_, flushed_, offset_ - flushed_, SYNC_FILE_RANGE_WRITE);
+      ::sync_file_range(fd_.get(), flushed_, offset_ - flushed_, SYNC_FILE_RANGE_WRITE);
       flushed_ = offset_;
     }
     return absl::OkStatus();
   }
 
   std::string path_;
-  int fd_ = -1;
+  files::UniqueFd fd_;
   bool direct_ = false;
   uint8_t* buffers_[2] = {nullptr, nullptr};  // aligned staging buffers (O_DIRECT only)
   int current_ = 0;                           // the buffer being filled
@@ -409,7 +389,7 @@ absl::Status WriteStaging(const std::string& staging, const std::vector<OutputTe
     RETURN_IF_ERROR(RecordFile(staging, name, manifest));
   }
   if (!options.carry_from.empty()) {
-    for (const char* name : kCarriedFiles) {
+    for (const char* name : io::kCarriedFiles) {
       const std::string from = Join(options.carry_from, name);
       if (options.files.count(name) || !io::PathExists(from)) continue;
       RETURN_IF_ERROR(io::CopyFileSynced(from, Join(staging, name)));
