@@ -24,7 +24,8 @@ struct SpecCall {
   // The command's typed spec (stemma/v1/specs): read from --spec and the --<field> flags,
   // defaults filled, relative paths resolved, every rule checked (common/engine_cli.h).
   google::protobuf::Message* spec = nullptr;
-  std::string source;                        // the spec file, or "command line": for errors
+  std::string source;     // the spec file, or "command line": for errors
+  std::string spec_file;  // the --spec file as given; "" when the spec came from flags only
   std::map<std::string, std::string> flags;  // the command's own flags, by name
 
   template <typename Spec>

@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/engine_contract.h"
+#include "common/engine_events.h"
 #include "common/status.h"
 #include "engine/io/fs.h"
 #include "engine/io/manifest.h"
@@ -15,11 +16,27 @@
 namespace stemma::engine {
 namespace {
 
-void WriteLine(const Event& event, std::FILE* out) {
-  std::string line = event.dump(-1, ' ', false, Event::error_handler_t::replace);
-  line += '\n';
-  std::fwrite(line.data(), 1, line.size(), out);
-  std::fflush(out);
+namespace pb = google::protobuf;
+
+// A JSON value as the schema's Struct value.
+pb::Value ToValue(const nlohmann::json& j) {
+  pb::Value v;
+  if (j.is_number()) {
+    v.set_number_value(j.get<double>());
+  } else if (j.is_string()) {
+    v.set_string_value(j.get<std::string>());
+  } else if (j.is_boolean()) {
+    v.set_bool_value(j.get<bool>());
+  } else if (j.is_object()) {
+    auto* fields = v.mutable_struct_value()->mutable_fields();
+    for (const auto& [key, value] : j.items()) (*fields)[key] = ToValue(value);
+  } else if (j.is_array()) {
+    auto* list = v.mutable_list_value();
+    for (const auto& value : j) *list->add_values() = ToValue(value);
+  } else {
+    v.set_null_value(pb::NULL_VALUE);
+  }
+  return v;
 }
 
 bool HasWeights(const std::string& dir) {
@@ -38,49 +55,69 @@ bool IsTokenDataset(const std::string& dir) {
 
 }  // namespace
 
-void EventWriter::Emit(std::string_view name, const Event& fields) const {
+void EventWriter::Emit(const v1::EngineEvent& event) const {
   if (!enabled_) return;
-  Event event = Event::object();
-  event["event"] = std::string(name);
-  if (fields.is_object()) {
-    for (auto it = fields.begin(); it != fields.end(); ++it) {
-      if (it.key() != "event") event[it.key()] = it.value();
-    }
-  }
-  WriteLine(event, out_);
+  std::string line = EngineEventLine(event);
+  line += '\n';
+  std::fwrite(line.data(), 1, line.size(), out_);
+  std::fflush(out_);
 }
 
-void EventWriter::Emit(const Event& event) const {
-  if (!enabled_) return;
-  if (!event.is_object() || !event.contains("event") || event.begin().key() == "event") {
-    WriteLine(event, out_);
-    return;
-  }
-  Emit(event["event"].is_string() ? event["event"].get<std::string>() : event["event"].dump(),
-       event);
+v1::EngineEvent NewEvent(std::string_view name) {
+  v1::EngineEvent event;
+  event.set_event(std::string(name));
+  return event;
 }
 
-absl::StatusOr<Event> OutputEvent(std::string_view name, const std::string& path_in,
-                                  std::string_view operation,
-                                  const std::vector<std::string>& file_parents) {
+v1::EngineEvent CommandEvent(std::string_view name, std::string_view command,
+                             const EventDetails& details) {
+  v1::EngineEvent event = NewEvent(name);
+  event.set_command(std::string(command));
+  AddDetails(details, &event);
+  return event;
+}
+
+v1::EngineEvent ProgressEvent(double fraction, std::string_view message) {
+  v1::EngineEvent event = NewEvent(engine_contract::kEventProgress);
+  event.set_fraction(fraction);
+  event.set_message(std::string(message));
+  return event;
+}
+
+v1::EngineEvent MetricEvent(std::string_view name, double value, std::optional<int64_t> step,
+                            const std::map<std::string, std::string>& labels) {
+  v1::EngineEvent event = NewEvent(engine_contract::kEventMetric);
+  event.set_name(std::string(name));
+  event.set_value(value);
+  if (step.has_value()) event.set_step(static_cast<double>(*step));
+  for (const auto& [key, label] : labels) (*event.mutable_labels())[key] = label;
+  return event;
+}
+
+void AddDetails(const EventDetails& details, v1::EngineEvent* event) {
+  if (!details.is_object()) return;
+  auto* fields = event->mutable_details()->mutable_fields();
+  for (const auto& [key, value] : details.items()) (*fields)[key] = ToValue(value);
+}
+
+absl::StatusOr<v1::EngineEvent> OutputEvent(std::string_view name, const std::string& path_in,
+                                            std::string_view operation,
+                                            const std::vector<std::string>& file_parents) {
   std::string path = path_in;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return ErrnoStatus("output " + path, errno);
-  Event event = Event::object();
-  event["event"] = std::string(engine_contract::kEventOutput);
-  event["name"] = std::string(name);
-  event["path"] = path;
-  Event parents = Event::array();
+  v1::EngineEvent event = NewEvent(engine_contract::kEventOutput);
+  event.set_name(std::string(name));
+  event.set_path(path);
+  event.set_operation(std::string(operation));
   if (!S_ISDIR(st.st_mode)) {
     uint64_t bytes = 0;
     ASSIGN_OR_RETURN(std::string sha, io::Sha256File(path, &bytes));
-    for (const std::string& p : file_parents) parents.push_back(p);
-    event["type"] = kOutputFile;
-    event["manifest_sha256"] = sha;
-    event["bytes"] = bytes;
-    event["parents"] = std::move(parents);
-    event["operation"] = std::string(operation);
+    for (const std::string& p : file_parents) event.add_parents(p);
+    event.set_type(kOutputFile);
+    event.set_manifest_sha256(sha);
+    event.set_bytes(static_cast<double>(bytes));
     return event;
   }
   const std::string manifest_path = absl::StrCat(path, "/", io::kManifestName);
@@ -92,7 +129,7 @@ absl::StatusOr<Event> OutputEvent(std::string_view name, const std::string& path
     ASSIGN_OR_RETURN(io::Manifest manifest, io::ParseManifest(text, manifest_path));
     sha = io::Sha256Hex(text);
     for (const auto& [file, f] : manifest.files) bytes += f.bytes;
-    for (const io::ManifestParent& p : manifest.parents) parents.push_back(p.path);
+    for (const io::ManifestParent& p : manifest.parents) event.add_parents(p.path);
     type = manifest.type;
   } else if (IsTokenDataset(path)) {
     // A dataset whose writer keeps its manifest in index.json (hashes of every shard).
@@ -110,11 +147,23 @@ absl::StatusOr<Event> OutputEvent(std::string_view name, const std::string& path
     type = HasWeights(path)       ? kOutputCheckpoint
            : IsTokenDataset(path) ? kOutputDataset
                                   : kOutputFile;
-  event["type"] = type;
-  event["manifest_sha256"] = sha;
-  event["bytes"] = bytes;
-  event["parents"] = std::move(parents);
-  event["operation"] = std::string(operation);
+  event.set_type(type);
+  event.set_manifest_sha256(sha);
+  event.set_bytes(static_cast<double>(bytes));
+  return event;
+}
+
+v1::EngineEvent OutputEventOrBare(std::string_view name, const std::string& path,
+                                  std::string_view type, std::string_view operation) {
+  absl::StatusOr<v1::EngineEvent> output = OutputEvent(name, path, operation);
+  if (output.ok()) return *std::move(output);
+  std::fprintf(stderr, "stemma-engine: output event without manifest fields: %s\n",
+               std::string(output.status().message()).c_str());
+  v1::EngineEvent event = NewEvent(engine_contract::kEventOutput);
+  event.set_name(std::string(name));
+  event.set_path(path);
+  event.set_type(std::string(type));
+  event.set_operation(std::string(operation));
   return event;
 }
 

@@ -1,24 +1,33 @@
 // The engine's JSON-line events on stdout (docs/engine-events.md, names in
-// common/engine_contract.h): one object per line with "event" as its first key, flushed at
-// once so the worker sees progress as it happens. Human logs go to stderr. Torch-free.
+// common/engine_contract.h), typed by their schema v1::EngineEvent
+// (stemma/v1/engine_event.proto): every event is built as that message and written by
+// common/engine_events.h's EngineEventLine, the writer of the schema the worker reads the
+// lines with. One object per line with "event" as its first key, flushed at once so the
+// worker sees progress as it happens. Human logs go to stderr. Torch-free.
 //
 // Every command writes its events through one EventWriter, and announces each result it
 // published with OutputEvent(...), which reads the result's stemma.json so the worker can
 // register it (type, manifest sha256, bytes, parents, operation).
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
+#include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "stemma/v1/engine_event.pb.h"
 
 namespace stemma::engine {
 
-// Ordered, so that "event" stays the first key as the worker expects.
-using Event = nlohmann::ordered_json;
+// The free-form part of an event, what the schema has no field for (a start event's spec
+// and model, a done event's summary, an eval metric's suite): a JSON object whose keys
+// become the event's `details`, written after the schema's fields.
+using EventDetails = nlohmann::json;
 
 // Writes events as lines. Emit is one fwrite + fflush of a whole line, so lines from two
 // threads never interleave (stdio locks the stream); the writer itself holds no state.
@@ -28,11 +37,7 @@ class EventWriter {
   explicit EventWriter(bool enabled = true, std::FILE* out = stdout)
       : enabled_(enabled), out_(out) {}
 
-  // {"event": name, <fields...>}. `fields` must be an object (or null for none).
-  void Emit(std::string_view name, const Event& fields) const;
-  void Emit(const char* name) const { Emit(std::string_view(name), Event::object()); }
-  // An event built by the caller; its "event" key is moved to the front if it is not there.
-  void Emit(const Event& event) const;
+  void Emit(const v1::EngineEvent& event) const;
 
   bool enabled() const { return enabled_; }
 
@@ -40,6 +45,21 @@ class EventWriter {
   bool enabled_;
   std::FILE* out_;
 };
+
+// An event named `name` (engine_contract::kEvent*); the caller sets its other fields.
+v1::EngineEvent NewEvent(std::string_view name);
+// A start or done event of `command`, with `details` (a JSON object, or null for none).
+v1::EngineEvent CommandEvent(std::string_view name, std::string_view command,
+                             const EventDetails& details = nullptr);
+// A progress event: `fraction` of the work done, and what is being done.
+v1::EngineEvent ProgressEvent(double fraction, std::string_view message);
+// A metric event: one value of the series `name`, at `step` when given.
+v1::EngineEvent MetricEvent(std::string_view name, double value,
+                            std::optional<int64_t> step = std::nullopt,
+                            const std::map<std::string, std::string>& labels = {});
+// Adds every key of `details` (a JSON object) to the event's details; a key already there is
+// replaced. Numbers become doubles (exact below 2^53), as the schema's Struct holds them.
+void AddDetails(const EventDetails& details, v1::EngineEvent* event);
 
 // The artifact types of an output event.
 inline constexpr char kOutputCheckpoint[] = "checkpoint";
@@ -57,8 +77,12 @@ inline constexpr char kOutputFile[] = "file";
 // type "file", the file's sha256 and size, and `parents` as given. `operation` is what made
 // it: cpt, soup, revert, interpolate, graft, upcycle, init, tokenize, eval, analyze.
 // NotFound when `path` does not exist; InvalidArgument for a malformed stemma.json.
-absl::StatusOr<Event> OutputEvent(std::string_view name, const std::string& path,
-                                  std::string_view operation,
-                                  const std::vector<std::string>& file_parents = {});
+absl::StatusOr<v1::EngineEvent> OutputEvent(std::string_view name, const std::string& path,
+                                            std::string_view operation,
+                                            const std::vector<std::string>& file_parents = {});
+// OutputEvent, or when it fails (the message goes to stderr) the event without what the
+// manifest would have given: name, path, `type` and operation only.
+v1::EngineEvent OutputEventOrBare(std::string_view name, const std::string& path,
+                                  std::string_view type, std::string_view operation);
 
 }  // namespace stemma::engine

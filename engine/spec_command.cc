@@ -21,6 +21,7 @@ int RunSpecCommand(const SpecCommand& command, int argc, char** argv) {
   call.command = name;
   call.spec = inv->spec.get();
   call.source = inv->spec_file.empty() ? "command line" : inv->spec_file;
+  call.spec_file = inv->spec_file;
   call.flags = std::move(inv->flags);
   absl::StatusOr<int> code = command.run(call);
   if (!code.ok()) return ReportEngineFailure(code.status());

@@ -10,17 +10,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/engine_cli.h"
+#include "common/engine_contract.h"
+#include "common/files.h"
 #include "common/layer_range.h"
 #include "common/status.h"
 #include "engine/analyze/analyze_inputs.h"
@@ -29,6 +29,7 @@
 #include "engine/analyze/drift.h"
 #include "engine/analyze/lape.h"
 #include "engine/analyze/routing.h"
+#include "engine/commands.h"
 #include "engine/events.h"
 #include "engine/tokenizer/tokenizer.h"
 
@@ -143,11 +144,9 @@ absl::Status CheckInputs(const std::map<std::string, LanguageSource>& sources,
 }
 
 absl::StatusOr<json> ReadJson(const std::string& path, const std::string& field) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(field, ": ", path, ": cannot open"));
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  absl::StatusOr<std::string> text = files::ReadFile(path);
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat(field, ": ", path, ": cannot open"));
+  json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded())
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": not JSON"));
   return j;
@@ -156,13 +155,25 @@ absl::StatusOr<json> ReadJson(const std::string& path, const std::string& field)
 // ---- Running ----
 
 void Progress(int64_t step, int64_t total, const std::string& message) {
-  EmitEvent("progress", {{"step", step}, {"total_steps", total}, {"message", message}});
+  v1::EngineEvent event = NewEvent(engine_contract::kEventProgress);
+  event.set_step(static_cast<double>(step));
+  event.set_total_steps(static_cast<double>(total));
+  event.set_message(message);
+  EmitEvent(event);
 }
 
-void Metric(const std::string& name, const json& value, json labels = nullptr) {
-  json fields = {{"name", name}, {"value", value}};
-  if (!labels.is_null()) fields["labels"] = std::move(labels);
-  EmitEvent("metric", fields);
+// `value` a JSON number (a value left unset otherwise, as null was read); labels' values
+// strings or numbers.
+void Metric(const std::string& name, const json& value, const json& labels = nullptr) {
+  v1::EngineEvent event = NewEvent(engine_contract::kEventMetric);
+  event.set_name(name);
+  if (value.is_number()) event.set_value(value.get<double>());
+  if (labels.is_object()) {
+    for (const auto& [key, label] : labels.items()) {
+      (*event.mutable_labels())[key] = label.is_string() ? label.get<std::string>() : label.dump();
+    }
+  }
+  EmitEvent(event);
 }
 
 // Results held until every analysis has run, then written together.
@@ -281,13 +292,12 @@ class Analysis {
         const int64_t tenth = done * 10 / windows;  // at most ten events per language
         if (tenth == last_tenth || done == windows) return;
         last_tenth = tenth;
-        EmitEvent(
-            "progress",
-            {{"step", step_},
-             {"total_steps", total_steps_},
-             {"fraction",
-              (step_ + static_cast<double>(done) / windows) / static_cast<double>(total_steps_)},
-             {"message", absl::StrCat("profiling ", lang, ": ", done, "/", windows, " windows")}});
+        v1::EngineEvent event = ProgressEvent(
+            (step_ + static_cast<double>(done) / windows) / static_cast<double>(total_steps_),
+            absl::StrCat("profiling ", lang, ": ", done, "/", windows, " windows"));
+        event.set_step(static_cast<double>(step_));
+        event.set_total_steps(static_cast<double>(total_steps_));
+        EmitEvent(event);
       };
       const auto profile_start = std::chrono::steady_clock::now();
       RETURN_IF_ERROR(model_->Profile(tokens, options, &lape_counts[lang], &routing_counts[lang]));
@@ -500,20 +510,20 @@ class Analysis {
         parents.push_back(p);
     }
     for (const auto& [name, path] : written.items()) {
-      ASSIGN_OR_RETURN(Event output,
+      ASSIGN_OR_RETURN(v1::EngineEvent output,
                        OutputEvent(name, path.get<std::string>(), "analyze", parents));
-      EventWriter().Emit(output);
+      EmitEvent(output);
     }
     Progress(++step_, total_steps_, "outputs written");
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-    json done = {{"command", "analyze"}, {"outputs", written}, {"seconds", seconds}};
+    json done = {{"outputs", written}, {"seconds", seconds}};
     if (tokens_profiled_ > 0) {  // forward passes of lape/routing only, model load excluded
       done["tokens_profiled"] = tokens_profiled_;
       done["profile_seconds"] = profile_seconds_;
       done["tokens_per_s"] = profile_seconds_ > 0 ? tokens_profiled_ / profile_seconds_ : 0.0;
     }
-    EmitEvent("done", done);
+    EmitEvent(CommandEvent(engine_contract::kEventDone, "analyze", done));
     return absl::OkStatus();
   }
 
@@ -558,8 +568,7 @@ absl::Status Analyze(const google::protobuf::Message& proto_spec, const std::str
         std::pair{"drift", spec.has_drift()}, std::pair{"alignment", spec.has_alignment()}}) {
     if (on) analyses.push_back(name);
   }
-  json start = {{"command", "analyze"},
-                {"spec", path},
+  json start = {{"spec", path},
                 {"analyses", analyses},
                 {"device", spec.device()},
                 {"dtype", spec.dtype()},
@@ -580,7 +589,7 @@ absl::Status Analyze(const google::protobuf::Message& proto_spec, const std::str
       start["select_layers"] = absl::StrCat("the last two MoE layers of ", *model_layers);
     }
   }
-  EmitEvent("start", start);
+  EmitEvent(CommandEvent(engine_contract::kEventStart, "analyze", start));
   Analysis analysis(std::move(spec), std::move(sources), std::move(layers));
   return analysis.Run();
 }
@@ -588,20 +597,11 @@ absl::Status Analyze(const google::protobuf::Message& proto_spec, const std::str
 }  // namespace
 
 int RunAnalyze(int argc, char** argv) {
-  absl::StatusOr<EngineInvocation> inv = ParseEngineCommandLine("analyze", argc, argv, {});
-  if (!inv.ok()) return ReportEngineFailure(inv.status());
-  if (inv->help) {
-    std::fputs(EngineHelp("analyze", kUsage).c_str(), stdout);
-    return 0;
-  }
-  absl::Status status;
-  try {
-    status = Analyze(*inv->spec, inv->spec_file);
-  } catch (const std::exception& e) {  // anything LibTorch threw outside the guarded calls
-    status = absl::InternalError(e.what());
-  }
-  if (status.ok()) return 0;
-  return ReportEngineFailure(status);
+  auto run = [](const SpecCall& call) -> absl::StatusOr<int> {
+    RETURN_IF_ERROR(Analyze(*call.spec, call.spec_file));
+    return engine_contract::kExitOk;
+  };
+  return RunSpecCommand({kUsage, {}, run}, argc, argv);
 }
 
 }  // namespace stemma::engine

@@ -239,8 +239,6 @@ absl::Status WriteJsonAtomically(const std::string& path, const json& value) {
   return io::WriteFileAtomic(path, value.dump(2) + "\n");
 }
 
-void EmitEvent(const std::string& event, const json& fields) {
-  EventWriter().Emit(event, Event(fields));
-}
+void EmitEvent(const v1::EngineEvent& event) { EventWriter().Emit(event); }
 
 }  // namespace stemma::engine::analyze

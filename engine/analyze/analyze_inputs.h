@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "stemma/v1/engine_event.pb.h"
 #include "stemma/v1/specs/eval.pb.h"
 
 namespace stemma::engine::analyze {
@@ -65,8 +66,7 @@ absl::StatusOr<std::vector<std::string>> ParallelLanguages(const std::string& pa
 // fsynced and renamed, so a reader never sees half a file.
 absl::Status WriteJsonAtomically(const std::string& path, const nlohmann::json& value);
 
-// One event line on stdout (docs/engine-events.md) through engine/events.h's EventWriter:
-// {"event": `event`, then the fields of `fields` (an object)}.
-void EmitEvent(const std::string& event, const nlohmann::json& fields = nlohmann::json::object());
+// One event line on stdout (docs/engine-events.md) through engine/events.h's EventWriter.
+void EmitEvent(const v1::EngineEvent& event);
 
 }  // namespace stemma::engine::analyze

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/engine_cli.h"
 #include "common/engine_contract.h"
+#include "common/status.h"
+#include "engine/commands.h"
 #include "engine/data/commands.h"
 #include "engine/data/tokenize.h"
 #include "engine/events.h"
@@ -53,7 +55,38 @@ std::vector<std::string> GatherInputs(int argc, char** argv) {
   return args;
 }
 
-void Emit(const Event& event) { EventWriter().Emit(event); }
+void Emit(const v1::EngineEvent& event) { EventWriter().Emit(event); }
+
+absl::StatusOr<int> Tokenize(const SpecCall& call) {
+  const auto& spec = call.Get<v1::TokenizeSpec>();
+  // docs/engine/tokenize.md, "Events".
+  Emit(CommandEvent(engine_contract::kEventStart, "tokenize",
+                    {{"spec", call.source},
+                     {"inputs", std::vector<std::string>(spec.input().begin(), spec.input().end())},
+                     {"format", spec.format()},
+                     {"line_docs", spec.line_docs()},
+                     {"language", spec.language()},
+                     {"out", spec.out()}}));
+  if (std::error_code ec;
+      !std::filesystem::create_directories(std::filesystem::path(spec.out()).parent_path(), ec) &&
+      ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("out: cannot create the directory of ", spec.out(), ": ", ec.message()));
+  }
+  ASSIGN_OR_RETURN(data::TokenizeSummary summary, data::TokenizeFiles(spec));
+  const std::string hint = data::LineDocsHint(spec, summary);
+  if (!hint.empty()) std::fprintf(stderr, "stemma-engine tokenize: hint: %s\n", hint.c_str());
+  Emit(OutputEventOrBare("dataset", spec.out(), kOutputDataset, "tokenize"));
+  EventDetails done = {{"out", spec.out()},
+                       {"language", spec.language()},
+                       {"documents", summary.num_documents},
+                       {"tokens", summary.num_tokens},
+                       {"shards", summary.num_shards},
+                       {"largest_document_bytes", summary.largest_document_bytes}};
+  if (!hint.empty()) done["hint"] = hint;
+  Emit(CommandEvent(engine_contract::kEventDone, "tokenize", done));
+  return engine_contract::kExitOk;
+}
 
 }  // namespace
 
@@ -61,53 +94,7 @@ int RunTokenize(int argc, char** argv) {
   std::vector<std::string> args = GatherInputs(argc, argv);
   std::vector<char*> pointers;
   for (std::string& a : args) pointers.push_back(a.data());
-  absl::StatusOr<EngineInvocation> inv =
-      ParseEngineCommandLine("tokenize", static_cast<int>(pointers.size()), pointers.data(), {});
-  if (!inv.ok()) return ReportEngineFailure(inv.status());
-  if (inv->help) {
-    std::fputs(EngineHelp("tokenize", kUsage).c_str(), stdout);
-    return engine_contract::kExitOk;
-  }
-  const auto& spec = static_cast<const v1::TokenizeSpec&>(*inv->spec);
-  // docs/engine/tokenize.md, "Events".
-  Emit({{"event", std::string(engine_contract::kEventStart)},
-        {"command", "tokenize"},
-        {"spec", inv->spec_file.empty() ? "command line" : inv->spec_file},
-        {"inputs", std::vector<std::string>(spec.input().begin(), spec.input().end())},
-        {"format", spec.format()},
-        {"line_docs", spec.line_docs()},
-        {"language", spec.language()},
-        {"out", spec.out()}});
-  if (std::error_code ec;
-      !std::filesystem::create_directories(std::filesystem::path(spec.out()).parent_path(), ec) &&
-      ec) {
-    return ReportEngineFailure(absl::FailedPreconditionError(
-        absl::StrCat("out: cannot create the directory of ", spec.out(), ": ", ec.message())));
-  }
-  absl::StatusOr<data::TokenizeSummary> summary = data::TokenizeFiles(spec);
-  if (!summary.ok()) return ReportEngineFailure(summary.status());
-  const std::string hint = data::LineDocsHint(spec, *summary);
-  if (!hint.empty()) std::fprintf(stderr, "stemma-engine tokenize: hint: %s\n", hint.c_str());
-  absl::StatusOr<Event> output = OutputEvent("dataset", spec.out(), "tokenize");
-  if (!output.ok()) {
-    output = Event{{"event", "output"},
-                   {"name", "dataset"},
-                   {"path", spec.out()},
-                   {"type", "dataset"},
-                   {"operation", "tokenize"}};
-  }
-  Emit(*output);
-  nlohmann::ordered_json done = {{"event", std::string(engine_contract::kEventDone)},
-                                 {"command", "tokenize"},
-                                 {"out", spec.out()},
-                                 {"language", spec.language()},
-                                 {"documents", summary->num_documents},
-                                 {"tokens", summary->num_tokens},
-                                 {"shards", summary->num_shards},
-                                 {"largest_document_bytes", summary->largest_document_bytes}};
-  if (!hint.empty()) done["hint"] = hint;
-  Emit(done);
-  return engine_contract::kExitOk;
+  return RunSpecCommand({kUsage, {}, Tokenize}, static_cast<int>(pointers.size()), pointers.data());
 }
 
 }  // namespace stemma::engine

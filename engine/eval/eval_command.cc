@@ -24,6 +24,7 @@
 #include "common/engine_spec.h"
 #include "common/eval_task.h"
 #include "common/status.h"
+#include "engine/commands.h"
 #include "engine/data/dataset.h"
 #include "engine/eval/choice.h"
 #include "engine/eval/chrf.h"
@@ -48,14 +49,14 @@ namespace {
 namespace fs = std::filesystem;
 using eval::EvalModel;
 using eval::EvalRanks;
-using Json = nlohmann::ordered_json;  // keeps "event" first on every line
+using Json = nlohmann::ordered_json;  // the results file keeps the order it is built in
 
 // Invalid UTF-8 (which no input should carry) is replaced rather than thrown on.
 std::string Dump(const Json& j, int indent = -1) {
   return j.dump(indent, ' ', false, Json::error_handler_t::replace);
 }
 
-void Emit(const Json& event) { EventWriter().Emit(event); }
+void Emit(const v1::EngineEvent& event) { EventWriter().Emit(event); }
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
@@ -100,11 +101,11 @@ class Progress {
   void Advance() {
     done_ = std::min(done_ + 1, total_);
     if (done_ == total_ || done_ % std::max<int64_t>(1, total_ / 100) == 0) {
-      Emit({{"event", "progress"},
-            {"step", done_},
-            {"total_steps", total_},
-            {"fraction", static_cast<double>(done_) / static_cast<double>(total_)},
-            {"message", task_}});
+      v1::EngineEvent event =
+          ProgressEvent(static_cast<double>(done_) / static_cast<double>(total_), task_);
+      event.set_step(static_cast<double>(done_));
+      event.set_total_steps(static_cast<double>(total_));
+      Emit(event);
     }
   }
 
@@ -135,16 +136,14 @@ class Task {
 
   void Metric(const std::string& metric, double value, Json* result) const {
     const std::string name = absl::StrCat(metric, "/", spec_.name());
-    Json event = {
-        {"event", "metric"},
-        {"name", name},
-        {"value", value},
-        {"labels",
-         {{"task", spec_.name()}, {"type", EvalTaskType(spec_)}, {"language", spec_.language()}}}};
+    v1::EngineEvent event = MetricEvent(
+        name, value, std::nullopt,
+        {{"task", spec_.name()}, {"type", EvalTaskType(spec_)}, {"language", spec_.language()}});
     if (!suite_.is_null()) {
-      event["suite"] = suite_["name"];
-      event["suite_version"] = suite_["version"];
-      event["corpus_content_hash"] = suite_["corpus_content_hash"];
+      AddDetails({{"suite", suite_["name"]},
+                  {"suite_version", suite_["version"]},
+                  {"corpus_content_hash", suite_["corpus_content_hash"]}},
+                 &event);
     }
     Emit(event);
     (*result)["metrics"][metric] = value;
@@ -680,17 +679,16 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
   RETURN_IF_ERROR(eval::ResolveSequenceLengths(facts, &spec, &seq_len_sources));
   std::vector<Json> suites;  // per task: its corpus suite, or null
   const Json task_plan = TaskPlan(spec, seq_len_sources, &suites);
-  Emit({{"event", "start"},
-        {"command", "eval"},
-        {"spec", spec_path},
-        {"model", spec.model()},
-        {"dtype", spec.dtype()},
-        {"device", spec.device()},
-        {"threads", spec.threads()},
-        {"threads_source", proto.threads() > 0  ? "spec"
-                           : spec.threads() > 0 ? "job cpus (STEMMA_CPUS)"
-                                                : "torch default"},
-        {"tasks", task_plan}});
+  Emit(CommandEvent(engine_contract::kEventStart, "eval",
+                    {{"spec", spec_path},
+                     {"model", spec.model()},
+                     {"dtype", spec.dtype()},
+                     {"device", spec.device()},
+                     {"threads", spec.threads()},
+                     {"threads_source", proto.threads() > 0  ? "spec"
+                                        : spec.threads() > 0 ? "job cpus (STEMMA_CPUS)"
+                                                             : "torch default"},
+                     {"tasks", task_plan}}));
 
   ASSIGN_OR_RETURN(Json checkpoint, CheckpointIdentity(spec.model()));
   ASSIGN_OR_RETURN(auto tokenizer, tokenizer::Tokenizer::Load(spec.tokenizer()));
@@ -769,39 +767,30 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
     // Micro-average over all languages' tokens (bytes).
     for (const auto& [metric, value] :
          {std::pair{"ppl/all", all.Perplexity()}, std::pair{"bpb/all", all.BitsPerByte()}}) {
-      Emit({{"event", "metric"}, {"name", metric}, {"value", value}});
+      Emit(MetricEvent(metric, value));
       results["metrics"][metric] = value;
     }
   }
   if (cached.cache != nullptr) results["task_cache"] = cached.Summary();
   RETURN_IF_ERROR(WriteAtomically(spec.out(), Dump(results, 2) + "\n"));
-  ASSIGN_OR_RETURN(Event output, OutputEvent("results", spec.out(), "eval", {spec.model()}));
+  ASSIGN_OR_RETURN(v1::EngineEvent output,
+                   OutputEvent("results", spec.out(), "eval", {spec.model()}));
   Emit(output);
-  Emit({{"event", "done"},
-        {"command", "eval"},
-        {"results", spec.out()},
-        {"checkpoint_sha256", checkpoint["sha256"]},
-        {"metrics", results["metrics"]}});
+  Emit(CommandEvent(engine_contract::kEventDone, "eval",
+                    {{"results", spec.out()},
+                     {"checkpoint_sha256", checkpoint["sha256"]},
+                     {"metrics", results["metrics"]}}));
   return absl::OkStatus();
 }
 
 }  // namespace
 
 int RunEval(int argc, char** argv) {
-  absl::StatusOr<EngineInvocation> inv = ParseEngineCommandLine("eval", argc, argv, {});
-  if (!inv.ok()) return ReportEngineFailure(inv.status());
-  if (inv->help) {
-    std::fputs(EngineHelp("eval", kUsage).c_str(), stdout);
-    return 0;
-  }
-  absl::Status status;
-  try {
-    status = Eval(*inv->spec, inv->spec_file);
-  } catch (const std::exception& e) {  // anything LibTorch threw outside the guarded calls
-    status = absl::InternalError(e.what());
-  }
-  if (status.ok()) return 0;
-  return ReportEngineFailure(status);
+  auto run = [](const SpecCall& call) -> absl::StatusOr<int> {
+    RETURN_IF_ERROR(Eval(*call.spec, call.spec_file));
+    return engine_contract::kExitOk;
+  };
+  return RunSpecCommand({kUsage, {}, run}, argc, argv);
 }
 
 }  // namespace stemma::engine

@@ -10,6 +10,7 @@
 #include "common/engine_cli.h"
 #include "common/engine_contract.h"
 #include "common/status.h"
+#include "engine/commands.h"
 #include "engine/events.h"
 #include "engine/io/durable.h"
 #include "engine/io/fs.h"
@@ -32,12 +33,13 @@ std::string Operation(const std::string& command, const nlohmann::json& params) 
   return params.value("method", "linear") == "linear" ? "soup" : "merge";
 }
 
-absl::Status Run(const std::string& command, const EngineInvocation& inv) {
+absl::StatusOr<int> Run(const SpecCall& call) {
+  const std::string& command = call.command;
   const auto start = std::chrono::steady_clock::now();
   const EventWriter events;
-  const std::string where = inv.spec_file.empty() ? "command line" : inv.spec_file;
+  const std::string& where = call.source;
   // Everything that needs the checkpoints is checked here, before a byte is written.
-  ASSIGN_OR_RETURN(merge::MergePlan plan, merge::PlanFromSpec(*inv.spec, where));
+  ASSIGN_OR_RETURN(merge::MergePlan plan, merge::PlanFromSpec(*call.spec, where));
   for (const merge::PlannedOutput& o : plan.outputs) {
     if (!io::PathExists(o.out)) continue;
     if (!plan.overwrite) {
@@ -51,15 +53,15 @@ absl::Status Run(const std::string& command, const EngineInvocation& inv) {
   }
   size_t total = 0;
   for (const auto& o : plan.outputs) total += o.tensors.size();
-  Event fields = {{"command", command}, {"spec", where}};
-  for (auto it = plan.start.begin(); it != plan.start.end(); ++it) fields[it.key()] = it.value();
-  fields["outputs"] = plan.outputs.size();
-  fields["tensors"] = total;
-  events.Emit(engine_contract::kEventStart, fields);
+  v1::EngineEvent start_event =
+      CommandEvent(engine_contract::kEventStart, command, {{"spec", where}});
+  AddDetails(plan.start, &start_event);
+  AddDetails({{"outputs", plan.outputs.size()}, {"tensors", total}}, &start_event);
+  events.Emit(start_event);
 
   size_t done_before = 0;
   uint64_t bytes = 0;
-  Event outputs = Event::array();
+  EventDetails outputs = EventDetails::array();
   for (const merge::PlannedOutput& o : plan.outputs) {
     merge::StreamWriterOptions options;
     options.max_shard_bytes = plan.max_shard_bytes;
@@ -76,12 +78,12 @@ absl::Status Run(const std::string& command, const EngineInvocation& inv) {
     options.on_tensor = [&](size_t n) {
       const size_t step = done_before + n;
       if (step % every != 0 && step != total) return;
-      events.Emit(
-          engine_contract::kEventProgress,
-          {{"step", step},
-           {"total_steps", total},
-           {"fraction", total == 0 ? 1.0 : static_cast<double>(step) / static_cast<double>(total)},
-           {"message", absl::StrCat(o.out, ": ", n, "/", o.tensors.size(), " tensors")}});
+      v1::EngineEvent progress =
+          ProgressEvent(total == 0 ? 1.0 : static_cast<double>(step) / static_cast<double>(total),
+                        absl::StrCat(o.out, ": ", n, "/", o.tensors.size(), " tensors"));
+      progress.set_step(static_cast<double>(step));
+      progress.set_total_steps(static_cast<double>(total));
+      events.Emit(progress);
     };
     // Test hook (merge_test's kill test): stop after the first shard so a test can kill the
     // process at a known point.
@@ -100,36 +102,25 @@ absl::Status Run(const std::string& command, const EngineInvocation& inv) {
         options));
     for (const auto& t : o.tensors) bytes += t.nbytes();
     done_before += o.tensors.size();
-    ASSIGN_OR_RETURN(Event output, OutputEvent(o.name, o.out, Operation(command, o.params)));
+    ASSIGN_OR_RETURN(v1::EngineEvent output,
+                     OutputEvent(o.name, o.out, Operation(command, o.params)));
     events.Emit(output);
     outputs.push_back(o.out);
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  events.Emit(engine_contract::kEventDone, {{"command", command},
-                                            {"outputs", outputs},
-                                            {"tensors", total},
-                                            {"tensor_bytes", bytes},
-                                            {"seconds", seconds}});
-  return absl::OkStatus();
+  events.Emit(CommandEvent(
+      engine_contract::kEventDone, command,
+      {{"outputs", outputs}, {"tensors", total}, {"tensor_bytes", bytes}, {"seconds", seconds}}));
+  return engine_contract::kExitOk;
 }
 
 }  // namespace
 
 int RunMerge(int argc, char** argv) {
-  const std::string command = argv[0];
-  absl::StatusOr<EngineInvocation> inv = ParseEngineCommandLine(command, argc, argv, {});
-  if (!inv.ok()) return ReportEngineFailure(inv.status());
-  if (inv->help) {
-    std::fputs(EngineHelp(command, absl::StrCat("stemma-engine ", command,
-                                                " --spec FILE [--<field> VALUE ...]"))
-                   .c_str(),
-               stdout);
-    return engine_contract::kExitOk;
-  }
-  absl::Status s = Run(command, *inv);
-  if (!s.ok()) return ReportEngineFailure(s);
-  return engine_contract::kExitOk;
+  const std::string usage = absl::StrCat("stemma-engine ", argc > 0 ? argv[0] : "merge",
+                                         " --spec FILE [--<field> VALUE ...]");
+  return RunSpecCommand({usage, {}, Run}, argc, argv);
 }
 
 }  // namespace stemma::engine

@@ -190,35 +190,25 @@ absl::Status Init(const v1::InitSpec& spec, const std::string& where) {
                spec.out().c_str(), spec.arch().c_str(), spec.preset().c_str(),
                static_cast<unsigned long long>(seed), static_cast<long long>(count));
   // stdout carries only events (docs/engine-events.md).
-  absl::StatusOr<Event> output = OutputEvent("model", spec.out(), "init");
-  if (!output.ok()) {
-    output = Event{{"event", "output"},
-                   {"name", "model"},
-                   {"path", spec.out()},
-                   {"type", "checkpoint"},
-                   {"operation", "init"}};
-  }
-  nlohmann::ordered_json done = {{"event", "done"},
-                                 {"command", "init"},
-                                 {"arch", spec.arch()},
-                                 {"preset", spec.preset()},
-                                 {"parameters", count},
-                                 {"hidden_size", c.hidden_size},
-                                 {"num_layers", c.num_hidden_layers},
-                                 {"num_heads", c.num_attention_heads},
-                                 {"num_kv_heads", c.num_key_value_heads},
-                                 {"head_dim", c.head_dim},
-                                 {"intermediate_size", c.intermediate_size},
-                                 {"tie_embeddings", c.tie_word_embeddings},
-                                 {"max_position_embeddings", c.max_position_embeddings},
-                                 {"vocab_size", c.vocab_size}};
+  EventDetails done = {{"arch", spec.arch()},
+                       {"preset", spec.preset()},
+                       {"parameters", count},
+                       {"hidden_size", c.hidden_size},
+                       {"num_layers", c.num_hidden_layers},
+                       {"num_heads", c.num_attention_heads},
+                       {"num_kv_heads", c.num_key_value_heads},
+                       {"head_dim", c.head_dim},
+                       {"intermediate_size", c.intermediate_size},
+                       {"tie_embeddings", c.tie_word_embeddings},
+                       {"max_position_embeddings", c.max_position_embeddings},
+                       {"vocab_size", c.vocab_size}};
   if (c.is_moe()) {
     done["num_experts"] = c.num_experts;
     done["experts_per_token"] = c.num_experts_per_tok;
   }
   EventWriter events;
-  events.Emit(*output);
-  events.Emit(Event(done));
+  events.Emit(OutputEventOrBare("model", spec.out(), kOutputCheckpoint, "init"));
+  events.Emit(CommandEvent(engine_contract::kEventDone, "init", done));
   return absl::OkStatus();
 }
 

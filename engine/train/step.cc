@@ -178,15 +178,9 @@ void EvaluateHeldOut(Run& run, int64_t step, const EventWriter& events) {
     const double tokens = static_cast<double>(set.rows * seq);
     total_ce += ce_sum;
     total_tokens += tokens;
-    events.Emit({{"event", "metric"},
-                 {"name", "heldout_loss/" + set.name},
-                 {"value", ce_sum / tokens},
-                 {"step", step}});
+    events.Emit(MetricEvent("heldout_loss/" + set.name, ce_sum / tokens, step));
   }
-  events.Emit({{"event", "metric"},
-               {"name", "heldout_loss"},
-               {"value", total_ce / total_tokens},
-               {"step", step}});
+  events.Emit(MetricEvent("heldout_loss", total_ce / total_tokens, step));
   if (run.full) run.full->ReleaseOuter();
   RestrictRouters(run);
   run.lm->train();

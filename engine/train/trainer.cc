@@ -130,18 +130,7 @@ absl::Status BuildPlanFor(Run& run, std::vector<torch::Tensor>* params) {
 // The `output` event of the published model, with what the checkpoint registry records
 // (type, manifest sha256, bytes, parents; engine/events.h).
 void EmitOutput(const EventWriter& events, const std::string& out) {
-  absl::StatusOr<Event> output = OutputEvent("model", out, "cpt");
-  if (output.ok()) {
-    events.Emit(*output);
-    return;
-  }
-  std::fprintf(stderr, "train: output event without manifest fields: %s\n",
-               std::string(output.status().message()).c_str());
-  events.Emit({{"event", "output"},
-               {"name", "model"},
-               {"path", out},
-               {"type", "checkpoint"},
-               {"operation", "cpt"}});
+  events.Emit(OutputEventOrBare("model", out, kOutputCheckpoint, "cpt"));
 }
 
 // A previous attempt of this very spec already published `out`: report it again.
@@ -154,8 +143,8 @@ bool AlreadyDone(const v1::TrainSpec& spec, const std::string& spec_sha256) {
 }
 
 // Every layer range as written and as resolved for this model ("middle" → "2:7").
-Event LayerRangesEvent(const Run& run) {
-  Event out = Event::array();
+EventDetails LayerRangesEvent(const Run& run) {
+  EventDetails out = EventDetails::array();
   auto add = [&](const google::protobuf::RepeatedPtrField<std::string>& texts,
                  const std::string& field) {
     absl::StatusOr<std::vector<LayerRange>> ranges = ParseLayerRanges(texts, field);
@@ -179,32 +168,28 @@ Event LayerRangesEvent(const Run& run) {
 // much a strategy touched), the trainable fraction and count.
 void EmitStart(const Run& run, int64_t start_step, const EventWriter& events) {
   const v1::TrainSpec& spec = *run.spec;
-  events.Emit({{"event", "start"},
-               {"command", "train"},
-               {"spec", run.source},
-               {"model", spec.model()},
-               {"arch", std::string(model::ArchName(run.lm->config().arch))},
-               {"out", spec.out()},
-               {"total_steps", run.total_steps},
-               {"tokens_per_step", run.tokens_per_step},
-               {"resumed_from_step", start_step},
-               {"world_size", run.ranks->world_size()},
-               {"device", spec.device()},
-               {"precision", spec.precision()},
-               {"threads", at::get_num_threads()},
-               {"total_params", run.plan.total_params},
-               {"trainable_params", run.plan.trainable_params},
-               {"trainable_fraction", run.plan.trainable_fraction()},
-               {"num_layers", run.lm->config().num_hidden_layers},
-               {"layer_ranges", LayerRangesEvent(run)}});
-  events.Emit({{"event", "metric"},
-               {"name", "trainable_fraction"},
-               {"value", run.plan.trainable_fraction()},
-               {"step", start_step}});
-  events.Emit({{"event", "metric"},
-               {"name", "trainable_params"},
-               {"value", run.plan.trainable_params},
-               {"step", start_step}});
+  v1::EngineEvent start =
+      CommandEvent(engine_contract::kEventStart, "train",
+                   {{"spec", run.source},
+                    {"model", spec.model()},
+                    {"arch", std::string(model::ArchName(run.lm->config().arch))},
+                    {"out", spec.out()},
+                    {"tokens_per_step", run.tokens_per_step},
+                    {"resumed_from_step", start_step},
+                    {"world_size", run.ranks->world_size()},
+                    {"device", spec.device()},
+                    {"precision", spec.precision()},
+                    {"threads", at::get_num_threads()},
+                    {"total_params", run.plan.total_params},
+                    {"trainable_params", run.plan.trainable_params},
+                    {"trainable_fraction", run.plan.trainable_fraction()},
+                    {"num_layers", run.lm->config().num_hidden_layers},
+                    {"layer_ranges", LayerRangesEvent(run)}});
+  start.set_total_steps(static_cast<double>(run.total_steps));
+  events.Emit(start);
+  events.Emit(MetricEvent("trainable_fraction", run.plan.trainable_fraction(), start_step));
+  events.Emit(
+      MetricEvent("trainable_params", static_cast<double>(run.plan.trainable_params), start_step));
 }
 
 // Everything before the first step: the datasets, the device, the model, its plan and
@@ -282,18 +267,23 @@ struct Progress {
 // so a run always shows its starting loss).
 void EmitStep(const Run& run, int64_t step, const StepResult& r, double seconds,
               const EventWriter& events) {
-  Event e = {{"event", "step"},
-             {"step", step},
-             {"total_steps", run.total_steps},
-             {"loss", r.loss},
-             {"lr", r.lr},
-             {"grad_norm", r.stats.grad_norm},
-             {"tokens", run.tokens},
-             {"tokens_per_s", seconds > 0 ? run.tokens_per_step / seconds : 0.0}};
-  if (run.spec->strategy().l2sp_size() > 0) e["l2sp"] = r.stats.l2sp;
+  v1::EngineEvent e = NewEvent(engine_contract::kEventStep);
+  e.set_step(static_cast<double>(step));
+  e.set_total_steps(static_cast<double>(run.total_steps));
+  auto series = [&e](const char* name, double value) {
+    v1::EngineEvent::Series* s = e.add_series();
+    s->set_name(name);
+    s->set_value(value);
+  };
+  series("loss", r.loss);
+  series("lr", r.lr);
+  series("grad_norm", r.stats.grad_norm);
+  series("tokens", static_cast<double>(run.tokens));
+  series("tokens_per_s", seconds > 0 ? run.tokens_per_step / seconds : 0.0);
+  if (run.spec->strategy().l2sp_size() > 0) series("l2sp", r.stats.l2sp);
   if (run.lm->config().is_moe()) {
-    e["load_balancing"] = r.load_balancing;
-    e["router_z"] = r.router_z;
+    series("load_balancing", r.load_balancing);
+    series("router_z", r.router_z);
   }
   events.Emit(e);
 }
@@ -319,7 +309,10 @@ absl::Status Checkpoint(Run& run, int64_t step, const EventWriter& events) {
   if (!sharded) run.ranks->Barrier(kCheckpointWait);
   if (run.ranks->rank() != 0) return absl::OkStatus();
   PruneCheckpoints(CheckpointDir(spec), spec.checkpoint().keep());
-  events.Emit({{"event", "checkpoint"}, {"step", step}, {"path", path}});
+  v1::EngineEvent checkpoint = NewEvent(engine_contract::kEventCheckpoint);
+  checkpoint.set_step(static_cast<double>(step));
+  checkpoint.set_path(path);
+  events.Emit(checkpoint);
   return absl::OkStatus();
 }
 
@@ -430,10 +423,9 @@ absl::Status Publish(Run& run, int64_t stopped_at_step, const EventWriter& event
 }
 
 void EmitDone(const Run& run, const Progress& p, const EventWriter& events) {
-  events.Emit(
-      {{"event", "done"},
-       {"command", "train"},
-       {"out", run.spec->out()},
+  events.Emit(CommandEvent(
+      engine_contract::kEventDone, "train",
+      {{"out", run.spec->out()},
        {"steps", p.stopped_at_step > 0 ? p.stopped_at_step : run.total_steps},
        {"stopped_at_step", p.stopped_at_step},
        {"steps_this_run", p.steps_this_run},
@@ -445,7 +437,7 @@ void EmitDone(const Run& run, const Progress& p, const EventWriter& events) {
        {"train_seconds", p.train_seconds},
        {"total_params", run.plan.total_params},
        {"trainable_params", run.plan.trainable_params},
-       {"trainable_fraction", run.plan.trainable_fraction()}});
+       {"trainable_fraction", run.plan.trainable_fraction()}}));
 }
 
 absl::StatusOr<RunResult> TrainImpl(const v1::TrainSpec& spec, const RunOptions& options,
@@ -471,8 +463,8 @@ absl::StatusOr<RunResult> TrainImpl(const v1::TrainSpec& spec, const RunOptions&
 
   if (!spec.overwrite() && AlreadyDone(spec, run.spec_sha256)) {
     EmitOutput(events, spec.out());
-    events.Emit(
-        {{"event", "done"}, {"command", "train"}, {"out", spec.out()}, {"already_done", true}});
+    events.Emit(CommandEvent(engine_contract::kEventDone, "train",
+                             {{"out", spec.out()}, {"already_done", true}}));
     return RunResult::kFinished;
   }
   if (io::PathExists(spec.out()) && !spec.overwrite()) {
