@@ -27,6 +27,15 @@ inline constexpr std::string_view kEnvStorageRoot = "STEMMA_STORAGE_ROOT";
 // output event and exits 0.
 inline constexpr std::string_view kStopFile = "stop";
 
+// Preemption: the worker writes this file (its text: the job that takes the resources) into
+// STEMMA_WORKDIR when the coordinator gives the attempt's resources to a higher-priority job
+// (StopAttempt.preempt). A trainer checks it after every step as it checks kStopFile: it saves
+// the resumable checkpoint of that step at once (the one it saves every checkpoint.every
+// steps, written the same atomic way), prints its `checkpoint` event and exits
+// kExitPreempted; the job's next attempt resumes from that checkpoint. Engine commands
+// without steps to resume, noop and exec jobs are not asked: the worker terminates them.
+inline constexpr std::string_view kPreemptFile = "preempt";
+
 // --- Events: one JSON object per stdout line with "event" as its first key. ---
 inline constexpr std::string_view kEventStart = "start";        // {command, spec, ...}
 inline constexpr std::string_view kEventProgress = "progress";  // {fraction, message, step}
@@ -50,6 +59,10 @@ inline constexpr int kExitStopped = 3;
 // The spec or its inputs are wrong (a bad field, a missing or corrupt input file, a layer
 // range outside the model): the same attempt would fail again. The worker does not retry it.
 inline constexpr int kExitBadInput = 4;
+// Preempted (kPreemptFile): the checkpoint of the last finished step is saved and the run
+// can resume from it. Not a failure: the worker reports the attempt as preempted and the
+// coordinator requeues the job at once without counting the attempt.
+inline constexpr int kExitPreempted = 5;
 
 // The one line an engine prints on stderr before it exits non-zero; the worker copies the
 // text after it into the attempt's result and the job's reason.

@@ -157,6 +157,12 @@ CoordinatorMetrics::CoordinatorMetrics() : registry_(std::make_shared<prometheus
   stale_reports_ = &Counters(*registry_, "stemma_coordinator_stale_reports_total",
                              "Reports refused because they came from a stale attempt")
                         .Add({});
+  auto& preemptions = Counters(
+      *registry_, "stemma_scheduler_preemptions_total",
+      "Attempts preempted for a higher-priority job and requeued, by how they ended: stopped "
+      "(checkpointed or terminated within the grace period) or killed (after it)");
+  preempted_stopped_ = &preemptions.Add({{"outcome", "stopped"}});
+  preempted_killed_ = &preemptions.Add({{"outcome", "killed"}});
   store_commit_errors_ =
       &Counters(*registry_, "stemma_store_commit_errors_total",
                 "SQLite transactions that failed (each is retried until it succeeds)")

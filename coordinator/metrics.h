@@ -73,6 +73,10 @@ class CoordinatorMetrics {
     gpus_allocated_->Set(allocated);
   }
   void AttemptEnded(const std::string& result);
+  // An attempt preempted for a higher-priority job was requeued
+  // (stemma_scheduler_preemptions_total{outcome="stopped"|"killed"}): it stopped within the
+  // grace period, or was killed after it.
+  void Preempted(bool killed) { (killed ? preempted_killed_ : preempted_stopped_)->Increment(); }
   // What the queue asks for and how close running attempts are to their timeout
   // (coordinator/demand_gauges.h), and how many training jobs stopped advancing:
   // stemma_scheduler_queued_gpus{per_node}, stemma_coordinator_attempts_near_timeout,
@@ -125,6 +129,8 @@ class CoordinatorMetrics {
   prometheus::Histogram* heartbeat_age_;
   prometheus::Counter* stale_reports_;
   prometheus::Counter* store_commit_errors_;
+  prometheus::Counter* preempted_stopped_;
+  prometheus::Counter* preempted_killed_;
   prometheus::Family<prometheus::Gauge>* eval_score_;
   // method -> one counter per status code; built in the constructor, read without a lock.
   using CodeCounters = std::array<prometheus::Counter*, 17>;

@@ -163,6 +163,12 @@ CLUSTER = Dashboard(
                   description="From a job being placeable to its assignment being sent."),
             Panel("Scheduler pass", quantiles("stemma_scheduler_pass_seconds", qs=(0.5, 0.99)), unit="s",
                   description="Duration of one scheduling pass over the queue."),
+            Panel("Preemptions", [
+                (f"sum by (outcome) ({rate('stemma_scheduler_preemptions_total')})", "{{outcome}}"),
+            ], unit="ops", stack=True,
+                description="Attempts preempted for a higher-priority job and requeued without spending an "
+                            "attempt: stopped (a trainer checkpointed at once and exited) or killed (it did not "
+                            "stop within --preemption-grace-s)."),
         ]),
         Row("Demand and timeouts", [
             Panel("Queued GPUs by size", [
