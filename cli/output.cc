@@ -264,6 +264,8 @@ nlohmann::json JobToJson(const v1::Job& job) {
   j["depends_on"] = std::vector<std::string>(spec.depends_on().begin(), spec.depends_on().end());
   j["reason"] = job.reason();
   j["early_stop"] = job.early_stop();            // a trial stopped at a rung, or skipped for one
+  j["preemptions"] = job.preemptions();          // times a higher-priority job preempted it
+  j["preempted_by"] = job.preempted_by();        // the last one that did ("" if none)
   j["engine_build_id"] = job.engine_build_id();  // the engine build that produced the outputs
   j["exit_code"] = job.exit_code();
   j["created_ms"] = job.created_ms();
@@ -574,6 +576,11 @@ std::string RenderJobDetails(const v1::Job& job, int64_t now_ms) {
   };
   if (std::string progress = ProgressText(job); !progress.empty()) {
     kv.emplace_back("progress", progress);
+  }
+  if (job.preemptions() > 0) {
+    kv.emplace_back("preempted",
+                    absl::StrCat(job.preemptions(), job.preemptions() == 1 ? " time" : " times",
+                                 ", last by ", job.preempted_by(), " (attempts not counted)"));
   }
   if (!job.outputs().empty()) kv.emplace_back("outputs", MapCell(job.outputs()));
   size_t width = 0;

@@ -44,6 +44,10 @@ inline constexpr std::string_view kEventProgress = "progress";  // {fraction, me
 inline constexpr std::string_view kEventStep = "step";
 inline constexpr std::string_view kEventMetric = "metric";          // {name, value, step[, labels]}
 inline constexpr std::string_view kEventCheckpoint = "checkpoint";  // {step, path}
+// The worker turns each `checkpoint` event into a point of this metric series (value and
+// step: the checkpoint's step), so the coordinator knows when each running attempt last saved
+// one (preemption takes the attempts with the least work since then first).
+inline constexpr std::string_view kCheckpointStepSeries = "checkpoint_step";
 // {name, path[, type, manifest_sha256, bytes, parents, operation]}: a published result.
 inline constexpr std::string_view kEventOutput = "output";
 inline constexpr std::string_view kEventDone = "done";

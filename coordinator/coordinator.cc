@@ -20,13 +20,15 @@ Coordinator::Coordinator(CoordinatorOptions options, Store* store, const Clock* 
       series_(&core_),
       registry_(&core_, &series_),
       stopper_(&core_),
-      sessions_(&core_, &placer_, &series_, &registry_, &stopper_),
+      sessions_(&core_, &placer_, &series_, &registry_, &stopper_, &preemptor_),
       users_(&core_, &placer_, &registry_) {
   core_.on_transition = [this](const v1::Job& job, v1::JobState from, v1::JobState to)
                             ABSL_NO_THREAD_SAFETY_ANALYSIS {  // JobTable calls it under core_.mu
                               registry_.OnTransition(job, from, to);
                               series_.OnTransition(job, from, to);
+                              preemptor_.OnTransition(job, from, to);
                             };
+  placer_.SetPreemptor(&preemptor_);
   // Memoization serves content the requester may read, never names (tenancy.md).
   core_.jobs.SetCacheGuard([this](const v1::Job& source, const v1::Job& job)
                                ABSL_NO_THREAD_SAFETY_ANALYSIS {  // under core_.mu
@@ -133,6 +135,8 @@ int Coordinator::RunSchedulerPass() {
     leases_.AssertHeld();
     placer_.AssertHeld();
     leases_.Expire(&changes);
+    preemptor_.AssertHeld();
+    preemptor_.Pass(&changes);  // before placing: what it kills is placed in this pass
     placed = placer_.Place(&changes);
     placer_.UpdateGauges();
     UpdateDemandGauges();

@@ -18,6 +18,7 @@
 #include "coordinator/leases.h"
 #include "coordinator/metric_series.h"
 #include "coordinator/placement.h"
+#include "coordinator/preemptor.h"
 #include "coordinator/user_operations.h"
 #include "coordinator/worker_sessions.h"
 
@@ -131,6 +132,7 @@ class Coordinator final : public UserHandler, public WorkerHandler {
 
   CoordinatorCore core_;
   std::unique_ptr<QuotaFile> quota_file_;  // scheduler thread only (after Start)
+  Preemptor preemptor_{&core_};
   Placer placer_;
   Leases leases_;
   MetricSeries series_;

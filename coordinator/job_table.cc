@@ -483,6 +483,33 @@ void JobTable::AttemptFailed(v1::Job* job, const std::string& result, int exit_c
   ReleaseDependents(e, changes);
 }
 
+void JobTable::MarkPreempting(v1::Job* job, const std::string& by, Changes* changes) {
+  Entry& e = jobs_.at(job->id());
+  e.job.mutable_current()->set_preempted_by(by);
+  Record(e, e.job.state(), changes);
+}
+
+void JobTable::AttemptPreempted(v1::Job* job, int exit_code, bool killed, Changes* changes) {
+  Entry& e = jobs_.at(job->id());
+  v1::Attempt* a = e.job.mutable_current();
+  if (a->preempted_by().empty()) a->set_preempted_by("a higher-priority job");
+  const std::string by = a->preempted_by();
+  a->set_finished_ms(clock_->WallMs());
+  a->set_result(absl::StrCat(
+      killed ? "killed: not stopped in time after being preempted by " : "preempted by ", by));
+  for (auto& p : *a->mutable_parts()) p.set_running(false);
+  e.job.set_exit_code(exit_code);
+  e.job.set_preemptions(e.job.preemptions() + 1);
+  e.job.set_preempted_by(by);
+  e.job.set_attempt_budget(e.job.attempt_budget() + 1);  // this attempt does not count
+  e.job.set_not_before_ms(0);
+  SetState(e, v1::QUEUED,
+           absl::StrCat("attempt ", a->number(), " preempted by ", by,
+                        killed ? " (killed after the grace period)" : "",
+                        "; requeued, the attempt not counted"),
+           changes);
+}
+
 void JobTable::SetEarlyStop(v1::Job* job, const std::string& reason, Changes* changes) {
   Entry& e = jobs_.at(job->id());
   e.job.set_early_stop(reason);

@@ -100,6 +100,13 @@ class JobTable {
   // budget lasts (and `retryable`), else FAILED; FAILED spreads to dependents.
   void AttemptFailed(v1::Job* job, const std::string& result, int exit_code, bool retryable,
                      Changes* changes);
+  // Preemption (coordinator/preemptor.h): this live job's current attempt is being stopped
+  // for `by` (Attempt.preempted_by; durable, so a restart does not stop it twice).
+  void MarkPreempting(v1::Job* job, const std::string& by, Changes* changes);
+  // The current attempt ended preempted (it stopped when asked, or was killed after the grace
+  // period): back to QUEUED at once, no backoff, the attempt not counted against the budget
+  // (attempt_budget grows by one); Job.preemptions and Job.preempted_by record it.
+  void AttemptPreempted(v1::Job* job, int exit_code, bool killed, Changes* changes);
   // Early stopping decided to stop this live job (coordinator/early_stopper.h): `reason`
   // becomes its Job.early_stop now and its reason when it succeeds.
   void SetEarlyStop(v1::Job* job, const std::string& reason, Changes* changes);

@@ -52,6 +52,8 @@ struct Config {
   stemma::TokenReviewOptions k8s;
   std::vector<std::string> k8s_roles;
   int64_t k8s_ttl_s = 60;
+  bool no_preemption = false;
+  int64_t preemption_grace_s = 300;
 };
 
 int MakeDirs(const std::string& path) {
@@ -97,6 +99,14 @@ void AddFlags(CLI::App& app, Config* c) {
                  "YAML file of per-subject and per-project limits (queued jobs, running GPUs, "
                  "priority range) and fair share; re-read when it changes "
                  "(docs/operator-guide.md)");
+  app.add_flag("--no-preemption", cfg.no_preemption,
+               "never stop running jobs for higher-priority ones (priorities then only order "
+               "the queue)");
+  app.add_option("--preemption-grace-s", cfg.preemption_grace_s,
+                 "how long a preempted attempt has to save its checkpoint and exit before it is "
+                 "killed and requeued anyway")
+      ->check(CLI::Range(int64_t{1}, int64_t{86400}))
+      ->capture_default_str();
   app.add_option("--health-listen", cfg.health_listen,
                  "HOST:PORT for grpc.health.v1 (plaintext, nothing else on it)");
   app.add_option("--projects", cfg.projects,
@@ -273,6 +283,8 @@ int main(int argc, char** argv) {
   options.heartbeat_ms = cfg.heartbeat_ms;
   options.verify_artifacts = cfg.verify_artifacts;
   options.quotas_file = cfg.quotas;
+  options.scheduler.preemption = !cfg.no_preemption;
+  options.scheduler.preemption_grace_ms = cfg.preemption_grace_s * 1000;
   if (!cfg.projects.empty()) {
     auto tenancy = stemma::coordinator::Tenancy::Load(cfg.projects);
     if (!tenancy.ok()) {

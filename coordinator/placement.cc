@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/job_ranks.h"
+#include "coordinator/preemptor.h"
 
 namespace stemma::coordinator {
 
@@ -12,8 +13,13 @@ int Placer::Place(Changes* changes) {
   CoordinatorCore& c = *core_;
   c.mu.AssertHeld();
   const int64_t now = c.clock->WallMs();
+  const std::vector<Reservation>* reservations = nullptr;
+  if (preemptor_ != nullptr) {
+    preemptor_->AssertHeld();
+    reservations = preemptor_->reservations();
+  }
   std::vector<Placement> placements =
-      Schedule(c.jobs, c.workers, now, c.options.scheduler, &c.quotas);
+      Schedule(c.jobs, c.workers, now, c.options.scheduler, &c.quotas, reservations);
   for (const auto& p : placements) {
     const v1::Job* queued = c.jobs.Find(p.job_id);
     const auto& r = queued->spec().resources();

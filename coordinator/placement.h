@@ -5,9 +5,13 @@
 
 namespace stemma::coordinator {
 
+class Preemptor;
+
 class Placer {
  public:
   explicit Placer(CoordinatorCore* core) : core_(core) {}
+  // The reservations of preempting jobs (coordinator/preemptor.h) that placement respects.
+  void SetPreemptor(Preemptor* preemptor) { preemptor_ = preemptor; }
   // The core mutex is held. Every part shares the core's one mutex; the thread-safety
   // analysis cannot see that through two parts' pointers, so callers in other parts say so.
   void AssertHeld() const ABSL_ASSERT_EXCLUSIVE_LOCK(core_->mu) { core_->mu.AssertHeld(); }
@@ -26,6 +30,7 @@ class Placer {
 
  private:
   CoordinatorCore* const core_;
+  Preemptor* preemptor_ = nullptr;
 };
 
 }  // namespace stemma::coordinator

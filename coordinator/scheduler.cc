@@ -19,7 +19,8 @@ struct Free {
 // order the caller chooses.
 class Pass {
  public:
-  Pass(const JobTable& jobs, const WorkerTable& workers, int64_t now, const SchedulerOptions& o)
+  Pass(const JobTable& jobs, const WorkerTable& workers, int64_t now, const SchedulerOptions& o,
+       const std::vector<Reservation>* reservations)
       : now_(now), options_(o), least_(jobs.MinQueuedDemand()) {
     // Workers come in id order, so placement is deterministic.
     for (const auto& [id, w] : workers.all()) {
@@ -29,6 +30,7 @@ class Pass {
       free_.push_back(
           {&id, w.free_gpus(), w.free_cpus(), w.free_memory_mb(), w.info.allow_exec(), false});
     }
+    if (reservations != nullptr && !reservations->empty()) Hold(*reservations);
     RefreshBounds();
   }
 
@@ -39,8 +41,53 @@ class Pass {
   }
 
   enum class Outcome { kPlaced, kSkipped, kBlocked };
-  // Places the job (`id`, found in the table) if it fits now (appending to `out`).
+  // Places the job (`id`, found in the table) if it fits now (appending to `out`), on what is
+  // reserved for it too.
   Outcome Offer(const std::string& id, const v1::Job* job, std::vector<Placement>* out) {
+    if (held_.empty()) return OfferFree(id, job, out);
+    const bool reserved = Release(id, +1);
+    const Outcome o = OfferFree(id, job, out);
+    // Placed: the reservation became the job's allocation. Otherwise it is kept.
+    if (reserved && o != Outcome::kPlaced) Release(id, -1);
+    return o;
+  }
+
+  bool Empty() const { return free_.empty(); }
+
+ private:
+  // Takes what is reserved, as far as it is free now, out of each worker's free resources.
+  void Hold(const std::vector<Reservation>& reservations) {
+    for (const Reservation& r : reservations) {
+      for (size_t i = 0; i < free_.size(); ++i) {
+        if (*free_[i].id != r.worker_id) continue;
+        Free& f = free_[i];
+        Held h{&r.job_id, i, std::min(f.gpus, r.gpus), std::min(f.cpus, r.cpus),
+               std::min(f.memory_mb, r.memory_mb)};
+        f.gpus -= h.gpus;
+        f.cpus -= h.cpus;
+        f.memory_mb -= h.memory_mb;
+        held_.push_back(h);
+        break;
+      }
+    }
+  }
+  // Gives the job's held resources back to the free ones (+1) or holds them again (-1);
+  // false when the job holds none.
+  bool Release(const std::string& id, int sign) {
+    bool any = false;
+    for (const Held& h : held_) {
+      if (*h.job_id != id) continue;
+      Free& f = free_[h.index];
+      f.gpus += sign * h.gpus;
+      f.cpus += sign * h.cpus;
+      f.memory_mb += sign * h.memory_mb;
+      any = true;
+    }
+    if (any) RefreshBounds();
+    return any;
+  }
+
+  Outcome OfferFree(const std::string& id, const v1::Job* job, std::vector<Placement>* out) {
     if (job == nullptr || job->not_before_ms() > now_) return Outcome::kSkipped;
     const auto& r = job->spec().resources();
     const bool needs_exec = job->spec().kind_case() == v1::JobSpec::kExec;
@@ -86,9 +133,6 @@ class Pass {
     return Outcome::kPlaced;
   }
 
-  bool Empty() const { return free_.empty(); }
-
- private:
   bool CanHostAny(int gpus, double cpus, int64_t memory_mb) const {
     return gpus >= least_.gpus && cpus + 1e-9 >= least_.cpus && memory_mb >= least_.memory_mb;
   }
@@ -108,6 +152,14 @@ class Pass {
   const SchedulerOptions& options_;
   const JobTable::Demand least_;
   std::vector<Free> free_;
+  struct Held {
+    const std::string* job_id;
+    size_t index;  // in free_
+    int gpus;
+    double cpus;
+    int64_t memory_mb;
+  };
+  std::vector<Held> held_;
   std::vector<int> chosen_;
   int max_gpus_ = 0;
   double max_cpus_ = 0;
@@ -204,10 +256,11 @@ void ScheduleLevel(const Quotas& quotas, const Quotas::Level& level, const JobTa
 
 std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers,
                                 int64_t now_wall_ms, const SchedulerOptions& options,
-                                const Quotas* quotas) {
+                                const Quotas* quotas,
+                                const std::vector<Reservation>* reservations) {
   std::vector<Placement> out;
   if (jobs.queue().empty()) return out;
-  Pass pass(jobs, workers, now_wall_ms, options);
+  Pass pass(jobs, workers, now_wall_ms, options, reservations);
   if (pass.Empty()) return out;
   GpuBudget budget(quotas);
   if (quotas != nullptr && quotas->config().fair_share) {

@@ -10,6 +10,10 @@
 // it (backfill), but a pass stops after `max_blocked` jobs that did not fit, which bounds
 // its cost with very deep queues. Jobs in backoff (not_before in the future) are skipped.
 //
+// Reservations (preemption, coordinator/preemption.h): what a preempting job's victims free on a
+// worker is kept for that job: other jobs see the worker's free resources less the reserved
+// amounts (as far as they are free yet), the job itself sees them all.
+//
 // Pure: reads the tables and returns decisions; the caller applies them.
 #pragma once
 
@@ -29,11 +33,27 @@ struct Placement {
 
 struct SchedulerOptions {
   int max_blocked = 2000;
+  // Preemption (coordinator/preemptor.h): a QUEUED job that lower-priority jobs keep out
+  // stops them; `stemma-coordinator --no-preemption` turns it off.
+  bool preemption = true;
+  // How long a victim has to stop (a trainer saves its checkpoint first) before it is
+  // killed and requeued anyway (`--preemption-grace-s`).
+  int64_t preemption_grace_ms = 300'000;
 };
 
-// `quotas` may be null: one FIFO per priority, no limits.
+// Resources on one worker kept for a job whose victims are stopping (or have stopped).
+struct Reservation {
+  std::string job_id;
+  std::string worker_id;
+  int gpus = 0;
+  double cpus = 0;
+  int64_t memory_mb = 0;
+};
+
+// `quotas` may be null: one FIFO per priority, no limits. `reservations` may be null.
 std::vector<Placement> Schedule(const JobTable& jobs, const WorkerTable& workers,
                                 int64_t now_wall_ms, const SchedulerOptions& options = {},
-                                const Quotas* quotas = nullptr);
+                                const Quotas* quotas = nullptr,
+                                const std::vector<Reservation>* reservations = nullptr);
 
 }  // namespace stemma::coordinator

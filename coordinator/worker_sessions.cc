@@ -300,6 +300,10 @@ bool WorkerSessions::ApplyEvent(const std::string& worker_id, WorkerEntry& w,
     series_->AssertHeld();
     if (c.jobs.IsLive(*job) && !part.finished()) {
       absl::Status recorded = series_->RecordBatch(*job, event.metrics(), changes);
+      if (recorded.ok() && job->spec().kind_case() == v1::JobSpec::kTrain) {
+        preemptor_->AssertHeld();
+        preemptor_->OnMetrics(*job, event.metrics());
+      }
       if (!recorded.ok()) {
         spdlog::warn("worker={} attempt={} {}", worker_id, event.attempt_id(),
                      std::string(recorded.message()));
@@ -340,6 +344,13 @@ bool WorkerSessions::ApplyEvent(const std::string& worker_id, WorkerEntry& w,
       job->mutable_current()->mutable_parts(event.rank())->set_finished(true);
       job->mutable_current()->mutable_parts(event.rank())->set_exit_code(f.exit_code());
       changes->batch.of<JobsTable>().push_back(*job);
+    } else if (f.preempted()) {
+      // Stopped for a higher-priority job (its checkpoint saved): requeued at once, the
+      // attempt not counted.
+      job->mutable_current()->mutable_parts(event.rank())->set_finished(true);
+      job->mutable_current()->mutable_parts(event.rank())->set_exit_code(f.exit_code());
+      preemptor_->AssertHeld();
+      preemptor_->Requeue(job, worker_id, f.exit_code(), changes);
     } else if (f.exit_code() == 0 && !refused.empty()) {
       // An output outside the storage root or the owner's prefixes: nothing is registered,
       // and a retry would report it again.

@@ -13,6 +13,7 @@
 #include "coordinator/early_stopper.h"
 #include "coordinator/metric_series.h"
 #include "coordinator/placement.h"
+#include "coordinator/preemptor.h"
 
 namespace stemma::coordinator {
 
@@ -25,8 +26,13 @@ namespace stemma::coordinator {
 class WorkerSessions {
  public:
   WorkerSessions(CoordinatorCore* core, Placer* placer, MetricSeries* series,
-                 ArtifactRegistry* registry, EarlyStopper* stopper)
-      : core_(core), placer_(placer), series_(series), registry_(registry), stopper_(stopper) {}
+                 ArtifactRegistry* registry, EarlyStopper* stopper, Preemptor* preemptor)
+      : core_(core),
+        placer_(placer),
+        series_(series),
+        registry_(registry),
+        stopper_(stopper),
+        preemptor_(preemptor) {}
 
   // See WorkerHandler.
   absl::StatusOr<v1::Registered> Register(const v1::Register& request,
@@ -62,6 +68,7 @@ class WorkerSessions {
   MetricSeries* const series_;
   ArtifactRegistry* const registry_;
   EarlyStopper* const stopper_;
+  Preemptor* const preemptor_;
   // worker id -> the secret issued with its last Registered (in memory: after a
   // coordinator restart every worker registers afresh).
   absl::flat_hash_map<std::string, std::string> session_secrets_ ABSL_GUARDED_BY(core_->mu);

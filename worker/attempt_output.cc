@@ -191,6 +191,16 @@ void AttemptOutput::Apply(const v1::EngineEvent& e, int64_t wall_ms) {
     ApplyOutput(e);
     return;
   }
+  if (event == engine_contract::kEventCheckpoint) {
+    if (!e.has_step()) return;
+    if (metrics.size() >= kMaxMetricPoints) {
+      ++metrics_dropped;
+      return;
+    }
+    const int64_t step = ToInt64(e.step());
+    metrics.Add(engine_contract::kCheckpointStepSeries, static_cast<double>(step), step, wall_ms);
+    return;
+  }
   const bool step_event = event == engine_contract::kEventStep;
   if (event == engine_contract::kEventMetric || step_event) {
     const int64_t step = e.has_step() ? ToInt64(e.step()) : 0;

@@ -42,6 +42,22 @@ TEST(AttemptOutput, LinesSplitAcrossReadsParseTheSame) {
   }
 }
 
+// A saved checkpoint becomes a point of the checkpoint_step series (its step as value and
+// step): the coordinator's preemption reads when each attempt last saved one.
+TEST(AttemptOutput, CheckpointEventsArePointsOfTheCheckpointStepSeries) {
+  AttemptOutput out;
+  FeedAll(out,
+          "{\"event\":\"step\",\"step\":4,\"total_steps\":8,\"loss\":2.5}\n"
+          "{\"event\":\"checkpoint\",\"step\":4,\"path\":\"/c/step-00000004\"}\n"
+          "{\"event\":\"checkpoint\",\"path\":\"/c/no-step\"}\n",
+          9);
+  ASSERT_EQ(out.metrics.size(), 2u);
+  EXPECT_EQ(out.metrics.At(1).name, "checkpoint_step");
+  EXPECT_EQ(out.metrics.At(1).value, 4);
+  EXPECT_EQ(out.metrics.At(1).step, 4);
+  EXPECT_EQ(out.progress().step(), 4) << "a checkpoint is not progress";
+}
+
 TEST(AttemptOutput, BrokenJsonAndUntypedOutputsAreNotArtifacts) {
   AttemptOutput out;
   FeedAll(out,

@@ -229,6 +229,7 @@ absl::Status Executor::Launch(const v1::Assignment& assignment) {
   attempt->rank = assignment.rank();
   attempt->gpu_ids.assign(assignment.gpu_ids().begin(), assignment.gpu_ids().end());
   attempt->engine = IsEngineJob(assignment.spec());
+  attempt->train = attempt->engine && assignment.spec().kind_case() == v1::JobSpec::kTrain;
   attempt->timeout_ms = spec.timeout_ms();
   // Declared outputs are checked once, by the first part (exec_outputs.h).
   if (spec.has_exec() && spec.exec().outputs_size() > 0 && assignment.rank() == 0) {
@@ -370,6 +371,45 @@ void Executor::Cancel(const std::string& attempt_id, const std::string& reason) 
     notify = it->second->finished;
   }
   if (notify) Notify();
+}
+
+void Executor::Preempt(const std::string& attempt_id, const std::string& preempted_by) {
+  std::string workdir;
+  bool notify = false;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = attempts_.find(attempt_id);
+    if (it == attempts_.end() || it->second->finished || !it->second->preempted_by.empty()) return;
+    Attempt& a = *it->second;
+    a.preempted_by = preempted_by.empty() ? "a higher-priority job" : preempted_by;
+    if (a.train && a.pid != 0 && !a.log_path.empty()) {
+      workdir = a.log_path.substr(0, a.log_path.rfind('/'));
+    } else {
+      TerminateLocked(a, absl::StrCat("preempted by ", a.preempted_by), "preempted", true);
+      notify = a.finished;
+    }
+  }
+  if (notify) Notify();
+  if (workdir.empty()) return;
+  // Written whole (temporary name, then rename), outside the lock: the trainer checks for it
+  // after every step.
+  const std::string tmp = workdir + "/.preempt.tmp",
+                    path = absl::StrCat(workdir, "/", std::string(engine_contract::kPreemptFile));
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && write(fd, preempted_by.data(), preempted_by.size()) ==
+                           static_cast<ssize_t>(preempted_by.size());
+  if (fd >= 0) ok &= close(fd) == 0;
+  ok = ok && rename(tmp.c_str(), path.c_str()) == 0;
+  spdlog::info("attempt preempting: attempt={} by={}: {}", attempt_id, preempted_by,
+               ok ? "asked to checkpoint and exit" : std::strerror(errno));
+  if (!ok) {
+    absl::MutexLock lock(&mu_);
+    auto it = attempts_.find(attempt_id);
+    if (it != attempts_.end() && !it->second->finished) {
+      TerminateLocked(*it->second, absl::StrCat("preempted by ", it->second->preempted_by),
+                      "preempted", true);
+    }
+  }
 }
 
 void Executor::Discard(const std::string& attempt_id) {

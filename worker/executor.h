@@ -114,6 +114,13 @@ class Executor {
   // reason "cancelled: <reason>". No-op for unknown or finished attempts.
   void Cancel(const std::string& attempt_id, const std::string& reason);
 
+  // Preemption (StopAttempt.preempt): an engine train job is asked to save its checkpoint and
+  // exit (the preempt file in its directory, common/engine_contract.h kPreemptFile; it ends
+  // with kExitPreempted); any other attempt is terminated like Cancel. Either way it finishes
+  // with result "preempted", Finished.preempted set and retryable; one that ends otherwise
+  // first (done, failed) keeps that end. No-op for unknown or finished attempts.
+  void Preempt(const std::string& attempt_id, const std::string& preempted_by);
+
   // Like Cancel, but the attempt is forgotten as soon as it ends (the coordinator no longer
   // wants it) and disappears from Snapshot at once. Forgets a finished attempt.
   void Discard(const std::string& attempt_id);

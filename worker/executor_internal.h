@@ -108,6 +108,11 @@ struct Executor::Attempt : RankProcess {
   // What its output said so far: progress, metric points, outputs, the engine's error line.
   AttemptOutput out;
   bool engine = false;  // an engine job: its exit codes follow common/engine_contract.h
+  bool train = false;   // an engine train job: a preemption asks it to checkpoint and exit
+  // Preemption (Executor::Preempt): the job that takes the resources ("" when none asked);
+  // a rank of the part exited kExitPreempted.
+  std::string preempted_by;
+  bool rank_preempted = false;
 };
 
 namespace executor_internal {

@@ -55,6 +55,13 @@ using executor_internal::NoteLogged;
 
 namespace {
 
+// The reason of an attempt that exited kExitPreempted: its checkpoint is saved.
+std::string PreemptedReason(const std::string& preempted_by) {
+  return absl::StrCat("preempted by ",
+                      preempted_by.empty() ? std::string("a higher-priority job") : preempted_by,
+                      ": checkpoint saved (exit ", engine_contract::kExitPreempted, ")");
+}
+
 // The text after the last "stemma-engine: error: " line in a log's tail; empty if none.
 std::string LastEngineError(const std::string& tail) {
   const std::string_view prefix = engine_contract::kErrorPrefix;
@@ -423,6 +430,8 @@ void Executor::ReapLocked(Attempt& a, RankProcess& p) {
   }
   if (a.terminating) {
     FinishLocked(a, code, a.term_reason, a.term_result, a.term_retryable);
+  } else if (a.engine && code == engine_contract::kExitPreempted) {
+    FinishLocked(a, code, PreemptedReason(a.preempted_by), "preempted", /*retryable=*/true);
   } else if (a.engine && code == engine_contract::kExitBadInput) {
     // A bad spec or bad input fails the same way every time: no retry, and the engine's own
     // words in the job's reason.
@@ -441,7 +450,9 @@ void Executor::ReapLocked(Attempt& a, RankProcess& p) {
 void Executor::RankEndedLocked(Attempt& a, RankProcess& p, int code, const std::string& reason) {
   const int ranks = 1 + static_cast<int>(a.more.size());
   const int global = a.rank * ranks + p.local_rank;
-  if (code != 0 && a.rank_failure.empty() && !a.terminating) {
+  const bool preempted = a.engine && code == engine_contract::kExitPreempted;
+  a.rank_preempted |= preempted;
+  if (code != 0 && !preempted && a.rank_failure.empty() && !a.terminating) {
     const std::string error = &p == &a ? a.out.engine_error : LastEngineError(p.log_tail);
     a.rank_failure_code = code;
     if (a.engine && code == engine_contract::kExitBadInput) {
@@ -467,6 +478,9 @@ void Executor::RankEndedLocked(Attempt& a, RankProcess& p, int code, const std::
     FinishLocked(a, a.rank_failure_code, a.rank_failure, "failed", a.rank_failure_retryable);
   } else if (a.terminating) {
     FinishLocked(a, code, a.term_reason, a.term_result, a.term_retryable);
+  } else if (a.rank_preempted) {
+    FinishLocked(a, engine_contract::kExitPreempted, PreemptedReason(a.preempted_by), "preempted",
+                 true);
   } else if (!CollectLocked(a)) {
     FinishLocked(a, 0, "exit 0", "succeeded", false);
   }
@@ -561,6 +575,7 @@ void Executor::FinishLocked(Attempt& a, int exit_code, const std::string& reason
   a.result.set_exit_code(exit_code);
   a.result.set_reason(reason);
   a.result.set_retryable(retryable);
+  a.result.set_preempted(result == "preempted");
   for (const auto& [name, path] : a.out.outputs) (*a.result.mutable_outputs())[name] = path;
   if (exit_code == 0) {
     for (const v1::OutputArtifact& art : a.out.artifacts) *a.result.add_artifacts() = art;

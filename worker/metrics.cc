@@ -20,6 +20,7 @@ Metrics::Metrics(prometheus::Registry* registry) : registry_(registry) {
   finished_cancelled_ = &finished_family_->Add({{"result", "cancelled"}});
   finished_timeout_ = &finished_family_->Add({{"result", "timeout"}});
   finished_refused_ = &finished_family_->Add({{"result", "refused"}});
+  finished_preempted_ = &finished_family_->Add({{"result", "preempted"}});
   heartbeat_rtt_ = &BuildHistogram()
                         .Name("stemma_worker_heartbeat_rtt_seconds")
                         .Help("Round trip of a heartbeat to the coordinator and back.")
@@ -65,6 +66,8 @@ void Metrics::AttemptFinished(const std::string& result) {
     finished_timeout_->Increment();
   } else if (result == "refused") {
     finished_refused_->Increment();
+  } else if (result == "preempted") {
+    finished_preempted_->Increment();
   } else {
     finished_failed_->Increment();
   }

@@ -45,6 +45,7 @@ class Metrics {
   prometheus::Counter* finished_cancelled_;
   prometheus::Counter* finished_timeout_;
   prometheus::Counter* finished_refused_;
+  prometheus::Counter* finished_preempted_;
   prometheus::Histogram* heartbeat_rtt_;
   prometheus::Gauge* connected_;
   prometheus::Gauge* gpus_total_;

@@ -246,7 +246,13 @@ void Session::Handle(const v1::CoordinatorMessage& msg, bool* registered) {
       OnAck(msg.event_ack().event_seq());
       break;
     case v1::CoordinatorMessage::kStop:
-      RequestStop(msg.stop().attempt_id(), msg.stop().reason());
+      if (msg.stop().preempt()) {
+        spdlog::info("session: preempt attempt={} by={}", msg.stop().attempt_id(),
+                     msg.stop().preempted_by());
+        executor_->Preempt(msg.stop().attempt_id(), msg.stop().preempted_by());
+      } else {
+        RequestStop(msg.stop().attempt_id(), msg.stop().reason());
+      }
       break;
     default:
       spdlog::warn("session: unknown message from the coordinator ({})",

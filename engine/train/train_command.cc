@@ -53,6 +53,7 @@ absl::StatusOr<int> Run(const SpecCall& call) {
                  static_cast<long long>(stop_after_step));
     return engine_contract::kExitStopped;
   }
+  if (result == train::RunResult::kPreempted) return engine_contract::kExitPreempted;
   return engine_contract::kExitOk;
 }
 

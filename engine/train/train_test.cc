@@ -562,5 +562,50 @@ TEST_F(TrainTest, StopFileEndsTrainingAfterTheStepAndPublishesTheModel) {
   EXPECT_EQ(full.Of("done")[0]["stopped_at_step"], 0);
 }
 
+// Preemption (common/engine_contract.h kPreemptFile): with <STEMMA_WORKDIR>/preempt present,
+// the trainer saves the checkpoint of the step it just did at once (not only every
+// checkpoint.every steps), exits 5 (kExitPreempted) without publishing, and the next run
+// resumes there: no step is done twice, the loss curve and the final weights equal a run
+// that was never interrupted.
+TEST_F(TrainTest, PreemptFileCheckpointsAtOnceAndTheNextRunResumesThere) {
+  json spec = BaseSpec("llama", "unpreempted");
+  spec["steps"] = 6;
+  spec["log_every"] = 1;
+  spec["checkpoint"] = {{"every", 4}};
+  Result straight = Run(spec, "unpreempted");
+  ASSERT_EQ(straight.exit_code, 0) << straight.stderr_text;
+
+  const fs::path workdir = root_ / "preempt_attempt";
+  fs::create_directories(workdir);
+  std::ofstream(workdir / "preempt") << "j-9";
+  spec["out"] = (root_ / "preempted").string();
+  const std::string env = absl::StrCat("STEMMA_WORKDIR=", workdir.string(), " ");
+  Result first = Run(spec, "preempted_1", "", env);
+  EXPECT_EQ(first.exit_code, 5) << first.stderr_text;
+  ASSERT_EQ(first.Of("step").size(), 1u) << first.stdout_text;
+  ASSERT_EQ(first.Of("checkpoint").size(), 1u) << first.stdout_text;
+  EXPECT_EQ(first.Of("checkpoint")[0]["step"], 1);
+  EXPECT_TRUE(first.Of("output").empty());
+  EXPECT_TRUE(first.Of("done").empty());
+  EXPECT_FALSE(fs::exists(root_ / "preempted"));
+  EXPECT_TRUE(
+      io::VerifyCheckpoint((root_ / "preempted.checkpoints" / "step-00000001").string()).ok())
+      << "the preemption's checkpoint is a whole one";
+
+  fs::remove(workdir / "preempt");
+  Result second = Run(spec, "preempted_2", "", env);
+  ASSERT_EQ(second.exit_code, 0) << second.stderr_text;
+  EXPECT_EQ(second.events.front()["resumed_from_step"], 1);
+  std::map<int64_t, double> losses = first.Losses();
+  for (const auto& [step, loss] : second.Losses()) {
+    EXPECT_EQ(losses.count(step), 0u) << "step " << step << " done twice";
+    losses[step] = loss;
+  }
+  EXPECT_EQ(losses, straight.Losses());
+  Tensors a = ReadTensors(root_ / "unpreempted"), b = ReadTensors(root_ / "preempted");
+  ASSERT_EQ(a.size(), b.size());
+  for (const auto& [name, t] : a) EXPECT_TRUE(Same(t, b[name])) << name;
+}
+
 }  // namespace
 }  // namespace stemma::engine::train

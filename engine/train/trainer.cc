@@ -32,26 +32,37 @@ namespace {
 namespace fs = std::filesystem;
 using model::TorchGuard;
 
-// Early stopping (common/engine_contract.h kStopFile): the file the worker writes into the
-// attempt directory when the coordinator stops this trial. Checked after every step by rank
-// 0 (one access() call); under data parallel every rank learns it from one sum, so all stop
-// after the same step.
+// Early stopping and preemption (common/engine_contract.h kStopFile, kPreemptFile): the files
+// the worker writes into the attempt directory when the coordinator stops this trial or gives
+// its resources to a higher-priority job. Checked after every step by rank 0 (access() calls);
+// under data parallel every rank learns the answer from one sum, so all act after the same
+// step.
 class StopRequest {
  public:
+  enum class Kind { kNone, kStop, kPreempt };
   StopRequest() {
     if (const char* dir = std::getenv(std::string(engine_contract::kEnvWorkdir).c_str());
         dir != nullptr && *dir) {
-      path_ = absl::StrCat(dir, "/", std::string(engine_contract::kStopFile));
+      stop_path_ = absl::StrCat(dir, "/", std::string(engine_contract::kStopFile));
+      preempt_path_ = absl::StrCat(dir, "/", std::string(engine_contract::kPreemptFile));
     }
   }
-  bool Requested(DataParallel& ranks) const {
+  Kind Requested(DataParallel& ranks) const {
     double asked = 0;
-    if (ranks.rank() == 0 && !path_.empty() && access(path_.c_str(), F_OK) == 0) asked = 1;
-    return ranks.AllReduceSum(asked) > 0;
+    if (ranks.rank() == 0 && !stop_path_.empty()) {
+      if (access(preempt_path_.c_str(), F_OK) == 0) {
+        asked = 2;
+      } else if (access(stop_path_.c_str(), F_OK) == 0) {
+        asked = 1;
+      }
+    }
+    const double sum = ranks.AllReduceSum(asked);
+    return sum > 1.5 ? Kind::kPreempt : sum > 0.5 ? Kind::kStop : Kind::kNone;
   }
 
  private:
-  std::string path_;
+  std::string stop_path_;
+  std::string preempt_path_;
 };
 
 // One loader per dataset over its held-out split, in index order; the rows it yields first
@@ -236,7 +247,8 @@ absl::StatusOr<int64_t> SetUp(Run& run) {
   RestrictRouters(run);
   RETURN_IF_ERROR(BuildLoader(run, std::move(*mixture)));
   int64_t start_step = 0;
-  if (spec.checkpoint().every() > 0) {
+  // A run without periodic checkpoints still has the one a preemption saved.
+  if (spec.checkpoint().every() > 0 || io::PathExists(CheckpointDir(spec))) {
     if (run.ranks->rank() == 0) RemoveStaleStaging(CheckpointDir(spec));
     ASSIGN_OR_RETURN(start_step, Resume(run));
   }
@@ -331,7 +343,8 @@ absl::Status OutOfMemory(const Run& run, int64_t step, const c10::OutOfMemoryErr
 }
 
 // Steps start_step+1 .. total_steps, with evaluations and checkpoints as the spec asks.
-// kStopped when --stop-after-step ends the run early (as if preempted).
+// kStopped when --stop-after-step ends the run early (as if preempted), kPreempted after a
+// preemption's checkpoint.
 absl::StatusOr<RunResult> RunSteps(Run& run, const RunOptions& options, Progress& progress,
                                    const EventWriter& events) {
   using Clock = std::chrono::steady_clock;
@@ -368,7 +381,20 @@ absl::StatusOr<RunResult> RunSteps(Run& run, const RunOptions& options, Progress
         checkpoint_every > 0 && step % checkpoint_every == 0 && step < total;
     if (checkpoint_due) RETURN_IF_ERROR(Checkpoint(run, step, events));
     if (options.stop_after_step == step && step < total) return RunResult::kStopped;
-    if (step < total && stop_request.Requested(*run.ranks)) {
+    if (step == total) break;
+    const StopRequest::Kind asked = stop_request.Requested(*run.ranks);
+    if (asked == StopRequest::Kind::kPreempt) {
+      // The resumable checkpoint of this step now, unless it was just written: the next
+      // attempt loses no step.
+      if (!checkpoint_due) RETURN_IF_ERROR(Checkpoint(run, step, events));
+      if (run.ranks->rank() == 0) {
+        std::fprintf(stderr, "train: preempted after step %lld; resumable checkpoint %s/%s\n",
+                     static_cast<long long>(step), CheckpointDir(spec).c_str(),
+                     StepDirName(step).c_str());
+      }
+      return RunResult::kPreempted;
+    }
+    if (asked == StopRequest::Kind::kStop) {
       progress.stopped_at_step = step;  // early stopping: publish this step's model as `out`
       break;
     }
@@ -488,7 +514,7 @@ absl::StatusOr<RunResult> TrainImpl(const v1::TrainSpec& spec, const RunOptions&
     }));
   }
   ASSIGN_OR_RETURN(RunResult result, RunSteps(run, options, progress, events));
-  if (result == RunResult::kStopped) return result;
+  if (result == RunResult::kStopped || result == RunResult::kPreempted) return result;
   RETURN_IF_ERROR(Publish(run, progress.stopped_at_step, events));
   EmitDone(run, progress, events);
   return RunResult::kFinished;

@@ -17,6 +17,11 @@
 // published as `out` like a finished one, its stemma.json noting `stopped_at_step`; the
 // `done` event says the same, and the command exits 0.
 //
+// Preemption: when it holds the file `preempt` instead, the checkpoint of the current step
+// is saved at once (the resumable one, as checkpoint.every would write it) and the command
+// exits 5 (kExitPreempted) without publishing; the next run resumes from that checkpoint
+// and repeats the same loss curve. A run with checkpoint.every 0 resumes from it too.
+//
 // Header without LibTorch: train_command.cc stays a cheap translation unit.
 #pragma once
 
@@ -35,7 +40,9 @@ struct RunOptions {
   int64_t stop_after_step = 0;
 };
 
-enum class RunResult { kFinished, kStopped };
+// kPreempted: the attempt directory held the preempt file (common/engine_contract.h
+// kPreemptFile); the checkpoint of the last step done is saved, nothing is published.
+enum class RunResult { kFinished, kStopped, kPreempted };
 
 // Runs (or resumes) the training `spec` describes. Errors name the cause: a spec field, a
 // file or tensor, a NaN loss (with the step). Nothing partial is ever published: checkpoints
