@@ -13,6 +13,10 @@ struct Free {
   int64_t memory_mb;
   bool allow_exec;
   bool taken;  // already holds a part of the job being placed
+  // Of what is free, the part reserved for a preempting job (not in the fields above).
+  int held_gpus = 0;
+  double held_cpus = 0;
+  int64_t held_memory_mb = 0;
 };
 
 // One scheduling pass over the free resources: jobs are offered one by one, in whatever
@@ -66,6 +70,9 @@ class Pass {
         f.gpus -= h.gpus;
         f.cpus -= h.cpus;
         f.memory_mb -= h.memory_mb;
+        f.held_gpus += h.gpus;
+        f.held_cpus += h.cpus;
+        f.held_memory_mb += h.memory_mb;
         held_.push_back(h);
         break;
       }
@@ -81,6 +88,9 @@ class Pass {
       f.gpus += sign * h.gpus;
       f.cpus += sign * h.cpus;
       f.memory_mb += sign * h.memory_mb;
+      f.held_gpus -= sign * h.gpus;
+      f.held_cpus -= sign * h.cpus;
+      f.held_memory_mb -= sign * h.memory_mb;
       any = true;
     }
     if (any) RefreshBounds();
@@ -136,15 +146,16 @@ class Pass {
   bool CanHostAny(int gpus, double cpus, int64_t memory_mb) const {
     return gpus >= least_.gpus && cpus + 1e-9 >= least_.cpus && memory_mb >= least_.memory_mb;
   }
-  // Upper bounds of what any one worker has free.
+  // Upper bounds of what any one worker has free (reserved or not: the job it is reserved
+  // for may still come).
   void RefreshBounds() {
     max_gpus_ = 0;
     max_cpus_ = 0;
     max_memory_ = 0;
     for (const Free& f : free_) {
-      max_gpus_ = std::max(max_gpus_, f.gpus);
-      max_cpus_ = std::max(max_cpus_, f.cpus);
-      max_memory_ = std::max(max_memory_, f.memory_mb);
+      max_gpus_ = std::max(max_gpus_, f.gpus + f.held_gpus);
+      max_cpus_ = std::max(max_cpus_, f.cpus + f.held_cpus);
+      max_memory_ = std::max(max_memory_, f.memory_mb + f.held_memory_mb);
     }
   }
 
