@@ -16,11 +16,12 @@
 namespace stemma::testing {
 namespace {
 
+// `keep`: checkpoints kept; it changes nothing in the run but its cache key (an equal spec
+// would be served from the other job's result).
 std::string TrainJob(const std::string& name, const std::string& model, const std::string& data,
-                     const std::string& out) {
+                     const std::string& out, int keep) {
   return "name: " + name + R"(
 priority: 0
-cache: false
 resources: {cpus: 1}
 train:
   model: )" +
@@ -32,7 +33,8 @@ train:
   batch_size: 2
   steps: 300
   log_every: 1
-  checkpoint: {every: 100}
+  checkpoint: {every: 100, keep: )" +
+         std::to_string(keep) + R"(}
 )";
 }
 
@@ -81,7 +83,8 @@ stages:
   const CliResult prep = c.Cli({"exp", "wait", "prep", "--timeout", "300"});
   ASSERT_EQ(prep.exit_code, 0) << prep.out << prep.err;
   std::string model, data;
-  for (const auto& cell : c.Cli({"exp", "get", "prep", "-o", "json"}).Json()["cells"]) {
+  const nlohmann::json exp = c.Cli({"exp", "get", "prep", "-o", "json"}).Json();
+  for (const auto& cell : exp["cells"]) {  // bound first: a temporary's cells would dangle
     const nlohmann::json job = c.Get(cell["job_id"]);
     if (job["outputs"].contains("model")) model = job["outputs"]["model"];
     if (job["outputs"].contains("dataset")) data = job["outputs"]["dataset"];
@@ -91,7 +94,7 @@ stages:
   // The low-priority run, then a high-priority job once it is well into its steps (and
   // between its periodic checkpoints).
   const std::string victim =
-      c.Submit(TrainJob("victim", model, data, root + "/victim"), "victim.yaml")[0];
+      c.Submit(TrainJob("victim", model, data, root + "/victim", 2), "victim.yaml")[0];
   ASSERT_TRUE(
       c.WaitUntil([&] { return c.Get(victim)["progress"]["step"].get<int64_t>() >= 30; }, 300))
       << c.Cli({"get", victim}).out;
@@ -136,7 +139,7 @@ exec: {argv: [/bin/sh, -c, "sleep 1"]}
 
   // An uninterrupted run of the same spec: the same loss at every step, the same weights.
   const std::string straight =
-      c.Submit(TrainJob("straight", model, data, root + "/straight"), "straight.yaml")[0];
+      c.Submit(TrainJob("straight", model, data, root + "/straight", 3), "straight.yaml")[0];
   ASSERT_EQ(c.WaitFor(straight, {"SUCCEEDED", "FAILED"}, 600), "SUCCEEDED");
   EXPECT_EQ(c.Get(straight)["preemptions"], 0);
   const std::map<int64_t, double> expected = Losses(c, straight);
