@@ -16,9 +16,7 @@
 namespace stemma::cli {
 namespace {
 
-bool Structured(const GlobalOptions& g) {
-  return g.format == OutputFormat::kJson || g.format == OutputFormat::kYaml;
-}
+bool Structured(const GlobalOptions& g) { return IsStructured(g.format); }
 
 struct ListOptions {
   std::string experiment, job, type, sha256;
@@ -43,7 +41,7 @@ absl::StatusOr<int> RunList(const GlobalOptions& g, const ListOptions& o) {
     for (const auto& a : list) array.push_back(ArtifactToJson(a));
     PrintStructured(array, g.format);
   } else {
-    std::cout << RenderArtifactsTable(list, g.format == OutputFormat::kWide, NowMs());
+    PrintTable(RenderArtifactsTable(list, g.format == OutputFormat::kWide, NowMs()));
   }
   return 0;
 }
@@ -206,7 +204,7 @@ absl::StatusOr<int> RunGc(const GlobalOptions& g, const GcOptions& o) {
                     HumanBytes(d.artifact().bytes()), d.error().empty() ? d.reason() : d.error()});
   }
   if (!rows.empty()) {
-    std::cout << RenderTable({"ACTION", "ID", "NAME", "JOB", "EXPERIMENT", "SIZE", "REASON"}, rows);
+    PrintTable(RenderTable({"ACTION", "ID", "NAME", "JOB", "EXPERIMENT", "SIZE", "REASON"}, rows));
   }
   std::cout << (o.apply ? "deleted " : "would delete ") << deleted << " of " << r.decisions_size()
             << " checkpoints, " << HumanBytes(r.bytes_freed())

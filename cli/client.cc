@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "cli/command.h"
 #include "common/auth.h"
 #include "common/rpc.h"
 #include "stemma/v1/user_service.grpc.pb.h"
@@ -113,8 +114,8 @@ absl::Status Convert(const grpc::Status& status, const std::string& address,
       return absl::UnavailableError(absl::StrCat("cannot reach the coordinator at ", address,
                                                  " (start one with 'stemma up')"));
     case grpc::StatusCode::UNAUTHENTICATED:
-      return absl::UnauthenticatedError(absl::StrCat(
-          "the coordinator at ", address, " refused the credentials: ", status.error_message()));
+      return FromCoordinator(absl::UnauthenticatedError(absl::StrCat(
+          "the coordinator at ", address, " refused the credentials: ", status.error_message())));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return absl::DeadlineExceededError(absl::StrCat("the coordinator at ", address,
                                                       " did not answer within ",
@@ -122,9 +123,9 @@ absl::Status Convert(const grpc::Status& status, const std::string& address,
     default: {
       absl::Status converted = FromGrpcStatus(status);
       if (converted.message().empty()) {
-        return absl::Status(converted.code(), absl::StatusCodeToString(converted.code()));
+        converted = absl::Status(converted.code(), absl::StatusCodeToString(converted.code()));
       }
-      return converted;
+      return FromCoordinator(std::move(converted));
     }
   }
 }
@@ -228,6 +229,24 @@ absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& id) {
       impl_.get(), &v1::UserService::Stub::GetJob, request, address_, timeout_);
   if (!response.ok()) return response.status();
   return std::move(*response->mutable_job());
+}
+
+absl::StatusOr<v1::JobResponse> CoordinatorClient::GetJobWithHistory(const std::string& id) {
+  v1::GetJobRequest request;
+  request.set_id(id);
+  return Unary<v1::GetJobRequest, v1::JobResponse>(impl_.get(), &v1::UserService::Stub::GetJob,
+                                                   request, address_, timeout_);
+}
+
+absl::StatusOr<v1::GcJobsResponse> CoordinatorClient::CollectJobs(
+    const v1::GcJobsRequest& request) {
+  if (!request.apply()) {
+    return Unary<v1::GcJobsRequest, v1::GcJobsResponse>(
+        impl_.get(), &v1::UserService::Stub::CollectJobs, request, address_, timeout_);
+  }
+  return KeyedOperation<v1::GcJobsRequest, v1::GcJobsResponse>(
+      impl_.get(), &v1::UserService::Stub::CollectJobs, request, address_, timeout_, "gc jobs",
+      "'stemma ls --archived'");
 }
 
 absl::StatusOr<v1::ListJobsResponse> CoordinatorClient::ListJobs(

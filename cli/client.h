@@ -36,6 +36,10 @@ class CoordinatorClient {
   // its key instead of reporting a failure.
   absl::StatusOr<v1::SubmitResponse> Submit(const v1::SubmitRequest& request);
   absl::StatusOr<v1::Job> GetJob(const std::string& id);
+  // The job and its attempt history (every attempt, oldest first).
+  absl::StatusOr<v1::JobResponse> GetJobWithHistory(const std::string& id);
+  // `stemma gc jobs`: a dry run, or (apply) archiving or forgetting, keyed like Cancel.
+  absl::StatusOr<v1::GcJobsResponse> CollectJobs(const v1::GcJobsRequest& request);
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   // Cancel, Retry, Drain and PinArtifact send a fresh idempotency key per call and resend
   // it, like Submit, when the answer is lost: a retry never grows the attempt budget twice.

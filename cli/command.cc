@@ -10,6 +10,7 @@
 #include <iostream>
 #include <memory>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
@@ -18,11 +19,115 @@
 
 namespace stemma::cli {
 
+namespace {
+
+// Set once by main before any action runs.
+std::string* jsonpath_template = new std::string;
+bool no_headers = false;
+
+constexpr char kWaitPayload[] = "stemma.dev/wait-timeout";
+constexpr char kServerPayload[] = "stemma.dev/from-coordinator";
+
+// -o name: an item's id, else its name, else its job's id.
+std::string NameOf(const nlohmann::json& item) {
+  if (!item.is_object()) return item.is_string() ? item.get<std::string>() : item.dump();
+  for (const char* key : {"id", "name", "job_id"}) {
+    auto it = item.find(key);
+    if (it != item.end() && it->is_string() && !it->get<std::string>().empty()) return *it;
+  }
+  return "";
+}
+
+}  // namespace
+
+void SetOutputSettings(const std::string& jsonpath, bool headers_off) {
+  *jsonpath_template = jsonpath;
+  no_headers = headers_off;
+}
+
+bool IsStructured(OutputFormat format) {
+  return format == OutputFormat::kJson || format == OutputFormat::kYaml ||
+         format == OutputFormat::kName || format == OutputFormat::kJsonPath;
+}
+
 void PrintStructured(const nlohmann::json& value, OutputFormat format) {
   if (format == OutputFormat::kYaml) {
     std::cout << JsonToYaml(value);
+  } else if (format == OutputFormat::kName) {
+    // A list's items, or an object holding one list (a response such as {"job_ids": [...]}).
+    const nlohmann::json* items = &value;
+    if (value.is_object() && NameOf(value).empty()) {
+      for (const auto& [key, v] : value.items()) {
+        if (v.is_array()) items = &v;
+      }
+    }
+    if (!items->is_array()) {
+      std::cout << NameOf(*items) << "\n";
+      return;
+    }
+    for (const auto& item : *items) {
+      if (std::string name = NameOf(item); !name.empty()) std::cout << name << "\n";
+    }
+  } else if (format == OutputFormat::kJsonPath) {
+    const nlohmann::json input =
+        value.is_array() ? nlohmann::json{{"kind", "List"}, {"items", value}} : value;
+    absl::StatusOr<std::string> out = ApplyJsonPath(input, *jsonpath_template);
+    std::cout << (out.ok() ? *out : std::string(out.status().message())) << "\n";
   } else {
     std::cout << value.dump(2) << "\n";
+  }
+}
+
+CLI::Validator DurationFlag() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        absl::StatusOr<double> seconds = ParseDurationSeconds(value, "duration");
+        if (!seconds.ok()) return std::string(seconds.status().message());
+        value = absl::StrCat(*seconds);
+        return "";
+      },
+      "DURATION");
+}
+
+void PrintTable(const std::string& table) {
+  if (!no_headers) {
+    std::cout << table;
+    return;
+  }
+  const size_t eol = table.find('\n');
+  if (eol != std::string::npos) std::cout << table.substr(eol + 1);
+}
+
+absl::Status WaitTimedOut(const std::string& message) {
+  absl::Status status = absl::DeadlineExceededError(message);
+  status.SetPayload(kWaitPayload, absl::Cord("1"));
+  return status;
+}
+
+absl::Status FromCoordinator(absl::Status status) {
+  if (!status.ok()) status.SetPayload(kServerPayload, absl::Cord("1"));
+  return status;
+}
+
+int ExitCodeFor(const absl::Status& status) {
+  if (status.ok()) return kExitOk;
+  if (status.GetPayload(kWaitPayload).has_value()) return kExitTimedOut;
+  if (IsUsageError(status)) return kExitUsage;
+  const absl::StatusCode code = status.code();
+  if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+    return kExitUnreachable;
+  }
+  if (status.GetPayload(kServerPayload).has_value()) return kExitRefused;
+  switch (code) {  // found here, before anything was sent
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kAlreadyExists:
+      return kExitUsage;
+    default:
+      return kExitFailed;
   }
 }
 
@@ -84,7 +189,7 @@ absl::StatusOr<int> RunTokenCreate(const GlobalOptions& g, const TokenOptions& o
     return 0;
   }
   // The token is shown once, here; only its digest is kept.
-  if (g.format == OutputFormat::kJson || g.format == OutputFormat::kYaml) {
+  if (IsStructured(g.format)) {
     nlohmann::json j = {{"token", token},
                         {"role", std::string(RoleName(role))},
                         {"subject", o.subject},

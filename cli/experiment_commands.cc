@@ -143,7 +143,7 @@ absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
   }
   CoordinatorClient client(g.coordinator, g.timeout());
   ASSIGN_OR_RETURN(v1::SubmitExperimentResponse r, client.SubmitExperiment(request));
-  if (g.format == OutputFormat::kJson || g.format == OutputFormat::kYaml) {
+  if (IsStructured(g.format)) {
     PrintStructured(ToJson(r), g.format);
     return 0;
   }
@@ -183,50 +183,97 @@ absl::StatusOr<int> RunSweep(const GlobalOptions& g, const SweepOptions& o) {
 absl::StatusOr<int> RunList(const GlobalOptions& g) {
   CoordinatorClient client(g.coordinator, g.timeout());
   ASSIGN_OR_RETURN(v1::ListExperimentsResponse r, client.ListExperiments());
-  if (g.format == OutputFormat::kJson || g.format == OutputFormat::kYaml) {
-    PrintStructured(ToJson(r), g.format);
+  if (IsStructured(g.format)) {
+    nlohmann::json list = ToJson(r)["experiments"];
+    PrintStructured(list.is_array() ? list : nlohmann::json::array(), g.format);
     return 0;
   }
-  std::cout << "NAME\tREVISION\tJOBS\tSTATES\n";
+  std::vector<std::vector<std::string>> rows;
   for (const auto& e : r.experiments()) {
     std::vector<std::string> states;
     for (const auto& [s, n] : e.states()) states.push_back(absl::StrCat(s, "=", n));
     std::sort(states.begin(), states.end());
-    std::cout << e.name() << "\t" << e.revision() << "\t" << e.jobs() << "\t"
-              << absl::StrJoin(states, ",") << "\n";
+    rows.push_back(
+        {e.name(), absl::StrCat(e.revision()), absl::StrCat(e.jobs()), absl::StrJoin(states, ",")});
   }
+  PrintTable(RenderTable({"NAME", "REVISION", "JOBS", "STATES"}, rows));
   return 0;
 }
 
 struct GetOptions {
   std::string name;
   int revision = 0;
-  std::string space;  // the namespace (a project or a subject); "": the caller's own
+  std::string space;     // the namespace (a project or a subject); "": the caller's own
+  double timeout_s = 0;  // wait, watch
 };
+
+// -n, else the context's namespace.
+std::string Space(const GlobalOptions& g, const GetOptions& o) {
+  return o.space.empty() ? g.space : o.space;
+}
 
 absl::StatusOr<int> RunGet(const GlobalOptions& g, const GetOptions& o) {
   CoordinatorClient client(g.coordinator, g.timeout());
   v1::GetExperimentRequest req;
   req.set_name(o.name);
   req.set_revision(o.revision);
-  req.set_owner(o.space);
+  req.set_owner(Space(g, o));
   ASSIGN_OR_RETURN(v1::GetExperimentResponse r, client.GetExperiment(req));
-  if (g.format == OutputFormat::kJson || g.format == OutputFormat::kYaml) {
+  if (g.format == OutputFormat::kName) {
+    for (const auto& c : r.cells()) {
+      if (!c.job_id().empty()) std::cout << c.job_id() << "\n";
+    }
+    return 0;
+  }
+  if (IsStructured(g.format)) {
     PrintStructured(ToJson(r), g.format);
     return 0;
   }
-  std::cout << r.experiment().name() << " revision " << r.experiment().revision() << ": "
-            << r.experiment().jobs() << " jobs\n";
-  for (const auto& c : r.cells()) {
-    std::cout << c.job_id() << "\t" << StateName(c.state()) << "\t" << TerminalSafe(c.job_name());
-    if (!c.reason().empty()) std::cout << "\t" << TerminalSafe(c.reason());
-    std::cout << "\n";
+  if (!g.no_headers) {
+    std::cout << r.experiment().name() << " revision " << r.experiment().revision() << ": "
+              << r.experiment().jobs() << " jobs\n";
   }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& c : r.cells()) {
+    rows.push_back({c.job_id().empty() ? "-" : c.job_id(), StateName(c.state()), c.job_name(),
+                    c.reason().empty() ? "-" : c.reason()});
+  }
+  PrintTable(RenderTable({"ID", "STATE", "NAME", "REASON"}, rows));
   return 0;
 }
 
+// The cells a wait or watch ends on: what did not end well, for people or as structured
+// output.
+int PrintOutcome(const GlobalOptions& g, const v1::GetExperimentResponse& r, int ok) {
+  const int rc = ok == r.cells_size() ? 0 : 1;
+  if (IsStructured(g.format)) {
+    nlohmann::json out = {{"experiment", r.experiment().name()},
+                          {"revision", r.experiment().revision()},
+                          {"jobs", r.cells_size()},
+                          {"succeeded_or_skipped", ok},
+                          {"items", nlohmann::json::array()}};
+    for (const auto& c : r.cells()) {
+      if (!EndedWell(c)) {
+        out["items"].push_back({{"id", c.job_id()},
+                                {"name", c.job_name()},
+                                {"state", StateName(c.state())},
+                                {"reason", c.reason()}});
+      }
+    }
+    PrintStructured(g.format == OutputFormat::kName ? out["items"] : out, g.format);
+    return rc;
+  }
+  for (const auto& c : r.cells()) {
+    if (!EndedWell(c))
+      std::cout << c.job_id() << " " << c.job_name() << " " << StateName(c.state()) << ": "
+                << c.reason() << "\n";
+  }
+  return rc;
+}
+
 // Polls until every job of the latest revision has ended; 0 when all SUCCEEDED.
-absl::StatusOr<int> RunWait(const GlobalOptions& g, const GetOptions& o, double timeout_s) {
+absl::StatusOr<int> RunWait(const GlobalOptions& g, const GetOptions& o) {
+  const double timeout_s = g.WaitTimeout(o.timeout_s);
   CoordinatorClient client(g.coordinator, g.timeout());
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   std::string last;
@@ -234,7 +281,7 @@ absl::StatusOr<int> RunWait(const GlobalOptions& g, const GetOptions& o, double 
     v1::GetExperimentRequest req;
     req.set_name(o.name);
     req.set_revision(o.revision);
-    req.set_owner(o.space);
+    req.set_owner(Space(g, o));
     ASSIGN_OR_RETURN(v1::GetExperimentResponse r, client.GetExperiment(req));
     int done = 0, ok = 0;
     for (const auto& c : r.cells()) {
@@ -245,17 +292,9 @@ absl::StatusOr<int> RunWait(const GlobalOptions& g, const GetOptions& o, double 
                                           " ended, ", ok, " succeeded or skipped");
     if (line != last) std::cerr << line << "\n";
     last = line;
-    if (done == r.cells_size()) {
-      for (const auto& c : r.cells()) {
-        if (!EndedWell(c))
-          std::cout << c.job_id() << " " << c.job_name() << " " << StateName(c.state()) << ": "
-                    << c.reason() << "\n";
-      }
-      return ok == r.cells_size() ? 0 : 1;
-    }
+    if (done == r.cells_size()) return PrintOutcome(g, r, ok);
     if (timeout_s > 0 && std::chrono::steady_clock::now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("exp wait: ", line, " after ", timeout_s, " s"));
+      return WaitTimedOut(absl::StrCat("exp wait: ", line, " after ", timeout_s, " s"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
@@ -269,6 +308,7 @@ absl::StatusOr<int> RunCancel(const GlobalOptions& g, const GetOptions& o) {
   // The latest revision's unfinished jobs, and those of earlier revisions: a new revision
   // cancels what it supersedes, so what is left of those is what the latest one waits for.
   int cancelled = 0, earlier = 0;
+  nlohmann::json ids = nlohmann::json::array();
   const int latest = r.experiment().revision();
   for (int revision = latest; revision >= 1; --revision) {
     if (revision != latest) {
@@ -279,9 +319,18 @@ absl::StatusOr<int> RunCancel(const GlobalOptions& g, const GetOptions& o) {
       if (c.job_id().empty() || IsTerminal(c.state())) continue;
       if (client.Cancel(c.job_id(), absl::StrCat("experiment ", o.name, " cancelled")).ok()) {
         ++cancelled;
+        ids.push_back({{"id", c.job_id()}, {"name", c.job_name()}, {"revision", revision}});
         earlier += revision != latest;
       }
     }
+  }
+  if (IsStructured(g.format)) {
+    PrintStructured(
+        g.format == OutputFormat::kName
+            ? ids
+            : nlohmann::json{{"experiment", o.name}, {"cancelled", cancelled}, {"items", ids}},
+        g.format);
+    return 0;
   }
   std::cout << "cancelled " << cancelled << " jobs of " << o.name;
   if (earlier > 0)
@@ -300,6 +349,7 @@ absl::StatusOr<int> RunRetry(const GlobalOptions& g, const GetOptions& o) {
   ASSIGN_OR_RETURN(v1::GetExperimentResponse r, client.GetExperiment(req));
   int retried = 0;
   std::vector<std::string> refused;
+  nlohmann::json items = nlohmann::json::array();
   for (const auto& c : r.cells()) {  // in submission order: upstream first
     if (c.state() != v1::FAILED && c.state() != v1::CANCELLED) continue;
     if (!c.early_stop().empty()) continue;
@@ -307,15 +357,28 @@ absl::StatusOr<int> RunRetry(const GlobalOptions& g, const GetOptions& o) {
     // A dependent an earlier retry already set waiting again.
     if (job.ok() && job->state() != v1::FAILED && job->state() != v1::CANCELLED) {
       ++retried;
+      items.push_back({{"id", c.job_id()}, {"name", c.job_name()}});
       continue;
     }
     absl::StatusOr<v1::Job> again = client.Retry(c.job_id());
     if (again.ok()) {
       ++retried;
+      items.push_back({{"id", c.job_id()}, {"name", c.job_name()}});
     } else {
       refused.push_back(
           absl::StrCat(c.job_id(), " ", c.job_name(), ": ", again.status().message()));
     }
+  }
+  if (IsStructured(g.format)) {
+    PrintStructured(g.format == OutputFormat::kName
+                        ? items
+                        : nlohmann::json{{"experiment", o.name},
+                                         {"revision", r.experiment().revision()},
+                                         {"retried", retried},
+                                         {"items", items},
+                                         {"refused", refused}},
+                    g.format);
+    return refused.empty() ? 0 : 1;
   }
   std::cout << "retried " << retried << " jobs of " << o.name << " revision "
             << r.experiment().revision() << "\n";
@@ -323,11 +386,28 @@ absl::StatusOr<int> RunRetry(const GlobalOptions& g, const GetOptions& o) {
   return refused.empty() ? 0 : 1;
 }
 
+// The progress messages of the experiment's running jobs (one listing; empty on error).
+std::map<std::string, std::string> RunningMessages(CoordinatorClient& client,
+                                                   const std::string& experiment) {
+  std::map<std::string, std::string> out;
+  v1::ListJobsRequest request;
+  request.set_experiment(experiment);
+  request.add_states(v1::RUNNING);
+  request.set_page_size(1000);
+  absl::StatusOr<v1::ListJobsResponse> page = client.ListJobs(request);
+  if (!page.ok()) return out;
+  for (const v1::Job& job : page->jobs()) {
+    if (!job.progress().message().empty()) out[job.id()] = job.progress().message();
+  }
+  return out;
+}
+
 // The experiment live: cells by state, and each running cell's step, loss and tokens/s (its
 // progress and the metric series' last values). Ends with the experiment (0 when every
 // cell succeeded or was skipped for early stopping), or after `timeout_s`. A coordinator
 // that goes away (a restart) is waited for, for up to a minute.
-absl::StatusOr<int> RunWatch(const GlobalOptions& g, const GetOptions& o, double timeout_s) {
+absl::StatusOr<int> RunWatch(const GlobalOptions& g, const GetOptions& o) {
+  const double timeout_s = g.WaitTimeout(o.timeout_s);
   const auto start = std::chrono::steady_clock::now();
   auto lost_since = std::chrono::steady_clock::time_point::max();
   std::string last;
@@ -335,15 +415,17 @@ absl::StatusOr<int> RunWatch(const GlobalOptions& g, const GetOptions& o, double
     CoordinatorClient client(g.coordinator, g.timeout());
     v1::GetExperimentRequest req;
     req.set_name(o.name);
-    req.set_owner(o.space);
+    req.set_owner(Space(g, o));
     absl::StatusOr<v1::GetExperimentResponse> got = client.GetExperiment(req);
     v1::QueryMetricsResponse metrics;
+    std::map<std::string, std::string> messages;  // running job -> its progress message
     if (got.ok()) {
       v1::QueryMetricsRequest q;
       q.set_experiment(o.name);
       q.set_last_only(true);
       absl::StatusOr<v1::QueryMetricsResponse> m = client.QueryMetrics(q);
       if (m.ok()) metrics = *std::move(m);
+      messages = RunningMessages(client, o.name);
     }
     const auto now = std::chrono::steady_clock::now();
     if (!got.ok()) {
@@ -379,6 +461,10 @@ absl::StatusOr<int> RunWatch(const GlobalOptions& g, const GetOptions& o, double
           absl::StrAppend(&running, "  loss ", absl::StrFormat("%.4g", it->second));
         if (auto it = v.find("tokens_per_s"); it != v.end())
           absl::StrAppend(&running, "  ", absl::StrFormat("%.0f", it->second), " tok/s");
+        // An eval job's progress message names the task it is on.
+        if (auto it = messages.find(c.job_id()); it != messages.end() && c.kind() == "eval") {
+          absl::StrAppend(&running, "  task ", it->second);
+        }
         if (!c.early_stop().empty()) absl::StrAppend(&running, "  stopping: ", c.early_stop());
         absl::StrAppend(&running, "\n");
       }
@@ -389,17 +475,10 @@ absl::StatusOr<int> RunWatch(const GlobalOptions& g, const GetOptions& o, double
                        absl::StrJoin(parts, ", "), "\n", running);
       if (screen != last) std::cout << screen << std::flush;
       last = screen;
-      if (ended == r.cells_size()) {
-        for (const auto& c : r.cells()) {
-          if (!EndedWell(c))
-            std::cout << c.job_id() << " " << c.job_name() << " " << StateName(c.state()) << ": "
-                      << c.reason() << "\n";
-        }
-        return well == r.cells_size() ? 0 : 1;
-      }
+      if (ended == r.cells_size()) return PrintOutcome(g, r, well);
     }
     if (timeout_s > 0 && now - start > std::chrono::duration<double>(timeout_s)) {
-      return absl::DeadlineExceededError(
+      return WaitTimedOut(
           absl::StrCat("exp watch: ", o.name, " still running after ", timeout_s, " s"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -439,17 +518,21 @@ void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* 
   g->add_option("name", get->name, "experiment name")->required();
   g->add_option("--revision", get->revision, "revision (default: the latest)");
   constexpr const char* kNamespaceHelp =
-      "the namespace to look the name up in: a project or a user (default: your own)";
+      "the namespace to look the name up in: a project or a user (default: the context's, "
+      "else your own)";
   g->add_option("-n,--namespace", get->space, kNamespaceHelp);
   g->callback([=] { *action = [=] { return RunGet(*globals, *get); }; });
+  constexpr const char* kTimeoutHelp =
+      "give up after this long: seconds or 90s, 10m, 2h (default: no limit); exit 5";
   auto wait = std::make_shared<GetOptions>();
-  auto wait_timeout = std::make_shared<double>(0);
-  CLI::App* w =
-      exp->add_subcommand("wait", "Wait until every job of the latest revision has ended");
+  CLI::App* w = exp->add_subcommand(
+      "wait",
+      "Wait until every job of the latest revision has ended: exit 0 if all succeeded "
+      "(or were skipped by early stopping), 1 otherwise, 5 on --timeout");
   w->add_option("name", wait->name, "experiment name")->required();
-  w->add_option("--timeout", *wait_timeout, "seconds (0: no limit)");
+  w->add_option("--timeout", wait->timeout_s, kTimeoutHelp)->transform(DurationFlag());
   w->add_option("-n,--namespace", wait->space, kNamespaceHelp);
-  w->callback([=] { *action = [=] { return RunWait(*globals, *wait, *wait_timeout); }; });
+  w->callback([=] { *action = [=] { return RunWait(*globals, *wait); }; });
   auto cancel = std::make_shared<GetOptions>();
   CLI::App* c = exp->add_subcommand(
       "cancel",
@@ -462,14 +545,13 @@ void AddExperimentCommands(CLI::App* app, const GlobalOptions* globals, Action* 
   rt->add_option("name", retry->name, "experiment name")->required();
   rt->callback([=] { *action = [=] { return RunRetry(*globals, *retry); }; });
   auto watch = std::make_shared<GetOptions>();
-  auto watch_timeout = std::make_shared<double>(0);
   CLI::App* wt = exp->add_subcommand(
       "watch",
       "Show the experiment live until it ends: states, running jobs' step, loss, tokens/s");
   wt->add_option("name", watch->name, "experiment name")->required();
-  wt->add_option("--timeout", *watch_timeout, "seconds (0: no limit)");
+  wt->add_option("--timeout", watch->timeout_s, kTimeoutHelp)->transform(DurationFlag());
   wt->add_option("-n,--namespace", watch->space, kNamespaceHelp);
-  wt->callback([=] { *action = [=] { return RunWatch(*globals, *watch, *watch_timeout); }; });
+  wt->callback([=] { *action = [=] { return RunWatch(*globals, *watch); }; });
 }
 
 }  // namespace stemma::cli

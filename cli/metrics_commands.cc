@@ -77,13 +77,15 @@ absl::StatusOr<int> RunMetrics(const GlobalOptions& g, const MetricsOptions& o) 
   switch (g.format) {
     case OutputFormat::kJson:
     case OutputFormat::kYaml:
+    case OutputFormat::kName:
+    case OutputFormat::kJsonPath:
       PrintStructured(MetricPointsToJson(points), g.format);
       break;
     case OutputFormat::kCsv:
-      std::cout << RenderMetricsCsv(points);
+      PrintTable(RenderMetricsCsv(points));
       break;
     default:
-      std::cout << RenderMetricsTable(points, g.format == OutputFormat::kWide);
+      PrintTable(RenderMetricsTable(points, g.format == OutputFormat::kWide));
   }
   if (response.truncated()) {
     std::cerr << "stemma: note: the answer was cut at " << points.size()

@@ -12,6 +12,7 @@
 #include <streambuf>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -149,15 +150,25 @@ void EmitYaml(const nlohmann::json& value, YAML::Emitter* out) {
 
 }  // namespace
 
-absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& name) {
+absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& name, std::string* jsonpath) {
   std::string lower = absl::AsciiStrToLower(name);
   if (lower == "table") return OutputFormat::kTable;
   if (lower == "wide") return OutputFormat::kWide;
   if (lower == "json") return OutputFormat::kJson;
   if (lower == "yaml") return OutputFormat::kYaml;
   if (lower == "csv") return OutputFormat::kCsv;
-  return UsageError(
-      absl::StrCat("unknown output format '", name, "' (expected table, wide, json, yaml or csv)"));
+  if (lower == "name") return OutputFormat::kName;
+  if (absl::StartsWith(lower, "jsonpath=")) {
+    const std::string tmpl = name.substr(9);
+    if (tmpl.empty()) return UsageError("-o jsonpath=: the template is empty");
+    absl::StatusOr<std::string> checked = ApplyJsonPath(nlohmann::json::object(), tmpl);
+    if (!checked.ok()) return checked.status();
+    if (jsonpath != nullptr) *jsonpath = tmpl;
+    return OutputFormat::kJsonPath;
+  }
+  return UsageError(absl::StrCat("unknown output format '", name,
+                                 "' (expected table, wide, json, yaml, csv, name or "
+                                 "jsonpath=TEMPLATE)"));
 }
 
 absl::Status UsageError(const std::string& message) {
@@ -268,6 +279,9 @@ nlohmann::json JobToJson(const v1::Job& job) {
   j["preempted_by"] = job.preempted_by();        // the last one that did ("" if none)
   j["engine_build_id"] = job.engine_build_id();  // the engine build that produced the outputs
   j["exit_code"] = job.exit_code();
+  j["archived"] = job.archived();
+  j["preemptions"] = job.preemptions();
+  j["preempted_by"] = job.preempted_by();
   j["created_ms"] = job.created_ms();
   j["queued_ms"] = job.queued_ms();
   j["started_ms"] = job.current().started_ms();
@@ -574,6 +588,11 @@ std::string RenderJobDetails(const v1::Job& job, int64_t now_ms) {
       {"gpus", OrDash(absl::StrJoin(Gpus(job), ","))},
       {"exit_code", ExitCell(job)},
   };
+  if (job.preemptions() > 0) {
+    kv.emplace_back("preempted", absl::StrCat(job.preemptions(), " times, last by ",
+                                              OrDash(job.preempted_by())));
+  }
+  if (job.archived()) kv.emplace_back("archived", "yes (stemma gc jobs)");
   if (std::string progress = ProgressText(job); !progress.empty()) {
     kv.emplace_back("progress", progress);
   }
@@ -591,6 +610,43 @@ std::string RenderJobDetails(const v1::Job& job, int64_t now_ms) {
                     "\n");
   }
   return out;
+}
+
+namespace {
+std::vector<std::string> AttemptWorkers(const v1::Attempt& a) {
+  std::vector<std::string> out;
+  for (const auto& part : a.parts()) {
+    if (!part.worker_id().empty()) out.push_back(part.worker_id());
+  }
+  return out;
+}
+}  // namespace
+
+nlohmann::json AttemptsToJson(const std::vector<v1::Attempt>& history) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const v1::Attempt& a : history) {
+    out.push_back({{"number", a.number()},
+                   {"id", a.id()},
+                   {"workers", AttemptWorkers(a)},
+                   {"assigned_ms", a.assigned_ms()},
+                   {"started_ms", a.started_ms()},
+                   {"finished_ms", a.finished_ms()},
+                   {"result", a.result()},
+                   {"preempted_by", a.preempted_by()}});
+  }
+  return out;
+}
+
+std::string RenderAttemptsTable(const std::vector<v1::Attempt>& history) {
+  std::vector<std::vector<std::string>> rows;
+  for (const v1::Attempt& a : history) {
+    rows.push_back({absl::StrCat(a.number()), OrDash(absl::StrJoin(AttemptWorkers(a), ",")),
+                    FormatTimestamp(a.started_ms() > 0 ? a.started_ms() : a.assigned_ms()),
+                    FormatTimestamp(a.finished_ms()),
+                    OrDash(a.result().empty() && a.finished_ms() == 0 ? "running" : a.result()),
+                    OrDash(a.preempted_by())});
+  }
+  return RenderTable({"ATTEMPT", "WORKERS", "STARTED", "FINISHED", "RESULT", "PREEMPTED-BY"}, rows);
 }
 
 std::string RenderWorkersTable(const std::vector<v1::WorkerInfo>& workers, bool wide,

@@ -17,11 +17,26 @@
 
 namespace stemma::cli {
 
-// kCsv: commands without a CSV form (all but `metrics`) print their table.
-enum class OutputFormat { kTable, kWide, kJson, kYaml, kCsv };
+// kCsv: commands without a CSV form (all but `metrics`) print their table. kName: the ids
+// (or names) of what the command shows, one a line. kJsonPath: the JSON through a template.
+enum class OutputFormat { kTable, kWide, kJson, kYaml, kCsv, kName, kJsonPath };
 
-// "table" | "wide" | "json" | "yaml" | "csv"; a usage error otherwise.
-absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& name);
+// "table" | "wide" | "json" | "yaml" | "csv" | "name" | "jsonpath=TEMPLATE"; a usage error
+// otherwise. With jsonpath, `*jsonpath` receives the template (checked here).
+absl::StatusOr<OutputFormat> ParseOutputFormat(const std::string& name,
+                                               std::string* jsonpath = nullptr);
+
+// kubectl's JSONPath subset (docs/cli.md): literal text with {EXPR} where EXPR is
+// `.a.b`, `.items[*].id`, `.items[0]`, `.items[-1]`, `['key with dots']`, `$`/`@` roots,
+// `"literal\n"`, and `{range .items[*]}...{end}` (paths inside are relative to the item).
+// Text outside braces keeps \n and \t escapes. Strings print raw, other values as JSON;
+// several results of one expression are separated by spaces. A usage error naming the
+// problem for a template that does not parse.
+absl::StatusOr<std::string> ApplyJsonPath(const nlohmann::json& value,
+                                          const std::string& template_text);
+// "90" (seconds), "90s", "500ms", "10m", "2h", "30d", "1h30m" to seconds; a usage error
+// naming `flag` otherwise.
+absl::StatusOr<double> ParseDurationSeconds(const std::string& text, const std::string& flag);
 
 // A usage error: main exits with status 2 instead of 1.
 absl::Status UsageError(const std::string& message);
@@ -49,8 +64,9 @@ std::string FormatClock(int64_t ms);
 
 // The machine-readable shape of a job, shared by `get`, `ls`, `watch` and benchmarks:
 // id, name, kind, state (upper-case), attempts, max_attempts, priority, labels, experiment,
-// depends_on, reason, exit_code, created_ms, queued_ms, started_ms, finished_ms, attempt_id,
-// workers, gpus, progress {fraction, message, step}, outputs, spec (protobuf JSON).
+// depends_on, reason, exit_code, archived, preemptions, preempted_by, created_ms, queued_ms,
+// started_ms, finished_ms, attempt_id, workers, gpus, progress {fraction, message, step}, outputs,
+// spec (protobuf JSON).
 nlohmann::json JobToJson(const v1::Job& job);
 // id, host, state ("ALIVE" | "DRAINING" | "LOST"), gpus [{id, model, memory_mb}],
 // gpus_in_use, cpus, cpus_in_use, memory_mb, memory_in_use_mb, labels, allow_exec,
@@ -94,6 +110,11 @@ std::string RenderTable(const std::vector<std::string>& header,
 std::string RenderJobsTable(const std::vector<v1::Job>& jobs, bool wide, int64_t now_ms);
 // One job as aligned "key: value" lines.
 std::string RenderJobDetails(const v1::Job& job, int64_t now_ms);
+// Attempt history (`stemma get`): every attempt, oldest first, as JSON (number, id, workers,
+// assigned_ms, started_ms, finished_ms, result, preempted_by) and as a table
+// ATTEMPT WORKERS STARTED FINISHED RESULT PREEMPTED-BY.
+nlohmann::json AttemptsToJson(const std::vector<v1::Attempt>& history);
+std::string RenderAttemptsTable(const std::vector<v1::Attempt>& history);
 // The `workers` table: ID HOST STATE GPUS CPUS MEM ATTEMPTS HEARTBEAT-AGE (wide adds
 // LABELS and EXEC).
 std::string RenderWorkersTable(const std::vector<v1::WorkerInfo>& workers, bool wide,

@@ -295,6 +295,90 @@ TEST(TerminalSafe, TheGuardEscapesWhatEverIsPrintedButLineBreaks) {
   EXPECT_EQ(sink.str(), "ok\tline\n\\u001b]52;c;evil\\u0007\\u009b\xc2\xa9\n");
 }
 
+TEST(JsonPath, KubectlsSubsetOverAListing) {
+  const nlohmann::json list = {
+      {"kind", "List"},
+      {"items",
+       {{{"id", "j-1"}, {"name", "ru"}, {"labels", {{"family", "slavic"}}}, {"gpus", {0, 1}}},
+        {{"id", "j-2"}, {"name", "es"}, {"labels", {{"family", "romance"}}}, {"gpus", {2}}}}}};
+  struct Case {
+    std::string tmpl, out;
+  };
+  const Case cases[] = {
+      {"{.items[*].id}", "j-1 j-2"},
+      {"{.items[0].name}", "ru"},
+      {"{.items[-1].name}", "es"},
+      {"{.items[1].labels.family}", "romance"},
+      {"{.items[0]['labels']['family']}", "slavic"},
+      {"{.items[0].gpus}", "[0,1]"},
+      {"{$.kind}", "List"},
+      {"{range .items[*]}{.id}{\"\\t\"}{.name}{\"\\n\"}{end}", "j-1\tru\nj-2\tes\n"},
+      {"ids: {.items[*].id}\\n", "ids: j-1 j-2\n"},
+      {"{.items[*].missing}", ""},
+      {"{range .items[*]}[{@.gpus[0]}]{end}", "[0][2]"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<std::string> out = ApplyJsonPath(list, c.tmpl);
+    ASSERT_TRUE(out.ok()) << c.tmpl << ": " << out.status();
+    EXPECT_EQ(*out, c.out) << c.tmpl;
+  }
+}
+
+TEST(JsonPath, BadTemplatesAreUsageErrors) {
+  for (const char* bad : {"{.items[", "{range .items[*]}{.id}", "{end}", "{..id}", "{id}",
+                          "{.items[?(@.id)]}", "{.a"}) {
+    absl::StatusOr<std::string> out = ApplyJsonPath(nlohmann::json::object(), bad);
+    EXPECT_FALSE(out.ok()) << bad;
+    EXPECT_TRUE(IsUsageError(out.status())) << bad;
+  }
+  std::string tmpl;
+  auto format = ParseOutputFormat("jsonpath={.items[*].id}", &tmpl);
+  ASSERT_TRUE(format.ok());
+  EXPECT_EQ(*format, OutputFormat::kJsonPath);
+  EXPECT_EQ(tmpl, "{.items[*].id}");
+  EXPECT_EQ(*ParseOutputFormat("name"), OutputFormat::kName);
+  EXPECT_FALSE(ParseOutputFormat("jsonpath=").ok());
+  EXPECT_THAT(std::string(ParseOutputFormat("xml").status().message()), HasSubstr("jsonpath"));
+}
+
+TEST(Durations, SecondsOrUnits) {
+  EXPECT_EQ(*ParseDurationSeconds("90", "--timeout"), 90);
+  EXPECT_EQ(*ParseDurationSeconds("1.5", "--timeout"), 1.5);
+  EXPECT_EQ(*ParseDurationSeconds("500ms", "--timeout"), 0.5);
+  EXPECT_EQ(*ParseDurationSeconds("10m", "--since"), 600);
+  EXPECT_EQ(*ParseDurationSeconds("1h30m", "--since"), 5400);
+  EXPECT_EQ(*ParseDurationSeconds("30d", "--older-than"), 30 * 86400);
+  for (const char* bad : {"", "ten", "10x", "-5", "5m3"}) {
+    auto d = ParseDurationSeconds(bad, "--since");
+    EXPECT_FALSE(d.ok()) << bad;
+    if (!d.ok()) EXPECT_THAT(std::string(d.status().message()), HasSubstr("--since")) << bad;
+  }
+}
+
+TEST(AttemptHistory, OneRowPerAttemptWithWhoPreemptedIt) {
+  v1::Attempt first;
+  first.set_id("j-7.1");
+  first.set_number(1);
+  first.add_parts()->set_worker_id("w1");
+  first.set_started_ms(kNow - 60'000);
+  first.set_finished_ms(kNow - 30'000);
+  first.set_result("preempted");
+  first.set_preempted_by("j-9");
+  v1::Attempt second;
+  second.set_id("j-7.2");
+  second.set_number(2);
+  second.add_parts()->set_worker_id("w2");
+  second.set_started_ms(kNow - 10'000);
+  const std::string table = RenderAttemptsTable({first, second});
+  EXPECT_THAT(table, HasSubstr("PREEMPTED-BY"));
+  EXPECT_THAT(table, HasSubstr("j-9"));
+  EXPECT_THAT(table, HasSubstr("running"));
+  nlohmann::json j = AttemptsToJson({first, second});
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["preempted_by"], "j-9");
+  EXPECT_EQ(j[1]["workers"], nlohmann::json::array({"w2"}));
+}
+
 }  // namespace
 }  // namespace stemma::cli
 

@@ -2,15 +2,18 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <set>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "cli/client.h"
 #include "cli/command.h"
 #include "common/job_spec.h"
@@ -25,8 +28,62 @@ constexpr absl::Duration kReconnectFor = absl::Seconds(60);
 
 struct FollowOptions {
   std::vector<std::string> ids;
-  double timeout_s = 0;  // wait only; 0 = no limit
-  bool quiet = false;    // wait: no event lines
+  double timeout_s = 0;          // 0 = no limit (or the global --timeout)
+  double legacy_timeout_s = 0;   // wait --timeout-s (deprecated)
+  bool quiet = false;            // wait: no event lines
+  double progress_every_s = 30;  // watch into a file or pipe: a progress line per job this often
+};
+
+// `watch` for people: a line per state change; progress in place on a terminal (one line,
+// rewritten), else at most one line per job every `every_s`. JSON and YAML get every event.
+class EventPrinter {
+ public:
+  EventPrinter(OutputFormat format, double every_s)
+      : format_(format),
+        every_ms_(static_cast<int64_t>(every_s * 1000)),
+        terminal_(::isatty(STDOUT_FILENO) != 0) {}
+  ~EventPrinter() { EndInPlace(); }
+
+  void Print(const v1::JobEvent& event) {
+    if (format_ == OutputFormat::kJson) {
+      std::cout << EventToJson(event, NowMs()).dump() << std::endl;
+      return;
+    }
+    if (format_ == OutputFormat::kYaml) {
+      std::cout << "---\n" << JsonToYaml(EventToJson(event, NowMs())) << std::flush;
+      return;
+    }
+    const std::string line = RenderEventLine(event, NowMs());
+    if (event.previous() != event.job().state()) {  // a transition
+      EndInPlace();
+      std::cout << line << std::endl;
+      return;
+    }
+    if (terminal_) {  // progress: rewrite the line in place
+      std::cout << "\r" << line;
+      if (line.size() < in_place_) std::cout << std::string(in_place_ - line.size(), ' ');
+      std::cout << std::flush;
+      in_place_ = std::max<size_t>(line.size(), 1);
+      return;
+    }
+    const int64_t now = NowMs();
+    int64_t& last = last_progress_[event.job().id()];
+    if (now - last < every_ms_) return;
+    last = now;
+    std::cout << line << std::endl;
+  }
+
+ private:
+  void EndInPlace() {
+    if (in_place_ == 0) return;
+    std::cout << "\r" << std::string(in_place_, ' ') << "\r" << std::flush;
+    in_place_ = 0;
+  }
+  OutputFormat format_;
+  int64_t every_ms_;
+  bool terminal_;
+  size_t in_place_ = 0;  // width of the progress line on the terminal now (0: none)
+  std::map<std::string, int64_t> last_progress_;
 };
 
 // Ids or job names (the most recent job of that name) to ids; an unknown one is an error.
@@ -81,22 +138,16 @@ absl::StatusOr<int> Follow(const GlobalOptions& g, const FollowOptions& given) {
   v1::WatchRequest request;
   for (const auto& id : o.ids) request.add_job_ids(id);
   request.set_send_initial(true);
+  const double timeout_s = g.WaitTimeout(o.timeout_s > 0 ? o.timeout_s : o.legacy_timeout_s);
   const absl::Time deadline =
-      o.timeout_s > 0 ? absl::Now() + absl::Seconds(o.timeout_s) : absl::InfiniteFuture();
+      timeout_s > 0 ? absl::Now() + absl::Seconds(timeout_s) : absl::InfiniteFuture();
 
   std::set<std::string> pending(o.ids.begin(), o.ids.end());
   std::map<std::string, v1::Job> finished;
+  EventPrinter printer(g.format, o.progress_every_s);
   auto on_event = [&](const v1::JobEvent& event) {
     const v1::Job& job = event.job();
-    if (!o.quiet) {
-      if (g.format == OutputFormat::kJson) {
-        std::cout << EventToJson(event, NowMs()).dump() << std::endl;
-      } else if (g.format == OutputFormat::kYaml) {
-        std::cout << "---\n" << JsonToYaml(EventToJson(event, NowMs())) << std::flush;
-      } else {
-        std::cout << RenderEventLine(event, NowMs()) << std::endl;
-      }
-    }
+    if (!o.quiet) printer.Print(event);
     if (IsTerminal(job.state()) && pending.erase(job.id()) > 0) finished[job.id()] = job;
     // A retried job leaves its terminal state again.
     if (!IsTerminal(job.state()) && finished.erase(job.id()) > 0) pending.insert(job.id());
@@ -114,9 +165,9 @@ absl::StatusOr<int> Follow(const GlobalOptions& g, const FollowOptions& given) {
     if (!o.ids.empty() && pending.empty()) break;
     if (status.code() == absl::StatusCode::kDeadlineExceeded && absl::Now() >= deadline) {
       std::vector<std::string> left(pending.begin(), pending.end());
-      return absl::DeadlineExceededError(
-          absl::StrCat("timed out after ", absl::FormatDuration(absl::Seconds(o.timeout_s)),
-                       " waiting for ", absl::StrJoin(left, ", ")));
+      return WaitTimedOut(absl::StrCat("timed out after ",
+                                       absl::FormatDuration(absl::Seconds(timeout_s)),
+                                       " waiting for ", absl::StrJoin(left, ", ")));
     }
     bool lost = status.ok() || status.code() == absl::StatusCode::kUnavailable ||
                 status.code() == absl::StatusCode::kCancelled;
@@ -158,6 +209,9 @@ struct LogsOptions {
   bool follow = false;
   int attempt = 0;
   int rank = -1;  // -1: not given (rank 0's, the job's log)
+  int tail = -1;  // -1: everything
+  double since_s = 0;
+  bool timestamps = false;
 };
 
 // Job output as it is: into a file or pipe byte for byte; on a terminal through the guard
@@ -172,12 +226,43 @@ void WriteLog(const std::string& data) {
   std::fflush(stdout);
 }
 
+// --timestamps: each line starts with when the coordinator received it.
+class LogWriter {
+ public:
+  explicit LogWriter(bool timestamps) : timestamps_(timestamps) {}
+  void Write(const v1::LogChunk& chunk, std::string_view data) {
+    if (!timestamps_) {
+      WriteLog(std::string(data));
+      return;
+    }
+    bool& at_start = line_start_.try_emplace(chunk.attempt_id(), true).first->second;
+    const std::string stamp =
+        chunk.time_ms() > 0
+            ? absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ ", absl::FromUnixMillis(chunk.time_ms()),
+                               absl::UTCTimeZone())
+            : std::string("- ");
+    std::string out;
+    for (char c : data) {
+      if (at_start) out += stamp;
+      out += c;
+      at_start = c == '\n';
+    }
+    WriteLog(out);
+  }
+
+ private:
+  bool timestamps_;
+  std::map<std::string, bool> line_start_;  // attempt id -> the next byte starts a line
+};
+
 // With --follow, a lost stream (a coordinator restart) is opened again, as `watch` does, and
 // what was printed already (bytes per attempt) is skipped: the coordinator streams each
-// attempt's log from its start.
+// attempt's log from its start (or, with --tail or --since, from what arrived after the
+// last chunk printed).
 absl::StatusOr<int> RunLogs(const GlobalOptions& g, const LogsOptions& o) {
   if (o.attempt < 0) return UsageError("--attempt must be 0 (all) or an attempt number");
   if (o.rank < -1) return UsageError("--rank must be a rank of the job (0, 1, ...)");
+  if (o.tail < -1) return UsageError("--tail must be a number of lines (0 or more)");
   v1::LogsRequest request;
   {
     CoordinatorClient client(g.coordinator, g.timeout());
@@ -187,7 +272,12 @@ absl::StatusOr<int> RunLogs(const GlobalOptions& g, const LogsOptions& o) {
   request.set_follow(o.follow);
   request.set_attempt(o.attempt);
   if (o.rank >= 0) request.set_rank(o.rank);
+  if (o.tail >= 0) request.set_tail_lines(o.tail == 0 ? -1 : o.tail);
+  if (o.since_s > 0) request.set_since_ms(NowMs() - static_cast<int64_t>(o.since_s * 1000));
+  const bool windowed = o.tail >= 0 || o.since_s > 0;
+  LogWriter writer(o.timestamps);
   std::map<std::string, size_t> printed;  // attempt id -> bytes printed
+  int64_t last_time_ms = 0;
   absl::Time last_progress = absl::Now();
   absl::Duration backoff = absl::Milliseconds(200);
   for (bool first = true;; first = false) {
@@ -198,12 +288,13 @@ absl::StatusOr<int> RunLogs(const GlobalOptions& g, const LogsOptions& o) {
       size_t& at = seen[chunk.attempt_id()];
       size_t& done = printed[chunk.attempt_id()];
       const std::string& data = chunk.data();
-      const size_t skip = done > at ? std::min(done - at, data.size()) : 0;
+      const size_t skip = !windowed && done > at ? std::min(done - at, data.size()) : 0;
       at += data.size();
       if (skip < data.size()) {
-        WriteLog(data.substr(skip));
+        writer.Write(chunk, std::string_view(data).substr(skip));
         done = at;
       }
+      last_time_ms = std::max(last_time_ms, chunk.time_ms());
       progress = true;
     });
     if (!o.follow) return status.ok() ? absl::StatusOr<int>(0) : status;
@@ -217,6 +308,10 @@ absl::StatusOr<int> RunLogs(const GlobalOptions& g, const LogsOptions& o) {
       if (!job.ok() && job.status().code() != absl::StatusCode::kUnavailable) {
         return job.status();
       }
+    }
+    if (windowed && last_time_ms > 0) {  // go on after what was printed
+      request.set_tail_lines(0);
+      request.set_since_ms(last_time_ms + 1);
     }
     if (progress) {
       last_progress = absl::Now();
@@ -233,20 +328,35 @@ absl::StatusOr<int> RunLogs(const GlobalOptions& g, const LogsOptions& o) {
 }  // namespace
 
 void AddStreamCommands(CLI::App* app, const GlobalOptions* globals, Action* action) {
+  constexpr const char* kTimeoutHelp =
+      "give up after this long: seconds or 90s, 10m, 2h (default: no limit); exit 5";
   {
     auto o = std::make_shared<FollowOptions>();
     CLI::App* sub = app->add_subcommand(
-        "watch", "Print job state changes; with ids, exit when all have finished");
+        "watch",
+        "Print job state changes (a line each; progress in place on a terminal); with ids, "
+        "exit when all have finished");
     sub->add_option("ids", o->ids, "job ids (none: every job, until Ctrl-C)");
+    sub->add_option("--timeout", o->timeout_s, kTimeoutHelp)->transform(DurationFlag());
+    sub->add_option("--progress-every", o->progress_every_s,
+                    "into a file or pipe: at most one progress line per job this often "
+                    "(default 30s)")
+        ->transform(DurationFlag());
     sub->callback([=] { *action = [=] { return Follow(*globals, *o); }; });
   }
   {
     auto o = std::make_shared<FollowOptions>();
     o->quiet = true;
-    CLI::App* sub =
-        app->add_subcommand("wait", "Wait until jobs finish: exit 0 if all succeeded, 1 otherwise");
+    CLI::App* sub = app->add_subcommand(
+        "wait",
+        "Wait until jobs finish: exit 0 if all succeeded, 1 if one did not, 5 on --timeout");
     sub->add_option("ids", o->ids, "job ids")->required();
-    sub->add_option("--timeout-s", o->timeout_s, "give up after this many seconds (0: never)");
+    sub->add_option("--timeout", o->timeout_s, kTimeoutHelp)->transform(DurationFlag());
+    sub->add_option("--timeout-s", o->legacy_timeout_s, "deprecated: --timeout")
+        ->group("")
+        ->each([](const std::string&) {
+          std::cerr << "stemma: warning: wait --timeout-s is deprecated: use --timeout\n";
+        });
     sub->callback([=] { *action = [=] { return Follow(*globals, *o); }; });
   }
   {
@@ -258,6 +368,13 @@ void AddStreamCommands(CLI::App* app, const GlobalOptions* globals, Action* acti
     sub->add_option("--rank", o->rank,
                     "the log of this engine process (its RANK) of a job with several "
                     "(default: 0, the job's log)");
+    sub->add_option("--tail", o->tail, "only the last N lines (of each attempt)");
+    sub->add_option("--since", o->since_s,
+                    "only what arrived in this last while: 90s, 10m, 2h (the coordinator's "
+                    "receive times)")
+        ->transform(DurationFlag());
+    sub->add_flag("--timestamps", o->timestamps,
+                  "start each line with the time the coordinator received it (UTC, RFC 3339)");
     sub->callback([=] { *action = [=] { return RunLogs(*globals, *o); }; });
   }
 }

@@ -16,14 +16,16 @@ absl::StatusOr<int> RunWorkers(const GlobalOptions& g) {
   std::vector<v1::WorkerInfo> workers(response.workers().begin(), response.workers().end());
   switch (g.format) {
     case OutputFormat::kJson:
-    case OutputFormat::kYaml: {
+    case OutputFormat::kYaml:
+    case OutputFormat::kName:
+    case OutputFormat::kJsonPath: {
       nlohmann::json array = nlohmann::json::array();
       for (const auto& w : workers) array.push_back(WorkerToJson(w));
       PrintStructured(array, g.format);
       break;
     }
     default:
-      std::cout << RenderWorkersTable(workers, g.format == OutputFormat::kWide, NowMs());
+      PrintTable(RenderWorkersTable(workers, g.format == OutputFormat::kWide, NowMs()));
   }
   return 0;
 }
@@ -36,7 +38,7 @@ struct DrainOptions {
 absl::StatusOr<int> RunDrain(const GlobalOptions& g, const DrainOptions& o) {
   CoordinatorClient client(g.coordinator, g.timeout());
   ASSIGN_OR_RETURN(v1::WorkerInfo worker, client.Drain(o.worker, o.undo));
-  if (g.format == OutputFormat::kJson || g.format == OutputFormat::kYaml) {
+  if (IsStructured(g.format)) {
     PrintStructured(WorkerToJson(worker), g.format);
   } else {
     std::cout << worker.id() << " " << WorkerStateName(worker.state()) << "\n";

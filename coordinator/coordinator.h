@@ -46,6 +46,12 @@ class Coordinator final : public UserHandler, public WorkerHandler {
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) override {
     return users_.ListJobs(request);
   }
+  std::vector<v1::Attempt> AttemptHistory(const std::string& id) override {
+    return users_.AttemptHistory(id);
+  }
+  absl::StatusOr<v1::GcJobsResponse> CollectJobs(const v1::GcJobsRequest& request) override {
+    return users_.CollectJobs(request);
+  }
   absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason,
                                  const std::string& key = "") override {
     return users_.Cancel(id, reason, key);

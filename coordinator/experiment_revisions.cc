@@ -176,6 +176,7 @@ absl::StatusOr<std::vector<v1::Job>> JobsOf(UserHandler* users, const std::strin
   v1::ListJobsRequest req;
   req.set_experiment(experiment);
   if (!space.empty()) (*req.mutable_labels())[kNamespaceLabel] = space;
+  req.set_include_archived(true);  // an archived cell is still the experiment's
   req.set_page_size(1000);
   while (true) {
     ASSIGN_OR_RETURN(v1::ListJobsResponse page, users->ListJobs(req));

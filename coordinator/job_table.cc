@@ -7,12 +7,20 @@
 #include "absl/strings/str_join.h"
 #include "common/auth.h"
 #include "common/job_spec.h"
+#include "common/label_selector.h"
 #include "common/status.h"
 #include "coordinator/experiments/early_stop.h"
 #include "coordinator/wiring.h"
 
 namespace stemma::coordinator {
 namespace {
+
+// Who submitted it: the record's owner, else the owner label of older records.
+std::string JobOwner(const v1::Job& job) {
+  if (!job.owner().empty()) return job.owner();
+  auto it = job.spec().labels().find(kOwnerLabel);
+  return it == job.spec().labels().end() ? "" : it->second;
+}
 
 std::string JobLabel(const v1::Job& job) {
   return job.spec().name().empty() ? job.id()
@@ -23,6 +31,8 @@ std::string JobLabel(const v1::Job& job) {
 
 void JobTable::Load(const StoreSnapshot& snapshot) {
   for (const auto& job : snapshot.of<JobsTable>()) {
+    next_seq_ = std::max(next_seq_, job.seq() + 1);
+    if (IsForgotten(job)) continue;  // `stemma gc jobs --delete`: the id stays taken
     Entry& e = jobs_[job.id()];
     e.job = job;
     order_.push_back(job.id());
@@ -42,6 +52,14 @@ void JobTable::Load(const StoreSnapshot& snapshot) {
     }
   }
   for (const auto& [key, ids] : snapshot.of<IdempotencyKeysTable>()) idempotency_[key] = ids;
+  for (const v1::Attempt& a : snapshot.of<AttemptsTable>()) {
+    const std::string job = AttemptsTable::JobOf(a);
+    if (jobs_.contains(job)) history_[job].push_back(a);
+  }
+  for (auto& [job, attempts] : history_) {
+    std::sort(attempts.begin(), attempts.end(),
+              [](const v1::Attempt& a, const v1::Attempt& b) { return a.number() < b.number(); });
+  }
   // The engine build of the most recently registered worker that has one.
   int64_t newest = -1;
   for (const auto& w : snapshot.of<WorkersTable>()) {
@@ -232,7 +250,16 @@ absl::StatusOr<v1::ListJobsResponse> JobTable::List(const v1::ListJobsRequest& r
   if (!req.page_token().empty() && !absl::SimpleAtoi(req.page_token(), &after)) {
     return absl::InvalidArgumentError("page_token: not a token from a previous page");
   }
+  absl::StatusOr<LabelSelector> selector = LabelSelector::Parse(req.selector());
+  if (!selector.ok()) return selector.status();
   auto matches = [&](const v1::Job& j) {
+    if (j.archived() && !req.include_archived()) return false;
+    if (!req.owner().empty() && JobOwner(j) != req.owner()) return false;
+    if (req.finished_before_ms() > 0 &&
+        (j.finished_ms() <= 0 || j.finished_ms() >= req.finished_before_ms())) {
+      return false;
+    }
+    if (!selector->Matches(j.spec().labels())) return false;
     if (req.states_size() > 0 &&
         std::find(req.states().begin(), req.states().end(), j.state()) == req.states().end()) {
       return false;
@@ -400,6 +427,10 @@ v1::Job* JobTable::Assign(const std::string& id, std::vector<v1::AttemptPart> pa
   int n = e.job.attempts() + 1;
   e.job.set_attempts(n);
   v1::Attempt* a = e.job.mutable_current();
+  if (!a->id().empty()) {  // the attempt it replaces joins the history
+    history_[id].push_back(*a);
+    changes->batch.of<AttemptsTable>().push_back(*a);
+  }
   a->Clear();
   a->set_id(absl::StrCat(id, ".", n));
   a->set_number(n);

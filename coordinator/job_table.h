@@ -24,6 +24,11 @@
 
 namespace stemma::coordinator {
 
+// A job `stemma gc jobs --delete` forgot: its record is a tombstone (id, seq, archived).
+inline bool IsForgotten(const v1::Job& job) {
+  return job.archived() && job.state() == v1::JOB_STATE_UNSPECIFIED;
+}
+
 class JobTable {
  public:
   // Called on every state change (for metrics).
@@ -128,6 +133,22 @@ class JobTable {
   // because of it wait again.
   absl::Status Retry(const std::string& id, Changes* changes);
 
+  // Every attempt of the job, oldest first: those a newer attempt replaced (AttemptsTable)
+  // and then the current one (when it has started one). Empty for an unknown job.
+  std::vector<v1::Attempt> History(const std::string& id) const;
+
+  // `stemma gc jobs` (coordinator/job_archive.cc): the finished jobs that `request` selects
+  // (finished before request.finished_before_ms, in request.states, of request.experiment)
+  // and `may_manage` accepts, in submission order. Never a job that is not finished or that
+  // an unfinished job depends on (or waits for as its cache twin); with `forget`, only jobs
+  // whose dependents are forgotten too. With request.apply, archives them (Job.archived:
+  // hidden from listings) or, with forget, replaces each record by a tombstone (id and seq
+  // only, so that ids are never reused; skipped by Load). INVALID_ARGUMENT for a request
+  // without a time or with an unfinished state.
+  absl::StatusOr<v1::GcJobsResponse> Collect(const v1::GcJobsRequest& request,
+                                             const std::function<bool(const v1::Job&)>& may_manage,
+                                             Changes* changes);
+
   bool IsLive(const v1::Job& job) const {
     return job.state() == v1::ASSIGNED || job.state() == v1::RUNNING;
   }
@@ -179,6 +200,10 @@ class JobTable {
   }};
   std::string engine_build_;
   uint64_t next_seq_ = 1;
+  // Replaced attempts by job id, oldest first (the current one is in the job's record).
+  absl::flat_hash_map<std::string, std::vector<v1::Attempt>> history_;
+  // Removes a forgotten job from every index (Collect with forget).
+  void Forget(const std::string& id, Changes* changes);
 };
 
 }  // namespace stemma::coordinator

@@ -430,6 +430,91 @@ TEST(JobTableMemo, AGlobInputIsKeyedByTheFilesItMatches) {
   write("notes.md", "not matched");
   EXPECT_EQ(CacheKey(spec, "build"), added);
   std::filesystem::remove_all(dir);
+// `stemma gc jobs`: what may be archived or forgotten, and the attempt history.
+TEST_F(JobTableTest, CollectArchivesFinishedJobsThatNoUnfinishedJobNeeds) {
+  auto ids = Submit({Noop("up"), Noop("down", {"up"}), Noop("lone"), Noop("mine")});
+  ASSERT_TRUE(ids.ok());
+  const std::string up = (*ids)[0], down = (*ids)[1], lone = (*ids)[2], mine = (*ids)[3];
+  Succeed(up);  // `down` is QUEUED now, waiting to run: it still needs `up`
+  Succeed(lone);
+  Fail(mine, /*retryable=*/false);
+  clock_.Advance(1000);
+  v1::GcJobsRequest req;
+  req.set_finished_before_ms(clock_.WallMs());
+  auto all = [](const v1::Job&) { return true; };
+  Changes ch;
+  auto dry = table_.Collect(req, all, &ch);
+  ASSERT_TRUE(dry.ok()) << dry.status();
+  EXPECT_EQ(std::vector<std::string>(dry->job_ids().begin(), dry->job_ids().end()),
+            (std::vector<std::string>{lone, mine}));
+  EXPECT_FALSE(dry->applied());
+  EXPECT_TRUE(ch.batch.of<JobsTable>().empty());
+  // Ownership: what `may_manage` refuses is never selected.
+  auto not_mine = [&](const v1::Job& j) { return j.id() != mine; };
+  EXPECT_EQ(table_.Collect(req, not_mine, &ch)->job_ids_size(), 1);
+  // Finished too recently, or in another state: not selected.
+  v1::GcJobsRequest early = req;
+  early.set_finished_before_ms(clock_.WallMs() - 5000);
+  EXPECT_EQ(table_.Collect(early, all, &ch)->job_ids_size(), 0);
+  v1::GcJobsRequest failed = req;
+  failed.add_states(v1::FAILED);
+  EXPECT_EQ(table_.Collect(failed, all, &ch)->job_ids(0), mine);
+  v1::GcJobsRequest running = req;
+  running.add_states(v1::RUNNING);
+  EXPECT_EQ(table_.Collect(running, all, &ch).status().code(), absl::StatusCode::kInvalidArgument);
+
+  req.set_apply(true);
+  ASSERT_TRUE(table_.Collect(req, all, &ch).ok());
+  EXPECT_TRUE(table_.Find(lone)->archived());
+  EXPECT_EQ(ch.batch.of<JobsTable>().size(), 2u);
+  v1::ListJobsRequest list;
+  EXPECT_EQ(table_.List(list)->jobs_size(), 2);  // up and down
+  list.set_include_archived(true);
+  EXPECT_EQ(table_.List(list)->jobs_size(), 4);
+
+  // Forgetting: `up` stays while `down` needs it, and goes with it once both finished.
+  req.set_forget(true);
+  ASSERT_TRUE(table_.Collect(req, all, &ch).ok());
+  EXPECT_EQ(table_.Find(lone), nullptr);
+  EXPECT_NE(table_.Find(up), nullptr);
+  Succeed(down);
+  clock_.Advance(1000);
+  req.set_finished_before_ms(clock_.WallMs());
+  auto gone = table_.Collect(req, all, &ch);
+  EXPECT_EQ(std::vector<std::string>(gone->job_ids().begin(), gone->job_ids().end()),
+            (std::vector<std::string>{up, down}));
+  EXPECT_EQ(table_.Find(up), nullptr);
+}
+
+TEST_F(JobTableTest, HistoryKeepsEveryAttemptAndSurvivesALoad) {
+  v1::JobSpec flaky = Noop("flaky");
+  flaky.set_max_attempts(3);
+  auto ids = Submit({flaky});
+  ASSERT_TRUE(ids.ok());
+  const std::string id = (*ids)[0];
+  StoreSnapshot snapshot;
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(60'000);  // past the backoff
+    Changes ch;
+    v1::AttemptPart part;
+    part.set_worker_id("w" + std::to_string(i));
+    table_.Assign(id, {part}, "", &ch);
+    for (const auto& a : ch.batch.of<AttemptsTable>()) snapshot.of<AttemptsTable>().push_back(a);
+    table_.AttemptFailed(table_.FindCurrentAttempt(table_.Find(id)->current().id()), "exit 3", 3,
+                         true, &ch);
+  }
+  std::vector<v1::Attempt> history = table_.History(id);
+  ASSERT_EQ(history.size(), 2u);
+  EXPECT_EQ(history[0].number(), 1);
+  EXPECT_EQ(history[0].parts(0).worker_id(), "w0");
+  EXPECT_EQ(history[1].number(), 2);
+  EXPECT_EQ(history[1].result(), "exit 3");
+  ASSERT_EQ(snapshot.of<AttemptsTable>().size(), 1u);  // the replaced one; the current is the job's
+  snapshot.of<JobsTable>().push_back(*table_.Find(id));
+  JobTable loaded(&clock_);
+  loaded.Load(snapshot);
+  EXPECT_EQ(loaded.History(id).size(), 2u);
+  EXPECT_EQ(loaded.History(id)[0].parts(0).worker_id(), "w0");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -35,7 +36,11 @@ struct RecordHeader {
   uint16_t rank;
 };
 static_assert(sizeof(RecordHeader) == 24, "the record header is 24 bytes on disk");
+// SLG1 records (before receive times) have the job id right after the header; SLG2 records
+// (written now) have the receive time first: int64 epoch ms.
 constexpr char kMagic[4] = {'S', 'L', 'G', '1'};
+constexpr char kMagicTimed[4] = {'S', 'L', 'G', '2'};
+constexpr int64_t kTimeBytes = sizeof(int64_t);
 constexpr size_t kMaxJobIdBytes = 1024;
 constexpr uint32_t kMissing = UINT32_MAX;  // Extent::file of bytes in a removed segment
 
@@ -121,28 +126,34 @@ absl::Status LogStore::IndexSegment(uint32_t number, bool last) {
   std::string job;
   while (pos < size) {
     RecordHeader h;
-    if (::pread(fd, &h, sizeof h, pos) != static_cast<ssize_t>(sizeof h) ||
-        std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.job_bytes == 0 ||
+    if (::pread(fd, &h, sizeof h, pos) != static_cast<ssize_t>(sizeof h)) break;
+    const bool timed = std::memcmp(h.magic, kMagicTimed, sizeof kMagicTimed) == 0;
+    const int64_t head = static_cast<int64_t>(sizeof h) + (timed ? kTimeBytes : 0);
+    if ((!timed && std::memcmp(h.magic, kMagic, sizeof kMagic) != 0) || h.job_bytes == 0 ||
         h.job_bytes > kMaxJobIdBytes || h.offset < 0 ||
-        pos + static_cast<int64_t>(sizeof h) + h.job_bytes + h.length > size) {
+        pos + head + h.job_bytes + h.length > size) {
+      break;
+    }
+    int64_t time_ms = 0;
+    if (timed && ::pread(fd, &time_ms, sizeof time_ms, pos + static_cast<int64_t>(sizeof h)) !=
+                     static_cast<ssize_t>(sizeof time_ms)) {
       break;
     }
     job.resize(h.job_bytes);
-    if (::pread(fd, job.data(), job.size(), pos + static_cast<int64_t>(sizeof h)) !=
-        static_cast<ssize_t>(job.size())) {
+    if (::pread(fd, job.data(), job.size(), pos + head) != static_cast<ssize_t>(job.size())) {
       break;
     }
     AttemptLog& log = *Find(job, h.attempt, h.rank, /*create=*/true);
-    const int64_t at = pos + static_cast<int64_t>(sizeof h) + h.job_bytes;
+    const int64_t at = pos + head + h.job_bytes;
     int64_t offset = h.offset;
     int64_t length = h.length;
     if (offset > log.size) {  // an earlier segment holding the bytes before was removed
-      log.extents.push_back(Extent{kMissing, 0, log.size, offset - log.size});
+      log.extents.push_back(Extent{kMissing, 0, log.size, offset - log.size, time_ms});
       log.size = offset;
     }
     const int64_t skip = std::min(length, log.size - offset);  // a record is never rewritten,
     if (length > skip) {                                       // but stay safe if one were
-      log.extents.push_back(Extent{file, at + skip, offset + skip, length - skip});
+      log.extents.push_back(Extent{file, at + skip, offset + skip, length - skip, time_ms});
       log.size = offset + length;
     }
     pos = at + length;
@@ -197,7 +208,8 @@ absl::Status LogStore::OpenSegment() {
 void LogStore::CloseSegment() { fd_.reset(); }
 
 absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t offset,
-                              const std::string& data, int rank) {
+                              const std::string& data, int rank, int64_t time_ms) {
+  if (time_ms <= 0) time_ms = absl::ToUnixMillis(absl::Now());
   if (job_id.empty() || job_id.size() > kMaxJobIdBytes || job_id.find('/') != std::string::npos ||
       job_id.find("..") != std::string::npos) {
     return absl::InvalidArgumentError("log: bad job id");
@@ -223,17 +235,18 @@ absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t of
   if (!fd_.valid()) RETURN_IF_ERROR(OpenSegment());
 
   RecordHeader h{};
-  std::memcpy(h.magic, kMagic, sizeof kMagic);
+  std::memcpy(h.magic, kMagicTimed, sizeof kMagicTimed);
   h.length = static_cast<uint32_t>(n);
   h.offset = log.size;
   h.attempt = attempt;
   h.job_bytes = static_cast<uint16_t>(job_id.size());
   h.rank = static_cast<uint16_t>(rank);
-  iovec iov[3] = {{&h, sizeof h},
+  iovec iov[4] = {{&h, sizeof h},
+                  {&time_ms, sizeof time_ms},
                   {const_cast<char*>(job_id.data()), job_id.size()},
                   {const_cast<char*>(data.data() + skip), n}};
-  const int64_t record = static_cast<int64_t>(sizeof h + job_id.size() + n);
-  if (!WriteAll(fd_.get(), iov, 3)) {
+  const int64_t record = static_cast<int64_t>(sizeof h + sizeof time_ms + job_id.size() + n);
+  if (!WriteAll(fd_.get(), iov, 4)) {
     const int err = errno;
     const std::string path = files_[fd_file_];
     // Nothing half-written stays: the segment goes back to where the record began (which
@@ -254,7 +267,7 @@ absl::Status LogStore::Append(const std::string& job_id, int attempt, int64_t of
     return ErrnoStatus(absl::StrCat("write ", path), err);
   }
   log.extents.push_back(Extent{fd_file_, fd_size_ + record - static_cast<int64_t>(n), log.size,
-                               static_cast<int64_t>(n)});
+                               static_cast<int64_t>(n), time_ms});
   log.size += static_cast<int64_t>(n);
   fd_size_ += record;
   ++generation_;
@@ -354,6 +367,52 @@ absl::StatusOr<std::string> LogStore::Read(const std::string& job_id, int attemp
   }
   // Records are never rewritten once indexed (the marker aside), so the reads need no lock.
   return ReadPieces(pieces);
+}
+
+LogStore::RecordSpan LogStore::RecordAt(const std::string& job_id, int attempt, int64_t offset,
+                                        int rank) const {
+  absl::MutexLock lock(&mu_);
+  const AttemptLog* log = Find(job_id, attempt, rank, /*create=*/false);
+  if (log == nullptr || offset >= log->size) return RecordSpan{offset, 0};
+  auto it = std::upper_bound(log->extents.begin(), log->extents.end(), offset,
+                             [](int64_t off, const Extent& e) { return off < e.offset; });
+  if (it != log->extents.begin()) --it;
+  if (it == log->extents.end()) return RecordSpan{log->size, 0};
+  return RecordSpan{it->offset + it->length, it->time_ms};
+}
+
+int64_t LogStore::OffsetSince(const std::string& job_id, int attempt, int64_t since_ms,
+                              int rank) const {
+  absl::MutexLock lock(&mu_);
+  const AttemptLog* log = Find(job_id, attempt, rank, /*create=*/false);
+  if (log == nullptr) return 0;
+  for (const Extent& e : log->extents) {
+    if (e.time_ms >= since_ms) return e.offset;
+  }
+  return log->size;
+}
+
+absl::StatusOr<int64_t> LogStore::OffsetOfLastLines(const std::string& job_id, int attempt,
+                                                    int64_t lines, int rank) const {
+  const int64_t size = Size(job_id, attempt, rank);
+  if (lines <= 0) return size;
+  // Backwards a block at a time, counting line ends; a last line without its newline counts.
+  constexpr int64_t kBlock = 64 * 1024;
+  int64_t end = size;
+  int64_t seen = 0;
+  bool first = true;
+  while (end > 0) {
+    const int64_t from = std::max<int64_t>(0, end - kBlock);
+    ASSIGN_OR_RETURN(std::string block, Read(job_id, attempt, from, end - from, rank));
+    for (int64_t i = static_cast<int64_t>(block.size()) - 1; i >= 0; --i) {
+      if (block[static_cast<size_t>(i)] != '\n') continue;
+      if (first && from + i == size - 1) continue;  // the log's own final newline
+      if (++seen == lines) return from + i + 1;
+    }
+    first = false;
+    end = from;
+  }
+  return 0;
 }
 
 std::vector<std::string> LogStore::Segments() const {

@@ -48,8 +48,22 @@ class LogStore {
   // segment), and later chunks of that attempt are dropped. The segment being written is
   // closed then, so that removing segments gives the space back.
   // INVALID_ARGUMENT for a bad job id or a rank outside 0..kMaxRank.
+  // `time_ms`: when the coordinator received the bytes (epoch ms; 0: now), kept with the
+  // record for `stemma logs --since/--timestamps`.
   absl::Status Append(const std::string& job_id, int attempt, int64_t offset,
-                      const std::string& data, int rank = 0);
+                      const std::string& data, int rank = 0, int64_t time_ms = 0);
+  // The record holding byte `offset` of the log: where it ends and when it was received
+  // (0 for records written before receive times were kept). {offset, 0} past the end.
+  struct RecordSpan {
+    int64_t end = 0;
+    int64_t time_ms = 0;
+  };
+  RecordSpan RecordAt(const std::string& job_id, int attempt, int64_t offset, int rank = 0) const;
+  // Where the first record received at or after `since_ms` starts (the size when none was).
+  int64_t OffsetSince(const std::string& job_id, int attempt, int64_t since_ms, int rank = 0) const;
+  // Where the last `lines` lines start (0 when the log has fewer; the size for lines <= 0).
+  absl::StatusOr<int64_t> OffsetOfLastLines(const std::string& job_id, int attempt, int64_t lines,
+                                            int rank = 0) const;
   // Bytes stored so far for the attempt (and rank).
   int64_t Size(const std::string& job_id, int attempt, int rank = 0) const;
   // Up to `max` bytes from `offset`; empty at the end. NOT_FOUND when a segment holding
@@ -70,6 +84,7 @@ class LogStore {
     int64_t at = 0;      // where they start in that file
     int64_t offset = 0;  // where they start in the attempt's log
     int64_t length = 0;
+    int64_t time_ms = 0;  // when it was received (0: unknown, an older record)
   };
   struct AttemptLog {
     std::vector<Extent> extents;  // in log order, contiguous

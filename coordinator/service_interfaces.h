@@ -36,7 +36,14 @@ class UserHandler {
   // (so another user's newer job of the same name does not stand in for it). NOT_FOUND.
   virtual absl::StatusOr<v1::Job> GetJob(const std::string& id,
                                          const std::string& prefer_owner = "") = 0;
+  // Every attempt of a job, oldest first, the current one last (empty for an unknown id).
+  virtual std::vector<v1::Attempt> AttemptHistory(const std::string& id) = 0;
+  // ListJobs: archived jobs only with include_archived; selector is a label selector
+  // (common/label_selector.h; INVALID_ARGUMENT when it does not parse).
   virtual absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request) = 0;
+  // `stemma gc jobs` (JobTable::Collect): a dry run unless request.apply(); request.requester
+  // (set by the rpc layer for non-admins) limits it to what that subject may manage.
+  virtual absl::StatusOr<v1::GcJobsResponse> CollectJobs(const v1::GcJobsRequest& request) = 0;
   // Cancel, Retry, Drain and PinArtifact take an idempotency key ("" for none), already
   // scoped to the caller: the same key again answers with the target as it is now and
   // changes nothing (JobTable::SeenOperation); FAILED_PRECONDITION when the key was used for

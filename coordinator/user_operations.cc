@@ -144,6 +144,53 @@ absl::StatusOr<v1::ListJobsResponse> UserOperations::ListJobs(const v1::ListJobs
   return response;
 }
 
+std::vector<v1::Attempt> UserOperations::AttemptHistory(const std::string& id) {
+  absl::MutexLock lock(&core_->mu);
+  return core_->jobs.History(id);
+}
+
+// A user's gc jobs sees only the jobs it may manage (its own and its projects'), as the
+// artifact gc does; an admin's (requester "") sees every job.
+absl::StatusOr<v1::GcJobsResponse> UserOperations::CollectJobs(const v1::GcJobsRequest& request) {
+  CoordinatorCore& c = *core_;
+  if (request.apply()) RETURN_IF_ERROR(c.store->CheckWritable());
+  const std::string& who = request.requester();
+  auto may_manage = [&](const v1::Job& job) {
+    if (who.empty()) return true;
+    const std::string owner = !job.owner().empty() ? job.owner() : [&] {
+      auto it = job.spec().labels().find(kOwnerLabel);
+      return it == job.spec().labels().end() ? std::string() : it->second;
+    }();
+    return c.options.tenancy.Shares(who, owner);
+  };
+  uint64_t ticket;
+  v1::GcJobsResponse response;
+  bool seen = false;
+  {
+    absl::MutexLock lock(&c.mu);
+    const std::string target =
+        absl::StrCat(request.finished_before_ms(), request.forget() ? "/forget" : "/archive");
+    if (request.apply()) {
+      ASSIGN_OR_RETURN(seen, c.jobs.SeenOperation(request.idempotency_key(), "gc-jobs", target));
+    }
+    Changes changes = c.NewChanges();
+    v1::GcJobsRequest run = request;
+    if (seen) run.set_apply(false);  // answered again: what it would select now, unchanged
+    ASSIGN_OR_RETURN(response, c.jobs.Collect(run, may_manage, &changes));
+    if (seen) {
+      response.set_applied(true);
+      ticket = c.LastTicket();
+    } else {
+      if (request.apply()) {
+        c.jobs.RememberOperation(request.idempotency_key(), "gc-jobs", target, &changes);
+      }
+      ticket = c.Finish(std::move(changes));
+    }
+  }
+  c.Wait(ticket);
+  return response;
+}
+
 // Cancel, retry and drain take an idempotency key (JobTable::SeenOperation): a request sent
 // again after its answer was lost is answered with the target as it is now, changes nothing,
 // and waits until the first one's change is durable.

@@ -23,6 +23,8 @@ class UserOperations {
   absl::StatusOr<v1::Job> Cancel(const std::string& id, const std::string& reason,
                                  const std::string& key = "");
   absl::StatusOr<v1::Job> Retry(const std::string& id, const std::string& key = "");
+  std::vector<v1::Attempt> AttemptHistory(const std::string& id);
+  absl::StatusOr<v1::GcJobsResponse> CollectJobs(const v1::GcJobsRequest& request);
   v1::ListWorkersResponse ListWorkers();
   absl::StatusOr<v1::WorkerInfo> Drain(const std::string& worker_id, bool undrain,
                                        const std::string& key = "");

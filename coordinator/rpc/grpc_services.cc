@@ -1,5 +1,6 @@
 #include "coordinator/rpc/grpc_services.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <deque>
@@ -133,6 +134,7 @@ class UserServiceImpl final : public v1::UserService::Service {
     return Call(ctx, "GetJob", [&](const Caller& caller) -> absl::Status {
       auto r = h_->GetJob(req->id(), caller.authenticated ? caller.subject : "");
       if (!r.ok()) return r.status();
+      for (v1::Attempt& a : h_->AttemptHistory(r->id())) *resp->add_history() = std::move(a);
       *resp->mutable_job() = std::move(*r);
       Redact(caller, resp->mutable_job());
       return absl::OkStatus();
@@ -272,6 +274,21 @@ class UserServiceImpl final : public v1::UserService::Service {
       return absl::OkStatus();
     });
   }
+  // Like CollectGarbage: a user's sees only the jobs it may manage; an admin's every job. The
+  // key is scoped to the caller like the other operations'.
+  grpc::Status CollectJobs(grpc::ServerContext* ctx, const v1::GcJobsRequest* req,
+                           v1::GcJobsResponse* resp) override {
+    return Call(ctx, "CollectJobs", [&](const Caller& caller) -> absl::Status {
+      v1::GcJobsRequest scoped = *req;
+      scoped.set_requester(caller.authenticated && !caller.is(Role::kAdmin) ? caller.subject : "");
+      ASSIGN_OR_RETURN(std::string key, OperationKey(caller, req->idempotency_key()));
+      scoped.set_idempotency_key(key);
+      auto r = h_->CollectJobs(scoped);
+      if (!r.ok()) return r.status();
+      *resp = std::move(*r);
+      return absl::OkStatus();
+    });
+  }
   grpc::Status SubmitExperiment(grpc::ServerContext* ctx, const v1::SubmitExperimentRequest* req,
                                 v1::SubmitExperimentResponse* resp) override {
     return Call(ctx, "SubmitExperiment", [&](const Caller& caller) -> absl::Status {
@@ -365,17 +382,37 @@ class UserServiceImpl final : public v1::UserService::Service {
               ranks == 1 ? "one rank (0)" : absl::StrCat(ranks, " ranks (0..", ranks - 1, ")")));
     }
     const LogStore& logs = h_->logs();
+    // Where an attempt's log is read from: its start, or what arrived since since_ms, or its
+    // last tail_lines lines (negative: none of what is there now).
+    auto start_of = [&](int attempt) -> absl::StatusOr<int64_t> {
+      int64_t from = 0;
+      if (req->since_ms() > 0)
+        from = logs.OffsetSince(req->job_id(), attempt, req->since_ms(), rank);
+      if (req->tail_lines() < 0) return logs.Size(req->job_id(), attempt, rank);
+      if (req->tail_lines() > 0) {
+        ASSIGN_OR_RETURN(int64_t tail,
+                         logs.OffsetOfLastLines(req->job_id(), attempt, req->tail_lines(), rank));
+        from = std::max(from, tail);
+      }
+      return from;
+    };
     int attempt = req->attempt() > 0 ? req->attempt() : 1;
-    int64_t offset = 0;
+    absl::StatusOr<int64_t> start = start_of(attempt);
+    if (!start.ok()) return ToGrpcStatus(start.status());
+    int64_t offset = *start;
     constexpr int64_t kChunk = 64 * 1024;
     for (;;) {
       uint64_t gen = logs.generation();
-      auto data = logs.Read(req->job_id(), attempt, offset, kChunk, rank);
+      // A chunk never spans two records, so that it carries its bytes' receive time.
+      const LogStore::RecordSpan span = logs.RecordAt(req->job_id(), attempt, offset, rank);
+      auto data = logs.Read(req->job_id(), attempt, offset,
+                            std::clamp<int64_t>(span.end - offset, 1, kChunk), rank);
       if (!data.ok()) return ToGrpcStatus(data.status());
       if (!data->empty()) {
         v1::LogChunk chunk;
         chunk.set_attempt_id(req->job_id() + "." + std::to_string(attempt));
         chunk.set_rank(rank);
+        chunk.set_time_ms(span.time_ms);
         offset += data->size();
         chunk.set_data(std::move(*data));
         if (!writer->Write(chunk)) return grpc::Status::OK;
@@ -386,7 +423,9 @@ class UserServiceImpl final : public v1::UserService::Service {
       if (!job.ok()) return ToGrpcStatus(job.status());
       if (req->attempt() == 0 && attempt < job->attempts()) {
         ++attempt;
-        offset = 0;
+        start = start_of(attempt);
+        if (!start.ok()) return ToGrpcStatus(start.status());
+        offset = *start;
         continue;
       }
       bool ended = job->state() == v1::SUCCEEDED || job->state() == v1::FAILED ||

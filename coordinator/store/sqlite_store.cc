@@ -27,8 +27,8 @@ namespace {
 
 // Statements run after the tables of a version are created, to take the database from
 // version i to i + 1 (index i). Tables themselves come from their descriptors (kSince).
-const char* const kMigrationExtras[] = {"", "", "",
-                                        "CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs(owner)"};
+const char* const kMigrationExtras[] = {
+    "", "", "", "CREATE INDEX IF NOT EXISTS jobs_by_owner ON jobs(owner)", ""};
 static_assert(sizeof(kMigrationExtras) / sizeof(kMigrationExtras[0]) == kSchemaVersion);
 
 // "INSERT INTO t(a, b, c) VALUES(?1, ?2, ?3) ON CONFLICT(a) DO UPDATE SET b=excluded.b, ..."

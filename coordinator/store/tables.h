@@ -279,6 +279,46 @@ CREATE TABLE early_stop_rungs (
   static std::string Describe(const Record& r) { return "early-stop rung " + KeyOf(r); }
 };
 
+// Attempt history (`stemma get`): an attempt's record once a newer attempt of its job has
+// replaced it as Job.current (the current one lives in the job's record). Loaded at start.
+struct AttemptsTable {
+  using Record = v1::Attempt;
+  using Key = std::string;  // the attempt id "<job id>.<n>"
+  static constexpr const char* kName = "attempts";
+  static constexpr TableKind kKind = TableKind::kState;
+  static constexpr int kSince = 5;
+  static constexpr const char* kSchema = R"sql(
+CREATE TABLE attempts (
+  id TEXT PRIMARY KEY,           -- <job id>.<n>
+  job TEXT NOT NULL,
+  record BLOB NOT NULL           -- stemma.v1.Attempt
+);
+CREATE INDEX attempts_by_job ON attempts(job);)sql";
+  static constexpr Column kColumns[] = {
+      {"id", ColumnType::kText}, {"job", ColumnType::kText}, {"record", ColumnType::kBlob}};
+  static constexpr const char* kConflict = "id";
+  static constexpr const char* kOrderBy = "rowid";
+  static Key KeyOf(const Record& r) { return r.id(); }
+  static bool LoadsBefore(const Record& a, const Record& b) { return a.number() < b.number(); }
+  // "j-12.3" -> "j-12".
+  static std::string JobOf(const Record& r) { return r.id().substr(0, r.id().rfind('.')); }
+  static void Write(const Record& r, RowWriter* w) {
+    w->TextRef(r.id());
+    w->Text(JobOf(r));
+    w->Blob(r.SerializeAsString());
+  }
+  static absl::StatusOr<Record> Read(const RowReader& r) {
+    Record rec;
+    absl::string_view blob = r.Blob(2);
+    if (!rec.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
+      return absl::DataLossError(
+          absl::StrCat("attempt record ", std::string(r.Text(0)), " does not parse"));
+    }
+    return rec;
+  }
+  static std::string Describe(const Record& r) { return "attempt " + r.id(); }
+};
+
 template <typename... T>
 struct TableList {};
 
@@ -300,7 +340,7 @@ inline constexpr AddedColumn kAddedColumns[] = {
 
 // Every durable table. Adding one: its descriptor above, and its name here.
 using DurableTables = TableList<JobsTable, WorkersTable, IdempotencyKeysTable, MetricPointsTable,
-                                ArtifactsTable, EarlyStopRungsTable>;
+                                ArtifactsTable, EarlyStopRungsTable, AttemptsTable>;
 
 namespace internal {
 template <typename T, typename... Ts>

@@ -198,7 +198,7 @@ TEST_F(SecureCluster, UsersActOnTheirOwnJobsAndSecretsStayWithTheOwner) {
   EXPECT_EQ(FirstWord(replay.out), id);
 
   CliResult cancel = c_.CliAs(bob, {"cancel", id});
-  EXPECT_EQ(cancel.exit_code, 1);
+  EXPECT_EQ(cancel.exit_code, 3);  // refused
   EXPECT_NE(cancel.err.find("belongs to alice"), std::string::npos) << cancel.err;
   EXPECT_NE(c_.CliAs(bob, {"logs", id}).exit_code, 0);
   EXPECT_NE(c_.CliAs(viewer, {"cancel", id}).exit_code, 0);
@@ -429,13 +429,13 @@ TEST(Auth, CliTokenFileModeIsCheckedAndTokensReloadAndRevoke) {
   std::ofstream(file) << token << "\n";
   ::chmod(file.c_str(), 0644);
   CliResult open_mode = c.CliAs("", {"ls"});
-  EXPECT_EQ(open_mode.exit_code, 1);
+  EXPECT_EQ(open_mode.exit_code, 2);  // a bad token file: bad input
   EXPECT_NE(open_mode.err.find(file), std::string::npos) << open_mode.err;
   EXPECT_NE(open_mode.err.find("chmod 600"), std::string::npos) << open_mode.err;
   ::chmod(file.c_str(), 0600);
   EXPECT_TRUE(c.WaitUntil([&] { return c.CliAs("", {"ls"}).exit_code == 0; }, 10));
   CliResult none = c.CliAs("", {"ls"}, {"HOME=/nonexistent"});
-  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_EQ(none.exit_code, 3);  // refused: no token
   EXPECT_NE(none.err.find("no token"), std::string::npos) << none.err;
 
   // Revoked by removing its line: refused within seconds, without a restart.

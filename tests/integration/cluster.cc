@@ -256,6 +256,16 @@ CliResult Cluster::Cli(const std::vector<std::string>& args) const {
 
 CliResult Cluster::CliAs(const std::string& token, const std::vector<std::string>& args,
                          const std::vector<std::string>& env) const {
+  return RunCli(token, args, env, /*bare=*/false);
+}
+
+CliResult Cluster::CliBare(const std::vector<std::string>& args,
+                           const std::vector<std::string>& env) const {
+  return RunCli(admin_token_, args, env, /*bare=*/true);
+}
+
+CliResult Cluster::RunCli(const std::string& token, const std::vector<std::string>& args,
+                          const std::vector<std::string>& env, bool bare) const {
   int out[2], err[2];
   EXPECT_EQ(::pipe(out), 0);
   EXPECT_EQ(::pipe(err), 0);
@@ -276,8 +286,14 @@ CliResult Cluster::CliAs(const std::string& token, const std::vector<std::string
     } else {
       ::unsetenv("STEMMA_TOKEN");
     }
+    if (bare) {
+      ::setenv("HOME", dir_.c_str(), 1);
+      ::unsetenv("STEMMA_COORDINATOR");
+      ::unsetenv("STEMMA_CONFIG");
+    }
     for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
-    std::vector<std::string> argv = {BinDir() + "/stemma", "--coordinator", address_};
+    std::vector<std::string> argv = {BinDir() + "/stemma"};
+    if (!bare) argv.insert(argv.end(), {"--coordinator", address_});
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<char*> a;
     for (auto& s : argv) a.push_back(s.data());

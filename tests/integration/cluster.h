@@ -86,6 +86,11 @@ class Cluster {
   // The same with this token ("" = none) and extra environment ("K=V").
   CliResult CliAs(const std::string& token, const std::vector<std::string>& args,
                   const std::vector<std::string>& env = {}) const;
+  // `stemma args...` without --coordinator, with HOME the test's directory and neither
+  // $STEMMA_COORDINATOR nor $STEMMA_CONFIG unless `env` sets them: how the CLI finds its
+  // coordinator (config contexts) is then under test.
+  CliResult CliBare(const std::vector<std::string>& args,
+                    const std::vector<std::string>& env = {}) const;
   // Writes `yaml` to a file, submits it, returns the job ids.
   std::vector<std::string> Submit(const std::string& yaml, const std::string& name = "job.yaml");
   nlohmann::json Get(const std::string& id) const;
@@ -108,6 +113,8 @@ class Cluster {
   int64_t heartbeat_ms = 300;
 
  private:
+  CliResult RunCli(const std::string& token, const std::vector<std::string>& args,
+                   const std::vector<std::string>& env, bool bare) const;
   pid_t Spawn(const std::vector<std::string>& argv, const std::string& log,
               const std::vector<std::string>& env = {}) const;
   std::vector<std::string> SecurityFlags() const;

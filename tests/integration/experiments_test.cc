@@ -7,7 +7,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
+#include <sstream>
 
 #include "tests/integration/cluster.h"
 
@@ -91,8 +93,15 @@ TEST(Experiments, SweepExpandsPerLegRunsAndResubmitIsARevision) {
   EXPECT_NE(again.out.find("revision 2"), std::string::npos) << again.out;
   EXPECT_NE(again.out.find("+ b[x=3]"), std::string::npos) << again.out;
   ASSERT_EQ(c.Cli({"exp", "wait", "legs", "--timeout", "60"}).exit_code, 0);
-  auto ls = c.Cli({"exp", "ls"});
-  EXPECT_NE(ls.out.find("legs\t2\t7\tSUCCEEDED=7"), std::string::npos) << ls.out;
+  auto ls = c.Cli({"exp", "ls"});  // an aligned table: NAME REVISION JOBS STATES
+  std::istringstream rows(ls.out);
+  std::string header, row;
+  std::getline(rows, header);
+  EXPECT_EQ(header.rfind("NAME", 0), 0u) << ls.out;
+  std::getline(rows, row);
+  std::istringstream fields(row);
+  std::vector<std::string> words{std::istream_iterator<std::string>(fields), {}};
+  EXPECT_EQ(words, (std::vector<std::string>{"legs", "2", "7", "SUCCEEDED=7"})) << ls.out;
 }
 
 TEST(Experiments, ABadFileIsRefusedWithFileLineAndFieldAndSubmitsNothing) {

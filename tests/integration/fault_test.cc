@@ -236,7 +236,7 @@ TEST(Fault, UnansweredSubmitNamesItsKeyAndTheRetryWithItMakesOneJob) {
   Cluster c;
   const std::string file = c.WriteFile("one.yaml", "name: once\nnoop: {duration_ms: 1}\n");
   CliResult nobody = c.Cli({"--timeout", "5", "submit", "-f", file});
-  EXPECT_EQ(nobody.exit_code, 1);
+  EXPECT_EQ(nobody.exit_code, 4);  // unreachable
   EXPECT_NE(nobody.err.find("cannot reach the coordinator"), std::string::npos) << nobody.err;
   EXPECT_EQ(nobody.err.find("may have been committed"), std::string::npos) << nobody.err;
 
@@ -247,7 +247,7 @@ TEST(Fault, UnansweredSubmitNamesItsKeyAndTheRetryWithItMakesOneJob) {
   ::kill(stalling, SIGKILL);
   c.WaitExit(stalling);
   c.StartCoordinator();
-  EXPECT_EQ(stalled.exit_code, 1);
+  EXPECT_EQ(stalled.exit_code, 4);
   const size_t at = stalled.err.find("--idempotency-key ");
   ASSERT_NE(at, std::string::npos) << stalled.err;
   EXPECT_NE(stalled.err.find("may have been committed"), std::string::npos) << stalled.err;

@@ -56,16 +56,16 @@ TEST_F(QuotaCluster, LimitsAreRefusedAtSubmitNamingTheLimitAndReloaded) {
   Start("default: {max_queued_jobs: 4, priority: [0, 100], max_running_gpus: 2}\n");
   // Medium #11: a priority nobody may set.
   CliResult top = SubmitOne(bob_, "noop: {}\npriority: 2147483647\n");
-  EXPECT_EQ(top.exit_code, 1);
+  EXPECT_EQ(top.exit_code, 3);  // refused by the coordinator
   EXPECT_NE(top.err.find("priority: 2147483647 is outside 0..100"), std::string::npos) << top.err;
   CliResult big = SubmitOne(bob_, "noop: {}\nresources: {gpus: 4}\n");
-  EXPECT_EQ(big.exit_code, 1);
+  EXPECT_EQ(big.exit_code, 3);
   EXPECT_NE(big.err.find("max_running_gpus 2"), std::string::npos) << big.err;
 
   // No worker: everything stays QUEUED.
   EXPECT_EQ(SubmitAs(bob_, 4, 0).size(), 4u);
   CliResult over = SubmitOne(bob_, "noop: {}\n");
-  EXPECT_EQ(over.exit_code, 1);
+  EXPECT_EQ(over.exit_code, 3);
   EXPECT_NE(over.err.find("max_queued_jobs 4"), std::string::npos) << over.err;
   EXPECT_NE(over.err.find("bob has 4 jobs waiting"), std::string::npos) << over.err;
   // carol has her own count.

@@ -742,7 +742,7 @@ TEST(ReportEndToEnd, UnknownExperimentAndBadFlags) {
   Cluster c;
   c.StartCoordinator();
   auto missing = c.Cli({"report", "no-such-study"});
-  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_EQ(missing.exit_code, 3);  // the coordinator knows no such study
   EXPECT_NE(missing.err.find("no-such-study"), std::string::npos) << missing.err;
   auto bad = c.Cli({"report", "x", "--format", "pdf"});
   EXPECT_EQ(bad.exit_code, 2);
