@@ -299,7 +299,7 @@ TEST(SqliteStore, VersionOneDatabaseIsMigrated) {
   // Back to version 1, as an older coordinator left it.
   std::string sql = "sqlite3 " + path +
                     " 'DROP TABLE metric_points; DROP TABLE artifacts; DROP TABLE "
-                    "early_stop_rungs; UPDATE schema_version SET version=1'";
+                    "early_stop_rungs; DROP TABLE attempts; UPDATE schema_version SET version=1'";
   ASSERT_EQ(std::system(sql.c_str()), 0);
   auto s = OpenSqliteStore(path);
   ASSERT_TRUE(s.ok()) << s.status();
@@ -335,7 +335,8 @@ TEST(SqliteStore, VersionThreeDatabaseGainsOwners) {
   }
   std::string sql = "sqlite3 " + path +
                     " 'DROP INDEX jobs_by_owner; ALTER TABLE jobs DROP COLUMN owner; ALTER TABLE "
-                    "artifacts DROP COLUMN owner; UPDATE schema_version SET version=3'";
+                    "artifacts DROP COLUMN owner; DROP TABLE attempts; "
+                    "UPDATE schema_version SET version=3'";
   ASSERT_EQ(std::system(sql.c_str()), 0);
   auto s = OpenSqliteStore(path);
   ASSERT_TRUE(s.ok()) << s.status();
