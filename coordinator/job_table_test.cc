@@ -430,6 +430,8 @@ TEST(JobTableMemo, AGlobInputIsKeyedByTheFilesItMatches) {
   write("notes.md", "not matched");
   EXPECT_EQ(CacheKey(spec, "build"), added);
   std::filesystem::remove_all(dir);
+}
+
 // `stemma gc jobs`: what may be archived or forgotten, and the attempt history.
 TEST_F(JobTableTest, CollectArchivesFinishedJobsThatNoUnfinishedJobNeeds) {
   auto ids = Submit({Noop("up"), Noop("down", {"up"}), Noop("lone"), Noop("mine")});
