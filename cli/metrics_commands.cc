@@ -132,7 +132,7 @@ absl::StatusOr<int> RunExport(const GlobalOptions& g, const ExportOptions& o) {
                                    "--coordinator",
                                    g.coordinator,
                                    "--timeout",
-                                   absl::StrCat(g.timeout_s),
+                                   absl::StrCat(g.request_timeout_s),
                                    "--revision",
                                    absl::StrCat(o.revision)};
   if (!o.tracking_uri.empty()) args.insert(args.end(), {"--tracking-uri", o.tracking_uri});
