@@ -280,8 +280,6 @@ nlohmann::json JobToJson(const v1::Job& job) {
   j["engine_build_id"] = job.engine_build_id();  // the engine build that produced the outputs
   j["exit_code"] = job.exit_code();
   j["archived"] = job.archived();
-  j["preemptions"] = job.preemptions();
-  j["preempted_by"] = job.preempted_by();
   j["created_ms"] = job.created_ms();
   j["queued_ms"] = job.queued_ms();
   j["started_ms"] = job.current().started_ms();
@@ -588,10 +586,6 @@ std::string RenderJobDetails(const v1::Job& job, int64_t now_ms) {
       {"gpus", OrDash(absl::StrJoin(Gpus(job), ","))},
       {"exit_code", ExitCell(job)},
   };
-  if (job.preemptions() > 0) {
-    kv.emplace_back("preempted", absl::StrCat(job.preemptions(), " times, last by ",
-                                              OrDash(job.preempted_by())));
-  }
   if (job.archived()) kv.emplace_back("archived", "yes (stemma gc jobs)");
   if (std::string progress = ProgressText(job); !progress.empty()) {
     kv.emplace_back("progress", progress);
