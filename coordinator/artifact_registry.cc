@@ -207,10 +207,10 @@ void ArtifactRegistry::JobSucceeded(const v1::Job& job, Changes* changes) {
   std::vector<std::string> inputs = InputsOf(job.spec());
   for (const Staged& s : staged) {
     const std::string path = NormalPath(s.output.path());
-    inputs.erase(
-        std::remove_if(inputs.begin(), inputs.end(),
-                       [&](const std::string& id) { return by_id_.at(id).path() == path; }),
-        inputs.end());
+    inputs.erase(std::remove_if(inputs.begin(), inputs.end(),
+                                [&](const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                                    core_->mu) { return by_id_.at(id).path() == path; }),
+                 inputs.end());
   }
   for (Staged& s : staged) {
     const v1::OutputArtifact& out = s.output;

@@ -865,7 +865,7 @@ TEST(MetricsByCell, RevisionAndCellSelectPointsNamedByTheirCell) {
   EXPECT_NE(table.out.find("CELL"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("eval[lr=2]"), std::string::npos) << table.out;
   const CliResult none = c.Cli({"metrics", "metrics-rev", "--cell", "nothing*"});
-  EXPECT_EQ(none.exit_code, 1);
+  EXPECT_EQ(none.exit_code, 3);  // refused by the coordinator (docs/cli.md § Exit codes)
   EXPECT_NE(none.err.find("matching nothing*"), std::string::npos) << none.err;
   EXPECT_EQ(c.Cli({"metrics", "metrics-rev", "--revision", "x"}).exit_code, 2);
 
