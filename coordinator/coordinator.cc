@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/job_spec.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -116,6 +117,10 @@ CacheLookup Coordinator::LookUpCache(const v1::JobSpec& spec) {
   v1::Job job;
   job.set_id("plan");
   *job.mutable_spec() = spec;
+  // The cache may serve only what the submitter may read (ArtifactRegistry::CacheRefusal).
+  if (auto owner = spec.labels().find(kOwnerLabel); owner != spec.labels().end()) {
+    job.set_owner(owner->second);
+  }
   ApplyDefaults(job.mutable_spec());
   CacheLookup out;
   absl::MutexLock lock(&core_.mu);

@@ -186,7 +186,10 @@ Memoizer::Prediction Memoizer::Predict(const v1::Job& job, const std::string& en
   if (p.hit != nullptr) return p;
   if (auto twin = inflight_.find(p.key); twin != inflight_.end()) {
     const v1::Job* running = find_(twin->second);
-    if (running != nullptr && Runs(*running) && running->cache_key() == p.key) p.twin = running;
+    if (running != nullptr && Runs(*running) && running->cache_key() == p.key &&
+        (!guard_ || guard_(*running, job).empty())) {
+      p.twin = running;
+    }
   }
   return p;
 }
