@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/train/rank_processes.h"
+
 namespace stemma::engine::eval {
 namespace {
 
@@ -47,18 +49,6 @@ std::string Read(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof address;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&address), length);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  ::close(fd);
-  return ntohs(address.sin_port);
 }
 
 int Shell(const std::string& command) {
@@ -146,7 +136,7 @@ struct EngineRun {
 
 // Starts `ranks` engine processes on `spec` and waits for all; returns each rank's run.
 std::vector<EngineRun> RunRanks(const std::string& spec, int ranks) {
-  const int port = FreePort();
+  const int port = train::FreePort();
   std::string script;
   for (int r = 0; r < ranks; ++r) {
     const std::string base = spec + ".rank" + std::to_string(r);
