@@ -14,6 +14,7 @@
 
 #include "common/engine_spec.h"
 #include "engine/data/commands.h"
+#include "engine/data/data_test_fixture.h"
 #include "engine/data/dataset.h"
 #include "engine/data/dataset_writer.h"
 #include "engine/data/loader.h"
@@ -31,47 +32,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// gtest without gmock: substring check that prints both strings.
-#define EXPECT_CONTAINS(text, sub)                          \
-  EXPECT_NE(std::string(text).find(sub), std::string::npos) \
-      << "'" << std::string(text) << "' does not contain '" << std::string(sub) << "'"
-
 constexpr int32_t kByteEos = 257;
 
-class DataTest : public ::testing::Test {
+class DataTest : public ByteTokenizerTest {
  protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("stemma_data_test_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_ / "tok");
-    Write("tok/stemma_tokenizer.json", R"({"type": "bytes"})");
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
-  std::string Path(const std::string& rel) const { return (root_ / rel).string(); }
-  std::string Write(const std::string& rel, const std::string& contents) const {
-    std::ofstream(Path(rel), std::ios::binary) << contents;
-    return Path(rel);
-  }
   static std::string ReadAll(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     std::stringstream ss;
     ss << in.rdbuf();
     return ss.str();
-  }
-  // A tokenize spec as the command sees it: the schema's defaults filled.
-  v1::TokenizeSpec Options(std::vector<std::string> inputs, const std::string& format,
-                           const std::string& out) const {
-    v1::TokenizeSpec o;
-    o.set_tokenizer(Path("tok"));
-    for (std::string& input : inputs) o.add_input(std::move(input));
-    o.set_format(format);
-    o.set_language("xx");
-    o.set_out(Path(out));
-    FillSpecDefaults(&o);
-    return o;
   }
   static std::vector<int32_t> Bytes(const std::string& s) {
     return std::vector<int32_t>(reinterpret_cast<const unsigned char*>(s.data()),
@@ -105,8 +74,6 @@ class DataTest : public ::testing::Test {
     EXPECT_TRUE(ds.ok()) << ds.status();
     return std::shared_ptr<const Dataset>(std::move(*ds));
   }
-
-  fs::path root_;
 };
 
 TEST(Sha256Test, KnownVectors) {
@@ -124,7 +91,7 @@ TEST(Sha256Test, KnownVectors) {
 TEST_F(DataTest, TextParagraphsRoundTrip) {
   std::string a = Write("a.txt", "Hello world.\nSecond line.\n\n\n  \nПривет мир\r\n\r\nlast");
   std::string b = Write("b.txt", "\n\nfrom b\n");
-  v1::TokenizeSpec o = Options({a, b}, "text", "ds");
+  v1::TokenizeSpec o = Spec({a, b}, "text", "ds");
   o.set_shard_tokens(5);
   auto summary = TokenizeFiles(o);
   ASSERT_TRUE(summary.ok()) << summary.status();
@@ -166,7 +133,7 @@ TEST_F(DataTest, TextParagraphsRoundTrip) {
 
 TEST_F(DataTest, LineDocsEosAndDeterminism) {
   std::string a = Write("a.txt", "one\ntwo\n\nthree\n");
-  v1::TokenizeSpec o = Options({a}, "text", "ds1");
+  v1::TokenizeSpec o = Spec({a}, "text", "ds1");
   o.set_line_docs(true);
   o.set_eos(true);
   ASSERT_TRUE(TokenizeFiles(o).ok());
@@ -244,7 +211,7 @@ TEST_F(DataTest, BadInputsNameFileLineAndField) {
   };
   for (const Case& c : cases) {
     std::string path = Write(c.name, c.contents);
-    v1::TokenizeSpec o = Options({path}, "jsonl", "out_" + c.name);
+    v1::TokenizeSpec o = Spec({path}, "jsonl", "out_" + c.name);
     o.set_field(c.field);
     auto r = TokenizeFiles(o);
     ASSERT_FALSE(r.ok()) << c.name;
@@ -258,11 +225,11 @@ TEST_F(DataTest, BadInputsNameFileLineAndField) {
   }
   // Empty text input, missing input file, missing tokenizer.
   std::string blank = Write("blank.txt", "\n  \n\n");
-  auto r = TokenizeFiles(Options({blank}, "text", "o1"));
+  auto r = TokenizeFiles(Spec({blank}, "text", "o1"));
   EXPECT_CONTAINS(std::string(r.status().message()), "empty dataset");
-  r = TokenizeFiles(Options({Path("nope.txt")}, "text", "o2"));
+  r = TokenizeFiles(Spec({Path("nope.txt")}, "text", "o2"));
   EXPECT_CONTAINS(std::string(r.status().message()), "nope.txt");
-  v1::TokenizeSpec o = Options({blank}, "text", "o3");
+  v1::TokenizeSpec o = Spec({blank}, "text", "o3");
   o.set_tokenizer(Path("no_tokenizer"));
   EXPECT_FALSE(TokenizeFiles(o).ok());
 }
@@ -430,7 +397,7 @@ TEST_F(DataTest, AHugeOneParagraphTextGetsALineDocsHint) {
     text += "line " + std::to_string(i) + " of a corpus with one paragraph per line\n";
   }
   const std::string path = Write("lines.txt", text);
-  v1::TokenizeSpec o = Options({path}, "text", "lines_ds");
+  v1::TokenizeSpec o = Spec({path}, "text", "lines_ds");
   auto summary = TokenizeFiles(o);
   ASSERT_TRUE(summary.ok()) << summary.status();
   EXPECT_EQ(summary->num_documents, 1);
@@ -444,16 +411,16 @@ TEST_F(DataTest, AHugeOneParagraphTextGetsALineDocsHint) {
   EXPECT_GT(per_line->num_documents, 10000);
   EXPECT_EQ(LineDocsHint(o, *per_line), "");
   // Ordinary paragraphs get none.
-  o = Options({Write("p.txt", "one\ntwo\n\nthree\n")}, "text", "p_ds");
+  o = Spec({Write("p.txt", "one\ntwo\n\nthree\n")}, "text", "p_ds");
   EXPECT_EQ(LineDocsHint(o, *TokenizeFiles(o)), "");
 }
 
 TEST_F(DataTest, MixtureRefusesDifferentTokenizers) {
   std::string a = Write("a.txt", "alpha\n");
-  ASSERT_TRUE(TokenizeFiles(Options({a}, "text", "bytes_ds")).ok());
+  ASSERT_TRUE(TokenizeFiles(Spec({a}, "text", "bytes_ds")).ok());
   fs::create_directories(Path("tok2"));
   Write("tok2/config.json", R"({"stemma_tokenizer": {"type": "bytes"}})");
-  v1::TokenizeSpec o = Options({a}, "text", "bytes2_ds");
+  v1::TokenizeSpec o = Spec({a}, "text", "bytes2_ds");
   o.set_tokenizer(Path("tok2"));
   ASSERT_TRUE(TokenizeFiles(o).ok());
   MixtureSpec spec;

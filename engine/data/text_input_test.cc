@@ -4,17 +4,15 @@
 // the same text read plain.
 #include "engine/data/text_input.h"
 
-#include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include "common/engine_spec.h"
+#include "engine/data/data_test_fixture.h"
 #include "engine/data/dataset.h"
 #include "engine/data/tokenize.h"
 #include "gtest/gtest.h"
@@ -24,28 +22,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#define EXPECT_CONTAINS(text, sub)                          \
-  EXPECT_NE(std::string(text).find(sub), std::string::npos) \
-      << "'" << std::string(text) << "' does not contain '" << std::string(sub) << "'"
-
-class TextInputTest : public ::testing::Test {
+class TextInputTest : public ByteTokenizerTest {
  protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            ("stemma_text_input_test_" + std::to_string(::getpid()) + "_" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_ / "tok");
-    Write("tok/stemma_tokenizer.json", R"({"type": "bytes"})");
-  }
-  void TearDown() override { fs::remove_all(root_); }
-
-  std::string Path(const std::string& rel) const { return (root_ / rel).string(); }
-  std::string Write(const std::string& rel, const std::string& contents) const {
-    fs::create_directories(fs::path(Path(rel)).parent_path());
-    std::ofstream(Path(rel), std::ios::binary) << contents;
-    return Path(rel);
-  }
   // gzip through zlib's own file API; `members` > 1 writes that many concatenated members.
   std::string WriteGzip(const std::string& rel, const std::string& contents, int members = 1) {
     std::string path = Path(rel);
@@ -66,17 +44,6 @@ class TextInputTest : public ::testing::Test {
     out.resize(n);
     return Write(rel, out);
   }
-  v1::TokenizeSpec Spec(std::vector<std::string> inputs, const std::string& format,
-                        const std::string& out) const {
-    v1::TokenizeSpec o;
-    o.set_tokenizer(Path("tok"));
-    for (std::string& input : inputs) o.add_input(std::move(input));
-    o.set_format(format);
-    o.set_language("xx");
-    o.set_out(Path(out));
-    FillSpecDefaults(&o);
-    return o;
-  }
   // The dataset's documents as text (the byte tokenizer maps byte b to id b).
   std::vector<std::string> Documents(const std::string& rel) const {
     auto ds = Dataset::Open(Path(rel), /*verify_checksums=*/true);
@@ -96,8 +63,6 @@ class TextInputTest : public ::testing::Test {
     const std::string cmd = std::string(STEMMA_PYTHON) + " " + script + " " + root_.string();
     return std::system(cmd.c_str()) == 0;
   }
-
-  fs::path root_;
 };
 
 constexpr char kText[] =
