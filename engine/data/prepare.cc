@@ -68,8 +68,11 @@ struct Language {
   std::string name;  // display name
   bool base = false, held_out = false;
   std::vector<CorpusPair> pairs;  // gettext pairs in read order (normalised, both sides kept)
-  std::vector<std::string> docs;  // documents in read order (normalised, before dedup)
-  std::vector<std::string> train, heldout;  // final texts, in hash order
+  std::vector<std::string> docs;  // documents in read order (before dedup)
+  // Per document of `docs`: taken as it is (keep_documents: a text or JSONL document, never
+  // normalised, deduplicated or filtered by length).
+  std::vector<bool> as_is;
+  std::vector<std::string> train, heldout;  // final texts, in hash or source order
   std::vector<CorpusPair> reserved;         // evaluation pairs, in hash order of the English side
   Stats stats;
   Json sources = Json::array();
@@ -141,7 +144,8 @@ class Preparer {
   absl::Status ReadText(Language* l, const std::string& path, const std::string& field);
   absl::Status ReadJsonl(Language* l, const std::string& path, const std::string& json_field,
                          const std::string& field);
-  void AddDocument(Language* l, std::string_view raw);
+  absl::Status AddDocument(Language* l, std::string_view raw, const std::string& where);
+  bool Excluded(const std::string& doc, bool as_is) const;
   void Reserve();
   void Split();
   void Mixtures();
@@ -165,14 +169,40 @@ class Preparer {
   Json suites_ = Json::array();
 };
 
-void Preparer::AddDocument(Language* l, std::string_view raw) {
+// A text or JSONL document: normalised (and dropped for the reasons normalisation has), or
+// with keep_documents taken as it is, refused only when the corpus cannot hold it: invalid
+// UTF-8 is dropped, a blank document skipped, and a line break is an error (train/ and
+// heldout/ hold one document per line).
+absl::Status Preparer::AddDocument(Language* l, std::string_view raw, const std::string& where) {
   ++l->stats.strings;
-  NormalizedText n = target_.Once(raw);
-  if (n.reason != DropReason::kKept) {
-    Count(n.reason, &l->stats);
-    return;
+  if (!spec_.keep_documents()) {
+    NormalizedText n = target_.Once(raw);
+    if (n.reason != DropReason::kKept) {
+      Count(n.reason, &l->stats);
+      return absl::OkStatus();
+    }
+    l->docs.push_back(std::move(n.text));
+    l->as_is.push_back(false);
+    return absl::OkStatus();
   }
-  l->docs.push_back(std::move(n.text));
+  if (!IsValidUtf8(raw)) {
+    ++l->stats.invalid_utf8;
+    return absl::OkStatus();
+  }
+  if (raw.find_first_not_of(" \t\r\n\f\v") == std::string_view::npos) {
+    ++l->stats.too_short;
+    return absl::OkStatus();
+  }
+  if (raw.find_first_of("\r\n") != std::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where,
+                     ": the document holds a line break, and keep_documents writes each document "
+                     "as it is on one line of train/ and heldout/ (join its lines, or unset "
+                     "keep_documents to have whitespace collapsed)"));
+  }
+  l->docs.emplace_back(raw);
+  l->as_is.push_back(true);
+  return absl::OkStatus();
 }
 
 absl::Status Preparer::ReadGettext(Language* l, const std::string& root, const std::string& field) {
@@ -217,6 +247,7 @@ absl::Status Preparer::ReadGettext(Language* l, const std::string& root, const s
         }
         if (l->base) {
           l->docs.push_back(std::move(tgt.text));
+          l->as_is.push_back(false);
           continue;
         }
         if (en.reason == DropReason::kKept && en.text == tgt.text) {
@@ -224,6 +255,7 @@ absl::Status Preparer::ReadGettext(Language* l, const std::string& root, const s
           continue;
         }
         l->docs.push_back(tgt.text);
+        l->as_is.push_back(false);
         if (en.reason == DropReason::kKept) {
           l->pairs.push_back({en.text, std::move(tgt.text)});
           ++kept_pairs;
@@ -248,11 +280,11 @@ absl::Status Preparer::ReadText(Language* l, const std::string& path, const std:
   if (!in.ok())
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, ": cannot open the file"));
   std::string line, all;
-  while ((*in)->Next(&line)) {
+  for (int64_t number = 1; (*in)->Next(&line); ++number) {
     absl::StrAppend(&all, line, "\n");
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    AddDocument(l, line);
+    RETURN_IF_ERROR(AddDocument(l, line, absl::StrCat(path, ":", number)));
   }
   RETURN_IF_ERROR((*in)->status());
   l->sources.push_back({{"type", "text"}, {"path", path}, {"sha256", io::Sha256Hex(all)}});
@@ -280,7 +312,7 @@ absl::Status Preparer::ReadJsonl(Language* l, const std::string& path,
       return absl::InvalidArgumentError(
           absl::StrCat(where, ": field '", json_field, "' is ", it->type_name(), ", not a string"));
     }
-    AddDocument(l, it->get<std::string>());
+    RETURN_IF_ERROR(AddDocument(l, it->get<std::string>(), where));
   }
   RETURN_IF_ERROR((*in)->status());
   l->sources.push_back(
@@ -330,9 +362,12 @@ absl::Status Preparer::ReadSources() {
   // does not depend on the hash table), then its own sources.
   std::vector<std::string> docs(gettext_english_.begin(), gettext_english_.end());
   std::sort(docs.begin(), docs.end());
+  std::vector<bool> as_is(docs.size(), false);
   docs.insert(docs.end(), std::make_move_iterator(base_->docs.begin()),
               std::make_move_iterator(base_->docs.end()));
+  as_is.insert(as_is.end(), base_->as_is.begin(), base_->as_is.end());
   base_->docs = std::move(docs);
+  base_->as_is = std::move(as_is);
   if (!gettext_english_.empty()) {
     base_->sources.push_back({{"type", "gettext msgids"}, {"strings", gettext_english_.size()}});
   }
@@ -370,12 +405,61 @@ void Preparer::Reserve() {
   }
 }
 
-// Deduplicates each language's documents, drops the excluded ones, splits the rest by hash,
-// and applies the budgets. A document's split depends only on its text, so a string shared
-// by two languages lands on the same side in both; a held_out language's text loses every
-// string trained on elsewhere.
+// Whether a document is a side of a reserved evaluation pair. A document taken as it is
+// counts by its normalised form too, so a reserved sentence with other spacing stays out.
+bool Preparer::Excluded(const std::string& doc, bool as_is) const {
+  if (excluded_.empty()) return false;
+  if (excluded_.count(doc) > 0) return true;
+  if (!as_is) return false;
+  const NormalizedText n = target_.Once(doc);
+  return n.reason == DropReason::kKept && excluded_.count(n.text) > 0;
+}
+
+// How many of n documents the `last` split holds out: ⌈fraction·n⌉, where a product within
+// 1e-9 of an integer counts as that integer (0.07·100 is 7.000000000000001 in doubles).
+size_t HeldoutCount(double fraction, size_t n) {
+  const double k = std::ceil(fraction * static_cast<double>(n) - 1e-9);
+  return k <= 0 ? 0 : std::min(n, static_cast<size_t>(k));
+}
+
+// The longest prefix of `docs` within `limit` bytes (with newlines); 0: no limit.
+void Budget(std::vector<std::string>* docs, int64_t limit, int64_t* dropped) {
+  if (limit <= 0) return;
+  int64_t bytes = 0;
+  size_t keep = 0;
+  while (keep < docs->size() && bytes + static_cast<int64_t>((*docs)[keep].size()) + 1 <= limit) {
+    bytes += static_cast<int64_t>((*docs)[keep].size()) + 1;
+    ++keep;
+  }
+  *dropped += static_cast<int64_t>(docs->size() - keep);
+  docs->resize(keep);
+}
+
+// Drops the documents of `docs` that are in `trained`, counting them.
+void DropTrained(const absl::flat_hash_set<std::string>& trained, std::vector<std::string>* docs,
+                 int64_t* dropped) {
+  std::vector<std::string> kept;
+  for (std::string& d : *docs) {
+    if (trained.count(d) > 0) {
+      ++*dropped;
+    } else {
+      kept.push_back(std::move(d));
+    }
+  }
+  *docs = std::move(kept);
+}
+
+// Deduplicates each language's documents (not those taken as they are), drops the excluded
+// ones, splits the rest and applies the budgets. The `hash` split depends only on a
+// document's text, so a string shared by two languages lands on the same side in both; the
+// `last` split holds out each language's tail, and then drops from held-out text every string
+// trained on anywhere. A held_out language's text loses every string trained on elsewhere.
+// Texts are in hash order, or in source order with `last` or keep_documents.
 void Preparer::Split() {
+  const bool last = spec_.heldout_split() == "last";
+  const bool source_order = last || spec_.keep_documents();
   auto order = [&](std::vector<std::string>* docs) {
+    if (source_order) return;
     std::vector<std::pair<uint64_t, std::string>> keyed;
     keyed.reserve(docs->size());
     for (std::string& d : *docs)
@@ -384,27 +468,17 @@ void Preparer::Split() {
     docs->clear();
     for (auto& [h, d] : keyed) docs->push_back(std::move(d));
   };
-  auto budget = [](std::vector<std::string>* docs, int64_t limit, Stats* stats) {
-    if (limit <= 0) return;
-    int64_t bytes = 0;
-    size_t keep = 0;
-    while (keep < docs->size() && bytes + static_cast<int64_t>((*docs)[keep].size()) + 1 <= limit) {
-      bytes += static_cast<int64_t>((*docs)[keep].size()) + 1;
-      ++keep;
-    }
-    stats->budget_dropped += static_cast<int64_t>(docs->size() - keep);
-    docs->resize(keep);
-  };
   absl::flat_hash_set<std::string> trained;
   for (Language& l : languages_) {
     absl::flat_hash_set<std::string_view> seen;  // views into l.docs, which stays put here
     std::vector<std::string> unique;
-    for (std::string& d : l.docs) {
-      if (!seen.insert(std::string_view(d)).second) {
+    for (size_t i = 0; i < l.docs.size(); ++i) {
+      std::string& d = l.docs[i];
+      if (!l.as_is[i] && !seen.insert(std::string_view(d)).second) {
         ++l.stats.duplicates;
         continue;
       }
-      if (excluded_.count(d) > 0) {
+      if (Excluded(d, l.as_is[i])) {
         ++l.stats.reserved_excluded;
         continue;
       }
@@ -413,35 +487,30 @@ void Preparer::Split() {
     seen.clear();
     l.docs.clear();
     l.docs.shrink_to_fit();
+    l.as_is.clear();
     if (l.held_out) {
       l.heldout = std::move(unique);
       continue;
     }
-    for (std::string& d : unique) {
-      if (CorpusHashFraction(spec_.split_seed(), kSaltHeldout, d) < spec_.heldout_fraction()) {
-        l.heldout.push_back(std::move(d));
-      } else {
-        l.train.push_back(std::move(d));
-      }
+    const size_t held = last ? HeldoutCount(spec_.heldout_fraction(), unique.size()) : 0;
+    for (size_t i = 0; i < unique.size(); ++i) {
+      std::string& d = unique[i];
+      const bool out =
+          last ? i >= unique.size() - held
+               : CorpusHashFraction(spec_.split_seed(), kSaltHeldout, d) < spec_.heldout_fraction();
+      (out ? l.heldout : l.train).push_back(std::move(d));
     }
     order(&l.train);
     order(&l.heldout);
-    budget(&l.train, l.spec->budget_bytes(), &l.stats);
+    Budget(&l.train, l.spec->budget_bytes(), &l.stats.budget_dropped);
     trained.insert(l.train.begin(), l.train.end());
   }
   for (Language& l : languages_) {
+    if (!l.held_out && !last) continue;
+    DropTrained(trained, &l.heldout, &l.stats.train_overlap_excluded);
     if (!l.held_out) continue;
-    std::vector<std::string> kept;
-    for (std::string& d : l.heldout) {
-      if (trained.count(d) > 0) {
-        ++l.stats.train_overlap_excluded;
-      } else {
-        kept.push_back(std::move(d));
-      }
-    }
-    l.heldout = std::move(kept);
     order(&l.heldout);
-    budget(&l.heldout, l.spec->budget_bytes(), &l.stats);
+    Budget(&l.heldout, l.spec->budget_bytes(), &l.stats.budget_dropped);
   }
 }
 
@@ -700,7 +769,9 @@ absl::StatusOr<PrepareSummary> Preparer::Write() {
         {"continuation", kContinuationVersion},
         {"general", kGeneralVersion},
         {"pairs", kPairsVersion}}},
-      {"normalisation", "normalise@1"},
+      {"normalisation", spec_.keep_documents()
+                            ? "normalise@1 (gettext); text and jsonl documents as they are"
+                            : "normalise@1"},
       {"parameters", Json::parse(SpecToJson(parameters))}};
   const std::string manifest_text = Dump(manifest, 2) + "\n";
   summary.content_hash = manifest["content_hash"];

@@ -13,7 +13,9 @@
 //   suites/suites.json            name, version, file, sha256, examples, format per suite
 //
 // published atomically (engine/io/durable.h). Deterministic: the same sources and spec give
-// byte-identical files, whatever the machine.
+// byte-identical files, whatever the machine. heldout_split `last` holds out each language's
+// tail by position; keep_documents takes text and JSONL documents as they are (no
+// normalisation, filter or deduplication; source order). docs/corpus.md says both in full.
 //
 // Thread-safety: PrepareCorpus may run concurrently for different `out` directories.
 #pragma once

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -665,6 +666,172 @@ TEST_F(PrepareTest, CompressedSourcesAndGlobsGiveTheSameCorpus) {
   EXPECT_NE(err.find("languages[3].jsonl[0] " + Path("nope/*.jsonl") + ": no file matches"),
             std::string::npos)
       << err;
+}
+
+}  // namespace
+}  // namespace stemma::engine::data
+
+namespace stemma::engine::data {
+namespace {
+
+// A corpus already split by position and cleaned elsewhere (issue 22 item 9): `heldout_split:
+// last` holds out each language's tail in source order; `keep_documents` takes text and JSONL
+// documents as they are.
+class PositionalPrepareTest : public PrepareTest {
+ protected:
+  // Sentence i of a language, long enough for min_chars and with letters.
+  static std::string Doc(const std::string& lang, int i) {
+    return absl::StrCat(lang, " sentence number ", i, " of the ready corpus");
+  }
+  std::vector<std::string> Text(const std::string& out, const std::string& rel) const {
+    return Lines(out + "/" + rel);
+  }
+  static Json Counts(const Json& manifest, const std::string& code) {
+    for (const auto& l : manifest["languages"])
+      if (l["code"] == code) return l["counts"];
+    return Json();
+  }
+};
+
+TEST_F(PositionalPrepareTest, LastHoldsOutEachLanguagesTailInSourceOrder) {
+  std::string en, xa;
+  for (int i = 1; i <= 8; ++i) absl::StrAppend(&en, Doc("en", i), "\n");
+  // xa: a duplicate and extra spaces (normalised and deduplicated as usual), and as its last
+  // document English sentence 2, which en trains on: it leaves xa's held-out text.
+  absl::StrAppend(&xa, Doc("xa", 1), "\n", Doc("xa", 2), "\n", Doc("xa", 1), "\n  ", Doc("xa", 3),
+                  "   \n", Doc("xa", 4), "\n", Doc("en", 2), "\n");
+  Write("en.txt", en);
+  Write("xa.txt", xa);
+  const std::string spec =
+      absl::StrCat("heldout_fraction: 0.25\nlanguages:\n",
+                   "  - {code: en, family: g, role: base, text: [", Path("en.txt"), "]}\n",
+                   "  - {code: xa, family: f, role: held_in, text: [", Path("xa.txt"), "]}\n");
+  std::string err;
+  const std::string out = Path("last");
+  ASSERT_EQ(Prepare(absl::StrCat("out: ", out, "\nheldout_split: last\n", spec), &err), 0) << err;
+  // en: 8 documents, ⌈0.25·8⌉ = 2 held out: the last two.
+  EXPECT_EQ(Text(out, "train/en.txt"),
+            (std::vector<std::string>{Doc("en", 1), Doc("en", 2), Doc("en", 3), Doc("en", 4),
+                                      Doc("en", 5), Doc("en", 6)}));
+  EXPECT_EQ(Text(out, "heldout/en.txt"), (std::vector<std::string>{Doc("en", 7), Doc("en", 8)}));
+  // xa: 5 distinct documents, ⌈0.25·5⌉ = 2 held out; the trained English one is dropped.
+  EXPECT_EQ(Text(out, "train/xa.txt"),
+            (std::vector<std::string>{Doc("xa", 1), Doc("xa", 2), Doc("xa", 3)}));
+  EXPECT_EQ(Text(out, "heldout/xa.txt"), (std::vector<std::string>{Doc("xa", 4)}));
+  const Json manifest = Json::parse(Read(out + "/manifest.json"));
+  EXPECT_EQ(Counts(manifest, "xa")["duplicates"], 1);
+  EXPECT_EQ(Counts(manifest, "xa")["train_overlap_excluded"], 1);
+  EXPECT_EQ(manifest["parameters"]["heldout_split"], "last");
+  EXPECT_EQ(manifest["normalisation"], "normalise@1");
+
+  // The hash split of the same sources: another corpus, and the manifests say which.
+  const std::string hashed = Path("hash");
+  ASSERT_EQ(Prepare(absl::StrCat("out: ", hashed, "\n", spec), &err), 0) << err;
+  const Json hash_manifest = Json::parse(Read(hashed + "/manifest.json"));
+  EXPECT_EQ(hash_manifest["parameters"]["heldout_split"], "hash");
+  EXPECT_NE(hash_manifest["content_hash"], manifest["content_hash"]);
+  // Deterministic: the same again elsewhere, byte for byte.
+  const std::string again = Path("again");
+  ASSERT_EQ(Prepare(absl::StrCat("out: ", again, "\nheldout_split: last\n", spec), &err), 0);
+  EXPECT_EQ(Read(again + "/manifest.json"), Read(out + "/manifest.json"));
+}
+
+TEST_F(PositionalPrepareTest, KeepDocumentsTakesTextAndJsonlAsTheyAre) {
+  // Un-normalised whitespace, an accelerator, a directive, a decomposed é, a short line and a
+  // duplicate: all kept, in source order; a blank line is no document.
+  const std::vector<std::string> en = {
+      "  Hello   world, with spaces  ", "_Open the file", "Cannot open %s now", "Short",
+      "Cafe\xCC\x81 au lait",           "Short",          "\ttabbed\tline",     "last one"};
+  std::string text;
+  for (const std::string& d : en) absl::StrAppend(&text, d, "\n");
+  text += "   \n";
+  Write("en.txt", text);
+  std::string jsonl;
+  for (const char* d : {"  a  b  ", "dup", "dup", "x"})
+    absl::StrAppend(&jsonl, Json({{"text", d}}).dump(), "\n");
+  Write("xa.jsonl", jsonl);
+  const std::string spec = absl::StrCat(
+      "keep_documents: true\nheldout_split: last\nheldout_fraction: 0.25\nlanguages:\n",
+      "  - {code: en, family: g, role: base, text: [", Path("en.txt"), "]}\n",
+      "  - {code: xa, family: f, role: held_in, jsonl: [{path: ", Path("xa.jsonl"), "}]}\n");
+  std::string err;
+  const std::string out = Path("kept");
+  ASSERT_EQ(Prepare(absl::StrCat("out: ", out, "\n", spec), &err), 0) << err;
+  EXPECT_EQ(Text(out, "train/en.txt"), std::vector<std::string>(en.begin(), en.end() - 2));
+  EXPECT_EQ(Text(out, "heldout/en.txt"), std::vector<std::string>(en.end() - 2, en.end()));
+  EXPECT_EQ(Text(out, "train/xa.txt"), (std::vector<std::string>{"  a  b  ", "dup", "dup"}));
+  EXPECT_EQ(Text(out, "heldout/xa.txt"), (std::vector<std::string>{"x"}));
+  const Json manifest = Json::parse(Read(out + "/manifest.json"));
+  EXPECT_EQ(Counts(manifest, "en")["duplicates"], 0);
+  EXPECT_EQ(Counts(manifest, "en")["too_short"], 0);
+  EXPECT_EQ(manifest["parameters"]["keep_documents"], true);
+  EXPECT_NE(manifest["normalisation"], "normalise@1");
+
+  // With the hash split the documents are still all there, each side in source order.
+  const std::string hashed = Path("kept-hash");
+  ASSERT_EQ(Prepare(absl::StrCat("out: ", hashed, "\n",
+                                 absl::StrReplaceAll(spec, {{"heldout_split: last\n", ""}})),
+                    &err),
+            0)
+      << err;
+  std::vector<std::string> train = Text(hashed, "train/en.txt"),
+                           heldout = Text(hashed, "heldout/en.txt");
+  std::multiset<std::string> all(train.begin(), train.end());
+  all.insert(heldout.begin(), heldout.end());
+  EXPECT_EQ(all, std::multiset<std::string>(en.begin(), en.end()));
+  for (const auto* side : {&train, &heldout}) {
+    auto at = en.begin();
+    for (const std::string& d : *side) {
+      at = std::find(at, en.end(), d);
+      EXPECT_NE(at, en.end()) << d << " is out of source order";
+    }
+  }
+
+  // A document with a line break cannot be one line: refused, naming the record.
+  Write("xa.jsonl", jsonl + Json({{"text", "two\nlines"}}).dump() + "\n");
+  EXPECT_EQ(Prepare(absl::StrCat("out: ", Path("broken"), "\n", spec), &err), 4);
+  EXPECT_CONTAINS(err, Path("xa.jsonl") + ":5: the document holds a line break");
+}
+
+// Evaluation pairs stay out of train/ and heldout/ when documents are kept as they are: a
+// reserved translation with other spacing is still recognised.
+TEST_F(PositionalPrepareTest, KeepDocumentsStillKeepsEvaluationPairsOut) {
+  const std::string out = Path("corpus");
+  // (No budget on xb: its gettext documents come first in source order and would fill it.)
+  const std::string spec = absl::StrReplaceAll(StandardSpec(out, "keep_documents: true\n"),
+                                               {{"budget_bytes: 20000", "budget_bytes: 0"}});
+  // xb's extra text: every xa translation with spaces around it, one of them twice.
+  std::string padded;
+  for (int i = 0; i < 400; ++i) absl::StrAppend(&padded, "  ", Translation("xa", i), "\t\n");
+  absl::StrAppend(&padded, "  ", Translation("xa", 3), "\t\n");
+  Write("xb_extra.txt", padded);
+  std::string err;
+  ASSERT_EQ(Prepare(spec, &err), 0) << err;
+  std::set<std::string> reserved;
+  for (const auto& p : JsonLines(out + "/pairs/en-xa.jsonl")) reserved.insert(p["tgt"]);
+  ASSERT_FALSE(reserved.empty());
+  int padded_kept = 0, copies_of_3 = 0;
+  for (const char* rel : {"train/xb.txt", "heldout/xb.txt"}) {
+    for (const std::string& line : Lines(out + "/" + rel)) {
+      const NormalizedText n = NormalizeCorpusText(line, NormalizeOptions{});
+      EXPECT_EQ(reserved.count(n.text), 0u) << rel << " holds an evaluation pair: " << line;
+      padded_kept += absl::StartsWith(line, "  xaword") ? 1 : 0;
+      copies_of_3 += line == absl::StrCat("  ", Translation("xa", 3), "\t") ? 1 : 0;
+    }
+  }
+  EXPECT_GT(padded_kept, 100) << "the padded documents are kept as they are";
+  if (reserved.count(Translation("xa", 3)) == 0) EXPECT_EQ(copies_of_3, 2) << "no deduplication";
+}
+
+// The defaults written out are the defaults: the same corpus, manifest and all.
+TEST_F(PositionalPrepareTest, ExplicitDefaultsGiveTheSameCorpus) {
+  std::string err;
+  ASSERT_EQ(Prepare(StandardSpec(Path("plain")), &err), 0) << err;
+  ASSERT_EQ(
+      Prepare(StandardSpec(Path("explicit"), "heldout_split: hash\nkeep_documents: false\n"), &err),
+      0)
+      << err;
+  EXPECT_EQ(Read(Path("explicit/manifest.json")), Read(Path("plain/manifest.json")));
 }
 
 }  // namespace
