@@ -21,10 +21,7 @@ std::string ManifestFile(const std::string& path) { return manifest::ManifestPat
 
 std::optional<std::string> ReadArtifactManifest(const std::string& path) {
   constexpr off_t kLimit = 64 << 20;
-  std::string file = ManifestFile(path);
-  if (file != path && !files::PathExists(file) && files::PathExists(path + "/index.json")) {
-    file = path + "/index.json";  // a token dataset without a stemma.json
-  }
+  const std::string file = ManifestFile(path);
   struct stat st;
   if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > kLimit) {
     return std::nullopt;

@@ -20,10 +20,10 @@ namespace stemma::coordinator {
 // itself otherwise.
 std::string ManifestFile(const std::string& path);
 
-// The text of the manifest that stands for the artifact at `path` in a memoization key:
-// ManifestFile(path), except that a directory with neither stemma.json nor manifest.json but
-// a token dataset's index.json (which lists every shard's sha256) reads that. nullopt when
-// the file cannot be read, is not a regular file, or is over 64 MiB.
+// The text of the manifest that stands for the artifact at `path` in a memoization key (an
+// engine job's, memoization.h, and an exec job's, exec_cache_key.h): ManifestFile(path), so a
+// token dataset without stemma.json is its index.json, which lists every shard's sha256.
+// nullopt when the file cannot be read, is not a regular file, or is over 64 MiB.
 std::optional<std::string> ReadArtifactManifest(const std::string& path);
 
 // Whether the artifact at `path` is still there as its manifest says, by sizes only (a stat

@@ -7,11 +7,12 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/files.h"
 #include "common/sha256.h"
+#include "coordinator/artifact_files.h"
 
 namespace stemma::coordinator {
 namespace {
@@ -53,15 +54,14 @@ std::string ContentIdentity(const std::string& path) {
   return sha.ok() ? "sha256:" + *sha : "unreadable:" + path;
 }
 
-// What an input stands for: its manifest when it has one, else its content.
+// What an input stands for: a directory's manifest (the one reader engine jobs' keys use)
+// when it has one, else its content. A file is hashed by ContentIdentity, streaming: it may
+// be larger than a manifest is allowed to be.
 std::string InputIdentity(const std::string& path) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
-    for (const char* manifest : {"stemma.json", "index.json", "manifest.json"}) {
-      const std::string file = absl::StrCat(path, "/", manifest);
-      if (!files::PathExists(file)) continue;
-      absl::StatusOr<std::string> sha = Sha256File(file);
-      if (sha.ok()) return "sha256:" + *sha;
+    if (std::optional<std::string> manifest = ReadArtifactManifest(path)) {
+      return "sha256:" + Sha256Hex(*manifest);
     }
   }
   return ContentIdentity(path);

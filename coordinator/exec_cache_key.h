@@ -10,9 +10,10 @@
 //   and modification time (a python3 that was upgraded in place gets a new key); otherwise the
 //   name as written. What the interpreter imports is not in it: list the files that matter
 //   (a script, a package directory, a requirements lock) under `code:`.
-// - An input's identity is its manifest's sha256 (a directory's stemma.json, a token
-//   dataset's index.json, a corpus's manifest.json) as for engine jobs, else the sha256 of a
-//   file, else the content of a directory tree (every file's relative path and sha256).
+// - An input's identity is a directory's manifest's sha256, read as for engine jobs
+//   (ReadArtifactManifest: its stemma.json, else a corpus's manifest.json, else a token
+//   dataset's index.json), else the sha256 of a file, else the content of a directory tree
+//   (every file's relative path and sha256).
 // - A code path's identity is always its content (a file, or a directory tree as above).
 // Paths are read where the coordinator runs, as for engine inputs: absolute paths, or relative
 // ones from the coordinator's working directory (`stemma up` runs coordinator and worker in
