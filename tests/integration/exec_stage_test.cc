@@ -99,8 +99,8 @@ void WriteScripts(const Cluster& c, const std::string& version) {
                   "> \"$STEMMA_OUTPUT_RESULTS\"\n");
 }
 
-TEST(ExecStage, OutputsRegisteredWithLineageServedFromCacheAndRerunOnChange) {
-  Cluster c;
+// A coordinator and one worker whose storage root is <dir>/store; returns the root.
+std::string StartWithStorageRoot(Cluster& c) {
   c.StartCoordinator();
   const std::string root = c.dir() + "/store";
   fs::create_directories(root);
@@ -108,12 +108,28 @@ TEST(ExecStage, OutputsRegisteredWithLineageServedFromCacheAndRerunOnChange) {
   w.extra = {"--storage-root", root};
   c.StartWorker("w1", w);
   c.WaitForWorkers(1);
+  return root;
+}
+
+// `stemma sweep -f file`, then `stemma exp wait execs`: both succeed, or what they said.
+::testing::AssertionResult SweepAndWait(const Cluster& c, const std::string& file) {
+  const CliResult sweep = c.Cli({"sweep", "-f", file});
+  if (sweep.exit_code != 0) {
+    return ::testing::AssertionFailure() << "sweep: " << sweep.out << sweep.err;
+  }
+  const CliResult wait = c.Cli({"exp", "wait", "execs", "--timeout", "60"});
+  if (wait.exit_code != 0) {
+    return ::testing::AssertionFailure() << "exp wait: " << wait.out << wait.err;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ExecStage, OutputsRegisteredWithLineageServedFromCacheAndRerunOnChange) {
+  Cluster c;
+  const std::string root = StartWithStorageRoot(c);
   WriteScripts(c, "v1");
   const std::string file = c.WriteFile("execs.yaml", Study(c.dir(), true));
-  auto sweep = c.Cli({"sweep", "-f", file});
-  ASSERT_EQ(sweep.exit_code, 0) << sweep.out << sweep.err;
-  auto wait = c.Cli({"exp", "wait", "execs", "--timeout", "60"});
-  ASSERT_EQ(wait.exit_code, 0) << wait.out << wait.err;
+  ASSERT_TRUE(SweepAndWait(c, file));
   auto cells = CellsByName(c, "execs");
   ASSERT_EQ(cells.at("derive")["state"], "SUCCEEDED") << cells.at("derive").dump();
 
@@ -149,9 +165,7 @@ TEST(ExecStage, OutputsRegisteredWithLineageServedFromCacheAndRerunOnChange) {
   EXPECT_EQ(Lines(c.dir() + "/derive.runs"), 1);
 
   // Unchanged: a new revision, both served from the cache (no run).
-  sweep = c.Cli({"sweep", "-f", file});
-  ASSERT_EQ(sweep.exit_code, 0) << sweep.out << sweep.err;
-  ASSERT_EQ(c.Cli({"exp", "wait", "execs", "--timeout", "60"}).exit_code, 0);
+  ASSERT_TRUE(SweepAndWait(c, file));
   cells = CellsByName(c, "execs");
   for (const char* name : {"make", "derive"}) {
     EXPECT_EQ(cells.at(name)["state"], "SUCCEEDED") << name;
@@ -164,33 +178,21 @@ TEST(ExecStage, OutputsRegisteredWithLineageServedFromCacheAndRerunOnChange) {
   // A change of make's code (a comment): it runs again, and so does derive (its input's
   // manifest is a new one: the worker wrote it for another job).
   WriteScripts(c, "v2");
-  sweep = c.Cli({"sweep", "-f", file});
-  ASSERT_EQ(sweep.exit_code, 0) << sweep.out << sweep.err;
-  ASSERT_EQ(c.Cli({"exp", "wait", "execs", "--timeout", "60"}).exit_code, 0);
+  ASSERT_TRUE(SweepAndWait(c, file));
   EXPECT_EQ(Lines(c.dir() + "/make.runs"), 2);
   EXPECT_EQ(Lines(c.dir() + "/derive.runs"), 2);
   // Unchanged again: cached again.
-  sweep = c.Cli({"sweep", "-f", file});
-  ASSERT_EQ(sweep.exit_code, 0) << sweep.out << sweep.err;
-  ASSERT_EQ(c.Cli({"exp", "wait", "execs", "--timeout", "60"}).exit_code, 0);
+  ASSERT_TRUE(SweepAndWait(c, file));
   EXPECT_EQ(Lines(c.dir() + "/make.runs"), 2);
   // cache: false runs make although nothing changed.
-  sweep = c.Cli({"sweep", "-f", c.WriteFile("execs.yaml", Study(c.dir(), false))});
-  ASSERT_EQ(sweep.exit_code, 0) << sweep.out << sweep.err;
-  ASSERT_EQ(c.Cli({"exp", "wait", "execs", "--timeout", "60"}).exit_code, 0);
+  ASSERT_TRUE(SweepAndWait(c, c.WriteFile("execs.yaml", Study(c.dir(), false))));
   EXPECT_EQ(Lines(c.dir() + "/make.runs"), 3);
   EXPECT_EQ(CellsByName(c, "execs").at("make")["state"], "SUCCEEDED");
 }
 
 TEST(ExecStage, AMissingDeclaredOutputFailsTheJobNamingIt) {
   Cluster c;
-  c.StartCoordinator();
-  const std::string root = c.dir() + "/store";
-  fs::create_directories(root);
-  Cluster::WorkerOptions w;
-  w.extra = {"--storage-root", root};
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
+  const std::string root = StartWithStorageRoot(c);
   auto ids = c.Submit(
       "exec:\n  argv: [/bin/true]\n  outputs: {model: {path: out/model, type: checkpoint}}\n"
       "max_attempts: 3\n");
