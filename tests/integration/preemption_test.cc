@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "tests/integration/cluster.h"
 
@@ -36,6 +37,33 @@ train:
   checkpoint: {every: 100, keep: )" +
          std::to_string(keep) + R"(}
 )";
+}
+
+// One worker with one CPU, so that a second job can only start by preempting the first.
+void StartOneCpuWorker(Cluster& c, std::vector<std::string> extra = {}) {
+  Cluster::WorkerOptions w;
+  w.cpus = 1;
+  w.extra = std::move(extra);
+  c.StartWorker("w1", w);
+  c.WaitForWorkers(1);
+}
+
+// A low-priority exec job that holds the worker's one CPU for 3 s (`extra`: more spec
+// lines). Returns its id.
+std::string SubmitLow(Cluster& c, const std::string& extra = "") {
+  return c.Submit("name: low\n" + extra + R"(resources: {cpus: 1}
+exec: {argv: [/bin/sh, -c, "sleep 3"]}
+)")[0];
+}
+
+// The high-priority job that preempts: one CPU, done at once. Returns its id.
+std::string SubmitHigh(Cluster& c) {
+  return c.Submit(R"(name: high
+priority: 10
+resources: {cpus: 1}
+exec: {argv: [/bin/true]}
+)",
+                  "high.yaml")[0];
 }
 
 // step -> loss, over every attempt of the job.
@@ -65,11 +93,7 @@ TEST(Preemption, ALowPriorityRunIsPreemptedResumesFromItsCheckpointAndEndsTheSam
     for (int i = 0; i < 200; ++i)
       text << "the quick brown fox " << i << " jumps over the lazy dog\n";
   }
-  Cluster::WorkerOptions w;
-  w.cpus = 1;  // one job at a time: the high-priority one can only start by preempting
-  w.extra = {"--storage-root", root};
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
+  StartOneCpuWorker(c, {"--storage-root", root});
   ASSERT_EQ(c.Cli({"sweep", "-f", c.WriteFile("prep.yaml", R"(name: prep
 stages:
   base:
@@ -168,22 +192,10 @@ exec: {argv: [/bin/sh, -c, "sleep 1"]}
 TEST(Preemption, AnExecJobIsTerminatedAndRequeuedWithoutSpendingAnAttempt) {
   Cluster c;
   c.StartCoordinator();
-  Cluster::WorkerOptions w;
-  w.cpus = 1;
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
-  const std::string low = c.Submit(R"(name: low
-max_attempts: 1
-resources: {cpus: 1}
-exec: {argv: [/bin/sh, -c, "sleep 3"]}
-)")[0];
+  StartOneCpuWorker(c);
+  const std::string low = SubmitLow(c, "max_attempts: 1\n");
   ASSERT_EQ(c.WaitFor(low, {"RUNNING"}, 60), "RUNNING");
-  const std::string high = c.Submit(R"(name: high
-priority: 10
-resources: {cpus: 1}
-exec: {argv: [/bin/true]}
-)",
-                                    "high.yaml")[0];
+  const std::string high = SubmitHigh(c);
   EXPECT_EQ(c.WaitFor(high, {"SUCCEEDED"}, 60), "SUCCEEDED");
   EXPECT_EQ(c.WaitFor(low, {"SUCCEEDED", "FAILED"}, 60), "SUCCEEDED");
   const nlohmann::json job = c.Get(low);
@@ -197,21 +209,10 @@ exec: {argv: [/bin/true]}
 TEST(Preemption, NoPreemptionFlagLetsTheRunningJobFinish) {
   Cluster c;
   c.StartCoordinator({"--no-preemption"});
-  Cluster::WorkerOptions w;
-  w.cpus = 1;
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
-  const std::string low = c.Submit(R"(name: low
-resources: {cpus: 1}
-exec: {argv: [/bin/sh, -c, "sleep 3"]}
-)")[0];
+  StartOneCpuWorker(c);
+  const std::string low = SubmitLow(c);
   ASSERT_EQ(c.WaitFor(low, {"RUNNING"}, 60), "RUNNING");
-  const std::string high = c.Submit(R"(name: high
-priority: 10
-resources: {cpus: 1}
-exec: {argv: [/bin/true]}
-)",
-                                    "high.yaml")[0];
+  const std::string high = SubmitHigh(c);
   EXPECT_EQ(c.WaitFor(high, {"SUCCEEDED"}, 60), "SUCCEEDED");
   const nlohmann::json job = c.Get(low);
   EXPECT_EQ(job["state"], "SUCCEEDED") << "it ended before the high-priority job started";
@@ -236,23 +237,14 @@ TEST(Preemption, AVictimThatDoesNotStopInTimeIsKilledAndRequeued) {
   std::filesystem::create_directories(root);
   const std::string engine = c.WriteFile("stubborn-engine", kStubbornEngine);
   ::chmod(engine.c_str(), 0755);
-  Cluster::WorkerOptions w;
-  w.cpus = 1;
-  w.extra = {"--storage-root", root, "--engine", engine};
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
+  StartOneCpuWorker(c, {"--storage-root", root, "--engine", engine});
   const std::string low = c.Submit(R"(name: stubborn
 max_attempts: 1
 resources: {cpus: 1}
 train: {model: base, data: {datasets: [{path: data}], seq_len: 8}, out: out, steps: 1000000}
 )")[0];
   ASSERT_TRUE(c.WaitUntil([&] { return c.Get(low)["progress"]["step"].get<int64_t>() >= 2; }, 60));
-  const std::string high = c.Submit(R"(name: high
-priority: 10
-resources: {cpus: 1}
-exec: {argv: [/bin/true]}
-)",
-                                    "high.yaml")[0];
+  const std::string high = SubmitHigh(c);
   EXPECT_EQ(c.WaitFor(high, {"SUCCEEDED"}, 60), "SUCCEEDED");
   const nlohmann::json job = c.Get(low);
   EXPECT_EQ(job["preemptions"], 1);
