@@ -132,8 +132,18 @@ absl::StatusOr<v1::EngineEvent> OutputEvent(std::string_view name, const std::st
     for (const io::ManifestParent& p : manifest.parents) event.add_parents(p.path);
     type = manifest.type;
   } else if (IsTokenDataset(path)) {
-    // A dataset whose writer keeps its manifest in index.json (hashes of every shard).
-    ASSIGN_OR_RETURN(sha, io::Sha256File(path + "/index.json"));
+    // A dataset whose writer keeps its manifest in index.json (hashes of every shard), its
+    // parents (the tokenizer, the corpus of its inputs) included.
+    ASSIGN_OR_RETURN(std::string text, io::ReadFile(path + "/index.json"));
+    sha = io::Sha256Hex(text);
+    const nlohmann::json index = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (index.is_object() && index.contains("parents") && index["parents"].is_array()) {
+      for (const nlohmann::json& p : index["parents"]) {
+        if (p.is_object() && p.contains("path") && p["path"].is_string()) {
+          event.add_parents(p["path"].get<std::string>());
+        }
+      }
+    }
     std::error_code ec;
     for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
       if (e.is_regular_file(ec)) bytes += e.file_size(ec);

@@ -73,7 +73,8 @@ inline constexpr char kOutputFile[] = "file";
 // weights, dataset when it has a token-dataset index.json); `manifest_sha256` the sha256 of
 // <path>/stemma.json; `bytes` the sum of the files the manifest lists; `parents` the paths
 // the manifest lists. A dataset without stemma.json (written before datasets had one) uses
-// its index.json as the manifest and the directory's files for `bytes`. For a regular file:
+// its index.json as the manifest (its `parents`: the tokenizer and the corpus of its inputs)
+// and the directory's files for `bytes`. For a regular file:
 // type "file", the file's sha256 and size, and `parents` as given. `operation` is what made
 // it: cpt, soup, revert, interpolate, graft, upcycle, init, tokenize, eval, analyze.
 // NotFound when `path` does not exist; InvalidArgument for a malformed stemma.json.

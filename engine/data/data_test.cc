@@ -19,6 +19,7 @@
 #include "engine/data/dataset_writer.h"
 #include "engine/data/loader.h"
 #include "engine/data/tokenize.h"
+#include "engine/events.h"
 #include "engine/io/sha256.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -193,6 +194,33 @@ TEST_F(DataTest, JsonlRoundTripAndCommand) {
   argv.clear();
   for (std::string& s : help) argv.push_back(s.data());
   EXPECT_EQ(RunTokenize(static_cast<int>(argv.size()), argv.data()), 0);
+}
+
+// A dataset's lineage: index.json names its tokenizer and the Stemma corpus its input lies
+// in (with the corpus manifest's sha256), and the output event carries both as parents, as a
+// trained model's stemma.json and output event carry its base.
+TEST_F(DataTest, ADatasetsParentsAreItsTokenizerAndItsCorpus) {
+  const std::string manifest = Write(
+      "corpus/manifest.json", R"({"format": "stemma.corpus/1", "content_hash": "x", "files": []})");
+  const std::string train = Write("corpus/train/xx.txt", "one document\nanother one\n");
+  const std::string plain = Write("plain.txt", "not in a corpus\n");
+  v1::TokenizeSpec o = Spec({train, plain, train}, "text", "ds");
+  o.set_tokenizer(Path("tok") + "/");
+  ASSERT_TRUE(TokenizeFiles(o).ok());
+  const nlohmann::json index = nlohmann::json::parse(ReadAll(Path("ds/index.json")));
+  const nlohmann::json want = nlohmann::json::array(
+      {{{"path", Path("tok")}, {"role", "tokenizer"}},
+       {{"path", Path("corpus")}, {"role", "corpus"}, {"manifest_sha256", *Sha256File(manifest)}}});
+  EXPECT_EQ(index["parents"], want);
+  auto event = OutputEvent("dataset", Path("ds"), "tokenize");
+  ASSERT_TRUE(event.ok()) << event.status();
+  EXPECT_EQ(std::vector<std::string>(event->parents().begin(), event->parents().end()),
+            (std::vector<std::string>{Path("tok"), Path("corpus")}));
+  EXPECT_EQ(event->type(), "dataset");
+  // Outside a corpus: the tokenizer alone.
+  ASSERT_TRUE(TokenizeFiles(Spec({plain}, "text", "ds2")).ok());
+  EXPECT_EQ(nlohmann::json::parse(ReadAll(Path("ds2/index.json")))["parents"],
+            nlohmann::json::array({{{"path", Path("tok")}, {"role", "tokenizer"}}}));
 }
 
 TEST_F(DataTest, BadInputsNameFileLineAndField) {

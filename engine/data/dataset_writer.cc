@@ -173,6 +173,15 @@ absl::Status DatasetWriter::Finish(const std::vector<SourceFile>& sources) {
       {"documents", {{"file", "index.bin"}, {"dtype", "uint64"}, {"sha256", index_sha}}},
       {"shards", shards_},
       {"sources", src}};
+  if (!options_.parents.empty()) {
+    nlohmann::json parents = nlohmann::json::array();
+    for (const DatasetParent& p : options_.parents) {
+      nlohmann::json parent = {{"path", p.path}, {"role", p.role}};
+      if (!p.manifest_sha256.empty()) parent["manifest_sha256"] = p.manifest_sha256;
+      parents.push_back(std::move(parent));
+    }
+    index["parents"] = std::move(parents);
+  }
   std::string text = index.dump(2) + "\n";
   RETURN_IF_ERROR(WriteSynced(staging_ + "/index.json", text.data(), text.size()));
   RETURN_IF_ERROR(files::SyncDir(staging_));

@@ -50,6 +50,14 @@ struct SourceFile {
   uint64_t bytes = 0;
 };
 
+// What a dataset was made from, recorded in index.json's `parents` (its lineage): the
+// tokenizer's directory and the Stemma corpus its inputs lie in.
+struct DatasetParent {
+  std::string path;             // as given (lexically normal)
+  std::string role;             // "tokenizer" | "corpus"
+  std::string manifest_sha256;  // a corpus: the sha256 of its manifest.json; else ""
+};
+
 struct DatasetWriterOptions {
   std::string out_dir;
   std::string language;
@@ -60,6 +68,8 @@ struct DatasetWriterOptions {
   bool eos_appended = false;
   // Replace an existing `out_dir` (renamed aside, then removed, after the new one is in).
   bool overwrite = false;
+  // index.json's `parents` (written only when there are some).
+  std::vector<DatasetParent> parents;
 };
 
 class DatasetWriter {

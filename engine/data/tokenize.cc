@@ -5,9 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/json_line.h"
+#include "common/manifest.h"
 #include "common/status.h"
 #include "engine/data/dataset_writer.h"
 #include "engine/data/text_input.h"
+#include "engine/io/fs.h"
 #include "engine/io/sha256.h"
 #include "nlohmann/json.hpp"
 
@@ -150,6 +152,40 @@ absl::Status ReadDocuments(const v1::TokenizeSpec& spec, const std::string& path
   return ReadText(path, **in, spec.line_docs(), sink);
 }
 
+// A path as a parent names it: lexically normal, without a trailing slash.
+std::string ParentPath(const std::string& path) {
+  std::string p = fs::path(path).lexically_normal().string();
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+// The dataset's parents: the tokenizer's directory, then each Stemma corpus (a directory
+// with a manifest.json of format stemma.corpus/*) that an input lies in, once, in input order.
+std::vector<DatasetParent> Parents(const std::string& tokenizer,
+                                   const std::vector<std::string>& inputs) {
+  std::vector<DatasetParent> parents = {{ParentPath(tokenizer), "tokenizer", ""}};
+  for (const std::string& input : inputs) {
+    for (fs::path dir = fs::path(ParentPath(input)).parent_path(); !dir.empty();
+         dir = dir.parent_path()) {
+      absl::StatusOr<std::string> text =
+          io::ReadFile((dir / manifest::kCorpusManifestName).string());
+      if (text.ok()) {
+        const nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+        if (manifest::IsCorpusManifest(j)) {
+          const std::string path = ParentPath(dir.string());
+          if (std::none_of(parents.begin(), parents.end(),
+                           [&](const DatasetParent& p) { return p.path == path; })) {
+            parents.push_back({path, "corpus", Sha256Hex(*text)});
+          }
+          break;
+        }
+      }
+      if (dir == dir.root_path()) break;
+    }
+  }
+  return parents;
+}
+
 }  // namespace
 
 absl::StatusOr<TokenizeSummary> TokenizeFiles(const v1::TokenizeSpec& spec) {
@@ -174,6 +210,7 @@ absl::StatusOr<TokenizeSummary> TokenizeFiles(const v1::TokenizeSpec& spec) {
   wopts.shard_tokens = spec.shard_tokens();
   wopts.eos_appended = spec.eos();
   wopts.overwrite = spec.overwrite();
+  wopts.parents = Parents(spec.tokenizer(), inputs);
   ASSIGN_OR_RETURN(std::unique_ptr<DatasetWriter> writer, DatasetWriter::Create(wopts));
   TokenizeSummary summary;
   DocumentSink sink(*tok, *writer, spec.eos(), summary);
