@@ -3,6 +3,7 @@
 // attempt history, `gc jobs`, and `logs --tail/--since/--timestamps`.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <regex>
@@ -10,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "tests/integration/cluster.h"
 
@@ -336,6 +338,86 @@ TEST_F(CliJobsTest, LogsTailSinceAndTimestamps) {
   EXPECT_EQ(since.out, "late\nlast\n") << since.err;
   EXPECT_EQ(c_.Cli({"logs", ids[0], "--since", "1h", "--tail", "1"}).out, "last\n");
   EXPECT_EQ(c_.Cli({"logs", ids[0], "--tail", "-3"}).exit_code, 2);
+}
+
+// `stemma watch` for people (issue 22 item 10): one line per state change; progress into a file
+// or pipe at most once per job per --progress-every (every progress event with 0), and on a
+// terminal rewritten in place on one line. Three watches of one job that reports progress
+// thirty times, started before it runs (it waits for a gate), see the same state changes.
+TEST(CliWatch, ALinePerStateChangeWithProgressThrottledOrInPlace) {
+  if (RunShell("command -v script").empty()) GTEST_SKIP() << "no script(1) for a terminal";
+  Cluster c;
+  c.StartCoordinator();
+  c.StartWorker("w0");
+  c.WaitForWorkers(1);
+  const std::string go = c.dir() + "/go";
+  auto ids = c.Submit(
+      Sh("gate", "while [ ! -e " + go + " ]; do sleep 0.05; done") + "---\n" +
+      Sh("ticker",
+         R"(i=1; while [ $i -le 30 ]; do echo "STEMMA_PROGRESS {\"step\": $i, \"message\": \"tick\"}"; sleep 0.1; i=$((i+1)); done)",
+         "depends_on: [gate]\n"));
+  ASSERT_EQ(ids.size(), 2u);
+  const std::string& id = ids[1];
+  const std::string watch = Cluster::BinDir() + "/stemma --coordinator " + c.address() + " watch " +
+                            id + " --timeout 120";
+  const std::string pipe = c.dir() + "/pipe.out", every = c.dir() + "/every.out",
+                    tty = c.dir() + "/tty.out";
+  // In the background, holding no end of RunShell's pipe.
+  RunShell("(" + watch + " > " + pipe + " 2>&1; echo $? > " + pipe + ".rc) > /dev/null 2>&1 & (" +
+           watch + " --progress-every 0 > " + every + " 2>&1; echo $? > " + every +
+           ".rc) > /dev/null 2>&1 & (script -qfec '" + watch + "' /dev/null > " + tty +
+           " 2>&1; echo $? > " + tty + ".rc) > /dev/null 2>&1 < /dev/null &");
+  // Each has its first line (the job as it is now) before the job may start.
+  ASSERT_TRUE(c.WaitUntil(
+      [&] {
+        return !Cluster::ReadFile(pipe).empty() && !Cluster::ReadFile(every).empty() &&
+               Cluster::ReadFile(tty).find('\n') != std::string::npos;
+      },
+      30));
+  c.WriteFile("go", "");
+  for (const std::string& f : {pipe, every, tty}) {
+    ASSERT_TRUE(c.WaitUntil([&] { return std::filesystem::exists(f + ".rc"); }, 90)) << f;
+    EXPECT_EQ(Cluster::ReadFile(f + ".rc"), "0\n") << Cluster::ReadFile(f);
+  }
+  // Lines of a file or pipe: state changes ("A -> B") and progress lines.
+  auto split = [&](const std::string& text, std::vector<std::string>* changes, int* progress) {
+    *progress = 0;
+    for (const std::string& line : Lines(text)) {
+      EXPECT_NE(line.find(" " + id + " ticker "), std::string::npos) << line;
+      const size_t arrow = line.find(" -> ");
+      if (arrow == std::string::npos) {
+        EXPECT_NE(line.find(" RUNNING "), std::string::npos) << line;
+        ++*progress;
+        continue;
+      }
+      const size_t from = line.rfind(' ', arrow - 1);
+      changes->push_back(line.substr(from + 1));  // "RUNNING -> SUCCEEDED"
+    }
+  };
+  std::vector<std::string> pipe_changes, every_changes;
+  int pipe_progress = 0, every_progress = 0;
+  const std::string pipe_text = Cluster::ReadFile(pipe), every_text = Cluster::ReadFile(every);
+  split(pipe_text, &pipe_changes, &pipe_progress);
+  split(every_text, &every_changes, &every_progress);
+  ASSERT_GE(pipe_changes.size(), 3u) << pipe_text;  // as it was, RUNNING, SUCCEEDED at least
+  EXPECT_TRUE(absl::StartsWith(pipe_changes.back(), "RUNNING -> SUCCEEDED")) << pipe_text;
+  EXPECT_EQ(every_changes, pipe_changes) << every_text;
+  EXPECT_GE(every_progress, 2) << "progress events reached the watch\n" << every_text;
+  EXPECT_EQ(pipe_progress, 1) << "the first progress line, then none within 30 s\n" << pipe_text;
+  EXPECT_EQ(Lines(pipe_text).size(), pipe_changes.size() + 1) << pipe_text;
+
+  // On a terminal: a line (\r\n through the pty) per state change, progress rewritten in place
+  // (a carriage return without a newline) and cleared before the next state change.
+  const std::string screen = Cluster::ReadFile(tty);
+  EXPECT_EQ(std::count(screen.begin(), screen.end(), '\n'),
+            static_cast<std::ptrdiff_t>(pipe_changes.size()))
+      << screen;
+  int in_place = 0;
+  for (size_t i = 0; i + 1 < screen.size(); ++i) {
+    if (screen[i] == '\r' && screen[i + 1] != '\n') ++in_place;
+  }
+  EXPECT_GE(in_place, 2) << screen;
+  EXPECT_NE(screen.find("step "), std::string::npos) << screen;
 }
 
 }  // namespace
