@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -347,18 +348,67 @@ std::string EngineBinary() {
   return "";
 }
 
-constexpr const char* kStudy = R"(name: report-e2e
-stages:
-  corpus:
-    prepare:
-      heldout_fraction: 0.3
-      languages:
-        - {code: en, family: germanic, role: base, name: English, text: [en.txt]}
-        - {code: ru, family: slavic, role: held_in, name: Russian, text: [ru.txt]}
-        - {code: uk, family: slavic, role: held_out, name: Ukrainian, text: [uk.txt]}
-  base:
-    init: {arch: llama, preset: tiny, seed: 3}
-  tok:
+// The languages of the real studies: the corpus entry of each, and one line of its text
+// (`before` i `after`, i numbering the lines).
+struct StudyLanguage {
+  const char* code;
+  const char* corpus;  // the prepare stage's entry, without its text
+  const char* before;
+  const char* after;
+};
+constexpr StudyLanguage kLanguages[] = {
+    {"en", "code: en, family: germanic, role: base, name: English", "the quick brown fox ",
+     " jumps over the lazy dog"},
+    {"ru", "code: ru, family: slavic, role: held_in, name: Russian", "быстрая коричневая лиса ",
+     " прыгает через ленивую собаку"},
+    {"uk", "code: uk, family: slavic, role: held_out, name: Ukrainian", "швидка бура лисиця ",
+     " стрибає через ледачого пса"},
+    {"fr", "code: fr, family: romance, role: held_in, name: French", "le renard brun rapide ",
+     " saute par-dessus le chien paresseux"},
+    {"it", "code: it, family: romance, role: held_out, name: Italian", "la volpe marrone veloce ",
+     " salta sopra il cane pigro"},
+};
+
+// The stages both real studies begin with: the corpus of `codes` (in that order, 30 % held
+// out) prepared from <code>.txt in the storage root, and a tiny base model.
+std::string StudyHead(const std::string& name, const std::vector<std::string>& codes) {
+  std::string yaml = "name: " + name +
+                     "\nstages:\n  corpus:\n    prepare:\n      heldout_fraction: 0.3\n"
+                     "      languages:\n";
+  for (const std::string& code : codes) {
+    for (const StudyLanguage& l : kLanguages) {
+      if (l.code == code)
+        yaml += "        - {" + std::string(l.corpus) + ", text: [" + code + ".txt]}\n";
+    }
+  }
+  return yaml + "  base:\n    init: {arch: llama, preset: tiny, seed: 3}\n";
+}
+
+// A coordinator and one 2-CPU worker running `engine` (first on PATH, where the worker looks
+// after its own directory), with 150 lines of each language of `codes` in <dir>/store, the
+// worker's storage root.
+void StartEngineCluster(Cluster& c, const std::string& engine,
+                        const std::vector<std::string>& codes) {
+  const std::string path = fs::path(engine).parent_path().string() + ":" +
+                           (std::getenv("PATH") ? std::getenv("PATH") : "");
+  ::setenv("PATH", path.c_str(), 1);
+  c.StartCoordinator();
+  const std::string root = c.dir() + "/store";
+  fs::create_directories(root);
+  for (const StudyLanguage& l : kLanguages) {
+    if (std::find(codes.begin(), codes.end(), l.code) == codes.end()) continue;
+    std::ofstream text(root + "/" + l.code + ".txt");
+    for (int i = 0; i < 150; ++i) text << l.before << i << l.after << "\n";
+  }
+  Cluster::WorkerOptions w;
+  w.cpus = 2;
+  w.extra = {"--storage-root", root};
+  c.StartWorker("w1", w);
+  c.WaitForWorkers(1);
+}
+
+// After StudyHead("report-e2e", {"en", "ru", "uk"}).
+constexpr const char* kStudyStages = R"(  tok:
     needs: [base, corpus]
     matrix: {language: [ru, en, uk]}
     tokenize:
@@ -507,28 +557,10 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
     GTEST_SKIP() << "stemma-engine is not built here (STEMMA_BUILD_ENGINE=OFF); STEMMA_ENGINE=PATH "
                     "points at one";
   }
-  // The worker finds the engine beside itself, else on PATH.
-  const std::string path = fs::path(engine).parent_path().string() + ":" +
-                           (std::getenv("PATH") ? std::getenv("PATH") : "");
-  ::setenv("PATH", path.c_str(), 1);
   Cluster c;
-  c.StartCoordinator();
-  const std::string root = c.dir() + "/store";
-  fs::create_directories(root);
-  {
-    std::ofstream ru(root + "/ru.txt"), en(root + "/en.txt"), uk(root + "/uk.txt");
-    for (int i = 0; i < 150; ++i) {
-      ru << "быстрая коричневая лиса " << i << " прыгает через ленивую собаку\n";
-      en << "the quick brown fox " << i << " jumps over the lazy dog\n";
-      uk << "швидка бура лисиця " << i << " стрибає через ледачого пса\n";
-    }
-  }
-  Cluster::WorkerOptions w;
-  w.cpus = 2;
-  w.extra = {"--storage-root", root};
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
-  auto sweep = c.Cli({"sweep", "-f", c.WriteFile("study.yaml", kStudy)});
+  StartEngineCluster(c, engine, {"en", "ru", "uk"});
+  const std::string study = StudyHead("report-e2e", {"en", "ru", "uk"}) + kStudyStages;
+  auto sweep = c.Cli({"sweep", "-f", c.WriteFile("study.yaml", study)});
   ASSERT_EQ(sweep.exit_code, 0) << sweep.out << sweep.err;
 
   // While it runs: the evals are there as rows, pending.
@@ -593,20 +625,8 @@ TEST(ReportEndToEnd, RealEngineStudyWhileRunningAndFinished) {
 
 // Two family experts of real engine jobs: each is measured on its own family (held-in and
 // held-out relative), forgetting on English; its CPT loss curve is named by its row.
-constexpr const char* kFamilyStudy = R"YAML(name: report-families
-stages:
-  corpus:
-    prepare:
-      heldout_fraction: 0.3
-      languages:
-        - {code: en, family: germanic, role: base, name: English, text: [en.txt]}
-        - {code: ru, family: slavic, role: held_in, name: Russian, text: [ru.txt]}
-        - {code: uk, family: slavic, role: held_out, name: Ukrainian, text: [uk.txt]}
-        - {code: fr, family: romance, role: held_in, name: French, text: [fr.txt]}
-        - {code: it, family: romance, role: held_out, name: Italian, text: [it.txt]}
-  base:
-    init: {arch: llama, preset: tiny, seed: 3}
-  tok:
+// After StudyHead("report-families", {"en", "ru", "uk", "fr", "it"}).
+constexpr const char* kFamilyStudyStages = R"YAML(  tok:
     needs: [base, corpus]
     matrix:
       include:
@@ -662,30 +682,11 @@ TEST(ReportEndToEnd, EachFamilyExpertIsMeasuredOnItsOwnFamily) {
   const std::string engine = EngineBinary();
   if (engine.empty())
     GTEST_SKIP() << "stemma-engine is not built here; STEMMA_ENGINE=PATH names one";
-  const std::string path = fs::path(engine).parent_path().string() + ":" +
-                           (std::getenv("PATH") ? std::getenv("PATH") : "");
-  ::setenv("PATH", path.c_str(), 1);
+  const std::vector<std::string> codes = {"en", "ru", "uk", "fr", "it"};
   Cluster c;
-  c.StartCoordinator();
-  const std::string root = c.dir() + "/store";
-  fs::create_directories(root);
-  {
-    std::ofstream ru(root + "/ru.txt"), uk(root + "/uk.txt"), fr(root + "/fr.txt"),
-        it(root + "/it.txt"), en(root + "/en.txt");
-    for (int i = 0; i < 150; ++i) {
-      ru << "быстрая коричневая лиса " << i << " прыгает через ленивую собаку\n";
-      uk << "швидка бура лисиця " << i << " стрибає через ледачого пса\n";
-      fr << "le renard brun rapide " << i << " saute par-dessus le chien paresseux\n";
-      it << "la volpe marrone veloce " << i << " salta sopra il cane pigro\n";
-      en << "the quick brown fox " << i << " jumps over the lazy dog\n";
-    }
-  }
-  Cluster::WorkerOptions w;
-  w.cpus = 2;
-  w.extra = {"--storage-root", root};
-  c.StartWorker("w1", w);
-  c.WaitForWorkers(1);
-  ASSERT_EQ(c.Cli({"sweep", "-f", c.WriteFile("families.yaml", kFamilyStudy)}).exit_code, 0);
+  StartEngineCluster(c, engine, codes);
+  const std::string study = StudyHead("report-families", codes) + kFamilyStudyStages;
+  ASSERT_EQ(c.Cli({"sweep", "-f", c.WriteFile("families.yaml", study)}).exit_code, 0);
   auto wait = c.Cli({"exp", "wait", "report-families", "--timeout", "500"});
   ASSERT_EQ(wait.exit_code, 0) << wait.out << wait.err;
   const std::string out = c.dir() + "/report";
