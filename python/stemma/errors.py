@@ -18,66 +18,80 @@ class StemmaError(Exception):
             self.code = code
 
 
+_BY_CODE = {}
+
+
+def _raised_for(*codes):
+    """Class decorator: the gRPC status codes (by name) whose failures raise this class; the
+    first is its `code`. The one table from status codes to classes."""
+
+    def register(cls):
+        cls.code = codes[0]
+        for name in codes:
+            _BY_CODE[grpc.StatusCode[name]] = cls
+        return cls
+
+    return register
+
+
+@_raised_for("INVALID_ARGUMENT", "OUT_OF_RANGE")
 class InvalidArgument(StemmaError, ValueError):
     """A bad spec, file or argument: the message names the field (and line)."""
 
-    code = "INVALID_ARGUMENT"
 
-
+@_raised_for("NOT_FOUND")
 class NotFound(StemmaError, LookupError):
-    code = "NOT_FOUND"
+    pass
 
 
+@_raised_for("ALREADY_EXISTS")
 class AlreadyExists(StemmaError):
-    code = "ALREADY_EXISTS"
+    pass
 
 
+@_raised_for("PERMISSION_DENIED")
 class PermissionDenied(StemmaError, PermissionError):
     """The caller's token may not do this (or a token file is readable by others)."""
 
-    code = "PERMISSION_DENIED"
 
-
+@_raised_for("UNAUTHENTICATED")
 class Unauthenticated(StemmaError):
     """The coordinator refused the credentials (no token, or an unknown one)."""
 
-    code = "UNAUTHENTICATED"
 
-
+@_raised_for("FAILED_PRECONDITION", "ABORTED")
 class FailedPrecondition(StemmaError):
-    code = "FAILED_PRECONDITION"
+    pass
 
 
+@_raised_for("RESOURCE_EXHAUSTED")
 class ResourceExhausted(StemmaError):
     """A quota or a rate limit."""
 
-    code = "RESOURCE_EXHAUSTED"
 
-
+@_raised_for("UNAVAILABLE")
 class Unavailable(StemmaError, ConnectionError):
     """The coordinator cannot be reached (not running, wrong address, TLS mismatch)."""
 
-    code = "UNAVAILABLE"
 
-
+@_raised_for("DEADLINE_EXCEEDED")
 class DeadlineExceeded(StemmaError, TimeoutError):
     """A call, or a wait, did not finish in time."""
 
-    code = "DEADLINE_EXCEEDED"
 
-
+@_raised_for("CANCELLED")
 class Cancelled(StemmaError):
-    code = "CANCELLED"
+    pass
 
 
+@_raised_for("INTERNAL", "DATA_LOSS")
 class Internal(StemmaError):
-    code = "INTERNAL"
+    pass
 
 
+@_raised_for("UNIMPLEMENTED")
 class Unimplemented(StemmaError):
     """The coordinator is older than this client and lacks the call."""
-
-    code = "UNIMPLEMENTED"
 
 
 class JobFailed(StemmaError):
@@ -89,25 +103,6 @@ class JobFailed(StemmaError):
     def __init__(self, message, jobs):
         super().__init__(message)
         self.jobs = jobs
-
-
-_BY_CODE = {
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
-    grpc.StatusCode.NOT_FOUND: NotFound,
-    grpc.StatusCode.ALREADY_EXISTS: AlreadyExists,
-    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
-    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
-    grpc.StatusCode.ABORTED: FailedPrecondition,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    grpc.StatusCode.CANCELLED: Cancelled,
-    grpc.StatusCode.INTERNAL: Internal,
-    grpc.StatusCode.DATA_LOSS: Internal,
-    grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
-}
 
 
 def from_rpc_error(error, address):
