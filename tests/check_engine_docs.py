@@ -2,6 +2,7 @@
 """Every engine command has a reference page docs/engine/<command>.md whose generated part is
 exactly what `stemma explain <command> --markdown` prints from the schema, so the docs and the
 spec cannot drift. Usage: check_engine_docs.py STEMMA_BIN SOURCE_DIR [--fix]"""
+import os
 import pathlib
 import subprocess
 import sys
@@ -13,13 +14,16 @@ END = "<!-- END GENERATED -->"
 def main() -> int:
     stemma, source = sys.argv[1], pathlib.Path(sys.argv[2])
     fix = "--fix" in sys.argv[3:]
-    listing = subprocess.run([stemma, "explain"], check=True, capture_output=True, text=True).stdout
+    # No config of the developer's (a broken one would fail every call), as check_cli_docs.py.
+    env = dict(os.environ, HOME="/nonexistent", STEMMA_CONFIG="/nonexistent/config.yaml")
+    listing = subprocess.run([stemma, "explain"], check=True, capture_output=True, text=True,
+                             env=env).stdout
     commands = [line.strip() for line in listing.splitlines()[1:] if line.strip()]
     failures = []
     for command in commands:
         page = source / "docs" / "engine" / f"{command}.md"
         want = subprocess.run([stemma, "explain", command, "--markdown"], check=True,
-                              capture_output=True, text=True).stdout
+                              capture_output=True, text=True, env=env).stdout
         if not page.exists():
             failures.append(f"{page}: missing (every engine command has a reference page)")
             continue

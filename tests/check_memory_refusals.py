@@ -16,6 +16,7 @@ the shape, nothing loads weights). Checked as a user would:
 Usage: check_memory_refusals.py BIN_DIR [--worker PATH]
 """
 import json
+import os
 import pathlib
 import re
 import socket
@@ -58,9 +59,14 @@ def main() -> int:
                                    str(tmp / "coord")], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)]
         try:
+            # A HOME of the test's own: no ~/.config/stemma of the developer's reaches the
+            # CLI, and it writes none.
+            env = {k: v for k, v in os.environ.items() if not k.startswith("STEMMA_")}
+            env["HOME"] = str(tmp)
+
             def stemma(*args):
                 r = subprocess.run([str(binary / "stemma"), "--coordinator", addr, *args],
-                                   capture_output=True, text=True, cwd=tmp)
+                                   capture_output=True, text=True, cwd=tmp, env=env)
                 return r.returncode, r.stdout + r.stderr
             for _ in range(100):
                 if stemma("ls")[0] == 0:

@@ -15,6 +15,7 @@ paper-scale file fits (8×80 GB nodes are what the paper files are written for).
 Usage: check_study_plans.py BIN_DIR SOURCE_DIR
 """
 import json
+import os
 import pathlib
 import socket
 import subprocess
@@ -65,9 +66,14 @@ def main() -> int:
         coordinator = subprocess.Popen([str(binary / "stemma-coordinator"), "--listen", addr, "--data", tmp],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
+            # A HOME of the test's own: no ~/.config/stemma of the developer's reaches the
+            # CLI, and it writes none.
+            env = {k: v for k, v in os.environ.items() if not k.startswith("STEMMA_")}
+            env["HOME"] = tmp
+
             def stemma(*args):
                 return subprocess.run([str(binary / "stemma"), "--coordinator", addr, *args],
-                                      capture_output=True, text=True, cwd=source)
+                                      capture_output=True, text=True, cwd=source, env=env)
             for _ in range(100):
                 if stemma("ls").returncode == 0:
                     break

@@ -170,6 +170,11 @@ def main() -> None:
     f = lib.Failures()
     procs = lib.Processes()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="stemma-prometheus-"))
+    # Everything it starts, the CLI included, has the test's own HOME and none of the
+    # developer's STEMMA_* settings: no ~/.config/stemma of theirs reaches it, none is written.
+    os.environ["HOME"] = str(tmp)
+    for name in ("STEMMA_CONFIG", "STEMMA_COORDINATOR", "STEMMA_CA", "STEMMA_TOKEN", "STEMMA_TOKEN_FILE"):
+        os.environ.pop(name, None)
     try:
         run(bin_dir, engine if engine.exists() else None, out, tmp, procs, f)
     finally:

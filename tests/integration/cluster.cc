@@ -275,21 +275,19 @@ CliResult Cluster::RunCli(const std::string& token, const std::vector<std::strin
     ::dup2(err[1], 2);
     ::close(out[0]);
     ::close(err[0]);
-    if (tls() || tokens()) {
-      // Nothing from the developer's own ~/.config/stemma.
-      ::setenv("HOME", dir_.c_str(), 1);
-      ::unsetenv("STEMMA_TOKEN_FILE");
-      if (tls()) ::setenv("STEMMA_CA", ca_.c_str(), 1);
+    // Nothing from the developer's own ~/.config/stemma (config.yaml, token, ca.pem) or
+    // STEMMA_* variables: HOME is the test's directory, which a test may fill, and a CLI run
+    // never writes into the real one. `env` may set any of them again.
+    ::setenv("HOME", dir_.c_str(), 1);
+    for (const char* name : {"STEMMA_CONFIG", "STEMMA_COORDINATOR", "STEMMA_TOKEN_FILE",
+                             "STEMMA_CA", "STEMMA_TLS_SERVER_NAME"}) {
+      ::unsetenv(name);
     }
+    if (tls()) ::setenv("STEMMA_CA", ca_.c_str(), 1);
     if (!token.empty()) {
       ::setenv("STEMMA_TOKEN", token.c_str(), 1);
     } else {
       ::unsetenv("STEMMA_TOKEN");
-    }
-    if (bare) {
-      ::setenv("HOME", dir_.c_str(), 1);
-      ::unsetenv("STEMMA_COORDINATOR");
-      ::unsetenv("STEMMA_CONFIG");
     }
     for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
     std::vector<std::string> argv = {BinDir() + "/stemma"};

@@ -81,14 +81,15 @@ class Cluster {
   // Waits until `n` workers are ALIVE.
   void WaitForWorkers(int n);
 
-  // Runs `stemma --coordinator ADDR args...` (as admin when tokens are enabled).
+  // Runs `stemma --coordinator ADDR args...` (as admin when tokens are enabled). Every CLI
+  // run has HOME = dir() and none of the developer's STEMMA_* variables (the cluster's CA
+  // with TLS), so that no ~/.config/stemma of the developer's reaches it and it writes none.
   CliResult Cli(const std::vector<std::string>& args) const;
   // The same with this token ("" = none) and extra environment ("K=V").
   CliResult CliAs(const std::string& token, const std::vector<std::string>& args,
                   const std::vector<std::string>& env = {}) const;
-  // `stemma args...` without --coordinator, with HOME the test's directory and neither
-  // $STEMMA_COORDINATOR nor $STEMMA_CONFIG unless `env` sets them: how the CLI finds its
-  // coordinator (config contexts) is then under test.
+  // `stemma args...` without --coordinator (HOME and environment as above, `env` added): how
+  // the CLI finds its coordinator (config contexts) is then under test.
   CliResult CliBare(const std::vector<std::string>& args,
                     const std::vector<std::string>& env = {}) const;
   // Writes `yaml` to a file, submits it, returns the job ids.

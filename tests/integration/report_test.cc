@@ -150,11 +150,12 @@ struct Browser {
   std::string dir;  // profiles and outputs
   int runs = 0;
 
-  // Runs headless Chromium on `url` with `flags`; its stdout.
+  // Runs headless Chromium on `url` with `flags`; its stdout. HOME is `dir`: Chromium writes
+  // ~/.config/chromium (crash reports) whatever its --user-data-dir.
   std::string Run(const std::string& url, const std::string& flags) {
     const std::string profile = dir + "/profile-" + std::to_string(runs++);
     const std::string cmd =
-        "timeout 120 " + Quote(binary) +
+        "HOME=" + Quote(dir) + " timeout 120 " + Quote(binary) +
         " --headless --disable-gpu --no-sandbox --no-first-run --disable-background-networking"
         " --disable-component-update --disable-sync --disable-extensions --user-data-dir=" +
         Quote(profile) + " " + flags + " " + Quote(url) + " 2>/dev/null";
