@@ -159,20 +159,20 @@ MemoryEstimate TrainMemory(const v1::JobSpec& job, const ModelShape& s) {
   const bool full = shard == "full";
   if (full) {
     // ZeRO-3 (engine/train/layer_shards.h), at any world size: every weight, trainable or
-    // frozen, as an fp32 slice of 1/W; one decoder layer gathered in fp32 at a time (no
-    // prefetch), the embeddings, head and final norm for the whole step; under autocast
-    // their bf16 copies while they run. Gradients: one layer's and the outer unit's, and a
-    // bucket being reduce-scattered.
+    // frozen, as an fp32 slice of 1/W; the decoder layer that runs and the next one (its
+    // prefetch) gathered in fp32, the embeddings, head and final norm for the whole step;
+    // under autocast bf16 copies of the running layer and the outer unit. Gradients: one
+    // layer's and the outer unit's, and a bucket being reduce-scattered. The model as loaded
+    // is released unit by unit while the slices are made (on a CPU the engine hands the
+    // freed heap back), so it is not counted: it is below the steps' peak.
     const double outer = s.EmbeddingParams() * (s.tied ? 1 : 2) + D(s.hidden);
     Add(&e, "fp32 weight slices (1/W)", 4 * n / w);
-    Add(&e, "gathered layer, embeddings and head",
-        4 * (s.LayerParams() + outer) + (autocast ? 2 * (s.LayerParams() + outer) : 0));
+    const double prefetched = s.layers > 1 ? s.LayerParams() : 0;
+    Add(&e, "gathered layers (running, prefetched), embeddings and head",
+        4 * (s.LayerParams() + prefetched + outer) +
+            (autocast ? 2 * (s.LayerParams() + outer) : 0));
     grads = 4 * std::min(nt, s.LayerParams() + outer) + std::min(4 * s.LayerParams(), bucket / 2);
     Add(&e, "gradient slice (1/W)", 4 * nt / w);
-    // Every rank still loads the whole fp32 model before keeping its slices; on a CPU glibc
-    // keeps that heap, and the slices do not fit in its holes (measured: +4·N, issue 26).
-    // On a GPU the caching allocator reuses the blocks: not counted (docs/experiments.md).
-    if (!e.gpu) Add(&e, "fp32 model as loaded, before sharding", 4 * n);
   } else {
     // The fp32 flat buffer is the compute replica on every rank and its own master copy
     // (engine/train/optimizer.h, sharded_optimizer.h).

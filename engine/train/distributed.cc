@@ -43,12 +43,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -485,6 +490,114 @@ absl::Status DataParallel::Ring::Barrier(std::chrono::milliseconds timeout) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A collective that had finished when it was returned (a single process; host staging).
+class Finished : public DataParallel::Pending {
+ public:
+  void Wait() override {}
+};
+
+}  // namespace
+
+// The communication thread of AllGatherAsync: runs the posted ring jobs one at a time, in
+// the order they were posted. Thread-safety: Post and Drain are called by the owner's thread
+// (the one that drives the collectives) while the communication thread runs jobs; mu_ guards
+// the queue and the counts, each job's own mutex its result (so a handle can be waited on
+// after this object is gone: the destructor finishes every posted job first).
+class DataParallel::Comm {
+ public:
+  struct Job {
+    std::function<absl::Status()> run;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;    // guarded by mu
+    absl::Status status;  // guarded by mu
+  };
+  class Handle : public Pending {
+   public:
+    Handle(std::shared_ptr<Job> job, int rank) : job_(std::move(job)), rank_(rank) {}
+    ~Handle() override { Finish(); }
+    void Wait() override {
+      absl::Status status = Finish();
+      if (!status.ok()) Fail(rank_, status);
+    }
+
+   private:
+    absl::Status Finish() {
+      std::unique_lock<std::mutex> lock(job_->mu);
+      job_->cv.wait(lock, [&] { return job_->done; });
+      return job_->status;
+    }
+    std::shared_ptr<Job> job_;
+    int rank_;
+  };
+
+  Comm() : thread_([this] { Loop(); }) {}
+  ~Comm() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  std::unique_ptr<Pending> Post(std::function<absl::Status()> run, int rank) {
+    auto job = std::make_shared<Job>();
+    job->run = std::move(run);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(job);
+      ++unfinished_;
+    }
+    cv_.notify_all();
+    return std::make_unique<Handle>(std::move(job), rank);
+  }
+  // Waits until every posted job has finished; the first failure among all jobs so far.
+  absl::Status Drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return unfinished_ == 0; });
+    return failed_;
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopped, and every posted job has run
+      std::shared_ptr<Job> job = std::move(queue_.front());
+      queue_.pop_front();
+      absl::Status status = failed_;  // after a failure the ring is unusable: fail the rest
+      if (status.ok()) {
+        lock.unlock();
+        status = job->run();
+        lock.lock();
+      }
+      if (!status.ok() && failed_.ok()) failed_ = status;
+      {
+        std::lock_guard<std::mutex> job_lock(job->mu);
+        job->status = status;
+        job->done = true;
+      }
+      job->cv.notify_all();
+      --unfinished_;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;  // guarded by mu_
+  int64_t unfinished_ = 0;                  // posted and not finished; guarded by mu_
+  bool stop_ = false;                       // guarded by mu_
+  absl::Status failed_;                     // guarded by mu_
+  std::thread thread_;                      // last: starts once the members above exist
+};
+
 // c10d::ProcessGroupNCCL for CUDA buckets, created on first use (so CPU-only runs never
 // touch CUDA). Without NCCL in the build it is never created.
 class DataParallel::Nccl {
@@ -519,8 +632,33 @@ class DataParallel::Nccl {
   void AllGather(at::Tensor& chunk, at::Tensor& flat) {
     group_->_allgather_base(flat, chunk)->wait();
   }
+  // The same, started on NCCL's stream; Wait makes the current stream wait for it.
+  std::unique_ptr<Pending> AllGatherAsync(at::Tensor chunk, at::Tensor flat) {
+    return std::make_unique<Started>(group_->_allgather_base(flat, chunk), std::move(chunk));
+  }
 
  private:
+  class Started : public Pending {
+   public:
+    Started(c10::intrusive_ptr<c10d::Work> work, at::Tensor input)
+        : work_(std::move(work)), input_(std::move(input)) {}
+    // Not waited for: the attempt is failing already, and a destructor must not throw.
+    ~Started() override {
+      try {
+        Wait();
+      } catch (const std::exception&) {
+      }
+    }
+    void Wait() override {
+      if (!work_) return;
+      c10::intrusive_ptr<c10d::Work> work = std::move(work_);
+      work->wait();
+    }
+
+   private:
+    c10::intrusive_ptr<c10d::Work> work_;
+    at::Tensor input_;  // alive until the collective has read it
+  };
   c10::intrusive_ptr<c10d::Backend> group_;
 #else
   explicit Nccl(const Ring&) {}
@@ -528,6 +666,9 @@ class DataParallel::Nccl {
   void Broadcast(at::Tensor&) {}
   void ReduceScatterSum(at::Tensor&, at::Tensor&) {}
   void AllGather(at::Tensor&, at::Tensor&) {}
+  std::unique_ptr<Pending> AllGatherAsync(at::Tensor, at::Tensor) {
+    return std::make_unique<Finished>();
+  }
 #endif
 };
 
@@ -638,6 +779,7 @@ bool DataParallel::UseNccl(const c10::Device& bucket_device) {
 
 void DataParallel::BroadcastParameters(const std::vector<torch::Tensor>& params) {
   if (ring_ == nullptr) return;
+  Quiesce();
   CheckDefined(rank_, params, "BroadcastParameters: tensor");
   c10::NoGradGuard no_grad;  // parameters are leaves that require grad
   const bool on_device = STEMMA_DDP_HAVE_NCCL && ring_->config().use_nccl;
@@ -657,6 +799,7 @@ void DataParallel::BroadcastParameters(const std::vector<torch::Tensor>& params)
 
 void DataParallel::AllReduceMeanGradients(const std::vector<torch::Tensor>& grads) {
   if (ring_ == nullptr) return;
+  Quiesce();
   CheckDefined(rank_, grads, "AllReduceMeanGradients: gradient");
   c10::NoGradGuard no_grad;
   const bool on_device = STEMMA_DDP_HAVE_NCCL && ring_->config().use_nccl;
@@ -713,6 +856,7 @@ at::Tensor DataParallel::ReduceScatter(const at::Tensor& flat, bool mean) {
   const int64_t chunk = flat.numel() / world_size_;
   at::Tensor mine = flat.narrow(0, rank_ * chunk, chunk);
   if (ring_ == nullptr) return mine;
+  Quiesce();
   const at::ScalarType dtype = flat.scalar_type();
   if (dtype != at::kFloat && dtype != at::kDouble) {
     Fail(rank_, absl::InvalidArgumentError("ReduceScatter: needs float32 or float64"));
@@ -739,6 +883,7 @@ at::Tensor DataParallel::ReduceScatter(const at::Tensor& flat, bool mean) {
 void DataParallel::AllGather(const at::Tensor& flat) {
   CheckFlat(flat, "AllGather");
   if (ring_ == nullptr) return;
+  Quiesce();
   c10::NoGradGuard no_grad;
   const int64_t chunk = flat.numel() / world_size_;
   if (flat.is_cuda() && ring_->config().use_nccl && UseNccl(flat.device())) {
@@ -754,14 +899,42 @@ void DataParallel::AllGather(const at::Tensor& flat) {
   if (!flat.is_cpu()) flat.copy_(host);
 }
 
+std::unique_ptr<DataParallel::Pending> DataParallel::AllGatherAsync(const at::Tensor& flat) {
+  CheckFlat(flat, "AllGatherAsync");
+  if (ring_ == nullptr) return std::make_unique<Finished>();
+  c10::NoGradGuard no_grad;
+  const int64_t chunk = flat.numel() / world_size_;
+  if (flat.is_cuda() && ring_->config().use_nccl && UseNccl(flat.device())) {
+    return nccl_->AllGatherAsync(flat.narrow(0, rank_ * chunk, chunk).clone(), flat);
+  }
+  if (!flat.is_cpu()) {  // staged through the host: synchronous
+    AllGather(flat);
+    return std::make_unique<Finished>();
+  }
+  if (comm_ == nullptr) comm_ = std::make_unique<Comm>();
+  Ring* ring = ring_.get();
+  char* data = static_cast<char*>(flat.data_ptr());
+  const int64_t chunk_bytes = chunk * flat.element_size();
+  return comm_->Post([ring, data, chunk_bytes] { return ring->AllGather(data, chunk_bytes); },
+                     rank_);
+}
+
+void DataParallel::Quiesce() {
+  if (comm_ == nullptr) return;
+  absl::Status status = comm_->Drain();
+  if (!status.ok()) Fail(rank_, status);
+}
+
 void DataParallel::Barrier(std::chrono::milliseconds timeout) {
   if (ring_ == nullptr) return;
+  Quiesce();
   absl::Status status = ring_->Barrier(timeout);
   if (!status.ok()) Fail(rank_, status);
 }
 
 double DataParallel::AllReduceSum(double value) {
   if (ring_ == nullptr) return value;
+  Quiesce();
   absl::Status status = ring_->AllReduceSum(&value, 1);
   if (!status.ok()) Fail(rank_, status);
   return value;

@@ -21,13 +21,19 @@
 // shapes; each collective first exchanges a small header with its ring neighbours and throws
 // if they disagree (instead of hanging or mixing buffers).
 //
+// AllGatherAsync starts an all-gather and returns at once (ZeRO-3's prefetch of the next
+// layer): on the CPU ring it runs on a communication thread of this object, which runs such
+// collectives one at a time in the order they were started; every other collective first
+// waits for the started ones, so the order on the wire stays the order of the calls.
+//
 // Errors: FromEnv returns InvalidArgument naming the environment variable for bad settings,
 // Unavailable / DeadlineExceeded when the master or a peer cannot be reached within
 // STEMMA_DDP_TIMEOUT_S (default 600). The collectives throw std::runtime_error when a peer
 // disconnects, times out or disagrees: the job cannot continue then, and the engine's main
 // turns the exception into `stemma-engine: error: ...` and a non-zero exit.
 //
-// Thread-safety: not thread-safe; one thread per process drives the collectives.
+// Thread-safety: not thread-safe; one thread per process drives the collectives (the
+// communication thread is internal).
 #pragma once
 
 #include <torch/types.h>
@@ -78,6 +84,20 @@ class DataParallel {
   // AllGather: any dtype. Every rank's chunk r of `flat`, from rank r, in place (each rank
   // keeps its own chunk as it is). Ring, or NCCL's _allgather_base for CUDA tensors.
   void AllGather(const at::Tensor& flat);
+
+  // A collective started by an *Async call. Wait() returns once it has finished on this rank
+  // and throws as the synchronous collectives do when it failed; destroying an unfinished
+  // one waits for it (without throwing).
+  class Pending {
+   public:
+    virtual ~Pending() = default;
+    virtual void Wait() = 0;
+  };
+  // AllGather, started now and finished by the handle's Wait(): until then `flat` must not be
+  // read, written or freed. CPU tensors: on the communication thread (see above); CUDA
+  // tensors: on NCCL's stream (the caller's stream waits for it in Wait), or synchronously
+  // where there is no NCCL. Collective: every rank starts the same ones in the same order.
+  std::unique_ptr<Pending> AllGatherAsync(const at::Tensor& flat);
   // Waits until every rank has called it, for up to `timeout` (not STEMMA_DDP_TIMEOUT_S):
   // e.g. while one rank writes a checkpoint that may take longer than a collective may.
   void Barrier(std::chrono::milliseconds timeout);
@@ -88,9 +108,13 @@ class DataParallel {
  private:
   class Ring;  // sockets to the neighbours; null when world_size is 1
   class Nccl;  // ProcessGroupNCCL for CUDA tensors; created on first use
+  class Comm;  // the communication thread of AllGatherAsync; created on first use
   DataParallel(int rank, int world_size, std::unique_ptr<Ring> ring);
   bool UseNccl(const c10::Device& bucket_device);                  // creates nccl_ when it says yes
   void CheckFlat(const at::Tensor& flat, const char* what) const;  // throws when unfit
+  // Before a synchronous ring collective: waits for the started asynchronous ones (throws
+  // when one failed: the ring is then unusable).
+  void Quiesce();
 
   int rank_;
   int world_size_;
@@ -98,6 +122,7 @@ class DataParallel {
   std::unique_ptr<Ring> ring_;
   std::unique_ptr<Nccl> nccl_;
   std::vector<torch::Tensor> reduce_buckets_;  // reused across steps: [bucket numel] each
+  std::unique_ptr<Comm> comm_;                 // declared last: stopped before the ring goes
 };
 
 // The device a rank computes on. `cuda` without an index: cuda:`local_rank` of the visible

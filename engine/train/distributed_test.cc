@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -140,6 +141,33 @@ std::unique_ptr<DataParallel> Join() {
   return joined.ok() ? std::move(*joined) : nullptr;
 }
 
+// AllGatherAsync (ZeRO-3's prefetch): two started at once and a synchronous collective
+// called before either is waited for (it waits for them: the order on the wire is the order
+// of the calls); a handle dropped unwaited still finishes its collective.
+void CheckAsyncAllGather(DataParallel& dp) {
+  const int rank = dp.rank(), world = dp.world_size();
+  const int64_t chunk = 300'001;  // 1.2 MB per chunk: many socket writes each
+  torch::Tensor a = torch::full({world * chunk}, -1.0f), b = torch::full({world * chunk}, -1.0f);
+  a.narrow(0, rank * chunk, chunk).fill_(rank + 2);
+  b.narrow(0, rank * chunk, chunk).fill_(10 * rank + 3);
+  std::unique_ptr<DataParallel::Pending> first = dp.AllGatherAsync(a);
+  std::unique_ptr<DataParallel::Pending> second = dp.AllGatherAsync(b);
+  EXPECT_EQ(dp.AllReduceSum(rank + 1.0), world * (world + 1) / 2.0);
+  second->Wait();
+  first->Wait();
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(torch::equal(a.narrow(0, r * chunk, chunk), torch::full({chunk}, r + 2.0f)))
+        << "async all-gather chunk " << r;
+    EXPECT_TRUE(torch::equal(b.narrow(0, r * chunk, chunk), torch::full({chunk}, 10.0f * r + 3)))
+        << "second async all-gather chunk " << r;
+  }
+  {
+    torch::Tensor c = torch::zeros({world * 3});
+    std::unique_ptr<DataParallel::Pending> dropped = dp.AllGatherAsync(c);
+  }
+  EXPECT_EQ(dp.AllReduceSum(1.0), world) << "the ring still works after the async gathers";
+}
+
 // Reduce-scatter and all-gather (ZeRO): integer-valued data, so sums and means are exact.
 void CheckShardedCollectives(DataParallel& dp) {
   const int rank = dp.rank(), world = dp.world_size();
@@ -180,6 +208,7 @@ void CheckShardedCollectives(DataParallel& dp) {
       EXPECT_NE(std::string(e.what()).find("AllGather"), std::string::npos) << e.what();
     }
   }
+  CheckAsyncAllGather(dp);
   dp.Barrier(std::chrono::seconds(30));
   EXPECT_EQ(dp.AllReduceSum(1.0), world) << "the ring still works after the barrier";
 }

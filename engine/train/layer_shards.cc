@@ -1,10 +1,14 @@
 #include "engine/train/layer_shards.h"
 
 #include <ATen/autocast_mode.h>
+#include <malloc.h>
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -16,6 +20,7 @@ struct FrozenShard {
   std::vector<torch::Tensor> params;
   torch::Tensor flat, master;
   int64_t chunk = 0;
+  std::unique_ptr<DataParallel::Pending> gathering;  // a started, unfinished all-gather
 };
 
 struct LayerShards::Unit {
@@ -24,9 +29,15 @@ struct LayerShards::Unit {
   std::unique_ptr<ShardedAdamW> trainable;  // null when the unit trains nothing
   FrozenShard frozen;                       // params empty when nothing is frozen
   bool gathered = true;
+  bool gathering = false;            // StartGather ran, FinishGather not yet
+  bool reached_in_backward = false;  // a decoder layer that backward has gathered
 };
 
 namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // Moves `params` into one flat buffer (each becomes a view of it), keeps this rank's chunk
 // and frees the buffer.
@@ -57,6 +68,8 @@ LayerShards::LayerShards(int64_t num_layers, const std::vector<ParamPlan>& plans
                          const v1::TrainOptimizer& options, DataParallel& ranks,
                          int64_t bucket_bytes)
     : ranks_(ranks), num_layers_(num_layers) {
+  const char* prefetch = std::getenv("STEMMA_SHARD_PREFETCH");
+  prefetch_ = prefetch == nullptr || std::string(prefetch) != "0";
   torch::NoGradGuard no_grad;
   std::vector<std::vector<size_t>> members(static_cast<size_t>(num_layers + 1));
   for (size_t i = 0; i < plans.size(); ++i) {
@@ -87,26 +100,111 @@ LayerShards::LayerShards(int64_t num_layers, const std::vector<ParamPlan>& plans
     BuildFrozen(unit->frozen, ranks.world_size(), ranks.rank());
     unit->gathered = false;
     units_.push_back(std::move(unit));
+    // The unit's loaded tensors are freed now, but glibc keeps freed heap (the train command
+    // raises M_TRIM_THRESHOLD so that steps reuse it) and the slices do not refill those
+    // holes: a CPU rank would hold the whole fp32 model and its slices at once. Give the free
+    // pages back (madvise) unit by unit.
+    malloc_trim(0);
   }
 }
 
 LayerShards::~LayerShards() = default;
 
 void LayerShards::Gather(Unit& unit) {
+  if (unit.gathered && !unit.gathering) return;
+  const double start = Now();
+  if (unit.gathering) {
+    FinishGather(unit);
+  } else {
+    torch::NoGradGuard no_grad;
+    if (unit.trainable) unit.trainable->Gather();
+    FrozenShard& f = unit.frozen;
+    if (!f.params.empty()) {
+      AllocateFlatStorage(f.flat);
+      f.flat.narrow(0, ranks_.rank() * f.chunk, f.chunk).copy_(f.master);
+      ranks_.AllGather(f.flat);
+    }
+    unit.gathered = true;
+    ++profile_.gathers;
+  }
+  const double seconds = Now() - start;
+  profile_.gather += seconds;
+  phase_collectives_ += seconds;
+}
+
+void LayerShards::StartGather(Unit& unit) {
   if (unit.gathered) return;
+  const double start = Now();
   torch::NoGradGuard no_grad;
-  if (unit.trainable) unit.trainable->Gather();
+  if (unit.trainable) unit.trainable->StartGather();
   FrozenShard& f = unit.frozen;
   if (!f.params.empty()) {
     AllocateFlatStorage(f.flat);
     f.flat.narrow(0, ranks_.rank() * f.chunk, f.chunk).copy_(f.master);
-    ranks_.AllGather(f.flat);
+    f.gathering = ranks_.AllGatherAsync(f.flat);
   }
-  unit.gathered = true;
+  unit.gathered = unit.gathering = true;
+  ++profile_.gathers;
+  ++profile_.prefetches;
+  const double seconds = Now() - start;
+  profile_.gather += seconds;
+  phase_collectives_ += seconds;
+}
+
+void LayerShards::FinishGather(Unit& unit) {
+  if (!unit.gathering) return;
+  if (unit.trainable) unit.trainable->FinishGather();
+  if (unit.frozen.gathering != nullptr) {
+    std::unique_ptr<DataParallel::Pending> pending = std::move(unit.frozen.gathering);
+    pending->Wait();
+  }
+  unit.gathering = false;
+}
+
+void LayerShards::EndPhase(Phase next) {
+  const double now = Now();
+  const double compute = now - phase_start_ - phase_collectives_;
+  if (phase_ == Phase::kForward) profile_.forward += compute;
+  if (phase_ == Phase::kBackward) profile_.backward += compute;
+  phase_ = next;
+  phase_start_ = now;
+  phase_collectives_ = 0;
+  last_layer_ = -1;
+}
+
+void LayerShards::ReleaseLayers() {
+  for (int64_t i = 0; i < num_layers_; ++i) Release(*units_[static_cast<size_t>(i)]);
+}
+
+// Backward visits the layers last to first, starting again at the last one forward ran;
+// every rank makes the same prefetch decisions, so the collectives stay in the same order.
+void LayerShards::GatherLayer(int layer) {
+  const bool backward = last_layer_ >= 0 && layer <= last_layer_;
+  if (phase_ == Phase::kForward && backward) EndPhase(Phase::kBackward);
+  last_layer_ = layer;
+  Unit& unit = *units_.at(static_cast<size_t>(layer));
+  if (backward) unit.reached_in_backward = true;
+  Gather(unit);
+  const int next = backward ? layer - 1 : layer + 1;
+  if (!prefetch_ || next < 0 || next >= num_layers_) return;
+  Unit& following = *units_[static_cast<size_t>(next)];
+  if (backward && !following.reached_in_backward) return;
+  StartGather(following);
+}
+
+void LayerShards::ReduceLayer(int layer) {
+  auto& trainable = units_.at(layer)->trainable;
+  if (!trainable) return;
+  const double start = Now();
+  trainable->ReduceGrads();
+  const double seconds = Now() - start;
+  profile_.reduce_scatter += seconds;
+  phase_collectives_ += seconds;
 }
 
 void LayerShards::Release(Unit& unit) {
   if (!unit.gathered) return;
+  FinishGather(unit);  // a transfer must not write into freed memory
   if (unit.trainable) unit.trainable->Release();
   if (!unit.frozen.params.empty()) FreeFlatStorage(unit.frozen.flat);
   unit.gathered = false;
@@ -117,16 +215,22 @@ void LayerShards::Release(Unit& unit) {
 
 std::shared_ptr<const model::LayerHooks> LayerShards::Hooks() {
   auto hooks = std::make_shared<model::LayerHooks>();
-  hooks->gather = [this](int layer) { Gather(*units_.at(layer)); };
+  hooks->gather = [this](int layer) { GatherLayer(layer); };
   hooks->release = [this](int layer) { Release(*units_.at(layer)); };
-  hooks->grads_ready = [this](int layer) {
-    if (auto& trainable = units_.at(layer)->trainable) trainable->ReduceGrads();
-  };
+  hooks->grads_ready = [this](int layer) { ReduceLayer(layer); };
   return hooks;
 }
 
-void LayerShards::GatherOuter() { Gather(*units_.back()); }
-void LayerShards::ReleaseOuter() { Release(*units_.back()); }
+void LayerShards::GatherOuter() {
+  if (phase_ == Phase::kIdle) EndPhase(Phase::kForward);
+  Gather(*units_.back());
+}
+
+void LayerShards::ReleaseOuter() {
+  ReleaseLayers();
+  Release(*units_.back());
+  EndPhase(Phase::kIdle);
+}
 
 void LayerShards::ZeroGrad() {
   for (auto& unit : units_) {
@@ -135,10 +239,13 @@ void LayerShards::ZeroGrad() {
 }
 
 void LayerShards::AfterBackward() {
-  if (auto& trainable = units_.back()->trainable) trainable->ReduceGrads();
+  ReleaseLayers();
+  ReduceLayer(static_cast<int>(num_layers_));  // the outer unit
+  EndPhase(Phase::kForward);                   // the next micro-batch's
 }
 
 FlatAdamW::StepStats LayerShards::Step(double lr, double max_norm) {
+  const double start = Now();
   double l2sp = 0.0, sum_squares = 0.0;
   for (auto& unit : units_) {
     if (!unit->trainable) continue;
@@ -154,6 +261,7 @@ FlatAdamW::StepStats LayerShards::Step(double lr, double max_norm) {
     if (unit->trainable) unit->trainable->ApplyStep(lr, clip);
   }
   ++step_;
+  profile_.optimizer += Now() - start;
   return stats;
 }
 
@@ -201,6 +309,7 @@ void LayerShards::FreeOptimizerState() {
   for (auto& unit : units_) {
     if (unit->trainable) unit->trainable->FreeOptimizerState();
   }
+  malloc_trim(0);  // so that publishing's copies have these pages (glibc keeps freed heap)
 }
 
 void LayerShards::ForEachParameter(

@@ -21,8 +21,12 @@
 // - Step. The L2-SP gradient, masks, Σg² and Σλ‖θ − θ_base‖² of every unit's slice; one
 //   all-reduce of each sum gives the global norm; clipping and AdamW per slice. No all-gather:
 //   the next forward gathers.
-// - No prefetch: the CPU collectives are synchronous, and a gather on a side stream is left
-//   for the GPU.
+// - Prefetch. Right after layer i is gathered for forward, layer i+1's all-gather starts
+//   (DataParallel::AllGatherAsync: the CPU ring's communication thread, or NCCL's stream),
+//   and in backward layer i-1's, so the transfer overlaps layer i's compute; at most two
+//   layers are resident. Backward prefetches only layers it reached in an earlier step (a
+//   frozen prefix whose input needs no gradient is never reached). STEMMA_SHARD_PREFETCH=0
+//   turns prefetching off (for measuring it).
 //
 // The update is elementwise FlatAdamW's, so W ranks train the same weights as one process
 // (sharded_train_test). Every method marked collective must be called by all ranks in the
@@ -104,15 +108,40 @@ class LayerShards {
   void ForEachParameter(
       const std::function<void(const std::string& name, const torch::Tensor& value)>& visit);
 
+  // Where this rank's time went since construction, in seconds (STEMMA_TRAIN_PROFILE,
+  // trainer.cc). forward / backward: the wall time of the micro-batches' forward (from
+  // GatherOuter or the previous AfterBackward to backward's first layer) and backward (to
+  // AfterBackward), without the gathers and reduce-scatters in them, which are counted
+  // apart; optimizer: Step. gather counts every unit's all-gather (a wait for a prefetched
+  // one included).
+  struct Profile {
+    double forward = 0, backward = 0, gather = 0, reduce_scatter = 0, optimizer = 0;
+    int64_t gathers = 0, prefetches = 0;
+  };
+  const Profile& profile() const { return profile_; }
+
  private:
   struct Unit;
-  void Gather(Unit& unit);
+  enum class Phase { kIdle, kForward, kBackward };
+  void Gather(Unit& unit);        // collective (or finishes a started gather)
+  void StartGather(Unit& unit);   // collective, asynchronous
+  void FinishGather(Unit& unit);  // waits for a started gather
   void Release(Unit& unit);
+  void ReleaseLayers();         // prefetched layers that were not used (waits for their transfer)
+  void GatherLayer(int layer);  // the gather hook
+  void ReduceLayer(int layer);  // the grads_ready hook
+  void EndPhase(Phase next);    // closes the current phase's clock and opens `next`
 
   DataParallel& ranks_;
   int64_t num_layers_ = 0;
   std::vector<std::unique_ptr<Unit>> units_;  // layers, then the outer unit
   int64_t step_ = 0;
+  bool prefetch_ = true;
+  Profile profile_;
+  Phase phase_ = Phase::kIdle;
+  int last_layer_ = -1;           // the decoder layer gathered last in this phase
+  double phase_start_ = 0;        // Now() when the phase began
+  double phase_collectives_ = 0;  // seconds of gathers and reduce-scatters since then
 };
 
 }  // namespace stemma::engine::train

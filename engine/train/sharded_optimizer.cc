@@ -314,7 +314,10 @@ void AllocateFlatStorage(const torch::Tensor& flat) {
 }
 
 void ShardedAdamW::Gather() {
-  if (gathered_) return;
+  if (gathered_) {
+    FinishGather();
+    return;
+  }
   torch::NoGradGuard no_grad;
   AllocateFlatStorage(values_);
   gathered_ = true;
@@ -322,8 +325,24 @@ void ShardedAdamW::Gather() {
   ranks_.AllGather(values_);
 }
 
+void ShardedAdamW::StartGather() {
+  if (gathered_) return;
+  torch::NoGradGuard no_grad;
+  AllocateFlatStorage(values_);
+  gathered_ = true;
+  values_.narrow(0, rank_ * chunk_, chunk_).copy_(master_);
+  gathering_ = ranks_.AllGatherAsync(values_);
+}
+
+void ShardedAdamW::FinishGather() {
+  if (gathering_ == nullptr) return;
+  std::unique_ptr<DataParallel::Pending> pending = std::move(gathering_);
+  pending->Wait();
+}
+
 void ShardedAdamW::Release() {
   if (!gathered_ || level_ != Level::kFull) return;
+  FinishGather();  // the transfer must not write into freed memory
   FreeFlatStorage(values_);
   gathered_ = false;
 }

@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -96,6 +97,11 @@ class ShardedAdamW {
   void Gather();
   void Release();
   bool gathered() const { return gathered_; }
+  // Gather in two halves, for a prefetch: StartGather allocates the buffer and starts the
+  // all-gather (collective, DataParallel::AllGatherAsync); FinishGather waits for it. The
+  // parameters must not be read in between. Release waits for a started gather first.
+  void StartGather();
+  void FinishGather();
   void ReduceGrads();
   // Frees the moments, gradient slice and anchor once no step follows (before publishing);
   // the weights stay. Only Gather/Release and SliceTensors' "values" may be used afterwards.
@@ -166,6 +172,8 @@ class ShardedAdamW {
   torch::Tensor bucket_;                // kGradients: the reduce-scatter buffer
   bool grad_fresh_ = true;              // the next reduction overwrites grad_
   int64_t step_ = 0;
+
+  std::unique_ptr<DataParallel::Pending> gathering_;  // kFull: a started, unfinished all-gather
 };
 
 }  // namespace stemma::engine::train

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -203,9 +204,19 @@ void EmitStart(const Run& run, int64_t start_step, const EventWriter& events) {
       MetricEvent("trainable_params", static_cast<double>(run.plan.trainable_params), start_step));
 }
 
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// How long SetUp took to load the model and to build the optimizer (or shards), for
+// STEMMA_TRAIN_PROFILE.
+struct SetUpTimes {
+  double load_model = 0, build_optimizer = 0;
+};
+
 // Everything before the first step: the datasets, the device, the model, its plan and
 // optimizer, the loader, and the newest checkpoint. Returns the step to resume after.
-absl::StatusOr<int64_t> SetUp(Run& run) {
+absl::StatusOr<int64_t> SetUp(Run& run, SetUpTimes& times) {
   const v1::TrainSpec& spec = *run.spec;
   // Inputs that only the engine can check, before any work: the datasets open.
   auto mixture = data::OpenMixture(spec.data());
@@ -224,7 +235,10 @@ absl::StatusOr<int64_t> SetUp(Run& run) {
   run.autocast_bf16 = spec.precision() == "bfloat16";
   model::LoadOptions load;
   load.device = run.device;
+  auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(run.lm, model::LoadModel(spec.model(), load));
+  times.load_model = SecondsSince(start);
+  start = std::chrono::steady_clock::now();
   std::vector<torch::Tensor> params;
   RETURN_IF_ERROR(BuildPlanFor(run, &params));
   const std::string& shard = spec.parallel().shard();
@@ -244,6 +258,7 @@ absl::StatusOr<int64_t> SetUp(Run& run) {
     }
     return absl::OkStatus();
   }));
+  times.build_optimizer = SecondsSince(start);
   RestrictRouters(run);
   RETURN_IF_ERROR(BuildLoader(run, std::move(*mixture)));
   int64_t start_step = 0;
@@ -448,6 +463,51 @@ absl::Status Publish(Run& run, int64_t stopped_at_step, const EventWriter& event
   return absl::OkStatus();
 }
 
+// The value of a "Name:   123 kB" line of /proc/self/status in KiB (0 when absent).
+int64_t StatusKib(const char* name) {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  int64_t kib = 0;
+  const size_t length = std::strlen(name);
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::strncmp(line, name, length) == 0 && line[length] == ':') {
+      kib = std::strtoll(line + length + 1, nullptr, 10);
+      break;
+    }
+  }
+  std::fclose(f);
+  return kib;
+}
+
+// STEMMA_TRAIN_PROFILE=1: one line per rank on stderr, "train profile: {json}", saying where
+// the time went (seconds) and the memory at the end (KiB). Under parallel.shard: full the
+// steps are split into forward and backward compute, gathers, reduce-scatters and the
+// optimizer (LayerShards::Profile); `other` is the rest of the steps' time (data, loss sums).
+void PrintProfile(const Run& run, const SetUpTimes& times, const Progress& p) {
+  if (std::getenv("STEMMA_TRAIN_PROFILE") == nullptr) return;
+  nlohmann::json j = {{"rank", run.ranks->rank()},
+                      {"load_model_s", times.load_model},
+                      {"build_optimizer_s", times.build_optimizer},
+                      {"steps", p.steps_this_run},
+                      {"steps_s", p.train_seconds},
+                      {"rss_anon_kib", StatusKib("RssAnon")},
+                      {"vm_hwm_kib", StatusKib("VmHWM")}};
+  if (run.full) {
+    const LayerShards::Profile& f = run.full->profile();
+    j["forward_s"] = f.forward;
+    j["backward_s"] = f.backward;
+    j["gather_s"] = f.gather;
+    j["gathers"] = f.gathers;
+    j["prefetches"] = f.prefetches;
+    j["reduce_scatter_s"] = f.reduce_scatter;
+    j["optimizer_s"] = f.optimizer;
+    j["other_s"] =
+        p.train_seconds - f.forward - f.backward - f.gather - f.reduce_scatter - f.optimizer;
+  }
+  std::fprintf(stderr, "train profile: %s\n", j.dump().c_str());
+}
+
 void EmitDone(const Run& run, const Progress& p, const EventWriter& events) {
   events.Emit(CommandEvent(
       engine_contract::kEventDone, "train",
@@ -505,7 +565,8 @@ absl::StatusOr<RunResult> TrainImpl(const v1::TrainSpec& spec, const RunOptions&
         run.source, ": out: cannot create the directory of ", spec.out(), ": ", ec.message()));
   }
   Progress progress;
-  ASSIGN_OR_RETURN(progress.start_step, SetUp(run));
+  SetUpTimes times;
+  ASSIGN_OR_RETURN(progress.start_step, SetUp(run, times));
   EmitStart(run, progress.start_step, events);
   if (spec.eval().every() > 0 && progress.start_step == 0) {
     RETURN_IF_ERROR(TorchGuard("held-out evaluation before step 1", [&] {
@@ -515,6 +576,7 @@ absl::StatusOr<RunResult> TrainImpl(const v1::TrainSpec& spec, const RunOptions&
   }
   ASSIGN_OR_RETURN(RunResult result, RunSteps(run, options, progress, events));
   if (result == RunResult::kStopped || result == RunResult::kPreempted) return result;
+  PrintProfile(run, times, progress);
   RETURN_IF_ERROR(Publish(run, progress.stopped_at_step, events));
   EmitDone(run, progress, events);
   return RunResult::kFinished;

@@ -23,6 +23,15 @@ Run through tests/bench/sharded (which picks the venv Python). One run, this mac
                 |(plan − plan_runtime) / (anon − anon_runtime) − 1|. Null when the control
                 plane binaries are not built (the JSON says why).
 
+  profile       each Stemma rank of the side-by-side run prints where its time went
+                (STEMMA_TRAIN_PROFILE: load, forward and backward compute, gathers,
+                reduce-scatters, optimizer, in seconds): `stemma_profile_per_rank`.
+  floor         at 2 ranks ZeRO-3 holds 16/W = 8 bytes per trainable parameter against shard
+                none's 16, so `full_vs_none_memory` cannot go below 0.5 plus what the runtime
+                and activations add; `full_vs_none_memory_above_runtime` takes the runtime
+                (the tiny model's peak RSS) off both sides. `targets_met` says which targets
+                this run met.
+
 If the engine refuses `--shard` (e.g. `full` not built), the run falls back to `gradients` and
 records the level it used in `stemma_shard`. The last stdout line is one JSON object.
 """
@@ -117,10 +126,11 @@ class AnonPoller:
         return self.peaks
 
 
-def run_stemma(engine, workdir, name, spec, world=2, anon=None):
+def run_stemma(engine, workdir, name, spec, world=2, anon=None, profiles=None):
     """Runs `spec` as `world` ranks; returns (rank 0's step arrival times and losses, peak
     RSS per rank in KiB) or raises RuntimeError with rank 0's error. `anon`, a list, gets each
-    rank's peak RssAnon in KiB (of the engine, the child of /usr/bin/time)."""
+    rank's peak RssAnon in KiB (of the engine, the child of /usr/bin/time); `profiles`, a list,
+    each rank's STEMMA_TRAIN_PROFILE line (seconds per phase; None where it printed none)."""
     spec_path = os.path.join(workdir, f"{name}.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
@@ -128,7 +138,8 @@ def run_stemma(engine, workdir, name, spec, world=2, anon=None):
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                   STEMMA_TRAIN_PROFILE="1")
         rss = os.path.join(workdir, f"{name}.rss.{rank}")
         procs.append((subprocess.Popen(
             ["/usr/bin/time", "-f", "%M", "-o", rss, engine, "train", "--spec", spec_path],
@@ -149,11 +160,21 @@ def run_stemma(engine, workdir, name, spec, world=2, anon=None):
         poller.stop()
     if any(codes):
         raise RuntimeError(f"{name}: exit codes {codes}: {errors[0][-2000:]}")
+    if profiles is not None:
+        profiles.extend(profile_of(text) for text in errors)
     peaks = []
     for _, rss in procs:
         with open(rss) as f:
             peaks.append(int(f.read().split()[-1]))
     return stamps, losses, peaks
+
+
+def profile_of(stderr_text):
+    """The JSON of a rank's "train profile: {...}" line (STEMMA_TRAIN_PROFILE), or None."""
+    for line in stderr_text.splitlines():
+        if line.startswith("train profile: "):
+            return json.loads(line[len("train profile: "):])
+    return None
 
 
 def engine_pid(time_pid):
@@ -243,14 +264,15 @@ def make_data(engine, workdir, name, margs, rows_needed, torch, transformers, np
     return model_dir, data_dir, rows
 
 
-def stemma_with_fallback(engine, workdir, name, make_spec, shard):
+def stemma_with_fallback(engine, workdir, name, make_spec, shard, profiles):
     try:
-        return shard, run_stemma(engine, workdir, name, make_spec(shard))
+        return shard, run_stemma(engine, workdir, name, make_spec(shard), profiles=profiles)
     except RuntimeError as e:
         if shard == "gradients":
             raise
         log(f"shard {shard} refused ({str(e)[-300:].strip()}); falling back to gradients")
-        return "gradients", run_stemma(engine, workdir, name, make_spec("gradients"))
+        return "gradients", run_stemma(engine, workdir, name, make_spec("gradients"),
+                                       profiles=profiles)
 
 
 def main():
@@ -271,10 +293,12 @@ def main():
         np.save(rows_path, rows)
 
         log(f"Stemma, 2 ranks, shard {args.shard} + activation checkpointing")
+        profiles = []
         shard, (stamps, losses, stemma_rss) = stemma_with_fallback(
             engine, workdir, "stemma",
             lambda level: stemma_spec(model_dir, data_dir, os.path.join(workdir, "out"),
-                                      args.seq_len, args.batch, total, level), args.shard)
+                                      args.seq_len, args.batch, total, level), args.shard,
+            profiles)
         seconds = stamps[total] - stamps[args.warmup_steps]
         stemma_tps = args.steps * args.batch * args.seq_len / seconds
         log("FSDP2, 2 ranks (torchrun, gloo) + activation checkpointing")
@@ -301,7 +325,8 @@ def main():
         runtime_spec = stemma_spec(tiny_model, tiny_data, os.path.join(workdir, "tiny-out"), 16,
                                    2, 3, shard)
         log(f"Stemma, runtime model, shard {shard}")
-        run_stemma(engine, workdir, "runtime", runtime_spec, anon=runtime_anon)
+        _, _, runtime_rss = run_stemma(engine, workdir, "runtime", runtime_spec,
+                                       anon=runtime_anon)
         plan = plan_mib(os.path.dirname(engine), workdir,
                         [(runtime_spec, 2), (wide_spec(shard), 2)])
         plan_error, plan_note = None, "stemma and stemma-coordinator not built beside the engine"
@@ -312,10 +337,29 @@ def main():
                          f"measured peak RssAnon {max(wide_anon) / 1024:.0f} MiB (runtime "
                          f"{max(runtime_anon) / 1024:.0f}); both above the runtime")
 
+        full_vs_none = max(sharded_rss) / max(none_rss)
+        # Above the runtime (the same command's peak RSS on a model of a few hundred
+        # parameters): what the weights, optimizer state and activations cost.
+        above = ((max(sharded_rss) - max(runtime_rss)) / (max(none_rss) - max(runtime_rss))
+                 if max(none_rss) > max(runtime_rss) else None)
         result = {
             "rss_ratio_vs_fsdp2": max(stemma_rss) / fsdp_rss,
             "tokens_per_s_ratio_vs_fsdp2": stemma_tps / fsdp_tps,
-            "full_vs_none_memory": max(sharded_rss) / max(none_rss),
+            "full_vs_none_memory": full_vs_none,
+            "full_vs_none_memory_above_runtime": above,
+            # ZeRO-3 keeps 16/W bytes per trainable parameter (fp32 master slice, two Adam
+            # moments, gradient slice) where shard none keeps 16 (weights, the flat gradient
+            # the ranks all-reduce, two moments): 1/W before the runtime, activations and the
+            # gathered layer, so the 0.5 target is the floor itself at 2 ranks.
+            "full_vs_none_memory_floor": 1 / 2,
+            "targets_met": {
+                "rss_ratio_vs_fsdp2 <= 1": max(stemma_rss) / fsdp_rss <= 1.0,
+                "tokens_per_s_ratio_vs_fsdp2 >= 1": stemma_tps / fsdp_tps >= 1.0,
+                "full_vs_none_memory <= 0.5": full_vs_none <= 0.5,
+                "plan_error <= 0.2": plan_error is not None and plan_error <= 0.2,
+            },
+            "stemma_profile_per_rank": profiles,
+            "runtime_peak_rss_kb_per_rank": runtime_rss,
             "plan_error": plan_error,
             "plan_error_note": plan_note,
             "plan_mib": plan,
