@@ -358,12 +358,7 @@ TEST(CliWatch, ALinePerStateChangeWithProgressThrottledOrInPlace) {
          "depends_on: [gate]\n"));
   ASSERT_EQ(ids.size(), 2u);
   const std::string& id = ids[1];
-  // Not through c.Cli (they run in the background): its HOME and environment by hand.
-  const std::string watch =
-      "env -u STEMMA_CONFIG -u STEMMA_COORDINATOR -u STEMMA_CA -u STEMMA_TOKEN_FILE "
-      "-u STEMMA_TLS_SERVER_NAME HOME=" +
-      c.dir() + " " + Cluster::BinDir() + "/stemma --coordinator " + c.address() + " watch " + id +
-      " --timeout 120";
+  const std::string watch = c.CliCommand() + " watch " + id + " --timeout 120";
   const std::string pipe = c.dir() + "/pipe.out", every = c.dir() + "/every.out",
                     tty = c.dir() + "/tty.out";
   // In the background, holding no end of RunShell's pipe.

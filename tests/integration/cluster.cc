@@ -30,6 +30,11 @@ std::string ReadFd(int fd) {
   return out;
 }
 
+// The developer's settings of the CLI, which a test's CLI run never sees (RunCli, CliCommand).
+constexpr const char* kDeveloperCliVariables[] = {"STEMMA_CONFIG",          "STEMMA_COORDINATOR",
+                                                  "STEMMA_TOKEN_FILE",      "STEMMA_CA",
+                                                  "STEMMA_TLS_SERVER_NAME", "STEMMA_TOKEN"};
+
 }  // namespace
 
 nlohmann::json CliResult::Json() const {
@@ -264,6 +269,15 @@ CliResult Cluster::CliBare(const std::vector<std::string>& args,
   return RunCli(admin_token_, args, env, /*bare=*/true);
 }
 
+std::string Cluster::CliCommand() const {
+  std::string cmd = "env";
+  for (const char* name : kDeveloperCliVariables) cmd += std::string(" -u ") + name;
+  cmd += " HOME=" + dir_;
+  if (tls()) cmd += " STEMMA_CA=" + ca_;
+  if (!admin_token_.empty()) cmd += " STEMMA_TOKEN=" + admin_token_;
+  return cmd + " " + BinDir() + "/stemma --coordinator " + address_;
+}
+
 CliResult Cluster::RunCli(const std::string& token, const std::vector<std::string>& args,
                           const std::vector<std::string>& env, bool bare) const {
   int out[2], err[2];
@@ -279,16 +293,9 @@ CliResult Cluster::RunCli(const std::string& token, const std::vector<std::strin
     // STEMMA_* variables: HOME is the test's directory, which a test may fill, and a CLI run
     // never writes into the real one. `env` may set any of them again.
     ::setenv("HOME", dir_.c_str(), 1);
-    for (const char* name : {"STEMMA_CONFIG", "STEMMA_COORDINATOR", "STEMMA_TOKEN_FILE",
-                             "STEMMA_CA", "STEMMA_TLS_SERVER_NAME"}) {
-      ::unsetenv(name);
-    }
+    for (const char* name : kDeveloperCliVariables) ::unsetenv(name);
     if (tls()) ::setenv("STEMMA_CA", ca_.c_str(), 1);
-    if (!token.empty()) {
-      ::setenv("STEMMA_TOKEN", token.c_str(), 1);
-    } else {
-      ::unsetenv("STEMMA_TOKEN");
-    }
+    if (!token.empty()) ::setenv("STEMMA_TOKEN", token.c_str(), 1);
     for (const auto& kv : env) ::putenv(const_cast<char*>(kv.c_str()));
     std::vector<std::string> argv = {BinDir() + "/stemma"};
     if (!bare) argv.insert(argv.end(), {"--coordinator", address_});

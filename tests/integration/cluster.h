@@ -92,6 +92,9 @@ class Cluster {
   // the CLI finds its coordinator (config contexts) is then under test.
   CliResult CliBare(const std::vector<std::string>& args,
                     const std::vector<std::string>& env = {}) const;
+  // "env ... HOME=DIR BIN/stemma --coordinator ADDR": Cli() as a shell command to append
+  // arguments to, for a test that runs the CLI through a shell (in the background, say).
+  std::string CliCommand() const;
   // Writes `yaml` to a file, submits it, returns the job ids.
   std::vector<std::string> Submit(const std::string& yaml, const std::string& name = "job.yaml");
   nlohmann::json Get(const std::string& id) const;

@@ -308,11 +308,8 @@ TEST(Experiments, EarlyStoppingStopsThePlantedWorseTrialsAndKeepsItsDecisionsAcr
   auto cells = ByName(Cells(c, "asha"));
   const std::string lr4 = cells.at("cpt[lr=4]")["job_id"];
   // `exp watch` follows the experiment through the restart to its end.
-  // In the background, so not through c.Cli: the same HOME and environment by hand.
-  RunShell("env -u STEMMA_CONFIG -u STEMMA_CA -u STEMMA_TOKEN_FILE HOME=" + c.dir() + " " +
-           Cluster::BinDir() + "/stemma --coordinator " + c.address() +
-           " exp watch asha --timeout 240 > " + c.dir() + "/watch.out 2>&1; echo $? > " + c.dir() +
-           "/watch.rc &");
+  RunShell(c.CliCommand() + " exp watch asha --timeout 240 > " + c.dir() +
+           "/watch.out 2>&1; echo $? > " + c.dir() + "/watch.rc &");
   ASSERT_TRUE(c.WaitUntil([&] { return c.Get(lr4).value("early_stop", "") != ""; }, 120))
       << "lr=4 is not stopped";
   c.KillCoordinator(SIGKILL);
