@@ -171,7 +171,8 @@ MemoryEstimate TrainMemory(const v1::JobSpec& job, const ModelShape& s) {
     Add(&e, "gathered layers (running, prefetched), embeddings and head",
         4 * (s.LayerParams() + prefetched + outer) +
             (autocast ? 2 * (s.LayerParams() + outer) : 0));
-    grads = 4 * std::min(nt, s.LayerParams() + outer) + std::min(4 * s.LayerParams(), bucket / 2);
+    // The bucket: at most a quarter of a layer (ShardedAdamW::ReduceBuckets).
+    grads = 4 * std::min(nt, s.LayerParams() + outer) + std::min(s.LayerParams(), bucket / 2);
     Add(&e, "gradient slice (1/W)", 4 * nt / w);
   } else {
     // The fp32 flat buffer is the compute replica on every rank and its own master copy

@@ -143,8 +143,11 @@ void ShardedAdamW::PackGrads(int64_t begin, int64_t end, torch::Tensor out, bool
 
 void ShardedAdamW::ReduceBuckets() {
   // Each bucket holds `piece` elements of every rank's slice: [W, piece] row-major.
-  const int64_t piece =
-      std::max<int64_t>(1, std::min<int64_t>(chunk_, bucket_bytes_ / (4 * world_)));
+  int64_t piece = std::max<int64_t>(1, std::min<int64_t>(chunk_, bucket_bytes_ / (4 * world_)));
+  // kFull reduces one layer at a time, and all of its autograd gradients are alive when the
+  // first bucket is packed (each is freed once wholly packed): a bucket as large as the layer
+  // would double its gradients' memory. A quarter of it at most; the sums are the same.
+  if (level_ == Level::kFull) piece = std::min(piece, std::max<int64_t>(1, (chunk_ + 3) / 4));
   if (!bucket_.defined() || bucket_.numel() < world_ * piece) {
     bucket_ = torch::empty({world_ * piece}, values_.options());
   }
