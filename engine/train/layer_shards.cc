@@ -31,6 +31,7 @@ struct LayerShards::Unit {
   bool gathered = true;
   bool gathering = false;            // StartGather ran, FinishGather not yet
   bool reached_in_backward = false;  // a decoder layer that backward has gathered
+  bool kept = false;                 // forward's last layer, left gathered for backward
 };
 
 namespace {
@@ -182,6 +183,9 @@ void LayerShards::GatherLayer(int layer) {
   const bool backward = last_layer_ >= 0 && layer <= last_layer_;
   if (phase_ == Phase::kForward && backward) EndPhase(Phase::kBackward);
   last_layer_ = layer;
+  Unit& kept = *units_[static_cast<size_t>(num_layers_ - 1)];
+  if (kept.kept && layer != num_layers_ - 1) Release(kept);  // a new forward: not needed
+  kept.kept = false;
   Unit& unit = *units_.at(static_cast<size_t>(layer));
   if (backward) unit.reached_in_backward = true;
   Gather(unit);
@@ -203,6 +207,7 @@ void LayerShards::ReduceLayer(int layer) {
 }
 
 void LayerShards::Release(Unit& unit) {
+  unit.kept = false;
   if (!unit.gathered) return;
   FinishGather(unit);  // a transfer must not write into freed memory
   if (unit.trainable) unit.trainable->Release();
@@ -216,7 +221,17 @@ void LayerShards::Release(Unit& unit) {
 std::shared_ptr<const model::LayerHooks> LayerShards::Hooks() {
   auto hooks = std::make_shared<model::LayerHooks>();
   hooks->gather = [this](int layer) { GatherLayer(layer); };
-  hooks->release = [this](int layer) { Release(*units_.at(layer)); };
+  hooks->release = [this](int layer) {
+    // Forward's last decoder layer stays gathered: backward starts with it (one all-gather
+    // fewer per micro-batch, and the one nothing could prefetch). The next gather of another
+    // layer, AfterBackward or ReleaseOuter releases it.
+    Unit& unit = *units_.at(static_cast<size_t>(layer));
+    if (phase_ == Phase::kForward && layer == num_layers_ - 1 && layer > 0) {
+      unit.kept = true;
+      return;
+    }
+    Release(unit);
+  };
   hooks->grads_ready = [this](int layer) { ReduceLayer(layer); };
   return hooks;
 }

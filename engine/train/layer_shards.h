@@ -26,7 +26,8 @@
 //   and in backward layer i-1's, so the transfer overlaps layer i's compute; at most two
 //   layers are resident. Backward prefetches only layers it reached in an earlier step (a
 //   frozen prefix whose input needs no gradient is never reached). STEMMA_SHARD_PREFETCH=0
-//   turns prefetching off (for measuring it).
+//   turns prefetching off (for measuring it). Forward's last layer is not released: backward
+//   starts with it (released after backward, or when another layer is gathered first).
 //
 // The update is elementwise FlatAdamW's, so W ranks train the same weights as one process
 // (sharded_train_test). Every method marked collective must be called by all ranks in the
