@@ -113,8 +113,8 @@ void AddGcCommands(CLI::App* app, const GlobalOptions* globals, Action* action) 
   jobs->add_option("--experiment", o->experiment, "only jobs of this experiment");
   jobs->add_flag("--apply", o->apply, "do it (default: print what would be done)");
   jobs->add_flag("--delete", o->forget,
-                 "forget the jobs instead of archiving them (their records and attempt "
-                 "history; a job is deleted only with every job that depends on it)");
+                 "forget the jobs instead of archiving them (their records, attempt "
+                 "history and logs; a job is deleted only with every job that depends on it)");
   jobs->callback([=] { *action = [=] { return RunGcJobs(*globals, *o); }; });
 }
 

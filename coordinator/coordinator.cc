@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "common/job_spec.h"
@@ -47,6 +48,7 @@ absl::Status Coordinator::Start() {
     ASSIGN_OR_RETURN(quotas, quota_file_->Load());
   }
   ASSIGN_OR_RETURN(StoreSnapshot snap, core_.store->Load());
+  DropForgottenLogs(snap);
   {
     absl::MutexLock lock(&core_.mu);
     core_.quotas.SetConfig(std::move(quotas));  // before the jobs: their load fills the accounts
@@ -84,6 +86,22 @@ absl::Status Coordinator::Start() {
   core_.StartCommitter();
   scheduler_ = std::thread([this] { SchedulerLoop(); });
   return absl::OkStatus();
+}
+
+// The logs of jobs that `gc jobs --delete` forgot when the coordinator stopped before it could
+// remove them (their tombstones are in the store).
+void Coordinator::DropForgottenLogs(const StoreSnapshot& snap) {
+  absl::flat_hash_set<std::string> forgotten;
+  for (const auto& job : snap.of<JobsTable>()) {
+    if (IsForgotten(job)) forgotten.insert(job.id());
+  }
+  if (forgotten.empty()) return;
+  const LogStore::Reclaimed r =
+      core_.logs.Drop([&](std::string_view id) { return forgotten.contains(std::string(id)); });
+  if (r.logs > 0) {
+    spdlog::info("logs of forgotten jobs: {} attempt logs, {} segments ({} bytes) removed", r.logs,
+                 r.segments, r.bytes);
+  }
 }
 
 void Coordinator::Stop() {

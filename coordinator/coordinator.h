@@ -132,6 +132,7 @@ class Coordinator final : public UserHandler, public WorkerHandler {
 
  private:
   void SchedulerLoop();
+  void DropForgottenLogs(const StoreSnapshot& snap);
   // The queue's demand, attempts near their timeout and stalled training runs, into the
   // metrics: at most once a second (it walks the queue).
   void UpdateDemandGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(core_.mu);

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -413,6 +414,59 @@ absl::StatusOr<int64_t> LogStore::OffsetOfLastLines(const std::string& job_id, i
     end = from;
   }
   return 0;
+}
+
+LogStore::Reclaimed LogStore::Drop(const std::function<bool(std::string_view)>& gone) {
+  absl::MutexLock lock(&mu_);
+  Reclaimed out;
+  std::vector<bool> live(files_.size(), false);
+  for (auto it = index_.begin(); it != index_.end();) {
+    // Key(): "<job>.<attempt>" or "<job>.<attempt>#<rank>"; a job id may hold dots.
+    std::string_view key = it->first;
+    key = key.substr(0, key.find('#'));
+    const std::string_view job = key.substr(0, key.rfind('.'));
+    if (gone(job)) {
+      index_.erase(it++);
+      ++out.logs;
+      continue;
+    }
+    for (const Extent& e : it->second.extents) {
+      if (e.file != kMissing) live[e.file] = true;
+    }
+    ++it;
+  }
+  for (size_t i = 0; i < files_.size(); ++i) {
+    const std::string& path = files_[i];
+    if (live[i] || !absl::EndsWith(path, ".seg")) continue;
+    if (fd_.valid() && i == fd_file_) continue;  // appends go on there
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) continue;  // removed before
+    if (::unlink(path.c_str()) != 0) {
+      spdlog::warn("logs: cannot remove {}: {}", path, std::strerror(errno));
+      continue;
+    }
+    ++out.segments;
+    out.bytes += st.st_size;
+  }
+  if (legacy_) out.bytes += DropLegacy(gone);
+  if (out.segments > 0) ++generation_;
+  return out;
+}
+
+// The per-attempt files of older coordinators (DATA/logs/<job>/<attempt>.log) of jobs gone.
+int64_t LogStore::DropLegacy(const std::function<bool(std::string_view)>& gone) {
+  int64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_, ec)) {
+    if (!entry.is_directory(ec) || !gone(entry.path().filename().string())) continue;
+    for (const auto& file : std::filesystem::directory_iterator(entry.path(), ec)) {
+      const auto size = file.file_size(ec);
+      if (!ec) bytes += static_cast<int64_t>(size);
+    }
+    std::filesystem::remove_all(entry.path(), ec);
+    if (ec) spdlog::warn("logs: cannot remove {}: {}", entry.path().string(), ec.message());
+  }
+  return bytes;
 }
 
 std::vector<std::string> LogStore::Segments() const {

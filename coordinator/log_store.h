@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -75,6 +76,19 @@ class LogStore {
   uint64_t WaitForAppend(uint64_t generation, int64_t timeout_ms) const;
   uint64_t generation() const;
 
+  // Forgets the logs of the jobs `gone` names (`stemma gc jobs --delete`, and at start-up the
+  // jobs forgotten before a restart) and gives their disk back: every segment that then holds
+  // no byte of a remaining log is removed (the segment being written stays), and so are those
+  // jobs' per-attempt files of older coordinators. A segment shared with a remaining log
+  // stays whole (records are not copied), so bytes come back as whole segments: those of jobs
+  // forgotten together with their neighbours in time. `gone` runs under the store's lock.
+  struct Reclaimed {
+    int64_t logs = 0;      // attempt logs (per rank) forgotten
+    int64_t segments = 0;  // files removed
+    int64_t bytes = 0;     // their size
+  };
+  Reclaimed Drop(const std::function<bool(std::string_view job_id)>& gone);
+
   // The segment files there are now (tests, operators).
   std::vector<std::string> Segments() const;
 
@@ -110,6 +124,8 @@ class LogStore {
   void CloseSegment() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool EndsWithMarker(const AttemptLog& log) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MarkTruncated(AttemptLog& log) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t DropLegacy(const std::function<bool(std::string_view)>& gone)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string dir_;
   mutable absl::Mutex mu_;

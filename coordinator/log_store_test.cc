@@ -134,6 +134,70 @@ TEST_F(LogStoreTest, ARemovedSegmentIsSaidOnReadAndTheRestStillReads) {
   EXPECT_EQ(*logs.Read("old", 1, 0, 100), "");  // nothing indexed is left of it
 }
 
+// `stemma gc jobs --delete`: the forgotten jobs' logs are gone, segments holding nothing else
+// are removed (bytes back), a segment shared with a kept log stays, and a restart agrees.
+TEST_F(LogStoreTest, DroppedJobsGiveBackTheSegmentsOnlyTheyUsed) {
+  {
+    LogStore logs(dir_.string());
+    ASSERT_TRUE(logs.Load().ok());
+    ASSERT_TRUE(logs.Append("old.1", 1, 0, "only old jobs in the first segment\n").ok());
+    ASSERT_TRUE(logs.Append("old.1", 1, 0, "and its rank one\n", 1).ok());
+    ASSERT_TRUE(logs.Append("old-2", 2, 0, "another old one\n").ok());
+  }
+  {
+    LogStore logs(dir_.string());  // a restart: the next appends open a second segment
+    ASSERT_TRUE(logs.Load().ok());
+    ASSERT_TRUE(logs.Append("old-2", 3, 0, "its third attempt, beside a kept job\n").ok());
+    ASSERT_TRUE(logs.Append("kept", 1, 0, "stays\n").ok());
+  }
+  {
+    LogStore logs(dir_.string());  // and a third, being written when the jobs are dropped
+    ASSERT_TRUE(logs.Load().ok());
+    ASSERT_TRUE(logs.Append("kept", 2, 0, "written now\n").ok());
+    ASSERT_EQ(logs.Segments().size(), 3u);
+    const auto first = static_cast<int64_t>(fs::file_size(dir_ / "00000001.seg"));
+    const LogStore::Reclaimed r =
+        logs.Drop([](std::string_view id) { return id == "old.1" || id == "old-2"; });
+    EXPECT_EQ(r.logs, 4);  // old.1 attempt 1 ranks 0 and 1, old-2 attempts 2 and 3
+    EXPECT_EQ(r.segments, 1);
+    EXPECT_EQ(r.bytes, first);
+    EXPECT_FALSE(fs::exists(dir_ / "00000001.seg"));
+    EXPECT_TRUE(fs::exists(dir_ / "00000002.seg"));  // "kept" has bytes there
+    EXPECT_EQ(logs.Size("old.1", 1), 0);
+    EXPECT_EQ(*logs.Read("old-2", 3, 0, 100), "");
+    EXPECT_EQ(All(logs, "kept", 1), "stays\n");
+    ASSERT_TRUE(logs.Append("kept", 2, 12, "and goes on\n").ok());
+    EXPECT_EQ(logs.Drop([](std::string_view) { return false; }).segments, 0);
+  }
+  LogStore logs(dir_.string());
+  ASSERT_TRUE(logs.Load().ok());
+  EXPECT_EQ(All(logs, "kept", 1), "stays\n");
+  EXPECT_EQ(All(logs, "kept", 2), "written now\nand goes on\n");
+  // The dropped records still in the shared segment come back at a restart until dropped
+  // again (the coordinator does so at start from the store's tombstones); then nothing more
+  // can be removed, since "kept" holds that segment.
+  EXPECT_EQ(logs.Size("old-2", 3), 37);
+  const LogStore::Reclaimed again = logs.Drop([](std::string_view id) { return id == "old-2"; });
+  EXPECT_EQ(again.logs, 1);
+  EXPECT_EQ(again.segments, 0);
+}
+
+TEST_F(LogStoreTest, DroppingAJobRemovesItsLogsOfAnOlderCoordinator) {
+  fs::create_directories(dir_ / "j-old");
+  std::ofstream(dir_ / "j-old" / "1.log") << "written by an older coordinator\n";
+  std::ofstream(dir_ / "j-old" / "2.log") << "and its second attempt\n";
+  fs::create_directories(dir_ / "j-kept");
+  std::ofstream(dir_ / "j-kept" / "1.log") << "kept\n";
+  LogStore logs(dir_.string());
+  ASSERT_TRUE(logs.Load().ok());
+  EXPECT_EQ(logs.Size("j-old", 1), 32);
+  const LogStore::Reclaimed r = logs.Drop([](std::string_view id) { return id == "j-old"; });
+  EXPECT_EQ(r.bytes, 32 + 23);
+  EXPECT_FALSE(fs::exists(dir_ / "j-old"));
+  EXPECT_EQ(logs.Size("j-old", 2), 0);
+  EXPECT_EQ(All(logs, "j-kept", 1), "kept\n");
+}
+
 TEST_F(LogStoreTest, LogsOfAnOlderCoordinatorAreReadWhereTheyAreAndContinued) {
   fs::create_directories(dir_ / "j-old");
   std::ofstream(dir_ / "j-old" / "1.log") << "written by an older coordinator\n";

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "common/job_spec.h"
+#include "common/logging.h"
 #include "common/status.h"
 #include "coordinator/attempts.h"
 #include "coordinator/exec_cache_key.h"
@@ -188,6 +190,15 @@ absl::StatusOr<v1::GcJobsResponse> UserOperations::CollectJobs(const v1::GcJobsR
     }
   }
   c.Wait(ticket);
+  if (request.apply() && request.forget() && !seen && response.job_ids_size() > 0) {
+    // Durable now: the logs go too (a crash before this is finished by the next Start).
+    const absl::flat_hash_set<std::string> ids(response.job_ids().begin(),
+                                               response.job_ids().end());
+    const LogStore::Reclaimed r =
+        c.logs.Drop([&](std::string_view id) { return ids.contains(std::string(id)); });
+    spdlog::info("gc jobs: forgot {} jobs; {} attempt logs, {} log segments ({} bytes) removed",
+                 ids.size(), r.logs, r.segments, r.bytes);
+  }
   return response;
 }
 
