@@ -3,9 +3,10 @@
 
 For each configuration (model size, seq_len, batch, strategy, precision, ranks, and the shard,
 activation-checkpointing and chunked-loss settings the engine has) the estimate comes from a
-real coordinator (`stemma plan -o json`, the cell's memory_per_device_mb, planned from the
-model's config.json on disk) and the measurement from real `stemma-engine train` children
-(one per rank), stopped after their last step (--stop-after-step) so nothing is published.
+private coordinator (`stemma plan -o json` through tests/bench/lib/private_plan.py, the cell's
+memory_per_device_mb, planned from the model's config.json on disk) and the measurement from
+real `stemma-engine train` children (one per rank), stopped after their last step
+(--stop-after-step) so nothing is published.
 
 What is measured: each rank's peak *anonymous* RSS (RssAnon from /proc/PID/status, polled
 every 5 ms; the tensors, the allocator's heap, LibTorch's own anonymous memory). File-backed
@@ -32,6 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "bench" / "lib"))
+import private_plan  # noqa: E402  (stemma plan on a private coordinator)
 
 TOLERANCE = 0.20
 STEPS = 2  # the peak is in step 1 or 2 (step 1 touches the optimizer's scratch)
@@ -187,21 +191,7 @@ def main() -> int:
         stages[f"c{i}"] = {"resources": {"cpus": 1, "ranks_per_part": ranks}, "train": train}
     exp = write_spec(tmp / "plan.json", {"name": "memplan", "stages": stages})
 
-    addr = f"127.0.0.1:{free_port()}"
-    coordinator = subprocess.Popen([str(binary / "stemma-coordinator"), "--listen", addr, "--data",
-                                    str(tmp / "coord")], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
-    try:
-        stemma = [str(binary / "stemma"), "--coordinator", addr]
-        for _ in range(100):
-            if subprocess.run(stemma + ["ls"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-        plan = json.loads(run(stemma + ["plan", "-f", str(exp), "-o", "json"]).stdout)
-    finally:
-        coordinator.terminate()
-        coordinator.wait(timeout=30)
-    cells = {c["job_name"]: c for c in plan["cells"]}
+    cells = private_plan.plan_cells(str(binary), str(exp))
     estimates = [int(cells[f"c{i}"].get("memory_per_device_mb", 0)) for i in range(len(rows))]
 
     measured = [peak_mib(engine, write_spec(tmp / f"train-c{i}.json", train), row[3], tmp)
