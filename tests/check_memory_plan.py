@@ -68,6 +68,8 @@ CONFIGS = [
                                       "parallel": {"shard": "gradients"}}, 2),
     ("m25 2 ranks full", "m25", {"data": {"seq_len": 256}, "batch_size": 4,
                                  "parallel": {"shard": "full"}}, 2),
+    # 4 ranks: shard none's ring receive buffer is 4/W bytes per parameter (1 here, 2 above).
+    ("m25 4 ranks b4", "m25", {"data": {"seq_len": 256}, "batch_size": 4}, 4),
 ]
 
 

@@ -185,6 +185,12 @@ MemoryEstimate TrainMemory(const v1::JobSpec& job, const ModelShape& s) {
       Add(&e, "gradient slice (1/W) and bucket", 4 * nt / w + bucket);
     } else if (e.world > 1) {
       Add(&e, "flat gradient copy (data parallel)", 4 * nt);
+      // On a CPU, shard none all-reduces that copy in the engine's own TCP ring, which
+      // receives one chunk (1/W of it) at a time into a buffer it keeps for the next step
+      // (engine/train/distributed.cc, Ring::AllReduceSum); NCCL needs none, and the sharded
+      // levels' reduce-scatters receive in pieces of 4 MiB. Measured: 1.2 bytes per parameter
+      // more at 2 ranks than at 4 (tests/bench/sharded), where this predicts 1.
+      if (!e.gpu && shard == "none") Add(&e, "ring receive buffer (1/W)", 4 * nt / D(e.world));
     }
   }
   Add(&e, "Adam moments", 8 * nt / w);

@@ -81,6 +81,32 @@ TEST(MemoryPlan, ReplicatedFullFineTuningOfA7BNeedsMoreThanAnH100) {
   EXPECT_LT(last, e->Bytes() / 2);
 }
 
+TEST(MemoryPlan, CpuDataParallelCountsTheRingsReceiveBuffer) {
+  auto llama = ShapeFromConfig(kLlama2);
+  ASSERT_TRUE(llama.has_value());
+  auto ring = [&](int ranks, const char* device, const char* shard) {
+    v1::JobSpec job = TrainJob(0, 1, 4);
+    job.mutable_resources()->set_ranks_per_part(ranks);
+    job.mutable_train()->set_device(device);
+    job.mutable_train()->mutable_parallel()->set_shard(shard);
+    auto e = EstimateJobMemory(job, *llama);
+    if (!e.has_value()) return -1.0;
+    for (const MemoryItem& i : e->items) {
+      if (i.name.find("ring") != std::string::npos) return i.bytes;
+    }
+    return 0.0;
+  };
+  // Shard none on 4 CPU ranks: one chunk of the flat gradient, 4/W bytes per parameter.
+  EXPECT_NEAR(ring(4, "cpu", "none"), llama->Params(), 1e3);
+  EXPECT_NEAR(ring(2, "cpu", "none"), 2 * llama->Params(), 1e3);
+  // One process has no ring; NCCL receives into its own buffers; the sharded levels'
+  // reduce-scatters receive in small pieces.
+  EXPECT_EQ(ring(1, "cpu", "none"), 0.0);
+  EXPECT_EQ(ring(4, "cuda", "none"), 0.0);
+  EXPECT_EQ(ring(4, "cpu", "optimizer"), 0.0);
+  EXPECT_EQ(ring(4, "cpu", "full"), 0.0);
+}
+
 TEST(MemoryPlan, WhatWouldFitNamesTheFields) {
   auto llama = ShapeFromConfig(kLlama2);
   ASSERT_TRUE(llama.has_value());
