@@ -1,4 +1,4 @@
-"""Sharded training: Stemma (2 CPU ranks) against PyTorch FSDP2 (2 CPU ranks, gloo).
+"""Sharded training: Stemma against PyTorch FSDP2 (2 CPU ranks, gloo), and full vs none.
 
 Run through tests/bench/sharded (which picks the venv Python). One run, this machine:
 
@@ -13,24 +13,38 @@ Run through tests/bench/sharded (which picks the venv Python). One run, this mac
                 from getrusage(RUSAGE_SELF) inside each rank. The larger rank counts.
   tokens/s      global tokens over the measured steps (after the warm-up ones): Stemma from
                 the arrival times of rank 0's step events; FSDP2 from each step's wall time.
-  full vs none  Stemma's peak RSS per rank at `--shard` and at `none` for a wider model whose
-                weights and optimizer state dominate (short rows, small batch).
-  plan error    the memory plan (coordinator/experiments/memory.*, through a real
-                `stemma-coordinator` and `stemma plan -o json`, binaries beside the engine) for
-                the wide model at `--shard`, against its measured peak anonymous RSS per rank
-                (RssAnon polled every 5 ms), both above the runtime (the same command on a
-                model of a few hundred parameters), as tests/check_memory_plan.py does:
+  full vs none  the issue's figure: Stemma's peak RSS per rank (the larger rank) at `--shard`
+                against `none` at the same world size, --big-ranks (4) ranks, for a model
+                whose weights and optimizer state dominate (1024 hidden, 2816 FFN,
+                --big-layers 7: 94.1 M parameters; 16-token rows, one row per rank, 3 steps;
+                ~2.4 GiB per rank at none, so the four ranks stay under ~10 GiB). Each
+                configuration runs alone (its ranks at once, never two configurations), and
+                waits for the MemAvailable it needs. Peak RSS is /usr/bin/time's %M (VmHWM);
+                peak RssAnon (polled every 5 ms) beside it, and per phase: `load` (before rank
+                0's start event: loading the model, building the optimizer or the shards),
+                `steps`, `publish`. `full_vs_none_memory_2ranks_small` is the same at 2 ranks
+                for a 4-layer model (55.6 M), where 0.5 is ZeRO-3's floor itself.
+  plan error    the memory plan (coordinator/experiments/memory.*, `stemma plan -o json` on a
+                private coordinator, lib/private_plan.py, binaries beside the engine) for the
+                big model at `--shard` (`plan_error`; at none: `plan_error_none`; the small
+                one: `plan_error_2ranks_small`) against its measured peak anonymous RSS per
+                rank, both above the runtime (the same command on a model of a few hundred
+                parameters at the same world size), as tests/check_memory_plan.py does:
                 |(plan − plan_runtime) / (anon − anon_runtime) − 1|. Null when the control
                 plane binaries are not built (the JSON says why).
 
-  profile       each Stemma rank of the side-by-side run prints where its time went
-                (STEMMA_TRAIN_PROFILE: load, forward and backward compute, gathers,
-                reduce-scatters, optimizer, in seconds): `stemma_profile_per_rank`.
-  floor         at 2 ranks ZeRO-3 holds 16/W = 8 bytes per trainable parameter against shard
-                none's 16, so `full_vs_none_memory` cannot go below 0.5 plus what the runtime
-                and activations add; `full_vs_none_memory_above_runtime` takes the runtime
-                (the tiny model's peak RSS) off both sides. `targets_met` says which targets
-                this run met.
+  profile       each Stemma rank prints where its time went (STEMMA_TRAIN_PROFILE: load,
+                forward and backward compute, gathers, reduce-scatters, optimizer, in
+                seconds): `stemma_profile_per_rank` (side by side), `memory_*.<shard>_profile
+                _per_rank`.
+  floor         at W ranks ZeRO-3 holds 16/W bytes per trainable parameter against shard
+                none's 16 (+4 of autograd's gradients), so `full_vs_none_memory` cannot go
+                below ~1/W plus what the runtime, the gathered layers and activations add;
+                `..._above_runtime` takes the runtime (the tiny model's peak RSS) off both
+                sides. `notes` says, in the run's own numbers, whether loading (the whole fp32
+                model on every rank before it keeps its slices) or the steps make the sharded
+                peak, and why a ratio misses 0.5. `targets_met` says which targets this run
+                met.
 
 If the engine refuses `--shard` (e.g. `full` not built), the run falls back to `gradients` and
 records the level it used in `stemma_shard`. The last stdout line is one JSON object.
@@ -42,13 +56,14 @@ import os
 import shutil
 import subprocess
 import sys
-import socket
 import tempfile
 import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "lib"))
+import private_plan  # noqa: E402  (stemma plan on a private coordinator)
 import train_bench  # noqa: E402  (make_model, make_text)
 
 OPTIMIZER = {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
@@ -72,6 +87,9 @@ def parse_args():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--big-layers", type=int, default=7,
+                   help="decoder layers of the full-vs-none model (7: 94.1 M parameters)")
+    p.add_argument("--big-ranks", type=int, default=4)
     p.add_argument("--keep-tmp", action="store_true")
     return p.parse_args()
 
@@ -95,29 +113,39 @@ def stemma_spec(model_dir, data_dir, out, seq_len, batch, steps, shard):
     }
 
 
-def rss_anon_kib(pid):
+def rss_kib(pid):
+    """(RssAnon, VmRSS) of `pid` in KiB; (0, 0) once it is gone."""
+    anon = rss = 0
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("RssAnon:"):
-                    return int(line.split()[1])
+                    anon = int(line.split()[1])
+                elif line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
     except OSError:
         pass
-    return 0
+    return anon, rss
 
 
 class AnonPoller:
-    """Peak RssAnon (KiB) of each of `pids`, polled every 5 ms on a thread until stop()."""
+    """RssAnon and VmRSS (KiB) of each of `pids`, polled every 5 ms on a thread until stop():
+    the peak RssAnon per rank, and (time, RssAnon, VmRSS) samples for the peaks per phase."""
 
     def __init__(self, pids):
         self.pids, self.peaks, self.done = pids, [0] * len(pids), False
+        self.samples = [[] for _ in pids]
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
 
     def _poll(self):
         while not self.done:
+            now = time.perf_counter()
             for i, pid in enumerate(self.pids):
-                self.peaks[i] = max(self.peaks[i], rss_anon_kib(pid))
+                anon, rss = rss_kib(pid)
+                self.peaks[i] = max(self.peaks[i], anon)
+                if anon:
+                    self.samples[i].append((now, anon, rss))
             time.sleep(0.005)
 
     def stop(self):
@@ -125,12 +153,23 @@ class AnonPoller:
         self.thread.join()
         return self.peaks
 
+    def phase_peaks(self, begin, end, field=1):
+        """Each rank's peak RssAnon (field 1) or VmRSS (field 2), KiB, over the samples taken
+        in [begin, end)."""
+        return [max((x[field] for x in s if begin <= x[0] < end), default=0)
+                for s in self.samples]
 
-def run_stemma(engine, workdir, name, spec, world=2, anon=None, profiles=None):
-    """Runs `spec` as `world` ranks; returns (rank 0's step arrival times and losses, peak
-    RSS per rank in KiB) or raises RuntimeError with rank 0's error. `anon`, a list, gets each
-    rank's peak RssAnon in KiB (of the engine, the child of /usr/bin/time); `profiles`, a list,
-    each rank's STEMMA_TRAIN_PROFILE line (seconds per phase; None where it printed none)."""
+
+def run_stemma(engine, workdir, name, spec, world=2):
+    """Runs `spec` as `world` ranks, one after the other configuration (never two at once).
+    Returns a dict: rank 0's step arrival times and losses (by step), peak RSS per rank (KiB,
+    /usr/bin/time's %M: the process's VmHWM), peak RssAnon per rank (KiB, of the engine, the
+    child of /usr/bin/time), the peak RssAnon per rank in each phase ("load": before rank 0's
+    start event, i.e. loading the model and building the optimizer or the shards; "steps":
+    until rank 0's last step event; "publish": after it), and each rank's
+    STEMMA_TRAIN_PROFILE line (None where it printed none); the same per phase for VmRSS
+    (polled, so a little below VmHWM at most). Raises RuntimeError with rank 0's
+    error."""
     spec_path = os.path.join(workdir, f"{name}.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
@@ -145,28 +184,31 @@ def run_stemma(engine, workdir, name, spec, world=2, anon=None, profiles=None):
             ["/usr/bin/time", "-f", "%M", "-o", rss, engine, "train", "--spec", spec_path],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env), rss))
     poller = AnonPoller([engine_pid(p.pid) for p, _ in procs])
-    stamps, losses = {}, {}
+    stamps, losses, started = {}, {}, None
     for line in procs[0][0].stdout:
         now = time.perf_counter()
         event = json.loads(line) if line.startswith("{") else {}
-        if event.get("event") == "step":
+        if event.get("event") == "start":
+            started = now
+        elif event.get("event") == "step":
             stamps[event["step"]] = now
             losses[event["step"]] = event["loss"]
     errors = [p.stderr.read() for p, _ in procs]
     codes = [p.wait() for p, _ in procs]
-    if anon is not None:
-        anon.extend(poller.stop())
-    else:
-        poller.stop()
+    anon = poller.stop()
     if any(codes):
         raise RuntimeError(f"{name}: exit codes {codes}: {errors[0][-2000:]}")
-    if profiles is not None:
-        profiles.extend(profile_of(text) for text in errors)
+    last = stamps[max(stamps)] if stamps else float("inf")
+    started = started if started is not None else last
     peaks = []
     for _, rss in procs:
         with open(rss) as f:
             peaks.append(int(f.read().split()[-1]))
-    return stamps, losses, peaks
+    phases = {"load": (0, started), "steps": (started, last), "publish": (last, float("inf"))}
+    return {"stamps": stamps, "losses": losses, "rss_kb": peaks, "anon_kb": anon,
+            "anon_kb_by_phase": {k: poller.phase_peaks(*v) for k, v in phases.items()},
+            "rss_kb_by_phase": {k: poller.phase_peaks(*v, field=2) for k, v in phases.items()},
+            "profiles": [profile_of(text) for text in errors]}
 
 
 def profile_of(stderr_text):
@@ -192,34 +234,17 @@ def engine_pid(time_pid):
 
 
 def plan_mib(bin_dir, workdir, trains):
-    """The memory plan's estimate (MiB per rank) for each (train spec, ranks), from a real
-    coordinator's `stemma plan -o json`; None when the control plane is not built."""
-    coordinator, stemma = (os.path.join(bin_dir, b) for b in ("stemma-coordinator", "stemma"))
-    if not (os.access(coordinator, os.X_OK) and os.access(stemma, os.X_OK)):
+    """The memory plan's estimate (MiB per rank) for each (train spec, ranks), from `stemma
+    plan -o json` on a private coordinator (lib/private_plan.py); None when the control plane
+    is not built beside the engine."""
+    if private_plan.missing_binaries(bin_dir):
         return None
     stages = {f"c{i}": {"resources": {"cpus": 1, "ranks_per_part": ranks}, "train": spec}
               for i, (spec, ranks) in enumerate(trains)}
     exp = os.path.join(workdir, "plan.json")
     with open(exp, "w") as f:
         json.dump({"name": "benchplan", "stages": stages}, f)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        addr = f"127.0.0.1:{sock.getsockname()[1]}"
-    server = subprocess.Popen([coordinator, "--listen", addr, "--data",
-                               os.path.join(workdir, "coord")],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        cli = [stemma, "--coordinator", addr]
-        for _ in range(100):
-            if subprocess.run(cli + ["ls"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.1)
-        out = subprocess.run(cli + ["plan", "-f", exp, "-o", "json"], capture_output=True,
-                             text=True, check=True).stdout
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    cells = {c["job_name"]: c for c in json.loads(out)["cells"]}
+    cells = private_plan.plan_cells(bin_dir, exp)
     return [int(cells[f"c{i}"].get("memory_per_device_mb", 0)) for i in range(len(trains))]
 
 
@@ -264,27 +289,186 @@ def make_data(engine, workdir, name, margs, rows_needed, torch, transformers, np
     return model_dir, data_dir, rows
 
 
-def stemma_with_fallback(engine, workdir, name, make_spec, shard, profiles):
+def stemma_with_fallback(engine, workdir, name, make_spec, shard):
     try:
-        return shard, run_stemma(engine, workdir, name, make_spec(shard), profiles=profiles)
+        return shard, run_stemma(engine, workdir, name, make_spec(shard))
     except RuntimeError as e:
         if shard == "gradients":
             raise
         log(f"shard {shard} refused ({str(e)[-300:].strip()}); falling back to gradients")
-        return "gradients", run_stemma(engine, workdir, name, make_spec("gradients"),
-                                       profiles=profiles)
+        return "gradients", run_stemma(engine, workdir, name, make_spec("gradients"))
 
 
-def notes(full_vs_none, above, runtime_kb, none_kb):
-    """Why a memory target was missed, in the run's own numbers."""
-    if full_vs_none <= 0.5:
+def params_of(m):
+    """Parameters of train_bench.make_model's Llama (untied head, no GQA)."""
+    layer = 4 * m.hidden * m.hidden + 3 * m.hidden * m.intermediate + 2 * m.hidden
+    return m.layers * layer + 2 * m.vocab * m.hidden + m.hidden
+
+
+def mem_available_kib():
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1])
+    return 0
+
+
+def wait_for_memory(need_kib, what):
+    """Starts `what` only when MemAvailable holds need_kib (builds share this machine and their
+    memory comes and goes): waits up to 5 minutes, then exits saying so."""
+    for _ in range(30):
+        if mem_available_kib() >= need_kib:
+            return
+        log(f"{what} needs ~{need_kib / 2**20:.1f} GiB, MemAvailable "
+            f"{mem_available_kib() / 2**20:.1f} GiB: waiting")
+        time.sleep(10)
+    sys.exit(f"bench sharded: {what} needs ~{need_kib / 2**20:.1f} GiB and MemAvailable stayed "
+             f"at {mem_available_kib() / 2**20:.1f} GiB (pass a smaller --big-layers)")
+
+
+class MemoryConfig:
+    """One `full` (or --shard) against `none` comparison: a model whose weights and optimizer
+    state dominate (short rows, one row per rank), its runs at both levels and the runtime
+    (the same command on a model of a few hundred parameters) at the same world size."""
+
+    def __init__(self, name, margs, ranks, steps=3):
+        self.name, self.margs, self.ranks, self.steps = name, margs, ranks, steps
+        self.params = params_of(margs)
+
+    def make(self, engine, workdir, tiny, deps):
+        self.workdir = workdir
+        self.model, self.data, _ = make_data(engine, workdir, self.name, self.margs,
+                                             self.ranks * self.steps, *deps)
+        self.tiny_model, self.tiny_data = tiny
+
+    def spec(self, level):
+        seq = self.margs.seq_len
+        return stemma_spec(self.model, self.data, os.path.join(self.workdir, f"{self.name}-out"),
+                           seq, self.ranks, self.steps, level)
+
+    def runtime_spec(self, level):
+        return stemma_spec(self.tiny_model, self.tiny_data,
+                           os.path.join(self.workdir, f"{self.name}-tiny-out"),
+                           self.margs.seq_len, self.ranks, self.steps, level)
+
+    def run(self, engine, shard, none_plan_mib):
+        """Runs none, `shard` and the runtime, one configuration at a time."""
+        need = self.ranks * 1.15 * (none_plan_mib * 1024 if none_plan_mib
+                                    else 20 * self.params / 1024 + 512 * 1024)
+        wait_for_memory(need, f"{self.name} at shard none on {self.ranks} ranks")
+        log(f"Stemma, {self.name} model ({self.params / 1e6:.1f} M), {self.ranks} ranks, none")
+        self.none = run_stemma(engine, self.workdir, f"{self.name}-none", self.spec("none"),
+                               self.ranks)
+        log(f"Stemma, {self.name} model, {self.ranks} ranks, {shard}")
+        self.sharded = run_stemma(engine, self.workdir, f"{self.name}-{shard}", self.spec(shard),
+                                  self.ranks)
+        log(f"Stemma, runtime model, {self.ranks} ranks, {shard}")
+        self.runtime = run_stemma(engine, self.workdir, f"{self.name}-runtime",
+                                  self.runtime_spec(shard), self.ranks)
+
+    def ratios(self):
+        """(peak RSS ratio, peak RssAnon ratio, peak RSS ratio above the runtime)."""
+        none, sharded, rt = (max(r["rss_kb"]) for r in (self.none, self.sharded, self.runtime))
+        anon = max(self.sharded["anon_kb"]) / max(self.none["anon_kb"])
+        above = (sharded - rt) / (none - rt) if none > rt else None
+        return sharded / none, anon, above
+
+    def plan_error(self, plan, plan_runtime, none=False):
+        """|(plan − plan_runtime) / (anon − anon_runtime) − 1| for the sharded run (or the
+        none run: its runtime is the same tiny model's at the sharded level)."""
+        run = self.none if none else self.sharded
+        measured = (max(run["anon_kb"]) - max(self.runtime["anon_kb"])) / 1024.0
+        return abs((plan - plan_runtime) / measured - 1) if measured > 0 else None
+
+    def figures(self, shard):
+        m = self.margs
+        return {
+            "model": {"params": self.params, "hidden": m.hidden, "layers": m.layers,
+                      "intermediate": m.intermediate, "vocab": m.vocab, "seq_len": m.seq_len,
+                      "global_batch": self.ranks, "steps": self.steps, "ranks": self.ranks},
+            "none_peak_rss_kb_per_rank": self.none["rss_kb"],
+            f"{shard}_peak_rss_kb_per_rank": self.sharded["rss_kb"],
+            "runtime_peak_rss_kb_per_rank": self.runtime["rss_kb"],
+            "none_peak_anon_kb_per_rank": self.none["anon_kb"],
+            f"{shard}_peak_anon_kb_per_rank": self.sharded["anon_kb"],
+            "runtime_peak_anon_kb_per_rank": self.runtime["anon_kb"],
+            "none_peak_anon_kb_by_phase": self.none["anon_kb_by_phase"],
+            f"{shard}_peak_anon_kb_by_phase": self.sharded["anon_kb_by_phase"],
+            "none_peak_rss_kb_by_phase": self.none["rss_kb_by_phase"],
+            f"{shard}_peak_rss_kb_by_phase": self.sharded["rss_kb_by_phase"],
+            f"{shard}_profile_per_rank": self.sharded["profiles"],
+        }
+
+
+def note_floor(cfg, shard):
+    """Why full_vs_none misses 0.5 on a config, in the run's own numbers ([] if it does not)."""
+    ratio, _, above = cfg.ratios()
+    if ratio <= 0.5:
         return []
+    runtime_kb, none_kb = max(cfg.runtime["rss_kb"]), max(cfg.none["rss_kb"])
     above_text = f"{above:.3f}" if above is not None else "unknown"
-    return [f"full_vs_none_memory {full_vs_none:.3f} > 0.5: at 2 ranks ZeRO-3's floor is 0.5 of "
-            f"shard none's optimizer state and weights before anything else, and the runtime "
-            f"(the tiny model's peak RSS, {runtime_kb / 1024:.0f} MiB) is "
-            f"{100 * runtime_kb / none_kb:.0f} % of shard none's peak; above the runtime the "
-            f"ratio is {above_text}"]
+    return [f"{cfg.name} ({cfg.params / 1e6:.1f} M, {cfg.ranks} ranks): {shard} vs none "
+            f"{ratio:.3f} > 0.5: ZeRO-3's floor is 1/{cfg.ranks} of shard none's optimizer "
+            f"state and weights before anything else, and the runtime (the tiny model's peak "
+            f"RSS, {runtime_kb / 1024:.0f} MiB) is {100 * runtime_kb / none_kb:.0f} % of shard "
+            f"none's peak; above the runtime the ratio is {above_text}"]
+
+
+def note_load(cfg, shard):
+    """Whether loading (the whole fp32 model on every rank, before the slices are made) or the
+    steps make the sharded run's peak, in the run's own numbers."""
+    anon, rss = cfg.sharded["anon_kb_by_phase"], cfg.sharded["rss_kb_by_phase"]
+    load, steps, publish = (max(anon[k]) / 1024 for k in ("load", "steps", "publish"))
+    rss_load, rss_steps = max(rss["load"]) / 1024, max(rss["steps"]) / 1024
+    model_mib = 4 * cfg.params / 2**20
+    none_mib = max(cfg.none["anon_kb"]) / 1024
+    text = (f"{cfg.name} ({cfg.params / 1e6:.1f} M) at {shard}, {cfg.ranks} ranks: peak "
+            f"RssAnon per rank while loading and sharding {load:.0f} MiB (every rank builds the "
+            f"whole fp32 model, {model_mib:.0f} MiB, before it keeps its slices), in the steps "
+            f"{steps:.0f} MiB, publishing {publish:.0f} MiB (shard none: {none_mib:.0f} MiB): "
+            f"the load-time peak {'dominates' if load > steps else 'does not dominate'}")
+    if load > steps:
+        text += f" (the steps alone: {steps / none_mib:.3f} of none)"
+    text += (f". Peak RSS (VmRSS polled; VmHWM is the figure) while loading {rss_load:.0f} "
+             f"MiB, in the steps {rss_steps:.0f} MiB: loading also maps the checkpoint "
+             f"({model_mib:.0f} MiB of file pages, shared by the ranks) and LibTorch's code")
+    if rss_load > rss_steps:
+        text += (f"; so full_vs_none_memory is set by loading, the steps' peak RSS alone is "
+                 f"{rss_steps / (max(cfg.none['rss_kb']) / 1024):.3f} of none's")
+    return [text]
+
+
+def side_by_side(args, engine, workdir, deps):
+    """Stemma at --shard against FSDP2 on the same small model, 2 ranks each."""
+    np = deps[2]
+    total = args.warmup_steps + args.steps
+    model_dir, data_dir, rows = make_data(engine, workdir, "side", model_args(args),
+                                          total * args.batch, *deps)
+    rows_path = os.path.join(workdir, "rows.npy")
+    np.save(rows_path, rows)
+    log(f"Stemma, 2 ranks, shard {args.shard} + activation checkpointing")
+    shard, stemma = stemma_with_fallback(
+        engine, workdir, "stemma",
+        lambda level: stemma_spec(model_dir, data_dir, os.path.join(workdir, "out"),
+                                  args.seq_len, args.batch, total, level), args.shard)
+    stamps = stemma["stamps"]
+    stemma_tps = args.steps * args.batch * args.seq_len / (stamps[total] -
+                                                           stamps[args.warmup_steps])
+    log("FSDP2, 2 ranks (torchrun, gloo) + activation checkpointing")
+    fsdp = run_fsdp2(args, workdir, model_dir, rows_path)
+    fsdp_rss = max(r["peak_rss_kb"] for r in fsdp)
+    return shard, {
+        "rss_ratio_vs_fsdp2": max(stemma["rss_kb"]) / fsdp_rss,
+        "tokens_per_s_ratio_vs_fsdp2": stemma_tps / fsdp[0]["tokens_per_s"],
+        "stemma_profile_per_rank": stemma["profiles"],
+        "stemma_shard": shard,
+        "stemma_peak_rss_kb_per_rank": stemma["rss_kb"],
+        "fsdp2_peak_rss_kb_per_rank": [r["peak_rss_kb"] for r in fsdp],
+        "stemma_tokens_per_s": stemma_tps,
+        "fsdp2_tokens_per_s": fsdp[0]["tokens_per_s"],
+        "stemma_losses": [stemma["losses"][s] for s in sorted(stemma["losses"])],
+        "fsdp2_losses": fsdp[0]["losses"],
+    }
 
 
 def main():
@@ -294,105 +478,83 @@ def main():
     import numpy as np
     import torch
     import transformers
+    deps = (torch, transformers, np)
 
     workdir = tempfile.mkdtemp(prefix="stemma_bench_sharded_")
     try:
-        total = args.warmup_steps + args.steps
-        margs = model_args(args)
-        model_dir, data_dir, rows = make_data(engine, workdir, "side", margs, total * args.batch,
-                                              torch, transformers, np)
-        rows_path = os.path.join(workdir, "rows.npy")
-        np.save(rows_path, rows)
+        # Models whose weights and optimizer state dominate: wide, 16-token rows, one row per
+        # rank. The issue's figure at --big-ranks (4) ranks, and the 2-rank small one beside.
+        small = MemoryConfig("small", model_args(args, hidden=1024, intermediate=2816,
+                                                 seq_len=16), 2)
+        big = MemoryConfig("big", model_args(args, hidden=1024, intermediate=2816, seq_len=16,
+                                             layers=args.big_layers), args.big_ranks)
+        tiny_args = model_args(args, hidden=8, intermediate=8, layers=1, heads=1, seq_len=16)
+        tiny_model, tiny_data, _ = make_data(engine, workdir, "tiny", tiny_args,
+                                             args.big_ranks * 3, *deps)
+        for cfg in (small, big):
+            cfg.make(engine, workdir, (tiny_model, tiny_data), deps)
 
-        log(f"Stemma, 2 ranks, shard {args.shard} + activation checkpointing")
-        profiles = []
-        shard, (stamps, losses, stemma_rss) = stemma_with_fallback(
-            engine, workdir, "stemma",
-            lambda level: stemma_spec(model_dir, data_dir, os.path.join(workdir, "out"),
-                                      args.seq_len, args.batch, total, level), args.shard,
-            profiles)
-        seconds = stamps[total] - stamps[args.warmup_steps]
-        stemma_tps = args.steps * args.batch * args.seq_len / seconds
-        log("FSDP2, 2 ranks (torchrun, gloo) + activation checkpointing")
-        fsdp = run_fsdp2(args, workdir, model_dir, rows_path)
-        fsdp_rss = max(r["peak_rss_kb"] for r in fsdp)
-        fsdp_tps = fsdp[0]["tokens_per_s"]
-
-        # A model whose weights and optimizer state dominate: wide, short rows, small batch.
-        wide = model_args(args, hidden=1024, intermediate=2816, seq_len=16)
-        wide_model, wide_data, _ = make_data(engine, workdir, "wide", wide, 8, torch,
-                                             transformers, np)
-        wide_spec = lambda level: stemma_spec(wide_model, wide_data,  # noqa: E731
-                                              os.path.join(workdir, "wide-out"), 16, 2, 3, level)
-        log("Stemma, wide model, shard none")
-        _, _, none_rss = run_stemma(engine, workdir, "wide-none", wide_spec("none"))
-        log(f"Stemma, wide model, shard {shard}")
-        wide_anon, runtime_anon = [], []
-        _, _, sharded_rss = run_stemma(engine, workdir, "wide-sharded", wide_spec(shard),
-                                       anon=wide_anon)
-        # The runtime: the same command on a model of a few hundred parameters.
-        tiny = model_args(args, hidden=8, intermediate=8, layers=1, heads=1, seq_len=16)
-        tiny_model, tiny_data, _ = make_data(engine, workdir, "tiny", tiny, 8, torch,
-                                             transformers, np)
-        runtime_spec = stemma_spec(tiny_model, tiny_data, os.path.join(workdir, "tiny-out"), 16,
-                                   2, 3, shard)
-        log(f"Stemma, runtime model, shard {shard}")
-        _, _, runtime_rss = run_stemma(engine, workdir, "runtime", runtime_spec,
-                                       anon=runtime_anon)
+        shard, side = side_by_side(args, engine, workdir, deps)
+        # The plan, before the large runs (it sizes the memory they wait for).
+        plan_note = "stemma and stemma-coordinator not built beside the engine"
         plan = plan_mib(os.path.dirname(engine), workdir,
-                        [(runtime_spec, 2), (wide_spec(shard), 2)])
-        plan_error, plan_note = None, "stemma and stemma-coordinator not built beside the engine"
-        if plan is not None:
-            measured = (max(wide_anon) - max(runtime_anon)) / 1024.0
-            plan_error = abs((plan[1] - plan[0]) / measured - 1) if measured > 0 else None
-            plan_note = (f"wide model at {shard}, 2 ranks: plan {plan[1]} MiB (runtime {plan[0]}), "
-                         f"measured peak RssAnon {max(wide_anon) / 1024:.0f} MiB (runtime "
-                         f"{max(runtime_anon) / 1024:.0f}); both above the runtime")
+                        [(small.runtime_spec(shard), 2), (small.spec(shard), 2),
+                         (big.runtime_spec(shard), big.ranks), (big.spec(shard), big.ranks),
+                         (big.spec("none"), big.ranks)])
+        small.run(engine, shard, None)
+        big.run(engine, shard, plan[4] if plan else None)
 
-        full_vs_none = max(sharded_rss) / max(none_rss)
-        # Above the runtime (the same command's peak RSS on a model of a few hundred
-        # parameters): what the weights, optimizer state and activations cost.
-        above = ((max(sharded_rss) - max(runtime_rss)) / (max(none_rss) - max(runtime_rss))
-                 if max(none_rss) > max(runtime_rss) else None)
+        plan_errors = {}
+        if plan is not None:
+            plan_errors = {"big": big.plan_error(plan[3], plan[2]),
+                           "big_none": big.plan_error(plan[4], plan[2], none=True),
+                           "small": small.plan_error(plan[1], plan[0])}
+            plan_note = (f"the big model at {shard}, {big.ranks} ranks: plan {plan[3]} MiB "
+                         f"(runtime {plan[2]}), measured peak RssAnon "
+                         f"{max(big.sharded['anon_kb']) / 1024:.0f} MiB (runtime "
+                         f"{max(big.runtime['anon_kb']) / 1024:.0f}); the small model at 2 "
+                         f"ranks: plan {plan[1]} MiB (runtime {plan[0]}), measured "
+                         f"{max(small.sharded['anon_kb']) / 1024:.0f} MiB (runtime "
+                         f"{max(small.runtime['anon_kb']) / 1024:.0f}); both above the runtime")
+        full_vs_none, anon_ratio, above = big.ratios()
+        small_ratio, _, small_above = small.ratios()
+        plan_error = plan_errors.get("big")
+        rss_ratio, tps_ratio = side["rss_ratio_vs_fsdp2"], side["tokens_per_s_ratio_vs_fsdp2"]
         result = {
-            "rss_ratio_vs_fsdp2": max(stemma_rss) / fsdp_rss,
-            "tokens_per_s_ratio_vs_fsdp2": stemma_tps / fsdp_tps,
+            "rss_ratio_vs_fsdp2": rss_ratio,
+            "tokens_per_s_ratio_vs_fsdp2": tps_ratio,
+            # Peak RSS (VmHWM) per rank, the larger rank, at --shard against none on
+            # --big-ranks ranks for the big model; RssAnon beside it.
             "full_vs_none_memory": full_vs_none,
+            "full_vs_none_memory_anon": anon_ratio,
             "full_vs_none_memory_above_runtime": above,
             # ZeRO-3 keeps 16/W bytes per trainable parameter (fp32 master slice, two Adam
             # moments, gradient slice) where shard none keeps 16 (weights, the flat gradient
-            # the ranks all-reduce, two moments): 1/W before the runtime, activations and the
-            # gathered layer, so the 0.5 target is the floor itself at 2 ranks.
-            "full_vs_none_memory_floor": 1 / 2,
+            # the ranks all-reduce, two moments) and autograd's gradients: ~1/W before the
+            # runtime, activations and the gathered layers.
+            "full_vs_none_memory_floor": 1 / big.ranks,
+            "full_vs_none_memory_2ranks_small": small_ratio,
+            "full_vs_none_memory_2ranks_small_above_runtime": small_above,
+            "plan_error": plan_error,
+            "plan_error_2ranks_small": plan_errors.get("small"),
+            "plan_error_none": plan_errors.get("big_none"),
             "targets_met": {
-                "rss_ratio_vs_fsdp2 <= 1": max(stemma_rss) / fsdp_rss <= 1.0,
-                "tokens_per_s_ratio_vs_fsdp2 >= 1": stemma_tps / fsdp_tps >= 1.0,
+                "rss_ratio_vs_fsdp2 <= 1": rss_ratio <= 1.0,
+                "tokens_per_s_ratio_vs_fsdp2 >= 1": tps_ratio >= 1.0,
                 "full_vs_none_memory <= 0.5": full_vs_none <= 0.5,
                 "plan_error <= 0.2": plan_error is not None and plan_error <= 0.2,
             },
-            "notes": notes(full_vs_none, above, max(runtime_rss), max(none_rss)),
-            "stemma_profile_per_rank": profiles,
-            "runtime_peak_rss_kb_per_rank": runtime_rss,
-            "plan_error": plan_error,
+            "notes": note_load(big, shard) + note_floor(small, shard) + note_floor(big, shard),
             "plan_error_note": plan_note,
-            "plan_mib": plan,
-            "wide_sharded_peak_anon_kb_per_rank": wide_anon,
-            "runtime_peak_anon_kb_per_rank": runtime_anon,
-            "stemma_shard": shard,
-            "stemma_peak_rss_kb_per_rank": stemma_rss,
-            "fsdp2_peak_rss_kb_per_rank": [r["peak_rss_kb"] for r in fsdp],
-            "stemma_tokens_per_s": stemma_tps,
-            "fsdp2_tokens_per_s": fsdp_tps,
-            "stemma_losses": [losses[s] for s in sorted(losses)],
-            "fsdp2_losses": fsdp[0]["losses"],
-            "wide_none_peak_rss_kb_per_rank": none_rss,
-            "wide_sharded_peak_rss_kb_per_rank": sharded_rss,
+            "plan_mib": dict(zip(["small_runtime", "small", "big_runtime", "big",
+                                  "big_none"], plan)) if plan else None,
+            "memory_big": big.figures(shard),
+            "memory_2ranks_small": small.figures(shard),
+            **side,
             "config": {"hidden": args.hidden, "layers": args.layers,
                        "intermediate": args.intermediate, "vocab": args.vocab,
                        "seq_len": args.seq_len, "global_batch": args.batch,
-                       "measured_steps": args.steps, "threads_per_rank": 1,
-                       "wide": {"hidden": 1024, "intermediate": 2816, "seq_len": 16,
-                                "global_batch": 2}},
+                       "measured_steps": args.steps, "threads_per_rank": 1},
             "load_avg_1m": os.getloadavg()[0],
         }
         print(json.dumps(result))
