@@ -1,5 +1,5 @@
-# The GPU worker image: stemma-worker and stemma-engine built against the CUDA LibTorch of
-# the pinned torch wheel (PyPI's Linux wheel carries its CUDA libraries as nvidia-* wheels).
+# The GPU worker image: stemma-worker and stemma-engine (its torch-free front and
+# stemma-engine-torch) built against the CUDA LibTorch of the pinned torch wheel (PyPI's Linux wheel carries its CUDA libraries as nvidia-* wheels).
 # The NVIDIA driver and nvidia-smi come from the node (NVIDIA container toolkit, through
 # the device plugin), not from this image. Build from the repository root:
 #   docker build -f deploy/images/worker-cuda.Dockerfile -t stemma/worker-cuda:0.1.0 .
@@ -58,8 +58,9 @@ COPY --from=build /opt/torch/lib/python3.11/site-packages/torch/lib /opt/torch/l
 COPY --from=build /opt/torch/lib/python3.11/site-packages/nvidia /opt/torch/lib/python3.11/site-packages/nvidia
 # Parquet inputs of tokenize: Arrow and Parquet from the pyarrow wheel (the engine's RUNPATH).
 COPY --from=build /opt/torch/lib/python3.11/site-packages/pyarrow/libarrow.so.2600 /opt/torch/lib/python3.11/site-packages/pyarrow/libparquet.so.2600 /opt/torch/lib/python3.11/site-packages/pyarrow/
-# The worker finds stemma-engine beside itself.
-COPY --from=build /build/bin/stemma-worker /build/bin/stemma-engine /build/bin/libstemma_sentencepiece.so /usr/local/bin/
+# The worker finds stemma-engine beside itself, and stemma-engine (the torch-free front)
+# stemma-engine-torch beside itself.
+COPY --from=build /build/bin/stemma-worker /build/bin/stemma-engine /build/bin/stemma-engine-torch /build/bin/libstemma_sentencepiece.so /usr/local/bin/
 ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 65532:65532
 EXPOSE 8081 9464

@@ -3,13 +3,13 @@
 // k-shot translation with chrF / chrF++. The spec is the typed stemma.v1.EvalSpec, read and
 // checked by ParseEngineCommandLine; every input is read and checked before the model is
 // loaded (a bad one exits 4, kExitBadInput); results go to stdout as metric events and, at
-// the end, to one results JSON file written atomically.
-#include <unistd.h>
-
+// the end, to one results JSON file written atomically. What precedes the model — the plan,
+// the per-task cache lookup — and the results writer are torch-free (eval_plan.h,
+// cached_tasks.h, eval_results.h) and shared with stemma-engine's front, which answers a fully
+// cached eval without starting this binary (serve_cached.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -19,77 +19,36 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "common/engine_cli.h"
 #include "common/engine_contract.h"
-#include "common/engine_spec.h"
-#include "common/eval_task.h"
 #include "common/status.h"
 #include "engine/commands.h"
 #include "engine/data/dataset.h"
+#include "engine/eval/cached_tasks.h"
 #include "engine/eval/choice.h"
 #include "engine/eval/chrf.h"
 #include "engine/eval/commands.h"
 #include "engine/eval/eval_model.h"
+#include "engine/eval/eval_plan.h"
 #include "engine/eval/eval_ranks.h"
+#include "engine/eval/eval_results.h"
 #include "engine/eval/eval_text.h"
 #include "engine/eval/perplexity.h"
-#include "engine/eval/resolve.h"
 #include "engine/eval/task_cache.h"
 #include "engine/eval/translation.h"
 #include "engine/events.h"
-#include "engine/io/durable.h"
-#include "engine/io/fs.h"
-#include "engine/io/manifest.h"
-#include "engine/io/sha256.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace stemma::engine {
 namespace {
 
-namespace fs = std::filesystem;
 using eval::EvalModel;
 using eval::EvalRanks;
-using Json = nlohmann::ordered_json;  // the results file keeps the order it is built in
-
-// Invalid UTF-8 (which no input should carry) is replaced rather than thrown on.
-std::string Dump(const Json& j, int indent = -1) {
-  return j.dump(indent, ' ', false, Json::error_handler_t::replace);
-}
+using eval::Json;
 
 void Emit(const v1::EngineEvent& event) { EventWriter().Emit(event); }
 
 double Seconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
-}
-
-// What a result measured: sha256 of the checkpoint's stemma.json when it has one, else of
-// the sorted "<sha256>  <file>\n" lines (sha256sum's format) of config.json and every
-// *.safetensors file.
-absl::StatusOr<Json> CheckpointIdentity(const std::string& dir) {
-  const fs::path manifest = fs::path(dir) / io::kManifestName;
-  Json id = {{"path", dir}};
-  if (fs::exists(manifest)) {
-    ASSIGN_OR_RETURN(std::string hash, io::Sha256File(manifest.string()));
-    id["sha256"] = hash;
-    id["hash_of"] = io::kManifestName;
-    return id;
-  }
-  std::vector<std::string> files;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name == "config.json" || entry.path().extension() == ".safetensors") files.push_back(name);
-  }
-  if (ec) return absl::NotFoundError(absl::StrCat(dir, ": ", ec.message()));
-  std::sort(files.begin(), files.end());
-  std::string listing;
-  for (const auto& name : files) {
-    ASSIGN_OR_RETURN(std::string hash, io::Sha256File((fs::path(dir) / name).string()));
-    absl::StrAppend(&listing, hash, "  ", name, "\n");
-  }
-  id["sha256"] = io::Sha256Hex(listing);
-  id["hash_of"] = "weights";
-  return id;
 }
 
 // Progress events: at most ~100 per task. `total` is the exact number of Advance calls
@@ -135,74 +94,16 @@ class Task {
   const v1::EvalTask& spec() const { return spec_; }
 
   void Metric(const std::string& metric, double value, Json* result) const {
-    const std::string name = absl::StrCat(metric, "/", spec_.name());
-    v1::EngineEvent event = MetricEvent(
-        name, value, std::nullopt,
-        {{"task", spec_.name()}, {"type", EvalTaskType(spec_)}, {"language", spec_.language()}});
-    if (!suite_.is_null()) {
-      AddDetails({{"suite", suite_["name"]},
-                  {"suite_version", suite_["version"]},
-                  {"corpus_content_hash", suite_["corpus_content_hash"]}},
-                 &event);
-    }
-    Emit(event);
-    (*result)["metrics"][metric] = value;
+    eval::EmitTaskMetric(spec_, suite_, metric, value, result);
   }
-  // The corpus suite the task's data file belongs to (SuiteOf), or null.
+  // The corpus suite the task's data file belongs to (EvalPlan::suites), or null.
   void set_suite(Json suite) { suite_ = std::move(suite); }
-  const Json& suite() const { return suite_; }
 
  protected:
   v1::EvalTask spec_;
   const tokenizer::Tokenizer* tokenizer_ = nullptr;
   Json suite_;
 };
-
-// A choice or translation file inside a prepared corpus (`stemma-engine prepare`,
-// docs/corpus.md): <corpus>/suites/<name>.jsonl listed in suites/suites.json, or
-// <corpus>/pairs/<base>-<lang>.jsonl, with <corpus>/manifest.json of format stemma.corpus/*.
-// Returns {name, version, file, sha256 (of the file now), corpus, corpus_content_hash}, or
-// null for any other file (nothing is refused here: a file outside a corpus is evaluated as
-// before).
-Json SuiteOf(const std::string& data) {
-  const fs::path file = fs::absolute(data).lexically_normal();
-  const fs::path dir = file.parent_path();
-  const fs::path corpus = dir.parent_path();
-  const std::string kind = dir.filename().string();
-  if (kind != "suites" && kind != "pairs") return nullptr;
-  auto read_json = [](const fs::path& path) -> Json {
-    auto text = io::ReadFile(path.string());
-    if (!text.ok()) return nullptr;
-    Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-    return j.is_discarded() || !j.is_object() ? Json(nullptr) : j;
-  };
-  const Json manifest = read_json(corpus / "manifest.json");
-  if (manifest.is_null() || !manifest.contains("format") || !manifest["format"].is_string() ||
-      manifest["format"].get<std::string>().rfind("stemma.corpus/", 0) != 0) {
-    return nullptr;
-  }
-  const std::string rel = absl::StrCat(kind, "/", file.filename().string());
-  Json suite = nullptr;
-  if (kind == "suites") {
-    const Json index = read_json(dir / "suites.json");
-    if (index.is_null() || !index.contains("suites") || !index["suites"].is_array()) return nullptr;
-    for (const auto& s : index["suites"]) {
-      if (s.is_object() && s.value("file", "") == rel) {
-        suite = {{"name", s.value("name", "")}, {"version", s.value("version", "")}};
-      }
-    }
-  } else if (manifest.contains("suites") && manifest["suites"].is_object()) {
-    suite = {{"name", absl::StrCat("pairs_", file.stem().string())},
-             {"version", manifest["suites"].value("pairs", "")}};
-  }
-  if (suite.is_null()) return nullptr;
-  suite["file"] = rel;
-  auto sha = io::Sha256File(file.string());
-  if (sha.ok()) suite["sha256"] = *sha;
-  suite["corpus"] = corpus.string();
-  suite["corpus_content_hash"] = manifest.value("content_hash", "");
-  return suite;
-}
 
 class PerplexityTask : public Task {
  public:
@@ -515,272 +416,73 @@ std::unique_ptr<Task> MakeTask(const v1::EvalTask& spec, const std::string& seq_
   return std::make_unique<PerplexityTask>(spec, seq_len_source);
 }
 
-// The spec as the results file shows it: each task flat, `type` beside its fields, as
-// users write it (the proto's JSON nests them under the type's name).
-Json SpecContent(const v1::EvalSpec& spec) {
-  Json content = Json::parse(SpecToJson(spec));
-  if (!content.contains("tasks")) return content;
-  for (int i = 0; i < spec.tasks_size(); ++i) {
-    Json& task = content["tasks"][i];
-    const std::string type = EvalTaskType(spec.tasks(i));
-    if (type.empty() || !task.contains(type)) continue;
-    Json flat = {{"type", type}};
-    for (auto& [key, value] : task.items()) {
-      if (key != type) flat[key] = value;
-    }
-    for (auto& [key, value] : task[type].items()) flat[key] = value;
-    task = std::move(flat);
-  }
-  return content;
-}
-
-// Writes `text` to `path` atomically (engine/io/durable.h: temporary file, fsync, rename,
-// directory fsync), so readers see the old file or the whole new one.
-absl::Status WriteAtomically(const std::string& path, const std::string& text) {
-  const fs::path target(path);
-  std::error_code ec;
-  if (target.has_parent_path()) fs::create_directories(target.parent_path(), ec);
-  return io::WriteFileAtomic(path, text);
-}
-
-// The per-task cache (engine/eval/task_cache.h) as this job sees it: per task its key ("":
-// not cached) and the entry found, decided before the model loads.
-struct CachedTasks {
-  std::unique_ptr<eval::TaskCache> cache;
-  std::vector<std::string> keys;
-  std::vector<Json> identities;
-  std::vector<std::optional<Json>> hits;
-
-  bool AllHit() const {
-    if (hits.empty()) return false;
-    for (const auto& h : hits) {
-      if (!h.has_value()) return false;
-    }
-    return true;
-  }
-  Json Summary() const {
-    int hit = 0;
-    for (const auto& h : hits) hit += h.has_value() ? 1 : 0;
-    return {
-        {"dir", cache->dir()}, {"served", hit}, {"computed", static_cast<int>(hits.size()) - hit}};
-  }
-  // Stores task i's result as computed now (rank 0); a failure to store is said, not fatal.
-  void Store(size_t i, const Json& result, const std::optional<eval::PerplexityTotals>& totals,
-             const std::string& out) const {
-    if (cache == nullptr || keys[i].empty()) return;
-    const char* job = std::getenv(std::string(engine_contract::kEnvJobId).c_str());
-    Json entry = {{"key", keys[i]},
-                  {"identity", identities[i]},
-                  {"result", result},
-                  {"computed_by",
-                   {{"job", job != nullptr ? job : ""},
-                    {"results", out},
-                    {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
-                                    std::chrono::system_clock::now().time_since_epoch())
-                                    .count()}}}};
-    if (totals.has_value()) {
-      entry["totals"] = {
-          {"nll", totals->nll}, {"tokens", totals->tokens}, {"bytes", totals->bytes}};
-    }
-    if (absl::Status s = cache->Store(keys[i], entry); !s.ok()) {
-      std::fprintf(stderr, "stemma-engine: eval: task cache not written: %s\n",
-                   std::string(s.message()).c_str());
-    }
-  }
-};
-
-// Looks every task up in the cache named by the environment (none: nothing cached).
-CachedTasks LookUpCachedTasks(const v1::EvalSpec& spec, const Json& checkpoint) {
-  CachedTasks c;
-  c.cache = eval::TaskCache::FromEnv();
-  const size_t n = static_cast<size_t>(spec.tasks_size());
-  c.keys.assign(n, "");
-  c.identities.assign(n, Json());
-  c.hits.assign(n, std::nullopt);
-  if (c.cache == nullptr || !checkpoint.contains("sha256")) return c;
-  const Json content = SpecContent(spec);  // defaults and resolved sequence lengths filled
-  const std::string tokenizer = eval::TokenizerIdentity(spec.tokenizer());
-  for (size_t i = 0; i < n; ++i) {
-    const v1::EvalTask& t = spec.tasks(static_cast<int>(i));
-    const std::string fewshot = t.has_choice()        ? t.choice().fewshot_data()
-                                : t.has_translation() ? t.translation().fewshot_data()
-                                                      : "";
-    const std::string data = eval::DataIdentity(t.data());
-    const std::string fewshot_id = eval::DataIdentity(fewshot);
-    if (data.empty() || (!fewshot.empty() && fewshot_id.empty())) continue;
-    c.identities[i] = {{"checkpoint", checkpoint["sha256"]},
-                       {"tokenizer", tokenizer},
-                       {"task", content["tasks"][i]},
-                       {"data", data},
-                       {"fewshot", fewshot_id},
-                       {"dtype", spec.dtype()},
-                       {"device", spec.device()},
-                       {"batch_size", spec.batch_size()}};
-    c.keys[i] = c.cache->Key(c.identities[i]);
-    c.hits[i] = c.cache->Find(c.keys[i]);
-  }
-  return c;
-}
-
-// A cached task's result as this job's: its metrics emitted as if computed, and where it
-// came from. Returns the perplexity totals it carries (for bpb/all), if any.
-std::optional<eval::PerplexityTotals> FromCache(const Task& task, const Json& entry, Json* result) {
-  const Json& stored = entry["result"];
-  for (const auto& [key, value] : stored.items()) {
-    if (key != "metrics") (*result)[key] = value;
-  }
-  for (const auto& [metric, value] : stored["metrics"].items()) {
-    task.Metric(metric, value.get<double>(), result);
-  }
-  (*result)["cache"] = {{"served_from", entry["computed_by"]}, {"key", entry["key"]}};
-  if (!entry.contains("totals")) return std::nullopt;
-  eval::PerplexityTotals t;
-  t.nll = entry["totals"]["nll"].get<double>();
-  t.tokens = entry["totals"]["tokens"].get<int64_t>();
-  t.bytes = entry["totals"]["bytes"].get<int64_t>();
-  return t;
-}
-
 constexpr char kUsage[] = "stemma-engine eval --spec FILE [--<field> VALUE ...]";
 
-// The start event's task list, and per task its corpus suite (SuiteOf) or null.
-Json TaskPlan(const v1::EvalSpec& spec, const std::vector<std::string>& seq_len_sources,
-              std::vector<Json>* suites) {
-  Json task_plan = Json::array();
-  for (int i = 0; i < spec.tasks_size(); ++i) {
-    const v1::EvalTask& t = spec.tasks(i);
-    Json entry = {{"name", t.name()}, {"type", EvalTaskType(t)}, {"language", t.language()}};
-    if (t.has_perplexity()) {
-      entry["seq_len"] = t.perplexity().seq_len();
-      entry["seq_len_source"] = seq_len_sources[i];
-      suites->push_back(nullptr);
-    } else {
-      suites->push_back(SuiteOf(t.data()));
-      if (!suites->back().is_null()) {
-        entry["suite"] = suites->back()["name"];
-        entry["suite_version"] = suites->back()["version"];
-        entry["corpus_content_hash"] = suites->back()["corpus_content_hash"];
-      }
-    }
-    task_plan.push_back(std::move(entry));
+// The plan's tasks, each with its data read and checked (Prepare) before the model loads.
+absl::StatusOr<std::vector<std::unique_ptr<Task>>> PrepareTasks(
+    const eval::EvalPlan& plan, const tokenizer::Tokenizer& tokenizer) {
+  std::vector<std::unique_ptr<Task>> tasks;
+  for (int i = 0; i < plan.spec.tasks_size(); ++i) {
+    tasks.push_back(MakeTask(plan.spec.tasks(i), plan.seq_len_sources[i]));
+    tasks.back()->set_suite(plan.suites[i]);
+    RETURN_IF_ERROR(tasks.back()->Prepare(tokenizer));
   }
-  return task_plan;
+  return tasks;
+}
+
+absl::StatusOr<std::unique_ptr<EvalModel>> LoadModel(const v1::EvalSpec& spec,
+                                                     const tokenizer::Tokenizer& tokenizer) {
+  eval::EvalModelOptions model_options;
+  model_options.dtype = spec.dtype();
+  model_options.threads = static_cast<int>(spec.threads());
+  model_options.device = spec.device();
+  ASSIGN_OR_RETURN(std::unique_ptr<EvalModel> model, EvalModel::Load(spec.model(), model_options));
+  if (tokenizer.vocab_size() > model->vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(spec.tokenizer(), ": the tokenizer has ",
+                                                   tokenizer.vocab_size(), " ids but the model (",
+                                                   spec.model(), ") only ", model->vocab_size()));
+  }
+  return model;
 }
 
 absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string& spec_path) {
-  const auto& proto = static_cast<const v1::EvalSpec&>(proto_spec);
-  v1::EvalSpec spec = proto;
-  eval::FillRunDefaults(spec_path, &spec);
-  // What only the engine can check, before any work: the model directory and the
-  // sequence lengths it implies.
-  RETURN_IF_ERROR(EvalModel::CheckDevice(spec.device()));
-  ASSIGN_OR_RETURN(eval::ModelFacts facts, eval::ReadModelFacts(spec.model()));
-  std::vector<std::string> seq_len_sources;
-  RETURN_IF_ERROR(eval::ResolveSequenceLengths(facts, &spec, &seq_len_sources));
-  std::vector<Json> suites;  // per task: its corpus suite, or null
-  const Json task_plan = TaskPlan(spec, seq_len_sources, &suites);
-  Emit(CommandEvent(engine_contract::kEventStart, "eval",
-                    {{"spec", spec_path},
-                     {"model", spec.model()},
-                     {"dtype", spec.dtype()},
-                     {"device", spec.device()},
-                     {"threads", spec.threads()},
-                     {"threads_source", proto.threads() > 0  ? "spec"
-                                        : spec.threads() > 0 ? "job cpus (STEMMA_CPUS)"
-                                                             : "torch default"},
-                     {"tasks", task_plan}}));
+  const auto& given = static_cast<const v1::EvalSpec&>(proto_spec);
+  // What only the engine can check, before any work: the device, then the model directory
+  // and the sequence lengths it implies (PlanEval).
+  RETURN_IF_ERROR(EvalModel::CheckDevice(given.device()));
+  ASSIGN_OR_RETURN(eval::EvalPlan plan, eval::PlanEval(given, spec_path));
+  const v1::EvalSpec& spec = plan.spec;
+  Emit(eval::StartEvent(plan));
 
-  ASSIGN_OR_RETURN(Json checkpoint, CheckpointIdentity(spec.model()));
+  ASSIGN_OR_RETURN(Json checkpoint, eval::CheckpointIdentity(spec.model()));
   ASSIGN_OR_RETURN(auto tokenizer, tokenizer::Tokenizer::Load(spec.tokenizer()));
-  std::vector<std::unique_ptr<Task>> tasks;
-  for (int i = 0; i < spec.tasks_size(); ++i) {
-    tasks.push_back(MakeTask(spec.tasks(i), seq_len_sources[i]));
-    tasks.back()->set_suite(suites[i]);
-    RETURN_IF_ERROR(tasks.back()->Prepare(*tokenizer));
-  }
-  CachedTasks cached = LookUpCachedTasks(spec, checkpoint);
+  ASSIGN_OR_RETURN(auto tasks, PrepareTasks(plan, *tokenizer));
+  eval::CachedTasks cached = eval::LookUpCachedTasks(eval::TaskCache::FromEnv(), spec, checkpoint);
+  // When every task is cached no rank joins and no model loads (all ranks decide the same
+  // hits). stemma-engine's front answers such an eval the same way without starting this
+  // binary (eval/serve_cached.h); this is the path of a run without the front.
+  if (cached.AllHit()) return eval::WriteServedEval(plan, checkpoint, tokenizer->kind(), cached);
 
-  // Every rank joins before the model loads, so a missing rank fails fast and cheaply. When
-  // every task is cached no rank joins and no model loads (all ranks decide the same hits).
-  std::unique_ptr<EvalRanks> ranks;
-  std::unique_ptr<EvalModel> model;
-  if (!cached.AllHit()) {
-    ASSIGN_OR_RETURN(ranks, EvalRanks::FromEnv());
-    eval::EvalModelOptions model_options;
-    model_options.dtype = spec.dtype();
-    model_options.threads = static_cast<int>(spec.threads());
-    model_options.device = spec.device();
-    ASSIGN_OR_RETURN(model, EvalModel::Load(spec.model(), model_options));
-    if (tokenizer->vocab_size() > model->vocab_size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(spec.tokenizer(), ": the tokenizer has ", tokenizer->vocab_size(),
-                       " ids but the model (", spec.model(), ") only ", model->vocab_size()));
-    }
-  }
-  const bool rank_zero = ranks == nullptr || ranks->is_zero();
-
-  Json results = {{"format", "stemma-eval-v1"},
-                  {"checkpoint", checkpoint},
-                  {"tokenizer", {{"path", spec.tokenizer()}, {"kind", tokenizer->kind()}}},
-                  {"spec",
-                   {{"path", spec_path.empty() ? "" : fs::absolute(spec_path).string()},
-                    {"content", SpecContent(proto)}}},
-                  {"dtype", spec.dtype()},
-                  {"device", model != nullptr ? model->device() : spec.device()},
-                  {"ranks", ranks != nullptr ? ranks->world_size() : 1},
-                  {"tasks", Json::array()},
-                  {"metrics", Json::object()}};
-  eval::PerplexityTotals all;
-  int perplexity_tasks = 0;
+  // Every rank joins before the model loads, so a missing rank fails fast and cheaply.
+  ASSIGN_OR_RETURN(std::unique_ptr<EvalRanks> ranks, EvalRanks::FromEnv());
+  ASSIGN_OR_RETURN(std::unique_ptr<EvalModel> model, LoadModel(spec, *tokenizer));
+  eval::EvalResults results(plan, checkpoint, tokenizer->kind(), model->device(),
+                            ranks->world_size());
   for (size_t i = 0; i < tasks.size(); ++i) {
-    Task& task = *tasks[i];
-    const v1::EvalTask& t = task.spec();
-    Json result = {{"name", t.name()},
-                   {"type", EvalTaskType(t)},
-                   {"language", t.language()},
-                   {"data", t.data()},
-                   {"metrics", Json::object()}};
-    if (!task.suite().is_null()) result["suite"] = task.suite();
-    std::optional<eval::PerplexityTotals> totals;
     if (cached.hits[i].has_value()) {
-      if (!rank_zero) continue;
-      totals = FromCache(task, *cached.hits[i], &result);
-    } else {
-      RETURN_IF_ERROR(task.Run(*model, spec, *ranks, &result));
-      if (!rank_zero) continue;  // rank 0 scores and writes
-      if (auto* p = dynamic_cast<PerplexityTask*>(&task)) totals = p->totals();
-      cached.Store(i, result, totals, spec.out());
+      if (ranks->is_zero()) results.AddServed(i, *cached.hits[i]);
+      continue;
     }
-    for (const auto& [metric, value] : result["metrics"].items()) {
-      results["metrics"][absl::StrCat(metric, "/", t.name())] = value;
-    }
-    if (totals.has_value()) {
-      all.nll += totals->nll;
-      all.tokens += totals->tokens;
-      all.bytes += totals->bytes;
-      ++perplexity_tasks;
-    }
-    results["tasks"].push_back(std::move(result));
+    Json result = results.TaskResult(i);
+    RETURN_IF_ERROR(tasks[i]->Run(*model, spec, *ranks, &result));
+    if (!ranks->is_zero()) continue;  // rank 0 scores and writes
+    std::optional<eval::PerplexityTotals> totals;
+    if (auto* p = dynamic_cast<PerplexityTask*>(tasks[i].get())) totals = p->totals();
+    cached.Store(i, result, totals, spec.out());
+    results.AddComputed(std::move(result), totals);
   }
-  if (!rank_zero) return absl::OkStatus();  // its share went to rank 0
-  if (perplexity_tasks > 1) {
-    // Micro-average over all languages' tokens (bytes).
-    for (const auto& [metric, value] :
-         {std::pair{"ppl/all", all.Perplexity()}, std::pair{"bpb/all", all.BitsPerByte()}}) {
-      Emit(MetricEvent(metric, value));
-      results["metrics"][metric] = value;
-    }
-  }
-  if (cached.cache != nullptr) results["task_cache"] = cached.Summary();
-  RETURN_IF_ERROR(WriteAtomically(spec.out(), Dump(results, 2) + "\n"));
-  ASSIGN_OR_RETURN(v1::EngineEvent output,
-                   OutputEvent("results", spec.out(), "eval", {spec.model()}));
-  Emit(output);
-  Emit(CommandEvent(engine_contract::kEventDone, "eval",
-                    {{"results", spec.out()},
-                     {"checkpoint_sha256", checkpoint["sha256"]},
-                     {"metrics", results["metrics"]}}));
-  return absl::OkStatus();
+  if (!ranks->is_zero()) return absl::OkStatus();  // its share went to rank 0
+  return results.Finish(cached);
 }
 
 }  // namespace

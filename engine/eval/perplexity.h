@@ -13,7 +13,6 @@
 // exactly once; the last window may be shorter.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -21,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/data/dataset.h"
+#include "engine/eval/perplexity_totals.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace stemma::engine::eval {
@@ -63,13 +63,5 @@ std::vector<int32_t> WindowTokens(const PerplexityStream& stream, const WindowRa
 // (BOS/EOS/…) removed; the bits-per-byte denominator.
 int64_t DocumentBytes(const data::Dataset& dataset, const std::vector<int64_t>& documents,
                       const tokenizer::Tokenizer& tokenizer);
-
-struct PerplexityTotals {
-  double nll = 0;      // natural log, summed over predicted tokens
-  int64_t tokens = 0;  // predicted tokens
-  int64_t bytes = 0;   // DocumentBytes
-  double Perplexity() const { return std::exp(nll / static_cast<double>(tokens)); }
-  double BitsPerByte() const { return nll / (std::log(2.0) * static_cast<double>(bytes)); }
-};
 
 }  // namespace stemma::engine::eval

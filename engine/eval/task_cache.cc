@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/engine_contract.h"
 #include "common/files.h"
+#include "common/manifest.h"
 #include "common/sha256.h"
 
 namespace stemma::engine::eval {
@@ -25,6 +26,23 @@ int64_t MtimeNs(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return 0;
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+}
+
+// Whether `entry` is one that serving can read: its key, a result whose metrics are numbers,
+// and perplexity totals (when it has them) of the right types.
+bool WellFormed(const Json& entry, const std::string& key) {
+  if (!entry.is_object() || !entry.contains("key") || entry["key"] != key) return false;
+  if (!entry.contains("result") || !entry["result"].is_object()) return false;
+  const Json& result = entry["result"];
+  if (!result.contains("metrics") || !result["metrics"].is_object()) return false;
+  for (const auto& [name, value] : result["metrics"].items()) {
+    if (!value.is_number()) return false;
+  }
+  if (!entry.contains("totals")) return true;
+  const Json& totals = entry["totals"];
+  return totals.is_object() && totals.contains("nll") && totals["nll"].is_number() &&
+         totals.contains("tokens") && totals["tokens"].is_number_integer() &&
+         totals.contains("bytes") && totals["bytes"].is_number_integer();
 }
 
 }  // namespace
@@ -59,10 +77,7 @@ std::optional<Json> TaskCache::Find(const std::string& key) const {
   if (!text.ok()) return std::nullopt;
   Json entry = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
   // A damaged or foreign file is a miss (and is overwritten when the task is computed).
-  if (entry.is_discarded() || !entry.is_object() || entry.value("key", "") != key ||
-      !entry.contains("result") || !entry["result"].is_object()) {
-    return std::nullopt;
-  }
+  if (entry.is_discarded() || !WellFormed(entry, key)) return std::nullopt;
   return entry;
 }
 
@@ -75,16 +90,14 @@ absl::Status TaskCache::Store(const std::string& key, const Json& entry) const {
 
 std::string DataIdentity(const std::string& path) {
   if (path.empty()) return "";
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    for (const char* manifest : {"stemma.json", "index.json", "manifest.json"}) {
-      absl::StatusOr<std::string> h = Sha256File(absl::StrCat(path, "/", manifest));
-      if (h.ok()) return absl::StrCat(manifest, ":", *h);
-    }
-    return "";  // no manifest: its content cannot be named cheaply, so it is not cached
-  }
-  absl::StatusOr<std::string> h = Sha256File(path);
-  return h.ok() ? "sha256:" + *h : "";
+  // The artifact's manifest as the registry and memoization name it; a directory without one
+  // maps to a stemma.json that does not exist: its content cannot be named cheaply, so it is
+  // not cached.
+  const std::string file = manifest::ManifestPathOf(path);
+  absl::StatusOr<std::string> h = Sha256File(file);
+  if (!h.ok()) return "";
+  if (file == path) return "sha256:" + *h;  // a file
+  return absl::StrCat(fs::path(file).filename().string(), ":", *h);
 }
 
 std::string TokenizerIdentity(const std::string& dir) {

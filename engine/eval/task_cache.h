@@ -35,11 +35,15 @@ class TaskCache {
 
   // The key of a task: sha256 over `identity` (what decides the result) and the engine build.
   std::string Key(const nlohmann::ordered_json& identity) const;
-  // The stored entry of `key` ({key, identity, result, totals, computed_by}), or nullopt.
+  // The stored entry of `key` ({key, identity, result, totals, computed_by}), or nullopt (also
+  // for a damaged or foreign file: another key, metrics that are not numbers, bad totals).
   std::optional<nlohmann::ordered_json> Find(const std::string& key) const;
   absl::Status Store(const std::string& key, const nlohmann::ordered_json& entry) const;
 
   const std::string& dir() const { return dir_; }
+  // The engine build in every key: STEMMA_ENGINE_BUILD_ID, else (a run outside a worker) a
+  // hash of this binary.
+  const std::string& engine_build() const { return engine_build_; }
 
  private:
   std::string dir_;
@@ -47,9 +51,10 @@ class TaskCache {
   std::string engine_build_;
 };
 
-// What a data path stands for in a key: a directory by its manifest (stemma.json,
-// index.json or manifest.json), a file by its sha256; "" when it has neither (an empty path,
-// a directory without a manifest, an unreadable file): such a task is not cached.
+// What a data path stands for in a key: a directory by its manifest (manifest::ManifestPathOf:
+// stemma.json, else a prepared corpus's manifest.json, else a token dataset's index.json), a
+// file by its sha256; "" when it has neither (an empty path, a directory without a manifest,
+// an unreadable file): such a task is not cached.
 std::string DataIdentity(const std::string& path);
 
 // The tokenizer directory's identity: the sha256 of each tokenizer file it holds.

@@ -2,7 +2,8 @@
 // a model it initialises itself: a second eval with one task more computes only that task
 // and serves the others with the same numbers to the last digit (bits per byte included,
 // and the bpb/all micro-average), naming where each came from; an eval of cached tasks only
-// loads no model; a changed data file, dtype or `cache: false` computes again; an entry
+// loads no model, and is answered by stemma-engine's torch-free front without starting
+// LibTorch at all; a changed data file, dtype or `cache: false` computes again; an entry
 // written after the attempt's spec file is not used (all ranks decide alike).
 #include "engine/eval/task_cache.h"
 
@@ -18,6 +19,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/sha256.h"
 
 namespace stemma::engine::eval {
 namespace {
@@ -56,9 +61,10 @@ class TaskCacheTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { fs::remove_all(*root_); }
 
-  static int Run(const std::string& args, const std::string& env = "") {
-    const std::string cmd = env + " " + STEMMA_ENGINE_BIN + " " + args + " >" + *root_ +
-                            "/last.out 2>" + *root_ + "/last.err";
+  static int Run(const std::string& args, const std::string& env = "",
+                 const std::string& binary = STEMMA_ENGINE_BIN) {
+    const std::string cmd =
+        env + " " + binary + " " + args + " >" + *root_ + "/last.out 2>" + *root_ + "/last.err";
     const int status = std::system(cmd.c_str());
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
@@ -72,9 +78,11 @@ class TaskCacheTest : public ::testing::Test {
     return {{"type", "perplexity"},           {"name", "ppl_" + lang}, {"language", lang},
             {"data", *root_ + "/ds_" + lang}, {"split", "all"},        {"seq_len", 32}};
   }
-  // Runs an eval of `tasks` with the cache in <root>/cache; returns its results file.
-  json Eval(const std::string& name, const json& tasks, const std::string& extra_env = "",
-            const json& extra = json::object()) {
+  // Runs `binary` on an eval of `tasks` with the cache in <root>/cache, results in
+  // <root>/<name>.json; returns the exit code.
+  static int RunEval(const std::string& name, const json& tasks, const std::string& extra_env,
+                     const json& extra = json::object(),
+                     const std::string& binary = STEMMA_ENGINE_BIN) {
     json spec = {{"model", *root_ + "/model"},
                  {"tokenizer", *root_ + "/model"},
                  {"out", *root_ + "/" + name + ".json"},
@@ -82,10 +90,14 @@ class TaskCacheTest : public ::testing::Test {
     for (const auto& [k, v] : extra.items()) spec[k] = v;
     const std::string spec_path = *root_ + "/" + name + ".spec.json";
     std::ofstream(spec_path) << spec.dump();
-    const int rc =
-        Run("eval --spec " + spec_path,
-            "STEMMA_EVAL_CACHE=" + *root_ + "/cache STEMMA_JOB_ID=j-" + name + " " + extra_env);
-    EXPECT_EQ(rc, 0) << Read(*root_ + "/last.err");
+    return Run("eval --spec " + spec_path,
+               "STEMMA_EVAL_CACHE=" + *root_ + "/cache STEMMA_JOB_ID=j-" + name + " " + extra_env,
+               binary);
+  }
+  // RunEval through stemma-engine, which must succeed; returns the results file.
+  json Eval(const std::string& name, const json& tasks, const std::string& extra_env = "",
+            const json& extra = json::object()) {
+    EXPECT_EQ(RunEval(name, tasks, extra_env, extra), 0) << Read(*root_ + "/last.err");
     return json::parse(Read(*root_ + "/" + name + ".json"));
   }
   static const json& TaskOf(const json& results, const std::string& name) {
@@ -95,6 +107,14 @@ class TaskCacheTest : public ::testing::Test {
     static const json none;
     ADD_FAILURE() << "no task " << name;
     return none;
+  }
+  // Each line of `text` as JSON: events compared by content (a metric event's labels are a
+  // protobuf map, written in an order that varies from process to process).
+  static std::vector<json> EventLines(const std::string& text) {
+    std::vector<json> lines;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) lines.push_back(json::parse(line));
+    return lines;
   }
   static bool Served(const json& results, const std::string& name) {
     return TaskOf(results, name).contains("cache");
@@ -144,6 +164,71 @@ TEST_F(TaskCacheTest, ANewTaskIsComputedAndTheOthersServedToTheLastDigit) {
   EXPECT_EQ(third["metrics"]["bpb/ppl_bb"].dump(), first["metrics"]["bpb/ppl_bb"].dump());
   EXPECT_NE(Read(*root_ + "/last.out").find("\"name\":\"bpb/ppl_bb\""), std::string::npos)
       << "served tasks still report their metrics as events";
+}
+
+// stemma-engine is a torch-free front that runs stemma-engine-torch (beside it, by execv) for
+// whatever it does not answer itself (engine/front/main.cc, serve_cached.h). A copy of the
+// front alone in a directory, where no LibTorch engine can be started, answers an eval whose
+// tasks were all computed before — with the numbers of the cold run, with a results file byte
+// for byte and events equal to what stemma-engine-torch writes for the same eval — and cannot
+// answer one with a new task, which the real front hands on to be computed and merged.
+TEST_F(TaskCacheTest, AFullyCachedEvalNeverStartsLibTorch) {
+  const json piqa = {{"type", "choice"},
+                     {"name", "piqa"},
+                     {"format", "piqa"},
+                     {"language", "en"},
+                     {"data", *root_ + "/piqa.jsonl"}};
+  // A batch size no other test uses: every task is new to the cache here.
+  const json batch = {{"batch_size", 3}};
+  const json cold = Eval("front_cold", {Task("aa"), Task("bb"), Task("cc"), piqa}, "", batch);
+  ASSERT_EQ(cold["task_cache"]["computed"], 4);
+  const fs::path bin = fs::path(STEMMA_ENGINE_BIN).parent_path();
+  ASSERT_TRUE(fs::exists(bin / "stemma-engine-torch"));
+  const std::string alone = *root_ + "/front_only/stemma-engine";
+  fs::create_directories(fs::path(alone).parent_path());
+  fs::copy_file(STEMMA_ENGINE_BIN, alone, fs::copy_options::overwrite_existing);
+
+  // English dropped: every task left is served by the front alone (the cold run's keys used
+  // the front's build too: it hands its build id to the LibTorch engine it starts).
+  const json dropped = {Task("aa"), Task("bb"), piqa};
+  ASSERT_EQ(RunEval("front_alone", dropped, "", batch, alone), 0) << Read(*root_ + "/last.err");
+  const json served = json::parse(Read(*root_ + "/front_alone.json"));
+  EXPECT_EQ(served["task_cache"]["served"], 3);
+  EXPECT_EQ(served["task_cache"]["computed"], 0);
+  for (const char* m : {"bpb/ppl_aa", "ppl/ppl_bb", "acc/piqa", "acc_norm/piqa"}) {
+    EXPECT_EQ(served["metrics"][m].dump(), cold["metrics"][m].dump()) << m;
+  }
+
+  // The same eval through stemma-engine-torch directly and through the front alone: the same
+  // bytes in the results file, the same events on stdout.
+  absl::StatusOr<std::string> front_hash = Sha256File(STEMMA_ENGINE_BIN);
+  ASSERT_TRUE(front_hash.ok());
+  const std::string build = "STEMMA_ENGINE_BUILD_ID=sha256:" + front_hash->substr(0, 16);
+  ASSERT_EQ(RunEval("same", dropped, build, batch, (bin / "stemma-engine-torch").string()), 0)
+      << Read(*root_ + "/last.err");
+  const std::string torch_results = Read(*root_ + "/same.json");
+  const std::string torch_events = Read(*root_ + "/last.out");
+  ASSERT_EQ(json::parse(torch_results)["task_cache"]["served"], 3);
+  ASSERT_EQ(RunEval("same", dropped, build, batch, alone), 0) << Read(*root_ + "/last.err");
+  EXPECT_EQ(Read(*root_ + "/same.json"), torch_results);
+  EXPECT_EQ(EventLines(Read(*root_ + "/last.out")), EventLines(torch_events));
+
+  // A new task: the front alone cannot compute it and says which binary it needed (and
+  // writes no results); the real front computes it and serves the rest.
+  const json added = {Task("aa"), Task("bb"), Task("cc"), piqa, Task("dd")};
+  std::ofstream(*root_ + "/dd.txt") << "A language nobody evaluated before.\n";
+  ASSERT_EQ(Run("tokenize --tokenizer " + *root_ + "/model --input " + *root_ +
+                "/dd.txt --format text --line-docs --language dd --out " + *root_ + "/ds_dd"),
+            0);
+  EXPECT_EQ(RunEval("front_new", added, "", batch, alone), 1);
+  EXPECT_NE(Read(*root_ + "/last.err").find("stemma-engine-torch"), std::string::npos)
+      << Read(*root_ + "/last.err");
+  EXPECT_FALSE(fs::exists(*root_ + "/front_new.json"));
+  const json merged = Eval("front_new", added, "", batch);
+  EXPECT_EQ(merged["task_cache"]["served"], 4);
+  EXPECT_EQ(merged["task_cache"]["computed"], 1);
+  EXPECT_FALSE(Served(merged, "ppl_dd"));
+  EXPECT_EQ(merged["metrics"]["bpb/ppl_cc"].dump(), cold["metrics"]["bpb/ppl_cc"].dump());
 }
 
 TEST_F(TaskCacheTest, WhatDecidesAResultIsInTheKey) {

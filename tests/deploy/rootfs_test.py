@@ -17,8 +17,8 @@ What each image holds is read from its container file (deploy/images/*.Dockerfil
 package lists its final stage installs, the files it copies from /build/bin), so every
 binary and library of every image is checked in a root with exactly that image's packages.
 The coordinator and worker images share runtime-packages.txt and run in the tree above. The
-worker-cuda image (runtime and engine-runtime packages; stemma-worker, stemma-engine and
-libstemma_sentencepiece.so) gets a tree of its own when this build has the engine: ldd of
+worker-cuda image (runtime and engine-runtime packages; stemma-worker, stemma-engine and the
+stemma-engine-torch it execs, libstemma_sentencepiece.so) gets a tree of its own when this build has the engine: ldd of
 every file (the sentencepiece library is dlopened beside the engine, so ldd is what checks
 it), stemma-engine initialising and verifying a model there, and a worker inside the tree
 running an init job for a coordinator outside it. LibTorch is this build's (the CPU wheel),
@@ -122,7 +122,8 @@ def runpath_dirs(binary: pathlib.Path) -> list[pathlib.Path]:
 
 def check_engine_image(bin_dir: pathlib.Path, image: dict, tmp: pathlib.Path, procs: lib.Processes,
                        f: lib.Failures) -> None:
-    f.check({"stemma-worker", "stemma-engine", "libstemma_sentencepiece.so"} <= set(image["files"]),
+    f.check({"stemma-worker", "stemma-engine", "stemma-engine-torch", "libstemma_sentencepiece.so"}
+            <= set(image["files"]),
             f"worker-cuda.Dockerfile copies {image['files']}")
     f.check(image["packages"] == ["runtime-packages.txt", "engine-runtime-packages.txt"],
             f"worker-cuda.Dockerfile installs {image['packages']}")
@@ -136,12 +137,12 @@ def check_engine_image(bin_dir: pathlib.Path, image: dict, tmp: pathlib.Path, pr
     # build's venv (the one the engine's RUNPATH names) and bind-mounted read-only at the
     # same paths, as the image keeps its venv's paths. The directories above them are made
     # traversable for the pod's user (/root is 0700 in Debian; the image's /opt/torch is not).
-    torch_lib = next((d for d in runpath_dirs(bin_dir / "stemma-engine")
+    torch_lib = next((d for d in runpath_dirs(bin_dir / "stemma-engine-torch")
                       if d.as_posix().endswith("site-packages/torch/lib")), None)
     image_torch_lib = next((s for s in image["trees"] if s.endswith("site-packages/torch/lib")), None)
     binds = {}
     if f.check(torch_lib is not None and image_torch_lib is not None,
-               f"stemma-engine's RUNPATH has no torch/lib ({torch_lib}) or the image copies none ({image['trees']})"):
+               f"stemma-engine-torch's RUNPATH has no torch/lib ({torch_lib}) or the image copies none ({image['trees']})"):
         local_venv = pathlib.Path(torch_lib.as_posix()[:-len("lib/python3.11/site-packages/torch/lib")])
         image_venv = image_torch_lib[:-len("lib/python3.11/site-packages/torch/lib")]
         for tree in image["trees"]:
