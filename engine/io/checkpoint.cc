@@ -264,7 +264,60 @@ absl::Status VerifyCheckpoint(const std::string& dir) {
 struct CheckpointWriter::Impl {
   std::map<std::string, at::Tensor> tensors;
   std::map<std::string, std::string> files;
+  // Streaming (DeclareTensor / WriteTensor).
+  struct Declared {
+    Dtype dtype = Dtype::kF32;
+    std::vector<int64_t> shape;
+    uint64_t nbytes = 0;
+    size_t shard = 0;     // index into shard_files
+    uint64_t offset = 0;  // of its first byte in that file
+    std::string sha256;   // empty until written
+  };
+  std::map<std::string, Declared> declared;
+  bool laid_out = false;
+  std::vector<std::string> shard_files;
+  std::vector<files::UniqueFd> shard_fds;
 };
+
+namespace {
+
+// Tensors in name order (name, bytes) -> the names of each shard: a new shard when the next
+// tensor would overflow `max_bytes` (a larger tensor gets one of its own).
+std::vector<std::vector<std::string>> AssignShards(
+    const std::vector<std::pair<std::string, uint64_t>>& tensors, uint64_t max_bytes) {
+  std::vector<std::vector<std::string>> shards(1);
+  uint64_t bytes = 0;
+  for (const auto& [name, n] : tensors) {
+    if (!shards.back().empty() && bytes + n > max_bytes) {
+      shards.emplace_back();
+      bytes = 0;
+    }
+    shards.back().push_back(name);
+    bytes += n;
+  }
+  return shards;
+}
+
+std::string ShardFileName(size_t index, size_t count) {
+  return count == 1 ? std::string(kSingleFileName)
+                    : absl::StrFormat("model-%05d-of-%05d.safetensors", index + 1, count);
+}
+
+// pwrite(2) of all of `data` at `offset`; errors name `path`.
+absl::Status WriteAllAt(int fd, const uint8_t* data, uint64_t size, uint64_t offset,
+                        const std::string& path) {
+  while (size > 0) {
+    const ssize_t n = ::pwrite(fd, data, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("write " + path, errno);
+    data += n;
+    size -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CheckpointWriter>> CheckpointWriter::Create(
     const std::string& out, CheckpointWriterOptions options) {
@@ -298,6 +351,9 @@ absl::Status CheckpointWriter::AddTensor(const std::string& name, const at::Tens
     return absl::InvalidArgumentError(
         absl::StrCat("tensor \"", name, "\": ", dtype.status().message()));
   }
+  if (!impl_->declared.empty()) {
+    return absl::FailedPreconditionError(out_ + ": AddTensor and DeclareTensor do not mix");
+  }
   if (!impl_->tensors.emplace(name, tensor).second) {
     return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" added twice"));
   }
@@ -311,6 +367,108 @@ absl::Status CheckpointWriter::AddFile(const std::string& name, std::string cont
   }
   impl_->files[name] = std::move(contents);
   return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::DeclareTensor(const std::string& name, Dtype dtype,
+                                             std::vector<int64_t> shape) {
+  if (done_ || impl_->laid_out) {
+    return absl::FailedPreconditionError(out_ + ": DeclareTensor after WriteTensor or Commit");
+  }
+  if (!impl_->tensors.empty()) {
+    return absl::FailedPreconditionError(out_ + ": AddTensor and DeclareTensor do not mix");
+  }
+  if (name.empty() || name == "__metadata__") {
+    return absl::InvalidArgumentError(absl::StrCat("invalid tensor name \"", name, "\""));
+  }
+  Impl::Declared d;
+  d.dtype = dtype;
+  d.nbytes = DtypeSize(dtype);
+  for (int64_t n : shape) d.nbytes *= static_cast<uint64_t>(std::max<int64_t>(n, 0));
+  d.shape = std::move(shape);
+  if (!impl_->declared.emplace(name, std::move(d)).second) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" declared twice"));
+  }
+  return absl::OkStatus();
+}
+
+// The shard files of the declared tensors, created with their headers at their full size.
+absl::Status CheckpointWriter::LayOutDeclared() {
+  impl_->laid_out = true;
+  std::vector<std::pair<std::string, uint64_t>> sizes;
+  for (const auto& [name, d] : impl_->declared) sizes.emplace_back(name, d.nbytes);
+  const auto shards = AssignShards(sizes, options_.max_shard_bytes);
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file = ShardFileName(i, shards.size()), path = Join(staging_, file);
+    std::vector<TensorToWrite> entries;
+    for (const std::string& name : shards[i]) {
+      const Impl::Declared& d = impl_->declared.at(name);
+      entries.push_back(TensorToWrite{name, d.dtype, d.shape, nullptr, d.nbytes});
+    }
+    ASSIGN_OR_RETURN(SafetensorsLayout layout, LayOutSafetensors(path, std::move(entries)));
+    for (const std::string& name : shards[i]) {
+      Impl::Declared& d = impl_->declared.at(name);
+      d.shard = i;
+      d.offset = layout.offsets.at(name);
+    }
+    ASSIGN_OR_RETURN(files::UniqueFd fd, files::Open(path, O_WRONLY | O_CREAT | O_TRUNC));
+    RETURN_IF_ERROR(files::WriteAll(fd.get(), layout.head, path));
+    if (::ftruncate(fd.get(), static_cast<off_t>(layout.file_bytes)) != 0) {
+      return ErrnoStatus("truncate " + path, errno);
+    }
+    impl_->shard_files.push_back(file);
+    impl_->shard_fds.push_back(std::move(fd));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointWriter::WriteTensor(const std::string& name, const at::Tensor& tensor) {
+  if (done_) return absl::FailedPreconditionError(out_ + ": writer already committed");
+  auto it = impl_->declared.find(name);
+  if (it == impl_->declared.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor \"", name, "\" was not declared"));
+  }
+  Impl::Declared& d = it->second;
+  auto dtype = FromScalarType(tensor.scalar_type());
+  if (!d.sha256.empty() || !dtype.ok() || *dtype != d.dtype || tensor.sizes() != d.shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor \"", name, "\": written twice, or not the declared dtype and shape"));
+  }
+  if (!impl_->laid_out) RETURN_IF_ERROR(LayOutDeclared());
+  const at::Tensor host = tensor.detach().to(at::kCPU).contiguous();
+  const auto* data = static_cast<const uint8_t*>(host.data_ptr());
+  const std::string path = Join(staging_, impl_->shard_files[d.shard]);
+  RETURN_IF_ERROR(WriteAllAt(impl_->shard_fds[d.shard].get(), data, d.nbytes, d.offset, path));
+  Sha256 hash;
+  hash.Update(data, d.nbytes);
+  d.sha256 = hash.HexDigest();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> CheckpointWriter::FinishDeclared(Manifest& manifest,
+                                                        nlohmann::json& weight_map,
+                                                        uint64_t& total_bytes) {
+  if (!impl_->laid_out) RETURN_IF_ERROR(LayOutDeclared());
+  std::vector<std::map<std::string, std::string>> tensor_sha256(impl_->shard_files.size());
+  for (const auto& [name, d] : impl_->declared) {
+    if (d.sha256.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(out_, ": tensor \"", name, "\" was declared but never written"));
+    }
+    weight_map[name] = impl_->shard_files[d.shard];
+    tensor_sha256[d.shard][name] = d.sha256;
+    total_bytes += d.nbytes;
+  }
+  for (size_t i = 0; i < impl_->shard_files.size(); ++i) {
+    const std::string& file = impl_->shard_files[i];
+    const std::string path = Join(staging_, file);
+    RETURN_IF_ERROR(files::SyncFd(impl_->shard_fds[i].get(), path));
+    RETURN_IF_ERROR(impl_->shard_fds[i].Close(path));
+    uint64_t bytes = 0;
+    ASSIGN_OR_RETURN(std::string sha, Sha256File(path, &bytes));
+    manifest.files[file] = ManifestFile{sha, bytes, std::move(tensor_sha256[i])};
+    if (options_.after_file_for_test) RETURN_IF_ERROR(options_.after_file_for_test(file));
+  }
+  return impl_->shard_files.size();
 }
 
 absl::Status CheckpointWriter::Commit() {
@@ -334,38 +492,36 @@ absl::Status CheckpointWriter::CommitImpl() {
   };
 
   // Shards: tensors in name order, a new shard when the next tensor would overflow.
-  std::vector<std::vector<const std::pair<const std::string, at::Tensor>*>> shards(1);
-  uint64_t shard_bytes = 0, total_bytes = 0;
-  for (const auto& entry : impl_->tensors) {
-    uint64_t n = entry.second.numel() * entry.second.element_size();
-    if (!shards.back().empty() && shard_bytes + n > options_.max_shard_bytes) {
-      shards.emplace_back();
-      shard_bytes = 0;
-    }
-    shards.back().push_back(&entry);
-    shard_bytes += n;
-    total_bytes += n;
-  }
-  const size_t count = shards.size();
   nlohmann::json weight_map = nlohmann::json::object();
-  for (size_t i = 0; i < count; ++i) {
-    const std::string file = count == 1
-                                 ? std::string(kSingleFileName)
-                                 : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, count);
-    std::vector<at::Tensor> host;  // keeps this shard's CPU copies alive while writing
-    std::vector<TensorToWrite> writes;
-    for (const auto* entry : shards[i]) {
-      at::Tensor t = entry->second.detach().to(at::kCPU).contiguous();
-      host.push_back(t);
-      writes.push_back(TensorToWrite{entry->first, *FromScalarType(t.scalar_type()),
-                                     t.sizes().vec(), t.data_ptr(),
-                                     static_cast<uint64_t>(t.numel() * t.element_size())});
-      weight_map[entry->first] = file;
+  uint64_t total_bytes = 0;
+  size_t count = 0;
+  if (!impl_->declared.empty()) {
+    ASSIGN_OR_RETURN(count, FinishDeclared(manifest, weight_map, total_bytes));
+  } else {
+    std::vector<std::pair<std::string, uint64_t>> sizes;
+    for (const auto& [name, t] : impl_->tensors) {
+      sizes.emplace_back(name, t.numel() * t.element_size());
+      total_bytes += sizes.back().second;
     }
-    ASSIGN_OR_RETURN(WriteResult written,
-                     WriteSafetensors(Join(staging_, file), std::move(writes)));
-    manifest.files[file] = ManifestFile{written.sha256, written.bytes, written.tensor_sha256};
-    RETURN_IF_ERROR(after(file));
+    const auto shards = AssignShards(sizes, options_.max_shard_bytes);
+    count = shards.size();
+    for (size_t i = 0; i < count; ++i) {
+      const std::string file = ShardFileName(i, count);
+      std::vector<at::Tensor> host;  // keeps this shard's CPU copies alive while writing
+      std::vector<TensorToWrite> writes;
+      for (const std::string& name : shards[i]) {
+        at::Tensor t = impl_->tensors.at(name).detach().to(at::kCPU).contiguous();
+        host.push_back(t);
+        writes.push_back(TensorToWrite{name, *FromScalarType(t.scalar_type()), t.sizes().vec(),
+                                       t.data_ptr(),
+                                       static_cast<uint64_t>(t.numel() * t.element_size())});
+        weight_map[name] = file;
+      }
+      ASSIGN_OR_RETURN(WriteResult written,
+                       WriteSafetensors(Join(staging_, file), std::move(writes)));
+      manifest.files[file] = ManifestFile{written.sha256, written.bytes, written.tensor_sha256};
+      RETURN_IF_ERROR(after(file));
+    }
   }
   if (count > 1) {
     nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}},

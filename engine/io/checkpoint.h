@@ -127,6 +127,16 @@ class CheckpointWriter {
   // A file written as given (e.g. "config.json"); overrides the copy from source_dir.
   absl::Status AddFile(const std::string& name, std::string contents);
 
+  // Streaming, for a model no process holds whole (the sharded trainer gathers it one layer
+  // at a time): declare every tensor first, then write each exactly once, in any order. The
+  // shard files are laid out at the first WriteTensor as Commit lays out added tensors (the
+  // same files and bytes), and each tensor's bytes go straight to their place: the writer
+  // keeps none of them. Commit fails (FailedPrecondition) when a declared tensor was not
+  // written. Not mixable with AddTensor. InvalidArgument for a duplicate declaration, an
+  // undeclared or rewritten tensor, or a dtype or shape other than declared.
+  absl::Status DeclareTensor(const std::string& name, Dtype dtype, std::vector<int64_t> shape);
+  absl::Status WriteTensor(const std::string& name, const at::Tensor& tensor);
+
   absl::Status Commit();
 
   const std::string& out() const { return out_; }
@@ -136,6 +146,11 @@ class CheckpointWriter {
   struct Impl;
   CheckpointWriter() = default;
   absl::Status CommitImpl();
+  absl::Status LayOutDeclared();
+  // Commit's part for declared tensors: checks all were written, syncs and hashes the shard
+  // files into `manifest` and `weight_map`; returns the number of shards.
+  absl::StatusOr<size_t> FinishDeclared(Manifest& manifest, nlohmann::json& weight_map,
+                                        uint64_t& total_bytes);
   std::string out_;
   std::string staging_;
   CheckpointWriterOptions options_;

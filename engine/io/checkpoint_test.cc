@@ -105,6 +105,55 @@ TEST_F(CheckpointTest, ShardsWithIndexAndIdenticalBytes) {
   EXPECT_EQ(*Sha256File(P("a/stemma.json")), *Sha256File(P("b/stemma.json")));
 }
 
+// Declared, then written one by one in reverse order (the sharded trainer's way): the same
+// files, byte for byte, as adding every tensor and committing.
+TEST_F(CheckpointTest, StreamedTensorsGiveTheSameFiles) {
+  CheckpointWriterOptions o;
+  o.max_shard_bytes = 520;  // 3 shards, as above
+  ASSERT_TRUE(Write(P("added"), o).ok());
+  o.created_ms = 1;
+  auto w = CheckpointWriter::Create(P("streamed"), o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const auto tensors = Tensors();
+  for (const auto& [name, t] : tensors) {
+    const Dtype dtype = t.scalar_type() == at::kBFloat16 ? Dtype::kBF16
+                        : t.scalar_type() == at::kHalf   ? Dtype::kF16
+                        : t.scalar_type() == at::kDouble ? Dtype::kF64
+                        : t.scalar_type() == at::kLong   ? Dtype::kI64
+                        : t.scalar_type() == at::kInt    ? Dtype::kI32
+                        : t.scalar_type() == at::kBool   ? Dtype::kBool
+                                                         : Dtype::kF32;
+    ASSERT_TRUE((*w)->DeclareTensor(name, dtype, t.sizes().vec()).ok()) << name;
+  }
+  EXPECT_EQ((*w)->WriteTensor("undeclared", at::zeros({1})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*w)->WriteTensor("model.norm.weight", at::zeros({9}, at::kDouble)).code(),
+            absl::StatusCode::kInvalidArgument);
+  for (auto it = tensors.rbegin(); it != tensors.rend(); ++it) {
+    ASSERT_TRUE((*w)->WriteTensor(it->first, it->second).ok()) << it->first;
+  }
+  ASSERT_TRUE((*w)->AddFile("config.json", R"({"model_type":"llama"})").ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  for (const char* file :
+       {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+        "model-00003-of-00003.safetensors", "model.safetensors.index.json", "stemma.json"}) {
+    EXPECT_EQ(*Sha256File(P(std::string("added/") + file)),
+              *Sha256File(P(std::string("streamed/") + file)))
+        << file;
+  }
+}
+
+// A declared tensor that was never written: nothing is published.
+TEST_F(CheckpointTest, StreamedCommitRefusesAMissingTensor) {
+  auto w = CheckpointWriter::Create(P("partial"));
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->DeclareTensor("a", Dtype::kF32, {2}).ok());
+  ASSERT_TRUE((*w)->DeclareTensor("b", Dtype::kF32, {3}).ok());
+  ASSERT_TRUE((*w)->WriteTensor("a", at::ones({2})).ok());
+  EXPECT_EQ((*w)->Commit().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(fs::exists(P("partial")));
+}
+
 TEST_F(CheckpointTest, ManifestRecordsParentsProducerAndCarriedFiles) {
   ASSERT_TRUE(Write(P("base")).ok());
   ASSERT_TRUE(WriteFileSynced(P("base/tokenizer.json"), "{}").ok());

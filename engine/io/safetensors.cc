@@ -217,14 +217,24 @@ absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   return file;
 }
 
-absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
-                                             std::vector<TensorToWrite> tensors,
-                                             const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The file's order: by element size (largest first, so every tensor is aligned to its
+// element size), then by name.
+void SortForFile(std::vector<TensorToWrite>& tensors) {
   std::sort(tensors.begin(), tensors.end(), [](const TensorToWrite& a, const TensorToWrite& b) {
     int sa = DtypeSize(a.dtype), sb = DtypeSize(b.dtype);
     if (sa != sb) return sa > sb;
     return a.name < b.name;
   });
+}
+
+}  // namespace
+
+absl::StatusOr<SafetensorsLayout> LayOutSafetensors(
+    const std::string& path, std::vector<TensorToWrite> tensors,
+    const std::map<std::string, std::string>& metadata) {
+  SortForFile(tensors);
   std::string header = "{";
   if (!metadata.empty()) {
     header += "\"__metadata__\":{";
@@ -235,6 +245,7 @@ absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
     }
     header += "}";
   }
+  SafetensorsLayout layout;
   uint64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorToWrite& t = tensors[i];
@@ -253,7 +264,7 @@ absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
       }
       numel *= static_cast<uint64_t>(d);
     }
-    if (numel * DtypeSize(t.dtype) != t.nbytes || (t.nbytes > 0 && t.data == nullptr)) {
+    if (numel * DtypeSize(t.dtype) != t.nbytes) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", Quote(t.name), ": ",
                                                      t.nbytes, " bytes given for its shape"));
     }
@@ -263,6 +274,7 @@ absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
       absl::StrAppend(&header, d ? "," : "", t.shape[d]);
     }
     absl::StrAppend(&header, "],\"data_offsets\":[", offset, ",", offset + t.nbytes, "]}");
+    layout.offsets[t.name] = offset;
     offset += t.nbytes;
   }
   header += "}";
@@ -277,7 +289,27 @@ absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
       return absl::InvalidArgumentError(absl::StrCat(path, ": duplicate tensor ", Quote(*dup)));
     }
   }
+  uint8_t len[8];
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+  layout.head.assign(reinterpret_cast<const char*>(len), 8);
+  layout.head += header;
+  for (auto& [name, at] : layout.offsets) at += layout.head.size();
+  layout.file_bytes = layout.head.size() + offset;
+  return layout;
+}
 
+absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
+                                             std::vector<TensorToWrite> tensors,
+                                             const std::map<std::string, std::string>& metadata) {
+  for (const TensorToWrite& t : tensors) {
+    if (t.nbytes > 0 && t.data == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor ", Quote(t.name), ": ",
+                                                     t.nbytes, " bytes given for its shape"));
+    }
+  }
+  ASSIGN_OR_RETURN(SafetensorsLayout layout, LayOutSafetensors(path, tensors, metadata));
+  SortForFile(tensors);
   const int raw_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (raw_fd < 0) return ErrnoStatus("create " + path, errno);
   UniqueFd fd(raw_fd);
@@ -287,12 +319,7 @@ absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
     file_hash.Update(data, size);
     return files::WriteAll(fd.get(), absl::string_view(static_cast<const char*>(data), size), path);
   };
-  absl::Status s;
-  uint8_t len[8];
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
-  s = write_all(len, 8);
-  if (s.ok()) s = write_all(header.data(), header.size());
+  absl::Status s = write_all(layout.head.data(), layout.head.size());
   for (const auto& t : tensors) {
     if (!s.ok()) break;
     s = write_all(t.data, t.nbytes);
@@ -303,7 +330,7 @@ absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
   if (s.ok()) s = files::SyncFd(fd.get(), path);
   if (s.ok()) s = fd.Close(path);
   if (!s.ok()) return s;
-  result.bytes = 8 + n + offset;
+  result.bytes = layout.file_bytes;
   result.sha256 = file_hash.HexDigest();
   return result;
 }

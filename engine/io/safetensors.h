@@ -109,4 +109,17 @@ absl::StatusOr<WriteResult> WriteSafetensors(const std::string& path,
                                              const std::map<std::string, std::string>& metadata = {
                                                  {"format", "pt"}});
 
+// Where WriteSafetensors would put everything for `tensors` (their data is not read): the
+// bytes before the data (the 8-byte header length and the padded header) and each tensor's
+// offset in the file. For writing a file's tensors one by one, in any order, each straight
+// into its place (CheckpointWriter::WriteTensor). Errors as WriteSafetensors'.
+struct SafetensorsLayout {
+  std::string head;
+  std::map<std::string, uint64_t> offsets;  // tensor name -> file offset of its first byte
+  uint64_t file_bytes = 0;
+};
+absl::StatusOr<SafetensorsLayout> LayOutSafetensors(
+    const std::string& path, std::vector<TensorToWrite> tensors,
+    const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
 }  // namespace stemma::engine::io

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "engine/model/loss.h"
+#include "engine/model/weightless.h"
 
 namespace stemma::engine::model {
 
@@ -19,7 +20,7 @@ DecoderModelImpl::DecoderModelImpl(const ModelConfig& config)
       rope_(config.rope, config.head_dim),
       rope_local_(config.rope_local, config.head_dim) {
   embed_tokens =
-      register_module("embed_tokens", torch::nn::Embedding(config.vocab_size, config.hidden_size));
+      register_module("embed_tokens", NewEmbedding(config.vocab_size, config.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     layers->push_back(DecoderLayer(config, i));
@@ -78,10 +79,8 @@ torch::Tensor DecoderModelImpl::RunLayer(size_t i, const torch::Tensor& h, const
 CausalLMImpl::CausalLMImpl(ModelConfig config) : config_(std::move(config)) {
   model = register_module("model", DecoderModel(config_));
   if (!config_.tie_word_embeddings) {
-    lm_head = register_module(
-        "lm_head",
-        torch::nn::Linear(
-            torch::nn::LinearOptions(config_.hidden_size, config_.vocab_size).bias(false)));
+    lm_head = register_module("lm_head",
+                              NewLinear(config_.hidden_size, config_.vocab_size, /*bias=*/false));
   }
 }
 

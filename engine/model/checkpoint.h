@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,10 @@
 #include "engine/io/manifest.h"
 #include "engine/model/causal_lm.h"
 #include "engine/model/config.h"
+
+namespace stemma::engine::io {
+class CheckpointWriter;
+}  // namespace stemma::engine::io
 
 namespace stemma::engine::model {
 
@@ -34,6 +39,22 @@ struct LoadOptions {
 // and the reader's (missing or damaged files, named).
 absl::StatusOr<CausalLM> LoadModel(const std::string& dir, const LoadOptions& options = {});
 
+// A model whose weights are read later, piece by piece (the sharded trainer: each rank reads
+// only its slices; issue 26). `lm` is built weightless (weightless.h: every parameter has its
+// shape, options.dtype and options.device, and no memory); `weights` looks a parameter up by
+// its name (the Gemma3 multimodal fallbacks of LoadWeights included) and gives the checkpoint
+// tensor with the file's dtype, zero-copy over the memory-mapped file, so only the bytes read
+// are paged in (file-backed, not anonymous memory). The files stay mapped while `weights` (or a
+// tensor it gave) is alive.
+struct UnloadedModel {
+  CausalLM lm{nullptr};
+  TensorLookup weights;
+};
+
+// As LoadModel, without reading any tensor: every parameter is checked against the
+// checkpoint's headers (present, same shape), with LoadWeights' errors.
+absl::StatusOr<UnloadedModel> OpenModel(const std::string& dir, const LoadOptions& options = {});
+
 struct SaveOptions {
   torch::ScalarType dtype = torch::kFloat32;  // tensors are written in this dtype
   std::vector<std::string> parents;           // parent checkpoint dirs, for the manifest
@@ -52,6 +73,29 @@ struct SaveOptions {
 // parameter names, and the stemma.json manifest. Atomic: nothing new at `dir` on failure.
 // AlreadyExists when `dir` exists and !overwrite.
 absl::Status SaveModel(CausalLM& lm, const std::string& dir, const SaveOptions& options = {});
+
+// SaveModel for a model whose weights no process holds at once (parallel.shard: full, which
+// gathers one layer at a time): Create declares every parameter of `lm` (its shapes only; lm's
+// tensors are never read) and the files SaveModel writes besides; Write converts one
+// parameter's whole value to options.dtype and writes it straight into its safetensors file
+// (io::CheckpointWriter::WriteTensor), so nothing is kept; Commit publishes `dir` atomically
+// once every parameter was written. The same files and bytes as SaveModel. options.tensors
+// is not used. Errors as SaveModel's; Write: InvalidArgument for an unknown name or shape.
+// Not thread-safe.
+class StreamedModelWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<StreamedModelWriter>> Create(CausalLM& lm,
+                                                                     const std::string& dir,
+                                                                     const SaveOptions& options);
+  ~StreamedModelWriter();
+  absl::Status Write(const std::string& name, const torch::Tensor& value);
+  absl::Status Commit();
+
+ private:
+  StreamedModelWriter() = default;
+  std::unique_ptr<io::CheckpointWriter> writer_;
+  torch::ScalarType dtype_ = torch::kFloat32;
+};
 
 // A model with HF-style random weights (CausalLMImpl::InitWeights) for `config`.
 absl::StatusOr<CausalLM> InitModel(const ModelConfig& config, uint64_t seed);

@@ -10,11 +10,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "engine/model/fused.h"
+#include "engine/model/weightless.h"
 
 namespace stemma::engine::model {
 namespace {
@@ -23,7 +25,7 @@ namespace F = torch::nn::functional;
 using torch::indexing::Slice;
 
 torch::nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+  return NewLinear(in, out, bias);
 }
 
 // [..., hd] -> [..., hd]: (-x2, x1) for the halves x1, x2.
@@ -86,6 +88,10 @@ torch::Tensor GroupedProduct(const torch::Tensor& rows, const torch::Tensor& w,
 // ---- RMSNorm ----
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, bool one_plus) : eps_(eps), one_plus_(one_plus) {
+  if (const std::optional<torch::TensorOptions> weightless = WeightlessOptions()) {
+    weight = register_parameter("weight", UnallocatedTensor({dim}, *weightless));
+    return;
+  }
   weight = register_parameter("weight", torch::empty({dim}));
   ResetToIdentity();
 }

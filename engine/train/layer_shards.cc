@@ -40,9 +40,11 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Moves `params` into one flat buffer (each becomes a view of it), keeps this rank's chunk
-// and frees the buffer.
-void BuildFrozen(FrozenShard& shard, int64_t world, int64_t rank) {
+// Keeps this rank's chunk of the flat layout of `shard.params` (`indices`: their indices for
+// `initial`) as its master and makes the parameters views of an unallocated flat buffer, left
+// released: only the chunk is ever read.
+void BuildFrozen(FrozenShard& shard, const std::vector<size_t>& indices, int64_t world,
+                 int64_t rank, const InitialValues& initial) {
   if (shard.params.empty()) return;
   int64_t numel = 0;
   for (const auto& p : shard.params) {
@@ -50,15 +52,26 @@ void BuildFrozen(FrozenShard& shard, int64_t world, int64_t rank) {
     numel += p.numel();
   }
   shard.chunk = (numel + world - 1) / world;
-  shard.flat = torch::zeros({world * shard.chunk}, shard.params[0].options().requires_grad(false));
+  const auto options = shard.params[0].options().requires_grad(false);
+  const int64_t lo = rank * shard.chunk, hi = std::clamp(numel, lo, lo + shard.chunk);
+  shard.master = torch::empty({shard.chunk}, options);
+  shard.master.narrow(0, hi - lo, shard.chunk - (hi - lo)).zero_();  // the padding
+  shard.flat = UnallocatedFlat(world * shard.chunk, options);
   int64_t offset = 0;
-  for (auto& p : shard.params) {
-    auto view = shard.flat.narrow(0, offset, p.numel()).view(p.sizes());
-    view.copy_(p);
-    p.set_data(view);
+  for (size_t i = 0; i < shard.params.size(); ++i) {
+    torch::Tensor& p = shard.params[i];
+    const int64_t begin = std::max(lo, offset), end = std::min(hi, offset + p.numel());
+    if (begin < end) {
+      auto out = shard.master.narrow(0, begin - lo, end - begin);
+      if (initial) {
+        initial(indices[i], begin - offset, end - offset, out);
+      } else {
+        out.copy_(p.detach().reshape(-1).narrow(0, begin - offset, end - begin));
+      }
+    }
+    p.set_data(shard.flat.narrow(0, offset, p.numel()).view(p.sizes()));
     offset += p.numel();
   }
-  shard.master = shard.flat.narrow(0, rank * shard.chunk, shard.chunk).clone();
   FreeFlatStorage(shard.flat);
 }
 
@@ -67,7 +80,7 @@ void BuildFrozen(FrozenShard& shard, int64_t world, int64_t rank) {
 LayerShards::LayerShards(int64_t num_layers, const std::vector<ParamPlan>& plans,
                          const std::vector<torch::Tensor>& params,
                          const v1::TrainOptimizer& options, DataParallel& ranks,
-                         int64_t bucket_bytes)
+                         int64_t bucket_bytes, const InitialValues& initial)
     : ranks_(ranks), num_layers_(num_layers) {
   const char* prefetch = std::getenv("STEMMA_SHARD_PREFETCH");
   prefetch_ = prefetch == nullptr || std::string(prefetch) != "0";
@@ -77,35 +90,46 @@ LayerShards::LayerShards(int64_t num_layers, const std::vector<ParamPlan>& plans
     const int64_t layer = LayerOf(plans[i].name);
     members[layer >= 0 && layer < num_layers ? layer : num_layers].push_back(i);
   }
-  // Unit by unit, so that at most one unit exists twice (the loaded tensors and the flat
-  // buffer) while the shards are built.
+  // Unit by unit: with `initial` only this rank's slices are ever read; from loaded
+  // parameters, each unit's tensors are freed once its slices are kept.
   for (const auto& indices : members) {
     auto unit = std::make_unique<Unit>();
     std::vector<ParamPlan> unit_plans;
     std::vector<torch::Tensor> unit_params;
+    std::vector<size_t> trainable, frozen;  // indices into plans
     for (size_t i : indices) {
       unit->names.push_back(plans[i].name);
       unit->params.push_back(params[i]);
       if (plans[i].trainable) {
         unit_plans.push_back(plans[i]);
         unit_params.push_back(params[i]);
+        trainable.push_back(i);
       } else {
         params[i].set_requires_grad(false);
         unit->frozen.params.push_back(params[i]);
+        frozen.push_back(i);
       }
     }
     if (!unit_plans.empty()) {
-      unit->trainable = std::make_unique<ShardedAdamW>(unit_plans, unit_params, options, ranks,
-                                                       ShardedAdamW::Level::kFull, bucket_bytes);
+      InitialValues unit_initial;
+      if (initial) {
+        unit_initial = [&initial, &trainable](size_t j, int64_t begin, int64_t end,
+                                              const torch::Tensor& out) {
+          initial(trainable[j], begin, end, out);
+        };
+      }
+      unit->trainable =
+          std::make_unique<ShardedAdamW>(unit_plans, unit_params, options, ranks,
+                                         ShardedAdamW::Level::kFull, bucket_bytes, unit_initial);
     }
-    BuildFrozen(unit->frozen, ranks.world_size(), ranks.rank());
+    BuildFrozen(unit->frozen, frozen, ranks.world_size(), ranks.rank(), initial);
     unit->gathered = false;
     units_.push_back(std::move(unit));
-    // The unit's loaded tensors are freed now, but glibc keeps freed heap (the train command
-    // raises M_TRIM_THRESHOLD so that steps reuse it) and the slices do not refill those
-    // holes: a CPU rank would hold the whole fp32 model and its slices at once. Give the free
-    // pages back (madvise) unit by unit.
-    malloc_trim(0);
+    // Loaded parameters: the unit's tensors are freed now, but glibc keeps freed heap (the
+    // train command raises M_TRIM_THRESHOLD so that steps reuse it) and the slices do not
+    // refill those holes: a CPU rank would hold the whole fp32 model and its slices at once.
+    // Give the free pages back (madvise) unit by unit.
+    if (!initial) malloc_trim(0);
   }
 }
 

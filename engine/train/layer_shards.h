@@ -55,12 +55,14 @@ namespace stemma::engine::train {
 class LayerShards {
  public:
   // `params[i]` is the module parameter planned by `plans[i]` (the model's parameter order),
-  // float32, on one device; `num_layers` decoder layers. Moves every parameter into its
-  // unit's flat buffer, keeps this rank's slices and releases every unit: afterwards only
-  // the slices are resident. `ranks` is kept by reference and must outlive this.
+  // float32, on one device; `num_layers` decoder layers. Every parameter becomes a view of
+  // its unit's flat buffer, this rank keeps its slices and every unit is released: only the
+  // slices are resident. The slices are read from `initial` when set (the parameters may then
+  // be unallocated, engine/model/weightless.h: no rank ever holds more than its slices), else
+  // from the parameters, unit by unit. `ranks` is kept by reference and must outlive this.
   LayerShards(int64_t num_layers, const std::vector<ParamPlan>& plans,
               const std::vector<torch::Tensor>& params, const v1::TrainOptimizer& options,
-              DataParallel& ranks, int64_t bucket_bytes);
+              DataParallel& ranks, int64_t bucket_bytes, const InitialValues& initial = {});
   ~LayerShards();
   LayerShards(const LayerShards&) = delete;
   LayerShards& operator=(const LayerShards&) = delete;

@@ -11,7 +11,7 @@ namespace stemma::engine::train {
 ShardedAdamW::ShardedAdamW(const std::vector<ParamPlan>& plans,
                            const std::vector<torch::Tensor>& params,
                            const v1::TrainOptimizer& options, DataParallel& ranks, Level level,
-                           int64_t bucket_bytes)
+                           int64_t bucket_bytes, const InitialValues& initial)
     : options_(options),
       ranks_(ranks),
       level_(level),
@@ -42,19 +42,32 @@ ShardedAdamW::ShardedAdamW(const std::vector<ParamPlan>& plans,
       torch::TensorOptions()
           .dtype(torch::kFloat32)
           .device(segments_.empty() ? torch::Device(torch::kCPU) : segments_[0].param.device());
-  values_ = torch::zeros({world_ * chunk_}, opts);
+  InitialValues values = initial;
+  if (!values) {
+    values = [&params](size_t i, int64_t begin, int64_t end, const torch::Tensor& out) {
+      out.copy_(params[i].detach().reshape(-1).narrow(0, begin, end - begin));
+    };
+  }
+  // kFull: only this rank's slice is read, into its own master copy; the buffer the
+  // parameters are views of is never allocated here. Otherwise the whole replica.
+  const int64_t lo = level_ == Level::kFull ? rank_ * chunk_ : 0;
+  const int64_t hi = level_ == Level::kFull ? std::clamp(numel_, lo, lo + chunk_) : numel_;
+  torch::Tensor target =
+      level_ == Level::kFull ? torch::empty({chunk_}, opts) : torch::empty({world_ * chunk_}, opts);
+  for (const Segment& s : segments_) {
+    const int64_t begin = std::max(lo, s.offset), end = std::min(hi, s.offset + s.numel);
+    if (begin < end) {
+      values(s.plan, begin - s.offset, end - s.offset, target.narrow(0, begin - lo, end - begin));
+    }
+  }
+  target.narrow(0, hi - lo, target.numel() - (hi - lo)).zero_();  // the padding
+  values_ = level_ == Level::kFull ? UnallocatedFlat(world_ * chunk_, opts) : target;
   for (Segment& s : segments_) {
-    auto value = values_.narrow(0, s.offset, s.numel).view(s.param.sizes());
-    value.copy_(s.param);
-    s.param.set_data(value);  // the module keeps its parameter object, now a view
-    s.param.set_requires_grad(true);
+    s.param.set_data(values_.narrow(0, s.offset, s.numel).view(s.param.sizes()));
+    s.param.set_requires_grad(true);  // the module keeps its parameter object, now a view
   }
   packed_.assign(segments_.size(), 0);
-  if (level_ == Level::kFull) {
-    master_ = values_.narrow(0, rank_ * chunk_, chunk_).clone();
-  } else {
-    master_ = values_.narrow(0, rank_ * chunk_, chunk_);
-  }
+  master_ = level_ == Level::kFull ? target : values_.narrow(0, rank_ * chunk_, chunk_);
   exp_avg_ = torch::zeros({chunk_}, opts);
   exp_avg_sq_ = torch::zeros({chunk_}, opts);
   if (level_ == Level::kOptimizer) {
@@ -307,6 +320,15 @@ void FreeFlatStorage(const torch::Tensor& flat) {
   c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(c10::DataPtr(nullptr, flat.device()));
   storage->set_nbytes(0);
+}
+
+torch::Tensor UnallocatedFlat(int64_t numel, const torch::TensorOptions& options) {
+  torch::Tensor flat = torch::empty({0}, options);
+  flat.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+  c10::StorageImpl* storage = flat.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(c10::DataPtr(nullptr, flat.device()));
+  storage->set_nbytes(static_cast<size_t>(numel) * flat.element_size());
+  return flat;
 }
 
 void AllocateFlatStorage(const torch::Tensor& flat) {

@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,16 +57,31 @@ namespace stemma::engine::train {
 // uninitialised.
 void FreeFlatStorage(const torch::Tensor& flat);
 void AllocateFlatStorage(const torch::Tensor& flat);
+// A [numel] flat buffer that was never allocated, for taking the parameters' views at
+// construction: its storage claims the buffer's size with no memory behind it (views check
+// only the size) until FreeFlatStorage puts it in the released state.
+torch::Tensor UnallocatedFlat(int64_t numel, const torch::TensorOptions& options);
+
+// Where a sharded optimizer (or LayerShards) takes its parameters' initial values from:
+// writes elements [begin, end) of parameter `index`'s value (row-major; an index into the
+// constructor's params) into `out` (1-D, end - begin elements, the buffer's dtype and device).
+// Unset: the parameters' own values. The trainer reads the checkpoint's tensors through it
+// into a weightless model (engine/model/weightless.h), so that only slices are ever loaded.
+using InitialValues =
+    std::function<void(size_t index, int64_t begin, int64_t end, const torch::Tensor& out)>;
 
 class ShardedAdamW {
  public:
   enum class Level { kOptimizer, kGradients, kFull };
 
   // As FlatAdamW's constructor; `ranks` (kept by reference, must outlive this) gives W and
-  // the rank; `bucket_bytes` caps a kGradients bucket (all W pieces together).
+  // the rank; `bucket_bytes` caps a kGradients bucket (all W pieces together). The values
+  // come from `initial` when set (then the trainable parameters need no memory of their own:
+  // kFull reads only this rank's slice, the other levels the replica); the trainable
+  // parameters become views of the flat buffer.
   ShardedAdamW(const std::vector<ParamPlan>& plans, const std::vector<torch::Tensor>& params,
                const v1::TrainOptimizer& options, DataParallel& ranks, Level level,
-               int64_t bucket_bytes);
+               int64_t bucket_bytes, const InitialValues& initial = {});
 
   // Clears every parameter's .grad and, at the first micro-batch, the reduced gradient.
   void ZeroGrad();

@@ -209,10 +209,80 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 }
 
 // How long SetUp took to load the model and to build the optimizer (or shards), for
-// STEMMA_TRAIN_PROFILE.
+// STEMMA_TRAIN_PROFILE. Under parallel.shard the weights are read while the shards are built
+// (load_model is then the headers only); setup_rss_anon_kib is RssAnon once SetUp is done.
 struct SetUpTimes {
   double load_model = 0, build_optimizer = 0;
+  int64_t setup_rss_anon_kib = 0;
 };
+
+// The model of spec.model. shard none: loaded whole (every rank keeps all of it anyway).
+// Sharded: built weightless (engine/model/weightless.h) with `initial` reading the checkpoint's
+// elements [begin, end) of parameter i (plan order) into the optimizer's or the shards' buffers,
+// so that under `full` a rank reads only its slices and under optimizer | gradients no second
+// fp32 copy of the trainable weights exists.
+absl::Status LoadForTraining(Run& run, const model::LoadOptions& load,
+                             model::TensorLookup* weights) {
+  const v1::TrainSpec& spec = *run.spec;
+  if (spec.parallel().shard() == "none") {
+    ASSIGN_OR_RETURN(run.lm, model::LoadModel(spec.model(), load));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(model::UnloadedModel opened, model::OpenModel(spec.model(), load));
+  run.lm = std::move(opened.lm);
+  *weights = std::move(opened.weights);
+  return absl::OkStatus();
+}
+
+// InitialValues over a weightless model's checkpoint (LoadForTraining): zero-copy views of the
+// memory-mapped tensors, converted to the buffer's dtype and device by the copy.
+InitialValues FromCheckpoint(const Run& run, const model::TensorLookup& weights) {
+  return [&run, &weights](size_t i, int64_t begin, int64_t end, const torch::Tensor& out) {
+    const std::string& name = run.plan.params.at(i).name;
+    absl::StatusOr<torch::Tensor> source = weights(name);
+    TORCH_CHECK(source.ok(), "reading tensor '", name, "': ", source.status().message());
+    out.copy_(source->reshape(-1).narrow(0, begin, end - begin));
+  };
+}
+
+// optimizer | gradients from a weightless model: the frozen parameters are plain module
+// tensors every rank holds whole; they get memory and the checkpoint's values.
+void LoadFrozen(Run& run, const std::vector<torch::Tensor>& params, const InitialValues& initial) {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (run.plan.params[i].trainable) continue;
+    torch::Tensor value = torch::empty(params[i].sizes(), params[i].options());
+    initial(i, 0, value.numel(), value.view(-1));
+    params[i].set_data(value);
+  }
+}
+
+// The optimizer (shard none), ShardedAdamW (optimizer | gradients) or LayerShards (full) over
+// the model's parameters, with their values from `weights` when the model is weightless.
+absl::Status BuildOptimizer(Run& run, const model::TensorLookup& weights) {
+  const v1::TrainSpec& spec = *run.spec;
+  std::vector<torch::Tensor> params;
+  RETURN_IF_ERROR(BuildPlanFor(run, &params));
+  const std::string& shard = spec.parallel().shard();
+  const InitialValues initial = weights ? FromCheckpoint(run, weights) : InitialValues();
+  return TorchGuard("setting up the optimizer", [&] {
+    if (shard == "full") {
+      run.full = std::make_unique<LayerShards>(run.lm->config().num_hidden_layers, run.plan.params,
+                                               params, spec.optimizer(), *run.ranks,
+                                               spec.parallel().bucket_mb() << 20, initial);
+      run.lm->model->SetLayerHooks(run.full->Hooks());
+    } else if (shard == "optimizer" || shard == "gradients") {
+      run.sharded = std::make_unique<ShardedAdamW>(
+          run.plan.params, params, spec.optimizer(), *run.ranks,
+          shard == "optimizer" ? ShardedAdamW::Level::kOptimizer : ShardedAdamW::Level::kGradients,
+          spec.parallel().bucket_mb() << 20, initial);
+      if (initial) LoadFrozen(run, params, initial);
+    } else {
+      run.optimizer = std::make_unique<FlatAdamW>(run.plan.params, params, spec.optimizer());
+    }
+    return absl::OkStatus();
+  });
+}
 
 // Everything before the first step: the datasets, the device, the model, its plan and
 // optimizer, the loader, and the newest checkpoint. Returns the step to resume after.
@@ -236,28 +306,12 @@ absl::StatusOr<int64_t> SetUp(Run& run, SetUpTimes& times) {
   model::LoadOptions load;
   load.device = run.device;
   auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(run.lm, model::LoadModel(spec.model(), load));
+  model::TensorLookup weights;  // sharded: the checkpoint, mapped until the shards are built
+  RETURN_IF_ERROR(LoadForTraining(run, load, &weights));
   times.load_model = SecondsSince(start);
   start = std::chrono::steady_clock::now();
-  std::vector<torch::Tensor> params;
-  RETURN_IF_ERROR(BuildPlanFor(run, &params));
-  const std::string& shard = spec.parallel().shard();
-  RETURN_IF_ERROR(TorchGuard("setting up the optimizer", [&] {
-    if (shard == "full") {
-      run.full = std::make_unique<LayerShards>(run.lm->config().num_hidden_layers, run.plan.params,
-                                               params, spec.optimizer(), *run.ranks,
-                                               spec.parallel().bucket_mb() << 20);
-      run.lm->model->SetLayerHooks(run.full->Hooks());
-    } else if (shard == "optimizer" || shard == "gradients") {
-      run.sharded = std::make_unique<ShardedAdamW>(
-          run.plan.params, params, spec.optimizer(), *run.ranks,
-          shard == "optimizer" ? ShardedAdamW::Level::kOptimizer : ShardedAdamW::Level::kGradients,
-          spec.parallel().bucket_mb() << 20);
-    } else {
-      run.optimizer = std::make_unique<FlatAdamW>(run.plan.params, params, spec.optimizer());
-    }
-    return absl::OkStatus();
-  }));
+  RETURN_IF_ERROR(BuildOptimizer(run, weights));
+  weights = nullptr;  // unmaps the files
   times.build_optimizer = SecondsSince(start);
   RestrictRouters(run);
   RETURN_IF_ERROR(BuildLoader(run, std::move(*mixture)));
@@ -417,45 +471,55 @@ absl::StatusOr<RunResult> RunSteps(Run& run, const RunOptions& options, Progress
   return RunResult::kFinished;
 }
 
-// Under parallel.shard: full, the model's tensors in `dtype` on rank 0's host, gathered one
-// unit at a time (collective): no device holds more than one decoder layer of them at once.
-std::map<std::string, torch::Tensor> GatherForPublishing(Run& run, torch::ScalarType dtype) {
-  std::map<std::string, torch::Tensor> out;
-  const bool keep = run.ranks->rank() == 0;
-  run.full->ForEachParameter([&](const std::string& name, const torch::Tensor& value) {
-    if (keep) out[name] = value.detach().to(torch::kCPU, dtype, false, /*copy=*/true);
-  });
-  return out;
+// Under parallel.shard: full, rank 0 writes the model to `out` tensor by tensor while every
+// rank gathers it one unit at a time (collective): no process holds more than one decoder
+// layer of it (or the embeddings and head) at once. A rank 0 that cannot write still takes
+// part in every gather, so that the others finish; it returns the error afterwards.
+absl::Status PublishGathered(Run& run, const model::SaveOptions& save) {
+  const bool writes = run.ranks->rank() == 0;
+  std::unique_ptr<model::StreamedModelWriter> writer;
+  absl::Status status;
+  if (writes) {
+    ClearRouterRestriction(run);
+    auto created = model::StreamedModelWriter::Create(run.lm, run.spec->out(), save);
+    if (created.ok()) {
+      writer = std::move(*created);
+    } else {
+      status = created.status();
+    }
+  }
+  RETURN_IF_ERROR(TorchGuard("gathering the model to publish", [&] {
+    run.full->FreeOptimizerState();  // no step follows
+    run.full->ForEachParameter([&](const std::string& name, const torch::Tensor& value) {
+      if (writer != nullptr && status.ok()) status = writer->Write(name, value);
+    });
+    return absl::OkStatus();
+  }));
+  if (!writes) return absl::OkStatus();
+  if (status.ok()) status = writer->Commit();
+  return status;
 }
 
 // Rank 0 writes the model to `out` (in save_dtype) and announces it. Under `full` every rank
-// takes part in gathering the weights first.
+// takes part in gathering the weights.
 absl::Status Publish(Run& run, int64_t stopped_at_step, const EventWriter& events) {
   const v1::TrainSpec& spec = *run.spec;
   model::SaveOptions save;
   save.dtype = spec.save_dtype() == "bfloat16"  ? torch::kBFloat16
                : spec.save_dtype() == "float16" ? torch::kFloat16
                                                 : torch::kFloat32;
-  std::map<std::string, torch::Tensor> gathered;
-  if (run.full) {
-    RETURN_IF_ERROR(TorchGuard("gathering the model to publish", [&] {
-      run.full->FreeOptimizerState();  // no step follows: rank 0's copies take its place
-      gathered = GatherForPublishing(run, save.dtype);
-      return absl::OkStatus();
-    }));
-    save.tensors = [&](const std::string& name) -> absl::StatusOr<torch::Tensor> {
-      auto it = gathered.find(name);
-      if (it == gathered.end()) return absl::NotFoundError("tensor '" + name + "' not gathered");
-      return it->second;
-    };
-  }
-  if (run.ranks->rank() != 0) return absl::OkStatus();
-  ClearRouterRestriction(run);
   save.parents = {spec.model()};
   save.producer = Producer(run, stopped_at_step);
   save.overwrite = spec.overwrite();
   save.source_dir = spec.model();
-  absl::Status saved = model::SaveModel(run.lm, spec.out(), save);
+  absl::Status saved;
+  if (run.full) {
+    saved = PublishGathered(run, save);
+  } else if (run.ranks->rank() == 0) {
+    ClearRouterRestriction(run);
+    saved = model::SaveModel(run.lm, spec.out(), save);
+  }
+  if (run.ranks->rank() != 0) return saved;
   if (!saved.ok()) {
     return absl::Status(saved.code(), absl::StrCat("writing ", spec.out(), ": ", saved.message()));
   }
@@ -489,6 +553,7 @@ void PrintProfile(const Run& run, const SetUpTimes& times, const Progress& p) {
   nlohmann::json j = {{"rank", run.ranks->rank()},
                       {"load_model_s", times.load_model},
                       {"build_optimizer_s", times.build_optimizer},
+                      {"setup_rss_anon_kib", times.setup_rss_anon_kib},
                       {"steps", p.steps_this_run},
                       {"steps_s", p.train_seconds},
                       {"rss_anon_kib", StatusKib("RssAnon")},
@@ -567,6 +632,7 @@ absl::StatusOr<RunResult> TrainImpl(const v1::TrainSpec& spec, const RunOptions&
   Progress progress;
   SetUpTimes times;
   ASSIGN_OR_RETURN(progress.start_step, SetUp(run, times));
+  times.setup_rss_anon_kib = StatusKib("RssAnon");
   EmitStart(run, progress.start_step, events);
   if (spec.eval().every() > 0 && progress.start_step == 0) {
     RETURN_IF_ERROR(TorchGuard("held-out evaluation before step 1", [&] {
