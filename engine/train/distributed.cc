@@ -244,6 +244,8 @@ enum Op : uint64_t {
   kReduceScatterF64 = 5,
   kAllGather = 6,
   kBarrier = 7,
+  kReduceScatterVF32 = 8,
+  kReduceScatterVF64 = 9,
 };
 
 [[noreturn]] void Fail(int rank, const absl::Status& status) {
@@ -265,6 +267,9 @@ class DataParallel::Ring {
   // chunk over ranks (the other chunks are clobbered).
   template <typename T>
   absl::Status ReduceScatterSum(T* data, int64_t chunk);
+  // The same with chunks of `counts[c]` elements each, one after the other (any may be 0).
+  template <typename T>
+  absl::Status ReduceScatterSumV(T* data, const std::vector<int64_t>& counts);
   // `data` holds W chunks of `chunk_bytes`; chunk r of rank r goes to every rank.
   absl::Status AllGather(char* data, int64_t chunk_bytes);
   // Returns once every rank has called it, waiting up to `timeout` for the slowest.
@@ -464,6 +469,37 @@ absl::Status DataParallel::Ring::ReduceScatterSum(T* data, int64_t chunk) {
   return absl::OkStatus();
 }
 
+// ReduceScatterSum's steps over chunks of their own sizes: chunk c's sum is still added up
+// along the ring from rank c+1 to rank c, so its elements get the same sums in the same
+// order as in an equal-chunk reduce-scatter. Pieces of a chunk past its end are empty.
+template <typename T>
+absl::Status DataParallel::Ring::ReduceScatterSumV(T* data, const std::vector<int64_t>& counts) {
+  const int world = config_.world_size, rank = config_.rank;
+  std::vector<int64_t> offsets(counts.size() + 1, 0);
+  for (size_t c = 0; c < counts.size(); ++c) offsets[c + 1] = offsets[c] + counts[c];
+  RETURN_IF_ERROR(CheckHeaders({sizeof(T) == 4 ? kReduceScatterVF32 : kReduceScatterVF64,
+                                static_cast<uint64_t>(offsets.back()) * sizeof(T)}));
+  const int64_t longest = *std::max_element(counts.begin(), counts.end());
+  const int64_t piece = std::max<int64_t>(1, kBroadcastChunkBytes / sizeof(T));
+  scratch_.resize(static_cast<size_t>(std::min(piece, longest) + 1) * sizeof(T));
+  T* incoming = reinterpret_cast<T*>(scratch_.data());
+  auto wrap = [&](int c) { return static_cast<size_t>((c % world + world) % world); };
+  auto part = [&](size_t c, int64_t offset) {
+    return std::clamp<int64_t>(counts[c] - offset, 0, piece);
+  };
+  for (int64_t offset = 0; offset < longest; offset += piece) {
+    for (int s = 0; s < world - 1; ++s) {
+      const size_t send = wrap(rank - s - 1), recv = wrap(rank - s - 2);
+      const int64_t n_send = part(send, offset), n_recv = part(recv, offset);
+      RETURN_IF_ERROR(
+          Step(data + offsets[send] + offset, n_send * sizeof(T), incoming, n_recv * sizeof(T)));
+      T* target = data + offsets[recv] + offset;
+      for (int64_t i = 0; i < n_recv; ++i) target[i] += incoming[i];
+    }
+  }
+  return absl::OkStatus();
+}
+
 // W-1 ring steps: rank r forwards chunk (r-s) and receives chunk (r-s-1).
 absl::Status DataParallel::Ring::AllGather(char* data, int64_t chunk_bytes) {
   const int world = config_.world_size, rank = config_.rank;
@@ -500,9 +536,9 @@ class Finished : public DataParallel::Pending {
 
 }  // namespace
 
-// The communication thread of AllGatherAsync: runs the posted ring jobs one at a time, in
-// the order they were posted. Thread-safety: Post and Drain are called by the owner's thread
-// (the one that drives the collectives) while the communication thread runs jobs; mu_ guards
+// The communication thread of the *Async collectives: runs the posted ring jobs one at a
+// time, in the order they were posted. Thread-safety: Post and Drain are called by the owner's
+// thread (the one that drives the collectives) while the communication thread runs jobs; mu_ guards
 // the queue and the counts, each job's own mutex its result (so a handle can be waited on
 // after this object is gone: the destructor finishes every posted job first).
 class DataParallel::Comm {
@@ -517,7 +553,7 @@ class DataParallel::Comm {
   class Handle : public Pending {
    public:
     Handle(std::shared_ptr<Job> job, int rank) : job_(std::move(job)), rank_(rank) {}
-    ~Handle() override { Finish(); }
+    ~Handle() override { Finish().IgnoreError(); }  // a failure is Wait's to report
     void Wait() override {
       absl::Status status = Finish();
       if (!status.ok()) Fail(rank_, status);
@@ -564,6 +600,15 @@ class DataParallel::Comm {
   }
 
  private:
+  static absl::Status RunJob(Job& job) {
+    try {
+      c10::NoGradGuard no_grad;  // grad mode is per thread
+      return job.run();
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      return absl::InternalError(what.substr(0, what.find('\n')));  // c10 appends a backtrace
+    }
+  }
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
@@ -572,11 +617,10 @@ class DataParallel::Comm {
       std::shared_ptr<Job> job = std::move(queue_.front());
       queue_.pop_front();
       absl::Status status = failed_;  // after a failure the ring is unusable: fail the rest
-      if (status.ok()) {
-        lock.unlock();
-        status = job->run();
-        lock.lock();
-      }
+      lock.unlock();
+      if (status.ok()) status = RunJob(*job);
+      job->run = nullptr;  // its captures (a reduced bucket) are freed now, not by the handle
+      lock.lock();
       if (!status.ok() && failed_.ok()) failed_ = status;
       {
         std::lock_guard<std::mutex> job_lock(job->mu);
@@ -634,14 +678,30 @@ class DataParallel::Nccl {
   }
   // The same, started on NCCL's stream; Wait makes the current stream wait for it.
   std::unique_ptr<Pending> AllGatherAsync(at::Tensor chunk, at::Tensor flat) {
-    return std::make_unique<Started>(group_->_allgather_base(flat, chunk), std::move(chunk));
+    return std::make_unique<Started>(group_->_allgather_base(flat, chunk), std::move(chunk),
+                                     nullptr);
+  }
+  // Started on NCCL's stream; `then` runs in Wait, after the current stream waits for it.
+  std::unique_ptr<Pending> ReduceScatterAsync(at::Tensor flat, at::Tensor out,
+                                              std::function<void()> then) {
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    return std::make_unique<Started>(group_->_reduce_scatter_base(out, flat, options),
+                                     std::move(flat), std::move(then));
+  }
+  std::unique_ptr<Pending> AllReduceAsync(at::Tensor flat, std::function<void()> then) {
+    std::vector<at::Tensor> tensors = {flat};
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    return std::make_unique<Started>(group_->allreduce(tensors, options), std::move(flat),
+                                     std::move(then));
   }
 
  private:
   class Started : public Pending {
    public:
-    Started(c10::intrusive_ptr<c10d::Work> work, at::Tensor input)
-        : work_(std::move(work)), input_(std::move(input)) {}
+    Started(c10::intrusive_ptr<c10d::Work> work, at::Tensor input, std::function<void()> then)
+        : work_(std::move(work)), input_(std::move(input)), then_(std::move(then)) {}
     // Not waited for: the attempt is failing already, and a destructor must not throw.
     ~Started() override {
       try {
@@ -653,11 +713,16 @@ class DataParallel::Nccl {
       if (!work_) return;
       c10::intrusive_ptr<c10d::Work> work = std::move(work_);
       work->wait();
+      std::function<void()> then = std::move(then_);
+      then_ = nullptr;
+      if (then) then();
+      input_ = at::Tensor();
     }
 
    private:
     c10::intrusive_ptr<c10d::Work> work_;
-    at::Tensor input_;  // alive until the collective has read it
+    at::Tensor input_;            // alive until the collective has read it
+    std::function<void()> then_;  // what the caller asked for once it has finished
   };
   c10::intrusive_ptr<c10d::Backend> group_;
 #else
@@ -667,6 +732,12 @@ class DataParallel::Nccl {
   void ReduceScatterSum(at::Tensor&, at::Tensor&) {}
   void AllGather(at::Tensor&, at::Tensor&) {}
   std::unique_ptr<Pending> AllGatherAsync(at::Tensor, at::Tensor) {
+    return std::make_unique<Finished>();
+  }
+  std::unique_ptr<Pending> ReduceScatterAsync(at::Tensor, at::Tensor, std::function<void()>) {
+    return std::make_unique<Finished>();
+  }
+  std::unique_ptr<Pending> AllReduceAsync(at::Tensor, std::function<void()>) {
     return std::make_unique<Finished>();
   }
 #endif
@@ -917,6 +988,151 @@ std::unique_ptr<DataParallel::Pending> DataParallel::AllGatherAsync(const at::Te
   const int64_t chunk_bytes = chunk * flat.element_size();
   return comm_->Post([ring, data, chunk_bytes] { return ring->AllGather(data, chunk_bytes); },
                      rank_);
+}
+
+void DataParallel::CheckReduceDtype(const at::Tensor& flat, const char* what) const {
+  const at::ScalarType dtype = flat.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kDouble) {
+    Fail(rank_, absl::InvalidArgumentError(absl::StrCat(what, ": needs float32 or float64")));
+  }
+}
+
+std::unique_ptr<DataParallel::Pending> DataParallel::ReduceScatterAsync(const at::Tensor& flat,
+                                                                        bool mean, Done done) {
+  CheckFlat(flat, "ReduceScatterAsync");
+  CheckReduceDtype(flat, "ReduceScatterAsync");
+  c10::NoGradGuard no_grad;
+  const int64_t chunk = flat.numel() / world_size_;
+  const int64_t world = world_size_, rank = rank_;
+  at::Tensor mine = flat.narrow(0, rank * chunk, chunk);
+  if (ring_ != nullptr && flat.is_cuda() && ring_->config().use_nccl && UseNccl(flat.device())) {
+    at::Tensor out = at::empty({chunk}, flat.options());
+    return nccl_->ReduceScatterAsync(flat, out, [mine, out, mean, world, done] {
+      mine.copy_(out);
+      if (mean) mine.div_(world);
+      if (done) done(mine);
+    });
+  }
+  if (ring_ == nullptr || !flat.is_cpu()) {  // one process, or staged through the host
+    at::Tensor result = ReduceScatter(flat, mean);
+    if (done) done(result);
+    return std::make_unique<Finished>();
+  }
+  if (comm_ == nullptr) comm_ = std::make_unique<Comm>();
+  Ring* ring = ring_.get();
+  return comm_->Post(
+      [ring, flat, mine, chunk, mean, world, done]() -> absl::Status {
+        const absl::Status status = flat.scalar_type() == at::kDouble
+                                        ? ring->ReduceScatterSum(flat.data_ptr<double>(), chunk)
+                                        : ring->ReduceScatterSum(flat.data_ptr<float>(), chunk);
+        if (!status.ok()) return status;
+        if (mean) mine.div_(world);
+        if (done) done(mine);
+        return absl::OkStatus();
+      },
+      rank_);
+}
+
+std::unique_ptr<DataParallel::Pending> DataParallel::ReduceScatterVAsync(
+    const at::Tensor& flat, const std::vector<int64_t>& counts, bool mean, Done done) {
+  int64_t total = 0;
+  for (int64_t count : counts) total += std::max<int64_t>(count, 0);
+  if (!flat.defined() || flat.dim() != 1 || !flat.is_contiguous() ||
+      static_cast<int>(counts.size()) != world_size_ || total != flat.numel()) {
+    Fail(rank_, absl::InvalidArgumentError(
+                    "ReduceScatterVAsync: needs a contiguous 1-D tensor of Σ counts elements and "
+                    "one count per rank"));
+  }
+  CheckReduceDtype(flat, "ReduceScatterVAsync");
+  c10::NoGradGuard no_grad;
+  int64_t begin = 0;
+  for (int r = 0; r < rank_; ++r) begin += counts[static_cast<size_t>(r)];
+  at::Tensor mine = flat.narrow(0, begin, counts[static_cast<size_t>(rank_)]);
+  if (ring_ != nullptr && flat.is_cuda() && ring_->config().use_nccl && UseNccl(flat.device())) {
+    // NCCL has no uneven reduce-scatter: an all-reduce (twice the bytes), this rank's part kept.
+    return AllReduceAsync(flat, mean, [mine, done](const at::Tensor&) {
+      if (done) done(mine);
+    });
+  }
+  const int64_t world = world_size_;
+  if (ring_ == nullptr || !flat.is_cpu()) {  // one process, or staged through the host
+    if (ring_ != nullptr) {
+      Quiesce();
+      at::Tensor host = flat.to(at::kCPU);
+      absl::Status status = flat.scalar_type() == at::kDouble
+                                ? ring_->ReduceScatterSumV(host.data_ptr<double>(), counts)
+                                : ring_->ReduceScatterSumV(host.data_ptr<float>(), counts);
+      if (!status.ok()) Fail(rank_, status);
+      mine.copy_(host.narrow(0, begin, mine.numel()));
+      if (mean) mine.div_(world);
+    }
+    if (done) done(mine);
+    return std::make_unique<Finished>();
+  }
+  if (comm_ == nullptr) comm_ = std::make_unique<Comm>();
+  Ring* ring = ring_.get();
+  return comm_->Post(
+      [ring, flat, mine, counts, mean, world, done]() -> absl::Status {
+        const absl::Status status = flat.scalar_type() == at::kDouble
+                                        ? ring->ReduceScatterSumV(flat.data_ptr<double>(), counts)
+                                        : ring->ReduceScatterSumV(flat.data_ptr<float>(), counts);
+        if (!status.ok()) return status;
+        if (mean) mine.div_(world);
+        if (done) done(mine);
+        return absl::OkStatus();
+      },
+      rank_);
+}
+
+void DataParallel::AllReduceFlat(const at::Tensor& flat) {
+  if (ring_ == nullptr) return;
+  Quiesce();
+  if (flat.is_cuda() && ring_->config().use_nccl && UseNccl(flat.device())) {
+    at::Tensor input = flat;
+    nccl_->AllReduceSum(input);
+    return;
+  }
+  at::Tensor host = flat.is_cpu() ? flat : flat.to(at::kCPU);
+  absl::Status status = flat.scalar_type() == at::kDouble
+                            ? ring_->AllReduceSum(host.data_ptr<double>(), host.numel())
+                            : ring_->AllReduceSum(host.data_ptr<float>(), host.numel());
+  if (!status.ok()) Fail(rank_, status);
+  if (!flat.is_cpu()) flat.copy_(host);
+}
+
+std::unique_ptr<DataParallel::Pending> DataParallel::AllReduceAsync(const at::Tensor& flat,
+                                                                    bool mean, Done done) {
+  if (!flat.defined() || flat.dim() != 1 || !flat.is_contiguous()) {
+    Fail(rank_, absl::InvalidArgumentError("AllReduceAsync: needs a contiguous 1-D tensor"));
+  }
+  CheckReduceDtype(flat, "AllReduceAsync");
+  c10::NoGradGuard no_grad;
+  const int64_t world = world_size_;
+  if (ring_ != nullptr && flat.is_cuda() && ring_->config().use_nccl && UseNccl(flat.device())) {
+    return nccl_->AllReduceAsync(flat, [flat, mean, world, done] {
+      if (mean) flat.div_(world);
+      if (done) done(flat);
+    });
+  }
+  if (ring_ == nullptr || !flat.is_cpu()) {  // one process, or staged through the host
+    AllReduceFlat(flat);
+    if (mean && ring_ != nullptr) flat.div_(world);
+    if (done) done(flat);
+    return std::make_unique<Finished>();
+  }
+  if (comm_ == nullptr) comm_ = std::make_unique<Comm>();
+  Ring* ring = ring_.get();
+  return comm_->Post(
+      [ring, flat, mean, world, done]() -> absl::Status {
+        const absl::Status status = flat.scalar_type() == at::kDouble
+                                        ? ring->AllReduceSum(flat.data_ptr<double>(), flat.numel())
+                                        : ring->AllReduceSum(flat.data_ptr<float>(), flat.numel());
+        if (!status.ok()) return status;
+        if (mean) flat.div_(world);
+        if (done) done(flat);
+        return absl::OkStatus();
+      },
+      rank_);
 }
 
 void DataParallel::Quiesce() {

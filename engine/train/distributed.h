@@ -22,7 +22,8 @@
 // if they disagree (instead of hanging or mixing buffers).
 //
 // AllGatherAsync starts an all-gather and returns at once (ZeRO-3's prefetch of the next
-// layer): on the CPU ring it runs on a communication thread of this object, which runs such
+// layer), ReduceScatterAsync / AllReduceAsync a gradient reduction (overlapping backward): on
+// the CPU ring they run on a communication thread of this object, which runs such
 // collectives one at a time in the order they were started; every other collective first
 // waits for the started ones, so the order on the wire stays the order of the calls.
 //
@@ -39,6 +40,7 @@
 #include <torch/types.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +100,28 @@ class DataParallel {
   // tensors: on NCCL's stream (the caller's stream waits for it in Wait), or synchronously
   // where there is no NCCL. Collective: every rank starts the same ones in the same order.
   std::unique_ptr<Pending> AllGatherAsync(const at::Tensor& flat);
+  // ReduceScatter and an in-place all-reduce of one flat tensor, started now (gradient
+  // reduction overlapping backward), in the same order with the other collectives as
+  // AllGatherAsync. The object keeps `flat` alive until the collective has finished; the
+  // caller must not touch it before. Then `done` (may be empty) gets the result: this rank's
+  // chunk of `flat` (ReduceScatter) or all of it (AllReduce), divided by the world size when
+  // `mean`, computed exactly as the synchronous calls compute it. `done` runs once, on the
+  // communication thread (CPU tensors: so that `flat` can be freed as soon as the collective
+  // has finished, not when the caller gets to Wait), in Wait (NCCL) or before the call
+  // returns (a single process; CUDA tensors without NCCL); it must only write tensors that
+  // the caller leaves alone until Wait, and must not call this object. A dropped handle
+  // still finishes its collective and `done`. float32 or float64.
+  using Done = std::function<void(const at::Tensor& result)>;
+  std::unique_ptr<Pending> ReduceScatterAsync(const at::Tensor& flat, bool mean, Done done);
+  std::unique_ptr<Pending> AllReduceAsync(const at::Tensor& flat, bool mean, Done done);
+  // ReduceScatterAsync with chunks of their own sizes: `flat` is counts[0] elements of rank
+  // 0's chunk, then counts[1] of rank 1's, ... (any may be 0); `done` gets this rank's. Each
+  // element's sum is added up in the same order as by an equal-chunk ReduceScatter. For a
+  // contiguous range of a layout whose ranks own consecutive slices (ZeRO-1/2's buckets in
+  // backward order). NCCL: an all-reduce of `flat` (twice the bytes), this rank's part kept.
+  std::unique_ptr<Pending> ReduceScatterVAsync(const at::Tensor& flat,
+                                               const std::vector<int64_t>& counts, bool mean,
+                                               Done done);
   // Waits until every rank has called it, for up to `timeout` (not STEMMA_DDP_TIMEOUT_S):
   // e.g. while one rank writes a checkpoint that may take longer than a collective may.
   void Barrier(std::chrono::milliseconds timeout);
@@ -108,10 +132,12 @@ class DataParallel {
  private:
   class Ring;  // sockets to the neighbours; null when world_size is 1
   class Nccl;  // ProcessGroupNCCL for CUDA tensors; created on first use
-  class Comm;  // the communication thread of AllGatherAsync; created on first use
+  class Comm;  // the communication thread of the *Async calls; created on first use
   DataParallel(int rank, int world_size, std::unique_ptr<Ring> ring);
   bool UseNccl(const c10::Device& bucket_device);                  // creates nccl_ when it says yes
   void CheckFlat(const at::Tensor& flat, const char* what) const;  // throws when unfit
+  void CheckReduceDtype(const at::Tensor& flat, const char* what) const;  // float32 or float64
+  void AllReduceFlat(const at::Tensor& flat);  // the sum over ranks, in place (synchronous)
   // Before a synchronous ring collective: waits for the started asynchronous ones (throws
   // when one failed: the ring is then unusable).
   void Quiesce();

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -168,6 +169,93 @@ void CheckAsyncAllGather(DataParallel& dp) {
   EXPECT_EQ(dp.AllReduceSum(1.0), world) << "the ring still works after the async gathers";
 }
 
+// ReduceScatterAsync / AllReduceAsync (gradient reduction overlapping backward), started
+// between an AllGatherAsync and a synchronous reduce-scatter and waited for after them: the
+// order on the wire is the order of the calls, each `done` runs once with the exact sum or
+// mean, and a dropped handle still finishes its collective and its `done`.
+void CheckAsyncReductions(DataParallel& dp) {
+  const int rank = dp.rank(), world = dp.world_size();
+  const double rank_sum = world * (world + 1) / 2.0;  // Σ (r + 1)
+  const int64_t big = (int64_t{5} << 20) / 4 + 3;     // a chunk over the ring's 4 MiB piece
+  auto base = [&](int64_t n, torch::Dtype dtype) {
+    return torch::arange(n, torch::kFloat64).remainder(1013).to(dtype);
+  };
+  torch::Tensor gathered = torch::full({world * 1001}, -1.0f);
+  gathered.narrow(0, rank * 1001, 1001).fill_(rank + 2);
+  torch::Tensor scattered = base(world * big, torch::kFloat32) * (rank + 1);
+  torch::Tensor reduced = base(3 * big, torch::kFloat64) * (rank + 1);
+  torch::Tensor averaged = base(world * 7 + 1, torch::kFloat32) * 2 * (rank + 1);
+  torch::Tensor sync = base(world * 5, torch::kFloat64) * (rank + 1);
+  torch::Tensor scattered_out = torch::zeros({big}), averaged_out = torch::zeros({world * 7 + 1});
+  std::atomic<int> calls{0};
+  auto gather = dp.AllGatherAsync(gathered);
+  auto scatter = dp.ReduceScatterAsync(scattered, /*mean=*/false, [&](const at::Tensor& mine) {
+    scattered_out.copy_(mine);
+    ++calls;
+  });
+  auto all = dp.AllReduceAsync(reduced, /*mean=*/false, nullptr);
+  auto mean = dp.AllReduceAsync(averaged, /*mean=*/true, [&](const at::Tensor& result) {
+    averaged_out.copy_(result);
+    ++calls;
+  });
+  torch::Tensor sync_mine = dp.ReduceScatter(sync, /*mean=*/false);  // waits for the four
+  EXPECT_TRUE(
+      torch::equal(sync_mine, base(world * 5, torch::kFloat64).narrow(0, rank * 5, 5) * rank_sum));
+  mean->Wait();
+  all->Wait();
+  scatter->Wait();
+  gather->Wait();
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_TRUE(torch::equal(
+      scattered_out, base(world * big, torch::kFloat32).narrow(0, rank * big, big) * rank_sum))
+      << "async reduce-scatter sum";
+  EXPECT_TRUE(torch::equal(scattered.narrow(0, rank * big, big), scattered_out)) << "in place";
+  EXPECT_TRUE(torch::equal(reduced, base(3 * big, torch::kFloat64) * rank_sum))
+      << "async all-reduce sum";
+  EXPECT_TRUE(torch::equal(averaged_out, base(world * 7 + 1, torch::kFloat32) * (world + 1)))
+      << "async all-reduce mean";
+  for (int r = 0; r < world; ++r) {
+    EXPECT_TRUE(torch::equal(gathered.narrow(0, r * 1001, 1001), torch::full({1001}, r + 2.0f)));
+  }
+  // Dropped unwaited: the collective and its `done` still happen (before the next
+  // synchronous collective returns).
+  torch::Tensor dropped_out = torch::zeros({4});
+  {
+    torch::Tensor flat = torch::full({world * 4}, 3.0f * (rank + 1));
+    auto dropped = dp.ReduceScatterAsync(flat, /*mean=*/true,
+                                         [&](const at::Tensor& mine) { dropped_out.copy_(mine); });
+  }
+  EXPECT_EQ(dp.AllReduceSum(1.0), world) << "the ring still works after the async reductions";
+  EXPECT_TRUE(torch::equal(dropped_out, torch::full({4}, 3.0f * (world + 1) / 2)));
+  // Uneven chunks (ZeRO-1/2's contiguous buckets): rank r's chunk has 3r + 1 elements, one
+  // of them over the ring's 4 MiB piece, one empty; each rank gets the mean of its own.
+  {
+    std::vector<int64_t> counts;
+    for (int r = 0; r < world; ++r) counts.push_back(r == 1 ? big : r == 2 ? 0 : 3 * r + 1);
+    int64_t total = 0, begin = 0;
+    for (int r = 0; r < world; ++r) {
+      if (r < rank) begin += counts[r];
+      total += counts[r];
+    }
+    torch::Tensor flat = base(total, torch::kFloat32) * 2 * (rank + 1);
+    torch::Tensor out;
+    auto uneven = dp.ReduceScatterVAsync(flat, counts, /*mean=*/true,
+                                         [&](const at::Tensor& mine) { out = mine.clone(); });
+    uneven->Wait();
+    ASSERT_TRUE(out.defined());
+    EXPECT_TRUE(torch::equal(
+        out, base(total, torch::kFloat32).narrow(0, begin, counts[rank]) * (world + 1)))
+        << "uneven reduce-scatter mean";
+  }
+  // Not float: refused, naming the call.
+  try {
+    dp.ReduceScatterAsync(torch::zeros({world * 2}, torch::kInt64), false, nullptr);
+    ADD_FAILURE() << "an int64 reduce-scatter was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("ReduceScatterAsync"), std::string::npos) << e.what();
+  }
+}
+
 // Reduce-scatter and all-gather (ZeRO): integer-valued data, so sums and means are exact.
 void CheckShardedCollectives(DataParallel& dp) {
   const int rank = dp.rank(), world = dp.world_size();
@@ -209,6 +297,7 @@ void CheckShardedCollectives(DataParallel& dp) {
     }
   }
   CheckAsyncAllGather(dp);
+  CheckAsyncReductions(dp);
   dp.Barrier(std::chrono::seconds(30));
   EXPECT_EQ(dp.AllReduceSum(1.0), world) << "the ring still works after the barrier";
 }

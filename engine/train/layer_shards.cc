@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/train/overlapped_all_reduce.h"
 
 namespace stemma::engine::train {
 
@@ -84,6 +85,7 @@ LayerShards::LayerShards(int64_t num_layers, const std::vector<ParamPlan>& plans
     : ranks_(ranks), num_layers_(num_layers) {
   const char* prefetch = std::getenv("STEMMA_SHARD_PREFETCH");
   prefetch_ = prefetch == nullptr || std::string(prefetch) != "0";
+  overlap_ = ShardOverlapEnabled();
   torch::NoGradGuard no_grad;
   std::vector<std::vector<size_t>> members(static_cast<size_t>(num_layers + 1));
   for (size_t i = 0; i < plans.size(); ++i) {
@@ -135,14 +137,14 @@ LayerShards::LayerShards(int64_t num_layers, const std::vector<ParamPlan>& plans
 
 LayerShards::~LayerShards() = default;
 
-void LayerShards::Gather(Unit& unit) {
+void LayerShards::Gather(Unit& unit, bool bf16) {
   if (unit.gathered && !unit.gathering) return;
   const double start = Now();
   if (unit.gathering) {
     FinishGather(unit);
   } else {
     torch::NoGradGuard no_grad;
-    if (unit.trainable) unit.trainable->Gather();
+    if (unit.trainable) unit.trainable->Gather(bf16);
     FrozenShard& f = unit.frozen;
     if (!f.params.empty()) {
       AllocateFlatStorage(f.flat);
@@ -157,11 +159,11 @@ void LayerShards::Gather(Unit& unit) {
   phase_collectives_ += seconds;
 }
 
-void LayerShards::StartGather(Unit& unit) {
+void LayerShards::StartGather(Unit& unit, bool bf16) {
   if (unit.gathered) return;
   const double start = Now();
   torch::NoGradGuard no_grad;
-  if (unit.trainable) unit.trainable->StartGather();
+  if (unit.trainable) unit.trainable->StartGather(bf16);
   FrozenShard& f = unit.frozen;
   if (!f.params.empty()) {
     AllocateFlatStorage(f.flat);
@@ -212,22 +214,44 @@ void LayerShards::GatherLayer(int layer) {
   kept.kept = false;
   Unit& unit = *units_.at(static_cast<size_t>(layer));
   if (backward) unit.reached_in_backward = true;
-  Gather(unit);
+  Gather(unit, bf16_gathers_);
   const int next = backward ? layer - 1 : layer + 1;
   if (!prefetch_ || next < 0 || next >= num_layers_) return;
   Unit& following = *units_[static_cast<size_t>(next)];
   if (backward && !following.reached_in_backward) return;
-  StartGather(following);
+  StartGather(following, bf16_gathers_);
 }
 
+void LayerShards::GatherInBf16ForAutocast() {
+  const char* knob = std::getenv("STEMMA_SHARD_BF16_GATHER");
+  if (knob != nullptr && std::string(knob) == "0") return;
+  bf16_gathers_ = true;
+  for (int64_t i = 0; i < num_layers_; ++i) {
+    if (auto& trainable = units_[static_cast<size_t>(i)]->trainable) trainable->AllowBf16Gather();
+  }
+}
+
+// Overlapped, a unit's reduce-scatters run while backward goes on to the next layer; the
+// previous unit's are waited for first, so that at most one unit's buckets are in flight.
 void LayerShards::ReduceLayer(int layer) {
   auto& trainable = units_.at(layer)->trainable;
   if (!trainable) return;
   const double start = Now();
-  trainable->ReduceGrads();
+  FinishReductions();
+  trainable->ReduceGrads(overlap_);
+  if (overlap_) reducing_ = trainable.get();
   const double seconds = Now() - start;
   profile_.reduce_scatter += seconds;
   phase_collectives_ += seconds;
+}
+
+double LayerShards::FinishReductions() {
+  if (reducing_ == nullptr) return 0.0;
+  const double start = Now();
+  ShardedAdamW* unit = reducing_;
+  reducing_ = nullptr;
+  unit->FinishReduce();
+  return Now() - start;
 }
 
 void LayerShards::Release(Unit& unit) {
@@ -272,6 +296,7 @@ void LayerShards::ReleaseOuter() {
 }
 
 void LayerShards::ZeroGrad() {
+  profile_.reduce_scatter += FinishReductions();
   for (auto& unit : units_) {
     if (unit->trainable) unit->trainable->ZeroGrad();
   }
@@ -284,6 +309,7 @@ void LayerShards::AfterBackward() {
 }
 
 FlatAdamW::StepStats LayerShards::Step(double lr, double max_norm) {
+  profile_.reduce_scatter += FinishReductions();  // the outer unit's, started by AfterBackward
   const double start = Now();
   double l2sp = 0.0, sum_squares = 0.0;
   for (auto& unit : units_) {
@@ -345,6 +371,7 @@ void LayerShards::FinishRestore(int64_t step) {
 }
 
 void LayerShards::FreeOptimizerState() {
+  FinishReductions();
   for (auto& unit : units_) {
     if (unit->trainable) unit->trainable->FreeOptimizerState();
   }
@@ -355,6 +382,8 @@ void LayerShards::ForEachParameter(
     const std::function<void(const std::string& name, const torch::Tensor& value)>& visit) {
   torch::NoGradGuard no_grad;
   for (auto& unit : units_) {
+    // A layer gathered through bf16 holds rounded weights: gather it again in fp32.
+    if (unit->trainable && unit->trainable->gathered_rounded()) Release(*unit);
     const bool was_gathered = unit->gathered;
     Gather(*unit);
     for (size_t i = 0; i < unit->params.size(); ++i) visit(unit->names[i], unit->params[i]);

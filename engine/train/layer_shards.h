@@ -28,6 +28,14 @@
 //   frozen prefix whose input needs no gradient is never reached). STEMMA_SHARD_PREFETCH=0
 //   turns prefetching off (for measuring it). Forward's last layer is not released: backward
 //   starts with it (released after backward, or when another layer is gathered first).
+// - Overlapped reduction. A layer's reduce-scatters (grads_ready) are started, not waited
+//   for (DataParallel::ReduceScatterAsync): they run while backward recomputes and
+//   backpropagates the layer before it, each adding its piece into the slice's gradient when
+//   it finishes, and its bucket is freed then. The previous unit's are waited for before a
+//   unit starts its own (at most one unit's buckets in flight: about one layer's fp32
+//   gradients more at peak when the network is slower than a layer's backward), and the
+//   outer unit's (started after backward) before the step. Same buckets, same sums:
+//   STEMMA_SHARD_OVERLAP=0 reduces synchronously, with identical results.
 //
 // The update is elementwise FlatAdamW's, so W ranks train the same weights as one process
 // (sharded_train_test). Every method marked collective must be called by all ranks in the
@@ -69,6 +77,12 @@ class LayerShards {
 
   // The decoder layers' gather / release / grads_ready (collective), for SetLayerHooks.
   std::shared_ptr<const model::LayerHooks> Hooks();
+
+  // Compute in bf16 (autocast): the decoder layers' gathers for forward and backward carry
+  // their matrices as bf16 (ShardedAdamW::Gather's `bf16`; half the bytes, the same bf16
+  // products), unless STEMMA_SHARD_BF16_GATHER=0. Frozen tensors, the outer unit and
+  // ForEachParameter stay fp32.
+  void GatherInBf16ForAutocast();
 
   // The embeddings, head and final norm, for the forward's first and last operations and
   // for held-out evaluation (collective).
@@ -116,7 +130,8 @@ class LayerShards {
   // GatherOuter or the previous AfterBackward to backward's first layer) and backward (to
   // AfterBackward), without the gathers and reduce-scatters in them, which are counted
   // apart; optimizer: Step. gather counts every unit's all-gather (a wait for a prefetched
-  // one included).
+  // one included); reduce_scatter the packing and starting of the reduce-scatters and the
+  // waits for started ones.
   struct Profile {
     double forward = 0, backward = 0, gather = 0, reduce_scatter = 0, optimizer = 0;
     int64_t gathers = 0, prefetches = 0;
@@ -126,13 +141,15 @@ class LayerShards {
  private:
   struct Unit;
   enum class Phase { kIdle, kForward, kBackward };
-  void Gather(Unit& unit);        // collective (or finishes a started gather)
-  void StartGather(Unit& unit);   // collective, asynchronous
-  void FinishGather(Unit& unit);  // waits for a started gather
+  // `bf16`: a decoder layer's gather for bf16 compute (GatherInBf16ForAutocast).
+  void Gather(Unit& unit, bool bf16 = false);       // collective (or finishes a started one)
+  void StartGather(Unit& unit, bool bf16 = false);  // collective, asynchronous
+  void FinishGather(Unit& unit);                    // waits for a started gather
   void Release(Unit& unit);
   void ReleaseLayers();         // prefetched layers that were not used (waits for their transfer)
   void GatherLayer(int layer);  // the gather hook
   void ReduceLayer(int layer);  // the grads_ready hook
+  double FinishReductions();    // waits for the started reduce-scatters; returns the seconds
   void EndPhase(Phase next);    // closes the current phase's clock and opens `next`
 
   DataParallel& ranks_;
@@ -140,6 +157,9 @@ class LayerShards {
   std::vector<std::unique_ptr<Unit>> units_;  // layers, then the outer unit
   int64_t step_ = 0;
   bool prefetch_ = true;
+  bool overlap_ = true;               // STEMMA_SHARD_OVERLAP
+  bool bf16_gathers_ = false;         // GatherInBf16ForAutocast
+  ShardedAdamW* reducing_ = nullptr;  // the unit whose reduce-scatters are in flight
   Profile profile_;
   Phase phase_ = Phase::kIdle;
   int last_layer_ = -1;           // the decoder layer gathered last in this phase

@@ -23,6 +23,7 @@
 #include "engine/train/distributed.h"
 #include "engine/train/layer_shards.h"
 #include "engine/train/optimizer.h"
+#include "engine/train/overlapped_all_reduce.h"
 #include "engine/train/plan.h"
 #include "engine/train/sharded_optimizer.h"
 #include "nlohmann/json.hpp"
@@ -45,6 +46,9 @@ struct Run {
   std::unique_ptr<FlatAdamW> optimizer;
   std::unique_ptr<ShardedAdamW> sharded;
   std::unique_ptr<LayerShards> full;
+  // none at W > 1: the gradient all-reduce overlapping the last backward (unless
+  // STEMMA_SHARD_OVERLAP=0; then AllReduceMeanGradients after it).
+  std::unique_ptr<OverlappedAllReduce> overlap;
   std::unique_ptr<data::Loader> loader;
   // The data-parallel group (RANK/WORLD_SIZE); a single process makes every collective a
   // no-op.

@@ -124,6 +124,7 @@ std::vector<torch::Tensor> ShardedAdamW::parameters() const {
 }
 
 void ShardedAdamW::ZeroGrad() {
+  FinishReduce();
   for (Segment& s : segments_) s.param.mutable_grad() = torch::Tensor();
   grad_fresh_ = true;
 }
@@ -154,19 +155,22 @@ void ShardedAdamW::PackGrads(int64_t begin, int64_t end, torch::Tensor out, bool
   if (at < end) out.narrow(0, at - begin, end - at).zero_();  // padding past the last segment
 }
 
-void ShardedAdamW::ReduceBuckets() {
+void ShardedAdamW::ReduceBuckets(bool overlap) {
+  FinishReduce();  // an earlier micro-batch's reduction adds into grad_ first
   // Each bucket holds `piece` elements of every rank's slice: [W, piece] row-major.
   int64_t piece = std::max<int64_t>(1, std::min<int64_t>(chunk_, bucket_bytes_ / (4 * world_)));
   // kFull reduces one layer at a time, and all of its autograd gradients are alive when the
   // first bucket is packed (each is freed once wholly packed): a bucket as large as the layer
   // would double its gradients' memory. A quarter of it at most; the sums are the same.
   if (level_ == Level::kFull) piece = std::min(piece, std::max<int64_t>(1, (chunk_ + 3) / 4));
-  if (!bucket_.defined() || bucket_.numel() < world_ * piece) {
+  if (!overlap && (!bucket_.defined() || bucket_.numel() < world_ * piece)) {
     bucket_ = torch::empty({world_ * piece}, values_.options());
   }
   for (int64_t first = 0; first < chunk_; first += piece) {
     const int64_t n = std::min(piece, chunk_ - first);
-    auto flat = bucket_.narrow(0, 0, world_ * n);
+    // Overlapped: a bucket of its own, freed once its reduction has finished.
+    auto flat =
+        overlap ? torch::empty({world_ * n}, values_.options()) : bucket_.narrow(0, 0, world_ * n);
     for (int64_t r = 0; r < world_; ++r) {
       const int64_t begin = r * chunk_ + first;
       PackGrads(std::min(begin, numel_), std::min(begin + n, numel_), flat.narrow(0, r * n, n),
@@ -178,21 +182,95 @@ void ShardedAdamW::ReduceBuckets() {
         flat.narrow(0, r * n + real, n - real).zero_();
       }
     }
-    auto mine = ranks_.ReduceScatter(flat, /*mean=*/true);
-    auto target = grad_.narrow(0, first, n);
-    if (grad_fresh_) {
-      target.copy_(mine);
+    // The same arithmetic either way: the mean of the piece, copied or added into grad_.
+    auto accumulate = [target = grad_.narrow(0, first, n),
+                       fresh = grad_fresh_](const at::Tensor& mine) {
+      if (fresh) {
+        target.copy_(mine);
+      } else {
+        target.add_(mine);
+      }
+    };
+    if (overlap) {
+      reducing_.push_back(ranks_.ReduceScatterAsync(flat, /*mean=*/true, accumulate));
     } else {
-      target.add_(mine);
+      accumulate(ranks_.ReduceScatter(flat, /*mean=*/true));
     }
   }
   grad_fresh_ = false;
 }
 
+void ShardedAdamW::FinishReduce() {
+  std::vector<std::unique_ptr<DataParallel::Pending>> pending = std::move(reducing_);
+  reducing_.clear();
+  for (auto& p : pending) p->Wait();
+}
+
+void ShardedAdamW::OverlapReduction() {
+  if (level_ == Level::kFull || segments_.empty() || ready_ != nullptr) return;
+  const int64_t cap = std::max<int64_t>(1, bucket_bytes_ / 4);  // fp32 elements
+  std::vector<std::vector<size_t>> members;
+  // `end`: of the bucket being filled (the padding goes with the last tensor).
+  int64_t end = world_ * chunk_;
+  for (size_t i = segments_.size(); i-- > 0;) {
+    const int64_t begin = segments_[i].offset;
+    if (!members.empty() && end - begin > cap) end = ranges_.back().first;  // full: a new one
+    if (members.empty() || ranges_.back().second != end) {
+      members.emplace_back();
+      ranges_.emplace_back(begin, end);
+    }
+    members.back().push_back(i);
+    ranges_.back().first = begin;
+  }
+  std::vector<torch::Tensor> params;
+  for (const Segment& s : segments_) params.push_back(s.param);
+  ready_ = std::make_unique<ReadyBuckets>(std::move(params), std::move(members),
+                                          [this](size_t b) { StartRange(b); });
+}
+
+void ShardedAdamW::BeforeBackward(bool last) {
+  if (ready_ != nullptr && (level_ == Level::kGradients || last)) ready_->Arm();
+}
+
+void ShardedAdamW::StartRange(size_t bucket) {
+  torch::NoGradGuard no_grad;
+  const auto [begin, end] = ranges_[bucket];
+  const int64_t real_end = std::min(end, numel_);
+  // ZeRO-1 reduces in place in its flat gradient (this rank's part of it is grad_).
+  torch::Tensor flat = level_ == Level::kOptimizer ? flat_grads_.narrow(0, begin, end - begin)
+                                                   : torch::empty({end - begin}, values_.options());
+  if (begin < real_end) {
+    PackGrads(begin, real_end, flat.narrow(0, 0, real_end - begin), /*free_packed=*/true);
+  }
+  if (end > real_end) flat.narrow(0, real_end - begin, end - real_end).zero_();
+  std::vector<int64_t> counts(static_cast<size_t>(world_));
+  for (int64_t r = 0; r < world_; ++r) {
+    counts[r] = std::max<int64_t>(0, std::min(end, (r + 1) * chunk_) - std::max(begin, r * chunk_));
+  }
+  DataParallel::Done done;
+  if (level_ == Level::kGradients && counts[rank_] > 0) {
+    done = [target =
+                grad_.narrow(0, std::max(begin, rank_ * chunk_) - rank_ * chunk_, counts[rank_]),
+            fresh = grad_fresh_](const at::Tensor& mine) {
+      if (fresh) {
+        target.copy_(mine);
+      } else {
+        target.add_(mine);
+      }
+    };
+  }
+  reducing_.push_back(ranks_.ReduceScatterVAsync(flat, counts, /*mean=*/true, std::move(done)));
+}
+
 void ShardedAdamW::AfterBackward(bool last) {
   torch::NoGradGuard no_grad;
+  if (ready_ != nullptr && ready_->armed()) {
+    ready_->StartRest();
+    grad_fresh_ = false;
+    return;
+  }
   if (level_ == Level::kGradients) {
-    ReduceBuckets();
+    ReduceBuckets(/*overlap=*/false);
     return;
   }
   if (level_ == Level::kFull) return;  // LayerShards calls ReduceGrads per unit
@@ -206,6 +284,7 @@ void ShardedAdamW::AfterBackward(bool last) {
 ShardedAdamW::LocalSums ShardedAdamW::PrepareStep() {
   torch::NoGradGuard no_grad;
   LocalSums sums;
+  FinishReduce();
   if (grad_fresh_) grad_.zero_();  // no micro-batch reached the parameters
   for (const Piece& p : pieces_) {
     const Segment& s = segments_[p.segment];
@@ -338,7 +417,55 @@ void AllocateFlatStorage(const torch::Tensor& flat) {
   storage->set_nbytes(bytes);
 }
 
-void ShardedAdamW::Gather() {
+void ShardedAdamW::AllowBf16Gather() {
+  std::vector<std::vector<int64_t>> owned(static_cast<size_t>(world_));  // per rank
+  bool any_matrix = false;
+  for (const Segment& s : segments_) {
+    if (s.param.dim() >= 2) {
+      any_matrix = true;
+      continue;
+    }
+    for (int64_t e = s.offset; e < s.offset + s.numel; ++e) owned[e / chunk_].push_back(e);
+  }
+  bf16_allowed_ = any_matrix;
+  if (!any_matrix) return;
+  std::vector<int64_t> positions, sources;
+  for (const auto& mine : owned) {
+    fp32_chunk_ = std::max(fp32_chunk_, static_cast<int64_t>(mine.size()));
+  }
+  for (int64_t r = 0; r < world_; ++r) {
+    for (size_t j = 0; j < owned[r].size(); ++j) {
+      positions.push_back(owned[r][j]);
+      sources.push_back(r * fp32_chunk_ + static_cast<int64_t>(j));
+    }
+  }
+  std::vector<int64_t> local;
+  for (int64_t e : owned[rank_]) local.push_back(e - rank_ * chunk_);
+  auto to_tensor = [&](const std::vector<int64_t>& v) {
+    return torch::tensor(v, torch::dtype(torch::kInt64)).to(values_.device());
+  };
+  fp32_positions_ = to_tensor(positions);
+  fp32_sources_ = to_tensor(sources);
+  fp32_local_ = to_tensor(local);
+}
+
+void ShardedAdamW::PackBf16Gather() {
+  wire16_ = torch::empty({world_ * chunk_}, values_.options().dtype(torch::kBFloat16));
+  wire16_.narrow(0, rank_ * chunk_, chunk_).copy_(master_);  // rounds to nearest even
+  if (fp32_chunk_ == 0) return;
+  wire32_ = torch::zeros({world_ * fp32_chunk_}, values_.options());
+  wire32_.narrow(0, rank_ * fp32_chunk_, fp32_local_.numel())
+      .copy_(master_.index_select(0, fp32_local_));
+}
+
+void ShardedAdamW::UnpackBf16Gather() {
+  values_.copy_(wire16_);
+  if (fp32_chunk_ > 0)
+    values_.index_copy_(0, fp32_positions_, wire32_.index_select(0, fp32_sources_));
+  wire16_ = wire32_ = torch::Tensor();
+}
+
+void ShardedAdamW::Gather(bool bf16) {
   if (gathered_) {
     FinishGather();
     return;
@@ -346,15 +473,30 @@ void ShardedAdamW::Gather() {
   torch::NoGradGuard no_grad;
   AllocateFlatStorage(values_);
   gathered_ = true;
+  rounded_ = bf16 && bf16_allowed_;
+  if (rounded_) {
+    PackBf16Gather();
+    ranks_.AllGather(wire16_);
+    if (wire32_.defined()) ranks_.AllGather(wire32_);
+    UnpackBf16Gather();
+    return;
+  }
   values_.narrow(0, rank_ * chunk_, chunk_).copy_(master_);
   ranks_.AllGather(values_);
 }
 
-void ShardedAdamW::StartGather() {
+void ShardedAdamW::StartGather(bool bf16) {
   if (gathered_) return;
   torch::NoGradGuard no_grad;
   AllocateFlatStorage(values_);
   gathered_ = true;
+  rounded_ = bf16 && bf16_allowed_;
+  if (rounded_) {
+    PackBf16Gather();
+    gathering_ = ranks_.AllGatherAsync(wire16_);
+    if (wire32_.defined()) gathering32_ = ranks_.AllGatherAsync(wire32_);
+    return;
+  }
   values_.narrow(0, rank_ * chunk_, chunk_).copy_(master_);
   gathering_ = ranks_.AllGatherAsync(values_);
 }
@@ -362,23 +504,30 @@ void ShardedAdamW::StartGather() {
 void ShardedAdamW::FinishGather() {
   if (gathering_ == nullptr) return;
   std::unique_ptr<DataParallel::Pending> pending = std::move(gathering_);
+  std::unique_ptr<DataParallel::Pending> pending32 = std::move(gathering32_);
   pending->Wait();
+  if (pending32 != nullptr) pending32->Wait();
+  if (wire16_.defined()) {
+    torch::NoGradGuard no_grad;
+    UnpackBf16Gather();
+  }
 }
 
 void ShardedAdamW::Release() {
   if (!gathered_ || level_ != Level::kFull) return;
   FinishGather();  // the transfer must not write into freed memory
   FreeFlatStorage(values_);
-  gathered_ = false;
+  gathered_ = rounded_ = false;
 }
 
-void ShardedAdamW::ReduceGrads() {
+void ShardedAdamW::ReduceGrads(bool overlap) {
   torch::NoGradGuard no_grad;
-  ReduceBuckets();
+  ReduceBuckets(overlap);
   bucket_ = torch::Tensor();  // one unit's bucket; the next unit allocates its own
 }
 
 void ShardedAdamW::FreeOptimizerState() {
+  FinishReduce();
   exp_avg_ = exp_avg_sq_ = grad_ = flat_grads_ = anchor_ = bucket_ = torch::Tensor();
   pieces_.clear();
 }

@@ -14,7 +14,9 @@
 //   buckets of `bucket_mb` straight from the autograd tensors into the slice (accumulated over
 //   micro-batches); each parameter's gradient is freed as soon as all of it is packed, and no
 //   flat gradient copy exists. A bucket is W equal pieces, piece r from rank r's slice, so
-//   one equal-chunk reduce-scatter delivers each rank its piece.
+//   one equal-chunk reduce-scatter delivers each rank its piece. Overlapped with backward
+//   (OverlapReduction, the default at W > 1), both levels reduce contiguous ranges instead,
+//   as their gradients become final.
 // - Step. The L2-SP gradient 2λ(θ − θ_base), the masks, the global gradient norm (Σg² of each
 //   slice, all-reduced), clipping and LibTorch's fused AdamW run on the slice only; an
 //   in-place all-gather of the flat buffer then gives every rank the updated replica.
@@ -46,6 +48,7 @@
 #include "absl/status/status.h"
 #include "engine/train/distributed.h"
 #include "engine/train/optimizer.h"
+#include "engine/train/overlapped_all_reduce.h"
 #include "engine/train/plan.h"
 #include "stemma/v1/specs/train.pb.h"
 
@@ -83,6 +86,20 @@ class ShardedAdamW {
                const v1::TrainOptimizer& options, DataParallel& ranks, Level level,
                int64_t bucket_bytes, const InitialValues& initial = {});
 
+  // kOptimizer, kGradients: reduce while backward runs (the trainer asks unless
+  // STEMMA_SHARD_OVERLAP=0; collective). Buckets are then contiguous ranges of the flat
+  // layout of at most `bucket_bytes`, last to first (whole tensors; the padding goes with the
+  // last tensor), started as soon as their gradients are final (ReadyBuckets,
+  // overlapped_all_reduce.h): kGradients in every micro-batch's backward, kOptimizer in the
+  // last one's. Each is reduce-scattered with uneven chunks (DataParallel::
+  // ReduceScatterVAsync: each rank gets the part of the range in its slice), every element
+  // summed in the same order as by the synchronous path, so the results are the same bit for
+  // bit. BeforeBackward arms the hooks before each micro-batch's backward; AfterBackward
+  // starts the buckets whose hooks did not all fire (parameters without a gradient); the step
+  // waits.
+  void OverlapReduction();
+  void BeforeBackward(bool last);
+
   // Clears every parameter's .grad and, at the first micro-batch, the reduced gradient.
   void ZeroGrad();
   // After each micro-batch's backward. kGradients: reduce-scatters this micro-batch's
@@ -110,15 +127,30 @@ class ShardedAdamW {
   // be read until the next Gather). ReduceGrads: reduce-scatters the parameters' .grad (this
   // micro-batch's, zeros where undefined) into the slice's gradient, in buckets, and frees
   // them (collective).
-  void Gather();
+  //
+  // bf16 gathers (`bf16` true, after AllowBf16Gather): the tensors of two or more dimensions
+  // travel as bf16 (each rank rounds its fp32 slice, round to nearest even) and are widened
+  // into the fp32 buffer; the others (norm weights, biases) travel as fp32 in a second
+  // all-gather of just those elements. Half the bytes for a layer's matrices, and exact for
+  // a compute that only ever uses them as bf16 (autocast's linear and matmul cast a fp32
+  // weight to bf16 with the same rounding); the master slice stays fp32. Only for that
+  // compute: the parameters hold rounded values until Release (gathered_rounded()).
+  void Gather(bool bf16 = false);
   void Release();
   bool gathered() const { return gathered_; }
+  bool gathered_rounded() const { return gathered_ && rounded_; }
+  void AllowBf16Gather();
   // Gather in two halves, for a prefetch: StartGather allocates the buffer and starts the
   // all-gather (collective, DataParallel::AllGatherAsync); FinishGather waits for it. The
   // parameters must not be read in between. Release waits for a started gather first.
-  void StartGather();
+  void StartGather(bool bf16 = false);
   void FinishGather();
-  void ReduceGrads();
+  // `overlap`: the buckets' reduce-scatters are started (DataParallel::ReduceScatterAsync) and
+  // each adds into the slice's gradient when it has finished, while the caller goes on (the
+  // next layer's backward); FinishReduce waits for them. PrepareStep, ZeroGrad, the next
+  // ReduceGrads and FreeOptimizerState finish them first. The sums are the same either way.
+  void ReduceGrads(bool overlap = false);
+  void FinishReduce();
   // Frees the moments, gradient slice and anchor once no step follows (before publishing);
   // the weights stay. Only Gather/Release and SliceTensors' "values" may be used afterwards.
   void FreeOptimizerState();
@@ -160,7 +192,8 @@ class ShardedAdamW {
   // Copies the autograd gradients of flat elements [begin, end) into `out` (zeros where a
   // parameter has none, and in the padding); frees a gradient once it was wholly packed.
   void PackGrads(int64_t begin, int64_t end, torch::Tensor out, bool free_packed);
-  void ReduceBuckets();  // kGradients: one micro-batch's gradients into grad_
+  void ReduceBuckets(bool overlap);  // one micro-batch's gradients into grad_
+  void StartRange(size_t bucket);    // OverlapReduction's bucket: pack, reduce-scatter
   torch::Tensor SliceOf(const torch::Tensor& flat, const Piece& p) const {
     return flat.narrow(0, p.begin - rank_ * chunk_, p.end - p.begin);
   }
@@ -190,6 +223,23 @@ class ShardedAdamW {
   int64_t step_ = 0;
 
   std::unique_ptr<DataParallel::Pending> gathering_;  // kFull: a started, unfinished all-gather
+  void PackBf16Gather();    // allocates and fills the bf16 gather's wire buffers
+  void UnpackBf16Gather();  // widens them into values_ and frees them
+  // bf16 gathers (AllowBf16Gather): the flat positions of the fp32-only elements, the
+  // positions of their values in wire32_ [W·m] (m: the most any rank owns), and this rank's
+  // own as positions in its slice.
+  bool bf16_allowed_ = false;
+  bool rounded_ = false;                                      // gathered through bf16
+  int64_t fp32_chunk_ = 0;                                    // m
+  torch::Tensor fp32_positions_, fp32_sources_, fp32_local_;  // int64
+  torch::Tensor wire16_, wire32_;  // [W·k] bf16, [W·m] fp32 while a bf16 gather runs
+  std::unique_ptr<DataParallel::Pending> gathering32_;
+  // OverlapReduction: the buckets' flat element ranges [begin, end), in start order.
+  std::vector<std::pair<int64_t, int64_t>> ranges_;
+  std::unique_ptr<ReadyBuckets> ready_;
+  // Started reduce-scatters whose results add into grad_ (ReduceGrads(true), StartRange);
+  // last, so that destroying this waits for them before the tensors above go.
+  std::vector<std::unique_ptr<DataParallel::Pending>> reducing_;
 };
 
 }  // namespace stemma::engine::train

@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/train/rank_processes.h"
@@ -22,7 +24,8 @@ class ShardedTrainTest : public TrainTest {
   // result (only rank 0 prints events) and, in `peak_anon_kib`, each rank's peak RssAnon.
   static std::vector<Result> RunRanks(const json& spec, const std::string& name, int world,
                                       const std::string& extra = "",
-                                      std::vector<int64_t>* peak_anon_kib = nullptr) {
+                                      std::vector<int64_t>* peak_anon_kib = nullptr,
+                                      const std::string& env = "") {
     const fs::path spec_path = root_ / (name + ".json");
     std::ofstream(spec_path) << spec.dump(2);
     const int port = FreePort();
@@ -31,7 +34,7 @@ class ShardedTrainTest : public TrainTest {
       const std::string base = (root_ / absl::StrCat(name, ".", r)).string();
       commands.push_back(absl::StrCat("env RANK=", r, " LOCAL_RANK=", r, " WORLD_SIZE=", world,
                                       " MASTER_ADDR=127.0.0.1 MASTER_PORT=", port,
-                                      " STEMMA_DDP_TIMEOUT_S=60 OMP_NUM_THREADS=1 ",
+                                      " STEMMA_DDP_TIMEOUT_S=60 OMP_NUM_THREADS=1 ", env, " ",
                                       STEMMA_ENGINE_BIN, " train --spec ", spec_path.string(), " ",
                                       extra, " > ", base, ".stdout 2> ", base, ".stderr"));
     }
@@ -251,6 +254,56 @@ TEST_F(ShardedTrainTest, DeltaMoeWithLoadBalancingEqualsUnshardedRanks) {
     }
     ExpectSameWeights(ReadTensors(root_ / "olmoe"), ReadTensors(root_ / "lb_none"), root_ / run,
                       "load balancing, " + level);
+  }
+}
+
+// Reducing gradients while backward runs and gathering the layers' matrices in bf16 under
+// bf16 autocast (the defaults) against reducing them after each layer's backward and
+// gathering fp32 (STEMMA_SHARD_OVERLAP=0 STEMMA_SHARD_BF16_GATHER=0): the same buckets and
+// sums, and the same bf16 products, so the same losses, gradient norms and weights, bit for
+// bit, with gradient accumulation, L2-SP and a frozen layer, in float32 and under bf16.
+TEST_F(ShardedTrainTest, OverlapAndBf16GathersChangeNothing) {
+  json spec = BaseSpec("llama", "");
+  spec["batch_size"] = 4;
+  spec["grad_accum"] = 2;
+  spec["log_every"] = 1;
+  spec["optimizer"]["weight_decay"] = 0.1;
+  spec["strategy"] = {{"l2sp", {{{"lambda", 0.01}}}}, {"freeze", {{"layers", {"0:1"}}}}};
+  // optimizer, gradients: uneven reduce-scatters of contiguous buckets, summed in the same
+  // order; none: DDP's all-reduce in other buckets (at 2 ranks a sum of two is exact in any
+  // order, so also bit for bit).
+  for (const auto& [level, precision] :
+       std::vector<std::pair<std::string, std::string>>{{"full", "float32"},
+                                                        {"full", "bfloat16"},
+                                                        {"gradients", "float32"},
+                                                        {"optimizer", "float32"},
+                                                        {"none", "float32"}}) {
+    spec["precision"] = precision;
+    spec["parallel"] = {{"shard", level}, {"bucket_mb", 1}};
+    std::map<std::string, std::vector<Result>> runs;
+    for (const std::string on : {"0", "1"}) {
+      const std::string name = absl::StrCat("overlap_", level, "_", precision, "_", on);
+      spec["out"] = (root_ / name).string();
+      runs[on] =
+          RunRanks(spec, name, 2, "", nullptr,
+                   absl::StrCat("STEMMA_SHARD_OVERLAP=", on, " STEMMA_SHARD_BF16_GATHER=", on));
+      ASSERT_EQ(runs[on][0].exit_code, 0) << runs[on][0].stderr_text;
+      ASSERT_EQ(runs[on][1].exit_code, 0) << runs[on][1].stderr_text;
+    }
+    const std::string what = level + " " + precision;
+    const auto off = runs["0"][0].Of("step"), on = runs["1"][0].Of("step");
+    ASSERT_EQ(off.size(), on.size()) << what;
+    ASSERT_FALSE(off.empty()) << what;
+    for (size_t i = 0; i < off.size(); ++i) {
+      for (const char* key : {"loss", "grad_norm", "l2sp"}) {
+        EXPECT_EQ(off[i][key].get<double>(), on[i][key].get<double>())
+            << what << " step " << i + 1 << " " << key;
+      }
+    }
+    const Tensors a = ReadTensors(root_ / absl::StrCat("overlap_", level, "_", precision, "_0"));
+    const Tensors b = ReadTensors(root_ / absl::StrCat("overlap_", level, "_", precision, "_1"));
+    ASSERT_EQ(a.size(), b.size()) << what;
+    for (const auto& [name, x] : a) EXPECT_TRUE(Same(x, b.at(name))) << what << ": " << name;
   }
 }
 

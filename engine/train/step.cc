@@ -115,13 +115,19 @@ absl::StatusOr<StepResult> TrainStep(Run& run, int64_t step) {
         z_sum += out.router_z_loss.item<double>();
       }
     }
+    if (run.overlap && micro + 1 == grad_accum) run.overlap->Arm();
+    if (run.sharded) run.sharded->BeforeBackward(micro + 1 == grad_accum);
     loss.backward();
     ce_sum += ce.item<double>();
     if (run.sharded) run.sharded->AfterBackward(micro + 1 == grad_accum);
     if (run.full) run.full->AfterBackward();
   }
   if (run.full) run.full->ReleaseOuter();
-  if (world > 1 && run.optimizer) run.ranks->AllReduceMeanGradients({run.optimizer->FlatGrads()});
+  if (run.overlap) {
+    run.overlap->Finish();
+  } else if (world > 1 && run.optimizer) {
+    run.ranks->AllReduceMeanGradients({run.optimizer->FlatGrads()});
+  }
   result.loss = run.ranks->AllReduceSum(ce_sum) / global_tokens;
   if (moe) {
     const double micro_batches = static_cast<double>(grad_accum * world);

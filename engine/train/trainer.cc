@@ -271,14 +271,20 @@ absl::Status BuildOptimizer(Run& run, const model::TensorLookup& weights) {
                                                params, spec.optimizer(), *run.ranks,
                                                spec.parallel().bucket_mb() << 20, initial);
       run.lm->model->SetLayerHooks(run.full->Hooks());
+      if (run.autocast_bf16) run.full->GatherInBf16ForAutocast();
     } else if (shard == "optimizer" || shard == "gradients") {
       run.sharded = std::make_unique<ShardedAdamW>(
           run.plan.params, params, spec.optimizer(), *run.ranks,
           shard == "optimizer" ? ShardedAdamW::Level::kOptimizer : ShardedAdamW::Level::kGradients,
           spec.parallel().bucket_mb() << 20, initial);
       if (initial) LoadFrozen(run, params, initial);
+      if (run.ranks->world_size() > 1 && ShardOverlapEnabled()) run.sharded->OverlapReduction();
     } else {
       run.optimizer = std::make_unique<FlatAdamW>(run.plan.params, params, spec.optimizer());
+      if (run.ranks->world_size() > 1 && ShardOverlapEnabled()) {
+        run.overlap = std::make_unique<OverlappedAllReduce>(params, *run.ranks,
+                                                            spec.parallel().bucket_mb() << 20);
+      }
     }
     return absl::OkStatus();
   });
