@@ -80,8 +80,8 @@ class LayerShards {
 
   // Compute in bf16 (autocast): the decoder layers' gathers for forward and backward carry
   // their matrices as bf16 (ShardedAdamW::Gather's `bf16`; half the bytes, the same bf16
-  // products), unless STEMMA_SHARD_BF16_GATHER=0. Frozen tensors, the outer unit and
-  // ForEachParameter stay fp32.
+  // products). By default on CUDA only; STEMMA_SHARD_BF16_GATHER=1 / 0 forces it on / off.
+  // Frozen tensors, the outer unit and ForEachParameter stay fp32.
   void GatherInBf16ForAutocast();
 
   // The embeddings, head and final norm, for the forward's first and last operations and

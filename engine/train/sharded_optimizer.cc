@@ -7,6 +7,12 @@
 #include <optional>
 
 namespace stemma::engine::train {
+namespace {
+
+// OverlapReduction's started buckets not yet waited for (their memory, under NCCL).
+constexpr size_t kBucketsInFlight = 4;
+
+}  // namespace
 
 ShardedAdamW::ShardedAdamW(const std::vector<ParamPlan>& plans,
                            const std::vector<torch::Tensor>& params,
@@ -258,6 +264,12 @@ void ShardedAdamW::StartRange(size_t bucket) {
         target.add_(mine);
       }
     };
+  }
+  // NCCL keeps each bucket until its Wait: at most a few in flight, not a whole gradient.
+  while (reducing_.size() >= kBucketsInFlight) {
+    std::unique_ptr<DataParallel::Pending> oldest = std::move(reducing_.front());
+    reducing_.erase(reducing_.begin());
+    oldest->Wait();
   }
   reducing_.push_back(ranks_.ReduceScatterVAsync(flat, counts, /*mean=*/true, std::move(done)));
 }
