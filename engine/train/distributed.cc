@@ -814,6 +814,13 @@ at::ScalarType ReduceDtype(const at::Tensor& grad) {
 
 at::ScalarType OwnDtype(const at::Tensor& tensor) { return tensor.scalar_type(); }
 
+// Calls `reduce` with `flat`'s elements as double* or float*: the ring reduces those two.
+template <typename Reduce>
+absl::Status OnReduceDtype(const at::Tensor& flat, Reduce reduce) {
+  return flat.scalar_type() == at::kDouble ? reduce(flat.data_ptr<double>())
+                                           : reduce(flat.data_ptr<float>());
+}
+
 // Copies tensors[first, last) into `flat` ([numel]), or back when `gather` is false.
 void Pack(const std::vector<at::Tensor>& tensors, const Bucket& bucket, at::Tensor& flat,
           bool gather) {
@@ -897,9 +904,8 @@ void DataParallel::AllReduceMeanGradients(const std::vector<torch::Tensor>& grad
     if (UseNccl(bucket.device)) {
       nccl_->AllReduceSum(flat);
     } else {
-      absl::Status status = bucket.dtype == at::kDouble
-                                ? ring_->AllReduceSum(flat.data_ptr<double>(), bucket.numel)
-                                : ring_->AllReduceSum(flat.data_ptr<float>(), bucket.numel);
+      absl::Status status =
+          OnReduceDtype(flat, [&](auto* data) { return ring_->AllReduceSum(data, bucket.numel); });
       if (!status.ok()) Fail(rank_, status);
     }
     flat.div_(world_size_);
@@ -941,9 +947,8 @@ at::Tensor DataParallel::ReduceScatter(const at::Tensor& flat, bool mean) {
   } else {
     // Host staging for CUDA tensors without NCCL; CPU tensors are reduced where they lie.
     at::Tensor host = flat.is_cpu() ? flat : flat.to(at::kCPU);
-    absl::Status status = dtype == at::kDouble
-                              ? ring_->ReduceScatterSum(host.data_ptr<double>(), chunk)
-                              : ring_->ReduceScatterSum(host.data_ptr<float>(), chunk);
+    absl::Status status =
+        OnReduceDtype(host, [&](auto* data) { return ring_->ReduceScatterSum(data, chunk); });
     if (!status.ok()) Fail(rank_, status);
     if (!flat.is_cpu()) mine.copy_(host.narrow(0, rank_ * chunk, chunk));
   }
@@ -1018,30 +1023,25 @@ std::unique_ptr<DataParallel::Pending> DataParallel::ReduceScatterAsync(const at
     if (done) done(result);
     return std::make_unique<Finished>();
   }
-  if (comm_ == nullptr) comm_ = std::make_unique<Comm>();
   Ring* ring = ring_.get();
-  return comm_->Post(
-      [ring, flat, mine, chunk, mean, world, done]() -> absl::Status {
-        const absl::Status status = flat.scalar_type() == at::kDouble
-                                        ? ring->ReduceScatterSum(flat.data_ptr<double>(), chunk)
-                                        : ring->ReduceScatterSum(flat.data_ptr<float>(), chunk);
-        if (!status.ok()) return status;
-        if (mean) mine.div_(world);
-        if (done) done(mine);
-        return absl::OkStatus();
-      },
-      rank_);
+  return PostReduction(mine, mean, std::move(done), [ring, flat, chunk] {
+    return OnReduceDtype(flat, [&](auto* data) { return ring->ReduceScatterSum(data, chunk); });
+  });
 }
 
 std::unique_ptr<DataParallel::Pending> DataParallel::ReduceScatterVAsync(
     const at::Tensor& flat, const std::vector<int64_t>& counts, bool mean, Done done) {
   int64_t total = 0;
-  for (int64_t count : counts) total += std::max<int64_t>(count, 0);
-  if (!flat.defined() || flat.dim() != 1 || !flat.is_contiguous() ||
+  bool negative = false;
+  for (int64_t count : counts) {
+    total += count;
+    negative = negative || count < 0;
+  }
+  if (!flat.defined() || flat.dim() != 1 || !flat.is_contiguous() || negative ||
       static_cast<int>(counts.size()) != world_size_ || total != flat.numel()) {
     Fail(rank_, absl::InvalidArgumentError(
                     "ReduceScatterVAsync: needs a contiguous 1-D tensor of Σ counts elements and "
-                    "one count per rank"));
+                    "one count (≥ 0) per rank"));
   }
   CheckReduceDtype(flat, "ReduceScatterVAsync");
   c10::NoGradGuard no_grad;
@@ -1059,9 +1059,8 @@ std::unique_ptr<DataParallel::Pending> DataParallel::ReduceScatterVAsync(
     if (ring_ != nullptr) {
       Quiesce();
       at::Tensor host = flat.to(at::kCPU);
-      absl::Status status = flat.scalar_type() == at::kDouble
-                                ? ring_->ReduceScatterSumV(host.data_ptr<double>(), counts)
-                                : ring_->ReduceScatterSumV(host.data_ptr<float>(), counts);
+      absl::Status status =
+          OnReduceDtype(host, [&](auto* data) { return ring_->ReduceScatterSumV(data, counts); });
       if (!status.ok()) Fail(rank_, status);
       mine.copy_(host.narrow(0, begin, mine.numel()));
       if (mean) mine.div_(world);
@@ -1069,19 +1068,10 @@ std::unique_ptr<DataParallel::Pending> DataParallel::ReduceScatterVAsync(
     if (done) done(mine);
     return std::make_unique<Finished>();
   }
-  if (comm_ == nullptr) comm_ = std::make_unique<Comm>();
   Ring* ring = ring_.get();
-  return comm_->Post(
-      [ring, flat, mine, counts, mean, world, done]() -> absl::Status {
-        const absl::Status status = flat.scalar_type() == at::kDouble
-                                        ? ring->ReduceScatterSumV(flat.data_ptr<double>(), counts)
-                                        : ring->ReduceScatterSumV(flat.data_ptr<float>(), counts);
-        if (!status.ok()) return status;
-        if (mean) mine.div_(world);
-        if (done) done(mine);
-        return absl::OkStatus();
-      },
-      rank_);
+  return PostReduction(mine, mean, std::move(done), [ring, flat, counts] {
+    return OnReduceDtype(flat, [&](auto* data) { return ring->ReduceScatterSumV(data, counts); });
+  });
 }
 
 void DataParallel::AllReduceFlat(const at::Tensor& flat) {
@@ -1093,9 +1083,8 @@ void DataParallel::AllReduceFlat(const at::Tensor& flat) {
     return;
   }
   at::Tensor host = flat.is_cpu() ? flat : flat.to(at::kCPU);
-  absl::Status status = flat.scalar_type() == at::kDouble
-                            ? ring_->AllReduceSum(host.data_ptr<double>(), host.numel())
-                            : ring_->AllReduceSum(host.data_ptr<float>(), host.numel());
+  absl::Status status =
+      OnReduceDtype(host, [&](auto* data) { return ring_->AllReduceSum(data, host.numel()); });
   if (!status.ok()) Fail(rank_, status);
   if (!flat.is_cpu()) flat.copy_(host);
 }
@@ -1120,16 +1109,21 @@ std::unique_ptr<DataParallel::Pending> DataParallel::AllReduceAsync(const at::Te
     if (done) done(flat);
     return std::make_unique<Finished>();
   }
-  if (comm_ == nullptr) comm_ = std::make_unique<Comm>();
   Ring* ring = ring_.get();
+  return PostReduction(flat, mean, std::move(done), [ring, flat] {
+    return OnReduceDtype(flat, [&](auto* data) { return ring->AllReduceSum(data, flat.numel()); });
+  });
+}
+
+std::unique_ptr<DataParallel::Pending> DataParallel::PostReduction(
+    at::Tensor result, bool mean, Done done, std::function<absl::Status()> reduce) {
+  if (comm_ == nullptr) comm_ = std::make_unique<Comm>();
+  const int64_t world = world_size_;
   return comm_->Post(
-      [ring, flat, mean, world, done]() -> absl::Status {
-        const absl::Status status = flat.scalar_type() == at::kDouble
-                                        ? ring->AllReduceSum(flat.data_ptr<double>(), flat.numel())
-                                        : ring->AllReduceSum(flat.data_ptr<float>(), flat.numel());
-        if (!status.ok()) return status;
-        if (mean) flat.div_(world);
-        if (done) done(flat);
+      [result, mean, world, done = std::move(done), reduce = std::move(reduce)]() -> absl::Status {
+        RETURN_IF_ERROR(reduce());
+        if (mean) result.div_(world);
+        if (done) done(result);
         return absl::OkStatus();
       },
       rank_);

@@ -133,6 +133,12 @@ class DataParallel {
   class Ring;  // sockets to the neighbours; null when world_size is 1
   class Nccl;  // ProcessGroupNCCL for CUDA tensors; created on first use
   class Comm;  // the communication thread of the *Async calls; created on first use
+
+  // Runs `reduce` (a ring reduction of a CPU tensor in place) on the communication thread,
+  // then divides `result` (what the caller gets of it) by the world size when `mean` and
+  // hands it to `done`.
+  std::unique_ptr<Pending> PostReduction(at::Tensor result, bool mean, Done done,
+                                         std::function<absl::Status()> reduce);
   DataParallel(int rank, int world_size, std::unique_ptr<Ring> ring);
   bool UseNccl(const c10::Device& bucket_device);                  // creates nccl_ when it says yes
   void CheckFlat(const at::Tensor& flat, const char* what) const;  // throws when unfit

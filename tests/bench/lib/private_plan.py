@@ -48,11 +48,14 @@ def plan_cells(bin_dir, experiment, gpu_memory="", timeout=60):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         cli = [os.path.join(bin_dir, "stemma"), "--coordinator", addr]
-        for _ in range(100):
-            if subprocess.run(cli + ["ls"], capture_output=True, env=env).returncode == 0:
-                break
+        deadline = time.monotonic() + timeout
+        while subprocess.run(cli + ["ls"], capture_output=True, env=env,
+                             timeout=timeout).returncode != 0:
             if server.poll() is not None:
                 raise PlanError(f"stemma-coordinator exited {server.returncode} at start")
+            if time.monotonic() > deadline:
+                raise PlanError(f"stemma-coordinator on {addr} does not answer `stemma ls` "
+                                f"after {timeout} s")
             time.sleep(0.1)
         command = cli + ["plan", "-f", experiment, "-o", "json"]
         if gpu_memory:
@@ -70,5 +73,9 @@ def plan_cells(bin_dir, experiment, gpu_memory="", timeout=60):
         raise PlanError(str(e)[-500:]) from e
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
         shutil.rmtree(work, ignore_errors=True)
