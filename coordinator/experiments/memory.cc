@@ -137,6 +137,77 @@ void Add(MemoryEstimate* e, const char* name, double bytes) {
   if (bytes > 0) e->items.push_back({name, bytes});
 }
 
+// parallel.shard: full's persistent state (weights, gradient slice) and what it adds per step;
+// returns the autograd gradients' bytes.
+double AddFullShard(MemoryEstimate* e, const ModelShape& s, double nt, double w, bool autocast,
+                    double bucket) {
+  // ZeRO-3 (engine/train/layer_shards.h), at any world size: every weight, trainable or
+  // frozen, as an fp32 slice of 1/W; the decoder layer that runs and the next one (its
+  // prefetch) gathered in fp32, the embeddings, head and final norm for the whole step;
+  // under autocast bf16 copies of the running layer and the outer unit. Gradients: one
+  // layer's and the outer unit's, and a bucket being reduce-scattered. No load term: the
+  // trainer builds the model weightless and each rank reads only its slices of the
+  // checkpoint (engine/train/trainer.cc, LoadForTraining), so no rank ever holds the whole
+  // model.
+  const double n = s.Params();
+  const double outer = s.EmbeddingParams() * (s.tied ? 1 : 2) + D(s.hidden);
+  Add(e, "fp32 weight slices (1/W)", 4 * n / w);
+  const double prefetched = s.layers > 1 ? s.LayerParams() : 0;
+  Add(e, "gathered layers (running, prefetched), embeddings and head",
+      4 * (s.LayerParams() + prefetched + outer) + (autocast ? 2 * (s.LayerParams() + outer) : 0));
+  // The bucket: at most a quarter of a layer (ShardedAdamW::ReduceBuckets).
+  const double grads =
+      4 * std::min(nt, s.LayerParams() + outer) + std::min(s.LayerParams(), bucket / 2);
+  Add(e, "gradient slice (1/W)", 4 * nt / w);
+  // NCCL keeps a started reduce-scatter's buckets (and its outputs, 1/W of them) until its
+  // Wait, and a layer's are waited for only when the layer before it starts its own: one
+  // layer's fp32 gradients in flight beside the next one's (the CPU ring frees each bucket
+  // as soon as it is reduced).
+  if (e->gpu && e->world > 1) {
+    Add(e, "reduce-scatters in flight (NCCL)",
+        4 * std::min(nt, s.LayerParams()) * (1 + 1 / D(e->world)));
+  }
+  // glibc keeps the heap that the gathered layers, buckets and gradients free (the train
+  // command keeps blocks up to 32 MiB in the heap and never trims it), and later requests of
+  // other sizes do not fit all its holes. Measured (tests/check_memory_plan.py with an
+  // LD_PRELOAD counter of live malloc bytes): the peak live heap above the runtime was the
+  // plan's items within 7 % (25.6 M at 2 ranks 270 vs 290 MiB, at 4 ranks 166 vs 166), the
+  // peak RssAnon 20-33 MiB more: 2.5-3 layers' fp32 on 10.8 M and 25.6 M models.
+  if (!e->gpu) Add(e, "heap kept between layers (CPU)", 2 * 4 * s.LayerParams());
+  return grads;
+}
+
+// The weights and gradient buffers of shard none | optimizer | gradients.
+void AddReplicated(MemoryEstimate* e, const std::string& shard, double n, double nt, double w,
+                   bool autocast, double bucket, int64_t bucket_mb) {
+  const bool sharded = shard != "none" && e->world > 1;
+  // The fp32 flat buffer is the compute replica on every rank and its own master copy
+  // (engine/train/optimizer.h, sharded_optimizer.h). Every rank holds the whole model in it
+  // (shard none loads the model whole; optimizer | gradients read the checkpoint straight
+  // into the replica, trainer.cc LoadForTraining): no second copy at load.
+  Add(e, "fp32 weights", 4 * n);
+  if (autocast) Add(e, "bf16 weight copies", 2 * n);
+  // shard none: the flat copy that is all-reduced; optimizer (ZeRO-1): the [W*k] buffer that
+  // is reduce-scattered in place; both persist. gradients (ZeRO-2): the slice and a bucket.
+  if (shard == "gradients" && sharded) {
+    Add(e, "gradient slice (1/W) and bucket", 4 * nt / w + bucket);
+    // NCCL keeps an overlapped bucket until its Wait: up to four started ones
+    // (ShardedAdamW::StartRange). ZeRO-1's buckets are views of its flat gradient and shard
+    // none's are that flat copy (OverlappedAllReduce): nothing more there.
+    if (e->gpu) {
+      Add(e, "buckets in flight (NCCL)", std::min(4 * nt, 4.0 * D(bucket_mb) * 1024 * 1024));
+    }
+  } else if (e->world > 1) {
+    Add(e, "flat gradient copy (data parallel)", 4 * nt);
+    // On a CPU, shard none all-reduces that copy in the engine's own TCP ring, which
+    // receives one chunk (1/W of it) at a time into a buffer it keeps for the next step
+    // (engine/train/distributed.cc, Ring::AllReduceSum); NCCL needs none, and the sharded
+    // levels' reduce-scatters receive in pieces of 4 MiB. Measured: 1.2 bytes per parameter
+    // more at 2 ranks than at 4 (tests/bench/sharded), where this predicts 1.
+    if (!e->gpu && shard == "none") Add(e, "ring receive buffer (1/W)", 4 * nt / D(e->world));
+  }
+}
+
 MemoryEstimate TrainMemory(const v1::JobSpec& job, const ModelShape& s) {
   const v1::TrainSpec& t = job.train();
   MemoryEstimate e;
@@ -153,45 +224,14 @@ MemoryEstimate TrainMemory(const v1::JobSpec& job, const ModelShape& s) {
   const bool l2sp = std::any_of(t.strategy().l2sp().begin(), t.strategy().l2sp().end(),
                                 [](const v1::TrainL2spRule& r) { return r.lambda() > 0; });
   // Two gradient buckets in flight, never more than the gradients themselves.
-  const double bucket = std::min(
-      4 * nt, 2.0 * D(t.parallel().has_bucket_mb() ? t.parallel().bucket_mb() : 64) * 1024 * 1024);
+  const int64_t bucket_mb = t.parallel().has_bucket_mb() ? t.parallel().bucket_mb() : 64;
+  const double bucket = std::min(4 * nt, 2.0 * D(bucket_mb) * 1024 * 1024);
   double grads = 4 * nt;  // autograd's: built during backward, gone after the step
   const bool full = shard == "full";
   if (full) {
-    // ZeRO-3 (engine/train/layer_shards.h), at any world size: every weight, trainable or
-    // frozen, as an fp32 slice of 1/W; the decoder layer that runs and the next one (its
-    // prefetch) gathered in fp32, the embeddings, head and final norm for the whole step;
-    // under autocast bf16 copies of the running layer and the outer unit. Gradients: one
-    // layer's and the outer unit's, and a bucket being reduce-scattered. The model as loaded
-    // is released unit by unit while the slices are made (on a CPU the engine hands the
-    // freed heap back), so it is not counted: it is below the steps' peak.
-    const double outer = s.EmbeddingParams() * (s.tied ? 1 : 2) + D(s.hidden);
-    Add(&e, "fp32 weight slices (1/W)", 4 * n / w);
-    const double prefetched = s.layers > 1 ? s.LayerParams() : 0;
-    Add(&e, "gathered layers (running, prefetched), embeddings and head",
-        4 * (s.LayerParams() + prefetched + outer) +
-            (autocast ? 2 * (s.LayerParams() + outer) : 0));
-    // The bucket: at most a quarter of a layer (ShardedAdamW::ReduceBuckets).
-    grads = 4 * std::min(nt, s.LayerParams() + outer) + std::min(s.LayerParams(), bucket / 2);
-    Add(&e, "gradient slice (1/W)", 4 * nt / w);
+    grads = AddFullShard(&e, s, nt, w, autocast, bucket);
   } else {
-    // The fp32 flat buffer is the compute replica on every rank and its own master copy
-    // (engine/train/optimizer.h, sharded_optimizer.h).
-    Add(&e, "fp32 weights", 4 * n);
-    if (autocast) Add(&e, "bf16 weight copies", 2 * n);
-    // shard none: the flat copy that is all-reduced; optimizer (ZeRO-1): the [W*k] buffer that
-    // is reduce-scattered in place; both persist. gradients (ZeRO-2): the slice and a bucket.
-    if (shard == "gradients" && sharded) {
-      Add(&e, "gradient slice (1/W) and bucket", 4 * nt / w + bucket);
-    } else if (e.world > 1) {
-      Add(&e, "flat gradient copy (data parallel)", 4 * nt);
-      // On a CPU, shard none all-reduces that copy in the engine's own TCP ring, which
-      // receives one chunk (1/W of it) at a time into a buffer it keeps for the next step
-      // (engine/train/distributed.cc, Ring::AllReduceSum); NCCL needs none, and the sharded
-      // levels' reduce-scatters receive in pieces of 4 MiB. Measured: 1.2 bytes per parameter
-      // more at 2 ranks than at 4 (tests/bench/sharded), where this predicts 1.
-      if (!e.gpu && shard == "none") Add(&e, "ring receive buffer (1/W)", 4 * nt / D(e.world));
-    }
+    AddReplicated(&e, shard, n, nt, w, autocast, bucket, bucket_mb);
   }
   Add(&e, "Adam moments", 8 * nt / w);
   // The scratch is allocated for every trainable parameter of the slice but written only for

@@ -107,6 +107,40 @@ TEST(MemoryPlan, CpuDataParallelCountsTheRingsReceiveBuffer) {
   EXPECT_EQ(ring(4, "cpu", "full"), 0.0);
 }
 
+// NCCL keeps an overlapped reduction's buffers until its Wait (the overlap is on by default on
+// CUDA): ZeRO-2 up to four buckets of bucket_mb, ZeRO-3 one layer's reduce-scatter (and its
+// outputs, 1/W of it). ZeRO-1's buckets are views of its flat gradient and shard none's are
+// that flat copy, counted already; the CPU ring frees a bucket once it is reduced. On a CPU,
+// full counts the heap glibc keeps between layers instead.
+TEST(MemoryPlan, NcclReductionsInFlightAndTheCpuHeapBetweenLayers) {
+  auto llama = ShapeFromConfig(kLlama2);
+  ASSERT_TRUE(llama.has_value());
+  auto item = [&](const char* device, const char* shard, const std::string& name) {
+    v1::JobSpec job = TrainJob(8, 1, 8);
+    job.mutable_train()->set_device(device);
+    job.mutable_train()->mutable_parallel()->set_shard(shard);
+    job.mutable_train()->mutable_parallel()->set_bucket_mb(25);
+    auto e = EstimateJobMemory(job, *llama);
+    double bytes = 0;
+    for (const MemoryItem& i : e->items) {
+      if (i.name.find(name) != std::string::npos) bytes += i.bytes;
+    }
+    return bytes;
+  };
+  const double mib = 1024.0 * 1024.0;
+  EXPECT_DOUBLE_EQ(item("cuda", "gradients", "(NCCL)"), 4 * 25 * mib);
+  EXPECT_DOUBLE_EQ(item("cuda", "full", "(NCCL)"), 4 * llama->LayerParams() * (1 + 1.0 / 8));
+  for (const char* shard : {"none", "optimizer"}) EXPECT_EQ(item("cuda", shard, "(NCCL)"), 0.0);
+  for (const char* shard : {"none", "optimizer", "gradients", "full"}) {
+    EXPECT_EQ(item("cpu", shard, "(NCCL)"), 0.0) << shard;
+  }
+  EXPECT_DOUBLE_EQ(item("cpu", "full", "heap kept"), 2 * 4 * llama->LayerParams());
+  EXPECT_EQ(item("cuda", "full", "heap kept"), 0.0);
+  EXPECT_EQ(item("cpu", "gradients", "heap kept"), 0.0);
+  // Nothing is loaded whole at full: no item is the whole model's fp32 weights.
+  EXPECT_EQ(item("cpu", "full", "fp32 weights"), 0.0);
+}
+
 TEST(MemoryPlan, WhatWouldFitNamesTheFields) {
   auto llama = ShapeFromConfig(kLlama2);
   ASSERT_TRUE(llama.has_value());

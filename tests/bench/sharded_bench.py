@@ -41,9 +41,9 @@ Run through tests/bench/sharded (which picks the venv Python). One run, this mac
                 none's 16 (+4 of autograd's gradients), so `full_vs_none_memory` cannot go
                 below ~1/W plus what the runtime, the gathered layers and activations add;
                 `..._above_runtime` takes the runtime (the tiny model's peak RSS) off both
-                sides. `notes` says, in the run's own numbers, whether loading (the whole fp32
-                model on every rank before it keeps its slices) or the steps make the sharded
-                peak, and why a ratio misses 0.5. `targets_met` says which targets this run
+                sides. `notes` says, in the run's own numbers, whether loading (each rank reads
+                only its slices of the mapped checkpoint, since a610e0a) or the steps make the
+                sharded peak, and why a ratio misses 0.5. `targets_met` says which targets this run
                 met.
 
 If the engine refuses `--shard` (e.g. `full` not built), the run falls back to `gradients` and
@@ -415,23 +415,24 @@ def note_floor(cfg, shard):
 
 
 def note_load(cfg, shard):
-    """Whether loading (the whole fp32 model on every rank, before the slices are made) or the
-    steps make the sharded run's peak, in the run's own numbers."""
+    """Whether loading (each rank reads only its slices of the mapped checkpoint) or the steps
+    make the sharded run's peak, in the run's own numbers."""
     anon, rss = cfg.sharded["anon_kb_by_phase"], cfg.sharded["rss_kb_by_phase"]
     load, steps, publish = (max(anon[k]) / 1024 for k in ("load", "steps", "publish"))
     rss_load, rss_steps = max(rss["load"]) / 1024, max(rss["steps"]) / 1024
     model_mib = 4 * cfg.params / 2**20
     none_mib = max(cfg.none["anon_kb"]) / 1024
     text = (f"{cfg.name} ({cfg.params / 1e6:.1f} M) at {shard}, {cfg.ranks} ranks: peak "
-            f"RssAnon per rank while loading and sharding {load:.0f} MiB (every rank builds the "
-            f"whole fp32 model, {model_mib:.0f} MiB, before it keeps its slices), in the steps "
+            f"RssAnon per rank while loading and sharding {load:.0f} MiB (each rank reads only its "
+            f"slices of the checkpoint; the whole fp32 model is {model_mib:.0f} MiB), in the steps "
             f"{steps:.0f} MiB, publishing {publish:.0f} MiB (shard none: {none_mib:.0f} MiB): "
             f"the load-time peak {'dominates' if load > steps else 'does not dominate'}")
     if load > steps:
         text += f" (the steps alone: {steps / none_mib:.3f} of none)"
     text += (f". Peak RSS (VmRSS polled; VmHWM is the figure) while loading {rss_load:.0f} "
              f"MiB, in the steps {rss_steps:.0f} MiB: loading also maps the checkpoint "
-             f"({model_mib:.0f} MiB of file pages, shared by the ranks) and LibTorch's code")
+             f"(up to {model_mib:.0f} MiB of file pages, shared by the ranks; each touches only "
+             f"its slices' pages) and LibTorch's code")
     if rss_load > rss_steps:
         text += (f"; so full_vs_none_memory is set by loading, the steps' peak RSS alone is "
                  f"{rss_steps / (max(cfg.none['rss_kb']) / 1024):.3f} of none's")
