@@ -12,12 +12,15 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
+#include <string_view>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/engine_contract.h"
 #include "common/status.h"
 #include "engine/io/durable.h"
 #include "engine/io/fs.h"
@@ -107,10 +110,13 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   r->dir_ = dir;
   const std::string manifest_path = Join(dir, kManifestName);
   r->has_manifest_ = PathExists(manifest_path);
-  if (options.verify == CheckpointReaderOptions::Verify::kAlways && !r->has_manifest_) {
+  const CheckpointReaderOptions::Verify verify = VerifyForThisRank(options.verify);
+  if (verify == CheckpointReaderOptions::Verify::kAlways && !r->has_manifest_) {
     return absl::FailedPreconditionError(dir + ": no " + kManifestName + " manifest to verify");
   }
-  if (r->has_manifest_ && options.verify != CheckpointReaderOptions::Verify::kNever) {
+  if (r->has_manifest_ && verify == CheckpointReaderOptions::Verify::kSizes) {
+    RETURN_IF_ERROR(VerifyCheckpointSizes(dir));
+  } else if (r->has_manifest_ && verify != CheckpointReaderOptions::Verify::kNever) {
     RETURN_IF_ERROR(VerifyCheckpoint(dir));
   }
   if (std::string config = Join(dir, "config.json"); PathExists(config)) {
@@ -216,7 +222,11 @@ at::Tensor CheckpointReader::TensorOrThrow(absl::string_view name) const {
 
 // ---- verifying ----
 
-absl::Status VerifyCheckpoint(const std::string& dir) {
+namespace {
+
+// `dir`/stemma.json, with every file it lists inside `dir` and present. NotFound without a
+// manifest or for a missing file, InvalidArgument for a name outside the directory.
+absl::StatusOr<Manifest> ReadListedManifest(const std::string& dir) {
   const std::string manifest_path = Join(dir, kManifestName);
   if (!PathExists(manifest_path)) {
     return absl::NotFoundError(absl::StrCat(dir, ": no ", kManifestName, " manifest"));
@@ -232,29 +242,66 @@ absl::Status VerifyCheckpoint(const std::string& dir) {
     if (!PathExists(path)) {
       return absl::NotFoundError(absl::StrCat(path, ": missing (listed in ", kManifestName, ")"));
     }
+  }
+  return manifest;
+}
+
+// DataLoss for the file at `path` that does not match `want` (`what`: how), narrowed down to
+// a tensor where the file is a safetensors file and a tensor's own hash differs.
+absl::Status Damaged(const std::string& path, const ManifestFile& want, const std::string& what) {
+  if (absl::EndsWith(path, ".safetensors")) {
+    auto file = SafetensorsFile::Open(path);
+    if (!file.ok()) {
+      return absl::DataLossError(absl::StrCat(file.status().message(), " (", what, ")"));
+    }
+    for (const TensorInfo& t : (*file)->tensors()) {
+      auto expected = want.tensor_sha256.find(t.name);
+      if (expected == want.tensor_sha256.end()) continue;
+      if (Sha256Hex(absl::string_view(reinterpret_cast<const char*>((*file)->Data(t)),
+                                      t.nbytes())) != expected->second) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": tensor \"", t.name, "\" is damaged (", what, ")"));
+      }
+    }
+  }
+  return absl::DataLossError(absl::StrCat(path, ": damaged (", what, ")"));
+}
+
+}  // namespace
+
+CheckpointReaderOptions::Verify VerifyForThisRank(CheckpointReaderOptions::Verify verify) {
+  if (verify != CheckpointReaderOptions::Verify::kOncePerJob) return verify;
+  const char* rank = std::getenv(std::string(engine_contract::kEnvRank).c_str());
+  const bool rank0 = rank == nullptr || *rank == '\0' || std::string_view(rank) == "0";
+  return rank0 ? CheckpointReaderOptions::Verify::kIfManifest
+               : CheckpointReaderOptions::Verify::kSizes;
+}
+
+absl::Status VerifyCheckpoint(const std::string& dir) {
+  ASSIGN_OR_RETURN(Manifest manifest, ReadListedManifest(dir));
+  for (const auto& [name, want] : manifest.files) {
+    const std::string path = Join(dir, name);
     uint64_t bytes = 0;
     ASSIGN_OR_RETURN(std::string sha, Sha256File(path, &bytes));
     if (bytes == want.bytes && sha == want.sha256) continue;
-    std::string what = bytes != want.bytes
-                           ? absl::StrCat(bytes, " bytes, manifest says ", want.bytes)
-                           : "sha256 differs from the manifest";
-    // Narrow a damaged safetensors file down to a tensor where possible.
-    if (absl::EndsWith(name, ".safetensors")) {
-      auto file = SafetensorsFile::Open(path);
-      if (!file.ok()) {
-        return absl::DataLossError(absl::StrCat(file.status().message(), " (", what, ")"));
-      }
-      for (const TensorInfo& t : (*file)->tensors()) {
-        auto expected = want.tensor_sha256.find(t.name);
-        if (expected == want.tensor_sha256.end()) continue;
-        if (Sha256Hex(absl::string_view(reinterpret_cast<const char*>((*file)->Data(t)),
-                                        t.nbytes())) != expected->second) {
-          return absl::DataLossError(
-              absl::StrCat(path, ": tensor \"", t.name, "\" is damaged (", what, ")"));
-        }
-      }
+    return Damaged(path, want,
+                   bytes != want.bytes ? absl::StrCat(bytes, " bytes, manifest says ", want.bytes)
+                                       : "sha256 differs from the manifest");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyCheckpointSizes(const std::string& dir) {
+  ASSIGN_OR_RETURN(Manifest manifest, ReadListedManifest(dir));
+  for (const auto& [name, want] : manifest.files) {
+    const std::string path = Join(dir, name);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return ErrnoStatus("stat " + path, errno);
+    const auto bytes = static_cast<uint64_t>(st.st_size);
+    if (bytes != want.bytes) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": damaged (", bytes, " bytes, manifest says ", want.bytes, ")"));
     }
-    return absl::DataLossError(absl::StrCat(path, ": damaged (", what, ")"));
   }
   return absl::OkStatus();
 }

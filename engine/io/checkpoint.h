@@ -32,10 +32,22 @@ struct CheckpointReaderOptions {
   enum class Verify {
     kIfManifest,  // verify stemma.json when present (the default: Hub checkpoints have none)
     kAlways,      // refuse a checkpoint without a manifest
+    // Only the sizes of the files stemma.json lists (when present): each exists with the
+    // manifest's byte count (VerifyCheckpointSizes). Reads no file's contents.
+    kSizes,
+    // For a directory that every rank of a job opens (the model of a multi-rank train or
+    // eval): kIfManifest on the job's rank 0, kSizes on the others, so that the whole files
+    // are hashed once per job, not once per rank. The rank is the worker's RANK (the engine
+    // contract); unset (a single process) counts as rank 0. Rank 0 must open the same
+    // directory for this to verify anything: every other rank's contents go unchecked.
+    kOncePerJob,
     kNever,
   };
   Verify verify = Verify::kIfManifest;
 };
+
+// `verify` with kOncePerJob resolved for this process (by RANK); any other value as it is.
+CheckpointReaderOptions::Verify VerifyForThisRank(CheckpointReaderOptions::Verify verify);
 
 // An opened checkpoint: config.json, every safetensors file mapped, a name -> tensor table.
 // Immutable after Open; const methods are thread-safe.
@@ -89,6 +101,11 @@ class CheckpointReader {
 // when it can be found (by its header, or by the per-tensor hashes); NotFound when there is
 // no manifest or a listed file is missing.
 absl::Status VerifyCheckpoint(const std::string& dir);
+
+// The cheap part of VerifyCheckpoint: every file listed in `dir`/stemma.json exists and has
+// the manifest's size. DataLoss naming the file (with both sizes) otherwise; NotFound as
+// VerifyCheckpoint's. Catches a truncated or partly copied file, not changed bytes.
+absl::Status VerifyCheckpointSizes(const std::string& dir);
 
 struct CheckpointWriterOptions {
   // Shards hold at most this many tensor bytes (a larger single tensor gets its own shard);

@@ -6,9 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "engine/io/fs.h"
 #include "engine/io/sha256.h"
 
@@ -53,7 +57,53 @@ class CheckpointTest : public ::testing::Test {
     if (!s.ok()) return s;
     return (*w)->Commit();
   }
+  // Flips one bit of the tensor `name` in a sharded copy at P("ck") and returns its shard
+  // file's name: the file keeps its size, its sha256 changes.
+  std::string WriteAndDamage(const std::string& name) {
+    CheckpointWriterOptions o;
+    o.max_shard_bytes = 520;
+    EXPECT_TRUE(Write(P("ck"), o).ok());
+    auto r = CheckpointReader::Open(P("ck"));
+    EXPECT_TRUE(r.ok()) << r.status();
+    const std::string shard = (*r)->ShardOf(name);
+    const TensorInfo* info = (*r)->Find(name);
+    auto file = SafetensorsFile::Open(P("ck/" + shard));
+    const uint64_t pos = 8 + (*file)->header_bytes() + info->begin + 5;
+    r->reset();
+    file->reset();
+    std::fstream f(P("ck/" + shard), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(pos);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(pos);
+    f.write(&c, 1);
+    return shard;
+  }
   fs::path root_;
+};
+
+// Sets RANK for one scope (the worker's variable, read by Verify::kOncePerJob).
+class ScopedRank {
+ public:
+  explicit ScopedRank(const char* rank) {
+    if (const char* old = std::getenv("RANK")) old_ = old;
+    if (rank == nullptr) {
+      ::unsetenv("RANK");
+    } else {
+      ::setenv("RANK", rank, 1);
+    }
+  }
+  ~ScopedRank() {
+    if (old_.has_value()) {
+      ::setenv("RANK", old_->c_str(), 1);
+    } else {
+      ::unsetenv("RANK");
+    }
+  }
+
+ private:
+  std::optional<std::string> old_;
 };
 
 TEST_F(CheckpointTest, RoundTripIsBitExact) {
@@ -185,26 +235,7 @@ TEST_F(CheckpointTest, RefusesToOverwriteUnlessAsked) {
 }
 
 TEST_F(CheckpointTest, FlippedBitIsCaughtNamingFileAndTensor) {
-  CheckpointWriterOptions o;
-  o.max_shard_bytes = 520;
-  ASSERT_TRUE(Write(P("ck"), o).ok());
-  auto r = CheckpointReader::Open(P("ck"));
-  ASSERT_TRUE(r.ok());
-  const std::string shard = (*r)->ShardOf("model.layers.0.mlp.up_proj.weight");
-  const TensorInfo* info = (*r)->Find("model.layers.0.mlp.up_proj.weight");
-  auto file = SafetensorsFile::Open(P("ck/" + shard));
-  const uint64_t pos = 8 + (*file)->header_bytes() + info->begin + 5;
-  r->reset();
-  file->reset();
-  {
-    std::fstream f(P("ck/" + shard), std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(pos);
-    char c;
-    f.read(&c, 1);
-    c ^= 0x10;
-    f.seekp(pos);
-    f.write(&c, 1);
-  }
+  const std::string shard = WriteAndDamage("model.layers.0.mlp.up_proj.weight");
   absl::Status s = VerifyCheckpoint(P("ck"));
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(s.message().find(shard), std::string::npos) << s;
@@ -225,6 +256,52 @@ TEST_F(CheckpointTest, TruncatedShardIsRefusedNamingTheTensor) {
   auto r = CheckpointReader::Open(P("ck"), {.verify = CheckpointReaderOptions::Verify::kNever});
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("tensor"), std::string::npos) << r.status();
+}
+
+// The model every rank of a job opens is hashed by rank 0 only (Verify::kOncePerJob): a
+// damaged file fails rank 0, naming it, and with it the attempt; the other ranks check sizes.
+TEST_F(CheckpointTest, OncePerJobHashesOnRankZeroOnly) {
+  using Verify = CheckpointReaderOptions::Verify;
+  const std::string shard = WriteAndDamage("model.layers.0.mlp.up_proj.weight");
+  for (const char* rank0 : {"0", static_cast<const char*>(nullptr)}) {
+    ScopedRank rank(rank0);
+    auto r = CheckpointReader::Open(P("ck"), {.verify = Verify::kOncePerJob});
+    ASSERT_FALSE(r.ok()) << "RANK=" << (rank0 ? rank0 : "unset");
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_NE(r.status().message().find(P("ck/" + shard)), std::string::npos) << r.status();
+  }
+  // Rank 1 reads no file's contents: the same-size damage goes unseen there (rank 0 has it).
+  ScopedRank rank("1");
+  EXPECT_EQ(VerifyForThisRank(Verify::kOncePerJob), Verify::kSizes);
+  auto r = CheckpointReader::Open(P("ck"), {.verify = Verify::kOncePerJob});
+  EXPECT_TRUE(r.ok()) << r.status();
+  // An explicit policy is not overridden by RANK.
+  EXPECT_EQ(CheckpointReader::Open(P("ck")).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(CheckpointTest, EveryRankCatchesAShardOfTheWrongSize) {
+  CheckpointWriterOptions o;
+  o.max_shard_bytes = 520;
+  ASSERT_TRUE(Write(P("ck"), o).ok());
+  const std::string path = P("ck/model-00002-of-00003.safetensors");
+  const uint64_t size = fs::file_size(path);
+  for (uint64_t wrong : {size - 1, size + 4}) {
+    fs::resize_file(path, wrong);
+    for (const char* rank : {"0", "1", "7"}) {
+      ScopedRank scoped(rank);
+      auto r =
+          CheckpointReader::Open(P("ck"), {.verify = CheckpointReaderOptions::Verify::kOncePerJob});
+      ASSERT_FALSE(r.ok()) << "RANK=" << rank;
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss);
+      EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status();
+      EXPECT_NE(r.status().message().find(absl::StrCat(wrong, " bytes, manifest says ", size)),
+                std::string::npos)
+          << r.status();
+    }
+  }
+  fs::remove(path);
+  ScopedRank scoped("1");
+  EXPECT_EQ(VerifyCheckpointSizes(P("ck")).code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(CheckpointTest, FailedPublishLeavesNothing) {

@@ -108,7 +108,8 @@ absl::Status LoadWeights(CausalLM& lm, const TensorLookup& lookup) {
 }
 
 absl::StatusOr<UnloadedModel> OpenModel(const std::string& dir, const LoadOptions& options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<io::CheckpointReader> opened, io::CheckpointReader::Open(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<io::CheckpointReader> opened,
+                   io::CheckpointReader::Open(dir, {.verify = options.verify}));
   std::shared_ptr<const io::CheckpointReader> reader = std::move(opened);
   ASSIGN_OR_RETURN(ModelConfig config, ReadConfig(*reader));
   UnloadedModel out;
@@ -133,7 +134,8 @@ absl::StatusOr<UnloadedModel> OpenModel(const std::string& dir, const LoadOption
 }
 
 absl::StatusOr<CausalLM> LoadModel(const std::string& dir, const LoadOptions& options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<io::CheckpointReader> reader, io::CheckpointReader::Open(dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<io::CheckpointReader> reader,
+                   io::CheckpointReader::Open(dir, {.verify = options.verify}));
   absl::StatusOr<ModelConfig> config = ReadConfig(*reader);
   if (!config.ok()) return config.status();
   CausalLM lm{nullptr};

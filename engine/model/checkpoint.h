@@ -11,13 +11,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/io/checkpoint.h"
 #include "engine/io/manifest.h"
 #include "engine/model/causal_lm.h"
 #include "engine/model/config.h"
-
-namespace stemma::engine::io {
-class CheckpointWriter;
-}  // namespace stemma::engine::io
 
 namespace stemma::engine::model {
 
@@ -33,6 +30,10 @@ absl::Status LoadWeights(CausalLM& lm, const TensorLookup& lookup);
 struct LoadOptions {
   torch::ScalarType dtype = torch::kFloat32;  // parameter dtype
   torch::Device device = torch::kCPU;
+  // How the checkpoint is checked against its stemma.json. kOncePerJob: every rank of a
+  // multi-rank train or eval loads the same model, so rank 0 hashes the files and the other
+  // ranks only check their sizes (a damaged file still fails rank 0 and with it the attempt).
+  io::CheckpointReaderOptions::Verify verify = io::CheckpointReaderOptions::Verify::kOncePerJob;
 };
 
 // Reads DIR/config.json and the weights. Errors: those of ParseModelConfig and LoadWeights,
