@@ -17,6 +17,18 @@ bool CachedTasks::AllHit() const {
   return true;
 }
 
+std::optional<std::string> CachedTasks::StoredTokenizerKind() const {
+  std::optional<std::string> kind;
+  for (const auto& h : hits) {
+    if (!h.has_value()) continue;
+    if (!h->contains("tokenizer_kind") || !(*h)["tokenizer_kind"].is_string()) return std::nullopt;
+    const std::string k = (*h)["tokenizer_kind"].get<std::string>();
+    if (k.empty() || (kind.has_value() && *kind != k)) return std::nullopt;
+    kind = k;
+  }
+  return kind;
+}
+
 Json CachedTasks::Summary() const {
   int hit = 0;
   for (const auto& h : hits) hit += h.has_value() ? 1 : 0;
@@ -37,6 +49,7 @@ void CachedTasks::Store(size_t i, const Json& result, const std::optional<Perple
                   {"time_ms", std::chrono::duration_cast<std::chrono::milliseconds>(
                                   std::chrono::system_clock::now().time_since_epoch())
                                   .count()}}}};
+  if (!tokenizer_kind.empty()) entry["tokenizer_kind"] = tokenizer_kind;
   if (totals.has_value()) {
     entry["totals"] = {{"nll", totals->nll}, {"tokens", totals->tokens}, {"bytes", totals->bytes}};
   }

@@ -21,9 +21,17 @@ struct CachedTasks {
   std::vector<std::string> keys;          // per task; "" when the task is not cached
   std::vector<Json> identities;           // per task: what went into its key
   std::vector<std::optional<Json>> hits;  // per task: the stored entry found
+  // The eval tokenizer's kind (Tokenizer::kind), stored in each entry written so that an
+  // all-hit eval can write the results' tokenizer.kind without loading the tokenizer: its
+  // files are in every key, so an entry's kind is the kind of the tokenizer that would load.
+  // Empty: not stored.
+  std::string tokenizer_kind;
 
   // Whether there is at least one task and every task hit.
   bool AllHit() const;
+  // The tokenizer kind the hits recorded, when every hit has one and they agree; nullopt
+  // otherwise (entries written before the kind was stored: the tokenizer must be loaded).
+  std::optional<std::string> StoredTokenizerKind() const;
   // {dir, served, computed}: the results file's task_cache.
   Json Summary() const;
   // Stores task i's result as computed now (rank 0), with the perplexity totals that

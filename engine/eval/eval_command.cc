@@ -458,6 +458,7 @@ absl::Status Eval(const google::protobuf::Message& proto_spec, const std::string
   ASSIGN_OR_RETURN(auto tokenizer, tokenizer::Tokenizer::Load(spec.tokenizer()));
   ASSIGN_OR_RETURN(auto tasks, PrepareTasks(plan, *tokenizer));
   eval::CachedTasks cached = eval::LookUpCachedTasks(eval::TaskCache::FromEnv(), spec, checkpoint);
+  cached.tokenizer_kind = std::string(tokenizer->kind());  // stored with what is computed
   // When every task is cached no rank joins and no model loads (all ranks decide the same
   // hits). stemma-engine's front answers such an eval the same way without starting this
   // binary (eval/serve_cached.h); this is the path of a run without the front.

@@ -46,8 +46,9 @@ struct AllCached {
 // The eval planned and looked up as the LibTorch engine does (eval_command.cc, up to its
 // cache lookup, without the model or the tasks' data); nullopt when anything fails or a task
 // misses. What a miss costs here is paid again by the LibTorch engine, so the expensive parts
-// come last (the tokenizer is loaded only for an answer) or not at all (a checkpoint without
-// stemma.json, whose identity is a hash of all its weights, is left to that engine).
+// come last (the tokenizer is loaded only for an answer whose entries do not record its kind)
+// or not at all (a checkpoint without stemma.json, whose identity is a hash of all its
+// weights, is left to that engine).
 std::optional<AllCached> LookUp(int argc, char** argv, std::unique_ptr<TaskCache> cache) {
   absl::StatusOr<EngineInvocation> inv = ParseEngineCommandLine("eval", argc, argv, {});
   if (!inv.ok() || inv->help) return std::nullopt;
@@ -61,10 +62,15 @@ std::optional<AllCached> LookUp(int argc, char** argv, std::unique_ptr<TaskCache
   if (!checkpoint.ok()) return std::nullopt;
   CachedTasks cached = LookUpCachedTasks(std::move(cache), plan->spec, *checkpoint);
   if (!cached.AllHit()) return std::nullopt;
-  auto tokenizer = tokenizer::Tokenizer::Load(plan->spec.tokenizer());
-  if (!tokenizer.ok()) return std::nullopt;
-  return AllCached{*std::move(plan), *std::move(checkpoint), std::string((*tokenizer)->kind()),
-                   std::move(cached)};
+  // The results name the tokenizer's kind: recorded in the entries (whose keys hold the
+  // tokenizer's files), else — entries written before the kind was — from loading it.
+  std::optional<std::string> kind = cached.StoredTokenizerKind();
+  if (!kind.has_value()) {
+    auto tokenizer = tokenizer::Tokenizer::Load(plan->spec.tokenizer());
+    if (!tokenizer.ok()) return std::nullopt;
+    kind = std::string((*tokenizer)->kind());
+  }
+  return AllCached{*std::move(plan), *std::move(checkpoint), *std::move(kind), std::move(cached)};
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -229,6 +230,49 @@ TEST_F(TaskCacheTest, AFullyCachedEvalNeverStartsLibTorch) {
   EXPECT_EQ(merged["task_cache"]["computed"], 1);
   EXPECT_FALSE(Served(merged, "ppl_dd"));
   EXPECT_EQ(merged["metrics"]["bpb/ppl_cc"].dump(), cold["metrics"]["bpb/ppl_cc"].dump());
+}
+
+// The front writes the results' tokenizer.kind from the entries, which record it (the
+// tokenizer's files are in every key), without loading the tokenizer; entries written before
+// they recorded it are still served, the tokenizer then loaded as before.
+TEST_F(TaskCacheTest, AnAllHitEvalTakesTheTokenizerKindFromTheEntries) {
+  const json batch = {{"batch_size", 5}};  // no other test's: its own entries
+  const json cold = Eval("kind_cold", {Task("aa"), Task("bb")}, "", batch);
+  ASSERT_EQ(cold["task_cache"]["computed"], 2);
+  const std::string kind = cold["tokenizer"]["kind"];
+  ASSERT_FALSE(kind.empty());
+  const std::string alone = *root_ + "/kind_front/stemma-engine";
+  fs::create_directories(fs::path(alone).parent_path());
+  fs::copy_file(STEMMA_ENGINE_BIN, alone, fs::copy_options::overwrite_existing);
+  // Copies of this test's entries: as written, with another recorded kind, without the kind.
+  int entries = 0;
+  for (const auto& file : fs::directory_iterator(*root_ + "/cache")) {
+    json entry = json::parse(Read(file.path().string()));
+    if (entry["identity"]["batch_size"] != 5) continue;
+    ++entries;
+    EXPECT_EQ(entry["tokenizer_kind"], kind) << file.path();
+    for (const char* dir : {"kind_recorded", "kind_other", "kind_old"}) {
+      fs::create_directories(*root_ + "/" + dir);
+      if (std::string(dir) == "kind_other") entry["tokenizer_kind"] = "recorded-kind";
+      if (std::string(dir) == "kind_old") entry.erase("tokenizer_kind");
+      std::ofstream(*root_ + "/" + dir + "/" + file.path().filename().string()) << entry.dump(2);
+    }
+  }
+  ASSERT_EQ(entries, 2);
+  std::map<std::string, json> served;
+  for (const char* dir : {"kind_recorded", "kind_other", "kind_old"}) {
+    ASSERT_EQ(RunEval(dir, {Task("aa"), Task("bb")}, "STEMMA_EVAL_CACHE=" + *root_ + "/" + dir,
+                      batch, alone),
+              0)
+        << dir << ": " << Read(*root_ + "/last.err");
+    served[dir] = json::parse(Read(*root_ + "/" + dir + ".json"));
+    EXPECT_EQ(served[dir]["task_cache"]["served"], 2) << dir;
+    EXPECT_EQ(served[dir]["metrics"], cold["metrics"]) << dir;
+  }
+  EXPECT_EQ(served["kind_recorded"]["tokenizer"]["kind"], kind);
+  // The kind the entries say, so the tokenizer was not what decided it.
+  EXPECT_EQ(served["kind_other"]["tokenizer"]["kind"], "recorded-kind");
+  EXPECT_EQ(served["kind_old"]["tokenizer"]["kind"], kind);
 }
 
 TEST_F(TaskCacheTest, WhatDecidesAResultIsInTheKey) {
