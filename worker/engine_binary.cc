@@ -6,10 +6,14 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
+#include "common/engine_front.h"
 #include "common/files.h"
 #include "common/sha256.h"
+#include "common/status.h"
 #include "worker/spawn_plan.h"
 
 namespace stemma::worker {
@@ -58,6 +62,24 @@ std::string EngineBuildId(const std::string& engine) {
     if (filled < buf.size()) break;
   }
   return "sha256:" + Sha256Hex(blocks).substr(0, 16);
+}
+
+absl::Status CheckEngine(const std::string& engine) {
+  if (engine.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::string bytes, files::ReadFile(engine));
+  if (bytes.find(engine_front::kFrontMarker) == std::string::npos) return absl::OkStatus();
+  std::error_code ec;
+  const std::filesystem::path resolved = std::filesystem::canonical(engine, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat(engine, ": ", ec.message()));
+  const std::string torch =
+      (resolved.parent_path() / std::string(engine_front::kTorchEngineName)).string();
+  if (IsExecutableFile(torch)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the engine ", engine, " is stemma-engine's torch-free front, which runs ", torch,
+      " for every engine job but a fully cached eval, and ", torch,
+      ::access(torch.c_str(), F_OK) == 0 ? " is not an executable file" : " does not exist",
+      ": install stemma-engine-torch beside it (both binaries ship together), or give "
+      "--engine a complete engine"));
 }
 
 }  // namespace stemma::worker

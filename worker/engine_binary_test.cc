@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/engine_front.h"
 #include "common/files.h"
 #include "common/sha256.h"
 
@@ -72,6 +73,44 @@ TEST_F(EngineBinaryTest, TheBuildIdHashesTheBinarysMiBBlocks) {
   EXPECT_EQ(EngineBuildId(engine), "sha256:" + Sha256Hex(blocks).substr(0, 16));
   EXPECT_EQ(EngineBuildId(""), "");
   EXPECT_EQ(EngineBuildId((dir_ / "missing").string()), "");
+}
+
+// A front (its bytes carry the marker) needs stemma-engine-torch, executable, beside its
+// resolved path; any other engine needs nothing beside it.
+TEST_F(EngineBinaryTest, AFrontWithoutItsLibTorchEngineIsRefused) {
+  const std::string front =
+      Write("bin/stemma-engine", std::string("#!/bin/sh\n# ") + engine_front::kFrontMarker, 0755);
+  const std::string torch = (fs::canonical(dir_) / "bin/stemma-engine-torch").string();
+  absl::Status s = CheckEngine(front);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find(torch + " does not exist"), std::string::npos) << s;
+  Write("bin/stemma-engine-torch", "#!/bin/sh\n", 0644);
+  s = CheckEngine(front);
+  EXPECT_NE(s.message().find(torch + " is not an executable file"), std::string::npos) << s;
+  ::chmod(torch.c_str(), 0755);
+  EXPECT_TRUE(CheckEngine(front).ok());
+  // Looked for beside the resolved path, where the front looks.
+  fs::create_directories(dir_ / "link");
+  fs::create_symlink(front, dir_ / "link/stemma-engine");
+  EXPECT_TRUE(CheckEngine((dir_ / "link/stemma-engine").string()).ok());
+  fs::remove(torch);
+  Write("link/stemma-engine-torch", "#!/bin/sh\n", 0755);
+  EXPECT_EQ(CheckEngine((dir_ / "link/stemma-engine").string()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Not a front, or no engine: nothing to check.
+  EXPECT_TRUE(CheckEngine(Write("bin/single", "#!/bin/sh\nexit 0\n", 0755)).ok());
+  EXPECT_TRUE(CheckEngine("").ok());
+}
+
+TEST_F(EngineBinaryTest, TheBuiltFrontCarriesTheMarker) {
+  const fs::path beside = fs::read_symlink("/proc/self/exe").parent_path() / "stemma-engine";
+  if (::access(beside.c_str(), X_OK) != 0) GTEST_SKIP() << "no engine built beside this test";
+  EXPECT_TRUE(CheckEngine(beside.string()).ok());  // stemma-engine-torch is beside it
+  const std::string alone = (dir_ / "bin/stemma-engine").string();
+  fs::copy_file(beside, alone);
+  const absl::Status s = CheckEngine(alone);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("stemma-engine-torch does not exist"), std::string::npos) << s;
 }
 
 }  // namespace

@@ -241,6 +241,11 @@ int Main(int argc, char** argv) {
     return 1;
   }
   config.worker_id = *id;
+  // A worker whose engine cannot run would take engine jobs and fail them: it does not start.
+  if (absl::Status engine = CheckEngine(FindEngine(config.engine_path)); !engine.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram, std::string(engine.message()).c_str());
+    return 1;
+  }
   if (f.hidden_token_file) {
     spdlog::info("the token file is hidden from jobs by a private mount namespace");
   }

@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "common/engine_contract.h"
+#include "common/engine_front.h"
 #include "engine/eval/serve_cached.h"
 
 namespace stemma::engine {
@@ -28,14 +29,17 @@ extern const char kTorchBinarySha256[];
 
 namespace {
 
-constexpr char kTorchBinary[] = "stemma-engine-torch";
+// The front's mark in its own bytes (common/engine_front.h): the worker looks for it to know
+// that this binary needs stemma-engine-torch beside it. `used`: kept though nothing reads it.
+[[gnu::used]] const char* const kFrontMark = engine_front::kFrontMarker;
 
 // Replaces this process with stemma-engine-torch (beside this binary's resolved path) run
 // with the same argv; returns only when that fails, with the exit code.
 int ExecTorchEngine(char** argv) {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const std::string torch = (ec ? std::filesystem::path(".") : self.parent_path()) / kTorchBinary;
+  const std::string torch = (ec ? std::filesystem::path(".") : self.parent_path()) /
+                            std::string(engine_front::kTorchEngineName);
   ::execv(torch.c_str(), argv);
   const int err = errno;
   std::fprintf(stderr,

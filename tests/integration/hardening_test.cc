@@ -10,6 +10,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/engine_front.h"
 #include "common/rpc.h"
 #include "stemma/v1/user_service.grpc.pb.h"
 #include "tests/integration/cluster.h"
@@ -117,6 +118,26 @@ TEST(Confinement, EngineJobPathsOutsideTheWorkersRootsAreRefusedBeforeTheEngineS
 
 // A job no registered worker could ever hold says why in get and ls, follows the workers as
 // they come and go, and stays QUEUED (a bigger worker may join); then it runs.
+// An engine front (common/engine_front.h) without stemma-engine-torch beside it would take
+// engine jobs and fail them all: the worker says which file is missing and does not start.
+TEST(Engine, AWorkerWhoseFrontHasNoLibTorchEngineDoesNotStart) {
+  Cluster c;
+  c.StartCoordinator();
+  const std::string dir = c.dir() + "/front-only";
+  fs::create_directories(dir);
+  std::ofstream(dir + "/stemma-engine") << "#!/bin/sh\n# " << engine_front::kFrontMarker << "\n";
+  fs::permissions(dir + "/stemma-engine", fs::perms::owner_all);
+  Cluster::WorkerOptions w;
+  w.extra = {"--engine", dir + "/stemma-engine"};
+  c.StartWorker("w0", w);
+  EXPECT_EQ(c.WaitExit(c.worker_pid("w0")), 1);
+  const std::string log = Cluster::ReadFile(c.dir() + "/worker-w0.log");
+  EXPECT_NE(log.find(fs::canonical(dir).string() + "/stemma-engine-torch does not exist"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(c.Cli({"workers", "-o", "json"}).out.find("w0"), std::string::npos);
+}
+
 TEST(Unplaceable, AJobTooBigForEveryWorkerSaysSoAndRunsWhenABigEnoughOneJoins) {
   Cluster c;
   c.lease_ms = 1500;
