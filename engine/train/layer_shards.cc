@@ -85,7 +85,8 @@ LayerShards::LayerShards(int64_t num_layers, const std::vector<ParamPlan>& plans
     : ranks_(ranks), num_layers_(num_layers) {
   const char* prefetch = std::getenv("STEMMA_SHARD_PREFETCH");
   prefetch_ = prefetch == nullptr || std::string(prefetch) != "0";
-  overlap_ = ShardOverlapEnabled();
+  overlap_ =
+      ShardOverlapEnabled("full", params.empty() ? torch::Device(torch::kCPU) : params[0].device());
   torch::NoGradGuard no_grad;
   std::vector<std::vector<size_t>> members(static_cast<size_t>(num_layers + 1));
   for (size_t i = 0; i < plans.size(); ++i) {

@@ -35,7 +35,8 @@
 //   unit starts its own (at most one unit's buckets in flight: about one layer's fp32
 //   gradients more at peak when the network is slower than a layer's backward), and the
 //   outer unit's (started after backward) before the step. Same buckets, same sums:
-//   STEMMA_SHARD_OVERLAP=0 reduces synchronously, with identical results.
+//   STEMMA_SHARD_OVERLAP=0 reduces synchronously, with identical results (on by default,
+//   CPU or CUDA: ShardOverlapEnabled).
 //
 // The update is elementwise FlatAdamW's, so W ranks train the same weights as one process
 // (sharded_train_test). Every method marked collective must be called by all ranks in the

@@ -35,9 +35,11 @@ std::vector<torch::Tensor> RequiringGrad(const std::vector<torch::Tensor>& param
 
 }  // namespace
 
-bool ShardOverlapEnabled() {
-  const char* overlap = std::getenv("STEMMA_SHARD_OVERLAP");
-  return overlap == nullptr || std::string(overlap) != "0";
+bool ShardOverlapEnabled(const std::string& shard, const torch::Device& device) {
+  if (const char* forced = std::getenv("STEMMA_SHARD_OVERLAP"); forced != nullptr) {
+    return std::string(forced) != "0";
+  }
+  return device.is_cuda() || shard != "gradients";
 }
 
 ReadyBuckets::ReadyBuckets(std::vector<torch::Tensor> params,

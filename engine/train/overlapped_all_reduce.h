@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,10 +33,19 @@
 
 namespace stemma::engine::train {
 
-// STEMMA_SHARD_OVERLAP (default on; "0" off): whether gradient reductions overlap backward,
-// at every shard level (none here, optimizer and gradients in ShardedAdamW, full in
-// LayerShards).
-bool ShardOverlapEnabled();
+// Whether gradient reductions overlap backward at parallel.shard `shard` (none here,
+// optimizer and gradients in ShardedAdamW, full in LayerShards) for parameters on `device`.
+// STEMMA_SHARD_OVERLAP=1 / 0 forces it on / off at every level. By default on CUDA at every
+// level (NCCL runs on its own stream, as DDP's and FSDP's reductions do), and on a CPU at
+// every level but gradients, where it measured slower. Median step-time ratio on/off on 2 CPU
+// ranks (interleaved pairs, 2026-12-03; docs/train.md): a 55.6 M model with 16-token rows,
+// whose steps the ring's traffic dominates (6 pairs): none 1.02, optimizer 0.97, gradients
+// 1.10 (5 pairs of 6 above 1), full 0.78; tests/bench/sharded's 4.3 M model, one bucket
+// (9 pairs): none 0.90, optimizer 0.95, gradients 0.92, full 0.92. Overlapped, gradients
+// reduce contiguous ranges with uneven chunks (one way on the ring at W = 2, each into a
+// bucket allocated afresh) instead of equal-chunk buckets; optimizer does the same in place
+// in its flat gradient, once per step.
+bool ShardOverlapEnabled(const std::string& shard, const torch::Device& device);
 
 // ReadyBuckets: the bucket bookkeeping of an overlapped reduction. Each parameter gets an
 // autograd post-accumulate-grad hook; while armed, a hook marks its parameter final, and

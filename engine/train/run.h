@@ -47,7 +47,7 @@ struct Run {
   std::unique_ptr<ShardedAdamW> sharded;
   std::unique_ptr<LayerShards> full;
   // none at W > 1: the gradient all-reduce overlapping the last backward (unless
-  // STEMMA_SHARD_OVERLAP=0; then AllReduceMeanGradients after it).
+  // ShardOverlapEnabled says no; then AllReduceMeanGradients after it).
   std::unique_ptr<OverlappedAllReduce> overlap;
   std::unique_ptr<data::Loader> loader;
   // The data-parallel group (RANK/WORLD_SIZE); a single process makes every collective a

@@ -15,8 +15,8 @@
 //   micro-batches); each parameter's gradient is freed as soon as all of it is packed, and no
 //   flat gradient copy exists. A bucket is W equal pieces, piece r from rank r's slice, so
 //   one equal-chunk reduce-scatter delivers each rank its piece. Overlapped with backward
-//   (OverlapReduction, the default at W > 1), both levels reduce contiguous ranges instead,
-//   as their gradients become final.
+//   (OverlapReduction: at W > 1 by default, but for kGradients on a CPU; ShardOverlapEnabled),
+//   both levels reduce contiguous ranges instead, as their gradients become final.
 // - Step. The L2-SP gradient 2λ(θ − θ_base), the masks, the global gradient norm (Σg² of each
 //   slice, all-reduced), clipping and LibTorch's fused AdamW run on the slice only; an
 //   in-place all-gather of the flat buffer then gives every rank the updated replica.
@@ -86,10 +86,10 @@ class ShardedAdamW {
                const v1::TrainOptimizer& options, DataParallel& ranks, Level level,
                int64_t bucket_bytes, const InitialValues& initial = {});
 
-  // kOptimizer, kGradients: reduce while backward runs (the trainer asks unless
-  // STEMMA_SHARD_OVERLAP=0; collective). Buckets are then contiguous ranges of the flat
-  // layout of at most `bucket_bytes`, last to first (whole tensors; the padding goes with the
-  // last tensor), started as soon as their gradients are final (ReadyBuckets,
+  // kOptimizer, kGradients: reduce while backward runs (the trainer asks where
+  // ShardOverlapEnabled, overlapped_all_reduce.h; collective). Buckets are then contiguous ranges
+  // of the flat layout of at most `bucket_bytes`, last to first (whole tensors; the padding goes
+  // with the last tensor), started as soon as their gradients are final (ReadyBuckets,
   // overlapped_all_reduce.h): kGradients in every micro-batch's backward, kOptimizer in the
   // last one's. Each is reduce-scattered with uneven chunks (DataParallel::
   // ReduceScatterVAsync: each rank gets the part of the range in its slice), every element

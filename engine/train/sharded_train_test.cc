@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "engine/train/overlapped_all_reduce.h"
 #include "engine/train/rank_processes.h"
 #include "engine/train/train_test_fixture.h"
 
@@ -415,6 +417,29 @@ TEST_F(ShardedTrainTest, ResumingAnUnshardedCheckpointShardedIsRefused) {
   Result second = Run(spec, "mixed_second");
   EXPECT_NE(second.exit_code, 0);
   EXPECT_TRUE(absl::StrContains(second.stderr_text, "parallel.shard: none")) << second.stderr_text;
+}
+
+// The overlap's defaults (measured, overlapped_all_reduce.h): on CUDA at every level, on a
+// CPU at every level but gradients; STEMMA_SHARD_OVERLAP forces either way.
+TEST(ShardOverlap, DefaultsPerLevelAndDeviceAndTheEnvironmentForces) {
+  const char* saved = std::getenv("STEMMA_SHARD_OVERLAP");
+  const std::string before = saved != nullptr ? saved : "";
+  const torch::Device cpu(torch::kCPU), cuda(torch::kCUDA, 0);
+  unsetenv("STEMMA_SHARD_OVERLAP");
+  for (const std::string level : {"none", "optimizer", "gradients", "full"}) {
+    EXPECT_TRUE(ShardOverlapEnabled(level, cuda)) << level;
+    EXPECT_EQ(ShardOverlapEnabled(level, cpu), level != "gradients") << level;
+  }
+  setenv("STEMMA_SHARD_OVERLAP", "1", 1);
+  EXPECT_TRUE(ShardOverlapEnabled("gradients", cpu));
+  setenv("STEMMA_SHARD_OVERLAP", "0", 1);
+  EXPECT_FALSE(ShardOverlapEnabled("full", cuda));
+  EXPECT_FALSE(ShardOverlapEnabled("none", cpu));
+  if (saved != nullptr) {
+    setenv("STEMMA_SHARD_OVERLAP", before.c_str(), 1);
+  } else {
+    unsetenv("STEMMA_SHARD_OVERLAP");
+  }
 }
 
 }  // namespace

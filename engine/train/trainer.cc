@@ -278,10 +278,12 @@ absl::Status BuildOptimizer(Run& run, const model::TensorLookup& weights) {
           shard == "optimizer" ? ShardedAdamW::Level::kOptimizer : ShardedAdamW::Level::kGradients,
           spec.parallel().bucket_mb() << 20, initial);
       if (initial) LoadFrozen(run, params, initial);
-      if (run.ranks->world_size() > 1 && ShardOverlapEnabled()) run.sharded->OverlapReduction();
+      if (run.ranks->world_size() > 1 && ShardOverlapEnabled(shard, run.device)) {
+        run.sharded->OverlapReduction();
+      }
     } else {
       run.optimizer = std::make_unique<FlatAdamW>(run.plan.params, params, spec.optimizer());
-      if (run.ranks->world_size() > 1 && ShardOverlapEnabled()) {
+      if (run.ranks->world_size() > 1 && ShardOverlapEnabled(shard, run.device)) {
         run.overlap = std::make_unique<OverlappedAllReduce>(params, *run.ranks,
                                                             spec.parallel().bucket_mb() << 20);
       }
