@@ -38,8 +38,13 @@ namespace {
 int ExecTorchEngine(char** argv) {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const std::string torch = (ec ? std::filesystem::path(".") : self.parent_path()) /
-                            std::string(engine_front::kTorchEngineName);
+  if (ec) {  // never guess: a relative path would run whatever the working directory holds
+    std::fprintf(stderr, "%s/proc/self/exe: %s (cannot find %s beside this binary)\n",
+                 std::string(engine_contract::kErrorPrefix).c_str(), ec.message().c_str(),
+                 std::string(engine_front::kTorchEngineName).c_str());
+    return engine_contract::kExitFailed;
+  }
+  const std::string torch = self.parent_path() / std::string(engine_front::kTorchEngineName);
   ::execv(torch.c_str(), argv);
   const int err = errno;
   std::fprintf(stderr,

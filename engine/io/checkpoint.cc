@@ -322,6 +322,7 @@ struct CheckpointWriter::Impl {
   };
   std::map<std::string, Declared> declared;
   bool laid_out = false;
+  absl::Status layout;  // LayOutDeclared's result: a failure stays, no tensor is written after it
   std::vector<std::string> shard_files;
   std::vector<files::UniqueFd> shard_fds;
 };
@@ -438,9 +439,17 @@ absl::Status CheckpointWriter::DeclareTensor(const std::string& name, Dtype dtyp
   return absl::OkStatus();
 }
 
+// The shard files of the declared tensors, laid out once, before the first tensor is written.
+absl::Status CheckpointWriter::LaidOut() {
+  if (!impl_->laid_out) {
+    impl_->laid_out = true;
+    impl_->layout = LayOutDeclared();
+  }
+  return impl_->layout;
+}
+
 // The shard files of the declared tensors, created with their headers at their full size.
 absl::Status CheckpointWriter::LayOutDeclared() {
-  impl_->laid_out = true;
   std::vector<std::pair<std::string, uint64_t>> sizes;
   for (const auto& [name, d] : impl_->declared) sizes.emplace_back(name, d.nbytes);
   const auto shards = AssignShards(sizes, options_.max_shard_bytes);
@@ -480,7 +489,7 @@ absl::Status CheckpointWriter::WriteTensor(const std::string& name, const at::Te
     return absl::InvalidArgumentError(
         absl::StrCat("tensor \"", name, "\": written twice, or not the declared dtype and shape"));
   }
-  if (!impl_->laid_out) RETURN_IF_ERROR(LayOutDeclared());
+  RETURN_IF_ERROR(LaidOut());
   const at::Tensor host = tensor.detach().to(at::kCPU).contiguous();
   const auto* data = static_cast<const uint8_t*>(host.data_ptr());
   const std::string path = Join(staging_, impl_->shard_files[d.shard]);
@@ -494,7 +503,7 @@ absl::Status CheckpointWriter::WriteTensor(const std::string& name, const at::Te
 absl::StatusOr<size_t> CheckpointWriter::FinishDeclared(Manifest& manifest,
                                                         nlohmann::json& weight_map,
                                                         uint64_t& total_bytes) {
-  if (!impl_->laid_out) RETURN_IF_ERROR(LayOutDeclared());
+  RETURN_IF_ERROR(LaidOut());
   std::vector<std::map<std::string, std::string>> tensor_sha256(impl_->shard_files.size());
   for (const auto& [name, d] : impl_->declared) {
     if (d.sha256.empty()) {

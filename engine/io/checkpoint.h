@@ -163,6 +163,7 @@ class CheckpointWriter {
   struct Impl;
   CheckpointWriter() = default;
   absl::Status CommitImpl();
+  absl::Status LaidOut();
   absl::Status LayOutDeclared();
   // Commit's part for declared tensors: checks all were written, syncs and hashes the shard
   // files into `manifest` and `weight_map`; returns the number of shards.

@@ -204,6 +204,25 @@ TEST_F(CheckpointTest, StreamedCommitRefusesAMissingTensor) {
   EXPECT_FALSE(fs::exists(P("partial")));
 }
 
+// Laying out the shard files fails part-way (the second shard's name is taken by a
+// directory): every later write and the commit fail with that error, nothing is written into
+// a shard that was never laid out, and nothing is published.
+TEST_F(CheckpointTest, AStreamedLayoutThatFailsStaysFailed) {
+  CheckpointWriterOptions o;
+  o.max_shard_bytes = 8;  // one 8-byte tensor per shard
+  auto w = CheckpointWriter::Create(P("broken"), o);
+  ASSERT_TRUE(w.ok()) << w.status();
+  ASSERT_TRUE((*w)->DeclareTensor("a", Dtype::kF32, {2}).ok());
+  ASSERT_TRUE((*w)->DeclareTensor("b", Dtype::kF32, {2}).ok());
+  fs::create_directory(fs::path((*w)->staging_dir()) / "model-00002-of-00002.safetensors");
+  const absl::Status first = (*w)->WriteTensor("a", at::ones({2}));
+  EXPECT_FALSE(first.ok());
+  EXPECT_EQ((*w)->WriteTensor("b", at::ones({2})), first);
+  EXPECT_EQ((*w)->WriteTensor("a", at::ones({2})), first);
+  EXPECT_FALSE((*w)->Commit().ok());
+  EXPECT_FALSE(fs::exists(P("broken")));
+}
+
 TEST_F(CheckpointTest, ManifestRecordsParentsProducerAndCarriedFiles) {
   ASSERT_TRUE(Write(P("base")).ok());
   ASSERT_TRUE(WriteFileSynced(P("base/tokenizer.json"), "{}").ok());

@@ -45,12 +45,11 @@ absl::StatusOr<ModelConfig> ReadConfig(const io::CheckpointReader& reader) {
   return config;
 }
 
-// The reader's tensors by name, NotFound naming the directory for an absent one.
+// The reader's tensors by name, NotFound for an absent one (the caller names the directory).
 TensorLookup ReaderLookup(std::shared_ptr<const io::CheckpointReader> reader) {
   return [reader = std::move(reader)](const std::string& name) -> absl::StatusOr<torch::Tensor> {
     if (!reader->Has(name)) {
-      return absl::NotFoundError(
-          absl::StrCat(reader->dir(), ": checkpoint has no tensor '", name, "'"));
+      return absl::NotFoundError(absl::StrCat("checkpoint has no tensor '", name, "'"));
     }
     return reader->Tensor(name);
   };
@@ -134,8 +133,9 @@ absl::StatusOr<UnloadedModel> OpenModel(const std::string& dir, const LoadOption
 }
 
 absl::StatusOr<CausalLM> LoadModel(const std::string& dir, const LoadOptions& options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<io::CheckpointReader> reader,
+  ASSIGN_OR_RETURN(std::unique_ptr<io::CheckpointReader> opened,
                    io::CheckpointReader::Open(dir, {.verify = options.verify}));
+  std::shared_ptr<const io::CheckpointReader> reader = std::move(opened);
   absl::StatusOr<ModelConfig> config = ReadConfig(*reader);
   if (!config.ok()) return config.status();
   CausalLM lm{nullptr};
@@ -144,14 +144,7 @@ absl::StatusOr<CausalLM> LoadModel(const std::string& dir, const LoadOptions& op
     lm->to(options.device, options.dtype);
     return absl::OkStatus();
   }));
-  const io::CheckpointReader& r = *reader;
-  absl::Status status = LoadWeights(lm, [&](const std::string& name) {
-    if (!r.Has(name)) {
-      return absl::StatusOr<torch::Tensor>(
-          absl::NotFoundError(absl::StrCat(dir, ": checkpoint has no tensor '", name, "'")));
-    }
-    return r.Tensor(name);
-  });
+  absl::Status status = LoadWeights(lm, ReaderLookup(reader));
   if (!status.ok()) return absl::Status(status.code(), absl::StrCat(dir, ": ", status.message()));
   lm->eval();
   return lm;

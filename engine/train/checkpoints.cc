@@ -206,8 +206,10 @@ absl::Status RestoreWhole(Run& run, const std::string& dir, const nlohmann::json
     return absl::Status(s.code(),
                         absl::StrCat("resuming from checkpoint ", dir, ": ", s.message()));
   };
-  // The model weights (verified against the manifest by the reader).
-  auto reader = io::CheckpointReader::Open(dir);
+  // The model weights, checked against the manifest by the reader: hashed by rank 0 only
+  // (every rank reads the same files), the other ranks check the files' sizes.
+  auto reader =
+      io::CheckpointReader::Open(dir, {.verify = io::CheckpointReaderOptions::Verify::kOncePerJob});
   if (!reader.ok()) return where(reader.status());
   absl::Status loaded =
       model::LoadWeights(run.lm, [&](const std::string& name) { return (*reader)->Tensor(name); });
