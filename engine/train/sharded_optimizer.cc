@@ -12,6 +12,18 @@ namespace {
 // OverlapReduction's started buckets not yet waited for (their memory, under NCCL).
 constexpr size_t kBucketsInFlight = 4;
 
+// A reduction's result copied into `target` (the first micro-batch's, `fresh`) or added to it:
+// the same arithmetic whether the reduction ran synchronously or overlapped.
+DataParallel::Done AccumulateInto(at::Tensor target, bool fresh) {
+  return [target = std::move(target), fresh](const at::Tensor& mine) {
+    if (fresh) {
+      target.copy_(mine);
+    } else {
+      target.add_(mine);
+    }
+  };
+}
+
 }  // namespace
 
 ShardedAdamW::ShardedAdamW(const std::vector<ParamPlan>& plans,
@@ -189,14 +201,7 @@ void ShardedAdamW::ReduceBuckets(bool overlap) {
       }
     }
     // The same arithmetic either way: the mean of the piece, copied or added into grad_.
-    auto accumulate = [target = grad_.narrow(0, first, n),
-                       fresh = grad_fresh_](const at::Tensor& mine) {
-      if (fresh) {
-        target.copy_(mine);
-      } else {
-        target.add_(mine);
-      }
-    };
+    const DataParallel::Done accumulate = AccumulateInto(grad_.narrow(0, first, n), grad_fresh_);
     if (overlap) {
       reducing_.push_back(ranks_.ReduceScatterAsync(flat, /*mean=*/true, accumulate));
     } else {
@@ -255,15 +260,9 @@ void ShardedAdamW::StartRange(size_t bucket) {
   }
   DataParallel::Done done;
   if (level_ == Level::kGradients && counts[rank_] > 0) {
-    done = [target =
-                grad_.narrow(0, std::max(begin, rank_ * chunk_) - rank_ * chunk_, counts[rank_]),
-            fresh = grad_fresh_](const at::Tensor& mine) {
-      if (fresh) {
-        target.copy_(mine);
-      } else {
-        target.add_(mine);
-      }
-    };
+    done = AccumulateInto(
+        grad_.narrow(0, std::max(begin, rank_ * chunk_) - rank_ * chunk_, counts[rank_]),
+        grad_fresh_);
   }
   // NCCL keeps each bucket until its Wait: at most a few in flight, not a whole gradient.
   while (reducing_.size() >= kBucketsInFlight) {

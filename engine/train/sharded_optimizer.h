@@ -93,10 +93,11 @@ class ShardedAdamW {
   // overlapped_all_reduce.h): kGradients in every micro-batch's backward, kOptimizer in the
   // last one's. Each is reduce-scattered with uneven chunks (DataParallel::
   // ReduceScatterVAsync: each rank gets the part of the range in its slice), every element
-  // summed in the same order as by the synchronous path, so the results are the same bit for
-  // bit. BeforeBackward arms the hooks before each micro-batch's backward; AfterBackward
-  // starts the buckets whose hooks did not all fire (parameters without a gradient); the step
-  // waits.
+  // summed in the same order as by the synchronous path, so on the CPU ring the results are
+  // the same bit for bit (NCCL has no uneven reduce-scatter: an all-reduce there, whose
+  // summation order NCCL picks, so equal within float tolerance). BeforeBackward arms the hooks
+  // before each micro-batch's backward; AfterBackward starts the buckets whose hooks did not all
+  // fire (parameters without a gradient); the step waits.
   void OverlapReduction();
   void BeforeBackward(bool last);
 

@@ -499,7 +499,12 @@ absl::Status PublishGathered(Run& run, const model::SaveOptions& save) {
   RETURN_IF_ERROR(TorchGuard("gathering the model to publish", [&] {
     run.full->FreeOptimizerState();  // no step follows
     run.full->ForEachParameter([&](const std::string& name, const torch::Tensor& value) {
-      if (writer != nullptr && status.ok()) status = writer->Write(name, value);
+      // A throw here would take rank 0 out of the gathers the other ranks wait in: rank 0
+      // keeps gathering after a failed write (its status says why) and reports at the end.
+      if (writer != nullptr && status.ok()) {
+        status = TorchGuard(absl::StrCat("writing tensor '", name, "'"),
+                            [&] { return writer->Write(name, value); });
+      }
     });
     return absl::OkStatus();
   }));
